@@ -1,0 +1,137 @@
+"""The ``ppx`` command: ``run`` an experiment, print a ``schedule`` grid, list config ``keys``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from ppx.errors import UserError
+
+
+def cmd_run(args) -> int:
+    from ppx import config, launch, rundir
+    from ppx.pipeline import resolve_schedule
+
+    cfg = config.load(args.experiment, args.overrides)
+    world = resolve_schedule(cfg).num_ranks
+    command = " ".join(shlex.quote(a) for a in ["ppx", "run", args.experiment, *args.overrides])
+    mode = launch.launched_by()
+    if mode is not None:
+        if mode == "srun":
+            launch.adopt_srun_env()
+        have = int(os.environ["WORLD_SIZE"])
+        if have != world:
+            raise UserError(
+                f"pipeline.stages={world} but this job has {have} processes (WORLD_SIZE); start one process per stage"
+            )
+        os.environ.setdefault("PPX_COMMAND", command)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+        device, notice = launch.choose_device(cfg.runtime.device, local)
+        if notice and os.environ.get("RANK") == "0":
+            print(notice, file=sys.stderr)
+        from ppx.worker import run_rank
+
+        return run_rank(cfg, None, device)
+
+    device, notice = launch.choose_device(cfg.runtime.device, world)
+    if notice:
+        print(notice, file=sys.stderr)
+    run_dir = rundir.claim(cfg)
+    (run_dir / "config.yaml").write_text(config.to_yaml(cfg))
+    env = launch.worker_env(device, cfg.runtime.threads_per_rank, command)
+    if world == 1:
+        os.environ.update(env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        from ppx.worker import run_rank
+
+        return run_rank(cfg, run_dir, device)
+    code = subprocess.run(launch.torchrun_command(world, run_dir), env=env).returncode
+    if code != 0:
+        _explain_failure(run_dir, world, code)
+    return code
+
+
+def _explain_failure(run_dir: Path, world: int, code: int) -> None:
+    """Name what each rank was doing when the job ended (from the watchdog's status files)."""
+    states = []
+    for r in range(world):
+        f = run_dir / "status" / f"rank{r}.txt"
+        states.append(f"rank {r}: {f.read_text().strip() if f.exists() else 'no status'}")
+    print(f"ppx: error: the job failed (exit {code}); last known actions: " + "; ".join(states), file=sys.stderr)
+    print(f"ppx: run directory (incomplete): {run_dir}", file=sys.stderr)
+
+
+def cmd_schedule(args) -> int:
+    from ppx import schedules
+    from ppx.schedules.grid import render_grid
+
+    if args.name.endswith(".csv"):
+        sched = schedules.from_csv(args.name)
+    else:
+        sched = schedules.build(args.name, args.stages, args.microbatches)
+    costs = schedules.Costs(fwd=args.fwd, bwd=args.bwd)
+    p, m = sched.num_ranks, sched.num_microbatches
+    print(f"{sched.name}: {p} ranks, {sched.num_stages} stages, {m} microbatches "
+          f"(F = {args.fwd:g} slot{'s' if args.fwd != 1 else ''}, B = {args.bwd:g} slot{'s' if args.bwd != 1 else ''})")
+    print(render_grid(sched, costs))
+    timeline = schedules.simulate(sched, costs)
+    fam = schedules.FAMILIES.get(sched.name)
+    line = f"bubble (idle share of the step): simulated {timeline.bubble_fraction():.1%}"
+    if fam is not None:
+        th = fam.bubble(p, m)
+        line += f", theory {fam.bubble_formula} = {th:.1%}; as a share of the ideal time: {th / (1 - th):.1%}"
+    print(line)
+    if args.actions:
+        print(sched.format())
+    if args.csv:
+        schedules.write_csv(sched if args.with_comms else sched.compute_only(), args.csv)
+        print(f"wrote {args.csv}")
+    return 0
+
+
+def cmd_keys(args) -> int:
+    from ppx.config import describe
+
+    for key, default, help in describe():
+        print(f"{key:28} {default:10} {help}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="ppx", description="pipeline-parallel experiment harness")
+    sub = ap.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run an experiment: ppx run <name or yaml> [key=value ...]")
+    run.add_argument("experiment")
+    run.add_argument("overrides", nargs="*")
+    run.set_defaults(fn=cmd_run)
+    sch = sub.add_parser("schedule", help="print a schedule's rank x time grid and its bubble")
+    sch.add_argument("name", help="naive | gpipe | 1f1b | forward_only, or a schedule CSV")
+    sch.add_argument("--stages", "-p", type=int, default=4)
+    sch.add_argument("--microbatches", "-m", type=int, default=8)
+    sch.add_argument("--fwd", type=float, default=1, help="forward cost in grid slots")
+    sch.add_argument("--bwd", type=float, default=1, help="backward cost in grid slots")
+    sch.add_argument("--actions", action="store_true", help="also list every rank's actions, comms included")
+    sch.add_argument("--csv", help="write the schedule as torch-style CSV to this file")
+    sch.add_argument("--with-comms", action="store_true", help="with --csv: include SEND/RECV actions")
+    sch.set_defaults(fn=cmd_schedule)
+    keys = sub.add_parser("keys", help="list every config key with its default and meaning")
+    keys.set_defaults(fn=cmd_keys)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except UserError as e:
+        print(f"ppx: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The one config schema (dataclasses + OmegaConf) and its loading: defaults, then an
+experiment YAML, then ``key=value`` overrides. Unknown keys and wrong types are rejected;
+`check` adds the cross-field rules. Every field documents itself through ``help`` metadata
+(`describe` lists them all; the README table is generated from it)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, List, Literal, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ppx.errors import UserError
+
+
+def _f(default: Any, help: str, **kw):
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class PipelineConfig:
+    schedule: str = _f("1f1b", "naive | gpipe | 1f1b | forward_only, or the path of a torch-style schedule CSV")
+    stages: int = _f(2, "pipeline stages = processes (one stage per process)")
+    microbatches: int = _f(4, "microbatches per step; train.batch_size must divide evenly")
+    layers_per_stage: Optional[List[int]] = _f(None, "explicit uneven split, e.g. [3,1]; default: even split")
+
+
+@dataclass
+class ModelConfig:
+    kind: Literal["mlp", "transformer"] = _f("mlp", "mlp (Linear+GELU blocks, MSE) | transformer (GPT-style decoder, cross-entropy)")
+    hidden: int = _f(64, "hidden width (features)")
+    layers: int = _f(4, "number of blocks split over the stages (MLP blocks or decoder blocks)")
+    heads: int = _f(4, "transformer: attention heads; must divide model.hidden")
+    seq_len: int = _f(32, "transformer: tokens per sequence")
+    vocab_size: int = _f(256, "transformer: vocabulary size")
+    ffn_mult: int = _f(4, "transformer: MLP width as a multiple of model.hidden")
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = _f(32, "samples per step (the whole batch, split into microbatches)")
+    steps: int = _f(10, "optimizer steps")
+    seed: int = _f(0, "seed for weights and synthetic data: same seed, same losses")
+    lr: float = _f(0.01, "learning rate")
+    optimizer: Literal["sgd", "adamw"] = _f("sgd", "sgd | adamw")
+
+
+@dataclass
+class RuntimeConfig:
+    device: Literal["auto", "cpu", "cuda"] = _f("auto", "auto: CUDA+NCCL with one GPU per stage, else CPU+gloo | cpu | cuda")
+    timeout_s: float = _f(60.0, "seconds without progress on one rank before the whole job is ended")
+    threads_per_rank: int = _f(1, "CPU threads per process (torch.set_num_threads)")
+    inject_fault: Optional[str] = _f(None, "testing the failure path: 'hang@<action>' or 'die@<action>', e.g. hang@1F2")
+
+
+@dataclass
+class RunConfig:
+    name: Optional[str] = _f(None, "experiment name; default: the experiment file's name")
+    root: str = _f("runs", "parent folder of run directories: <root>/<name>/<run id>/")
+    dir: Optional[str] = _f(None, "exact run directory (must not exist yet); overrides run.root")
+
+
+@dataclass
+class Config:
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+def describe(cls=Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key, default, help) for every leaf field of the schema."""
+    rows = []
+    for f in fields(cls):
+        default = f.default_factory() if f.default_factory is not field().default_factory else f.default
+        if is_dataclass(default):
+            rows += describe(type(default), f"{prefix}{f.name}.")
+        else:
+            rows.append((f"{prefix}{f.name}", "null" if default is None else str(default), f.metadata.get("help", "")))
+    return rows
+
+
+def experiments_dirs() -> list[Path]:
+    """Where experiment names are looked up: ./experiments, then the repo's experiments/."""
+    here = Path(__file__).resolve().parent.parent / "experiments"
+    dirs = [Path.cwd() / "experiments"]
+    if here not in dirs:
+        dirs.append(here)
+    return dirs
+
+
+def find_experiment(exp: str) -> Path:
+    p = Path(exp)
+    if p.suffix in (".yaml", ".yml") or os.sep in exp:
+        if p.is_file():
+            return p
+        raise UserError(f"experiment file {exp} does not exist")
+    for d in experiments_dirs():
+        if (d / f"{exp}.yaml").is_file():
+            return d / f"{exp}.yaml"
+    known = sorted({q.stem for d in experiments_dirs() if d.is_dir() for q in d.glob("*.yaml")})
+    raise UserError(f"unknown experiment {exp!r}; choose from {', '.join(known) or '(none found)'}")
+
+
+def _one_line(e: OmegaConfBaseException) -> str:
+    msg = (getattr(e, "msg", None) or str(e)).splitlines()[0]
+    key = getattr(e, "full_key", None)
+    return f"{key}: {msg}" if key else msg
+
+
+def load(exp: str | None, overrides: list[str] = ()) -> Config:
+    """Defaults <- experiment YAML (a name in experiments/ or a path) <- key=value overrides."""
+    conf = OmegaConf.structured(Config)
+    name = None
+    try:
+        if exp:
+            path = find_experiment(exp)
+            name = path.stem
+            loaded = OmegaConf.load(path)
+            if not isinstance(loaded, type(conf)) and loaded is not None:
+                raise UserError(f"experiment file {path} must hold a mapping of keys")
+            conf = OmegaConf.merge(conf, loaded or {})
+        for item in overrides:
+            if "=" not in item:
+                raise UserError(f"override {item!r} must look like key=value")
+        conf.merge_with_dotlist(list(overrides))
+        cfg: Config = OmegaConf.to_object(conf)
+    except OmegaConfBaseException as e:
+        raise UserError(_one_line(e)) from None
+    except Exception as e:  # YAML syntax errors and the like
+        if isinstance(e, UserError):
+            raise
+        raise UserError(f"{exp}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    if cfg.run.name is None:
+        cfg.run.name = name or "default"
+    check(cfg)
+    return cfg
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def from_yaml(path: str | Path) -> Config:
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path)))
+
+
+def check(cfg: Config) -> None:
+    """Cross-field rules; raise UserError with one line naming the key."""
+    from ppx import schedules
+    from ppx.models.split import split_layers
+
+    p, m, t = cfg.pipeline, cfg.model, cfg.train
+    if p.stages < 1:
+        raise UserError(f"pipeline.stages must be >= 1, got {p.stages}")
+    if p.microbatches < 1:
+        raise UserError(f"pipeline.microbatches must be >= 1, got {p.microbatches}")
+    if t.batch_size < 1 or t.batch_size % p.microbatches:
+        raise UserError(
+            f"train.batch_size={t.batch_size} is not divisible by pipeline.microbatches={p.microbatches}"
+        )
+    if t.steps < 1:
+        raise UserError(f"train.steps must be >= 1, got {t.steps}")
+    if cfg.runtime.timeout_s <= 0:
+        raise UserError(f"runtime.timeout_s must be > 0, got {cfg.runtime.timeout_s}")
+    if cfg.runtime.threads_per_rank < 1:
+        raise UserError(f"runtime.threads_per_rank must be >= 1, got {cfg.runtime.threads_per_rank}")
+    if m.hidden < 1 or m.layers < 1:
+        raise UserError("model.hidden and model.layers must be >= 1")
+    if m.kind == "transformer":
+        if m.hidden % m.heads:
+            raise UserError(f"model.hidden={m.hidden} is not divisible by model.heads={m.heads}")
+        if m.seq_len < 2 or m.vocab_size < 2:
+            raise UserError("model.seq_len and model.vocab_size must be >= 2")
+    if p.schedule.endswith(".csv"):
+        sched = schedules.from_csv(p.schedule)
+        if sched.num_ranks != p.stages or sched.num_microbatches != p.microbatches:
+            raise UserError(
+                f"pipeline.schedule {p.schedule} is for {sched.num_ranks} ranks and {sched.num_microbatches} "
+                f"microbatches, but pipeline.stages={p.stages} and pipeline.microbatches={p.microbatches}"
+            )
+    else:
+        schedules.family(p.schedule)
+    split_layers(m.layers, p.stages, p.layers_per_stage)
+    if cfg.runtime.inject_fault is not None:
+        from ppx.faults import parse_fault
+
+        parse_fault(cfg.runtime.inject_fault)

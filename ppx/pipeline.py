@@ -1,0 +1,94 @@
+"""Assemble one rank's share of an experiment: the schedule, its stage modules, the runtime
+and the microbatches it feeds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from ppx import models, schedules
+from ppx.config import Config
+from ppx.models.split import split_layers
+from ppx.runtime import Runtime
+from ppx.schedules.schedule import Schedule
+from ppx.stage import StageRunner
+
+
+def resolve_schedule(cfg: Config) -> Schedule:
+    """The validated schedule (with comms) the config asks for."""
+    p = cfg.pipeline
+    if p.schedule.endswith(".csv"):
+        return schedules.from_csv(p.schedule)
+    return schedules.build(p.schedule, p.stages, p.microbatches)
+
+
+def build_stage_modules(cfg: Config, num_stages: int, stages: Sequence[int], device) -> dict[int, nn.Module]:
+    """The modules of ``stages`` (block ranges from the split), on ``device``."""
+    kind = models.kind(cfg.model.kind)
+    ranges = split_layers(cfg.model.layers, num_stages, cfg.pipeline.layers_per_stage)
+    return {s: kind.build_stage(cfg.model, cfg.train.seed, s, num_stages, ranges[s]).to(device) for s in stages}
+
+
+def build_reference(cfg: Config, device="cpu") -> nn.Module:
+    """The whole model as one module, as a single process would train it."""
+    kind = models.kind(cfg.model.kind)
+    return kind.build_stage(cfg.model, cfg.train.seed, 0, 1, range(cfg.model.layers)).to(device)
+
+
+@dataclass
+class RankPipeline:
+    """Everything rank ``rank`` needs to run steps."""
+
+    cfg: Config
+    schedule: Schedule
+    rank: int
+    device: torch.device
+    kind: ModuleType
+    modules: dict[int, nn.Module]
+    runtime: Runtime
+
+    @property
+    def owns_first(self) -> bool:
+        return 0 in self.modules
+
+    @property
+    def owns_last(self) -> bool:
+        return self.schedule.num_stages - 1 in self.modules
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for s in sorted(self.modules) for p in self.modules[s].parameters()]
+
+    def microbatches(self, step: int) -> tuple[Optional[list], Optional[list]]:
+        """This step's inputs (if this rank owns the first stage) and targets (if the last),
+        split into microbatches, on this rank's device."""
+        if not (self.owns_first or self.owns_last):
+            return None, None
+        t = self.cfg.train
+        x, y = self.kind.make_batch(self.cfg.model, t.seed, t.batch_size, step)
+        m = self.schedule.num_microbatches
+        xs = [c.to(self.device) for c in x.chunk(m)] if self.owns_first else None
+        ys = [c.to(self.device) for c in y.chunk(m)] if self.owns_last else None
+        return xs, ys
+
+    def step(self, step: int) -> Optional[float]:
+        xs, ys = self.microbatches(step)
+        return self.runtime.step(step, xs, ys)
+
+
+def build_rank(cfg: Config, schedule: Schedule, rank: int, device, comm, observers=()) -> RankPipeline:
+    kind = models.kind(cfg.model.kind)
+    num_stages = schedule.num_stages
+    modules = build_stage_modules(cfg, num_stages, schedule.stages_of(rank), device)
+    m = schedule.num_microbatches
+    runners = {
+        s: StageRunner(s, mod, s == 0, s == num_stages - 1, kind.loss, 1.0 / m, schedule.training)
+        for s, mod in modules.items()
+    }
+    mb_size = cfg.train.batch_size // m
+    shape, dtype = kind.boundary(cfg.model, mb_size)
+    runtime = Runtime(schedule, rank, runners, comm, torch.device(device), lambda stage: (shape, dtype), observers)
+    return RankPipeline(cfg, schedule, rank, torch.device(device), kind, modules, runtime)

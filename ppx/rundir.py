@@ -1,0 +1,93 @@
+"""Run directories: claimed once, never overwritten; what goes in them."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ppx.config import Config
+from ppx.errors import UserError
+
+
+def claim(cfg: Config) -> Path:
+    """Create the run directory atomically: exactly ``run.dir`` if given (it must not exist),
+    else ``<run.root>/<run.name>/<YYYYmmdd-HHMMSS>[-N]``."""
+    if cfg.run.dir:
+        path = Path(cfg.run.dir)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir()
+        except FileExistsError:
+            raise UserError(f"run directory {path} already exists; ppx never overwrites a run") from None
+        return path
+    base = Path(cfg.run.root) / cfg.run.name
+    base.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        path = base / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise UserError(f"could not create a new run directory under {base}")
+
+
+def git_state(where: Path) -> dict:
+    def git(*args):
+        return subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=10)
+
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return {"commit": None, "dirty": None}
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no").stdout.strip())
+        return {"commit": head.stdout.strip(), "dirty": dirty}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def rank_info(device: torch.device) -> dict:
+    """What one rank contributes to env.json."""
+    name = str(device)
+    if device.type == "cuda":
+        name += f" ({torch.cuda.get_device_name(device)})"
+    return {"hostname": socket.gethostname(), "device": name, "pid": os.getpid()}
+
+
+def environment(cfg: Config, backend: str, world_size: int, ranks: list[dict]) -> dict:
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:
+            nccl = None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": nccl,
+        "gloo": f"bundled with torch {torch.__version__}",
+        "backend": backend,
+        "platform": platform.platform(),
+        "git": git_state(Path(__file__).resolve().parent.parent),
+        "hostnames": sorted({r["hostname"] for r in ranks}),
+        "ranks": ranks,
+        "world_size": world_size,
+        "seed": cfg.train.seed,
+        "command": os.environ.get("PPX_COMMAND") or " ".join(sys.argv),
+    }
+
+
+def write_json(path: Path, data) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)

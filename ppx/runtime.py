@@ -1,0 +1,192 @@
+"""The executor: runs one rank's validated action list, whatever schedule produced it.
+
+The action list is compiled once into a program of items:
+  ``post``    one batch of consecutive SEND/RECV actions, posted with batch_isend_irecv;
+  ``wait``    block until a received tensor has arrived (inserted before its consumer);
+  ``compute`` F, B (and later I, W) of one microbatch on one stage;
+  ``drain``   end of step: wait until every send has completed.
+Observers (timers, the watchdog, fault injection) wrap every item; the runtime itself holds
+no instrumentation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from ppx.schedules.action import Action, Op
+from ppx.schedules.lowering import comm_batches, peer_of
+from ppx.schedules.schedule import Schedule
+from ppx.stage import StageRunner
+
+
+@dataclass(frozen=True)
+class Item:
+    """One program item; ``label`` names it in timelines and error messages."""
+
+    kind: str  # "post" | "wait" | "compute" | "drain"
+    actions: tuple[Action, ...]
+    label: str
+
+
+class ActionFailed(RuntimeError):
+    """An item raised; carries the rank, step and item label for the one-line report."""
+
+    def __init__(self, rank: int, step: int, label: str, cause: BaseException):
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        super().__init__(f"rank {rank} failed at step {step} on {label}: {type(cause).__name__}: {first}")
+        self.rank, self.step, self.label = rank, step, label
+
+
+def compile_program(row: Sequence[Action]) -> list[Item]:
+    """Group comm runs into ``post`` items and put a ``wait`` before each consumer of a
+    received tensor."""
+    starts = dict(comm_batches(row))
+    program: list[Item] = []
+    received: set[tuple[Op, int, int]] = set()
+    k = 0
+    while k < len(row):
+        if k in starts:
+            batch = tuple(row[k : starts[k]])
+            program.append(Item("post", batch, " ".join(map(str, batch))))
+            received |= {(a.op, a.stage, a.mb) for a in batch if not a.op.is_send}
+            k = starts[k]
+            continue
+        a = row[k]
+        need = {Op.F: Op.RECV_F, Op.B: Op.RECV_B, Op.I: Op.RECV_B}.get(a.op)
+        if need is not None and (need, a.stage, a.mb) in received:
+            recv = Action(a.stage, need, a.mb)
+            program.append(Item("wait", (recv,), f"wait {recv}"))
+        program.append(Item("compute", (a,), str(a)))
+        k += 1
+    program.append(Item("drain", (), "wait sends"))
+    return program
+
+
+class _Batch:
+    """The requests of one posted batch, waited on exactly once (a gloo request must not be
+    waited twice: a second wait blocks for another message)."""
+
+    __slots__ = ("works", "tensors", "done")
+
+    def __init__(self, works, tensors):
+        self.works, self.tensors, self.done = works, tensors, False
+
+    def wait(self) -> None:
+        if not self.done:
+            for w in self.works:
+                w.wait()
+            self.done = True
+            self.tensors = None
+
+
+class _Pending:
+    __slots__ = ("batch", "buffer")
+
+    def __init__(self, batch: _Batch, buffer):
+        self.batch, self.buffer = batch, buffer
+
+
+class Runtime:
+    """Executes ``schedule`` for ``rank``; ``stages`` maps each stage index this rank owns to
+    its `StageRunner`. ``boundary(stage)`` gives (shape, dtype) of the activation leaving
+    ``stage``, used to allocate receive buffers."""
+
+    def __init__(self, schedule: Schedule, rank: int, stages: dict[int, StageRunner], comm,
+                 device: torch.device, boundary: Callable[[int], tuple], observers: Sequence = ()):
+        self.schedule, self.rank, self.stages, self.comm = schedule, rank, stages, comm
+        self.device, self.boundary = device, boundary
+        self.observers = list(observers)
+        self.program = compile_program(schedule.actions[rank])
+        self.last_stage = schedule.num_stages - 1
+        self._handlers = {"post": self._post, "wait": self._wait, "compute": self._compute, "drain": self._drain}
+        self.step_index = -1
+
+    # -- one step -------------------------------------------------------------------------
+    def step(self, step: int, inputs: Optional[list], targets: Optional[list]) -> Optional[float]:
+        """Run every item of the program once. ``inputs``/``targets`` are the microbatches
+        (needed on the ranks owning the first/last stage). Returns the step's loss (sum of
+        the scaled microbatch losses = the full-batch loss) on the rank owning the last
+        stage, else None."""
+        self.step_index = step
+        self._inputs, self._targets = inputs, targets
+        self._inbox: dict = {}
+        self._outbox: dict = {}
+        self._batches: list[_Batch] = []
+        self._loss = None
+        observers, handlers = self.observers, self._handlers
+        item = None
+        try:
+            for item in self.program:
+                for o in observers:
+                    o.before(item)
+                handlers[item.kind](item)
+                for o in observers:
+                    o.after(item)
+        except ActionFailed:
+            raise
+        except Exception as e:
+            raise ActionFailed(self.rank, step, item.label if item else "start", e) from e
+        finally:
+            self._inputs = self._targets = None
+        return None if self._loss is None else float(self._loss)
+
+    # -- handlers --------------------------------------------------------------------------
+    def _post(self, item: Item) -> None:
+        ops, recvs = [], []
+        s2r = self.schedule.stage_to_rank
+        for a in item.actions:
+            peer, _ = peer_of(a, s2r)
+            if a.op is Op.SEND_F:
+                ops.append((True, self._outbox.pop(("F", a.stage, a.mb)), peer))
+            elif a.op is Op.SEND_B:
+                ops.append((True, self._outbox.pop(("B", a.stage, a.mb)), peer))
+            else:
+                src_stage = a.stage - 1 if a.op is Op.RECV_F else a.stage
+                shape, dtype = self.boundary(src_stage)
+                buf = torch.empty(shape, dtype=dtype, device=self.device)
+                ops.append((False, buf, peer))
+                recvs.append((("F" if a.op is Op.RECV_F else "B", a.stage, a.mb), buf))
+        batch = _Batch(self.comm.post(ops), [t for _, t, _ in ops])
+        self._batches.append(batch)
+        for key, buf in recvs:
+            self._inbox[key] = _Pending(batch, buf)
+
+    def _wait(self, item: Item) -> None:
+        a = item.actions[0]
+        key = ("F" if a.op is Op.RECV_F else "B", a.stage, a.mb)
+        pending = self._inbox[key]
+        pending.batch.wait()
+        self._inbox[key] = pending.buffer
+
+    def _compute(self, item: Item) -> None:
+        a = item.actions[0]
+        runner = self.stages[a.stage]
+        if a.op is Op.F:
+            x = self._inputs[a.mb] if runner.first else self._inbox.pop(("F", a.stage, a.mb))
+            target = self._targets[a.mb] if runner.last else None
+            out = runner.forward(a.mb, x, target)
+            if runner.last:
+                self._loss = out if self._loss is None else self._loss + out
+            elif a.stage + 1 in self.stages:
+                self._inbox[("F", a.stage + 1, a.mb)] = out.detach()
+            else:
+                self._outbox[("F", a.stage, a.mb)] = out.detach()
+        elif a.op is Op.B:
+            grad = None if runner.last else self._inbox.pop(("B", a.stage, a.mb))
+            grad_in = runner.backward(a.mb, grad)
+            if runner.first:
+                return
+            if a.stage - 1 in self.stages:
+                self._inbox[("B", a.stage - 1, a.mb)] = grad_in
+            else:
+                self._outbox[("B", a.stage, a.mb)] = grad_in
+        else:
+            raise NotImplementedError(f"{a}: split backward (I/W) is not supported by this runtime yet")
+
+    def _drain(self, item: Item) -> None:
+        for batch in self._batches:
+            batch.wait()
+        self._batches = []

@@ -1,0 +1,68 @@
+"""Insert the sends and receives a compute-only schedule implies.
+
+A receive goes right before the compute that consumes it and a send right after the compute
+that produces it, so consecutive communication actions form one batch that the runtime posts
+with a single ``batch_isend_irecv`` (1F1B's send-forward/receive-backward pair among them).
+Stages that live on the same rank hand tensors over locally and get no communication actions.
+"""
+
+from __future__ import annotations
+
+from ppx.schedules.action import Action, Op
+from ppx.schedules.schedule import Schedule
+
+
+def add_comms(schedule: Schedule) -> Schedule:
+    """Return ``schedule`` with SEND/RECV actions inserted; existing comm actions are dropped."""
+    s2r = schedule.stage_to_rank
+    last = schedule.num_stages - 1
+
+    def remote(a: int, b: int) -> bool:
+        return 0 <= b <= last and s2r[a] != s2r[b]
+
+    rows = []
+    for row in schedule.actions:
+        out: list[Action] = []
+        for a in row:
+            if a.op.is_comm:
+                continue
+            s, i = a.stage, a.mb
+            if a.op is Op.F and remote(s, s - 1):
+                out.append(Action(s, Op.RECV_F, i))
+            if a.op in (Op.B, Op.I) and remote(s, s + 1):
+                out.append(Action(s, Op.RECV_B, i))
+            out.append(a)
+            if a.op is Op.F and remote(s, s + 1):
+                out.append(Action(s, Op.SEND_F, i))
+            if a.op in (Op.B, Op.I) and remote(s, s - 1):
+                out.append(Action(s, Op.SEND_B, i))
+        rows.append(out)
+    return schedule.with_actions(rows)
+
+
+def peer_of(action: Action, stage_to_rank) -> tuple[int, Action]:
+    """The (rank, action) at the other end of a communication action."""
+    s, i = action.stage, action.mb
+    if action.op is Op.SEND_F:
+        return stage_to_rank[s + 1], Action(s + 1, Op.RECV_F, i)
+    if action.op is Op.RECV_F:
+        return stage_to_rank[s - 1], Action(s - 1, Op.SEND_F, i)
+    if action.op is Op.SEND_B:
+        return stage_to_rank[s - 1], Action(s - 1, Op.RECV_B, i)
+    if action.op is Op.RECV_B:
+        return stage_to_rank[s + 1], Action(s + 1, Op.SEND_B, i)
+    raise ValueError(f"{action} is not a communication action")
+
+
+def comm_batches(row) -> list[tuple[int, int]]:
+    """Index ranges [start, end) of the maximal runs of consecutive comm actions in ``row``."""
+    spans, start = [], None
+    for k, a in enumerate(row):
+        if a.op.is_comm and start is None:
+            start = k
+        elif not a.op.is_comm and start is not None:
+            spans.append((start, k))
+            start = None
+    if start is not None:
+        spans.append((start, len(row)))
+    return spans

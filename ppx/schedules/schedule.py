@@ -1,0 +1,45 @@
+"""The `Schedule` container: per-rank ordered action lists plus the stage-to-rank map."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ppx.schedules.action import Action
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A complete pipeline schedule.
+
+    ``actions[r]`` is rank r's ordered action list. A schedule function returns compute
+    actions only (F, B, I, W); `ppx.schedules.lowering.add_comms` inserts the sends and
+    receives they imply. ``stage_to_rank[s]`` is the rank that owns stage s (several stages
+    per rank for interleaved schedules).
+    """
+
+    name: str
+    num_microbatches: int
+    stage_to_rank: tuple[int, ...]
+    actions: tuple[tuple[Action, ...], ...]
+    training: bool = True
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.actions)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_to_rank)
+
+    def stages_of(self, rank: int) -> list[int]:
+        return [s for s, r in enumerate(self.stage_to_rank) if r == rank]
+
+    def with_actions(self, actions) -> Schedule:
+        return replace(self, actions=tuple(tuple(a) for a in actions))
+
+    def compute_only(self) -> Schedule:
+        return self.with_actions([[a for a in row if a.op.is_compute] for row in self.actions])
+
+    def format(self) -> str:
+        """One line per rank: ``rank 0: 0F0 0SEND_F0 ...``."""
+        return "\n".join(f"rank {r}: " + " ".join(map(str, row)) for r, row in enumerate(self.actions))

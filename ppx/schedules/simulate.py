@@ -1,0 +1,203 @@
+"""Dry-run a schedule: prove it cannot deadlock and predict each rank's timeline.
+
+Communication is modelled as strictly as NCCL behaves: each run of consecutive comm actions
+is one batch, a rank's batches complete in order (one stream), and an op completes only once
+the peer's matching op sits in that peer's active batch. A list that passes here also passes
+on gloo, which is looser. Compute actions start when the rank reaches them and the batch that
+receives their input has completed (NCCL completes a batch as one group; the runtime waits
+on all of a batch's requests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence, Union
+
+from ppx.errors import ScheduleError
+from ppx.schedules.action import Action, Op
+from ppx.schedules.lowering import comm_batches, peer_of
+from ppx.schedules.schedule import Schedule
+
+PerStage = Union[float, Sequence[float]]
+
+
+def _per_stage(value: PerStage, stage: int) -> float:
+    if isinstance(value, (int, float)):
+        return float(value)
+    return float(value[stage])
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Per-action costs in seconds (or any unit). ``fwd``/``bwd``/``wgrad`` are one value
+    or one per stage. A full backward B costs bwd + wgrad, an input-gradient backward I costs
+    bwd and a weight-gradient backward W costs wgrad. ``p2p`` is the latency of one message."""
+
+    fwd: PerStage = 1.0
+    bwd: PerStage = 1.0
+    wgrad: PerStage = 0.0
+    p2p: float = 0.0
+
+    def of(self, a: Action) -> float:
+        s = a.stage
+        if a.op is Op.F:
+            return _per_stage(self.fwd, s)
+        if a.op is Op.B:
+            return _per_stage(self.bwd, s) + _per_stage(self.wgrad, s)
+        if a.op is Op.I:
+            return _per_stage(self.bwd, s)
+        if a.op is Op.W:
+            return _per_stage(self.wgrad, s)
+        return 0.0
+
+
+@dataclass
+class Event:
+    """One compute action's predicted span on its rank."""
+
+    action: Action
+    start: float
+    end: float
+
+
+@dataclass
+class Timeline:
+    """Predicted per-rank compute spans; times start at 0."""
+
+    events: list[list[Event]]
+    rank_end: list[float]
+    makespan: float = field(init=False)
+
+    def __post_init__(self):
+        self.makespan = max(self.rank_end, default=0.0)
+
+    def busy(self, rank: int) -> float:
+        return sum(e.end - e.start for e in self.events[rank])
+
+    def bubble_fraction(self) -> float:
+        """Idle time over all ranks as a share of (ranks x makespan)."""
+        if self.makespan <= 0:
+            return 0.0
+        idle = sum(self.makespan - self.busy(r) for r in range(len(self.events)))
+        return idle / (len(self.events) * self.makespan)
+
+
+class _Op:
+    __slots__ = ("rank", "index", "action", "batch", "done")
+
+    def __init__(self, rank, index, action, batch):
+        self.rank, self.index, self.action, self.batch = rank, index, action, batch
+        self.done = None  # completion time
+
+
+class _Batch:
+    __slots__ = ("ops", "posted", "active", "complete")
+
+    def __init__(self):
+        self.ops: list[_Op] = []
+        self.posted = self.active = self.complete = None
+
+
+def simulate(schedule: Schedule, costs: Costs | None = None) -> Timeline:
+    """Run ``schedule`` (with comm actions) on a unit-free clock; raise ScheduleError on deadlock.
+
+    Assumes the static checks of `ppx.schedules.validate` passed (every comm op has a match).
+    """
+    costs = costs or Costs()
+    rows = schedule.actions
+    n = len(rows)
+    # Build per-rank programs: ("compute", index) or ("batch", _Batch).
+    programs, ops_by_key, batches_by_rank = [], {}, []
+    for r, row in enumerate(rows):
+        spans = {start: end for start, end in comm_batches(row)}
+        prog, k, rank_batches = [], 0, []
+        while k < len(row):
+            if k in spans:
+                b = _Batch()
+                for j in range(k, spans[k]):
+                    op = _Op(r, j, row[j], b)
+                    b.ops.append(op)
+                    ops_by_key[(r, row[j])] = op
+                prog.append(("batch", b))
+                rank_batches.append(b)
+                k = spans[k]
+            else:
+                prog.append(("compute", k))
+                k += 1
+        programs.append(prog)
+        batches_by_rank.append(rank_batches)
+
+    def match(op: _Op) -> _Op:
+        return ops_by_key[peer_of(op.action, schedule.stage_to_rank)]
+
+    pc = [0] * n
+    clock = [0.0] * n
+    queue_head = [0] * n  # index into batches_by_rank[r] of the first incomplete batch
+    events: list[list[Event]] = [[] for _ in range(n)]
+
+    def input_op(r: int, a: Action):
+        want = {Op.F: Op.RECV_F, Op.B: Op.RECV_B, Op.I: Op.RECV_B}.get(a.op)
+        return ops_by_key.get((r, Action(a.stage, want, a.mb))) if want else None
+
+    progress = True
+    while progress:
+        progress = False
+        for r in range(n):
+            while pc[r] < len(programs[r]):
+                kind, item = programs[r][pc[r]]
+                if kind == "batch":
+                    item.posted = clock[r]
+                else:
+                    a = rows[r][item]
+                    dep = input_op(r, a)
+                    if dep is not None and dep.batch.complete is None:
+                        break
+                    start = max(clock[r], dep.batch.complete if dep is not None else 0.0)
+                    clock[r] = start + costs.of(a)
+                    events[r].append(Event(a, start, clock[r]))
+                pc[r] += 1
+                progress = True
+        # Activate each rank's head batch, complete matched ops, retire finished batches.
+        for r in range(n):
+            bs = batches_by_rank[r]
+            while queue_head[r] < len(bs):
+                b = bs[queue_head[r]]
+                if b.posted is None:
+                    break
+                if b.active is None:
+                    prev = bs[queue_head[r] - 1].complete if queue_head[r] > 0 else 0.0
+                    b.active = max(b.posted, prev)
+                    progress = True
+                for op in b.ops:
+                    if op.done is None:
+                        peer = match(op)
+                        if peer.batch.active is not None and peer.done is None:
+                            op.done = peer.done = max(b.active, peer.batch.active) + costs.p2p
+                            progress = True
+                if any(op.done is None for op in b.ops):
+                    break
+                b.complete = max(op.done for op in b.ops)
+                queue_head[r] += 1
+                progress = True
+
+    stuck = []
+    for r in range(n):
+        if pc[r] < len(programs[r]):
+            kind, item = programs[r][pc[r]]
+            a = rows[r][item] if kind == "compute" else item.ops[0].action
+            dep = input_op(r, a) if kind == "compute" else None
+            why = f"waits for {match(dep).action} on rank {match(dep).rank}" if dep is not None else "blocked"
+            stuck.append(f"rank {r} step {item if kind == 'compute' else item.ops[0].index} ({a}) {why}")
+        elif queue_head[r] < len(batches_by_rank[r]):
+            b = batches_by_rank[r][queue_head[r]]
+            pend = [op for op in b.ops if op.done is None]
+            stuck.append(
+                f"rank {r} step {pend[0].index} ({pend[0].action}) never completes: "
+                f"{match(pend[0]).action} on rank {match(pend[0]).rank} is not posted in time"
+            )
+    if stuck:
+        raise ScheduleError("schedule deadlocks: " + "; ".join(stuck))
+    rank_end = [
+        max([clock[r]] + [b.complete for b in batches_by_rank[r]]) for r in range(n)
+    ]
+    return Timeline(events, rank_end)

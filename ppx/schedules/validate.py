@@ -1,0 +1,128 @@
+"""Check an action list before it runs; errors name the rank, the step and the action."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from ppx.errors import ScheduleError
+from ppx.schedules.action import Action, Op
+from ppx.schedules.lowering import peer_of
+from ppx.schedules.schedule import Schedule
+from ppx.schedules.simulate import simulate
+
+
+def _where(r: int, k: int, a: Action) -> str:
+    return f"rank {r} step {k} ({a})"
+
+
+def validate(schedule: Schedule) -> None:
+    """Raise ScheduleError unless ``schedule`` (with comm actions) is complete and runnable.
+
+    Checks: every stage lives on the rank that runs its actions; each stage runs F exactly
+    once per microbatch and, for training, exactly one full backward B or one I and one W;
+    F comes before the backward of the same microbatch, I before W; every cross-rank hand-off
+    has its send after the producer and its receive before the consumer; sends and receives
+    on each (src, dst) channel pair up in the same order; and a dry run cannot deadlock.
+    """
+    s2r, m = schedule.stage_to_rank, schedule.num_microbatches
+    if not s2r or any(not 0 <= r < schedule.num_ranks for r in s2r):
+        raise ScheduleError(f"stage_to_rank {list(s2r)} must map every stage to one of {schedule.num_ranks} ranks")
+    last = schedule.num_stages - 1
+    seen: dict[tuple[int, int], dict[Op, tuple[int, int]]] = defaultdict(dict)  # (stage, mb) -> op -> (rank, step)
+    for r, row in enumerate(schedule.actions):
+        counts = Counter(row)
+        for k, a in enumerate(row):
+            if not 0 <= a.stage <= last:
+                raise ScheduleError(f"{_where(r, k, a)}: stage {a.stage} does not exist ({last + 1} stages)")
+            if s2r[a.stage] != r:
+                raise ScheduleError(f"{_where(r, k, a)}: stage {a.stage} belongs to rank {s2r[a.stage]}")
+            if not 0 <= a.mb < m:
+                raise ScheduleError(f"{_where(r, k, a)}: microbatch {a.mb} out of range 0..{m - 1}")
+            if counts[a] > 1:
+                raise ScheduleError(f"{_where(r, k, a)}: {a} appears {counts[a]} times")
+            if a.op.is_compute:
+                _check_compute_order(r, k, a, seen, schedule.training)
+            else:
+                _check_comm_position(r, k, a, row, schedule)
+            seen[(a.stage, a.mb)][a.op] = (r, k)
+    _check_complete(schedule, seen)
+    _check_channels(schedule)
+    simulate(schedule)
+
+
+def _check_compute_order(r, k, a, seen, training):
+    done = seen[(a.stage, a.mb)]
+    if a.op.is_backward and not training:
+        raise ScheduleError(f"{_where(r, k, a)}: a forward-only schedule has no backward")
+    if a.op.is_backward and Op.F not in done:
+        raise ScheduleError(f"{_where(r, k, a)}: backward before its forward {a.stage}F{a.mb}")
+    if a.op is Op.W and Op.I not in done:
+        raise ScheduleError(f"{_where(r, k, a)}: weight gradient before its input gradient {a.stage}I{a.mb}")
+    if a.op in (Op.I, Op.W) and Op.B in done or a.op is Op.B and (Op.I in done or Op.W in done):
+        raise ScheduleError(f"{_where(r, k, a)}: mixes a full backward B with a split backward I/W")
+
+
+def _check_comm_position(r, k, a, row, schedule):
+    s, i = a.stage, a.mb
+    s2r, last = schedule.stage_to_rank, schedule.num_stages - 1
+    nxt = {Op.SEND_F: s + 1, Op.RECV_F: s - 1, Op.SEND_B: s - 1, Op.RECV_B: s + 1}[a.op]
+    if not 0 <= nxt <= last or s2r[nxt] == r:
+        raise ScheduleError(f"{_where(r, k, a)}: stage {s} has no remote peer stage {nxt} to talk to")
+    if a.op.is_backward or a.op in (Op.SEND_B, Op.RECV_B):
+        if not schedule.training:
+            raise ScheduleError(f"{_where(r, k, a)}: a forward-only schedule sends no gradients")
+    before, after = row[:k], row[k + 1 :]
+    if a.op is Op.SEND_F and Action(s, Op.F, i) not in before:
+        raise ScheduleError(f"{_where(r, k, a)}: sends before {s}F{i} has produced it")
+    if a.op is Op.RECV_F and Action(s, Op.F, i) not in after:
+        raise ScheduleError(f"{_where(r, k, a)}: no later {s}F{i} consumes it")
+    grads = (Action(s, Op.B, i), Action(s, Op.I, i))
+    if a.op is Op.SEND_B and not any(g in before for g in grads):
+        raise ScheduleError(f"{_where(r, k, a)}: sends before {s}B{i} (or {s}I{i}) has produced it")
+    if a.op is Op.RECV_B and not any(g in after for g in grads):
+        raise ScheduleError(f"{_where(r, k, a)}: no later {s}B{i} (or {s}I{i}) consumes it")
+
+
+def _check_complete(schedule: Schedule, seen) -> None:
+    s2r, last = schedule.stage_to_rank, schedule.num_stages - 1
+    for s in range(last + 1):
+        r = s2r[s]
+        for i in range(schedule.num_microbatches):
+            done = seen[(s, i)]
+            if Op.F not in done:
+                raise ScheduleError(f"rank {r}: stage {s} never runs forward {s}F{i}")
+            if schedule.training and Op.B not in done and not (Op.I in done and Op.W in done):
+                raise ScheduleError(f"rank {r}: stage {s} never runs the backward of microbatch {i} ({s}B{i})")
+            needs = []
+            if s > 0 and s2r[s - 1] != r:
+                needs.append(Action(s, Op.RECV_F, i))
+            if s < last and s2r[s + 1] != r:
+                needs.append(Action(s, Op.SEND_F, i))
+            if schedule.training and s > 0 and s2r[s - 1] != r:
+                needs.append(Action(s, Op.SEND_B, i))
+            if schedule.training and s < last and s2r[s + 1] != r:
+                needs.append(Action(s, Op.RECV_B, i))
+            for need in needs:
+                if need.op not in done:
+                    raise ScheduleError(f"rank {r}: {need} is missing (stage {s} exchanges microbatch {i} with another rank)")
+
+
+def _check_channels(schedule: Schedule) -> None:
+    """Sends from a to b must appear in the same order as b's receives from a (NCCL has no tags)."""
+    sends, recvs = defaultdict(list), defaultdict(list)
+    for r, row in enumerate(schedule.actions):
+        for k, a in enumerate(row):
+            if a.op.is_comm:
+                peer, other = peer_of(a, schedule.stage_to_rank)
+                if a.op.is_send:
+                    sends[(r, peer)].append((a, other, k))
+                else:
+                    recvs[(peer, r)].append((other, a, k))
+    for (src, dst), sent in sends.items():
+        got = recvs.get((src, dst), [])
+        for (snd, want, k), (expect_snd, rcv, k2) in zip(sent, got):
+            if want != rcv:
+                raise ScheduleError(
+                    f"rank {src} step {k} ({snd}) is matched by rank {dst} step {k2} ({rcv}): "
+                    f"sends and receives between ranks {src} and {dst} are in a different order"
+                )
