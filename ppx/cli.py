@@ -56,11 +56,10 @@ def cmd_run(args) -> int:
 
 def _explain_failure(run_dir: Path, world: int, code: int) -> None:
     """Name what each rank was doing when the job ended (from the watchdog's status files)."""
-    states = []
-    for r in range(world):
-        f = run_dir / "status" / f"rank{r}.txt"
-        states.append(f"rank {r}: {f.read_text().strip() if f.exists() else 'no status'}")
-    print(f"ppx: error: the job failed (exit {code}); last known actions: " + "; ".join(states), file=sys.stderr)
+    from ppx.watchdog import read_status
+
+    states = [f"rank {r}: {read_status(run_dir / 'status' / f'rank{r}.txt') or 'not started'}" for r in range(world)]
+    print(f"ppx: error: the job failed (exit {code}); where each rank was: " + "; ".join(states), file=sys.stderr)
     print(f"ppx: run directory (incomplete): {run_dir}", file=sys.stderr)
 
 
@@ -127,7 +126,8 @@ def main(argv=None) -> int:
     try:
         return args.fn(args)
     except UserError as e:
-        print(f"ppx: error: {e}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, one line from rank 0 only
+            print(f"ppx: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -67,9 +67,7 @@ def run_rank(cfg: Config, run_dir: Optional[Path], device_type: str) -> int:
     watchdog = None
     try:
         run_dir = _shared_run_dir(cfg, run_dir, ctrl)
-        watchdog = Watchdog(rank, cfg.runtime.timeout_s, run_dir / "status")
-        (run_dir / "status").mkdir(exist_ok=True)
-        watchdog.start()
+        watchdog = Watchdog(rank, cfg.runtime.timeout_s, run_dir / "status").start()
         code = _train(cfg, run_dir, rank, world, device, backend, ctrl, watchdog)
         watchdog.phase("done")
         return code
@@ -83,7 +81,6 @@ def run_rank(cfg: Config, run_dir: Optional[Path], device_type: str) -> int:
     finally:
         if watchdog is not None:
             watchdog.stop()
-            watchdog.flush()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -92,7 +89,7 @@ def _report(watchdog: Optional[Watchdog], message: str) -> None:
     sys.stderr.write(f"ppx: error: {message}\n")
     sys.stderr.flush()
     if watchdog is not None:
-        watchdog.phase(f"failed: {message}")
+        watchdog.phase(f"failed on {watchdog.label}")
 
 
 def _train(cfg: Config, run_dir: Path, rank: int, world: int, device, backend: str, ctrl, watchdog: Watchdog) -> int:

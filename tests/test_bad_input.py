@@ -1,0 +1,66 @@
+"""Bad input: one clear line on stderr, a non-zero exit, no process group, no run directory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, ppx
+
+CASES = {
+    "unknown key": (["gpipe_2cpu", "pipeline.stagse=4"], "Did you mean: 'stages'?"),
+    "unknown section": (["gpipe_2cpu", "pipelin.stages=4"], "Did you mean: 'pipeline'?"),
+    "wrong type": (["gpipe_2cpu", "pipeline.stages=four"], "pipeline.stages: Value 'four'"),
+    "unknown schedule": (["gpipe_2cpu", "pipeline.schedule=zigzag"], "unknown schedule 'zigzag'; choose from naive, gpipe, 1f1b, forward_only"),
+    "batch not divisible": (["gpipe_2cpu", "train.batch_size=30", "pipeline.microbatches=4"], "train.batch_size=30 is not divisible by pipeline.microbatches=4"),
+    "more stages than layers": (["gpipe_2cpu", "pipeline.stages=8", "model.layers=4"], "8 stages but model.layers=4"),
+    "bad split": (["gpipe_2cpu", "pipeline.layers_per_stage=[3,3]"], "must be positive and sum to model.layers=4"),
+    "unknown model": (["gpipe_2cpu", "model.kind=rnn"], "model.kind: Invalid value 'rnn'"),
+    "unknown experiment": (["no_such_experiment"], "unknown experiment 'no_such_experiment'; choose from"),
+    "malformed override": (["gpipe_2cpu", "pipeline.stages"], "override 'pipeline.stages' must look like key=value"),
+    "bad fault spec": (["gpipe_2cpu", "runtime.inject_fault=explode"], "must look like hang@<action>"),
+    "cuda without gpus": (["gpipe_2cpu", "runtime.device=cuda"], "runtime.device=cuda needs 2 GPUs"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_fails_fast_with_one_line(case, tmp_path):
+    args, expected = CASES[case]
+    if case == "cuda without gpus":
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
+            pytest.skip("this machine has the GPUs")
+    r = ppx("run", *args, f"run.root={tmp_path}", timeout=60)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("ppx: error: ") and expected in lines[0], lines[0]
+    assert list(tmp_path.iterdir()) == []  # no run directory left behind
+    assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_existing_run_directory_is_never_overwritten(tmp_path):
+    d = tmp_path / "taken"
+    d.mkdir()
+    (d / "summary.json").write_text("precious")
+    r = ppx("run", "gpipe_2cpu", f"run.dir={d}", timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"ppx: error: run directory {d} already exists; ppx never overwrites a run"
+    assert (d / "summary.json").read_text() == "precious" and len(list(d.iterdir())) == 1
+
+
+def test_stages_not_matching_the_process_count(tmp_path):
+    """Started by torchrun with 2 processes for a 4-stage experiment: rank 0 says so in one
+    line and every rank exits before any process group starts."""
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         "-m", "ppx.cli", "run", "gpipe_4gpu", f"run.root={tmp_path}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode != 0
+    ours = [line for line in r.stderr.splitlines() if line.startswith("ppx: error:")]
+    assert ours == ["ppx: error: pipeline.stages=4 but this job has 2 processes (WORLD_SIZE); start one process per stage"]
+    assert list(tmp_path.iterdir()) == []

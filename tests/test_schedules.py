@@ -1,0 +1,110 @@
+"""Schedules are data: every built-in validates, simulates to its theoretical bubble, prints
+as a grid and survives a CSV round trip."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppx import schedules
+from ppx.errors import ScheduleError
+from ppx.schedules import Action, Costs, Op
+from ppx.schedules.grid import render_grid
+
+FAMILIES = list(schedules.FAMILIES)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+def test_builtin_schedules_validate_and_match_theory(name, p, m):
+    sched = schedules.build(name, p, m)  # validates (including the deadlock dry run)
+    assert sched.num_ranks == p and sched.num_microbatches == m
+    timeline = schedules.simulate(sched, Costs(fwd=1, bwd=2))
+    assert timeline.bubble_fraction() == pytest.approx(schedules.theory_bubble(name, p, m), abs=1e-12)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_step_time_is_fill_drain_ideal(name):
+    p, m, tf, tb = 4, 8, 10.0, 20.0
+    t = schedules.simulate(schedules.build(name, p, m), Costs(fwd=tf, bwd=tb))
+    assert t.makespan == pytest.approx((m + p - 1) * (tf + tb))
+
+
+def _max_in_flight(sched, rank):
+    live = peak = 0
+    for a in sched.actions[rank]:
+        if a.op is Op.F:
+            live += 1
+        elif a.op is Op.B:
+            live -= 1
+        peak = max(peak, live)
+    return peak
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 2), (3, 5)])
+def test_in_flight_microbatches(p, m):
+    one_f_one_b, gpipe = schedules.build("1f1b", p, m), schedules.build("gpipe", p, m)
+    for r in range(p):
+        assert _max_in_flight(one_f_one_b, r) == min(p - r, m)
+        assert _max_in_flight(gpipe, r) == m
+
+
+def test_1f1b_rank_order_follows_pipedream_flush():
+    row = [str(a) for a in schedules.build("1f1b", 4, 6).compute_only().actions[1]]
+    assert row == ["1F0", "1F1", "1F2", "1B0", "1F3", "1B1", "1F4", "1B2", "1F5", "1B3", "1B4", "1B5"]
+
+
+def test_naive_is_stop_and_wait():
+    sched = schedules.build("naive", 3, 1)
+    t = schedules.simulate(sched, Costs(fwd=1, bwd=1))
+    spans = sorted((e.start, str(e.action)) for row in t.events for e in row)
+    assert [a for _, a in spans] == ["0F0", "1F0", "2F0", "2B0", "1B0", "0B0"]
+
+
+def test_forward_only_has_no_backward():
+    sched = schedules.build("forward_only", 3, 4)
+    assert not sched.training
+    assert all(not a.op.is_backward and a.op not in (Op.SEND_B, Op.RECV_B) for row in sched.actions for a in row)
+
+
+def test_comms_pair_1f1b_send_forward_with_receive_backward():
+    row = [str(a) for a in schedules.build("1f1b", 4, 8).actions[1]]
+    k = row.index("1SEND_F2")
+    assert row[k + 1] == "1RECV_B0"  # posted together in one batch
+
+
+def test_action_strings_round_trip():
+    for text in ["0F1", "1B3", "2I0", "2W0", "0SEND_F1", "1RECV_B0", "12F345"]:
+        assert str(Action.parse(text)) == text
+    assert Action.parse("3RECV_F2") == Action(3, Op.RECV_F, 2)
+
+
+@pytest.mark.parametrize("with_comms", [False, True])
+def test_csv_round_trip(tmp_path, with_comms):
+    sched = schedules.build("1f1b", 3, 4)
+    path = tmp_path / "s.csv"
+    schedules.write_csv(sched if with_comms else sched.compute_only(), path)
+    text = path.read_text().splitlines()
+    assert text[0].startswith("0F0,0SEND_F0,0F1," if with_comms else "0F0,0F1,")
+    back = schedules.from_csv(path)
+    assert back.actions == sched.actions
+    assert back.stage_to_rank == sched.stage_to_rank and back.num_microbatches == 4
+
+
+def test_csv_with_torch_idle_cells(tmp_path):
+    path = tmp_path / "idle.csv"
+    path.write_text("0F0,,0B0\n,1F0,1B0\n")
+    sched = schedules.from_csv(path)
+    assert [str(a) for a in sched.compute_only().actions[1]] == ["1F0", "1B0"]
+
+
+def test_grid_shows_each_rank_and_idle():
+    grid = render_grid(schedules.build("gpipe", 2, 2)).splitlines()
+    assert grid[0].split() == ["time", "0", "1", "2", "3", "4", "5"]
+    assert grid[1].split()[2:] == ["F0", "F1", ".", ".", "B0", "B1"]
+    assert grid[2].split()[2:] == [".", "F0", "F1", "B0", "B1", "."]
+
+
+def test_unknown_schedule_is_a_clear_error():
+    with pytest.raises(ScheduleError, match="unknown schedule 'zigzag'; choose from naive, gpipe, 1f1b"):
+        schedules.build("zigzag", 2, 2)

@@ -1,0 +1,89 @@
+"""The validator rejects hand-broken action lists with an error naming the rank and step."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppx import schedules
+from ppx.errors import ScheduleError
+from ppx.schedules import Action, Schedule
+from ppx.schedules.lowering import add_comms
+
+
+def make(rows, m, training=True, s2r=None, comms=True):
+    acts = [[Action.parse(a) for a in row.split()] for row in rows]
+    sched = Schedule("hand", m, tuple(s2r or range(len(rows))), tuple(map(tuple, acts)), training)
+    return add_comms(sched) if comms else sched
+
+
+def rejects(sched, *fragments):
+    with pytest.raises(ScheduleError) as e:
+        schedules.validate(sched)
+    msg = str(e.value)
+    for f in fragments:
+        assert f in msg, msg
+    return msg
+
+
+def test_accepts_a_hand_written_gpipe():
+    schedules.validate(make(["0F0 0F1 0B0 0B1", "1F0 1F1 1B0 1B1"], 2))
+
+
+def test_backward_before_forward():
+    rejects(make(["0F0 0B1 0F1 0B0", "1F0 1F1 1B0 1B1"], 2), "rank 0", "(0B1)", "backward before its forward 0F1")
+
+
+def test_missing_microbatch():
+    rejects(make(["0F0 0B0", "1F0 1F1 1B0 1B1"], 2), "stage 0 never runs forward 0F1")
+
+
+def test_duplicate_microbatch():
+    rejects(make(["0F0 0F0 0B0", "1F0 1B0"], 1), "rank 0", "0F0 appears 2 times")
+
+
+def test_missing_backward():
+    rejects(make(["0F0 0F1 0B0", "1F0 1F1 1B0 1B1"], 2), "never runs the backward of microbatch 1")
+
+
+def test_action_on_the_wrong_rank():
+    rejects(make(["0F0 0B0 1F0", "1B0"], 1, comms=False), "rank 0 step 2 (1F0)", "belongs to rank 1")
+
+
+def test_receive_without_send():
+    sched = make(["0F0 0B0", "1F0 1B0"], 1)
+    broken = sched.with_actions([[a for a in sched.actions[0] if str(a) != "0SEND_F0"], sched.actions[1]])
+    rejects(broken, "0SEND_F0 is missing")
+
+
+def test_send_before_the_data_exists():
+    rows = make(["0F0 0B0", "1F0 1B0"], 1).actions
+    row0 = [Action.parse("0SEND_F0")] + [a for a in rows[0] if str(a) != "0SEND_F0"]
+    rejects(Schedule("hand", 1, (0, 1), (tuple(row0), rows[1])), "rank 0 step 0 (0SEND_F0)", "before 0F0 has produced it")
+
+
+def test_sends_and_receives_out_of_order():
+    # rank 1 returns gradients 0 then 1, but rank 0 receives 1 first
+    rejects(make(["0F0 0F1 0B1 0B0", "1F0 1F1 1B0 1B1"], 2), "different order", "rank 1")
+
+
+def test_deadlock_is_found_by_the_dry_run():
+    # rank 0 waits for the gradient of microbatch 0 before sending microbatch 1, but rank 1
+    # runs both forwards before its first backward: neither can move.
+    msg = rejects(make(["0F0 0B0 0F1 0B1", "1F0 1F1 1B0 1B1"], 2), "deadlocks", "rank 0", "rank 1")
+    assert "(0B0) waits for 1SEND_B0 on rank 1" in msg and "(1F1) waits for 0SEND_F1 on rank 0" in msg
+
+
+def test_forward_only_must_not_backward():
+    rejects(make(["0F0 0B0", "1F0 1B0"], 1, training=False, comms=False), "forward-only schedule has no backward")
+    rejects(make(["0F0 0B0", "1F0 1B0"], 1, training=False), "(0RECV_B0)", "sends no gradients")
+
+
+def test_microbatch_out_of_range():
+    rejects(make(["0F0 0F5 0B0 0B5", "1F0 1F5 1B0 1B5"], 2), "microbatch 5 out of range")
+
+
+def test_builtin_lists_validate_for_every_shape():
+    for name in schedules.FAMILIES:
+        for p in range(1, 5):
+            for m in (1, 2, 4, 8):
+                schedules.validate(schedules.build(name, p, m))
