@@ -1,0 +1,51 @@
+"""The config schema: layering, validation, and documentation of every key."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import REPO
+from ppx import config
+from ppx.errors import UserError
+
+
+def test_layering_defaults_experiment_overrides():
+    cfg = config.load("gpipe_4gpu", ["train.steps=3", "pipeline.layers_per_stage=[1,2,2,3]"])
+    assert cfg.pipeline.schedule == "gpipe" and cfg.pipeline.stages == 4  # from the YAML
+    assert cfg.train.steps == 3 and cfg.pipeline.layers_per_stage == [1, 2, 2, 3]  # overrides
+    assert cfg.train.optimizer == "sgd" and cfg.runtime.timeout_s == 60.0  # defaults
+    assert cfg.run.name == "gpipe_4gpu"
+
+
+def test_experiment_by_path_and_round_trip(tmp_path):
+    exp = tmp_path / "mine.yaml"
+    exp.write_text("pipeline:\n  stages: 3\nmodel:\n  layers: 6\n")
+    cfg = config.load(str(exp), [])
+    assert cfg.run.name == "mine" and cfg.pipeline.stages == 3
+    (tmp_path / "config.yaml").write_text(config.to_yaml(cfg))
+    assert config.from_yaml(tmp_path / "config.yaml") == cfg
+
+
+def test_every_shipped_experiment_loads():
+    names = sorted(p.stem for p in (REPO / "experiments").glob("*.yaml"))
+    assert {"naive_4gpu", "gpipe_4gpu", "1f1b_4gpu", "gpipe_2cpu", "1f1b_2cpu"} <= set(names)
+    for name in names:
+        config.load(name, [])
+
+
+def test_every_key_is_documented_in_the_readme():
+    readme = (REPO / "README.md").read_text()
+    for key, default, help in config.describe():
+        assert help, f"{key} has no help text"
+        assert f"| `{key}` | `{default}` |" in readme, f"README's key table misses {key}"
+
+
+def test_schedule_csv_must_match_stages(tmp_path):
+    from ppx import schedules
+
+    path = tmp_path / "s.csv"
+    schedules.write_csv(schedules.build("1f1b", 2, 4).compute_only(), path)
+    cfg = config.load(None, [f"pipeline.schedule={path}", "pipeline.stages=2", "pipeline.microbatches=4"])
+    assert cfg.pipeline.schedule == str(path)
+    with pytest.raises(UserError, match="is for 2 ranks and 4 microbatches"):
+        config.load(None, [f"pipeline.schedule={path}", "pipeline.stages=3"])
