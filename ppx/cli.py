@@ -94,6 +94,11 @@ def cmd_schedule(args) -> int:
 def cmd_keys(args) -> int:
     from ppx.config import describe
 
+    if args.markdown:
+        print("| key | default | meaning |\n| --- | --- | --- |")
+        for key, default, help in describe():
+            print(f"| `{key}` | `{default}` | " + help.replace("|", "\\|") + " |")
+        return 0
     for key, default, help in describe():
         print(f"{key:28} {default:10} {help}")
     return 0
@@ -117,6 +122,7 @@ def parser() -> argparse.ArgumentParser:
     sch.add_argument("--with-comms", action="store_true", help="with --csv: include SEND/RECV actions")
     sch.set_defaults(fn=cmd_schedule)
     keys = sub.add_parser("keys", help="list every config key with its default and meaning")
+    keys.add_argument("--markdown", action="store_true", help="as the README's markdown table")
     keys.set_defaults(fn=cmd_keys)
     return ap
 

@@ -32,13 +32,17 @@ class PipelineConfig:
 
 @dataclass
 class ModelConfig:
-    kind: Literal["mlp", "transformer"] = _f("mlp", "mlp (Linear+GELU blocks, MSE) | transformer (GPT-style decoder, cross-entropy)")
+    kind: Literal["mlp", "transformer", "synthetic"] = _f(
+        "mlp", "mlp (Linear+GELU blocks, MSE) | transformer (GPT-style decoder, cross-entropy) | synthetic (known per-stage costs)"
+    )
     hidden: int = _f(64, "hidden width (features)")
     layers: int = _f(4, "number of blocks split over the stages (MLP blocks or decoder blocks)")
     heads: int = _f(4, "transformer: attention heads; must divide model.hidden")
     seq_len: int = _f(32, "transformer: tokens per sequence")
     vocab_size: int = _f(256, "transformer: vocabulary size")
     ffn_mult: int = _f(4, "transformer: MLP width as a multiple of model.hidden")
+    fwd_ms: Any = _f(10.0, "synthetic: forward time of a stage per microbatch in ms; one value or a list, one per stage")
+    bwd_ms: Any = _f(20.0, "synthetic: backward time of a stage per microbatch in ms; one value or a list, one per stage")
 
 
 @dataclass
@@ -59,6 +63,26 @@ class RuntimeConfig:
 
 
 @dataclass
+class InstrumentConfig:
+    timers: bool = _f(True, "time every action (CUDA events on GPU, perf_counter on CPU) and split each step into compute/comm/idle")
+    memory: bool = _f(True, "count microbatches in flight and saved activation bytes per stage (saved-tensor hooks)")
+    timeline: bool = _f(True, "write timeline.json (Chrome/Perfetto) and timeline.png; needs instrument.timers")
+    timeline_steps: int = _f(3, "how many of the last steps go into timeline.json (the PNG shows the last one)")
+
+
+@dataclass
+class ProfileConfig:
+    enabled: bool = _f(False, "torch.profiler traces per rank in <run>/traces/ (off: no profiler, no cost)")
+    wait: int = _f(1, "profiler schedule: steps skipped before each cycle")
+    warmup: int = _f(1, "profiler schedule: steps traced but discarded")
+    active: int = _f(2, "profiler schedule: steps recorded per cycle")
+    repeat: int = _f(1, "profiler schedule: cycles (0 = until the run ends)")
+    record_shapes: bool = _f(False, "record operator input shapes")
+    profile_memory: bool = _f(False, "record tensor allocations (Memory view)")
+    with_stack: bool = _f(False, "record Python stacks (large traces)")
+
+
+@dataclass
 class RunConfig:
     name: Optional[str] = _f(None, "experiment name; default: the experiment file's name")
     root: str = _f("runs", "parent folder of run directories: <root>/<name>/<run id>/")
@@ -71,6 +95,8 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    instrument: InstrumentConfig = field(default_factory=InstrumentConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
 
@@ -187,7 +213,17 @@ def check(cfg: Config) -> None:
             )
     else:
         schedules.family(p.schedule)
-    split_layers(m.layers, p.stages, p.layers_per_stage)
+    num_stages = sched.num_stages if p.schedule.endswith(".csv") else p.stages
+    if m.kind == "synthetic":
+        from ppx.models.synthetic import stage_costs_ms
+
+        stage_costs_ms(m, num_stages)
+    split_layers(m.layers, num_stages, p.layers_per_stage)
+    if cfg.instrument.timeline_steps < 1:
+        raise UserError(f"instrument.timeline_steps must be >= 1, got {cfg.instrument.timeline_steps}")
+    prof = cfg.profile
+    if min(prof.wait, prof.warmup, prof.repeat) < 0 or prof.active < 1:
+        raise UserError("profile.wait, profile.warmup and profile.repeat must be >= 0 and profile.active >= 1")
     if cfg.runtime.inject_fault is not None:
         from ppx.faults import parse_fault
 

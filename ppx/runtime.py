@@ -5,8 +5,9 @@ The action list is compiled once into a program of items:
   ``wait``    block until a received tensor has arrived (inserted before its consumer);
   ``compute`` F, B (and later I, W) of one microbatch on one stage;
   ``drain``   end of step: wait until every send has completed.
-Observers (timers, the watchdog, fault injection) wrap every item; the runtime itself holds
-no instrumentation.
+Observers (timers, memory counters, profiler labels, the watchdog, fault injection) wrap
+every item: ``before(item)`` in order, ``after(item)`` in reverse order. The runtime itself
+holds no instrumentation.
 """
 
 from __future__ import annotations
@@ -117,13 +118,14 @@ class Runtime:
         self._batches: list[_Batch] = []
         self._loss = None
         observers, handlers = self.observers, self._handlers
+        unwind = observers[::-1]  # after() in reverse order, like nested context managers
         item = None
         try:
             for item in self.program:
                 for o in observers:
                     o.before(item)
                 handlers[item.kind](item)
-                for o in observers:
+                for o in unwind:
                     o.after(item)
         except ActionFailed:
             raise

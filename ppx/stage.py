@@ -3,10 +3,19 @@ backward needs between the two."""
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Optional
 
 import torch
 from torch import nn
+
+_action_started = 0.0
+
+
+def action_started() -> float:
+    """``time.perf_counter()`` when the current forward/backward action began (the
+    known-cost model counts its cost from here, so framework overhead is inside it)."""
+    return _action_started
 
 
 class StageRunner:
@@ -27,6 +36,8 @@ class StageRunner:
 
     def forward(self, mb: int, x: torch.Tensor, target: Optional[torch.Tensor]) -> torch.Tensor:
         """Return the activation for the next stage, or (last stage) the scaled loss, detached."""
+        global _action_started
+        _action_started = time.perf_counter()
         if self.training and not self.first:
             x.requires_grad_(True)
         with torch.set_grad_enabled(self.training):
@@ -39,6 +50,8 @@ class StageRunner:
 
     def backward(self, mb: int, grad_output: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """Accumulate parameter gradients; return d(loss)/d(input) for the previous stage."""
+        global _action_started
+        _action_started = time.perf_counter()
         x, out = self.saved.pop(mb)
         torch.autograd.backward(out, grad_output)
         return None if self.first else x.grad

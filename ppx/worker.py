@@ -4,11 +4,8 @@ starts under torchrun."""
 
 from __future__ import annotations
 
-import json
 import os
-import statistics
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Optional
@@ -17,12 +14,11 @@ import torch
 import torch.distributed as dist
 
 from ppx import config as config_mod
-from ppx import rundir, schedules
-from ppx.comm import P2P
+from ppx import rundir
 from ppx.config import Config
 from ppx.errors import UserError
-from ppx.faults import FaultInjector, parse_fault
-from ppx.pipeline import build_rank, resolve_schedule
+from ppx.loop import train
+from ppx.pipeline import resolve_schedule
 from ppx.runtime import ActionFailed
 from ppx.watchdog import Watchdog
 
@@ -96,78 +92,7 @@ def _train(cfg: Config, run_dir: Path, rank: int, world: int, device, backend: s
     schedule = resolve_schedule(cfg)
     if schedule.num_ranks != world:
         raise UserError(f"the schedule needs {schedule.num_ranks} processes, this job has {world}")
-    observers = [watchdog]
-    fault = cfg.runtime.inject_fault
-    if fault and schedule.stage_to_rank[parse_fault(fault)[1].stage] == rank:
-        observers.append(FaultInjector(fault))
-    watchdog.phase("building the model")
-    pipe = build_rank(cfg, schedule, rank, device, P2P(), observers)
-    params = pipe.parameters()
-    opt = None
-    if schedule.training:
-        opt_cls = torch.optim.SGD if cfg.train.optimizer == "sgd" else torch.optim.AdamW
-        opt = opt_cls(params, lr=cfg.train.lr)
-
-    watchdog.phase("gathering the environment")
-    infos = [None] * world if rank == 0 else None
-    dist.gather_object(rundir.rank_info(device), infos, dst=0, group=ctrl)
-    if rank == 0:
-        rundir.write_json(run_dir / "env.json", rundir.environment(cfg, backend, world, infos))
-    if backend == "nccl":
-        dist.barrier()  # a first collective on every rank before any partial P2P batch
-
-    name = cfg.run.name
-    losses, times = [], []
-    metrics = open(run_dir / "metrics.jsonl", "a") if rank == 0 else None
-    try:
-        for step in range(cfg.train.steps):
-            watchdog.phase("step barrier", step)
-            dist.barrier(group=ctrl)
-            if opt is not None:
-                opt.zero_grad(set_to_none=True)
-            t0 = time.perf_counter()
-            loss = pipe.step(step)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            elapsed = time.perf_counter() - t0
-            if opt is not None:
-                watchdog.phase("optimizer step", step)
-                opt.step()
-            watchdog.phase("gathering metrics", step)
-            records = [None] * world if rank == 0 else None
-            dist.gather_object({"rank": rank, "loss": loss, "step_time_s": elapsed}, records, dst=0, group=ctrl)
-            if rank == 0:
-                step_loss = next(r["loss"] for r in records if r["loss"] is not None)
-                step_time = max(r["step_time_s"] for r in records)
-                losses.append(step_loss)
-                times.append(step_time)
-                metrics.write(json.dumps({"step": step, "loss": step_loss, "step_time_s": step_time}) + "\n")
-                metrics.flush()
-                print(f"[{name}] step {step + 1}/{cfg.train.steps}  loss {step_loss:.6f}  step {step_time:.4f} s", flush=True)
-    finally:
-        if metrics is not None:
-            metrics.close()
-    if rank == 0:
-        p, m = schedule.num_ranks, schedule.num_microbatches
-        summary = {
-            "status": "completed",
-            "experiment": name,
-            "schedule": cfg.pipeline.schedule,
-            "stages": schedule.num_stages,
-            "microbatches": m,
-            "world_size": world,
-            "steps": cfg.train.steps,
-            "device": device.type,
-            "backend": backend,
-            "losses": losses,
-            "step_time_s": statistics.median(times),
-            "step_times_s": times,
-            "bubble_fraction_theory": schedules.theory_bubble(cfg.pipeline.schedule, p, m),
-        }
-        rundir.write_json(run_dir / "summary.json", summary)
-        print(f"ppx: run directory: {run_dir}", flush=True)
-    watchdog.phase("finishing")
-    dist.barrier(group=ctrl)
+    train(cfg, schedule, run_dir, rank, world, device, backend, ctrl, watchdog)
     return 0
 
 

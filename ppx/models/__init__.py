@@ -6,9 +6,9 @@ from __future__ import annotations
 from types import ModuleType
 
 from ppx.errors import UserError
-from ppx.models import mlp, transformer
+from ppx.models import mlp, synthetic, transformer
 
-KINDS: dict[str, ModuleType] = {"mlp": mlp, "transformer": transformer}
+KINDS: dict[str, ModuleType] = {"mlp": mlp, "transformer": transformer, "synthetic": synthetic}
 
 
 def kind(name: str) -> ModuleType:

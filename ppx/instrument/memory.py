@@ -1,0 +1,73 @@
+"""Memory per stage: microbatches in flight, bytes of saved activations, device peak.
+
+`MemoryTracker` is an observer. Around each forward it installs saved-tensor hooks that add
+up the distinct storages autograd keeps for backward (parameters excluded); a microbatch's
+bytes are released when its backward completes. It reports per step the peak number of
+microbatches in flight on the rank, the peak of live saved-activation bytes, and the peak
+memory: ``torch.cuda.max_memory_allocated`` on GPU, the process's peak resident set on CPU.
+"""
+
+from __future__ import annotations
+
+import resource
+
+import torch
+from torch.autograd.graph import saved_tensors_hooks
+
+from ppx.schedules.action import Op
+
+
+class MemoryTracker:
+    def __init__(self, runners: dict, device: torch.device):
+        self.runners = runners
+        self.device = device
+        self._params = {p.untyped_storage().data_ptr() for r in runners.values() for p in r.module.parameters()}
+        self._hooks = saved_tensors_hooks(self._pack, lambda t: t)
+        self.begin_step(-1)
+
+    def begin_step(self, step: int) -> None:
+        self.held: dict = {}
+        self.live_bytes = self.peak_bytes = self.peak_inflight = 0
+        self._seen: set = set()
+        self._bytes = 0
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in self._seen and ptr not in self._params:
+            self._seen.add(ptr)
+            self._bytes += storage.nbytes()
+        return t
+
+    def before(self, item) -> None:
+        if item.kind == "compute" and item.actions[0].op is Op.F:
+            self._seen.clear()
+            self._bytes = 0
+            self._hooks.__enter__()
+
+    def after(self, item) -> None:
+        if item.kind != "compute":
+            return
+        a = item.actions[0]
+        if a.op is Op.F:
+            self._hooks.__exit__(None, None, None)
+            if self.runners[a.stage].training:
+                self.held[(a.stage, a.mb)] = self._bytes
+                self.live_bytes += self._bytes
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+            self.peak_inflight = max(self.peak_inflight, sum(r.in_flight() for r in self.runners.values()))
+        elif a.op in (Op.B, Op.W):
+            self.live_bytes -= self.held.pop((a.stage, a.mb), 0)
+
+    def end_step(self, step: int) -> dict:
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device)
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return {
+            "peak_inflight_microbatches": self.peak_inflight,
+            "peak_activation_bytes": self.peak_bytes,
+            "peak_memory_bytes": int(peak),
+        }

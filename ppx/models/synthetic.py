@@ -1,0 +1,137 @@
+"""The known-cost model: each stage's forward and backward take exactly ``model.fwd_ms`` and
+``model.bwd_ms`` per microbatch, so measured step time and bubble can be held against the
+exact ideal (m+p-1)(t_f+t_b).
+
+On CPU a stage sleeps (exact with any number of ranks on any number of cores); on CUDA it
+spins the GPU with ``torch.cuda._sleep`` for the same time, so CUDA events see it as
+compute. The arithmetic is y = x * w with one weight vector per stage, so gradients stay
+exact like any other model's.
+"""
+
+from __future__ import annotations
+
+import time
+from numbers import Real
+
+import torch
+from torch import nn
+
+from ppx.errors import UserError
+from ppx.instrument.clock import sleep_until
+from ppx.stage import action_started
+from ppx.models.seeding import BLOCK, DATA, generator, seeded
+
+_CYCLES_PER_MS: dict[int, float] = {}
+
+
+def stage_costs_ms(cfg, num_stages: int) -> tuple[list[float], list[float]]:
+    """Per-stage (forward, backward) costs in ms from one value or one value per stage."""
+
+    def expand(key: str, value) -> list[float]:
+        if isinstance(value, Real) and not isinstance(value, bool):
+            values = [float(value)] * num_stages
+        elif isinstance(value, (list, tuple)) or hasattr(value, "__len__") and not isinstance(value, str):
+            values = list(value)
+            if len(values) != num_stages or not all(isinstance(v, Real) and not isinstance(v, bool) for v in values):
+                raise UserError(f"model.{key} must be one number or {num_stages} numbers (one per stage), got {values}")
+            values = [float(v) for v in values]
+        else:
+            raise UserError(f"model.{key} must be a number of milliseconds or a list of them, got {value!r}")
+        if any(v < 0 for v in values):
+            raise UserError(f"model.{key} must not be negative, got {values}")
+        return values
+
+    return expand("fwd_ms", cfg.fwd_ms), expand("bwd_ms", cfg.bwd_ms)
+
+
+def _spin_gpu(ms: float, device: torch.device) -> None:
+    if device.index not in _CYCLES_PER_MS:  # calibrate once per device
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(10_000_000)
+        end.record()
+        end.synchronize()
+        _CYCLES_PER_MS[device.index] = 10_000_000 / start.elapsed_time(end)
+    torch.cuda._sleep(int(ms * _CYCLES_PER_MS[device.index]))
+
+
+def _take(ms: float, device: torch.device) -> None:
+    """Occupy ``ms`` counted from the start of the current stage action."""
+    if ms <= 0:
+        return
+    if device.type == "cuda":
+        _spin_gpu(ms, device)
+    else:
+        sleep_until(action_started() + ms / 1000.0)
+
+
+class _KnownCost(torch.autograd.Function):
+    """y = x * prod(w_i) in one autograd node (few nodes = little framework overhead)."""
+
+    @staticmethod
+    def forward(ctx, x, fwd_ms: float, bwd_ms: float, *weights):
+        w = weights[0]
+        for extra in weights[1:]:
+            w = w * extra
+        ctx.save_for_backward(x, *weights)
+        ctx.bwd_ms = bwd_ms
+        y = x * w
+        _take(fwd_ms, x.device)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, *weights = ctx.saved_tensors
+        w = weights[0]
+        for extra in weights[1:]:
+            w = w * extra
+        gx = grad * w
+        gw = (grad * x).sum(0)
+        grads = []
+        for k in range(len(weights)):
+            rest = torch.ones_like(w)
+            for j, other in enumerate(weights):
+                if j != k:
+                    rest = rest * other
+            grads.append(gw * rest)
+        _take(ctx.bwd_ms, grad.device)
+        return (gx, None, None, *grads)
+
+
+class KnownCostStage(nn.Module):
+    """The blocks of one stage (one weight vector each), costing ``fwd_ms``/``bwd_ms`` in all."""
+
+    def __init__(self, hidden: int, fwd_ms: float, bwd_ms: float, seed: int, blocks: range):
+        super().__init__()
+        weights = []
+        for i in blocks:
+            with seeded(seed, BLOCK + i):
+                weights.append(nn.Parameter(1.0 + 0.01 * torch.randn(hidden)))
+        self.weights = nn.ParameterList(weights)
+        self.fwd_ms, self.bwd_ms = fwd_ms, bwd_ms
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _KnownCost.apply(x, self.fwd_ms, self.bwd_ms, *self.weights)
+
+
+def _cost(value, stage: int, num_stages: int) -> float:
+    if isinstance(value, (int, float)):
+        return float(value)
+    values = [float(v) for v in value]
+    return values[stage] if len(values) == num_stages else sum(values)  # sum: the one-process reference
+
+
+def build_stage(cfg, seed: int, stage: int, num_stages: int, blocks: range) -> nn.Module:
+    """Stage ``stage`` holds ``blocks`` (like any model) but its cost is set per stage."""
+    return KnownCostStage(cfg.hidden, _cost(cfg.fwd_ms, stage, num_stages), _cost(cfg.bwd_ms, stage, num_stages), seed, blocks)
+def make_batch(cfg, seed: int, batch_size: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = generator(seed, DATA + 16 * step)
+    return torch.randn(batch_size, cfg.hidden, generator=g), torch.zeros(batch_size, cfg.hidden)
+
+
+def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.mse_loss(output, target)
+
+
+def boundary(cfg, microbatch_size: int) -> tuple[tuple[int, ...], torch.dtype]:
+    return (microbatch_size, cfg.hidden), torch.float32

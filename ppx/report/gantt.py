@@ -1,0 +1,53 @@
+"""Gantt picture of one measured step: F, B, communication and waiting per rank over time;
+white is idle. The measured counterpart of `ppx schedule`'s grid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#8172B2", "W": "#937860", "post": "#DD8452", "wait": "#D9D9D9"}
+
+
+def draw_step(spans_by_rank: dict, path: Path, title: str) -> None:
+    """``spans_by_rank`` = {rank: [(kind, label, actions, start_s, end_s), ...]} for one step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    ranks = sorted(spans_by_rank)
+    starts = [sp[3] for r in ranks for sp in spans_by_rank[r]]
+    ends = [sp[4] for r in ranks for sp in spans_by_rank[r]]
+    t0, t1 = min(starts), max(ends)
+    span_ms = max((t1 - t0) * 1e3, 1e-6)
+    fig, ax = plt.subplots(figsize=(12, 0.7 * len(ranks) + 1.6))
+    for row, r in enumerate(ranks):
+        y = len(ranks) - 1 - row
+        ax.add_patch(plt.Rectangle((0, y - 0.4), span_ms, 0.8, facecolor="white", edgecolor="#BBBBBB", lw=0.5))
+        for kind, label, actions, start, end in spans_by_rank[r]:
+            x, w = (start - t0) * 1e3, (end - start) * 1e3
+            if kind == "compute":
+                op = label.lstrip("0123456789")[0]
+                color, height = COLORS.get(op, "#999999"), 0.8
+            elif kind == "post":
+                color, height = COLORS["post"], 0.8
+            else:
+                color, height = COLORS["wait"], 0.5
+            ax.add_patch(plt.Rectangle((x, y - height / 2), w, height, facecolor=color, edgecolor="none"))
+            if kind == "compute" and w > span_ms / 60:
+                short = label.lstrip("0123456789")
+                ax.text(x + w / 2, y, short, ha="center", va="center", fontsize=7, color="white")
+    ax.set_xlim(0, span_ms)
+    ax.set_ylim(-0.6, len(ranks) - 0.4)
+    ax.set_yticks(range(len(ranks)))
+    ax.set_yticklabels([f"rank {r}" for r in reversed(ranks)])
+    ax.set_xlabel("time in the step (ms, rank clocks aligned)")
+    ax.set_title(title, fontsize=10)
+    handles = [Patch(color=COLORS[k], label=n) for k, n in
+               [("F", "forward"), ("B", "backward"), ("post", "send/recv posted"), ("wait", "waiting on a peer")]]
+    handles.append(Patch(facecolor="white", edgecolor="#BBBBBB", label="idle"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.02 * len(ranks)), ncol=5, fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
