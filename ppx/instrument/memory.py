@@ -1,8 +1,10 @@
 """Memory per stage: microbatches in flight, bytes of saved activations, device peak.
 
-`MemoryTracker` is an observer. Around each forward it installs saved-tensor hooks that add
-up the distinct storages autograd keeps for backward (parameters excluded); a microbatch's
-bytes are released when its backward completes. It reports per step the peak number of
+`MemoryTracker` is an observer. Around each forward it installs saved-tensor hooks that note
+the storages autograd keeps for backward (parameters excluded). Storages are reference
+counted across microbatches, so one buffer saved by several microbatches (a batch that
+microbatches are views of) counts once; a microbatch's references go when its backward
+completes. It reports per step the peak number of
 microbatches in flight on the rank, the peak of live saved-activation bytes, and the peak
 memory: ``torch.cuda.max_memory_allocated`` on GPU, the process's peak resident set on CPU.
 """
@@ -26,25 +28,23 @@ class MemoryTracker:
         self.begin_step(-1)
 
     def begin_step(self, step: int) -> None:
-        self.held: dict = {}
+        self.held: dict = {}  # (stage, mb) -> storage pointers it keeps alive
+        self._refs: dict = {}  # storage pointer -> [nbytes, references]
         self.live_bytes = self.peak_bytes = self.peak_inflight = 0
-        self._seen: set = set()
-        self._bytes = 0
+        self._seen: dict = {}
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
-        if ptr not in self._seen and ptr not in self._params:
-            self._seen.add(ptr)
-            self._bytes += storage.nbytes()
+        if ptr not in self._params:
+            self._seen[ptr] = storage.nbytes()
         return t
 
     def before(self, item) -> None:
         if item.kind == "compute" and item.actions[0].op is Op.F:
-            self._seen.clear()
-            self._bytes = 0
+            self._seen = {}
             self._hooks.__enter__()
 
     def after(self, item) -> None:
@@ -54,12 +54,21 @@ class MemoryTracker:
         if a.op is Op.F:
             self._hooks.__exit__(None, None, None)
             if self.runners[a.stage].training:
-                self.held[(a.stage, a.mb)] = self._bytes
-                self.live_bytes += self._bytes
+                self.held[(a.stage, a.mb)] = list(self._seen)
+                for ptr, nbytes in self._seen.items():
+                    ref = self._refs.setdefault(ptr, [nbytes, 0])
+                    if ref[1] == 0:
+                        self.live_bytes += nbytes
+                    ref[1] += 1
             self.peak_bytes = max(self.peak_bytes, self.live_bytes)
             self.peak_inflight = max(self.peak_inflight, sum(r.in_flight() for r in self.runners.values()))
         elif a.op in (Op.B, Op.W):
-            self.live_bytes -= self.held.pop((a.stage, a.mb), 0)
+            for ptr in self.held.pop((a.stage, a.mb), ()):
+                ref = self._refs[ptr]
+                ref[1] -= 1
+                if ref[1] == 0:
+                    self.live_bytes -= ref[0]
+                    del self._refs[ptr]
 
     def end_step(self, step: int) -> dict:
         if self.device.type == "cuda":

@@ -1,0 +1,125 @@
+"""Measurement against exact theory on the known-cost model, memory counts, traces and the
+merged timeline (real torchrun runs on gloo)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import ppx, read_json, read_jsonl
+
+KNOWN_COST = ["model.kind=synthetic", "model.fwd_ms=10", "model.bwd_ms=20", "model.hidden=16",
+              "model.layers=4", "train.batch_size=64", "train.steps=3"]
+HIDDEN, BATCH = 16, 64
+
+
+def known_cost_run(tmp_path_factory, schedule, p, m, *extra):
+    d = tmp_path_factory.mktemp("kc") / f"{schedule}_p{p}"
+    r = ppx("run", "gpipe_4gpu", *KNOWN_COST, f"pipeline.schedule={schedule}", f"pipeline.stages={p}",
+            f"pipeline.microbatches={m}", f"run.dir={d}", *extra)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return d
+
+
+CASES = [("naive", 2, 1), ("naive", 4, 1), ("gpipe", 2, 8), ("gpipe", 4, 8), ("1f1b", 2, 8), ("1f1b", 4, 8)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return {case: known_cost_run(tmp_path_factory, *case) for case in CASES}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{s}-p{p}" for s, p, _ in CASES])
+def test_measured_bubble_matches_theory_on_known_costs(runs, case):
+    schedule, p, m = case
+    s = read_json(runs[case] / "summary.json")
+    theory = (p - 1) / p if schedule == "naive" else (p - 1) / (m + p - 1)
+    assert s["bubble_fraction_theory"] == pytest.approx(theory)
+    assert s["bubble_fraction"] == pytest.approx(theory, abs=0.03), s
+    assert s["bubble_over_ideal_theory"] == pytest.approx(theory / (1 - theory))
+    assert s["ideal_step_time_s"] == pytest.approx((m + p - 1) * 0.030 if schedule != "naive" else p * 0.030)
+    assert 1.0 <= s["step_time_over_ideal"] < 1.15
+    for r in s["ranks"]:
+        # each rank computes m forwards and m backwards of known length
+        assert r["compute_s"] == pytest.approx(m * 0.030, rel=0.05)
+        assert r["comm_s"] >= 0 and r["idle_s"] >= 0
+        assert r["bubble_fraction"] == pytest.approx(r["idle_s"] / s["step_time_s"], rel=0.2)
+    per_step = read_jsonl(runs[case] / "metrics.jsonl")
+    assert len(per_step) == 3
+    for line in per_step:
+        assert len(line["ranks"]) == p
+        assert {"compute_s", "comm_s", "wait_s", "idle_s", "bubble_fraction", "peak_inflight_microbatches",
+                "peak_activation_bytes", "peak_memory_bytes"} <= set(line["ranks"][0])
+        assert line["bubble_fraction_theory"] == pytest.approx(theory)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_microbatches_in_flight_and_saved_bytes(runs, schedule):
+    p, m = 4, 8
+    s = read_json(runs[(schedule, p, m)] / "summary.json")
+    mb_bytes = (BATCH // m) * HIDDEN * 4  # a middle stage keeps its received input per microbatch
+    for r in s["ranks"]:
+        expect = m if schedule == "gpipe" else min(p - r["rank"], m)
+        assert r["peak_inflight_microbatches"] == expect
+        if 0 < r["rank"] < p - 1:
+            assert r["peak_activation_bytes"] == expect * mb_bytes
+        assert r["peak_memory_bytes"] > 0
+
+
+def test_timeline_is_chrome_trace_with_a_track_per_rank_and_flows(runs):
+    d = runs[("1f1b", 4, 8)]
+    trace = json.loads((d / "timeline.json").read_text())
+    events = trace["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {r: f"rank {r} (stage {r})" for r in range(4)}
+    slices = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in slices} == {0, 1, 2, 3}
+    assert all(isinstance(e["ts"], (int, float)) and e["dur"] >= 0 for e in slices)
+    assert {e["args"]["step"] for e in slices} == {0, 1, 2}  # instrument.timeline_steps=3
+    computes = [e["name"] for e in slices if e["cat"] == "compute" and e["args"]["step"] == 2]
+    assert sorted(computes) == sorted(f"{s}{op}{i}" for s in range(4) for op in "FB" for i in range(8))
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    finishes = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert starts and starts.keys() == finishes.keys()
+    # every hand-off: 3 boundaries x 8 microbatches x (activation + gradient) x 3 steps
+    assert len(starts) == 3 * 8 * 2 * 3
+    for i, s in starts.items():
+        f = finishes[i]
+        assert abs(f["pid"] - s["pid"]) == 1 and f["ts"] >= s["ts"]
+    assert (d / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_profiler_off_writes_no_trace(runs):
+    assert not (runs[("gpipe", 2, 8)] / "traces").exists()
+
+
+def test_profiler_traces_per_rank(tmp_path_factory):
+    d = known_cost_run(tmp_path_factory, "1f1b", 2, 4, "profile.enabled=true", "profile.wait=0",
+                       "profile.warmup=1", "profile.active=1", "model.fwd_ms=1", "model.bwd_ms=2")
+    traces = sorted((d / "traces").iterdir())
+    assert [t.name.split(".")[0] for t in traces] == ["rank0", "rank1"]
+    for t in traces:
+        assert t.name.endswith(".pt.trace.json")
+        data = json.loads(t.read_text())
+        labels = {e.get("name") for e in data["traceEvents"]}
+        rank = int(t.name[4])
+        assert f"PP:{rank}F0" in labels and f"PP:{rank}B3" in labels
+        assert any(str(x).startswith("ProfilerStep#") for x in labels)
+
+
+def test_timers_off_still_measures_step_time(tmp_path_factory):
+    d = known_cost_run(tmp_path_factory, "gpipe", 2, 4, "instrument.timers=false", "instrument.memory=false")
+    s = read_json(d / "summary.json")
+    assert s["step_time_s"] > 0 and "bubble_fraction" not in s
+    assert not (d / "timeline.json").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_event_timers(tmp_path_factory):
+    d = known_cost_run(tmp_path_factory, "gpipe", 1, 4, "runtime.device=cuda")
+    s = read_json(d / "summary.json")
+    (r,) = s["ranks"]
+    assert r["compute_s"] == pytest.approx(4 * 0.030, rel=0.1)  # GPU spins timed by CUDA events
+    assert r["peak_memory_bytes"] > 0
