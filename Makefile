@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ppx-installed
 
-.PHONY: setup run test schedule keys clean-runs
+.PHONY: setup run test schedule keys clean-runs bench
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,3 +35,7 @@ keys: $(STAMP)
 
 clean-runs:
 	rm -rf runs
+
+# The benchmark matrix: ppx vs torch.distributed.pipelining, known-cost vs ideal, overheads.
+bench: $(STAMP)
+	$(PY) bench/run.py

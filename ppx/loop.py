@@ -39,7 +39,7 @@ def train(cfg, schedule: Schedule, run_dir: Path, rank: int, world: int, device,
     if fault and schedule.stage_to_rank[parse_fault(fault)[1].stage] == rank:
         observers.append(FaultInjector(fault))
     watchdog.phase("building the model")
-    pipe = build_rank(cfg, schedule, rank, device, P2P(), observers)
+    pipe = build_rank(cfg, schedule, rank, device, P2P.for_backend(backend), observers)
     inst = Instruments(cfg, pipe.runtime, device)
     pipe.runtime.observers.extend(inst.observers)
     opt = None

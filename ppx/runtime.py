@@ -142,16 +142,17 @@ class Runtime:
         for a in item.actions:
             peer, _ = peer_of(a, s2r)
             if a.op is Op.SEND_F:
-                ops.append((True, self._outbox.pop(("F", a.stage, a.mb)), peer))
+                ops.append((True, self._outbox.pop(("F", a.stage, a.mb)), peer, "F"))
             elif a.op is Op.SEND_B:
-                ops.append((True, self._outbox.pop(("B", a.stage, a.mb)), peer))
+                ops.append((True, self._outbox.pop(("B", a.stage, a.mb)), peer, "B"))
             else:
-                src_stage = a.stage - 1 if a.op is Op.RECV_F else a.stage
-                shape, dtype = self.boundary(src_stage)
+                kind = "F" if a.op is Op.RECV_F else "B"
+                shape, dtype = self.boundary(a.stage - 1 if kind == "F" else a.stage)
                 buf = torch.empty(shape, dtype=dtype, device=self.device)
-                ops.append((False, buf, peer))
-                recvs.append((("F" if a.op is Op.RECV_F else "B", a.stage, a.mb), buf))
-        batch = _Batch(self.comm.post(ops), [t for _, t, _ in ops])
+                ops.append((False, buf, peer, kind))
+                recvs.append(((kind, a.stage, a.mb), buf))
+        ops.sort(key=lambda op: op[0])  # receives first: a posted receive lets the peer's send land at once
+        batch = _Batch(self.comm.post(ops), [op[1] for op in ops])
         self._batches.append(batch)
         for key, buf in recvs:
             self._inbox[key] = _Pending(batch, buf)

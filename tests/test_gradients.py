@@ -48,7 +48,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     try:
         for name, o in cases(world):
             cfg = config.load(None, o)
-            pipe = build_rank(cfg, resolve_schedule(cfg), rank, "cpu", P2P())
+            pipe = build_rank(cfg, resolve_schedule(cfg), rank, "cpu", P2P.for_backend("gloo"))
             loss = pipe.step(0)
             grads = [None if q.grad is None else q.grad.clone() for q in pipe.parameters()]
             torch.save({"loss": loss, "grads": grads}, Path(out) / f"{name}.rank{rank}.pt")

@@ -1,0 +1,137 @@
+"""One benchmark case, run under torchrun (one process per stage, gloo on CPU).
+
+Measures, side by side in one process group and alternating step by step, the variants a
+case names: ``ppx`` (timers off), ``ppx_timers``, ``ppx_all`` (timers + memory counters),
+and ``torch`` (torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B on the very same
+stage modules and data). Each step starts on every rank at the same instant; its time is
+the last rank's end minus the first rank's start. Rank 0 writes the medians as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import ppx.stage
+from ppx import config, models
+from ppx.comm import P2P
+from ppx.instrument import Instruments
+from ppx.instrument.clock import offset_to_rank0, start_together
+from ppx.loop import ideal_step_time_s
+from ppx.pipeline import build_rank, build_stage_modules, resolve_schedule
+
+
+def torch_variant(cfg, schedule, rank, world):
+    """torch.distributed.pipelining on the same stage module and data as ppx."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    kind = models.kind(cfg.model.kind)
+    module = build_stage_modules(cfg, world, [rank], "cpu")[rank]
+    stage = PipelineStage(module, rank, world, torch.device("cpu"))
+    # announce action starts like ppx's StageRunner does (the known-cost model counts from them)
+    for name in ("forward_one_chunk", "backward_one_chunk"):
+        original = getattr(stage, name)
+
+        def announced(*a, _original=original, **k):
+            ppx.stage._action_started = time.perf_counter()
+            return _original(*a, **k)
+
+        setattr(stage, name, announced)
+    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.pipeline.schedule]
+    sched = cls(stage, n_microbatches=schedule.num_microbatches, loss_fn=kind.loss)
+    params = list(module.parameters())
+
+    def step(i):
+        for q in params:
+            q.grad = None
+        x, y = kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, i)
+        if rank == 0:
+            sched.step(x)
+        elif rank == world - 1:
+            sched.step(target=y, losses=[])
+        else:
+            sched.step()
+
+    return step
+
+
+_shared: dict = {}
+
+
+def ppx_variant(cfg, schedule, rank, observers_of):
+    """The ppx variants share one pipeline and differ only in the observers switched on."""
+    if not _shared:
+        _shared["pipe"] = pipe = build_rank(cfg, schedule, rank, "cpu", P2P.for_backend("gloo"))
+        _shared["inst"] = Instruments(cfg, pipe.runtime, torch.device("cpu"))
+    pipe, inst = _shared["pipe"], _shared["inst"]
+    observers = observers_of(inst)
+    params = pipe.parameters()
+
+    def step(i):
+        for q in params:
+            q.grad = None
+        pipe.runtime.observers = observers
+        inst.begin_step(i)
+        pipe.step(i)
+        inst.end_step(i)
+
+    return step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--overrides", nargs="*", default=[])
+    ap.add_argument("--variants", nargs="+", required=True)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = config.load(None, args.overrides + [f"pipeline.stages={world}"])
+    schedule = resolve_schedule(cfg)
+    makers = {
+        "ppx": lambda: ppx_variant(cfg, schedule, rank, lambda inst: []),
+        "ppx_timers": lambda: ppx_variant(cfg, schedule, rank, lambda inst: [inst.timer]),
+        "ppx_all": lambda: ppx_variant(cfg, schedule, rank, lambda inst: inst.observers),
+        "torch": lambda: torch_variant(cfg, schedule, rank, world),
+    }
+    steps = {v: makers[v]() for v in args.variants}
+    offset = offset_to_rank0()
+    times = {v: [] for v in args.variants}
+    for rep in range(args.warmup + args.reps):
+        order = args.variants if rep % 2 == 0 else args.variants[::-1]
+        for v in order:
+            start_together(offset)
+            t0 = time.perf_counter()
+            steps[v](rep)
+            t1 = time.perf_counter()
+            spans = [None] * world if rank == 0 else None
+            dist.gather_object((t0 + offset, t1 + offset), spans, dst=0)
+            if rank == 0 and rep >= args.warmup:
+                times[v].append(max(e for _, e in spans) - min(s for s, _ in spans))
+    if rank == 0:
+        result = {
+            "overrides": args.overrides, "world_size": world, "reps": args.reps,
+            "median_step_s": {v: statistics.median(t) for v, t in times.items()},
+            "ideal_step_s": ideal_step_time_s(cfg, schedule),
+        }
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    dist.barrier()
+    # torch's schedules may leave their last sends unwaited; tearing the group down under
+    # them aborts the process, so leave without the teardown (results are written).
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
