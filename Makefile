@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ppx-installed
 
-.PHONY: setup run test schedule keys clean-runs bench
+.PHONY: setup run test schedule keys clean-runs bench sweep compare tb
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,3 +39,15 @@ clean-runs:
 # The benchmark matrix: ppx vs torch.distributed.pipelining, known-cost vs ideal, overheads.
 bench: $(STAMP)
 	$(PY) bench/run.py
+
+# make sweep EXP=gpipe_4gpu SWEEP="pipeline.schedule=naive,gpipe,1f1b pipeline.microbatches=1,2,4,8,16"
+sweep: $(STAMP)
+	$(VENV)/bin/ppx sweep $(EXP) --sweep "$(SWEEP)" $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(ARGS)
+
+# make compare RUNS="runs/gpipe_4gpu/* runs/1f1b_4gpu/*"
+compare: $(STAMP)
+	$(VENV)/bin/ppx compare $(RUNS)
+
+# TensorBoard over every run: scalars, and the PyTorch Profiler tab (one worker per rank)
+tb: $(STAMP)
+	$(VENV)/bin/tensorboard --logdir $(or $(LOGDIR),runs) --load_fast=false --port $(or $(PORT),6006)

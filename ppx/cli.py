@@ -91,6 +91,33 @@ def cmd_schedule(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    import time
+
+    from ppx.report.compare import compare
+
+    out = Path(args.out) if args.out else Path("runs") / "compare" / time.strftime("%Y%m%d-%H%M%S")
+    print(compare(args.runs, out))
+    print(f"ppx: wrote {out / 'compare.md'}, {out / 'compare.png'}" + (f", {out / 'bubble.png'}" if (out / "bubble.png").exists() else ""))
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from ppx.report.compare import compare
+    from ppx.sweep import run_sweep
+
+    root = run_sweep(args.experiment, args.sweep, args.overrides, args.launcher)
+    if args.launcher != "local":
+        return 0
+    done = list(root.glob("*/summary.json"))
+    if not done:
+        raise UserError(f"no run of the sweep completed; see {root}")
+    print(compare([str(root)], root))
+    print(f"ppx: wrote {root / 'compare.md'}, {root / 'compare.png'}" + (f", {root / 'bubble.png'}" if (root / "bubble.png").exists() else ""))
+    expected = len(list(p for p in root.iterdir() if p.is_dir()))
+    return 0 if len(done) == expected else 1
+
+
 def cmd_keys(args) -> int:
     from ppx.config import describe
 
@@ -121,6 +148,16 @@ def parser() -> argparse.ArgumentParser:
     sch.add_argument("--csv", help="write the schedule as torch-style CSV to this file")
     sch.add_argument("--with-comms", action="store_true", help="with --csv: include SEND/RECV actions")
     sch.set_defaults(fn=cmd_schedule)
+    cmp_ = sub.add_parser("compare", help="compare runs: table, markdown and PNG")
+    cmp_.add_argument("runs", nargs="+", help="run directories, folders of runs, or globs")
+    cmp_.add_argument("--out", help="where compare.md/.json/.png go (default runs/compare/<time>)")
+    cmp_.set_defaults(fn=cmd_compare)
+    swp = sub.add_parser("sweep", help="run the product of config values, then compare")
+    swp.add_argument("experiment")
+    swp.add_argument("--sweep", required=True, help='e.g. "pipeline.schedule=gpipe,1f1b pipeline.microbatches=2,4,8"')
+    swp.add_argument("--launcher", choices=["local", "slurm"], default="local", help="slurm: one sbatch job per point")
+    swp.add_argument("overrides", nargs="*", help="key=value applied to every point")
+    swp.set_defaults(fn=cmd_sweep)
     keys = sub.add_parser("keys", help="list every config key with its default and meaning")
     keys.add_argument("--markdown", action="store_true", help="as the README's markdown table")
     keys.set_defaults(fn=cmd_keys)
@@ -128,7 +165,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    ap = parser()
+    args, extra = ap.parse_known_args(argv)
+    if extra:  # key=value overrides may come after options: ppx sweep EXP --sweep ... a=1 b=2
+        if not hasattr(args, "overrides") or any(x.startswith("-") for x in extra):
+            ap.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = list(args.overrides) + extra
     try:
         return args.fn(args)
     except UserError as e:

@@ -83,6 +83,24 @@ class ProfileConfig:
 
 
 @dataclass
+class WandbConfig:
+    mode: Literal["offline", "online", "disabled"] = _f(
+        "offline", "offline (default: no account, sync later with `wandb sync`) | online (needs `wandb login`) | disabled"
+    )
+    project: str = _f("ppx", "W&B project")
+    entity: Optional[str] = _f(None, "W&B entity (team or user); default: your default entity")
+    group: Optional[str] = _f(None, "W&B group; default: the experiment name, so a sweep's runs sit together")
+    tags: List[str] = _f([], "W&B tags")
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = _f(True, "write TensorBoard scalars to <run>/tb/")
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    progress_every: int = _f(1, "rank 0 prints step, loss, step time and bubble every N steps (0: never)")
+
+
+@dataclass
 class RunConfig:
     name: Optional[str] = _f(None, "experiment name; default: the experiment file's name")
     root: str = _f("runs", "parent folder of run directories: <root>/<name>/<run id>/")
@@ -97,6 +115,7 @@ class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     instrument: InstrumentConfig = field(default_factory=InstrumentConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
 
@@ -221,6 +240,8 @@ def check(cfg: Config) -> None:
     split_layers(m.layers, num_stages, p.layers_per_stage)
     if cfg.instrument.timeline_steps < 1:
         raise UserError(f"instrument.timeline_steps must be >= 1, got {cfg.instrument.timeline_steps}")
+    if cfg.logging.progress_every < 0:
+        raise UserError(f"logging.progress_every must be >= 0, got {cfg.logging.progress_every}")
     prof = cfg.profile
     if min(prof.wait, prof.warmup, prof.repeat) < 0 or prof.active < 1:
         raise UserError("profile.wait, profile.warmup and profile.repeat must be >= 0 and profile.active >= 1")

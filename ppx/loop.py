@@ -4,7 +4,6 @@ run directory's metrics, summary and timeline."""
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from pathlib import Path
 
@@ -17,8 +16,8 @@ from ppx.faults import FaultInjector, parse_fault
 from ppx.instrument import Instruments
 from ppx.instrument.clock import offset_to_rank0, start_together
 from ppx.instrument.profiler import make_profiler
-from ppx.metrics import over_ideal, run_summary, step_breakdown
 from ppx.pipeline import build_rank
+from ppx.report.run_report import RunReport
 from ppx.schedules.schedule import Schedule
 
 
@@ -60,7 +59,7 @@ def train(cfg, schedule: Schedule, run_dir: Path, rank: int, world: int, device,
     steps = cfg.train.steps
     window = range(max(0, steps - cfg.instrument.timeline_steps), steps) if cfg.instrument.timeline else range(0)
     profiler = make_profiler(cfg.profile, run_dir, rank, device) if cfg.profile.enabled else contextlib.nullcontext()
-    report = _Rank0Report(cfg, schedule, run_dir, world) if rank == 0 else None
+    report = RunReport(cfg, schedule, run_dir, world) if rank == 0 else None
     with profiler:
         for step in range(steps):
             watchdog.phase("step start", step)
@@ -92,73 +91,3 @@ def train(cfg, schedule: Schedule, run_dir: Path, rank: int, world: int, device,
         report.finish(ideal_step_time_s(cfg, schedule))
     watchdog.phase("finishing")
     dist.barrier(group=ctrl)
-
-
-class _Rank0Report:
-    """Rank 0's side: metrics.jsonl as steps come in, then summary.json and the timeline."""
-
-    def __init__(self, cfg, schedule: Schedule, run_dir: Path, world: int):
-        self.cfg, self.schedule, self.run_dir, self.world = cfg, schedule, run_dir, world
-        p, m = schedule.num_ranks, schedule.num_microbatches
-        self.theory = schedules.theory_bubble(cfg.pipeline.schedule, p, m)
-        self.steps: list[dict] = []
-        self.losses: list[float] = []
-        self.timeline: list[dict] = []
-        self.metrics = open(run_dir / "metrics.jsonl", "a")
-
-    def add_step(self, step: int, records: list[dict]) -> None:
-        loss = next((r["loss"] for r in records if r["loss"] is not None), None)
-        m = step_breakdown(records)
-        line = {"step": step, "loss": loss, **m, "bubble_fraction_theory": self.theory}
-        self.metrics.write(json.dumps(line) + "\n")
-        self.metrics.flush()
-        self.steps.append(m)
-        self.losses.append(loss)
-        if any("spans" in r for r in records):
-            self.timeline.append({"step": step, "ranks": {r["rank"]: r["spans"] for r in records if "spans" in r}})
-        msg = f"[{self.cfg.run.name}] step {step + 1}/{self.cfg.train.steps}  loss {loss:.6f}  step {m['step_time_s']:.4f} s"
-        if "bubble_fraction" in m:
-            msg += f"  bubble {m['bubble_fraction']:.1%}"
-            if self.theory is not None:
-                msg += f" (theory {self.theory:.1%})"
-        print(msg, flush=True)
-
-    def finish(self, ideal_s) -> None:
-        self.metrics.close()
-        cfg, sched = self.cfg, self.schedule
-        summary = {
-            "status": "completed",
-            "experiment": cfg.run.name,
-            "schedule": cfg.pipeline.schedule,
-            "stages": sched.num_stages,
-            "microbatches": sched.num_microbatches,
-            "world_size": self.world,
-            "steps": cfg.train.steps,
-            "model": cfg.model.kind,
-            "losses": self.losses,
-            "step_times_s": [s["step_time_s"] for s in self.steps],
-            **run_summary(self.steps),
-            "bubble_fraction_theory": self.theory,
-            "bubble_over_ideal_theory": over_ideal(self.theory),
-            "ideal_step_time_s": ideal_s,
-            "bubble_normalisation": "bubble_fraction = idle / step time; bubble_over_ideal = idle / busy time",
-        }
-        if ideal_s:
-            summary["step_time_over_ideal"] = summary["step_time_s"] / ideal_s
-        rundir.write_json(self.run_dir / "summary.json", summary)
-        if self.timeline:
-            from ppx.report.gantt import draw_step
-            from ppx.report.timeline import chrome_trace
-
-            title = f"{cfg.run.name}: {cfg.pipeline.schedule}, p={sched.num_ranks}, m={sched.num_microbatches}"
-            trace = chrome_trace(self.timeline, sched.stage_to_rank, title)
-            (self.run_dir / "timeline.json").write_text(json.dumps(trace))
-            last = self.timeline[-1]
-            m = self.steps[last["step"]]
-            sub = f"{title}, step {last['step']}: {m['step_time_s'] * 1e3:.1f} ms"
-            if "bubble_fraction" in m:
-                sub += f", bubble {m['bubble_fraction']:.1%} measured"
-                if self.theory is not None:
-                    sub += f" vs {self.theory:.1%} theory (idle / step time)"
-            draw_step(last["ranks"], self.run_dir / "timeline.png", sub)
-        print(f"ppx: run directory: {self.run_dir}", flush=True)

@@ -1,0 +1,166 @@
+"""`ppx compare`: runs side by side, as a terminal table, a markdown table and a PNG, plus
+the classic bubble-versus-microbatches picture when the runs vary the microbatch count."""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+
+from ppx import schedules
+from ppx.errors import UserError
+
+COLUMNS = [  # (header, key, format)
+    ("run", "name", "{}"),
+    ("schedule", "schedule", "{}"),
+    ("p", "world_size", "{}"),
+    ("m", "microbatches", "{}"),
+    ("model", "model", "{}"),
+    ("step ms", "step_ms", "{:.2f}"),
+    ("samples/s", "throughput", "{:.1f}"),
+    ("bubble", "bubble", "{:.1%}"),
+    ("theory", "theory", "{:.1%}"),
+    ("peak act KiB", "peak_act_kib", "{:.1f}"),
+    ("peak mem MiB", "peak_mem_mib", "{:.0f}"),
+    ("final loss", "final_loss", "{:.4f}"),
+]
+
+
+def find_runs(patterns: list[str]) -> list[Path]:
+    """Run directories (holding summary.json) named by paths or globs; a folder without a
+    summary.json contributes every run below it."""
+    found: list[Path] = []
+    for pat in patterns:
+        matches = sorted(glob.glob(pat)) or []
+        if not matches:
+            raise UserError(f"no run matches {pat!r}")
+        for m in map(Path, matches):
+            if (m / "summary.json").exists():
+                found.append(m)
+            elif m.is_dir():  # in the order the runs finished (a sweep's order)
+                found += [p.parent for p in sorted(m.rglob("summary.json"), key=lambda p: p.stat().st_mtime)]
+    unique = list(dict.fromkeys(found))
+    if not unique:
+        raise UserError(f"no completed run (summary.json) under {' '.join(patterns)}")
+    return unique
+
+
+def load_row(run: Path, base: Path | None = None) -> dict:
+    s = json.loads((run / "summary.json").read_text())
+    ranks = s.get("ranks", [])
+    name = str(run.relative_to(base)) if base and run.is_relative_to(base) else str(run)
+    bs = s.get("batch_size")
+    return {
+        "name": name, "path": str(run), "schedule": s["schedule"], "world_size": s["world_size"],
+        "microbatches": s["microbatches"], "model": s.get("model"),
+        "step_ms": s["step_time_s"] * 1e3,
+        "throughput": s.get("throughput_samples_per_s") or (bs / s["step_time_s"] if bs else None),
+        "bubble": s.get("bubble_fraction"), "theory": s.get("bubble_fraction_theory"),
+        "peak_act_kib": max((r.get("peak_activation_bytes") or 0 for r in ranks), default=0) / 1024 or None,
+        "peak_mem_mib": max((r.get("peak_memory_bytes") or 0 for r in ranks), default=0) / 2**20 or None,
+        "final_loss": (s.get("losses") or [None])[-1],
+    }
+
+
+def _cells(row: dict) -> list[str]:
+    return ["-" if row.get(k) is None else fmt.format(row[k]) for _, k, fmt in COLUMNS]
+
+
+def text_table(rows: list[dict]) -> str:
+    table = [[h for h, _, _ in COLUMNS]] + [_cells(r) for r in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown_table(rows: list[dict]) -> str:
+    out = ["| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    out += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
+    out.append("")
+    out.append("bubble = measured idle / step time (median over steps); theory = (p-1)/(m+p-1), naive (p-1)/p.")
+    return "\n".join(out) + "\n"
+
+
+def plot_runs(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r["name"] for r in rows]
+    x = range(len(rows))
+    fig, axes = plt.subplots(2, 3, figsize=(max(10, 1.4 * len(rows) + 5), 8))
+    panels = [
+        (axes[0][0], "step time (ms)", [r["step_ms"] for r in rows]),
+        (axes[0][1], "throughput (samples/s)", [r["throughput"] or 0 for r in rows]),
+        (axes[1][1], "peak memory (MiB; CUDA allocated, or process RSS on CPU)", [r["peak_mem_mib"] or 0 for r in rows]),
+        (axes[1][2], "peak saved activations (KiB, busiest rank)", [r["peak_act_kib"] or 0 for r in rows]),
+    ]
+    for ax, title, values in panels:
+        ax.bar(x, values, color="#4C72B0")
+        ax.set_title(title, fontsize=10)
+    axes[0][2].axis("off")
+    axes[0][2].text(0, 0.5, "\n".join(f"{i}: {r['name']}" for i, r in enumerate(rows[:24])), fontsize=7, va="center")
+    ax = axes[1][0]
+    ax.bar([i - 0.2 for i in x], [r["bubble"] or 0 for r in rows], width=0.4, label="measured", color="#DD8452")
+    ax.bar([i + 0.2 for i in x], [r["theory"] or 0 for r in rows], width=0.4, label="theory", color="#BBBBBB")
+    ax.set_title("bubble (idle / step time)", fontsize=10)
+    ax.legend(fontsize=8)
+    for a in (axes[0][0], axes[0][1], axes[1][0], axes[1][1], axes[1][2]):
+        a.set_xticks(list(x))
+        a.set_xticklabels([str(i) for i in x] if len(rows) > 6 else labels, rotation=0 if len(rows) > 6 else 30,
+                          ha="center" if len(rows) > 6 else "right", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_bubble_vs_microbatches(rows: list[dict], path: Path) -> bool:
+    """Measured bubble against microbatches, one colour per schedule, over the theoretical
+    curves. Returns False (and draws nothing) when the runs do not vary microbatches."""
+    if len({r["microbatches"] for r in rows}) < 2 or any(r["bubble"] is None for r in rows):
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B2", "#937860", "#DA8BC3"]
+    ms = sorted({r["microbatches"] for r in rows})
+    dense = [m / 4 for m in range(4, 4 * max(ms) + 1)]
+    for k, key in enumerate(sorted({(r["schedule"], r["world_size"]) for r in rows})):
+        sched, p = key
+        pts = sorted((r["microbatches"], r["bubble"]) for r in rows if (r["schedule"], r["world_size"]) == key)
+        color = colors[k % len(colors)]
+        fam = schedules.FAMILIES.get(sched)
+        if fam is not None:
+            ax.plot(dense, [fam.bubble(p, m) for m in dense], color=color, lw=1.2, ls=(0, (4, 2 + 2 * k)), alpha=0.7)
+        ax.plot([m for m, _ in pts], [b for _, b in pts], "o", color=color, label=f"{sched} (p={p})")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ms)
+    ax.set_xticklabels([str(m) for m in ms])
+    ax.set_xlabel("microbatches m")
+    ax.set_ylabel("bubble (idle / step time)")
+    ax.set_ylim(0, 1)
+    ax.set_title("measured bubble (points) over theory (dashed lines)", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def compare(patterns: list[str], out: Path) -> str:
+    """Write compare.md, compare.json, compare.png (and bubble.png) to ``out``; return the
+    terminal table."""
+    runs = find_runs(patterns)
+    base = Path(patterns[0]) if len(patterns) == 1 and Path(patterns[0]).is_dir() else None
+    rows = [load_row(r, base) for r in runs]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.md").write_text(markdown_table(rows))
+    (out / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
+    plot_runs(rows, out / "compare.png")
+    plot_bubble_vs_microbatches(rows, out / "bubble.png")
+    return text_table(rows)

@@ -1,0 +1,107 @@
+"""Rank 0's report of a run: metrics.jsonl as steps come in, progress lines, TensorBoard and
+W&B scalars, then summary.json, timeline.json and timeline.png."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from ppx import rundir, schedules
+from ppx.metrics import over_ideal, run_summary, step_breakdown
+from ppx.report.scalars import step_scalars
+from ppx.schedules.schedule import Schedule
+
+
+class RunReport:
+    def __init__(self, cfg, schedule: Schedule, run_dir: Path, world: int):
+        self.cfg, self.schedule, self.run_dir, self.world = cfg, schedule, run_dir, world
+        p, m = schedule.num_ranks, schedule.num_microbatches
+        self.theory = schedules.theory_bubble(cfg.pipeline.schedule, p, m)
+        self.steps: list[dict] = []
+        self.losses: list = []
+        self.timeline: list[dict] = []
+        self.metrics = open(run_dir / "metrics.jsonl", "a")
+        self.sinks = []
+        if cfg.logging.tensorboard:
+            from ppx.report.tensorboard import TensorBoardSink
+
+            self.sinks.append(TensorBoardSink(run_dir))
+        if cfg.logging.wandb.mode != "disabled":
+            from ppx.report.wandb_sink import WandbSink
+
+            self.sinks.append(WandbSink(cfg, run_dir, OmegaConf.to_container(OmegaConf.structured(cfg))))
+
+    def add_step(self, step: int, records: list[dict]) -> None:
+        loss = next((r["loss"] for r in records if r["loss"] is not None), None)
+        m = step_breakdown(records)
+        line = {"step": step, "loss": loss, **m, "bubble_fraction_theory": self.theory}
+        self.metrics.write(json.dumps(line) + "\n")
+        self.metrics.flush()
+        self.steps.append(m)
+        self.losses.append(loss)
+        if any("spans" in r for r in records):
+            self.timeline.append({"step": step, "ranks": {r["rank"]: r["spans"] for r in records if "spans" in r}})
+        scalars = step_scalars(line, self.cfg.train.batch_size)
+        for sink in self.sinks:
+            sink.step(step, scalars)
+        every = self.cfg.logging.progress_every
+        if every and ((step + 1) % every == 0 or step + 1 == self.cfg.train.steps):
+            msg = f"[{self.cfg.run.name}] step {step + 1}/{self.cfg.train.steps}"
+            if loss is not None:
+                msg += f"  loss {loss:.6f}"
+            msg += f"  step {m['step_time_s']:.4f} s"
+            if "bubble_fraction" in m:
+                msg += f"  bubble {m['bubble_fraction']:.1%}"
+                if self.theory is not None:
+                    msg += f" (theory {self.theory:.1%})"
+            print(msg, flush=True)
+
+    def finish(self, ideal_s) -> None:
+        self.metrics.close()
+        cfg, sched = self.cfg, self.schedule
+        summary = {
+            "status": "completed",
+            "experiment": cfg.run.name,
+            "schedule": cfg.pipeline.schedule,
+            "stages": sched.num_stages,
+            "microbatches": sched.num_microbatches,
+            "world_size": self.world,
+            "steps": cfg.train.steps,
+            "batch_size": cfg.train.batch_size,
+            "model": cfg.model.kind,
+            "losses": self.losses,
+            "step_times_s": [s["step_time_s"] for s in self.steps],
+            **run_summary(self.steps),
+            "bubble_fraction_theory": self.theory,
+            "bubble_over_ideal_theory": over_ideal(self.theory),
+            "ideal_step_time_s": ideal_s,
+            "bubble_normalisation": "bubble_fraction = idle / step time; bubble_over_ideal = idle / busy time",
+        }
+        summary["throughput_samples_per_s"] = cfg.train.batch_size / summary["step_time_s"]
+        if ideal_s:
+            summary["step_time_over_ideal"] = summary["step_time_s"] / ideal_s
+        rundir.write_json(self.run_dir / "summary.json", summary)
+        if self.timeline:
+            self._write_timeline()
+        for sink in self.sinks:
+            sink.finish(summary, self.run_dir)
+        print(f"ppx: run directory: {self.run_dir}", flush=True)
+
+    def _write_timeline(self) -> None:
+        from ppx.report.gantt import draw_step
+        from ppx.report.timeline import chrome_trace
+
+        cfg, sched = self.cfg, self.schedule
+        title = f"{cfg.run.name}: {cfg.pipeline.schedule}, p={sched.num_ranks}, m={sched.num_microbatches}"
+        trace = chrome_trace(self.timeline, sched.stage_to_rank, title)
+        (self.run_dir / "timeline.json").write_text(json.dumps(trace))
+        last = self.timeline[-1]
+        m = self.steps[last["step"]]
+        sub = f"{title}, step {last['step']}: {m['step_time_s'] * 1e3:.1f} ms"
+        if "bubble_fraction" in m:
+            sub += f", bubble {m['bubble_fraction']:.1%} measured"
+            if self.theory is not None:
+                sub += f" vs {self.theory:.1%} theory (idle / step time)"
+        draw_step(last["ranks"], self.run_dir / "timeline.png", sub)

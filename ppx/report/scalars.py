@@ -1,0 +1,25 @@
+"""Flatten one step's metrics into named scalars, the same names for TensorBoard and W&B."""
+
+from __future__ import annotations
+
+PER_RANK = ("compute_s", "comm_s", "wait_s", "idle_s", "bubble_fraction", "peak_inflight_microbatches",
+            "peak_activation_bytes", "peak_memory_bytes")
+
+
+def step_scalars(line: dict, batch_size: int) -> dict[str, float]:
+    """{"loss": .., "time/step_time_s": .., "bubble/measured": .., "compute_s/rank0": .., ...}."""
+    out: dict[str, float] = {}
+    if line.get("loss") is not None:
+        out["loss"] = line["loss"]
+    out["time/step_time_s"] = line["step_time_s"]
+    out["time/throughput_samples_per_s"] = batch_size / line["step_time_s"]
+    if line.get("bubble_fraction") is not None:
+        out["bubble/measured"] = line["bubble_fraction"]
+        out["bubble/measured_over_ideal"] = line["bubble_over_ideal"]
+    if line.get("bubble_fraction_theory") is not None:
+        out["bubble/theory"] = line["bubble_fraction_theory"]
+    for r in line.get("ranks", []):
+        for key in PER_RANK:
+            if r.get(key) is not None:
+                out[f"{key}/rank{r['rank']}"] = r[key]
+    return out

@@ -1,0 +1,86 @@
+"""Weights & Biases logging from rank 0: offline by default (no account needed; files land in
+``<run>/wandb/`` and ``wandb sync`` uploads them later). Logging never kills training: any
+W&B failure is reported once and logging goes on offline, or stops."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def _warn(msg: str) -> None:
+    print(f"ppx: warning: {msg}", file=sys.stderr, flush=True)
+
+
+class WandbSink:
+    def __init__(self, cfg, run_dir: Path, config_dict: dict):
+        self.run = None
+        self.run_dir = run_dir
+        w = cfg.logging.wandb
+        try:
+            import wandb
+        except Exception as e:  # pragma: no cover - wandb is a dependency
+            _warn(f"W&B unavailable ({e}); not logging to W&B")
+            return
+        self.wandb = wandb
+        kwargs = dict(
+            project=w.project, entity=w.entity, group=w.group or cfg.run.name, tags=list(w.tags),
+            name=f"{cfg.run.name}/{run_dir.name}", dir=str(run_dir), config=config_dict,
+            settings=wandb.Settings(silent=True, console="off"),
+        )
+        try:
+            self.run = wandb.init(mode=w.mode, **kwargs)
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            if w.mode == "online":
+                _warn(f"W&B online failed ({first}); logging offline instead")
+                try:
+                    self.run = wandb.init(mode="offline", **kwargs)
+                except Exception as e2:
+                    _warn(f"W&B offline failed too ({e2}); not logging to W&B")
+            else:
+                _warn(f"W&B failed ({first}); not logging to W&B")
+
+    def _guard(self, what: str, fn) -> None:
+        if self.run is None:
+            return
+        try:
+            fn()
+        except Exception as e:
+            _warn(f"W&B {what} failed ({e}); not logging to W&B any more")
+            self.run = None
+
+    def step(self, step: int, scalars: dict[str, float]) -> None:
+        self._guard("log", lambda: self.run.log(scalars, step=step))
+
+    def finish(self, summary: dict, run_dir: Path) -> None:
+        wandb = self.wandb if self.run is not None else None
+
+        def final():
+            keys = ("step_time_s", "bubble_fraction", "bubble_over_ideal", "bubble_fraction_theory",
+                    "bubble_over_ideal_theory", "ideal_step_time_s", "step_time_over_ideal", "status")
+            self.run.summary.update({k: summary[k] for k in keys if summary.get(k) is not None})
+            ranks = summary.get("ranks", [])
+            if ranks:
+                cols = sorted({k for r in ranks for k in r}, key=lambda k: (k != "rank", k))
+                self.run.log({"ranks": wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in ranks])})
+            png = run_dir / "timeline.png"
+            if png.exists():
+                self.run.log({"timeline": wandb.Image(str(png))})
+            extra = [p for p in (run_dir / "timeline.json",) if p.exists()]
+            traces = run_dir / "traces"
+            if extra or traces.is_dir():
+                art = wandb.Artifact(f"traces-{self.run.id}", type="profiler-traces")
+                if traces.is_dir():
+                    art.add_dir(str(traces), name="traces")
+                for p in extra:
+                    art.add_file(str(p))
+                self.run.log_artifact(art)
+            mode = self.run.settings.mode
+            self.run.finish()
+            if mode == "offline":
+                offline = next(iter(sorted((run_dir / "wandb").glob("offline-run-*"))), None)
+                if offline is not None:
+                    print(f"ppx: W&B offline run: {offline} (upload: wandb sync {offline})", flush=True)
+
+        self._guard("finish", final)

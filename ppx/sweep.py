@@ -1,0 +1,63 @@
+"""`ppx sweep`: run the product of some config values, then compare the runs.
+
+``pipeline.schedule=naive,gpipe,1f1b pipeline.microbatches=1,2,4,8,16`` is 15 runs, each a
+normal ``ppx run`` into ``<run.root>/<experiment>/sweep-<stamp>/<point>/``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ppx import config
+from ppx.errors import UserError
+
+
+def parse_spec(spec: str) -> list[tuple[str, list[str]]]:
+    """'a=1,2 b=x,y' -> [('a', ['1', '2']), ('b', ['x', 'y'])]."""
+    axes = []
+    for part in spec.split():
+        key, eq, values = part.partition("=")
+        if not eq or not key or not values:
+            raise UserError(f"sweep item {part!r} must look like key=v1,v2,...")
+        axes.append((key, [v for v in values.split(",") if v]))
+    if not axes:
+        raise UserError("the sweep is empty; give e.g. pipeline.schedule=gpipe,1f1b")
+    return axes
+
+
+def points(axes) -> list[list[str]]:
+    return [[f"{k}={v}" for (k, _), v in zip(axes, combo)] for combo in itertools.product(*(vs for _, vs in axes))]
+
+
+def point_name(overrides: list[str]) -> str:
+    return ",".join(o.split(".")[-1] for o in overrides)
+
+
+def run_sweep(experiment: str, spec: str, overrides: list[str], launcher: str = "local") -> Path:
+    axes = parse_spec(spec)
+    grid = points(axes)
+    cfgs = [config.load(experiment, overrides + p) for p in grid]  # every point validated before any runs
+    root = Path(cfgs[0].run.root) / cfgs[0].run.name / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    if root.exists():
+        raise UserError(f"sweep directory {root} already exists")
+    root.mkdir(parents=True)
+    print(f"ppx sweep: {len(grid)} runs into {root}", flush=True)
+    if launcher == "slurm":
+        from ppx.slurm_sweep import submit
+
+        submit(experiment, grid, overrides, root)
+        return root
+    failed = []
+    for k, point in enumerate(grid, 1):
+        print(f"ppx sweep: [{k}/{len(grid)}] {' '.join(point)}", flush=True)
+        cmd = [sys.executable, "-m", "ppx.cli", "run", experiment, *overrides, *point, f"run.dir={root / point_name(point)}"]
+        if subprocess.run(cmd, env=dict(os.environ)).returncode != 0:
+            failed.append(" ".join(point))
+    if failed:
+        print(f"ppx sweep: {len(failed)} run(s) failed: {'; '.join(failed)}", file=sys.stderr)
+    return root

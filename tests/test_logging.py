@@ -1,0 +1,144 @@
+"""TensorBoard (a real server, its HTTP API), W&B (the offline run file read back), `ppx
+compare` and a small sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port, ppx, read_json
+from ppx.report import wandb_file
+
+
+@pytest.fixture(scope="module")
+def profiled_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    r = ppx("run", "1f1b_2cpu", "train.steps=4", "profile.enabled=true", "profile.wait=0", "profile.warmup=1",
+            "profile.active=2", f"run.root={root}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run,) = (root / "1f1b_2cpu").iterdir()
+    return root, run, r
+
+
+def _get(port: int, path: str, **params):
+    url = f"http://127.0.0.1:{port}{path}" + ("?" + urllib.parse.urlencode(params) if params else "")
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def _poll(fn, timeout_s: float = 90):
+    """Call fn until it returns something truthy (TensorBoard loads logs in the background)."""
+    deadline, last = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        try:
+            got = fn()
+            if got:
+                return got
+        except OSError as e:  # server not up yet
+            last = e
+        time.sleep(0.5)
+    raise AssertionError(f"TensorBoard did not answer in {timeout_s} s ({last})")
+
+
+def test_tensorboard_serves_scalars_and_profiler_workers(profiled_run):
+    root, run, _ = profiled_run
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(root), "--port", str(port), "--host", "127.0.0.1",
+         "--load_fast=false"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        tb_run = f"1f1b_2cpu/{run.name}/tb"
+        tags = _poll(lambda: _get(port, "/data/plugin/scalars/tags").get(tb_run))
+        for tag in ("loss", "time/step_time_s", "bubble/measured", "bubble/theory", "compute_s/rank0",
+                    "idle_s/rank1", "peak_inflight_microbatches/rank0", "peak_activation_bytes/rank1"):
+            assert tag in tags, tag
+        loss = _get(port, "/data/plugin/scalars/scalars", run=tb_run, tag="loss")
+        assert [step for _, step, _ in loss] == [0, 1, 2, 3]
+        assert [v for _, _, v in loss] == pytest.approx(read_json(run / "summary.json")["losses"], rel=1e-6)
+        prof_run = f"1f1b_2cpu/{run.name}/traces"
+        runs = _poll(lambda: prof_run in _get(port, "/data/plugin/pytorch_profiler/runs")["runs"])
+        assert runs
+        workers = _get(port, "/data/plugin/pytorch_profiler/workers", run=prof_run, view="Overview")
+        assert workers == ["rank0", "rank1"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_wandb_offline_run_holds_the_logged_history(profiled_run):
+    root, run, r = profiled_run
+    (offline,) = (run / "wandb").glob("offline-run-*")
+    assert f"ppx: W&B offline run: {offline} (upload: wandb sync {offline})" in r.stdout
+    (wb,) = offline.glob("run-*.wandb")
+    summary = read_json(run / "summary.json")
+    rows = [row for row in wandb_file.history(wb) if "loss" in row]
+    assert [row["loss"] for row in rows] == pytest.approx(summary["losses"], rel=1e-6)
+    assert [row["_step"] for row in rows] == [0, 1, 2, 3]
+    assert all("bubble/measured" in row and "compute_s/rank1" in row for row in rows)
+    final = wandb_file.summary(wb)
+    assert final["bubble_fraction"] == pytest.approx(summary["bubble_fraction"])
+    assert final["bubble_fraction_theory"] == pytest.approx(0.2)
+    assert final["timeline/_type"] == "image-file"  # the Gantt picture
+    assert final["ranks/_type"] == "table-file" and final["ranks/nrows"] == 2  # the per-rank table
+    artifacts = [rec.artifact for rec in wandb_file.records(wb) if rec.WhichOneof("record_type") == "artifact"]
+    assert any(a.type == "profiler-traces" for a in artifacts)
+    info = wandb_file.run_info(wb)
+    assert info["project"] == "ppx" and info["group"] == "1f1b_2cpu"
+    assert info["config"]["pipeline"]["schedule"] == "1f1b"
+
+
+def test_wandb_online_without_a_key_warns_once_and_goes_offline(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["HOME"] = str(tmp_path / "home")  # no ~/.netrc, no stored key
+    env["WANDB_CONFIG_DIR"] = str(tmp_path / "wandb-config")
+    d = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "ppx.cli", "run", "1f1b_2cpu", "train.steps=2", "logging.wandb.mode=online",
+                        f"run.dir={d}"], cwd=Path(__file__).parent.parent, env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("ppx: warning: W&B")]
+    assert len(warnings) == 1 and "logging offline instead" in warnings[0]
+    assert list((d / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert read_json(d / "summary.json")["status"] == "completed"
+
+
+def test_small_sweep_and_compare(tmp_path):
+    r = ppx("sweep", "1f1b_2cpu", "--sweep", "pipeline.schedule=gpipe,1f1b pipeline.microbatches=2,4",
+            "model.kind=synthetic", "model.fwd_ms=3", "model.bwd_ms=6", "model.hidden=16", "train.steps=3",
+            "logging.wandb.mode=disabled", f"run.root={tmp_path}", timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (sweep,) = (tmp_path / "1f1b_2cpu").glob("sweep-*")
+    points = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert points == ["schedule=1f1b,microbatches=2", "schedule=1f1b,microbatches=4",
+                      "schedule=gpipe,microbatches=2", "schedule=gpipe,microbatches=4"]
+    for name in ("compare.md", "compare.json", "compare.png", "bubble.png"):
+        assert (sweep / name).exists(), name
+    for png in ("compare.png", "bubble.png"):
+        assert (sweep / png).read_bytes()[:4] == b"\x89PNG"
+    table = (sweep / "compare.md").read_text()
+    assert table.count("| schedule=") == 4 and "| bubble | theory |" in table
+    rows = json.loads((sweep / "compare.json").read_text())
+    for row in rows:
+        p, m = 2, row["microbatches"]
+        assert row["theory"] == pytest.approx((p - 1) / (m + p - 1))
+        assert row["bubble"] == pytest.approx(row["theory"], abs=0.08)
+    assert "schedule=gpipe,microbatches=4" in r.stdout  # the terminal table
+    # ppx compare on globs, into a chosen folder
+    out = tmp_path / "cmp"
+    c = ppx("compare", str(sweep / "schedule=gpipe*"), str(sweep / "schedule=1f1b,microbatches=4"), "--out", str(out))
+    assert c.returncode == 0, c.stderr
+    assert c.stdout.count("synthetic") == 3
+    assert (out / "compare.png").exists() and (out / "compare.md").exists()
+
+
+def test_compare_rejects_nothing_to_compare(tmp_path):
+    r = ppx("compare", str(tmp_path / "nothing*"))
+    assert r.returncode == 2 and r.stderr.strip() == f"ppx: error: no run matches '{tmp_path / 'nothing*'}'"
