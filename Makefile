@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ppx-installed
 
-.PHONY: setup run test schedule keys clean-runs bench sweep compare tb
+.PHONY: setup run test schedule keys clean-runs bench sweep compare tb sbatch
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,3 +51,8 @@ compare: $(STAMP)
 # TensorBoard over every run: scalars, and the PyTorch Profiler tab (one worker per rank)
 tb: $(STAMP)
 	$(VENV)/bin/tensorboard --logdir $(or $(LOGDIR),runs) --load_fast=false --port $(or $(PORT),6006)
+
+# Submit an experiment to SLURM: make sbatch EXP=gpipe_4gpu NODES=2 ARGS="..."
+sbatch:
+	@mkdir -p runs
+	EXP=$(EXP) ARGS="$(ARGS)" sbatch --nodes $(or $(NODES),1) $(SBATCH_ARGS) slurm/pp.sbatch

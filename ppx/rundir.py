@@ -60,7 +60,13 @@ def rank_info(device: torch.device) -> dict:
     name = str(device)
     if device.type == "cuda":
         name += f" ({torch.cuda.get_device_name(device)})"
-    return {"hostname": socket.gethostname(), "device": name, "pid": os.getpid()}
+    info = {"hostname": socket.gethostname(), "device": name, "pid": os.getpid()}
+    if "GROUP_RANK" in os.environ:  # torchrun's node rank
+        info["node_rank"] = int(os.environ["GROUP_RANK"])
+    if "SLURMD_NODENAME" in os.environ:
+        info["slurm_node"] = os.environ["SLURMD_NODENAME"]
+        info["slurm_job_id"] = os.environ.get("SLURM_JOB_ID")
+    return info
 
 
 def environment(cfg: Config, backend: str, world_size: int, ranks: list[dict]) -> dict:

@@ -1,0 +1,87 @@
+"""Multi-node runs: `sbatch --nodes 2 slurm/pp.sbatch` on a real two-node SLURM cluster
+started by the test, and `torchrun --nnodes 2` with two launchers on loopback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from conftest import REPO, free_port, ppx, read_json
+from slurm_cluster import Cluster, why_unavailable
+
+ARGS = ["model.hidden=32", "train.steps=3", "train.batch_size=16", "logging.wandb.mode=disabled"]
+
+
+@pytest.fixture(scope="module")
+def single_node_losses(tmp_path_factory):
+    d = tmp_path_factory.mktemp("local") / "run"
+    r = ppx("run", "gpipe_4gpu", *ARGS, f"run.dir={d}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return read_json(d / "summary.json")["losses"]
+
+
+def test_torchrun_two_launchers_on_loopback(tmp_path, single_node_losses):
+    port, d = free_port(), tmp_path / "run"
+    cmd = lambda node: [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",  # noqa: E731
+                        f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                        "--rdzv-id=ppx-test", "-m", "ppx.cli", "run", "gpipe_4gpu", *ARGS, f"run.dir={d}"]
+    launchers = [subprocess.Popen(cmd(n), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+    outs = [p.communicate(timeout=240) for p in launchers]
+    for p, (out, err) in zip(launchers, outs):
+        assert p.returncode == 0, err[-3000:]
+    env = read_json(d / "env.json")
+    assert env["world_size"] == 4
+    assert Counter(r["node_rank"] for r in env["ranks"]) == {0: 2, 1: 2}
+    assert read_json(d / "summary.json")["losses"] == pytest.approx(single_node_losses, rel=1e-6)
+
+
+unavailable = why_unavailable()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("slurm")).start()
+    yield c
+    c.stop()
+
+
+@pytest.mark.skipif(unavailable is not None, reason=f"SLURM cannot be started here: {unavailable}")
+def test_sbatch_trains_four_stages_across_two_slurm_nodes(cluster, tmp_path, single_node_losses):
+    submit = tmp_path / "submit"
+    (submit / "runs").mkdir(parents=True)
+    job = cluster.sbatch("--nodes", "2", str(REPO / "slurm" / "pp.sbatch"), cwd=submit,
+                         env={"EXP": "gpipe_4gpu", "ARGS": " ".join(ARGS), "NPROC_PER_NODE": "2",
+                              "PPX_DIR": str(REPO), "PYTHON": sys.executable})
+    state = cluster.wait(job, timeout_s=300)
+    log = (submit / "runs" / f"slurm-{job}.out").read_text()
+    assert state == "COMPLETED", log[-3000:]
+    assert f"ppx: job {job} on 2 node(s) [n[1-2]], 2 process(es) per node, rendezvous 127.0.0.1:" in log
+    run = submit / "runs" / "gpipe_4gpu" / f"slurm-{job}"
+    assert f"ppx: run directory: {run}" in log
+    env = read_json(run / "env.json")
+    assert env["world_size"] == 4
+    assert Counter(r["slurm_node"] for r in env["ranks"]) == {"n1": 2, "n2": 2}  # stages spread over both nodes
+    assert {r["slurm_job_id"] for r in env["ranks"]} == {job}
+    assert read_json(run / "summary.json")["losses"] == pytest.approx(single_node_losses, rel=1e-6)
+
+
+@pytest.mark.skipif(unavailable is not None, reason=f"SLURM cannot be started here: {unavailable}")
+def test_sweep_on_slurm_submits_a_job_per_point_and_a_comparison(cluster, tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "ppx.cli", "sweep", "1f1b_2cpu", "--launcher", "slurm", "--sweep",
+         "pipeline.microbatches=2,4", "train.steps=2", "logging.wandb.mode=disabled", f"run.root={tmp_path}"],
+        cwd=REPO, env={**cluster.env, "PPX_SBATCH_ARGS": "--nodes 2", "NPROC_PER_NODE": "1", "PYTHON": sys.executable},
+        capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    jobs = [line.split()[4].rstrip(":") for line in r.stdout.splitlines() if line.startswith("ppx sweep: submitted job")]
+    compare_job = next(line.split()[4] for line in r.stdout.splitlines() if "comparison job" in line)
+    assert len(jobs) == 2
+    for job in jobs + [compare_job]:
+        assert cluster.wait(job, timeout_s=300) == "COMPLETED", job
+    (sweep,) = (tmp_path / "1f1b_2cpu").glob("sweep-*")
+    assert sorted(p.name for p in sweep.iterdir() if (p / "summary.json").exists()) == ["microbatches=2", "microbatches=4"]
+    assert (sweep / "compare.md").read_text().count("| microbatches=") == 2
+    assert (sweep / "bubble.png").exists()
