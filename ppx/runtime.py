@@ -41,9 +41,9 @@ class ActionFailed(RuntimeError):
         self.rank, self.step, self.label = rank, step, label
 
 
-def compile_program(row: Sequence[Action]) -> list[Item]:
+def compile_program(row: Sequence[Action], stage_to_rank: Sequence[int] = ()) -> list[Item]:
     """Group comm runs into ``post`` items and put a ``wait`` before each consumer of a
-    received tensor."""
+    received tensor (labelled with the rank it waits for, when ``stage_to_rank`` is given)."""
     starts = dict(comm_batches(row))
     program: list[Item] = []
     received: set[tuple[Op, int, int]] = set()
@@ -59,7 +59,8 @@ def compile_program(row: Sequence[Action]) -> list[Item]:
         need = {Op.F: Op.RECV_F, Op.B: Op.RECV_B, Op.I: Op.RECV_B}.get(a.op)
         if need is not None and (need, a.stage, a.mb) in received:
             recv = Action(a.stage, need, a.mb)
-            program.append(Item("wait", (recv,), f"wait {recv}"))
+            src = f" from rank {peer_of(recv, stage_to_rank)[0]}" if stage_to_rank else ""
+            program.append(Item("wait", (recv,), f"wait {recv}{src}"))
         program.append(Item("compute", (a,), str(a)))
         k += 1
     program.append(Item("drain", (), "wait sends"))
@@ -100,7 +101,7 @@ class Runtime:
         self.schedule, self.rank, self.stages, self.comm = schedule, rank, stages, comm
         self.device, self.boundary = device, boundary
         self.observers = list(observers)
-        self.program = compile_program(schedule.actions[rank])
+        self.program = compile_program(schedule.actions[rank], schedule.stage_to_rank)
         self.last_stage = schedule.num_stages - 1
         self._handlers = {"post": self._post, "wait": self._wait, "compute": self._compute, "drain": self._drain}
         self.step_index = -1

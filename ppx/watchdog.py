@@ -32,6 +32,8 @@ def read_status(path: Path) -> str:
 class Watchdog:
     def __init__(self, rank: int, timeout_s: float, status_dir: Optional[Path] = None, poll_s: float = 0.1):
         self.rank, self.timeout_s, self.poll_s = rank, timeout_s, poll_s
+        self.grace_s = max(1.0, 0.25 * timeout_s)
+        self.limit_s = timeout_s
         self.step = -1
         self.label = "starting"
         self.since = time.monotonic()
@@ -48,6 +50,7 @@ class Watchdog:
 
     # observer interface: called around every program item
     def before(self, item) -> None:
+        self.limit_s = self.timeout_s if item.kind == "compute" else self.timeout_s + self.grace_s
         self._set(item.label)
 
     def after(self, item) -> None:
@@ -57,6 +60,7 @@ class Watchdog:
         """Record a phase outside the action list (barrier, optimizer step, ...)."""
         if step is not None:
             self.step = step
+        self.limit_s = self.timeout_s + self.grace_s  # phases wait on other ranks
         self._set(label)
 
     def where(self) -> str:
@@ -78,7 +82,7 @@ class Watchdog:
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
             stalled = time.monotonic() - self.since
-            if stalled > self.timeout_s:
+            if stalled > self.limit_s:
                 sys.stderr.write(
                     f"ppx: error: rank {self.rank} made no progress for {stalled:.1f} s on {self.where()}; "
                     f"ending the job (runtime.timeout_s={self.timeout_s:g})\n"

@@ -24,6 +24,6 @@ def test_killed_rank_ends_the_job_and_is_named(run_dir):
     r = ppx("run", "1f1b_2cpu", "runtime.timeout_s=30", "runtime.inject_fault=die@1B1", f"run.dir={run_dir}", timeout=120)
     assert r.returncode != 0
     # the survivor names its own rank and action; the launcher names where the dead one was
-    assert "ppx: error: rank 0 failed at step 0 on wait 0RECV_B" in r.stderr
+    assert "ppx: error: rank 0 failed at step 0 on wait 0RECV_B" in r.stderr and "from rank 1" in r.stderr
     assert "rank 1: 1B1 (step 0)" in r.stderr
     assert read_status(run_dir / "status" / "rank1.txt") == "1B1 (step 0)"
