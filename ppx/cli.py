@@ -70,17 +70,19 @@ def cmd_schedule(args) -> int:
     if args.name.endswith(".csv"):
         sched = schedules.from_csv(args.name)
     else:
-        sched = schedules.build(args.name, args.stages, args.microbatches)
-    costs = schedules.Costs(fwd=args.fwd, bwd=args.bwd)
+        sched = schedules.build(args.name, args.stages, args.microbatches, args.virtual)
+    costs = schedules.Costs(fwd=args.fwd, bwd=args.bwd, wgrad=args.wgrad)
     p, m = sched.num_ranks, sched.num_microbatches
+    b = args.bwd + args.wgrad
     print(f"{sched.name}: {p} ranks, {sched.num_stages} stages, {m} microbatches "
-          f"(F = {args.fwd:g} slot{'s' if args.fwd != 1 else ''}, B = {args.bwd:g} slot{'s' if args.bwd != 1 else ''})")
+          f"(F = {args.fwd:g} slot{'s' if args.fwd != 1 else ''}, B = {b:g} slot{'s' if b != 1 else ''}"
+          + (f", I = {args.bwd:g}, W = {args.wgrad:g}" if args.wgrad else "") + ")")
     print(render_grid(sched, costs))
     timeline = schedules.simulate(sched, costs)
     fam = schedules.FAMILIES.get(sched.name)
     line = f"bubble (idle share of the step): simulated {timeline.bubble_fraction():.1%}"
     if fam is not None:
-        th = fam.bubble(p, m)
+        th = fam.bubble(p, m, args.virtual)
         line += f", theory {fam.bubble_formula} = {th:.1%}; as a share of the ideal time: {th / (1 - th):.1%}"
     print(line)
     if args.actions:
@@ -118,6 +120,55 @@ def cmd_sweep(args) -> int:
     return 0 if len(done) == expected else 1
 
 
+def _ms_list(text: str):
+    values = [float(x) for x in text.split(",")]
+    return values[0] / 1e3 if len(values) == 1 else [v / 1e3 for v in values]
+
+
+def cmd_simulate(args) -> int:
+    import json
+
+    from ppx import schedules
+    from ppx.prediction import costs_from
+
+    sched = schedules.from_csv(args.name) if args.name.endswith(".csv") else \
+        schedules.build(args.name, args.stages, args.microbatches, args.virtual)
+    measured = None
+    if args.from_run:
+        path = Path(args.from_run) / "summary.json"
+        if not path.exists():
+            raise UserError(f"{args.from_run} has no summary.json")
+        summary = json.loads(path.read_text())
+        if "measured_costs" not in summary:
+            raise UserError(f"{args.from_run} has no measured costs (run it with instrument.timers and instrument.timeline on)")
+        costs = costs_from(summary["measured_costs"], sched.num_stages)
+        measured = summary
+    else:
+        costs = schedules.Costs(fwd=_ms_list(args.fwd_ms), bwd=_ms_list(args.bwd_ms), wgrad=_ms_list(args.wgrad_ms),
+                                p2p=args.p2p_ms / 1e3)
+    t = schedules.simulate(sched, costs)
+    p, m = sched.num_ranks, sched.num_microbatches
+    print(f"{sched.name}: {p} ranks, {sched.num_stages} stages, {m} microbatches")
+    print(f"predicted step time {t.makespan * 1e3:.2f} ms, bubble {t.bubble_fraction():.1%} (idle / step time)")
+    for r in range(p):
+        busy = t.busy(r)
+        print(f"  rank {r}: busy {busy * 1e3:.2f} ms, idle {(t.makespan - busy) * 1e3:.2f} ms")
+    fam = schedules.FAMILIES.get(sched.name)
+    if fam is not None:
+        print(f"theory ({fam.bubble_formula}): {fam.bubble(p, m, args.virtual):.1%}")
+    if measured is not None:
+        err = measured["step_time_s"] / t.makespan - 1
+        print(f"measured in {args.from_run}: step {measured['step_time_s'] * 1e3:.2f} ms ({err:+.1%} against the prediction), "
+              f"bubble {measured.get('bubble_fraction', float('nan')):.1%}")
+    if args.png:
+        from ppx.report.gantt import draw_step
+
+        spans = {r: [("compute", str(e.action), [str(e.action)], e.start, e.end) for e in row] for r, row in enumerate(t.events)}
+        draw_step(spans, Path(args.png), f"{sched.name} p={p} m={m}: predicted {t.makespan * 1e3:.1f} ms, bubble {t.bubble_fraction():.1%}")
+        print(f"wrote {args.png}")
+    return 0
+
+
 def cmd_keys(args) -> int:
     from ppx.config import describe
 
@@ -142,12 +193,26 @@ def parser() -> argparse.ArgumentParser:
     sch.add_argument("name", help="naive | gpipe | 1f1b | forward_only, or a schedule CSV")
     sch.add_argument("--stages", "-p", type=int, default=4)
     sch.add_argument("--microbatches", "-m", type=int, default=8)
+    sch.add_argument("--virtual", "-v", type=int, default=1, help="stages per rank (interleaved_1f1b)")
     sch.add_argument("--fwd", type=float, default=1, help="forward cost in grid slots")
-    sch.add_argument("--bwd", type=float, default=1, help="backward cost in grid slots")
+    sch.add_argument("--bwd", type=float, default=1, help="backward (input-gradient) cost in grid slots")
+    sch.add_argument("--wgrad", type=float, default=0, help="weight-gradient cost in grid slots (B = bwd + wgrad)")
     sch.add_argument("--actions", action="store_true", help="also list every rank's actions, comms included")
     sch.add_argument("--csv", help="write the schedule as torch-style CSV to this file")
     sch.add_argument("--with-comms", action="store_true", help="with --csv: include SEND/RECV actions")
     sch.set_defaults(fn=cmd_schedule)
+    sim = sub.add_parser("simulate", help="predict each rank's timeline, step time and bubble from action costs")
+    sim.add_argument("name", help="a schedule name or a schedule CSV")
+    sim.add_argument("--stages", "-p", type=int, default=4)
+    sim.add_argument("--microbatches", "-m", type=int, default=8)
+    sim.add_argument("--virtual", "-v", type=int, default=1)
+    sim.add_argument("--fwd-ms", default="10", help="forward ms per microbatch: one value or one per stage (10,12,...)")
+    sim.add_argument("--bwd-ms", default="20", help="input-gradient backward ms, likewise")
+    sim.add_argument("--wgrad-ms", default="0", help="weight-gradient ms, likewise (a full B costs bwd + wgrad)")
+    sim.add_argument("--p2p-ms", type=float, default=0.0, help="latency of one hand-off between ranks, ms")
+    sim.add_argument("--from-run", help="take per-stage costs measured in this run directory instead")
+    sim.add_argument("--png", help="draw the predicted timeline to this PNG")
+    sim.set_defaults(fn=cmd_simulate)
     cmp_ = sub.add_parser("compare", help="compare runs: table, markdown and PNG")
     cmp_.add_argument("runs", nargs="+", help="run directories, folders of runs, or globs")
     cmp_.add_argument("--out", help="where compare.md/.json/.png go (default runs/compare/<time>)")

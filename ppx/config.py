@@ -24,10 +24,14 @@ def _f(default: Any, help: str, **kw):
 
 @dataclass
 class PipelineConfig:
-    schedule: str = _f("1f1b", "naive | gpipe | 1f1b | forward_only, or the path of a torch-style schedule CSV")
+    schedule: str = _f(
+        "1f1b", "naive | gpipe | 1f1b | forward_only | interleaved_1f1b | zb_h1 | torch_gpipe | torch_1f1b | "
+        "torch_interleaved1f1b (torch.distributed.pipelining's own), or the path of a torch-style schedule CSV"
+    )
     stages: int = _f(2, "pipeline stages = processes (one stage per process)")
     microbatches: int = _f(4, "microbatches per step; train.batch_size must divide evenly")
-    layers_per_stage: Optional[List[int]] = _f(None, "explicit uneven split, e.g. [3,1]; default: even split")
+    virtual_stages: int = _f(1, "interleaved_1f1b: stages per rank v (stage s on rank s % stages); 1 otherwise")
+    layers_per_stage: Optional[List[int]] = _f(None, "explicit uneven split, e.g. [3,1] (one entry per stage, all ranks' virtual stages included); default: even")
 
 
 @dataclass
@@ -42,7 +46,8 @@ class ModelConfig:
     vocab_size: int = _f(256, "transformer: vocabulary size")
     ffn_mult: int = _f(4, "transformer: MLP width as a multiple of model.hidden")
     fwd_ms: Any = _f(10.0, "synthetic: forward time of a stage per microbatch in ms; one value or a list, one per stage")
-    bwd_ms: Any = _f(20.0, "synthetic: backward time of a stage per microbatch in ms; one value or a list, one per stage")
+    bwd_ms: Any = _f(20.0, "synthetic: input-gradient backward time of a stage per microbatch in ms; one value or one per stage")
+    wgrad_ms: Any = _f(0.0, "synthetic: weight-gradient time in ms (a full backward costs bwd_ms + wgrad_ms, split or not)")
 
 
 @dataclass
@@ -231,8 +236,10 @@ def check(cfg: Config) -> None:
                 f"microbatches, but pipeline.stages={p.stages} and pipeline.microbatches={p.microbatches}"
             )
     else:
-        schedules.family(p.schedule)
-    num_stages = sched.num_stages if p.schedule.endswith(".csv") else p.stages
+        from ppx.torch_backend import TORCH_SCHEDULES
+
+        schedules.build(TORCH_SCHEDULES.get(p.schedule, p.schedule), p.stages, p.microbatches, p.virtual_stages)
+    num_stages = sched.num_stages if p.schedule.endswith(".csv") else p.stages * p.virtual_stages
     if m.kind == "synthetic":
         from ppx.models.synthetic import stage_costs_ms
 

@@ -27,8 +27,8 @@ def ideal_step_time_s(cfg, schedule: Schedule):
         return None
     from ppx.models.synthetic import stage_costs_ms
 
-    fwd, bwd = stage_costs_ms(cfg.model, schedule.num_stages)
-    costs = schedules.Costs(fwd=[f / 1e3 for f in fwd], bwd=[b / 1e3 for b in bwd])
+    fwd, bwd, wgrad = stage_costs_ms(cfg.model, schedule.num_stages)
+    costs = schedules.Costs(fwd=[f / 1e3 for f in fwd], bwd=[b / 1e3 for b in bwd], wgrad=[w / 1e3 for w in wgrad])
     return schedules.simulate(schedule, costs).makespan
 
 
@@ -38,7 +38,12 @@ def train(cfg, schedule: Schedule, run_dir: Path, rank: int, world: int, device,
     if fault and schedule.stage_to_rank[parse_fault(fault)[1].stage] == rank:
         observers.append(FaultInjector(fault))
     watchdog.phase("building the model")
-    pipe = build_rank(cfg, schedule, rank, device, P2P.for_backend(backend), observers)
+    if cfg.pipeline.schedule.startswith("torch_"):
+        from ppx.torch_backend import TorchPipeline
+
+        pipe = TorchPipeline(cfg, schedule, rank, device, observers)
+    else:
+        pipe = build_rank(cfg, schedule, rank, device, P2P.for_backend(backend), observers)
     inst = Instruments(cfg, pipe.runtime, device)
     pipe.runtime.observers.extend(inst.observers)
     opt = None

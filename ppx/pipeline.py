@@ -14,16 +14,20 @@ from ppx import models, schedules
 from ppx.config import Config
 from ppx.models.split import split_layers
 from ppx.runtime import Runtime
+from ppx.schedules.action import Op
 from ppx.schedules.schedule import Schedule
 from ppx.stage import StageRunner
 
 
 def resolve_schedule(cfg: Config) -> Schedule:
     """The validated schedule (with comms) the config asks for."""
+    from ppx.torch_backend import TORCH_SCHEDULES
+
     p = cfg.pipeline
     if p.schedule.endswith(".csv"):
         return schedules.from_csv(p.schedule)
-    return schedules.build(p.schedule, p.stages, p.microbatches)
+    name = TORCH_SCHEDULES.get(p.schedule, p.schedule)  # torch's schedules: ppx's list of the same family
+    return schedules.build(name, p.stages, p.microbatches, p.virtual_stages)
 
 
 def build_stage_modules(cfg: Config, num_stages: int, stages: Sequence[int], device) -> dict[int, nn.Module]:
@@ -84,8 +88,9 @@ def build_rank(cfg: Config, schedule: Schedule, rank: int, device, comm, observe
     num_stages = schedule.num_stages
     modules = build_stage_modules(cfg, num_stages, schedule.stages_of(rank), device)
     m = schedule.num_microbatches
+    split = {a.stage for a in schedule.actions[rank] if a.op is Op.I}
     runners = {
-        s: StageRunner(s, mod, s == 0, s == num_stages - 1, kind.loss, 1.0 / m, schedule.training)
+        s: StageRunner(s, mod, s == 0, s == num_stages - 1, kind.loss, 1.0 / m, schedule.training, s in split)
         for s, mod in modules.items()
     }
     mb_size = cfg.train.batch_size // m

@@ -178,17 +178,17 @@ class Runtime:
                 self._inbox[("F", a.stage + 1, a.mb)] = out.detach()
             else:
                 self._outbox[("F", a.stage, a.mb)] = out.detach()
-        elif a.op is Op.B:
+        elif a.op is Op.W:
+            runner.backward_weight(a.mb)
+        else:  # B (full backward) or I (input gradients only)
             grad = None if runner.last else self._inbox.pop(("B", a.stage, a.mb))
-            grad_in = runner.backward(a.mb, grad)
+            grad_in = runner.backward(a.mb, grad) if a.op is Op.B else runner.backward_input(a.mb, grad)
             if runner.first:
                 return
             if a.stage - 1 in self.stages:
                 self._inbox[("B", a.stage - 1, a.mb)] = grad_in
             else:
                 self._outbox[("B", a.stage, a.mb)] = grad_in
-        else:
-            raise NotImplementedError(f"{a}: split backward (I/W) is not supported by this runtime yet")
 
     def _drain(self, item: Item) -> None:
         for batch in self._batches:

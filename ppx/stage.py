@@ -10,6 +10,14 @@ import torch
 from torch import nn
 
 _action_started = 0.0
+_backward_part = "full"
+
+
+def backward_part() -> str:
+    """Which part of a backward autograd is running: "full", "input" (I: gradients for the
+    stage input only) or "weight" (W: parameter gradients only). Modules that model their
+    costs (the known-cost model) charge the matching part."""
+    return _backward_part
 
 
 def action_started() -> float:
@@ -28,18 +36,21 @@ class StageRunner:
     """
 
     def __init__(self, index: int, module: nn.Module, first: bool, last: bool,
-                 loss_fn: Callable, loss_scale: float, training: bool):
+                 loss_fn: Callable, loss_scale: float, training: bool, split: bool = False):
         self.index, self.module = index, module
         self.first, self.last = first, last
         self.loss_fn, self.loss_scale, self.training = loss_fn, loss_scale, training
+        self.split = split  # the schedule splits this stage's backward into I and W
         self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.grad_outputs: dict[int, Optional[torch.Tensor]] = {}
 
     def forward(self, mb: int, x: torch.Tensor, target: Optional[torch.Tensor]) -> torch.Tensor:
         """Return the activation for the next stage, or (last stage) the scaled loss, detached."""
         global _action_started
         _action_started = time.perf_counter()
-        if self.training and not self.first:
-            x.requires_grad_(True)
+        if self.training and (not self.first or self.split and x.is_floating_point()):
+            # with a split backward the first stage too, so its I pass has an input to differentiate
+            x = x.detach().requires_grad_(True)
         with torch.set_grad_enabled(self.training):
             out = self.module(x)
             if self.last:
@@ -55,6 +66,37 @@ class StageRunner:
         x, out = self.saved.pop(mb)
         torch.autograd.backward(out, grad_output)
         return None if self.first else x.grad
+
+    def backward_input(self, mb: int, grad_output: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """I: d(loss)/d(input) only, keeping the graph for the weight pass."""
+        global _action_started, _backward_part
+        _action_started = time.perf_counter()
+        x, out = self.saved[mb]
+        self.grad_outputs[mb] = grad_output
+        if not x.requires_grad:  # integer input (token ids): nothing to differentiate
+            return None
+        _backward_part = "input"
+        try:
+            (grad_in,) = torch.autograd.grad(out, [x], grad_output, retain_graph=True)
+        finally:
+            _backward_part = "full"
+        return None if self.first else grad_in
+
+    def backward_weight(self, mb: int) -> None:
+        """W: accumulate the parameter gradients of microbatch ``mb``; frees its activations."""
+        global _action_started, _backward_part
+        _action_started = time.perf_counter()
+        x, out = self.saved.pop(mb)
+        grad_output = self.grad_outputs.pop(mb)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        _backward_part = "weight"
+        try:
+            grads = torch.autograd.grad(out, params, grad_output, allow_unused=True)
+        finally:
+            _backward_part = "full"
+        for p, g in zip(params, grads):
+            if g is not None:
+                p.grad = g if p.grad is None else p.grad + g
 
     def in_flight(self) -> int:
         """Microbatches whose activations are held for a backward still to come."""

@@ -25,6 +25,7 @@ MODELS = {
 SCHEDULES = {  # name -> (schedule, microbatches)
     "naive_m1": ("naive", 1), "naive_m4": ("naive", 4), "gpipe": ("gpipe", 4),
     "1f1b": ("1f1b", 4), "1f1b_m2": ("1f1b", 2), "forward_only": ("forward_only", 4),
+    "interleaved": ("interleaved_1f1b", 4), "zb_h1": ("zb_h1", 4),
 }
 UNEVEN = {4: "[1,1,1,1]", 2: "[3,1]"}
 
@@ -33,6 +34,8 @@ def overrides(model: str, sched: str, p: int, uneven: bool = False) -> list[str]
     name, m = SCHEDULES[sched]
     o = MODELS[model] + [f"pipeline.schedule={name}", f"pipeline.stages={p}", f"pipeline.microbatches={m}",
                          "train.batch_size=8", "train.seed=3"]
+    if name == "interleaved_1f1b":  # two stages per rank: 2p stages need 2p layers
+        o += ["pipeline.virtual_stages=2", f"model.layers={2 * p}"]
     return o + ([f"pipeline.layers_per_stage={UNEVEN[p]}"] if uneven else [])
 
 
@@ -50,7 +53,8 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             cfg = config.load(None, o)
             pipe = build_rank(cfg, resolve_schedule(cfg), rank, "cpu", P2P.for_backend("gloo"))
             loss = pipe.step(0)
-            grads = [None if q.grad is None else q.grad.clone() for q in pipe.parameters()]
+            grads = {stage: [None if q.grad is None else q.grad.clone() for q in mod.parameters()]
+                     for stage, mod in pipe.modules.items()}
             torch.save({"loss": loss, "grads": grads}, Path(out) / f"{name}.rank{rank}.pt")
             dist.barrier()
     finally:
@@ -66,6 +70,7 @@ def pipelined(request, tmp_path_factory):
 
 
 def reference(o: list[str]):
+    o = [x for x in o if not x.startswith("pipeline.")]  # one process, one stage
     cfg = config.load(None, o)
     model = build_reference(cfg)
     from ppx import models
@@ -86,7 +91,8 @@ def test_gradients_equal_single_process_reference(pipelined):
         losses = [x["loss"] for x in parts if x["loss"] is not None]
         assert len(losses) == 1, f"{name}: exactly the last rank reports the loss"
         assert losses[0] == pytest.approx(ref_loss, rel=1e-6), name
-        grads = [g for x in parts for g in x["grads"]]
+        by_stage = {stage: g for x in parts for stage, g in x["grads"].items()}  # interleaved: 2 per rank
+        grads = [g for stage in sorted(by_stage) for g in by_stage[stage]]
         assert len(grads) == len(ref_grads), f"{name}: parameters split over ranks must add up to the model"
         for k, (g, ref) in enumerate(zip(grads, ref_grads)):
             if "forward_only" in name:

@@ -18,14 +18,15 @@ from torch import nn
 
 from ppx.errors import UserError
 from ppx.instrument.clock import sleep_until
-from ppx.stage import action_started
+from ppx.stage import action_started, backward_part
 from ppx.models.seeding import BLOCK, DATA, generator, seeded
 
 _CYCLES_PER_MS: dict[int, float] = {}
 
 
-def stage_costs_ms(cfg, num_stages: int) -> tuple[list[float], list[float]]:
-    """Per-stage (forward, backward) costs in ms from one value or one value per stage."""
+def stage_costs_ms(cfg, num_stages: int) -> tuple[list[float], list[float], list[float]]:
+    """Per-stage (forward, input-gradient backward, weight-gradient backward) costs in ms,
+    each from one value or one value per stage."""
 
     def expand(key: str, value) -> list[float]:
         if isinstance(value, Real) and not isinstance(value, bool):
@@ -41,7 +42,7 @@ def stage_costs_ms(cfg, num_stages: int) -> tuple[list[float], list[float]]:
             raise UserError(f"model.{key} must not be negative, got {values}")
         return values
 
-    return expand("fwd_ms", cfg.fwd_ms), expand("bwd_ms", cfg.bwd_ms)
+    return expand("fwd_ms", cfg.fwd_ms), expand("bwd_ms", cfg.bwd_ms), expand("wgrad_ms", cfg.wgrad_ms)
 
 
 def _spin_gpu(ms: float, device: torch.device) -> None:
@@ -75,13 +76,13 @@ class _KnownCost(torch.autograd.Function):
     """y = x * prod(w_i) in one autograd node (few nodes = little framework overhead)."""
 
     @staticmethod
-    def forward(ctx, x, fwd_ms: float, bwd_ms: float, *weights):
+    def forward(ctx, x, fwd_ms: float, bwd_ms: float, wgrad_ms: float, *weights):
         entry = time.perf_counter()
         w = weights[0]
         for extra in weights[1:]:
             w = w * extra
         ctx.save_for_backward(x, *weights)
-        ctx.bwd_ms = bwd_ms
+        ctx.bwd_ms, ctx.wgrad_ms = bwd_ms, wgrad_ms
         y = x * w
         _take(fwd_ms, x.device, entry)
         return y
@@ -93,33 +94,36 @@ class _KnownCost(torch.autograd.Function):
         w = weights[0]
         for extra in weights[1:]:
             w = w * extra
-        gx = grad * w
-        gw = (grad * x).sum(0)
-        grads = []
-        for k in range(len(weights)):
-            rest = torch.ones_like(w)
-            for j, other in enumerate(weights):
-                if j != k:
-                    rest = rest * other
-            grads.append(gw * rest)
-        _take(ctx.bwd_ms, grad.device, entry)
-        return (gx, None, None, *grads)
+        part = backward_part()  # "full" (B), "input" (I) or "weight" (W)
+        gx = grad * w if part != "weight" else None
+        grads = [None] * len(weights)
+        if part != "input":
+            gw = (grad * x).sum(0)
+            for k in range(len(weights)):
+                rest = torch.ones_like(w)
+                for j, other in enumerate(weights):
+                    if j != k:
+                        rest = rest * other
+                grads[k] = gw * rest
+        cost = {"full": ctx.bwd_ms + ctx.wgrad_ms, "input": ctx.bwd_ms, "weight": ctx.wgrad_ms}[part]
+        _take(cost, grad.device, entry)
+        return (gx, None, None, None, *grads)
 
 
 class KnownCostStage(nn.Module):
     """The blocks of one stage (one weight vector each), costing ``fwd_ms``/``bwd_ms`` in all."""
 
-    def __init__(self, hidden: int, fwd_ms: float, bwd_ms: float, seed: int, blocks: range):
+    def __init__(self, hidden: int, fwd_ms: float, bwd_ms: float, wgrad_ms: float, seed: int, blocks: range):
         super().__init__()
         weights = []
         for i in blocks:
             with seeded(seed, BLOCK + i):
                 weights.append(nn.Parameter(1.0 + 0.01 * torch.randn(hidden)))
         self.weights = nn.ParameterList(weights)
-        self.fwd_ms, self.bwd_ms = fwd_ms, bwd_ms
+        self.fwd_ms, self.bwd_ms, self.wgrad_ms = fwd_ms, bwd_ms, wgrad_ms
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _KnownCost.apply(x, self.fwd_ms, self.bwd_ms, *self.weights)
+        return _KnownCost.apply(x, self.fwd_ms, self.bwd_ms, self.wgrad_ms, *self.weights)
 
 
 def _cost(value, stage: int, num_stages: int) -> float:
@@ -131,7 +135,8 @@ def _cost(value, stage: int, num_stages: int) -> float:
 
 def build_stage(cfg, seed: int, stage: int, num_stages: int, blocks: range) -> nn.Module:
     """Stage ``stage`` holds ``blocks`` (like any model) but its cost is set per stage."""
-    return KnownCostStage(cfg.hidden, _cost(cfg.fwd_ms, stage, num_stages), _cost(cfg.bwd_ms, stage, num_stages), seed, blocks)
+    return KnownCostStage(cfg.hidden, _cost(cfg.fwd_ms, stage, num_stages), _cost(cfg.bwd_ms, stage, num_stages),
+                          _cost(cfg.wgrad_ms, stage, num_stages), seed, blocks)
 def make_batch(cfg, seed: int, batch_size: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = generator(seed, DATA + 16 * step)
     return torch.randn(batch_size, cfg.hidden, generator=g), torch.zeros(batch_size, cfg.hidden)

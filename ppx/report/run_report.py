@@ -18,7 +18,7 @@ class RunReport:
     def __init__(self, cfg, schedule: Schedule, run_dir: Path, world: int):
         self.cfg, self.schedule, self.run_dir, self.world = cfg, schedule, run_dir, world
         p, m = schedule.num_ranks, schedule.num_microbatches
-        self.theory = schedules.theory_bubble(cfg.pipeline.schedule, p, m)
+        self.theory = schedules.theory_bubble(cfg.pipeline.schedule, p, m, cfg.pipeline.virtual_stages)
         self.steps: list[dict] = []
         self.losses: list = []
         self.timeline: list[dict] = []
@@ -71,6 +71,7 @@ class RunReport:
             "steps": cfg.train.steps,
             "batch_size": cfg.train.batch_size,
             "model": cfg.model.kind,
+            "virtual_stages": cfg.pipeline.virtual_stages,
             "losses": self.losses,
             "step_times_s": [s["step_time_s"] for s in self.steps],
             **run_summary(self.steps),
@@ -82,12 +83,31 @@ class RunReport:
         summary["throughput_samples_per_s"] = cfg.train.batch_size / summary["step_time_s"]
         if ideal_s:
             summary["step_time_over_ideal"] = summary["step_time_s"] / ideal_s
+        if self.timeline:
+            summary.update(self._prediction(summary))
         rundir.write_json(self.run_dir / "summary.json", summary)
         if self.timeline:
             self._write_timeline()
         for sink in self.sinks:
             sink.finish(summary, self.run_dir)
         print(f"ppx: run directory: {self.run_dir}", flush=True)
+
+    def _prediction(self, summary: dict) -> dict:
+        """The simulator's step time and bubble from this run's measured action costs."""
+        from ppx.prediction import costs_from, measured_costs, predict
+
+        measured = measured_costs(self.timeline, self.schedule)
+        if not measured["action_s"]:
+            return {}
+        pred = predict(self.schedule, costs_from(measured, self.schedule.num_stages))
+        out = {"measured_costs": measured, "predicted": pred,
+               "prediction_error": {"step_time": summary["step_time_s"] / pred["step_time_s"] - 1}}
+        if summary.get("bubble_fraction") is not None:
+            out["prediction_error"]["bubble_fraction"] = summary["bubble_fraction"] - pred["bubble_fraction"]
+        print(f"ppx: predicted from measured costs: step {pred['step_time_s']:.4f} s, bubble "
+              f"{pred['bubble_fraction']:.1%}; measured {summary['step_time_s']:.4f} s "
+              f"({out['prediction_error']['step_time']:+.1%})", flush=True)
+        return out
 
     def _write_timeline(self) -> None:
         from ppx.report.gantt import draw_step

@@ -13,29 +13,51 @@ from ppx.schedules.schedule import Schedule
 
 
 def add_comms(schedule: Schedule) -> Schedule:
-    """Return ``schedule`` with SEND/RECV actions inserted; existing comm actions are dropped."""
+    """Return ``schedule`` with SEND/RECV actions inserted; existing comm actions are dropped.
+
+    Compute actions are taken in groups (``schedule.groups``, default one action per group):
+    the receives a group needs go right before it, the sends it produces right after it, so
+    the sends of one group and the receives of the next form one batch."""
     s2r = schedule.stage_to_rank
     last = schedule.num_stages - 1
 
     def remote(a: int, b: int) -> bool:
         return 0 <= b <= last and s2r[a] != s2r[b]
 
+    def receives(group):
+        out = []
+        for a in group:
+            if a.op is Op.F and remote(a.stage, a.stage - 1):
+                out.append(Action(a.stage, Op.RECV_F, a.mb))
+            if a.op in (Op.B, Op.I) and remote(a.stage, a.stage + 1):
+                out.append(Action(a.stage, Op.RECV_B, a.mb))
+        return out
+
+    def sends(group):
+        out = []
+        for a in group:
+            if a.op is Op.F and remote(a.stage, a.stage + 1):
+                out.append(Action(a.stage, Op.SEND_F, a.mb))
+            if a.op in (Op.B, Op.I) and remote(a.stage, a.stage - 1):
+                out.append(Action(a.stage, Op.SEND_B, a.mb))
+        return out
+
     rows = []
-    for row in schedule.actions:
-        out: list[Action] = []
-        for a in row:
-            if a.op.is_comm:
-                continue
-            s, i = a.stage, a.mb
-            if a.op is Op.F and remote(s, s - 1):
-                out.append(Action(s, Op.RECV_F, i))
-            if a.op in (Op.B, Op.I) and remote(s, s + 1):
-                out.append(Action(s, Op.RECV_B, i))
-            out.append(a)
-            if a.op is Op.F and remote(s, s + 1):
-                out.append(Action(s, Op.SEND_F, i))
-            if a.op in (Op.B, Op.I) and remote(s, s - 1):
-                out.append(Action(s, Op.SEND_B, i))
+    for r, row in enumerate(schedule.actions):
+        compute = [a for a in row if a.op.is_compute]
+        sizes = schedule.groups[r] if schedule.groups else [1] * len(compute)
+        if sum(sizes) != len(compute):
+            raise ValueError(f"rank {r}: groups {list(sizes)} do not cover its {len(compute)} compute actions")
+        groups, k = [], 0
+        for n in sizes:
+            groups.append(compute[k : k + n])
+            k += n
+        out: list[Action] = receives(groups[0]) if groups else []
+        for j, group in enumerate(groups):
+            out += group
+            out += sends(group)
+            if j + 1 < len(groups):
+                out += receives(groups[j + 1])
         rows.append(out)
     return schedule.with_actions(rows)
 

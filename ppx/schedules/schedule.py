@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Optional
 
 from ppx.schedules.action import Action
 
@@ -22,6 +23,10 @@ class Schedule:
     stage_to_rank: tuple[int, ...]
     actions: tuple[tuple[Action, ...], ...]
     training: bool = True
+    # Optional, per rank: sizes of the consecutive runs of compute actions whose sends and
+    # receives go out together (Megatron's interleaved steady state batches a forward and a
+    # backward). None: every compute action is its own group.
+    groups: Optional[tuple[tuple[int, ...], ...]] = None
 
     @property
     def num_ranks(self) -> int:

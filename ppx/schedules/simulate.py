@@ -31,23 +31,25 @@ def _per_stage(value: PerStage, stage: int) -> float:
 class Costs:
     """Per-action costs in seconds (or any unit). ``fwd``/``bwd``/``wgrad`` are one value
     or one per stage. A full backward B costs bwd + wgrad, an input-gradient backward I costs
-    bwd and a weight-gradient backward W costs wgrad. ``p2p`` is the latency of one message."""
+    bwd and a weight-gradient backward W costs wgrad. ``p2p`` is the latency of one message;
+    ``overhead`` is added to every compute action (the runtime's own time around it)."""
 
     fwd: PerStage = 1.0
     bwd: PerStage = 1.0
     wgrad: PerStage = 0.0
     p2p: float = 0.0
+    overhead: float = 0.0
 
     def of(self, a: Action) -> float:
         s = a.stage
         if a.op is Op.F:
-            return _per_stage(self.fwd, s)
+            return _per_stage(self.fwd, s) + self.overhead
         if a.op is Op.B:
-            return _per_stage(self.bwd, s) + _per_stage(self.wgrad, s)
+            return _per_stage(self.bwd, s) + _per_stage(self.wgrad, s) + self.overhead
         if a.op is Op.I:
-            return _per_stage(self.bwd, s)
+            return _per_stage(self.bwd, s) + self.overhead
         if a.op is Op.W:
-            return _per_stage(self.wgrad, s)
+            return _per_stage(self.wgrad, s) + self.overhead
         return 0.0
 
 

@@ -1,0 +1,67 @@
+"""Predicted against measured: per-stage action costs measured in a run, the simulator's
+timeline from them, and the error of the prediction."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from ppx import schedules
+from ppx.schedules.action import Action, Op
+from ppx.schedules.lowering import peer_of
+from ppx.schedules.schedule import Schedule
+
+
+def measured_costs(steps: list[dict], schedule: Schedule) -> dict:
+    """Median seconds per (stage, op) of the compute actions; the median hand-off latency (a
+    send's post to the end of the receiver's wait, when the receiver was already waiting, so
+    the latency is all transfer); and the median runtime overhead per compute action
+    (posting and gaps between actions). ``steps`` as in the run report's timeline."""
+    per = defaultdict(list)
+    p2p, overhead = [], []
+    for s in steps:
+        waits = {}
+        for r, spans in s["ranks"].items():
+            # the rank's own time that is neither compute nor waiting: posting and the gaps
+            computes = sum(1 for sp in spans if sp[0] == "compute")
+            if computes and spans:
+                covered = sum(e - b for kind, _, _, b, e in spans if kind in ("compute", "wait", "drain"))
+                overhead.append((spans[-1][4] - spans[0][3] - covered) / computes)
+            for kind, label, actions, start, end in spans:
+                if kind == "compute":
+                    a = Action.parse(actions[0])
+                    per[(a.stage, a.op.value)].append(end - start)
+                elif kind == "wait":
+                    waits[(int(r), actions[0])] = (start, end)
+        for r, spans in s["ranks"].items():
+            for kind, label, actions, start, end in spans:
+                if kind != "post":
+                    continue
+                for text in actions:
+                    a = Action.parse(text)
+                    if a.op.is_send:
+                        peer, recv = peer_of(a, schedule.stage_to_rank)
+                        got = waits.get((peer, str(recv)))
+                        if got is not None and got[0] <= start:
+                            p2p.append(got[1] - start)
+    med = {f"{stage}{op}": statistics.median(v) for (stage, op), v in sorted(per.items())}
+    return {"action_s": med, "p2p_s": statistics.median(p2p) if p2p else 0.0,
+            "overhead_s": statistics.median(overhead) if overhead else 0.0}
+
+
+def costs_from(measured: dict, num_stages: int) -> schedules.Costs:
+    """Simulator costs from measured medians: F, I (or B minus W) and W per stage."""
+    a = measured["action_s"]
+
+    def get(stage, op, default=0.0):
+        return a.get(f"{stage}{op}", default)
+
+    fwd = [get(s, "F") for s in range(num_stages)]
+    wgrad = [get(s, "W") for s in range(num_stages)]
+    bwd = [get(s, "I") if f"{s}I" in a else get(s, "B") - get(s, "W") for s in range(num_stages)]
+    return schedules.Costs(fwd=fwd, bwd=bwd, wgrad=wgrad, p2p=measured["p2p_s"], overhead=measured.get("overhead_s", 0.0))
+
+
+def predict(schedule: Schedule, costs: schedules.Costs) -> dict:
+    t = schedules.simulate(schedule, costs)
+    return {"step_time_s": t.makespan, "bubble_fraction": t.bubble_fraction()}

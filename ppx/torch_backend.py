@@ -1,0 +1,121 @@
+"""torch.distributed.pipelining as a reference backend inside the harness.
+
+``pipeline.schedule=torch_gpipe | torch_1f1b | torch_interleaved1f1b`` runs torch's own
+schedule on the same stage modules and data, in the same run directory with the same
+metrics: ppx's observers (timers, memory counters, profiler labels, the watchdog) wrap
+torch's per-microbatch forward and backward calls, so compute time, bubble and in-flight
+counts are measured the same way (torch's communication happens inside its schedule and is
+counted as idle/wait). ppx's own list for the same schedule family stands in for the grid,
+the theory and the simulator.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+import ppx.stage
+from ppx import models
+from ppx.pipeline import build_stage_modules
+from ppx.runtime import Item
+from ppx.schedules.action import Action, Op
+from ppx.schedules.schedule import Schedule
+
+TORCH_SCHEDULES = {"torch_gpipe": "gpipe", "torch_1f1b": "1f1b", "torch_interleaved1f1b": "interleaved_1f1b"}
+
+
+class _Program:
+    """What the instruments need from a runtime: observers, the stages, a program."""
+
+    def __init__(self, stages: dict, program: list):
+        self.observers: list = []
+        self.stages = stages
+        self.program = program
+
+
+class _Runner:
+    """Just enough of StageRunner for the memory counters."""
+
+    def __init__(self, module, training=True):
+        self.module, self.training, self.live = module, training, set()
+
+    def in_flight(self) -> int:
+        return len(self.live)
+
+
+class TorchPipeline:
+    """One rank of a torch.distributed.pipelining run, with RankPipeline's interface."""
+
+    def __init__(self, cfg, schedule: Schedule, rank: int, device, observers=()):
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+        self.cfg, self.schedule, self.rank, self.device = cfg, schedule, rank, torch.device(device)
+        self.kind = models.kind(cfg.model.kind)
+        stages = schedule.stages_of(rank)
+        self.modules = build_stage_modules(cfg, schedule.num_stages, stages, device)
+        self.runners = {s: _Runner(self.modules[s]) for s in stages}
+        program = [Item("compute", (a,), str(a)) for a in schedule.actions[rank] if a.op.is_compute]
+        self.runtime = _Program(self.runners, program)
+        self.runtime.observers.extend(observers)
+        m = schedule.num_microbatches
+        pstages = []
+        for s in stages:
+            stage = PipelineStage(self.modules[s], s, schedule.num_stages, self.device)
+            self._wrap(stage, s)
+            pstages.append(stage)
+        name = cfg.pipeline.schedule
+        if name == "torch_interleaved1f1b":
+            self.torch_schedule = ScheduleInterleaved1F1B(pstages, n_microbatches=m, loss_fn=self.kind.loss)
+        else:
+            cls = ScheduleGPipe if name == "torch_gpipe" else Schedule1F1B
+            self.torch_schedule = cls(pstages[0], n_microbatches=m, loss_fn=self.kind.loss)
+
+    def _wrap(self, stage, s: int) -> None:
+        """Run ppx's observers around torch's per-microbatch forward and backward."""
+        runtime, runner = self.runtime, self.runners[s]
+
+        def wrapped(original, op):
+            def call(chunk_id, *args, **kwargs):
+                item = Item("compute", (Action(s, op, chunk_id),), f"{s}{op.value}{chunk_id}")
+                for o in runtime.observers:
+                    o.before(item)
+                ppx.stage._action_started = time.perf_counter()
+                out = original(chunk_id, *args, **kwargs)
+                if op is Op.F:
+                    runner.live.add(chunk_id)
+                else:
+                    runner.live.discard(chunk_id)
+                for o in reversed(runtime.observers):
+                    o.after(item)
+                return out
+            return call
+
+        stage.forward_one_chunk = wrapped(stage.forward_one_chunk, Op.F)
+        stage.backward_one_chunk = wrapped(stage.backward_one_chunk, Op.B)
+
+    @property
+    def owns_first(self) -> bool:
+        return 0 in self.modules
+
+    @property
+    def owns_last(self) -> bool:
+        return self.schedule.num_stages - 1 in self.modules
+
+    def parameters(self):
+        return [p for s in sorted(self.modules) for p in self.modules[s].parameters()]
+
+    def step(self, step: int):
+        t = self.cfg.train
+        x, y = self.kind.make_batch(self.cfg.model, t.seed, t.batch_size, step)
+        losses: list = []
+        kwargs = {}
+        if self.owns_last:
+            kwargs = {"target": y.to(self.device), "losses": losses}
+        if self.owns_first:
+            self.torch_schedule.step(x.to(self.device), **kwargs)
+        else:
+            self.torch_schedule.step(**kwargs)
+        if not self.owns_last:
+            return None
+        return float(sum(v.detach() for v in losses) / len(losses))
