@@ -17,10 +17,41 @@ FAMILIES = list(schedules.FAMILIES)
 @pytest.mark.parametrize("p", [1, 2, 3, 4])
 @pytest.mark.parametrize("m", [1, 2, 4, 8])
 def test_builtin_schedules_validate_and_match_theory(name, p, m):
-    sched = schedules.build(name, p, m)  # validates (including the deadlock dry run)
-    assert sched.num_ranks == p and sched.num_microbatches == m
-    timeline = schedules.simulate(sched, Costs(fwd=1, bwd=2))
-    assert timeline.bubble_fraction() == pytest.approx(schedules.theory_bubble(name, p, m), abs=1e-12)
+    v = 2 if name == "interleaved_1f1b" else 1
+    if name == "interleaved_1f1b" and m % p:
+        with pytest.raises(ScheduleError, match="multiple of pipeline.stages"):
+            schedules.build(name, p, m, v)
+        return
+    sched = schedules.build(name, p, m, v)  # validates (including the deadlock dry run)
+    assert sched.num_ranks == p and sched.num_microbatches == m and sched.num_stages == p * v
+    costs = {"zb_h1": Costs(fwd=1, bwd=1, wgrad=1), "interleaved_1f1b": Costs(fwd=1, bwd=1)}.get(name, Costs(fwd=1, bwd=2))
+    timeline = schedules.simulate(sched, costs)
+    assert timeline.bubble_fraction() == pytest.approx(schedules.theory_bubble(name, p, m, v), abs=1e-12)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (3, 6)])
+def test_zb_h1_has_a_third_of_1f1b_bubble_at_1f1b_peak_memory(p, m):
+    costs = Costs(fwd=1, bwd=1, wgrad=1)
+    zb, ref = schedules.build("zb_h1", p, m), schedules.build("1f1b", p, m)
+    idle = lambda t: t.makespan * p - sum(t.busy(r) for r in range(p))  # noqa: E731
+    assert idle(schedules.simulate(zb, costs)) == pytest.approx(idle(schedules.simulate(ref, costs)) / 3)
+    assert schedules.theory_bubble("zb_h1", p, m) == pytest.approx((p - 1) / (3 * m + p - 1))
+    peaks = [_max_in_flight(zb, r) for r in range(p)]
+    assert max(peaks) == max(_max_in_flight(ref, r) for r in range(p)) == p
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 8, 3), (4, 16, 2)])
+def test_interleaved_bubble_shrinks_by_v(p, m, v):
+    t = schedules.simulate(schedules.build("interleaved_1f1b", p, m, v), Costs(fwd=1 / v, bwd=1 / v))
+    ref = schedules.simulate(schedules.build("1f1b", p, m), Costs(fwd=1, bwd=1))
+    over_ideal = lambda b: b / (1 - b)  # noqa: E731
+    assert over_ideal(t.bubble_fraction()) == pytest.approx((p - 1) / (v * m))
+    assert over_ideal(t.bubble_fraction()) == pytest.approx(over_ideal(ref.bubble_fraction()) / v)
+
+
+def test_virtual_stages_only_for_interleaved():
+    with pytest.raises(ScheduleError, match="runs one stage per rank: pipeline.virtual_stages must be 1"):
+        schedules.build("1f1b", 2, 4, 2)
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
@@ -35,7 +66,7 @@ def _max_in_flight(sched, rank):
     for a in sched.actions[rank]:
         if a.op is Op.F:
             live += 1
-        elif a.op is Op.B:
+        elif a.op in (Op.B, Op.W):
             live -= 1
         peak = max(peak, live)
     return peak
