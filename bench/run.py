@@ -60,6 +60,56 @@ def run_case(name: str, scale: float) -> dict:
     return result
 
 
+# Whole `ppx run`s (their summaries): schedules beyond 1F1B on the known-cost model with
+# t_f = t_b = t_w, and the simulator's prediction error on the known-cost model and the MLP.
+TW = ["model.kind=synthetic", "model.hidden=16", "train.steps=6", "pipeline.stages=4", "pipeline.microbatches=8",
+      "logging.wandb.mode=disabled"]
+RUNS = {
+    "tw_1f1b": TW + ["pipeline.schedule=1f1b", "model.fwd_ms=10", "model.bwd_ms=10", "model.wgrad_ms=10"],
+    "tw_zb_h1": TW + ["pipeline.schedule=zb_h1", "model.fwd_ms=10", "model.bwd_ms=10", "model.wgrad_ms=10"],
+    "tw_interleaved": TW + ["pipeline.schedule=interleaved_1f1b", "pipeline.virtual_stages=2", "model.layers=8",
+                            "model.fwd_ms=5", "model.bwd_ms=5", "model.wgrad_ms=5"],
+    "mlp_1f1b_p2_run": ["pipeline.schedule=1f1b", "pipeline.stages=2", "pipeline.microbatches=8", "model.kind=mlp",
+                        "model.hidden=256", "model.layers=8", "train.batch_size=64", "train.steps=20",
+                        "logging.wandb.mode=disabled"],
+}
+
+
+def run_summary(name: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "ppx.cli", "run", "gpipe_4gpu", *RUNS[name], f"run.dir={d}"]
+        proc = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode != 0:
+            raise SystemExit(f"bench run {name} failed:\n{proc.stderr[-3000:]}")
+        s = json.loads((d / "summary.json").read_text())
+    keep = ("step_time_s", "bubble_fraction", "bubble_fraction_theory", "predicted", "prediction_error", "ranks",
+            "ideal_step_time_s")
+    out = {k: s.get(k) for k in keep}
+    print(f"  {name}: step {s['step_time_s'] * 1e3:.1f} ms, bubble {s.get('bubble_fraction', 0):.1%}", flush=True)
+    return out
+
+
+def beyond_rows(runs: dict) -> list[tuple[str, str, str, str]]:
+    idle = {k: sum(r["idle_s"] for r in v["ranks"]) for k, v in runs.items()}
+    zb = idle["tw_zb_h1"] / idle["tw_1f1b"]
+    inter = idle["tw_interleaved"] / idle["tw_1f1b"]
+    peaks = lambda k: max(r["peak_inflight_microbatches"] for r in runs[k]["ranks"])  # noqa: E731
+    out = [
+        ("ZB-H1 idle time / 1F1B idle time, known-cost p=4 m=8 t_f=t_b=t_w=10 ms (theory 1/3)",
+         f"{zb:.2f} (peak in flight {peaks('tw_zb_h1')} vs {peaks('tw_1f1b')})", "<= 0.33, same peak",
+         "pass" if zb <= 1 / 3 + 1e-9 and peaks("tw_zb_h1") == peaks("tw_1f1b") else "MISS"),
+        ("interleaved 1F1B (v=2) idle time / 1F1B idle time, same model cost per rank (theory 1/2)",
+         f"{inter:.2f}", "about 0.5", "pass" if inter <= 0.6 else "MISS"),
+    ]
+    for k, label in [("tw_1f1b", "known-cost 1F1B"), ("tw_zb_h1", "known-cost ZB-H1"),
+                     ("tw_interleaved", "known-cost interleaved v=2"), ("mlp_1f1b_p2_run", "MLP hidden 256 1F1B p=2")]:
+        err = runs[k]["prediction_error"]["step_time"]
+        out.append((f"simulator step-time error from measured costs, {label}", f"{err:+.1%}", "<= 5%",
+                    "pass" if abs(err) <= 0.05 else "MISS"))
+    return out
+
+
 def rows(results: dict) -> list[tuple[str, str, str, str]]:
     """(what, measured, target, verdict) rows of the table."""
     out = []
@@ -99,6 +149,8 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
                 f"{share:.2%}", "<= 2%", "pass" if share <= 0.02 else "MISS"))
     out.append(("memory counters cost per microbatch (forward + backward, MLP hidden 256 stage)",
                 f"{micro['memory_s_per_microbatch'] * 1e6:.1f} us", "(info)", ""))
+    if "runs" in results:
+        out += beyond_rows(results["runs"])
     return out
 
 
@@ -111,7 +163,7 @@ def markdown(results: dict, scale: float) -> str:
         "Each case runs its variants side by side in one torchrun job, alternating step by step (20 to 300 measured "
         f"steps per variant{'' if scale == 1 else f', scaled by {scale}'}, after 3 warm-up steps); every step starts on "
         "all ranks at the same instant and lasts until the last rank finishes; the table shows medians. Reproduce "
-        "with `make bench` (about 4 minutes; `BENCH_SCALE=2 make bench` measures twice as many steps).",
+        "with `make bench` (about 5 minutes; `BENCH_SCALE=2 make bench` measures twice as many steps).",
         "",
         "| benchmark | measured | target | |",
         "| --- | --- | --- | --- |",
@@ -152,6 +204,7 @@ def main() -> None:
             "mlp_p2_items_per_rank": items,
             "mlp_p2_step_s": results["mlp_1f1b_p2"]["median_step_s"]["ppx"],
         }
+        results["runs"] = {name: run_summary(name) for name in RUNS}
     if set(only) == set(CASES):
         (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         md = markdown(results, scale)

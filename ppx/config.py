@@ -30,7 +30,9 @@ class PipelineConfig:
     )
     stages: int = _f(2, "pipeline stages = processes (one stage per process)")
     microbatches: int = _f(4, "microbatches per step; train.batch_size must divide evenly")
-    virtual_stages: int = _f(1, "interleaved_1f1b: stages per rank v (stage s on rank s % stages); 1 otherwise")
+    virtual_stages: Optional[int] = _f(
+        None, "stages per rank v for interleaved schedules (stage s on rank s % stages); null: 2 for interleaved, else 1"
+    )
     layers_per_stage: Optional[List[int]] = _f(None, "explicit uneven split, e.g. [3,1] (one entry per stage, all ranks' virtual stages included); default: even")
 
 
@@ -201,6 +203,14 @@ def from_yaml(path: str | Path) -> Config:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path)))
 
 
+def virtual_stages(cfg: Config) -> int:
+    """pipeline.virtual_stages, or the schedule's default (2 for interleaved ones, else 1)."""
+    v = cfg.pipeline.virtual_stages
+    if v is not None:
+        return v
+    return 2 if cfg.pipeline.schedule in ("interleaved_1f1b", "torch_interleaved1f1b") else 1
+
+
 def check(cfg: Config) -> None:
     """Cross-field rules; raise UserError with one line naming the key."""
     from ppx import schedules
@@ -238,8 +248,8 @@ def check(cfg: Config) -> None:
     else:
         from ppx.torch_backend import TORCH_SCHEDULES
 
-        schedules.build(TORCH_SCHEDULES.get(p.schedule, p.schedule), p.stages, p.microbatches, p.virtual_stages)
-    num_stages = sched.num_stages if p.schedule.endswith(".csv") else p.stages * p.virtual_stages
+        schedules.build(TORCH_SCHEDULES.get(p.schedule, p.schedule), p.stages, p.microbatches, virtual_stages(cfg))
+    num_stages = sched.num_stages if p.schedule.endswith(".csv") else p.stages * virtual_stages(cfg)
     if m.kind == "synthetic":
         from ppx.models.synthetic import stage_costs_ms
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ppx import models, schedules
-from ppx.config import Config
+from ppx.config import Config, virtual_stages
 from ppx.models.split import split_layers
 from ppx.runtime import Runtime
 from ppx.schedules.action import Op
@@ -27,7 +27,7 @@ def resolve_schedule(cfg: Config) -> Schedule:
     if p.schedule.endswith(".csv"):
         return schedules.from_csv(p.schedule)
     name = TORCH_SCHEDULES.get(p.schedule, p.schedule)  # torch's schedules: ppx's list of the same family
-    return schedules.build(name, p.stages, p.microbatches, p.virtual_stages)
+    return schedules.build(name, p.stages, p.microbatches, virtual_stages(cfg))
 
 
 def build_stage_modules(cfg: Config, num_stages: int, stages: Sequence[int], device) -> dict[int, nn.Module]:

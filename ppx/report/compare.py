@@ -19,6 +19,7 @@ COLUMNS = [  # (header, key, format)
     ("step ms", "step_ms", "{:.2f}"),
     ("samples/s", "throughput", "{:.1f}"),
     ("bubble", "bubble", "{:.1%}"),
+    ("predicted", "predicted", "{:.1%}"),
     ("theory", "theory", "{:.1%}"),
     ("peak act KiB", "peak_act_kib", "{:.1f}"),
     ("peak mem MiB", "peak_mem_mib", "{:.0f}"),
@@ -56,6 +57,7 @@ def load_row(run: Path, base: Path | None = None) -> dict:
         "step_ms": s["step_time_s"] * 1e3,
         "throughput": s.get("throughput_samples_per_s") or (bs / s["step_time_s"] if bs else None),
         "bubble": s.get("bubble_fraction"), "theory": s.get("bubble_fraction_theory"),
+        "predicted": (s.get("predicted") or {}).get("bubble_fraction"), "v": s.get("virtual_stages") or 1,
         "peak_act_kib": max((r.get("peak_activation_bytes") or 0 for r in ranks), default=0) / 1024 or None,
         "peak_mem_mib": max((r.get("peak_memory_bytes") or 0 for r in ranks), default=0) / 2**20 or None,
         "final_loss": (s.get("losses") or [None])[-1],
@@ -78,7 +80,8 @@ def markdown_table(rows: list[dict]) -> str:
     out = ["| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     out += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
     out.append("")
-    out.append("bubble = measured idle / step time (median over steps); theory = (p-1)/(m+p-1), naive (p-1)/p.")
+    out.append("bubble = measured idle / step time (median over steps); predicted = the simulator's bubble from the run's "
+               "measured action costs; theory = the schedule's formula with equal per-stage costs.")
     return "\n".join(out) + "\n"
 
 
@@ -103,8 +106,9 @@ def plot_runs(rows: list[dict], path: Path) -> None:
     axes[0][2].axis("off")
     axes[0][2].text(0, 0.5, "\n".join(f"{i}: {r['name']}" for i, r in enumerate(rows[:24])), fontsize=7, va="center")
     ax = axes[1][0]
-    ax.bar([i - 0.2 for i in x], [r["bubble"] or 0 for r in rows], width=0.4, label="measured", color="#DD8452")
-    ax.bar([i + 0.2 for i in x], [r["theory"] or 0 for r in rows], width=0.4, label="theory", color="#BBBBBB")
+    ax.bar([i - 0.27 for i in x], [r["bubble"] or 0 for r in rows], width=0.27, label="measured", color="#DD8452")
+    ax.bar(list(x), [r["predicted"] or 0 for r in rows], width=0.27, label="predicted (simulator)", color="#8172B2")
+    ax.bar([i + 0.27 for i in x], [r["theory"] or 0 for r in rows], width=0.27, label="theory", color="#BBBBBB")
     ax.set_title("bubble (idle / step time)", fontsize=10)
     ax.legend(fontsize=8)
     for a in (axes[0][0], axes[0][1], axes[1][0], axes[1][1], axes[1][2]):
@@ -129,22 +133,25 @@ def plot_bubble_vs_microbatches(rows: list[dict], path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B2", "#937860", "#DA8BC3"]
     ms = sorted({r["microbatches"] for r in rows})
-    dense = [m / 4 for m in range(4, 4 * max(ms) + 1)]
-    for k, key in enumerate(sorted({(r["schedule"], r["world_size"]) for r in rows})):
-        sched, p = key
-        pts = sorted((r["microbatches"], r["bubble"]) for r in rows if (r["schedule"], r["world_size"]) == key)
+    dense = list(range(1, max(ms) + 1))
+    for k, key in enumerate(sorted({(r["schedule"], r["world_size"], r["v"]) for r in rows})):
+        sched, p, v = key
+        pts = sorted((r["microbatches"], r["bubble"], r["predicted"]) for r in rows if (r["schedule"], r["world_size"], r["v"]) == key)
         color = colors[k % len(colors)]
-        fam = schedules.FAMILIES.get(sched)
-        if fam is not None:
-            ax.plot(dense, [fam.bubble(p, m) for m in dense], color=color, lw=1.2, ls=(0, (4, 2 + 2 * k)), alpha=0.7)
-        ax.plot([m for m, _ in pts], [b for _, b in pts], "o", color=color, label=f"{sched} (p={p})")
+        th = [schedules.theory_bubble(sched, p, m, v) if sched != "interleaved_1f1b" or m % p == 0 else None for m in dense]
+        if any(t is not None for t in th):
+            ax.plot([m for m, t in zip(dense, th) if t is not None], [t for t in th if t is not None],
+                    color=color, lw=1.2, ls=(0, (4, 2 + 2 * k)), alpha=0.7)
+        ax.plot([m for m, _, _ in pts], [b for _, b, _ in pts], "o", color=color, label=f"{sched} (p={p}{f', v={v}' if v > 1 else ''})")
+        if any(pr is not None for _, _, pr in pts):
+            ax.plot([m for m, _, pr in pts if pr is not None], [pr for _, _, pr in pts if pr is not None], "x", color=color, ms=7)
     ax.set_xscale("log", base=2)
     ax.set_xticks(ms)
     ax.set_xticklabels([str(m) for m in ms])
     ax.set_xlabel("microbatches m")
     ax.set_ylabel("bubble (idle / step time)")
     ax.set_ylim(0, 1)
-    ax.set_title("measured bubble (points) over theory (dashed lines)", fontsize=10)
+    ax.set_title("measured bubble (dots), predicted from measured costs (x), theory (dashed)", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

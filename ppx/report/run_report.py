@@ -9,6 +9,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ppx import rundir, schedules
+from ppx.config import virtual_stages
 from ppx.metrics import over_ideal, run_summary, step_breakdown
 from ppx.report.scalars import step_scalars
 from ppx.schedules.schedule import Schedule
@@ -18,7 +19,7 @@ class RunReport:
     def __init__(self, cfg, schedule: Schedule, run_dir: Path, world: int):
         self.cfg, self.schedule, self.run_dir, self.world = cfg, schedule, run_dir, world
         p, m = schedule.num_ranks, schedule.num_microbatches
-        self.theory = schedules.theory_bubble(cfg.pipeline.schedule, p, m, cfg.pipeline.virtual_stages)
+        self.theory = schedules.theory_bubble(cfg.pipeline.schedule, p, m, virtual_stages(cfg))
         self.steps: list[dict] = []
         self.losses: list = []
         self.timeline: list[dict] = []
@@ -71,7 +72,7 @@ class RunReport:
             "steps": cfg.train.steps,
             "batch_size": cfg.train.batch_size,
             "model": cfg.model.kind,
-            "virtual_stages": cfg.pipeline.virtual_stages,
+            "virtual_stages": virtual_stages(cfg),
             "losses": self.losses,
             "step_times_s": [s["step_time_s"] for s in self.steps],
             **run_summary(self.steps),
