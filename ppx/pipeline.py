@@ -78,8 +78,9 @@ class RankPipeline:
         ys = [c.to(self.device) for c in y.chunk(m)] if self.owns_last else None
         return xs, ys
 
-    def step(self, step: int) -> Optional[float]:
-        xs, ys = self.microbatches(step)
+    def step(self, step: int, batch: Optional[tuple] = None) -> Optional[float]:
+        """One pipelined step; ``batch`` = this step's ``microbatches()`` when prepared ahead."""
+        xs, ys = batch if batch is not None else self.microbatches(step)
         return self.runtime.step(step, xs, ys)
 
 

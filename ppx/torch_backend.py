@@ -105,9 +105,12 @@ class TorchPipeline:
     def parameters(self):
         return [p for s in sorted(self.modules) for p in self.modules[s].parameters()]
 
-    def step(self, step: int):
+    def microbatches(self, step: int):
         t = self.cfg.train
-        x, y = self.kind.make_batch(self.cfg.model, t.seed, t.batch_size, step)
+        return self.kind.make_batch(self.cfg.model, t.seed, t.batch_size, step)
+
+    def step(self, step: int, batch=None):
+        x, y = batch if batch is not None else self.microbatches(step)
         losses: list = []
         kwargs = {}
         if self.owns_last:

@@ -3,6 +3,8 @@ trained with MSE against targets from a fixed random "teacher" network."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -17,9 +19,14 @@ def build_stage(cfg, seed: int, stage: int, num_stages: int, blocks: range) -> n
     return nn.Sequential(*layers)
 
 
+@functools.lru_cache(maxsize=4)
+def _teacher(seed: int, hidden: int) -> torch.Tensor:
+    return torch.randn(hidden, hidden, generator=generator(seed, TEACHER)) / hidden**0.5
+
+
 def make_batch(cfg, seed: int, batch_size: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs x ~ N(0, 1) (batch, hidden) and targets tanh(x @ T) for a fixed teacher T."""
-    teacher = torch.randn(cfg.hidden, cfg.hidden, generator=generator(seed, TEACHER)) / cfg.hidden**0.5
+    teacher = _teacher(seed, cfg.hidden)
     x = torch.randn(batch_size, cfg.hidden, generator=generator(seed, DATA + 16 * step))
     return x, torch.tanh(x @ teacher)
 
