@@ -43,17 +43,12 @@ def build_reference(cfg: Config, device="cpu") -> nn.Module:
     return kind.build_stage(cfg.model, cfg.train.seed, 0, 1, range(cfg.model.layers)).to(device)
 
 
-@dataclass
-class RankPipeline:
-    """Everything rank ``rank`` needs to run steps."""
+class StageShare:
+    """What a rank's share of the pipeline answers, whichever runtime runs it: ``modules``
+    maps its stage indices to modules, ``schedule`` is the schedule."""
 
-    cfg: Config
+    modules: dict
     schedule: Schedule
-    rank: int
-    device: torch.device
-    kind: ModuleType
-    modules: dict[int, nn.Module]
-    runtime: Runtime
 
     @property
     def owns_first(self) -> bool:
@@ -65,6 +60,19 @@ class RankPipeline:
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for s in sorted(self.modules) for p in self.modules[s].parameters()]
+
+
+@dataclass
+class RankPipeline(StageShare):
+    """Everything rank ``rank`` needs to run steps."""
+
+    cfg: Config
+    schedule: Schedule
+    rank: int
+    device: torch.device
+    kind: ModuleType
+    modules: dict[int, nn.Module]
+    runtime: Runtime
 
     def microbatches(self, step: int) -> tuple[Optional[list], Optional[list]]:
         """This step's inputs (if this rank owns the first stage) and targets (if the last),

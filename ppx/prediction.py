@@ -8,7 +8,7 @@ from collections import defaultdict
 
 from ppx import schedules
 from ppx.schedules.action import Action, Op
-from ppx.schedules.lowering import peer_of
+from ppx.report.timeline import handoffs
 from ppx.schedules.schedule import Schedule
 
 
@@ -20,7 +20,6 @@ def measured_costs(steps: list[dict], schedule: Schedule) -> dict:
     per = defaultdict(list)
     p2p, overhead = [], []
     for s in steps:
-        waits = {}
         for r, spans in s["ranks"].items():
             # the rank's own time that is neither compute nor waiting: posting and the gaps
             computes = sum(1 for sp in spans if sp[0] == "compute")
@@ -31,19 +30,9 @@ def measured_costs(steps: list[dict], schedule: Schedule) -> dict:
                 if kind == "compute":
                     a = Action.parse(actions[0])
                     per[(a.stage, a.op.value)].append(end - start)
-                elif kind == "wait":
-                    waits[(int(r), actions[0])] = (start, end)
-        for r, spans in s["ranks"].items():
-            for kind, label, actions, start, end in spans:
-                if kind != "post":
-                    continue
-                for text in actions:
-                    a = Action.parse(text)
-                    if a.op.is_send:
-                        peer, recv = peer_of(a, schedule.stage_to_rank)
-                        got = waits.get((peer, str(recv)))
-                        if got is not None and got[0] <= start:
-                            p2p.append(got[1] - start)
+        for _, _, posted, _, wait_start, wait_end in handoffs(s["ranks"], schedule.stage_to_rank):
+            if wait_start <= posted:  # the receiver was already waiting: all of it is transfer
+                p2p.append(wait_end - posted)
     med = {f"{stage}{op}": statistics.median(v) for (stage, op), v in sorted(per.items())}
     return {"action_s": med, "p2p_s": statistics.median(p2p) if p2p else 0.0,
             "overhead_s": statistics.median(overhead) if overhead else 0.0}

@@ -17,7 +17,7 @@ import torch
 
 import ppx.stage
 from ppx import models
-from ppx.pipeline import build_stage_modules
+from ppx.pipeline import StageShare, build_stage_modules
 from ppx.runtime import Item
 from ppx.schedules.action import Action, Op
 from ppx.schedules.schedule import Schedule
@@ -44,7 +44,7 @@ class _Runner:
         return len(self.live)
 
 
-class TorchPipeline:
+class TorchPipeline(StageShare):
     """One rank of a torch.distributed.pipelining run, with RankPipeline's interface."""
 
     def __init__(self, cfg, schedule: Schedule, rank: int, device, observers=()):
@@ -93,17 +93,6 @@ class TorchPipeline:
 
         stage.forward_one_chunk = wrapped(stage.forward_one_chunk, Op.F)
         stage.backward_one_chunk = wrapped(stage.backward_one_chunk, Op.B)
-
-    @property
-    def owns_first(self) -> bool:
-        return 0 in self.modules
-
-    @property
-    def owns_last(self) -> bool:
-        return self.schedule.num_stages - 1 in self.modules
-
-    def parameters(self):
-        return [p for s in sorted(self.modules) for p in self.modules[s].parameters()]
 
     def microbatches(self, step: int):
         t = self.cfg.train

@@ -14,6 +14,23 @@ from ppx.schedules.lowering import peer_of
 CATEGORY_NAMES = {"compute": "compute", "post": "comm", "wait": "wait", "drain": "wait"}
 
 
+def handoffs(step_ranks: dict, stage_to_rank):
+    """Every send in one step's spans whose receive was waited on, as
+    (send action text, sender rank, post start, receiver rank, wait start, wait end)."""
+    waits = {(r, sp[2][0]): (sp[3], sp[4]) for r, spans in step_ranks.items() for sp in spans if sp[0] == "wait"}
+    for r, spans in step_ranks.items():
+        for kind, _, actions, start, _ in spans:
+            if kind != "post":
+                continue
+            for text in actions:
+                a = Action.parse(text)
+                if a.op.is_send:
+                    peer, recv = peer_of(a, stage_to_rank)
+                    got = waits.get((peer, str(recv)))
+                    if got is not None:
+                        yield text, r, start, peer, got[0], got[1]
+
+
 def chrome_trace(steps: list[dict], stage_to_rank, title: str = "") -> dict:
     """``steps`` = [{"step": k, "ranks": {rank: [span, ...]}}] -> Chrome trace JSON (dict)."""
     all_starts = [sp[3] for s in steps for spans in s["ranks"].values() for sp in spans]
@@ -29,7 +46,6 @@ def chrome_trace(steps: list[dict], stage_to_rank, title: str = "") -> dict:
         events.append({"ph": "M", "name": "thread_name", "pid": r, "tid": 0, "args": {"name": "pipeline"}})
     flow_id = 0
     for s in steps:
-        waits = {}
         for r, spans in s["ranks"].items():
             for kind, label, actions, start, end in spans:
                 events.append({
@@ -37,22 +53,9 @@ def chrome_trace(steps: list[dict], stage_to_rank, title: str = "") -> dict:
                     "ts": us(start), "dur": round((end - start) * 1e6, 3),
                     "args": {"step": s["step"], "rank": r},
                 })
-                if kind == "wait":
-                    waits[(r, actions[0])] = (start, end)
-        for r, spans in s["ranks"].items():
-            for kind, label, actions, start, end in spans:
-                if kind != "post":
-                    continue
-                for text in actions:
-                    a = Action.parse(text)
-                    if not a.op.is_send:
-                        continue
-                    peer, recv = peer_of(a, stage_to_rank)
-                    got = waits.get((peer, str(recv)))
-                    if got is None:
-                        continue
-                    flow_id += 1
-                    arrive = max(got[0], got[1] - 1e-6)
-                    events.append({"ph": "s", "id": flow_id, "name": text, "cat": "p2p", "pid": r, "tid": 0, "ts": us(start)})
-                    events.append({"ph": "f", "bp": "e", "id": flow_id, "name": text, "cat": "p2p", "pid": peer, "tid": 0, "ts": us(arrive)})
+        for text, r, posted, peer, wait_start, wait_end in handoffs(s["ranks"], stage_to_rank):
+            flow_id += 1
+            arrive = max(wait_start, wait_end - 1e-6)  # inside the wait slice, so the arrow binds to it
+            events.append({"ph": "s", "id": flow_id, "name": text, "cat": "p2p", "pid": r, "tid": 0, "ts": us(posted)})
+            events.append({"ph": "f", "bp": "e", "id": flow_id, "name": text, "cat": "p2p", "pid": peer, "tid": 0, "ts": us(arrive)})
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"title": title, "clock": "rank 0 perf_counter"}}
