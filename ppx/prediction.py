@@ -7,7 +7,7 @@ import statistics
 from collections import defaultdict
 
 from ppx import schedules
-from ppx.schedules.action import Action, Op
+from ppx.schedules.action import Action
 from ppx.report.timeline import handoffs
 from ppx.schedules.schedule import Schedule
 

@@ -3,7 +3,6 @@ gradient and the loss equal a single-process full-batch reference (real gloo pro
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from pathlib import Path
 
