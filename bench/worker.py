@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-import ppx.stage
+from ppx import modelled_cost
 from ppx import config, models
 from ppx.comm import P2P
 from ppx.instrument import Instruments
@@ -40,8 +40,10 @@ def torch_variant(cfg, schedule, rank, world):
         original = getattr(stage, name)
 
         def announced(*a, _original=original, **k):
-            ppx.stage._action_started = time.perf_counter()
-            return _original(*a, **k)
+            modelled_cost.begin_action()
+            out = _original(*a, **k)
+            modelled_cost.end_action()
+            return out
 
         setattr(stage, name, announced)
     cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.pipeline.schedule]

@@ -34,6 +34,15 @@ class PipelineConfig:
         None, "stages per rank v for interleaved schedules (stage s on rank s % stages); null: 2 for interleaved, else 1"
     )
     layers_per_stage: Optional[List[int]] = _f(None, "explicit uneven split, e.g. [3,1] (one entry per stage, all ranks' virtual stages included); default: even")
+    executor: Literal["ppx", "torch"] = _f(
+        "ppx", "which runtime executes the schedule's action list: ppx's | torch (the list, comms included, exported to "
+        "torch's CSV form and run by torch.distributed.pipelining's _PipelineScheduleRuntime); torch_* schedules imply torch"
+    )
+    split: Literal["layers", "tracer"] = _f(
+        "layers", "layers: each stage builds its own blocks | tracer: build the whole model as one nn.Module and cut it "
+        "with torch.distributed.pipelining's tracer (pipeline() with a split point before each stage's first block; "
+        "mlp and transformer)"
+    )
 
 
 @dataclass
@@ -214,6 +223,7 @@ def virtual_stages(cfg: Config) -> int:
 def check(cfg: Config) -> None:
     """Cross-field rules; raise UserError with one line naming the key."""
     from ppx import schedules
+    from ppx import models
     from ppx.models.split import split_layers
 
     p, m, t = cfg.pipeline, cfg.model, cfg.train
@@ -255,6 +265,9 @@ def check(cfg: Config) -> None:
 
         stage_costs_ms(m, num_stages)
     split_layers(m.layers, num_stages, p.layers_per_stage)
+    if p.split == "tracer" and not hasattr(models.kind(m.kind), "block_name"):
+        raise UserError(f"pipeline.split=tracer cannot trace model.kind={m.kind} (its stages sleep inside a custom "
+                        "autograd Function); use mlp or transformer, or pipeline.split=layers")
     if cfg.instrument.timeline_steps < 1:
         raise UserError(f"instrument.timeline_steps must be >= 1, got {cfg.instrument.timeline_steps}")
     if cfg.logging.progress_every < 0:

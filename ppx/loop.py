@@ -38,7 +38,7 @@ def train(cfg, schedule: Schedule, run_dir: Path, rank: int, world: int, device,
     if fault and schedule.stage_to_rank[parse_fault(fault)[1].stage] == rank:
         observers.append(FaultInjector(fault))
     watchdog.phase("building the model")
-    if cfg.pipeline.schedule.startswith("torch_"):
+    if cfg.pipeline.schedule.startswith("torch_") or cfg.pipeline.executor == "torch":
         from ppx.torch_backend import TorchPipeline
 
         pipe = TorchPipeline(cfg, schedule, rank, device, observers)

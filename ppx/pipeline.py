@@ -3,6 +3,7 @@ and the microbatches it feeds."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Optional, Sequence
@@ -34,7 +35,28 @@ def build_stage_modules(cfg: Config, num_stages: int, stages: Sequence[int], dev
     """The modules of ``stages`` (block ranges from the split), on ``device``."""
     kind = models.kind(cfg.model.kind)
     ranges = split_layers(cfg.model.layers, num_stages, cfg.pipeline.layers_per_stage)
+    if cfg.pipeline.split == "tracer":
+        return traced_stage_modules(cfg, ranges, stages, device)
     return {s: kind.build_stage(cfg.model, cfg.train.seed, s, num_stages, ranges[s]).to(device) for s in stages}
+
+
+def traced_stage_modules(cfg: Config, ranges: Sequence[range], stages: Sequence[int], device) -> dict[int, nn.Module]:
+    """torch.distributed.pipelining's tracer split: the whole model, traced on one microbatch
+    and cut before the first block of every stage but the first (same blocks per stage as
+    the layer split, same parameters, now as one GraphModule per stage)."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    kind = models.kind(cfg.model.kind)
+    whole = build_reference(cfg)
+    x, _ = kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, 0)
+    example = x[: cfg.train.batch_size // cfg.pipeline.microbatches]
+    spec = {kind.block_name(cfg.model, r.start): SplitPoint.BEGINNING for r in ranges[1:]}
+    with warnings.catch_warnings():  # torch's own deprecation notices from inside the tracer
+        warnings.simplefilter("ignore", FutureWarning)
+        pipe = pipeline(whole, mb_args=(example,), split_spec=spec)
+    if pipe.num_stages != len(ranges):
+        raise RuntimeError(f"the tracer made {pipe.num_stages} stages, expected {len(ranges)}")
+    return {s: pipe.get_stage_module(s).to(device) for s in stages}
 
 
 def build_reference(cfg: Config, device="cpu") -> nn.Module:

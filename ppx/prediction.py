@@ -13,9 +13,9 @@ from ppx.schedules.schedule import Schedule
 
 
 def measured_costs(steps: list[dict], schedule: Schedule) -> dict:
-    """Median seconds per (stage, op) of the compute actions; the median hand-off latency (a
+    """Mean seconds per (stage, op) of the compute actions; the mean hand-off latency (a
     send's post to the end of the receiver's wait, when the receiver was already waiting, so
-    the latency is all transfer); and the median runtime overhead per compute action
+    the latency is all transfer); and the mean runtime overhead per compute action
     (posting and gaps between actions). ``steps`` as in the run report's timeline."""
     per = defaultdict(list)
     p2p, overhead = [], []
@@ -33,13 +33,15 @@ def measured_costs(steps: list[dict], schedule: Schedule) -> dict:
         for _, _, posted, _, wait_start, wait_end in handoffs(s["ranks"], schedule.stage_to_rank):
             if wait_start <= posted:  # the receiver was already waiting: all of it is transfer
                 p2p.append(wait_end - posted)
-    med = {f"{stage}{op}": statistics.median(v) for (stage, op), v in sorted(per.items())}
-    return {"action_s": med, "p2p_s": statistics.median(p2p) if p2p else 0.0,
-            "overhead_s": statistics.median(overhead) if overhead else 0.0}
+    # means, not medians: a step is a sum of many of them, and hand-offs on a busy machine
+    # have long tails (p90 at 2-3x the median) that medians would leave out of the prediction
+    mean = {f"{stage}{op}": statistics.fmean(v) for (stage, op), v in sorted(per.items())}
+    return {"action_s": mean, "p2p_s": statistics.fmean(p2p) if p2p else 0.0,
+            "overhead_s": statistics.fmean(overhead) if overhead else 0.0}
 
 
 def costs_from(measured: dict, num_stages: int) -> schedules.Costs:
-    """Simulator costs from measured medians: F, I (or B minus W) and W per stage."""
+    """Simulator costs from measured means: F, I (or B minus W) and W per stage."""
     a = measured["action_s"]
 
     def get(stage, op, default=0.0):

@@ -20,6 +20,7 @@ import torch
 from ppx.schedules.action import Action, Op
 from ppx.schedules.lowering import comm_batches, peer_of
 from ppx.schedules.schedule import Schedule
+from ppx.modelled_cost import begin_action, end_action
 from ppx.stage import StageRunner
 
 
@@ -152,7 +153,7 @@ class Runtime:
                 buf = torch.empty(shape, dtype=dtype, device=self.device)
                 ops.append((False, buf, peer, kind))
                 recvs.append(((kind, a.stage, a.mb), buf))
-        ops.sort(key=lambda op: op[0])  # receives first: a posted receive lets the peer's send land at once
+        ops.sort(key=lambda op: not op[0])  # sends first: a peer may be waiting for them
         batch = _Batch(self.comm.post(ops), [op[1] for op in ops])
         self._batches.append(batch)
         for key, buf in recvs:
@@ -166,7 +167,13 @@ class Runtime:
         self._inbox[key] = pending.buffer
 
     def _compute(self, item: Item) -> None:
-        a = item.actions[0]
+        begin_action()
+        try:
+            self._run_action(item.actions[0])
+        finally:
+            end_action()
+
+    def _run_action(self, a: Action) -> None:
         runner = self.stages[a.stage]
         if a.op is Op.F:
             x = self._inputs[a.mb] if runner.first else self._inbox.pop(("F", a.stage, a.mb))

@@ -3,13 +3,11 @@ backward needs between the two."""
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Optional
 
 import torch
 from torch import nn
 
-_action_started = 0.0
 _backward_part = "full"
 
 
@@ -18,12 +16,6 @@ def backward_part() -> str:
     stage input only) or "weight" (W: parameter gradients only). Modules that model their
     costs (the known-cost model) charge the matching part."""
     return _backward_part
-
-
-def action_started() -> float:
-    """``time.perf_counter()`` when the current forward/backward action began (the
-    known-cost model counts its cost from here, so framework overhead is inside it)."""
-    return _action_started
 
 
 class StageRunner:
@@ -46,8 +38,6 @@ class StageRunner:
 
     def forward(self, mb: int, x: torch.Tensor, target: Optional[torch.Tensor]) -> torch.Tensor:
         """Return the activation for the next stage, or (last stage) the scaled loss, detached."""
-        global _action_started
-        _action_started = time.perf_counter()
         if self.training and (not self.first or self.split and x.is_floating_point()):
             # with a split backward the first stage too, so its I pass has an input to differentiate
             x = x.detach().requires_grad_(True)
@@ -61,16 +51,13 @@ class StageRunner:
 
     def backward(self, mb: int, grad_output: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """Accumulate parameter gradients; return d(loss)/d(input) for the previous stage."""
-        global _action_started
-        _action_started = time.perf_counter()
         x, out = self.saved.pop(mb)
         torch.autograd.backward(out, grad_output)
         return None if self.first else x.grad
 
     def backward_input(self, mb: int, grad_output: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """I: d(loss)/d(input) only, keeping the graph for the weight pass."""
-        global _action_started, _backward_part
-        _action_started = time.perf_counter()
+        global _backward_part
         x, out = self.saved[mb]
         self.grad_outputs[mb] = grad_output
         if not x.requires_grad:  # integer input (token ids): nothing to differentiate
@@ -84,8 +71,7 @@ class StageRunner:
 
     def backward_weight(self, mb: int) -> None:
         """W: accumulate the parameter gradients of microbatch ``mb``; frees its activations."""
-        global _action_started, _backward_part
-        _action_started = time.perf_counter()
+        global _backward_part
         x, out = self.saved.pop(mb)
         grad_output = self.grad_outputs.pop(mb)
         params = [p for p in self.module.parameters() if p.requires_grad]

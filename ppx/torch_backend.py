@@ -2,7 +2,9 @@
 
 ``pipeline.schedule=torch_gpipe | torch_1f1b | torch_interleaved1f1b`` runs torch's own
 schedule on the same stage modules and data, in the same run directory with the same
-metrics: ppx's observers (timers, memory counters, profiler labels, the watchdog) wrap
+metrics; ``pipeline.executor=torch`` runs any ppx schedule (a name or a CSV) in torch's
+runtime instead: ppx's action list, comms included, is written in torch's CSV form and
+loaded by ``_PipelineScheduleRuntime._load_csv(..., format="compute_comms")``. Either way, ppx's observers (timers, memory counters, profiler labels, the watchdog) wrap
 torch's per-microbatch forward and backward calls, so compute time, bubble and in-flight
 counts are measured the same way (torch's communication happens inside its schedule and is
 counted as idle/wait). ppx's own list for the same schedule family stands in for the grid,
@@ -11,15 +13,18 @@ the theory and the simulator.
 
 from __future__ import annotations
 
-import time
+import tempfile
+from pathlib import Path
 
 import torch
 
 import ppx.stage
+from ppx import modelled_cost
 from ppx import models
 from ppx.pipeline import StageShare, build_stage_modules
 from ppx.runtime import Item
 from ppx.schedules.action import Action, Op
+from ppx.schedules.csv_io import write_csv
 from ppx.schedules.schedule import Schedule
 
 TORCH_SCHEDULES = {"torch_gpipe": "gpipe", "torch_1f1b": "1f1b", "torch_interleaved1f1b": "interleaved_1f1b"}
@@ -49,6 +54,7 @@ class TorchPipeline(StageShare):
 
     def __init__(self, cfg, schedule: Schedule, rank: int, device, observers=()):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+        from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
         self.cfg, self.schedule, self.rank, self.device = cfg, schedule, rank, torch.device(device)
         self.kind = models.kind(cfg.model.kind)
@@ -67,24 +73,39 @@ class TorchPipeline(StageShare):
         name = cfg.pipeline.schedule
         if name == "torch_interleaved1f1b":
             self.torch_schedule = ScheduleInterleaved1F1B(pstages, n_microbatches=m, loss_fn=self.kind.loss)
-        else:
+        elif name in TORCH_SCHEDULES:
             cls = ScheduleGPipe if name == "torch_gpipe" else Schedule1F1B
             self.torch_schedule = cls(pstages[0], n_microbatches=m, loss_fn=self.kind.loss)
+        else:  # ppx's own list (comms included), exported to torch's CSV form and run by torch's runtime
+            self.torch_schedule = _PipelineScheduleRuntime(pstages, n_microbatches=m, loss_fn=self.kind.loss)
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "schedule.csv"
+                write_csv(schedule, path)
+                self.torch_schedule._load_csv(str(path), format="compute_comms")
 
     def _wrap(self, stage, s: int) -> None:
-        """Run ppx's observers around torch's per-microbatch forward and backward."""
+        """Run ppx's observers around torch's per-microbatch forward, backward (full, or
+        input-gradient only) and weight-gradient calls."""
         runtime, runner = self.runtime, self.runners[s]
 
-        def wrapped(original, op):
+        def wrapped(original, kind):
             def call(chunk_id, *args, **kwargs):
+                op = kind
+                if kind is Op.B and not kwargs.get("full_backward", args[1] if len(args) > 1 else True):
+                    op = Op.I
                 item = Item("compute", (Action(s, op, chunk_id),), f"{s}{op.value}{chunk_id}")
                 for o in runtime.observers:
                     o.before(item)
-                ppx.stage._action_started = time.perf_counter()
-                out = original(chunk_id, *args, **kwargs)
+                ppx.stage._backward_part = {Op.I: "input", Op.W: "weight"}.get(op, "full")
+                modelled_cost.begin_action()
+                try:
+                    out = original(chunk_id, *args, **kwargs)
+                finally:
+                    modelled_cost.end_action()
+                    ppx.stage._backward_part = "full"
                 if op is Op.F:
                     runner.live.add(chunk_id)
-                else:
+                elif op is not Op.I:  # B and W free the microbatch's activations
                     runner.live.discard(chunk_id)
                 for o in reversed(runtime.observers):
                     o.after(item)
@@ -93,6 +114,7 @@ class TorchPipeline(StageShare):
 
         stage.forward_one_chunk = wrapped(stage.forward_one_chunk, Op.F)
         stage.backward_one_chunk = wrapped(stage.backward_one_chunk, Op.B)
+        stage.backward_weight_one_chunk = wrapped(stage.backward_weight_one_chunk, Op.W)
 
     def microbatches(self, step: int):
         t = self.cfg.train

@@ -21,6 +21,9 @@ CASES = {
     "unknown experiment": (["no_such_experiment"], "unknown experiment 'no_such_experiment'; choose from"),
     "malformed override": (["gpipe_2cpu", "pipeline.stages"], "override 'pipeline.stages' must look like key=value"),
     "bad fault spec": (["gpipe_2cpu", "runtime.inject_fault=explode"], "must look like hang@<action>"),
+    "untraceable model": (["gpipe_2cpu", "model.kind=synthetic", "pipeline.split=tracer"],
+                          "pipeline.split=tracer cannot trace model.kind=synthetic"),
+    "unknown executor": (["gpipe_2cpu", "pipeline.executor=deepspeed"], "pipeline.executor: Invalid value 'deepspeed'"),
     "cuda without gpus": (["gpipe_2cpu", "runtime.device=cuda"], "runtime.device=cuda needs 2 GPUs"),
 }
 

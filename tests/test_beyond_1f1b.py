@@ -7,7 +7,7 @@ import pytest
 
 from conftest import ppx, read_json
 
-P, M, T = 4, 8, 20  # ranks, microbatches, ms per forward / input-grad / weight-grad pass
+P, M, T = 4, 8, 40  # ranks, microbatches, ms per forward / input-grad / weight-grad pass
 BASE = ["model.kind=synthetic", f"model.fwd_ms={T}", f"model.bwd_ms={T}", f"model.wgrad_ms={T}", "model.hidden=16",
         "train.steps=4", f"pipeline.stages={P}", f"pipeline.microbatches={M}", "logging.wandb.mode=disabled"]
 VARIANTS = {
@@ -16,7 +16,10 @@ VARIANTS = {
     # two stages per rank, each half the work: the same model cost per rank as above
     "interleaved": ["pipeline.schedule=interleaved_1f1b", "pipeline.virtual_stages=2", "model.layers=8",
                     f"model.fwd_ms={T // 2}", f"model.bwd_ms={T // 2}", f"model.wgrad_ms={T // 2}"],
+    # ppx's ZB-H1 list exported to torch's CSV form and run by torch's _PipelineScheduleRuntime
+    "zb_h1_torch": ["pipeline.schedule=zb_h1", "pipeline.executor=torch"],
 }
+PPX_EXECUTED = [name for name in VARIANTS if not name.endswith("_torch")]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,7 @@ def test_interleaved_about_halves_the_bubble(runs):
     assert runs["interleaved"]["losses"] == pytest.approx(runs["1f1b"]["losses"], rel=1e-6)
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("name", PPX_EXECUTED)
 def test_simulator_predicts_the_measured_step_within_5_percent(runs, name):
     s = runs[name]
     assert abs(s["prediction_error"]["step_time"]) <= 0.05, s["predicted"]
@@ -65,6 +68,16 @@ def test_simulator_predicts_the_measured_step_within_5_percent(runs, name):
     assert costs["action_s"]["0F"] == pytest.approx(T / 1e3 / (2 if name == "interleaved" else 1), rel=0.1)
     if name == "zb_h1":
         assert {"0I", "0W", "3I", "3W"} <= set(costs["action_s"])
+
+
+def test_ppx_schedule_runs_in_torchs_runtime(runs):
+    """The exported list runs in torch's runtime: same losses, same memory, I and W timed."""
+    mine, ref = runs["zb_h1_torch"], runs["zb_h1"]
+    assert mine["losses"] == pytest.approx(ref["losses"], rel=1e-5)
+    assert [r["peak_inflight_microbatches"] for r in mine["ranks"]] == [r["peak_inflight_microbatches"] for r in ref["ranks"]]
+    assert {"0I", "0W", "3I", "3W"} <= set(mine["measured_costs"]["action_s"])
+    assert mine["measured_costs"]["action_s"]["0W"] == pytest.approx(T / 1e3, rel=0.1)
+    assert mine["bubble_fraction_theory"] == pytest.approx(ref["bubble_fraction_theory"])
 
 
 def test_simulate_from_a_run(runs):

@@ -15,6 +15,7 @@ from conftest import free_port
 from ppx import config
 from ppx.comm import P2P
 from ppx.pipeline import build_reference, build_rank, resolve_schedule
+from ppx.torch_backend import TorchPipeline
 
 MODELS = {
     "mlp": ["model.kind=mlp", "model.hidden=32", "model.layers=4"],
@@ -40,7 +41,15 @@ def overrides(model: str, sched: str, p: int, uneven: bool = False) -> list[str]
 
 def cases(p):
     out = [(f"{mo}-{s}", overrides(mo, s, p)) for mo in MODELS for s in SCHEDULES]
-    return out + [(f"{mo}-1f1b-uneven", overrides(mo, "1f1b", p, uneven=True)) for mo in MODELS]
+    out += [(f"{mo}-1f1b-uneven", overrides(mo, "1f1b", p, uneven=True)) for mo in MODELS]
+    # torch's tracer split (one traced nn.Module cut into GraphModules) instead of the layer split
+    out += [("mlp-1f1b-tracer", overrides("mlp", "1f1b", p, uneven=True) + ["pipeline.split=tracer"]),
+            ("transformer-zb_h1-tracer", overrides("transformer", "zb_h1", p) + ["pipeline.split=tracer"]),
+            ("mlp-interleaved-tracer", overrides("mlp", "interleaved", p) + ["pipeline.split=tracer"])]
+    # ppx's lists exported to torch's CSV form and executed by torch's _PipelineScheduleRuntime
+    out += [(f"{mo}-{s}-torch-executor", overrides(mo, s, p) + ["pipeline.executor=torch"])
+            for mo, s in [("mlp", "1f1b"), ("mlp", "zb_h1"), ("transformer", "interleaved")]]
+    return out
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -50,7 +59,10 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     try:
         for name, o in cases(world):
             cfg = config.load(None, o)
-            pipe = build_rank(cfg, resolve_schedule(cfg), rank, "cpu", P2P.for_backend("gloo"))
+            if cfg.pipeline.executor == "torch":
+                pipe = TorchPipeline(cfg, resolve_schedule(cfg), rank, "cpu")
+            else:
+                pipe = build_rank(cfg, resolve_schedule(cfg), rank, "cpu", P2P.for_backend("gloo"))
             loss = pipe.step(0)
             grads = {stage: [None if q.grad is None else q.grad.clone() for q in mod.parameters()]
                      for stage, mod in pipe.modules.items()}

@@ -19,6 +19,11 @@ def build_stage(cfg, seed: int, stage: int, num_stages: int, blocks: range) -> n
     return nn.Sequential(*layers)
 
 
+def block_name(cfg, block: int) -> str:
+    """The submodule where block ``block`` begins in the whole model (a split point)."""
+    return str(2 * block)  # Linear, GELU per block
+
+
 @functools.lru_cache(maxsize=4)
 def _teacher(seed: int, hidden: int) -> torch.Tensor:
     return torch.randn(hidden, hidden, generator=generator(seed, TEACHER)) / hidden**0.5

@@ -2,7 +2,9 @@
 ``model.bwd_ms`` per microbatch, so measured step time and bubble can be held against the
 exact ideal (m+p-1)(t_f+t_b).
 
-On CPU a stage sleeps (exact with any number of ranks on any number of cores); on CUDA it
+On CPU a stage charges its time to the running action and the runtime sleeps it out when the
+action ends (`ppx.modelled_cost`), so the action as timed lasts exactly that long with any
+number of ranks on any number of cores, framework overhead included; on CUDA it
 spins the GPU with ``torch.cuda._sleep`` for the same time, so CUDA events see it as
 compute. The arithmetic is y = x * w with one weight vector per stage, so gradients stay
 exact like any other model's.
@@ -18,7 +20,8 @@ from torch import nn
 
 from ppx.errors import UserError
 from ppx.instrument.clock import sleep_until
-from ppx.stage import action_started, backward_part
+from ppx import modelled_cost
+from ppx.stage import backward_part
 from ppx.models.seeding import BLOCK, DATA, generator, seeded
 
 _CYCLES_PER_MS: dict[int, float] = {}
@@ -56,20 +59,16 @@ def _spin_gpu(ms: float, device: torch.device) -> None:
     torch.cuda._sleep(int(ms * _CYCLES_PER_MS[device.index]))
 
 
-RECENT_S = 0.005
-
-
 def _take(ms: float, device: torch.device, entry: float) -> None:
-    """Occupy ``ms``, counted from the start of the runtime's action when the runtime has
-    announced it in the last few ms (ppx's StageRunner does), else from ``entry``."""
+    """Occupy ``ms``: on CUDA a GPU spin on the stream; on CPU a charge to the running
+    action (the runtime waits it out when the action ends, so the whole action lasts ``ms``),
+    or, outside any action (a one-process reference), a wait counted from ``entry``."""
     if ms <= 0:
         return
     if device.type == "cuda":
         _spin_gpu(ms, device)
-        return
-    announced = action_started()
-    start = announced if entry - RECENT_S <= announced <= entry else entry
-    sleep_until(start + ms / 1000.0)
+    elif not modelled_cost.charge(ms / 1000.0):
+        sleep_until(entry + ms / 1000.0)
 
 
 class _KnownCost(torch.autograd.Function):

@@ -64,6 +64,11 @@ def build_stage(cfg, seed: int, stage: int, num_stages: int, blocks: range) -> n
     return TransformerStage(cfg, seed, stage == 0, stage == num_stages - 1, blocks)
 
 
+def block_name(cfg, block: int) -> str:
+    """The submodule where block ``block`` begins in the whole model (a split point)."""
+    return f"blocks.{block}"
+
+
 def make_batch(cfg, seed: int, batch_size: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids (batch, seq_len) and next-token targets: walks that step by 1 or 2 mod vocab."""
     g = generator(seed, DATA + 16 * step)

@@ -1,5 +1,11 @@
 """Read and write schedules in torch.distributed.pipelining's CSV form: one row per rank,
-one action string per cell (``0F0,0F1,0B0,...``); empty cells are idle slots."""
+one action string per cell (``0F0,0F1,0B0,...``); empty cells are idle slots.
+
+torch's runtime (``_PipelineScheduleRuntime``) also schedules per-stage bookkeeping actions:
+``{stage}REDUCE_GRAD`` after a stage's last B or W (where it scales the accumulated
+gradients by 1/microbatches) and ``UNSHARD``/``RESHARD`` for FSDP. A CSV with comms, which
+torch loads as is, must carry REDUCE_GRAD, so `write_csv` adds it there; `read_csv` skips
+all three (ppx scales the loss by 1/microbatches instead and does no FSDP)."""
 
 from __future__ import annotations
 
@@ -11,11 +17,30 @@ from ppx.schedules.action import Action
 from ppx.schedules.schedule import Schedule
 
 
+TORCH_ONLY = ("REDUCE_GRAD", "UNSHARD", "RESHARD")
+
+
+def torch_rows(schedule: Schedule) -> list[list[str]]:
+    """The action strings per rank as torch's runtime expects them: with comms, a
+    REDUCE_GRAD after each stage's last B/W when training."""
+    with_comms = any(a.op.is_comm for row in schedule.actions for a in row)
+    rows = []
+    for row in schedule.actions:
+        last = {}
+        if with_comms and schedule.training:
+            last = {a.stage: k for k, a in enumerate(row) if a.op.value in ("B", "W")}
+        cells = []
+        for k, a in enumerate(row):
+            cells.append(str(a))
+            if last.get(a.stage) == k:
+                cells.append(f"{a.stage}REDUCE_GRAD")
+        rows.append(cells)
+    return rows
+
+
 def write_csv(schedule: Schedule, path: str | Path) -> None:
     with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        for row in schedule.actions:
-            writer.writerow([str(a) for a in row])
+        csv.writer(f).writerows(torch_rows(schedule))
 
 
 def read_csv(path: str | Path, name: str | None = None) -> Schedule:
@@ -25,7 +50,8 @@ def read_csv(path: str | Path, name: str | None = None) -> Schedule:
     path = Path(path)
     try:
         with open(path, newline="") as f:
-            rows = [[Action.parse(c) for c in row if c.strip()] for row in csv.reader(f)]
+            rows = [[Action.parse(c) for c in row if c.strip() and not c.strip().lstrip("0123456789") in TORCH_ONLY]
+                    for row in csv.reader(f)]
     except OSError as e:
         raise ScheduleError(f"cannot read schedule CSV {path}: {e.strerror}") from None
     rows = [r for r in rows]
