@@ -69,6 +69,14 @@ RUNS = {
     "tw_zb_h1": TW + ["pipeline.schedule=zb_h1", "model.fwd_ms=10", "model.bwd_ms=10", "model.wgrad_ms=10"],
     "tw_interleaved": TW + ["pipeline.schedule=interleaved_1f1b", "pipeline.virtual_stages=2", "model.layers=8",
                             "model.fwd_ms=5", "model.bwd_ms=5", "model.wgrad_ms=5"],
+    # the same at 4x the cost per action: hand-offs (about 1 ms on this machine) matter 4x less
+    "tw40_1f1b": TW + ["pipeline.schedule=1f1b", "model.fwd_ms=40", "model.bwd_ms=40", "model.wgrad_ms=40"],
+    "tw40_zb_h1": TW + ["pipeline.schedule=zb_h1", "model.fwd_ms=40", "model.bwd_ms=40", "model.wgrad_ms=40"],
+    "tw40_interleaved": TW + ["pipeline.schedule=interleaved_1f1b", "pipeline.virtual_stages=2", "model.layers=8",
+                              "model.fwd_ms=20", "model.bwd_ms=20", "model.wgrad_ms=20"],
+    # ppx's ZB-H1 list exported to torch's CSV form and executed by torch's _PipelineScheduleRuntime
+    "tw_zb_h1_torch_executor": TW + ["pipeline.schedule=zb_h1", "pipeline.executor=torch", "model.fwd_ms=10",
+                                     "model.bwd_ms=10", "model.wgrad_ms=10"],
     "mlp_1f1b_p2_run": ["pipeline.schedule=1f1b", "pipeline.stages=2", "pipeline.microbatches=8", "model.kind=mlp",
                         "model.hidden=256", "model.layers=8", "train.batch_size=64", "train.steps=20",
                         "logging.wandb.mode=disabled"],
@@ -92,18 +100,31 @@ def run_summary(name: str) -> dict:
 
 def beyond_rows(runs: dict) -> list[tuple[str, str, str, str]]:
     idle = {k: sum(r["idle_s"] for r in v["ranks"]) for k, v in runs.items()}
-    zb = idle["tw_zb_h1"] / idle["tw_1f1b"]
-    inter = idle["tw_interleaved"] / idle["tw_1f1b"]
     peaks = lambda k: max(r["peak_inflight_microbatches"] for r in runs[k]["ranks"])  # noqa: E731
-    out = [
-        ("ZB-H1 idle time / 1F1B idle time, known-cost p=4 m=8 t_f=t_b=t_w=10 ms (theory 1/3)",
-         f"{zb:.2f} (peak in flight {peaks('tw_zb_h1')} vs {peaks('tw_1f1b')})", "<= 0.33, same peak",
-         "pass" if zb <= 1 / 3 + 1e-9 and peaks("tw_zb_h1") == peaks("tw_1f1b") else "MISS"),
-        ("interleaved 1F1B (v=2) idle time / 1F1B idle time, same model cost per rank (theory 1/2)",
-         f"{inter:.2f}", "about 0.5", "pass" if inter <= 0.6 else "MISS"),
-    ]
+    out = []
+    for t, pre in ((10, "tw_"), (40, "tw40_")):
+        if f"{pre}1f1b" not in runs:
+            continue
+        zb = idle[f"{pre}zb_h1"] / idle[f"{pre}1f1b"]
+        inter = idle[f"{pre}interleaved"] / idle[f"{pre}1f1b"]
+        out += [
+            (f"ZB-H1 idle time / 1F1B idle time, known-cost p=4 m=8 t_f=t_b=t_w={t} ms (theory 1/3)",
+             f"{zb:.2f} (peak in flight {peaks(pre + 'zb_h1')} vs {peaks(pre + '1f1b')})", "<= 0.33, same peak",
+             "pass" if zb <= 1 / 3 + 1e-9 and peaks(pre + "zb_h1") == peaks(pre + "1f1b") else "MISS"),
+            (f"interleaved 1F1B (v=2) idle time / 1F1B idle time, same cost per rank, t={t} ms (theory 1/2)",
+             f"{inter:.2f}", "about 0.5", "pass" if inter <= 0.6 else "MISS"),
+        ]
+    if "tw_zb_h1_torch_executor" in runs:
+        k = "tw_zb_h1_torch_executor"
+        out.append(("ppx's ZB-H1 list run by torch's _PipelineScheduleRuntime (pipeline.executor=torch), t=10 ms: "
+                    "idle / ppx-executed 1F1B idle", f"{idle[k] / idle['tw_1f1b']:.2f} (step {runs[k]['step_time_s'] * 1e3:.0f} ms "
+                    f"vs {runs['tw_zb_h1']['step_time_s'] * 1e3:.0f} ms in ppx's runtime)", "(info)", ""))
     for k, label in [("tw_1f1b", "known-cost 1F1B"), ("tw_zb_h1", "known-cost ZB-H1"),
-                     ("tw_interleaved", "known-cost interleaved v=2"), ("mlp_1f1b_p2_run", "MLP hidden 256 1F1B p=2")]:
+                     ("tw_interleaved", "known-cost interleaved v=2"), ("tw40_1f1b", "known-cost 1F1B, t=40 ms"),
+                     ("tw40_zb_h1", "known-cost ZB-H1, t=40 ms"), ("tw40_interleaved", "known-cost interleaved v=2, t=40 ms"),
+                     ("mlp_1f1b_p2_run", "MLP hidden 256 1F1B p=2")]:
+        if k not in runs:
+            continue
         err = runs[k]["prediction_error"]["step_time"]
         out.append((f"simulator step-time error from measured costs, {label}", f"{err:+.1%}", "<= 5%",
                     "pass" if abs(err) <= 0.05 else "MISS"))
@@ -175,14 +196,17 @@ def markdown(results: dict, scale: float) -> str:
         "known-cost model both runtimes get the same cost semantics (a stage's action lasts exactly t_f or t_b",
         "from the moment the runtime starts it). Raw medians are in `bench/results.json`.",
         "",
-        "Why the known-cost step stays above 1.03 x ideal on these machines (measured separately with two gloo",
-        "processes on 2026-11-21): a hand-off whose receive is already posted takes 0.26 ms one way on loopback,",
-        "and when two neighbours send to each other at the same moment (1F1B's steady state) the exchange takes",
-        "0.19 ms at the median but 2-5 ms at the 90th percentile. `ppx simulate`-style arithmetic",
-        "(`schedules.simulate` with `Costs(p2p=0.3e-3)`) already puts p=4, m=8 at 1.017-1.018 x ideal for a",
-        "0.3 ms hand-off; the tails and the autograd bookkeeping around each action (0.1-0.3 ms here) make up",
-        "the rest. torch.distributed.pipelining, measured side by side under identical conditions, lands at the",
-        "same ratio.",
+        "Why the known-cost step stays above 1.03 x ideal on this machine (a 2-vCPU microVM on a shared host;",
+        "measured on 2026-11-21): every hand-off pays for code that went cold while the stage computed. A gloo",
+        "one-way hand-off takes 0.11 ms in a hot ping-pong but 0.4-1 ms after 20-30 ms of compute; posting one",
+        "`isend` takes 0.1 ms hot and 0.5-1.1 ms (p90 3 ms) after 30 ms idle; even a raw 4 KB TCP send on",
+        "loopback goes from 4 us to 570 us after a 30 ms sleep (360 us after a 30 ms busy spin), and ten tiny",
+        "torch ops from 34 us to 540 us. `schedules.simulate` puts 1F1B at p=4, m=8, 10/20 ms at ideal + 19",
+        "hand-offs, so 1.03 x ideal needs hand-offs of 0.52 ms or less, everything included. The known-cost",
+        "actions themselves are exact (the runtime waits out each action's charge at its end: 10.0-10.2 ms per",
+        "10 ms forward); `predicted from measured costs` in every run's summary attributes the rest to the",
+        "measured hand-off latency. torch.distributed.pipelining, side by side under identical conditions, is",
+        "in the same rows.",
     ]
     return "\n".join(head + body + notes) + "\n"
 

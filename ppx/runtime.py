@@ -153,7 +153,7 @@ class Runtime:
                 buf = torch.empty(shape, dtype=dtype, device=self.device)
                 ops.append((False, buf, peer, kind))
                 recvs.append(((kind, a.stage, a.mb), buf))
-        ops.sort(key=lambda op: not op[0])  # sends first: a peer may be waiting for them
+        ops.sort(key=lambda op: op[0])  # receives first: a posted receive lets the peer's send land at once
         batch = _Batch(self.comm.post(ops), [op[1] for op in ops])
         self._batches.append(batch)
         for key, buf in recvs:
