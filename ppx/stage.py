@@ -3,7 +3,8 @@ backward needs between the two."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -16,6 +17,17 @@ def backward_part() -> str:
     stage input only) or "weight" (W: parameter gradients only). Modules that model their
     costs (the known-cost model) charge the matching part."""
     return _backward_part
+
+
+@contextmanager
+def backward_of(part: str) -> Iterator[None]:
+    """Run a backward pass of ``part`` ("input" or "weight"); `backward_part` reports it."""
+    global _backward_part
+    _backward_part = part
+    try:
+        yield
+    finally:
+        _backward_part = "full"
 
 
 class StageRunner:
@@ -57,29 +69,21 @@ class StageRunner:
 
     def backward_input(self, mb: int, grad_output: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """I: d(loss)/d(input) only, keeping the graph for the weight pass."""
-        global _backward_part
         x, out = self.saved[mb]
         self.grad_outputs[mb] = grad_output
         if not x.requires_grad:  # integer input (token ids): nothing to differentiate
             return None
-        _backward_part = "input"
-        try:
+        with backward_of("input"):
             (grad_in,) = torch.autograd.grad(out, [x], grad_output, retain_graph=True)
-        finally:
-            _backward_part = "full"
         return None if self.first else grad_in
 
     def backward_weight(self, mb: int) -> None:
         """W: accumulate the parameter gradients of microbatch ``mb``; frees its activations."""
-        global _backward_part
         x, out = self.saved.pop(mb)
         grad_output = self.grad_outputs.pop(mb)
         params = [p for p in self.module.parameters() if p.requires_grad]
-        _backward_part = "weight"
-        try:
+        with backward_of("weight"):
             grads = torch.autograd.grad(out, params, grad_output, allow_unused=True)
-        finally:
-            _backward_part = "full"
         for p, g in zip(params, grads):
             if g is not None:
                 p.grad = g if p.grad is None else p.grad + g

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 
-import ppx.stage
 from ppx import modelled_cost
 from ppx import models
 from ppx.pipeline import StageShare, build_stage_modules
@@ -26,6 +25,7 @@ from ppx.runtime import Item
 from ppx.schedules.action import Action, Op
 from ppx.schedules.csv_io import write_csv
 from ppx.schedules.schedule import Schedule
+from ppx.stage import backward_of
 
 TORCH_SCHEDULES = {"torch_gpipe": "gpipe", "torch_1f1b": "1f1b", "torch_interleaved1f1b": "interleaved_1f1b"}
 
@@ -96,13 +96,12 @@ class TorchPipeline(StageShare):
                 item = Item("compute", (Action(s, op, chunk_id),), f"{s}{op.value}{chunk_id}")
                 for o in runtime.observers:
                     o.before(item)
-                ppx.stage._backward_part = {Op.I: "input", Op.W: "weight"}.get(op, "full")
                 modelled_cost.begin_action()
                 try:
-                    out = original(chunk_id, *args, **kwargs)
+                    with backward_of({Op.I: "input", Op.W: "weight"}.get(op, "full")):
+                        out = original(chunk_id, *args, **kwargs)
                 finally:
                     modelled_cost.end_action()
-                    ppx.stage._backward_part = "full"
                 if op is Op.F:
                     runner.live.add(chunk_id)
                 elif op is not Op.I:  # B and W free the microbatch's activations
