@@ -110,18 +110,20 @@ PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP OverSubsc
         return out.stdout.strip().split(";")[0]
 
     def wait(self, job: str, timeout_s: float = 300) -> str:
-        """Wait until ``job`` has ended; return its final state (COMPLETED, FAILED, ...)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            out = subprocess.run(["scontrol", "show", "job", job], env=self.env, capture_output=True, text=True)
-            if "Invalid job id" in out.stderr:
-                raise AssertionError(f"SLURM knows no job {job!r}")
-            state = next((w.split("=", 1)[1] for w in out.stdout.split() if w.startswith("JobState=")), None)
-            if state and state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
-                return state
-            time.sleep(1)
-        subprocess.run(["scancel", job], env=self.env)
-        raise AssertionError(f"SLURM job {job} did not end in {timeout_s} s")
+        """Block until ``job`` has ended and return its final state (COMPLETED, FAILED, ...):
+        SLURM itself signals the end, through a no-op job that depends on it, submitted with
+        ``sbatch --wait`` (which returns when that job has run)."""
+        try:
+            out = subprocess.run(["sbatch", "--wait", "--quiet", f"--dependency=afterany:{job}", "--nodes=1",
+                                  "--output=/dev/null", "--wrap=true"], env=self.env, capture_output=True,
+                                 text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            subprocess.run(["scancel", job], env=self.env)
+            raise AssertionError(f"SLURM job {job} did not end in {timeout_s} s") from None
+        if out.returncode != 0:
+            raise AssertionError(f"cannot wait for SLURM job {job!r}: {out.stderr.strip()}")
+        show = subprocess.run(["scontrol", "show", "job", job], env=self.env, capture_output=True, text=True)
+        return next(w.split("=", 1)[1] for w in show.stdout.split() if w.startswith("JobState="))
 
     def stop(self) -> None:
         subprocess.run(["scontrol", "shutdown"], env=self.env, capture_output=True, timeout=30)
