@@ -126,5 +126,7 @@ def build_rank(cfg: Config, schedule: Schedule, rank: int, device, comm, observe
     }
     mb_size = cfg.train.batch_size // m
     shape, dtype = kind.boundary(cfg.model, mb_size)
-    runtime = Runtime(schedule, rank, runners, comm, torch.device(device), lambda stage: (shape, dtype), observers)
+    lookahead = 0 if comm.coalesce else cfg.runtime.recv_lookahead
+    runtime = Runtime(schedule, rank, runners, comm, torch.device(device), lambda stage: (shape, dtype), observers,
+                      recv_lookahead=lookahead)
     return RankPipeline(cfg, schedule, rank, torch.device(device), kind, modules, runtime)

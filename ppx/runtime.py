@@ -42,9 +42,40 @@ class ActionFailed(RuntimeError):
         self.rank, self.step, self.label = rank, step, label
 
 
-def compile_program(row: Sequence[Action], stage_to_rank: Sequence[int] = ()) -> list[Item]:
+def receive_early(row: Sequence[Action], lookahead: int) -> list[Action]:
+    """``row`` with every receive moved ``lookahead`` compute actions earlier (to the start of
+    the row at most), receives keeping their order. Waits stay before the consumers, so the
+    blocking points are the lowered list's: only the posting moves. On gloo this matters: a
+    send goes out only once its receive is posted (gloo's transport is rendezvous: a
+    receive tells the sender it is ready), so a receive posted while the stage still
+    computes lets the data land meanwhile, instead of starting a round trip when it ends."""
+    if lookahead <= 0:
+        return list(row)
+    computes = [k for k, a in enumerate(row) if a.op.is_compute]
+    moved: dict[int, list[Action]] = {}  # row index of a compute -> receives posted before it
+    out_of_place: set[int] = set()
+    for k, a in enumerate(row):
+        if a.op.is_comm and not a.op.is_send:
+            consumer = next((j for j, c in enumerate(computes) if c > k), None)
+            if consumer is None:
+                continue
+            target = computes[max(consumer - lookahead, 0)]
+            moved.setdefault(target, []).append(a)
+            out_of_place.add(k)
+    out: list[Action] = []
+    for k, a in enumerate(row):
+        if k in moved:
+            out += moved[k]
+        if k not in out_of_place:
+            out.append(a)
+    return out
+
+
+def compile_program(row: Sequence[Action], stage_to_rank: Sequence[int] = (), recv_lookahead: int = 0) -> list[Item]:
     """Group comm runs into ``post`` items and put a ``wait`` before each consumer of a
-    received tensor (labelled with the rank it waits for, when ``stage_to_rank`` is given)."""
+    received tensor (labelled with the rank it waits for, when ``stage_to_rank`` is given).
+    ``recv_lookahead`` > 0 posts receives that many compute actions early (`receive_early`)."""
+    row = receive_early(row, recv_lookahead)
     starts = dict(comm_batches(row))
     program: list[Item] = []
     received: set[tuple[Op, int, int]] = set()
@@ -68,41 +99,41 @@ def compile_program(row: Sequence[Action], stage_to_rank: Sequence[int] = ()) ->
     return program
 
 
-class _Batch:
-    """The requests of one posted batch, waited on exactly once (a gloo request must not be
-    waited twice: a second wait blocks for another message)."""
+class _Request:
+    """A posted send or receive (or, on NCCL, one coalesced group of them), waited on exactly
+    once: a gloo request must not be waited twice (a second wait blocks for another message)."""
 
-    __slots__ = ("works", "tensors", "done")
+    __slots__ = ("works", "done")
 
-    def __init__(self, works, tensors):
-        self.works, self.tensors, self.done = works, tensors, False
+    def __init__(self, works):
+        self.works, self.done = works, False
 
     def wait(self) -> None:
         if not self.done:
             for w in self.works:
                 w.wait()
             self.done = True
-            self.tensors = None
 
 
 class _Pending:
-    __slots__ = ("batch", "buffer")
+    __slots__ = ("request", "buffer")
 
-    def __init__(self, batch: _Batch, buffer):
-        self.batch, self.buffer = batch, buffer
+    def __init__(self, request: _Request, buffer):
+        self.request, self.buffer = request, buffer
 
 
 class Runtime:
     """Executes ``schedule`` for ``rank``; ``stages`` maps each stage index this rank owns to
     its `StageRunner`. ``boundary(stage)`` gives (shape, dtype) of the activation leaving
-    ``stage``, used to allocate receive buffers."""
+    ``stage``, used to allocate receive buffers. ``recv_lookahead``: see `receive_early`."""
 
     def __init__(self, schedule: Schedule, rank: int, stages: dict[int, StageRunner], comm,
-                 device: torch.device, boundary: Callable[[int], tuple], observers: Sequence = ()):
+                 device: torch.device, boundary: Callable[[int], tuple], observers: Sequence = (),
+                 recv_lookahead: int = 0):
         self.schedule, self.rank, self.stages, self.comm = schedule, rank, stages, comm
         self.device, self.boundary = device, boundary
         self.observers = list(observers)
-        self.program = compile_program(schedule.actions[rank], schedule.stage_to_rank)
+        self.program = compile_program(schedule.actions[rank], schedule.stage_to_rank, recv_lookahead)
         self.last_stage = schedule.num_stages - 1
         self._handlers = {"post": self._post, "wait": self._wait, "compute": self._compute, "drain": self._drain}
         self.step_index = -1
@@ -117,7 +148,8 @@ class Runtime:
         self._inputs, self._targets = inputs, targets
         self._inbox: dict = {}
         self._outbox: dict = {}
-        self._batches: list[_Batch] = []
+        self._requests: list[_Request] = []
+        self._keep: list = []
         self._loss = None
         observers, handlers = self.observers, self._handlers
         unwind = observers[::-1]  # after() in reverse order, like nested context managers
@@ -154,16 +186,21 @@ class Runtime:
                 ops.append((False, buf, peer, kind))
                 recvs.append(((kind, a.stage, a.mb), buf))
         ops.sort(key=lambda op: op[0])  # receives first: a posted receive lets the peer's send land at once
-        batch = _Batch(self.comm.post(ops), [op[1] for op in ops])
-        self._batches.append(batch)
-        for key, buf in recvs:
-            self._inbox[key] = _Pending(batch, buf)
+        works = self.comm.post(ops)
+        if len(works) == len(ops):  # one request per op (gloo)
+            requests = [_Request((w,)) for w in works]
+        else:  # one coalesced group (NCCL): every op waits for all of it
+            requests = [_Request(tuple(works))] * len(ops)
+        self._requests += requests
+        self._keep += [op[1] for op in ops]  # tensors stay alive until their request completes
+        for (key, buf), request in zip(recvs, requests):  # receives come first in ``ops``
+            self._inbox[key] = _Pending(request, buf)
 
     def _wait(self, item: Item) -> None:
         a = item.actions[0]
         key = ("F" if a.op is Op.RECV_F else "B", a.stage, a.mb)
         pending = self._inbox[key]
-        pending.batch.wait()
+        pending.request.wait()
         self._inbox[key] = pending.buffer
 
     def _compute(self, item: Item) -> None:
@@ -198,6 +235,6 @@ class Runtime:
                 self._outbox[("B", a.stage, a.mb)] = grad_in
 
     def _drain(self, item: Item) -> None:
-        for batch in self._batches:
-            batch.wait()
-        self._batches = []
+        for request in self._requests:
+            request.wait()
+        self._requests, self._keep = [], []

@@ -111,8 +111,9 @@ def test_wandb_online_without_a_key_warns_once_and_goes_offline(tmp_path):
 
 
 def test_small_sweep_and_compare(tmp_path):
+    # costs far above a loaded CI machine's 0.5-2 ms hand-offs, so each point's bubble is the schedule's
     r = ppx("sweep", "1f1b_2cpu", "--sweep", "pipeline.schedule=gpipe,1f1b pipeline.microbatches=2,4",
-            "model.kind=synthetic", "model.fwd_ms=3", "model.bwd_ms=6", "model.hidden=16", "train.steps=3",
+            "model.kind=synthetic", "model.fwd_ms=20", "model.bwd_ms=40", "model.hidden=16", "train.steps=3",
             "logging.wandb.mode=disabled", f"run.root={tmp_path}", timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     (sweep,) = (tmp_path / "1f1b_2cpu").glob("sweep-*")

@@ -104,6 +104,31 @@ def test_comms_pair_1f1b_send_forward_with_receive_backward():
     assert row[k + 1] == "1RECV_B0"  # posted together in one batch
 
 
+@pytest.mark.parametrize("name,v", [("1f1b", 1), ("gpipe", 1), ("zb_h1", 1), ("interleaved_1f1b", 2)])
+@pytest.mark.parametrize("lookahead", [0, 1, 3])
+def test_receives_move_earlier_and_waits_stay_put(name, v, lookahead):
+    from ppx.runtime import compile_program, receive_early
+
+    sched = schedules.build(name, 4, 8, virtual_stages=v)
+    for rank, row in enumerate(sched.actions):
+        early = receive_early(row, lookahead)
+        assert sorted(map(str, early)) == sorted(map(str, row))  # nothing lost or added
+        others = lambda r: [a for a in r if a.op.is_compute or a.op.is_send]  # noqa: E731
+        assert others(early) == others(row)  # computes and sends keep their order
+        recvs = lambda r: [a for a in r if a.op.is_comm and not a.op.is_send]  # noqa: E731
+        assert recvs(early) == recvs(row)  # receives keep their order (gloo matches them in order)
+        for k, a in enumerate(row):
+            if a.op.is_comm and not a.op.is_send:
+                consumer = sum(1 for b in row[:k] if b.op.is_compute)  # computes before it
+                assert sum(1 for b in early[: early.index(a)] if b.op.is_compute) == max(consumer - lookahead, 0)
+        program = compile_program(row, sched.stage_to_rank, lookahead)
+        waits = [it.label.split()[1] for it in program if it.kind == "wait"]
+        plain = [it.label.split()[1] for it in compile_program(row, sched.stage_to_rank) if it.kind == "wait"]
+        assert waits == plain  # the same blocking points, right before the same computes
+        computes = [it for it in program if it.kind == "compute"]
+        assert [it.actions[0] for it in computes] == [a for a in row if a.op.is_compute]
+
+
 def test_action_strings_round_trip():
     for text in ["0F1", "1B3", "2I0", "2W0", "0SEND_F1", "1RECV_B0", "12F345"]:
         assert str(Action.parse(text)) == text
