@@ -25,7 +25,8 @@ from ppx.comm import P2P
 from ppx.instrument import Instruments
 from ppx.instrument.clock import offset_to_rank0, start_together
 from ppx.loop import ideal_step_time_s
-from ppx.pipeline import build_rank, build_stage_modules, resolve_schedule
+from ppx.config import resolve_schedule
+from ppx.pipeline import build_rank, build_stage_modules
 
 
 def torch_variant(cfg, schedule, rank, world):

@@ -14,7 +14,7 @@ from ppx.errors import UserError
 
 def cmd_run(args) -> int:
     from ppx import config, launch, rundir
-    from ppx.pipeline import resolve_schedule
+    from ppx.config import resolve_schedule
 
     cfg = config.load(args.experiment, args.overrides)
     world = resolve_schedule(cfg).num_ranks

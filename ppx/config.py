@@ -216,6 +216,17 @@ def from_yaml(path: str | Path) -> Config:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path)))
 
 
+def resolve_schedule(cfg: Config):
+    """The validated schedule (with comms) the config asks for."""
+    from ppx import schedules
+
+    p = cfg.pipeline
+    if p.schedule.endswith(".csv"):
+        return schedules.from_csv(p.schedule)
+    name = schedules.TORCH_SCHEDULES.get(p.schedule, p.schedule)  # torch's schedules: ppx's list of the same family
+    return schedules.build(name, p.stages, p.microbatches, virtual_stages(cfg))
+
+
 def virtual_stages(cfg: Config) -> int:
     """pipeline.virtual_stages, or the schedule's default (2 for interleaved ones, else 1)."""
     v = cfg.pipeline.virtual_stages
@@ -262,16 +273,14 @@ def check(cfg: Config) -> None:
                 f"microbatches, but pipeline.stages={p.stages} and pipeline.microbatches={p.microbatches}"
             )
     else:
-        from ppx.torch_backend import TORCH_SCHEDULES
-
-        schedules.build(TORCH_SCHEDULES.get(p.schedule, p.schedule), p.stages, p.microbatches, virtual_stages(cfg))
+        resolve_schedule(cfg)
     num_stages = sched.num_stages if p.schedule.endswith(".csv") else p.stages * virtual_stages(cfg)
     if m.kind == "synthetic":
-        from ppx.models.synthetic import stage_costs_ms
+        from ppx.models.costs import stage_costs_ms
 
         stage_costs_ms(m, num_stages)
     split_layers(m.layers, num_stages, p.layers_per_stage)
-    if p.split == "tracer" and not hasattr(models.kind(m.kind), "block_name"):
+    if p.split == "tracer" and m.kind not in models.TRACEABLE:
         raise UserError(f"pipeline.split=tracer cannot trace model.kind={m.kind} (its stages sleep inside a custom "
                         "autograd Function); use mlp or transformer, or pipeline.split=layers")
     if cfg.instrument.timeline_steps < 1:

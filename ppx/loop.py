@@ -25,7 +25,7 @@ def ideal_step_time_s(cfg, schedule: Schedule):
     """The exact ideal step time of the known-cost model (simulated, zero communication)."""
     if cfg.model.kind != "synthetic":
         return None
-    from ppx.models.synthetic import stage_costs_ms
+    from ppx.models.costs import stage_costs_ms
 
     fwd, bwd, wgrad = stage_costs_ms(cfg.model, schedule.num_stages)
     costs = schedules.Costs(fwd=[f / 1e3 for f in fwd], bwd=[b / 1e3 for b in bwd], wgrad=[w / 1e3 for w in wgrad])

@@ -11,24 +11,13 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ppx import models, schedules
-from ppx.config import Config, virtual_stages
+from ppx import models
+from ppx.config import Config
 from ppx.models.split import split_layers
 from ppx.runtime import Runtime
 from ppx.schedules.action import Op
 from ppx.schedules.schedule import Schedule
 from ppx.stage import StageRunner
-
-
-def resolve_schedule(cfg: Config) -> Schedule:
-    """The validated schedule (with comms) the config asks for."""
-    from ppx.torch_backend import TORCH_SCHEDULES
-
-    p = cfg.pipeline
-    if p.schedule.endswith(".csv"):
-        return schedules.from_csv(p.schedule)
-    name = TORCH_SCHEDULES.get(p.schedule, p.schedule)  # torch's schedules: ppx's list of the same family
-    return schedules.build(name, p.stages, p.microbatches, virtual_stages(cfg))
 
 
 def build_stage_modules(cfg: Config, num_stages: int, stages: Sequence[int], device) -> dict[int, nn.Module]:

@@ -11,8 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from ppx.config import Config
 from ppx.errors import UserError
 
@@ -55,8 +53,10 @@ def git_state(where: Path) -> dict:
         return {"commit": None, "dirty": None}
 
 
-def rank_info(device: torch.device) -> dict:
-    """What one rank contributes to env.json."""
+def rank_info(device) -> dict:
+    """What one rank contributes to env.json (``device``: its torch.device)."""
+    import torch  # here, not at the top: the launcher claims run directories without torch
+
     name = str(device)
     if device.type == "cuda":
         name += f" ({torch.cuda.get_device_name(device)})"
@@ -70,6 +70,8 @@ def rank_info(device: torch.device) -> dict:
 
 
 def environment(cfg: Config, backend: str, world_size: int, ranks: list[dict]) -> dict:
+    import torch
+
     nccl = None
     if torch.cuda.is_available():
         try:

@@ -22,13 +22,11 @@ from ppx import modelled_cost
 from ppx import models
 from ppx.pipeline import StageShare, build_stage_modules
 from ppx.runtime import Item
+from ppx.schedules import TORCH_SCHEDULES
 from ppx.schedules.action import Action, Op
 from ppx.schedules.csv_io import write_csv
 from ppx.schedules.schedule import Schedule
 from ppx.stage import backward_of
-
-TORCH_SCHEDULES = {"torch_gpipe": "gpipe", "torch_1f1b": "1f1b", "torch_interleaved1f1b": "interleaved_1f1b"}
-
 
 class _Program:
     """What the instruments need from a runtime: observers, the stages, a program."""

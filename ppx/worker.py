@@ -15,10 +15,9 @@ import torch.distributed as dist
 
 from ppx import config as config_mod
 from ppx import rundir
-from ppx.config import Config
+from ppx.config import Config, resolve_schedule
 from ppx.errors import UserError
 from ppx.loop import train
-from ppx.pipeline import resolve_schedule
 from ppx.runtime import ActionFailed
 from ppx.watchdog import Watchdog
 

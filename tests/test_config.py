@@ -49,3 +49,23 @@ def test_schedule_csv_must_match_stages(tmp_path):
     assert cfg.pipeline.schedule == str(path)
     with pytest.raises(UserError, match="is for 2 ranks and 4 microbatches"):
         config.load(None, [f"pipeline.schedule={path}", "pipeline.stages=3"])
+
+
+def test_traceable_kinds_are_those_that_name_their_blocks():
+    from ppx import models
+
+    for k in models.KINDS:
+        assert hasattr(models.kind(k), "block_name") == (k in models.TRACEABLE), k
+
+
+def test_the_launcher_checks_a_config_without_importing_torch():
+    # every `ppx run` claims its run directory before any rank starts; torch costs it ~1.5 s
+    import subprocess
+    import sys
+
+    code = ("import sys; from ppx import config, launch; "
+            "cfg = config.load('gpipe_4gpu', ['model.kind=synthetic', 'pipeline.split=layers']); "
+            "config.resolve_schedule(cfg); launch.choose_device('cpu', 4); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]

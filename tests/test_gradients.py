@@ -14,7 +14,8 @@ import torch.multiprocessing as mp
 from conftest import free_port
 from ppx import config
 from ppx.comm import P2P
-from ppx.pipeline import build_reference, build_rank, resolve_schedule
+from ppx.config import resolve_schedule
+from ppx.pipeline import build_reference, build_rank
 from ppx.torch_backend import TorchPipeline
 
 MODELS = {

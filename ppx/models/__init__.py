@@ -3,16 +3,16 @@
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
 from ppx.errors import UserError
-from ppx.models import mlp, synthetic, transformer
 
-KINDS: dict[str, ModuleType] = {"mlp": mlp, "transformer": transformer, "synthetic": synthetic}
+KINDS = ("mlp", "transformer", "synthetic")  # modules of this package, imported when first asked for
+TRACEABLE = ("mlp", "transformer")  # the kinds that name their blocks (``block_name``) for pipeline.split=tracer
 
 
 def kind(name: str) -> ModuleType:
-    try:
-        return KINDS[name]
-    except KeyError:
-        raise UserError(f"unknown model.kind {name!r}; choose from {', '.join(KINDS)}") from None
+    if name not in KINDS:
+        raise UserError(f"unknown model.kind {name!r}; choose from {', '.join(KINDS)}")
+    return importlib.import_module(f"ppx.models.{name}")

@@ -69,6 +69,10 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+# torch.distributed.pipelining's schedules -> the ppx family whose list describes the same order
+TORCH_SCHEDULES = {"torch_gpipe": "gpipe", "torch_1f1b": "1f1b", "torch_interleaved1f1b": "interleaved_1f1b"}
+
+
 def family(name: str) -> Family:
     try:
         return FAMILIES[name]
