@@ -79,7 +79,10 @@ RUNS = {
                                      "model.bwd_ms=10", "model.wgrad_ms=10"],
     "mlp_1f1b_p2_run": ["pipeline.schedule=1f1b", "pipeline.stages=2", "pipeline.microbatches=8", "model.kind=mlp",
                         "model.hidden=256", "model.layers=8", "train.batch_size=64", "train.steps=20",
-                        "logging.wandb.mode=disabled"],
+                        "instrument.timeline_steps=10", "logging.wandb.mode=disabled"],
+    "mlp1024_1f1b_p2_run": ["pipeline.schedule=1f1b", "pipeline.stages=2", "pipeline.microbatches=8", "model.kind=mlp",
+                            "model.hidden=1024", "model.layers=8", "train.batch_size=64", "train.steps=20",
+                            "instrument.timeline_steps=10", "logging.wandb.mode=disabled"],
 }
 
 
@@ -122,7 +125,8 @@ def beyond_rows(runs: dict) -> list[tuple[str, str, str, str]]:
     for k, label in [("tw_1f1b", "known-cost 1F1B"), ("tw_zb_h1", "known-cost ZB-H1"),
                      ("tw_interleaved", "known-cost interleaved v=2"), ("tw40_1f1b", "known-cost 1F1B, t=40 ms"),
                      ("tw40_zb_h1", "known-cost ZB-H1, t=40 ms"), ("tw40_interleaved", "known-cost interleaved v=2, t=40 ms"),
-                     ("mlp_1f1b_p2_run", "MLP hidden 256 1F1B p=2")]:
+                     ("mlp_1f1b_p2_run", "MLP hidden 256 1F1B p=2 (0.3-0.6 ms actions)"),
+                     ("mlp1024_1f1b_p2_run", "MLP hidden 1024 1F1B p=2 (4-9 ms actions)")]:
         if k not in runs:
             continue
         err = runs[k]["prediction_error"]["step_time"]

@@ -129,7 +129,7 @@ def cmd_simulate(args) -> int:
     import json
 
     from ppx import schedules
-    from ppx.prediction import costs_from
+    from ppx.prediction import costs_from, transport_of
 
     sched = schedules.from_csv(args.name) if args.name.endswith(".csv") else \
         schedules.build(args.name, args.stages, args.microbatches, args.virtual)
@@ -143,10 +143,18 @@ def cmd_simulate(args) -> int:
             raise UserError(f"{args.from_run} has no measured costs (run it with instrument.timers and instrument.timeline on)")
         costs = costs_from(summary["measured_costs"], sched.num_stages)
         measured = summary
+        from ppx import config
+
+        env = Path(args.from_run) / "env.json"
+        backend = json.loads(env.read_text()).get("backend", "gloo") if env.exists() else "gloo"
+        transport, lookahead = transport_of(config.from_yaml(Path(args.from_run) / "config.yaml"), backend)
     else:
         costs = schedules.Costs(fwd=_ms_list(args.fwd_ms), bwd=_ms_list(args.bwd_ms), wgrad=_ms_list(args.wgrad_ms),
                                 p2p=args.p2p_ms / 1e3)
-    t = schedules.simulate(sched, costs)
+        transport, lookahead = "nccl", 0
+    transport = args.transport or transport
+    lookahead = args.recv_lookahead if args.recv_lookahead is not None else lookahead
+    t = schedules.simulate(sched, costs, transport, lookahead)
     p, m = sched.num_ranks, sched.num_microbatches
     print(f"{sched.name}: {p} ranks, {sched.num_stages} stages, {m} microbatches")
     print(f"predicted step time {t.makespan * 1e3:.2f} ms, bubble {t.bubble_fraction():.1%} (idle / step time)")
@@ -210,6 +218,11 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("--bwd-ms", default="20", help="input-gradient backward ms, likewise")
     sim.add_argument("--wgrad-ms", default="0", help="weight-gradient ms, likewise (a full B costs bwd + wgrad)")
     sim.add_argument("--p2p-ms", type=float, default=0.0, help="latency of one hand-off between ranks, ms")
+    sim.add_argument("--transport", choices=["nccl", "gloo"], help="nccl: batches complete in order, as one group "
+                     "(default) | gloo: each send/receive on its own, as ppx's runtime on gloo (default with --from-run "
+                     "of a gloo run)")
+    sim.add_argument("--recv-lookahead", type=int, help="gloo: receives posted this many compute actions early "
+                     "(default 0, or the run's runtime.recv_lookahead with --from-run)")
     sim.add_argument("--from-run", help="take per-stage costs measured in this run directory instead")
     sim.add_argument("--png", help="draw the predicted timeline to this PNG")
     sim.set_defaults(fn=cmd_simulate)

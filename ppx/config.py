@@ -87,7 +87,10 @@ class InstrumentConfig:
     timers: bool = _f(True, "time every action (CUDA events on GPU, perf_counter on CPU) and split each step into compute/comm/idle")
     memory: bool = _f(True, "count microbatches in flight and saved activation bytes per stage (saved-tensor hooks)")
     timeline: bool = _f(True, "write timeline.json (Chrome/Perfetto) and timeline.png; needs instrument.timers")
-    timeline_steps: int = _f(3, "how many of the last steps go into timeline.json (the PNG shows the last one)")
+    timeline_steps: int = _f(
+        5, "how many of the last steps go into timeline.json (the PNG shows the last one); the simulator's measured "
+        "costs come from these steps"
+    )
 
 
 @dataclass

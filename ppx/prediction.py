@@ -53,6 +53,16 @@ def costs_from(measured: dict, num_stages: int) -> schedules.Costs:
     return schedules.Costs(fwd=fwd, bwd=bwd, wgrad=wgrad, p2p=measured["p2p_s"], overhead=measured.get("overhead_s", 0.0))
 
 
-def predict(schedule: Schedule, costs: schedules.Costs) -> dict:
-    t = schedules.simulate(schedule, costs)
+def transport_of(cfg, backend: str) -> tuple[str, int]:
+    """How the run's hand-offs behave, for the simulator: ppx's runtime on gloo posts each
+    send and receive on its own (receives ``runtime.recv_lookahead`` actions early); on NCCL,
+    and in torch's runtime (one batch per action, waited on whole), batches are strict."""
+    torch_runtime = cfg.pipeline.executor == "torch" or cfg.pipeline.schedule.startswith("torch_")
+    if backend == "gloo" and not torch_runtime:
+        return "gloo", cfg.runtime.recv_lookahead
+    return "nccl", 0
+
+
+def predict(schedule: Schedule, costs: schedules.Costs, transport: str = "nccl", recv_lookahead: int = 0) -> dict:
+    t = schedules.simulate(schedule, costs, transport, recv_lookahead)
     return {"step_time_s": t.makespan, "bubble_fraction": t.bubble_fraction()}

@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ppx.schedules.action import Action, Op
-from ppx.schedules.lowering import comm_batches, peer_of
+from ppx.schedules.lowering import comm_batches, peer_of, receive_early
 from ppx.schedules.schedule import Schedule
 from ppx.modelled_cost import begin_action, end_action
 from ppx.stage import StageRunner
@@ -40,35 +40,6 @@ class ActionFailed(RuntimeError):
         first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
         super().__init__(f"rank {rank} failed at step {step} on {label}: {type(cause).__name__}: {first}")
         self.rank, self.step, self.label = rank, step, label
-
-
-def receive_early(row: Sequence[Action], lookahead: int) -> list[Action]:
-    """``row`` with every receive moved ``lookahead`` compute actions earlier (to the start of
-    the row at most), receives keeping their order. Waits stay before the consumers, so the
-    blocking points are the lowered list's: only the posting moves. On gloo this matters: a
-    send goes out only once its receive is posted (gloo's transport is rendezvous: a
-    receive tells the sender it is ready), so a receive posted while the stage still
-    computes lets the data land meanwhile, instead of starting a round trip when it ends."""
-    if lookahead <= 0:
-        return list(row)
-    computes = [k for k, a in enumerate(row) if a.op.is_compute]
-    moved: dict[int, list[Action]] = {}  # row index of a compute -> receives posted before it
-    out_of_place: set[int] = set()
-    for k, a in enumerate(row):
-        if a.op.is_comm and not a.op.is_send:
-            consumer = next((j for j, c in enumerate(computes) if c > k), None)
-            if consumer is None:
-                continue
-            target = computes[max(consumer - lookahead, 0)]
-            moved.setdefault(target, []).append(a)
-            out_of_place.add(k)
-    out: list[Action] = []
-    for k, a in enumerate(row):
-        if k in moved:
-            out += moved[k]
-        if k not in out_of_place:
-            out.append(a)
-    return out
 
 
 def compile_program(row: Sequence[Action], stage_to_rank: Sequence[int] = (), recv_lookahead: int = 0) -> list[Item]:

@@ -107,7 +107,8 @@ def test_comms_pair_1f1b_send_forward_with_receive_backward():
 @pytest.mark.parametrize("name,v", [("1f1b", 1), ("gpipe", 1), ("zb_h1", 1), ("interleaved_1f1b", 2)])
 @pytest.mark.parametrize("lookahead", [0, 1, 3])
 def test_receives_move_earlier_and_waits_stay_put(name, v, lookahead):
-    from ppx.runtime import compile_program, receive_early
+    from ppx.runtime import compile_program
+    from ppx.schedules.lowering import receive_early
 
     sched = schedules.build(name, 4, 8, virtual_stages=v)
     for rank, row in enumerate(sched.actions):
@@ -127,6 +128,40 @@ def test_receives_move_earlier_and_waits_stay_put(name, v, lookahead):
         assert waits == plain  # the same blocking points, right before the same computes
         computes = [it for it in program if it.kind == "compute"]
         assert [it.actions[0] for it in computes] == [a for a in row if a.op.is_compute]
+
+
+def _starts(timeline):
+    return {str(e.action): e.start for row in timeline.events for e in row}
+
+
+def test_gloo_transport_hand_derived():
+    # GPipe p=2 m=2, F = B = 1, 0.5 per hand-off. On gloo each message completes on its own,
+    # 0.5 after both ends are posted; stage 1 posts 1RECV_F1 when 1F0 ends (2.5) unless the
+    # receive is posted one compute early, at the start (then 1F1 starts on arrival, 2.5).
+    sched = schedules.build("gpipe", 2, 2)
+    costs = Costs(fwd=1, bwd=1, p2p=0.5)
+    late = schedules.simulate(sched, costs, "gloo", 0)
+    early = schedules.simulate(sched, costs, "gloo", 1)
+    assert _starts(late) == {"0F0": 0, "0F1": 1, "1F0": 1.5, "1F1": 3.0, "1B0": 4, "1B1": 5, "0B0": 5.5, "0B1": 7}
+    assert _starts(early) == {"0F0": 0, "0F1": 1, "1F0": 1.5, "1F1": 2.5, "1B0": 3.5, "1B1": 4.5, "0B0": 5, "0B1": 6}
+    assert (late.makespan, early.makespan) == (8, 7)
+
+
+def test_sends_leave_when_the_compute_ends_not_after_the_overhead():
+    t = schedules.simulate(schedules.build("gpipe", 2, 2), Costs(fwd=1, bwd=1, overhead=0.25))
+    assert _starts(t)["1F0"] == 1.0  # 0F0 ends at 1; its 0.25 of runtime overhead follows the send
+
+
+@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("zb_h1", 1), ("interleaved_1f1b", 2)])
+def test_transports_agree_without_latency_and_gloo_is_never_slower(name, v):
+    sched = schedules.build(name, 4, 8, virtual_stages=v)
+    free = Costs(fwd=1, bwd=2, wgrad=1)
+    nccl = schedules.simulate(sched, free).makespan
+    assert all(schedules.simulate(sched, free, "gloo", k).makespan == pytest.approx(nccl) for k in (0, 1, 3))
+    slow = Costs(fwd=1, bwd=2, wgrad=1, p2p=0.3, overhead=0.1)
+    strict = schedules.simulate(sched, slow).makespan
+    assert schedules.simulate(sched, slow, "gloo", 0).makespan <= strict + 1e-9
+    assert schedules.simulate(sched, slow, "gloo", 1).makespan <= schedules.simulate(sched, slow, "gloo", 0).makespan + 1e-9
 
 
 def test_action_strings_round_trip():

@@ -8,6 +8,8 @@ Stages that live on the same rank hand tensors over locally and get no communica
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from ppx.schedules.action import Action, Op
 from ppx.schedules.schedule import Schedule
 
@@ -88,3 +90,32 @@ def comm_batches(row) -> list[tuple[int, int]]:
     if start is not None:
         spans.append((start, len(row)))
     return spans
+
+
+def receive_early(row: Sequence[Action], lookahead: int) -> list[Action]:
+    """``row`` with every receive moved ``lookahead`` compute actions earlier (to the start of
+    the row at most), receives keeping their order. Waits stay before the consumers, so the
+    blocking points are the lowered list's: only the posting moves. On gloo this matters: a
+    send goes out only once its receive is posted (gloo's transport is rendezvous: a
+    receive tells the sender it is ready), so a receive posted while the stage still
+    computes lets the data land meanwhile, instead of starting a round trip when it ends."""
+    if lookahead <= 0:
+        return list(row)
+    computes = [k for k, a in enumerate(row) if a.op.is_compute]
+    moved: dict[int, list[Action]] = {}  # row index of a compute -> receives posted before it
+    out_of_place: set[int] = set()
+    for k, a in enumerate(row):
+        if a.op.is_comm and not a.op.is_send:
+            consumer = next((j for j, c in enumerate(computes) if c > k), None)
+            if consumer is None:
+                continue
+            target = computes[max(consumer - lookahead, 0)]
+            moved.setdefault(target, []).append(a)
+            out_of_place.add(k)
+    out: list[Action] = []
+    for k, a in enumerate(row):
+        if k in moved:
+            out += moved[k]
+        if k not in out_of_place:
+            out.append(a)
+    return out

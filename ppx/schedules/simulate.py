@@ -1,11 +1,13 @@
 """Dry-run a schedule: prove it cannot deadlock and predict each rank's timeline.
 
-Communication is modelled as strictly as NCCL behaves: each run of consecutive comm actions
-is one batch, a rank's batches complete in order (one stream), and an op completes only once
-the peer's matching op sits in that peer's active batch. A list that passes here also passes
-on gloo, which is looser. Compute actions start when the rank reaches them and the batch that
-receives their input has completed (NCCL completes a batch as one group; the runtime waits
-on all of a batch's requests).
+Two transports. ``nccl`` (the default, and what validation uses) is the strict one: each run of
+consecutive comm actions is one batch, a rank's batches complete in order (one stream), an op
+completes only once the peer's matching op sits in that peer's active batch, and a compute
+action waits for the whole batch that receives its input. A list that passes here also
+passes on gloo, which is looser. ``gloo`` is how ppx's runtime runs on gloo: every send and
+receive completes on its own, ``p2p`` after both ends are posted, receives may be posted
+``recv_lookahead`` compute actions early (`receive_early`), and a compute action waits only
+for its own input.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Sequence, Union
 
 from ppx.errors import ScheduleError
 from ppx.schedules.action import Action, Op
-from ppx.schedules.lowering import comm_batches, peer_of
+from ppx.schedules.lowering import comm_batches, peer_of, receive_early
 from ppx.schedules.schedule import Schedule
 
 PerStage = Union[float, Sequence[float]]
@@ -32,7 +34,8 @@ class Costs:
     """Per-action costs in seconds (or any unit). ``fwd``/``bwd``/``wgrad`` are one value
     or one per stage. A full backward B costs bwd + wgrad, an input-gradient backward I costs
     bwd and a weight-gradient backward W costs wgrad. ``p2p`` is the latency of one message;
-    ``overhead`` is added to every compute action (the runtime's own time around it)."""
+    ``overhead`` is added to every compute action: the runtime's own time after it, during
+    which it posts the action's sends (so they leave when the compute ends)."""
 
     fwd: PerStage = 1.0
     bwd: PerStage = 1.0
@@ -85,11 +88,12 @@ class Timeline:
 
 
 class _Op:
-    __slots__ = ("rank", "index", "action", "batch", "done")
+    __slots__ = ("rank", "index", "action", "batch", "done", "posted")
 
     def __init__(self, rank, index, action, batch):
         self.rank, self.index, self.action, self.batch = rank, index, action, batch
         self.done = None  # completion time
+        self.posted = None  # gloo: when its rank posted it
 
 
 class _Batch:
@@ -100,13 +104,18 @@ class _Batch:
         self.posted = self.active = self.complete = None
 
 
-def simulate(schedule: Schedule, costs: Costs | None = None) -> Timeline:
+def simulate(schedule: Schedule, costs: Costs | None = None, transport: str = "nccl",
+             recv_lookahead: int = 0) -> Timeline:
     """Run ``schedule`` (with comm actions) on a unit-free clock; raise ScheduleError on deadlock.
+    ``transport`` = "nccl" | "gloo" (see the module's docstring).
 
     Assumes the static checks of `ppx.schedules.validate` passed (every comm op has a match).
     """
     costs = costs or Costs()
-    rows = schedule.actions
+    if transport not in ("nccl", "gloo"):
+        raise ScheduleError(f"unknown transport {transport!r}; choose nccl or gloo")
+    strict = transport == "nccl"
+    rows = schedule.actions if strict else [receive_early(row, recv_lookahead) for row in schedule.actions]
     n = len(rows)
     # Build per-rank programs: ("compute", index) or ("batch", _Batch).
     programs, ops_by_key, batches_by_rank = [], {}, []
@@ -134,6 +143,7 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> Timeline:
 
     pc = [0] * n
     clock = [0.0] * n
+    compute_end = [None] * n  # end of the last compute, before its overhead: when its sends leave
     queue_head = [0] * n  # index into batches_by_rank[r] of the first incomplete batch
     events: list[list[Event]] = [[] for _ in range(n)]
 
@@ -148,19 +158,28 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> Timeline:
             while pc[r] < len(programs[r]):
                 kind, item = programs[r][pc[r]]
                 if kind == "batch":
-                    item.posted = clock[r]
+                    item.posted = clock[r] if compute_end[r] is None else compute_end[r]
+                    compute_end[r] = None
+                    if not strict:  # each op on its own: done p2p after both ends are posted
+                        for op in item.ops:
+                            op.posted = item.posted
+                            peer = match(op)
+                            if peer.posted is not None:
+                                op.done = peer.done = max(op.posted, peer.posted) + costs.p2p
                 else:
                     a = rows[r][item]
                     dep = input_op(r, a)
-                    if dep is not None and dep.batch.complete is None:
+                    ready = None if dep is None else dep.batch.complete if strict else dep.done
+                    if dep is not None and ready is None:
                         break
-                    start = max(clock[r], dep.batch.complete if dep is not None else 0.0)
+                    start = max(clock[r], ready if dep is not None else 0.0)
                     clock[r] = start + costs.of(a)
+                    compute_end[r] = clock[r] - costs.overhead
                     events[r].append(Event(a, start, clock[r]))
                 pc[r] += 1
                 progress = True
         # Activate each rank's head batch, complete matched ops, retire finished batches.
-        for r in range(n):
+        for r in range(n if strict else 0):
             bs = batches_by_rank[r]
             while queue_head[r] < len(bs):
                 b = bs[queue_head[r]]
@@ -182,6 +201,12 @@ def simulate(schedule: Schedule, costs: Costs | None = None) -> Timeline:
                 queue_head[r] += 1
                 progress = True
 
+    if not strict:  # a rank ends when its last op completes
+        for bs in batches_by_rank:
+            for b in bs:
+                b.complete = max(op.done for op in b.ops) if all(op.done is not None for op in b.ops) else None
+        queue_head = [len(bs) if all(b.complete is not None for b in bs) else
+                      next(k for k, b in enumerate(bs) if b.complete is None) for bs in batches_by_rank]
     stuck = []
     for r in range(n):
         if pc[r] < len(programs[r]):
