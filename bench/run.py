@@ -78,11 +78,11 @@ RUNS = {
     "tw_zb_h1_torch_executor": TW + ["pipeline.schedule=zb_h1", "pipeline.executor=torch", "model.fwd_ms=10",
                                      "model.bwd_ms=10", "model.wgrad_ms=10"],
     "mlp_1f1b_p2_run": ["pipeline.schedule=1f1b", "pipeline.stages=2", "pipeline.microbatches=8", "model.kind=mlp",
-                        "model.hidden=256", "model.layers=8", "train.batch_size=64", "train.steps=20",
-                        "instrument.timeline_steps=10", "logging.wandb.mode=disabled"],
+                        "model.hidden=256", "model.layers=8", "train.batch_size=64", "train.steps=40",
+                        "instrument.timeline_steps=30", "logging.wandb.mode=disabled"],
     "mlp1024_1f1b_p2_run": ["pipeline.schedule=1f1b", "pipeline.stages=2", "pipeline.microbatches=8", "model.kind=mlp",
-                            "model.hidden=1024", "model.layers=8", "train.batch_size=64", "train.steps=20",
-                            "instrument.timeline_steps=10", "logging.wandb.mode=disabled"],
+                            "model.hidden=1024", "model.layers=8", "train.batch_size=64", "train.steps=30",
+                            "instrument.timeline_steps=20", "logging.wandb.mode=disabled"],
 }
 
 

@@ -62,7 +62,6 @@ def train(cfg, schedule: Schedule, run_dir: Path, rank: int, world: int, device,
     offset = offset_to_rank0(ctrl)
 
     steps = cfg.train.steps
-    window = range(max(0, steps - cfg.instrument.timeline_steps), steps) if cfg.instrument.timeline else range(0)
     profiler = make_profiler(cfg.profile, run_dir, rank, device) if cfg.profile.enabled else contextlib.nullcontext()
     report = RunReport(cfg, schedule, run_dir, world, backend) if rank == 0 else None
     with profiler:
@@ -86,7 +85,7 @@ def train(cfg, schedule: Schedule, run_dir: Path, rank: int, world: int, device,
                 profiler.step()
             watchdog.phase("gathering metrics", step)
             record.update(rank=rank, loss=loss, start=t0 + offset, end=t1 + offset)
-            if step in window and spans is not None:
+            if spans is not None:  # every step: rank 0 splits waits into transfer and idle; the last go to the timeline
                 record["spans"] = [(it.kind, it.label, [str(a) for a in it.actions], s + offset, e + offset) for it, s, e in spans]
             records = [None] * world if rank == 0 else None
             dist.gather_object(record, records, dst=0, group=ctrl)

@@ -3,8 +3,11 @@
 Two normalisations, always named:
   ``bubble_fraction``   idle / step time       theory (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/p naive
   ``bubble_over_ideal`` idle / busy time       theory (p-1)/m for GPipe and 1F1B, p-1 naive
-where busy = compute + communication posting and idle = step time - busy (waiting on
-peers, gaps between actions, and the tail after a rank's last action).
+where busy = compute + communication, and idle = step time - busy (waiting for a peer
+that has not sent yet, gaps between actions, the tail after a rank's last action).
+Communication is posting plus transferring: the part of a wait after the peer posted the
+matching send (the hand-off latency, measured across ranks on aligned clocks) is transfer,
+not bubble; the part before it is the schedule's idle.
 """
 
 from __future__ import annotations
@@ -31,9 +34,22 @@ def span_totals(spans: Iterable) -> dict:
     return out
 
 
-def step_breakdown(records: list[dict]) -> dict:
-    """Combine one step's per-rank records (aligned ``start``/``end`` seconds, and category
-    totals when timed) into the step's metrics, filling in each rank's idle and bubble."""
+def transfer_seconds(records: list[dict], stage_to_rank) -> dict[int, float]:
+    """Per receiving rank: seconds of its waits that came after the peer posted the send."""
+    from ppx.report.timeline import handoffs
+
+    spans = {r["rank"]: r["spans"] for r in records if r.get("spans") is not None}
+    out = {rank: 0.0 for rank in spans}
+    for _, _, posted, peer, wait_start, wait_end in handoffs(spans, stage_to_rank):
+        out[peer] += max(wait_end - max(wait_start, posted), 0.0)
+    return out
+
+
+def step_breakdown(records: list[dict], stage_to_rank=None) -> dict:
+    """Combine one step's per-rank records (aligned ``start``/``end`` seconds, category totals
+    when timed, and the spans when ``stage_to_rank`` is given to split waits) into the step's
+    metrics, filling in each rank's transfer, idle and bubble."""
+    transfer = transfer_seconds(records, stage_to_rank) if stage_to_rank is not None else {}
     start = min(r["start"] for r in records)
     end = max(r["end"] for r in records)
     step_time = end - start
@@ -42,7 +58,10 @@ def step_breakdown(records: list[dict]) -> dict:
     for r in sorted(records, key=lambda r: r["rank"]):
         row = {k: v for k, v in r.items() if k not in ("start", "end", "loss", "spans")}
         if timed:
-            busy = r["compute_s"] + r["comm_s"]
+            row["post_s"] = r["comm_s"]
+            row["transfer_s"] = transfer.get(r["rank"], 0.0)
+            row["comm_s"] = row["post_s"] + row["transfer_s"]
+            busy = r["compute_s"] + row["comm_s"]
             row["idle_s"] = max(step_time - busy, 0.0)
             row["bubble_fraction"] = row["idle_s"] / step_time if step_time > 0 else 0.0
         ranks.append(row)
@@ -64,7 +83,7 @@ def run_summary(steps: list[dict]) -> dict:
     for r, first in enumerate(steps[0]["ranks"]):
         rows = [s["ranks"][r] for s in steps]
         row = {"rank": first["rank"]}
-        for key in ("compute_s", "comm_s", "wait_s", "idle_s", "bubble_fraction"):
+        for key in ("compute_s", "comm_s", "post_s", "transfer_s", "wait_s", "idle_s", "bubble_fraction"):
             if first.get(key) is not None:
                 row[key] = med(x[key] for x in rows)
         for key in ("peak_inflight_microbatches", "peak_activation_bytes", "peak_memory_bytes"):

@@ -48,12 +48,13 @@ def test_measured_bubble_matches_theory_on_known_costs(runs, case):
         # each rank computes m forwards and m backwards of known length
         assert r["compute_s"] == pytest.approx(m * (T_F + T_B), rel=0.05)
         assert r["comm_s"] >= 0 and r["idle_s"] >= 0
+        assert 0 <= r["transfer_s"] <= r["wait_s"] and r["post_s"] >= 0
         assert r["bubble_fraction"] == pytest.approx(r["idle_s"] / s["step_time_s"], rel=0.2)
     per_step = read_jsonl(runs[case] / "metrics.jsonl")
     assert len(per_step) == 3
     for line in per_step:
         assert len(line["ranks"]) == p
-        assert {"compute_s", "comm_s", "wait_s", "idle_s", "bubble_fraction", "peak_inflight_microbatches",
+        assert {"compute_s", "comm_s", "post_s", "transfer_s", "wait_s", "idle_s", "bubble_fraction", "peak_inflight_microbatches",
                 "peak_activation_bytes", "peak_memory_bytes"} <= set(line["ranks"][0])
         assert line["bubble_fraction_theory"] == pytest.approx(theory)
 

@@ -38,13 +38,14 @@ class RunReport:
 
     def add_step(self, step: int, records: list[dict]) -> None:
         loss = next((r["loss"] for r in records if r["loss"] is not None), None)
-        m = step_breakdown(records)
+        m = step_breakdown(records, self.schedule.stage_to_rank)
         line = {"step": step, "loss": loss, **m, "bubble_fraction_theory": self.theory}
         self.metrics.write(json.dumps(line) + "\n")
         self.metrics.flush()
         self.steps.append(m)
         self.losses.append(loss)
-        if any("spans" in r for r in records):
+        inst = self.cfg.instrument
+        if inst.timeline and step >= self.cfg.train.steps - inst.timeline_steps and any("spans" in r for r in records):
             self.timeline.append({"step": step, "step_time_s": m["step_time_s"],
                                   "ranks": {r["rank"]: r["spans"] for r in records if "spans" in r}})
         scalars = step_scalars(line, self.cfg.train.batch_size)
