@@ -12,11 +12,12 @@ from ppx.report.timeline import handoffs
 from ppx.schedules.schedule import Schedule
 
 
-def measured_costs(steps: list[dict], schedule: Schedule) -> dict:
-    """Mean seconds per (stage, op) of the compute actions; the mean hand-off latency (a
-    send's post to the end of the receiver's wait, when the receiver was already waiting, so
-    the latency is all transfer); and the mean runtime overhead per compute action
-    (posting and gaps between actions). ``steps`` as in the run report's timeline."""
+def cost_samples(steps: list[dict], schedule: Schedule) -> dict:
+    """Every measured sample, in seconds: compute durations per "<stage><op>"; hand-off
+    latencies (a send's post to the end of the receiver's wait, when the receiver was already
+    waiting, so the latency is all transfer); and the runtime's overhead per compute action
+    per rank and step (posting and gaps between actions). ``steps`` as in the run report's
+    timeline."""
     per = defaultdict(list)
     p2p, overhead = [], []
     for s in steps:
@@ -29,15 +30,21 @@ def measured_costs(steps: list[dict], schedule: Schedule) -> dict:
             for kind, label, actions, start, end in spans:
                 if kind == "compute":
                     a = Action.parse(actions[0])
-                    per[(a.stage, a.op.value)].append(end - start)
+                    per[f"{a.stage}{a.op.value}"].append(end - start)
         for _, _, posted, _, wait_start, wait_end in handoffs(s["ranks"], schedule.stage_to_rank):
             if wait_start <= posted:  # the receiver was already waiting: all of it is transfer
                 p2p.append(wait_end - posted)
+    return {"action_s": dict(sorted(per.items())), "p2p_s": p2p, "overhead_s": overhead}
+
+
+def measured_costs(steps: list[dict], schedule: Schedule) -> dict:
+    """Means of `cost_samples`: seconds per "<stage><op>", hand-off latency, overhead per action."""
     # means, not medians: a step is a sum of many of them, and hand-offs on a busy machine
     # have long tails (p90 at 2-3x the median) that medians would leave out of the prediction
-    mean = {f"{stage}{op}": statistics.fmean(v) for (stage, op), v in sorted(per.items())}
-    return {"action_s": mean, "p2p_s": statistics.fmean(p2p) if p2p else 0.0,
-            "overhead_s": statistics.fmean(overhead) if overhead else 0.0}
+    samples = cost_samples(steps, schedule)
+    mean = lambda v: statistics.fmean(v) if v else 0.0  # noqa: E731
+    return {"action_s": {k: mean(v) for k, v in samples["action_s"].items()}, "p2p_s": mean(samples["p2p_s"]),
+            "overhead_s": mean(samples["overhead_s"])}
 
 
 def costs_from(measured: dict, num_stages: int) -> schedules.Costs:
@@ -64,5 +71,17 @@ def transport_of(cfg, backend: str) -> tuple[str, int]:
 
 
 def predict(schedule: Schedule, costs: schedules.Costs, transport: str = "nccl", recv_lookahead: int = 0) -> dict:
+    """Step time and bubble of ``schedule`` at ``costs``."""
     t = schedules.simulate(schedule, costs, transport, recv_lookahead)
     return {"step_time_s": t.makespan, "bubble_fraction": t.bubble_fraction()}
+
+
+def predict_expected(schedule: Schedule, samples: dict, transport: str = "nccl", recv_lookahead: int = 0,
+                     draws: int = 64, seed: int = 0) -> dict:
+    """Mean step time and bubble over ``draws`` simulations with every action's and message's
+    cost drawn from the measured ``samples`` (`cost_samples`): the expected step under the
+    run's variability, where the step of the mean costs comes out short."""
+    costs = schedules.SampledCosts(samples["action_s"], samples["p2p_s"], samples["overhead_s"], seed)
+    runs = [schedules.simulate(schedule, costs, transport, recv_lookahead) for _ in range(draws)]
+    return {"step_time_s": statistics.fmean(t.makespan for t in runs),
+            "bubble_fraction": statistics.fmean(t.bubble_fraction() for t in runs), "draws": draws}

@@ -218,3 +218,21 @@ def test_waits_split_into_idle_before_the_send_and_transfer_after_it():
     assert one["idle_s"] == pytest.approx(2.3 - 1.0 - 0.5)  # the 0.8 s before the send, plus nothing else
     assert m["ranks"][0]["transfer_s"] == 0.0
     assert step_breakdown([r0, r1])["ranks"][1]["idle_s"] == pytest.approx(2.3 - 1.0 - 0.2)  # no spans: all idle
+
+
+def test_sampled_costs_match_constants_and_cost_more_when_they_vary():
+    from ppx.prediction import predict, predict_expected
+
+    sched = schedules.build("1f1b", 4, 8)
+    flat = {f"{s}{op}": [v] for s in range(4) for op, v in (("F", 1.0), ("B", 2.0))}
+    for transport, k in (("nccl", 0), ("gloo", 1)):
+        sampled = schedules.simulate(sched, schedules.SampledCosts(flat, [0.1], [0.05]), transport, k).makespan
+        fixed = schedules.simulate(sched, Costs(fwd=1, bwd=2, p2p=0.1, overhead=0.05), transport, k).makespan
+        assert sampled == pytest.approx(fixed)
+    # the same means, spread out: a slow action on the critical path costs all of its delay
+    spread = {f"{s}{op}": vs for s in range(4) for op, vs in (("F", [0.5, 1.5]), ("B", [1.0, 3.0]))}
+    samples = {"action_s": spread, "p2p_s": [0.0, 0.2], "overhead_s": [0.05]}
+    expected = predict_expected(sched, samples, "gloo", 1, draws=64, seed=1)["step_time_s"]
+    of_means = predict(sched, Costs(fwd=1, bwd=2, p2p=0.1, overhead=0.05), "gloo", 1)["step_time_s"]
+    assert expected > of_means * 1.03
+    assert predict_expected(sched, samples, "gloo", 1, draws=8, seed=1) == predict_expected(sched, samples, "gloo", 1, draws=8, seed=1)

@@ -18,12 +18,12 @@ from ppx.schedules.interleaved import interleaved_1f1b
 from ppx.schedules.csv_io import read_csv, write_csv
 from ppx.schedules.lowering import add_comms
 from ppx.schedules.schedule import Schedule
-from ppx.schedules.simulate import Costs, Timeline, simulate
+from ppx.schedules.simulate import Costs, SampledCosts, Timeline, simulate
 from ppx.schedules.validate import validate
 from ppx.schedules.zero_bubble import zb_h1
 
 __all__ = [
-    "Action", "Op", "Schedule", "Costs", "Timeline", "FAMILIES", "Family", "build", "from_csv",
+    "Action", "Op", "Schedule", "Costs", "SampledCosts", "Timeline", "FAMILIES", "Family", "build", "from_csv",
     "validate", "simulate", "add_comms", "read_csv", "write_csv", "theory_bubble",
 ]
 

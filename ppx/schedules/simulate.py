@@ -12,6 +12,7 @@ for its own input.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Sequence, Union
 
@@ -44,16 +45,49 @@ class Costs:
     overhead: float = 0.0
 
     def of(self, a: Action) -> float:
+        """The action's work plus the runtime's overhead after it."""
+        return self.work(a) + self.after(a) if a.op.is_compute else 0.0
+
+    def work(self, a: Action) -> float:
         s = a.stage
         if a.op is Op.F:
-            return _per_stage(self.fwd, s) + self.overhead
+            return _per_stage(self.fwd, s)
         if a.op is Op.B:
-            return _per_stage(self.bwd, s) + _per_stage(self.wgrad, s) + self.overhead
+            return _per_stage(self.bwd, s) + _per_stage(self.wgrad, s)
         if a.op is Op.I:
-            return _per_stage(self.bwd, s) + self.overhead
+            return _per_stage(self.bwd, s)
         if a.op is Op.W:
-            return _per_stage(self.wgrad, s) + self.overhead
+            return _per_stage(self.wgrad, s)
         return 0.0
+
+    def after(self, a: Action) -> float:
+        return self.overhead
+
+    def latency(self) -> float:
+        return self.p2p
+
+
+class SampledCosts:
+    """Costs drawn afresh for every action and message from measured samples: ``actions``
+    maps "<stage><op>" (e.g. "0F", "1B") to durations, ``p2p`` and ``overhead`` are lists.
+    Simulating many draws gives the expected step time under the measured variability, which
+    the step time of the mean costs underestimates (a slow action on the critical path costs
+    all of its delay, one off it none)."""
+
+    def __init__(self, actions: dict, p2p: Sequence[float], overhead: Sequence[float], seed: int = 0):
+        self._samples = {k: list(v) for k, v in actions.items()}
+        self._p2p, self._overhead = list(p2p) or [0.0], list(overhead) or [0.0]
+        self._rng = random.Random(seed)
+
+    def work(self, a: Action) -> float:
+        got = self._samples.get(f"{a.stage}{a.op.value}")
+        return self._rng.choice(got) if got else 0.0
+
+    def after(self, a: Action) -> float:
+        return self._rng.choice(self._overhead)
+
+    def latency(self) -> float:
+        return self._rng.choice(self._p2p)
 
 
 @dataclass
@@ -104,7 +138,7 @@ class _Batch:
         self.posted = self.active = self.complete = None
 
 
-def simulate(schedule: Schedule, costs: Costs | None = None, transport: str = "nccl",
+def simulate(schedule: Schedule, costs: Costs | SampledCosts | None = None, transport: str = "nccl",
              recv_lookahead: int = 0) -> Timeline:
     """Run ``schedule`` (with comm actions) on a unit-free clock; raise ScheduleError on deadlock.
     ``transport`` = "nccl" | "gloo" (see the module's docstring).
@@ -165,7 +199,7 @@ def simulate(schedule: Schedule, costs: Costs | None = None, transport: str = "n
                             op.posted = item.posted
                             peer = match(op)
                             if peer.posted is not None:
-                                op.done = peer.done = max(op.posted, peer.posted) + costs.p2p
+                                op.done = peer.done = max(op.posted, peer.posted) + costs.latency()
                 else:
                     a = rows[r][item]
                     dep = input_op(r, a)
@@ -173,8 +207,8 @@ def simulate(schedule: Schedule, costs: Costs | None = None, transport: str = "n
                     if dep is not None and ready is None:
                         break
                     start = max(clock[r], ready if dep is not None else 0.0)
-                    clock[r] = start + costs.of(a)
-                    compute_end[r] = clock[r] - costs.overhead
+                    compute_end[r] = start + costs.work(a)
+                    clock[r] = compute_end[r] + costs.after(a)
                     events[r].append(Event(a, start, clock[r]))
                 pc[r] += 1
                 progress = True
@@ -193,7 +227,7 @@ def simulate(schedule: Schedule, costs: Costs | None = None, transport: str = "n
                     if op.done is None:
                         peer = match(op)
                         if peer.batch.active is not None and peer.done is None:
-                            op.done = peer.done = max(b.active, peer.batch.active) + costs.p2p
+                            op.done = peer.done = max(b.active, peer.batch.active) + costs.latency()
                             progress = True
                 if any(op.done is None for op in b.ops):
                     break
