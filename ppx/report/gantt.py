@@ -1,15 +1,18 @@
 """Gantt picture of one measured step: F, B, communication and waiting per rank over time;
-white is idle. The measured counterpart of `ppx schedule`'s grid."""
+white is idle. The part of a wait after the peer posted the matching send is drawn as
+transfer. The measured counterpart of `ppx schedule`'s grid."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#8172B2", "W": "#937860", "post": "#DD8452", "wait": "#D9D9D9"}
+COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#8172B2", "W": "#937860", "post": "#DD8452", "wait": "#D9D9D9",
+          "transfer": "#F3DC6B"}
 
 
-def draw_step(spans_by_rank: dict, path: Path, title: str) -> None:
-    """``spans_by_rank`` = {rank: [(kind, label, actions, start_s, end_s), ...]} for one step."""
+def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None) -> None:
+    """``spans_by_rank`` = {rank: [(kind, label, actions, start_s, end_s), ...]} for one step;
+    with ``stage_to_rank``, waits are split at the moment the peer posted its send."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -21,6 +24,14 @@ def draw_step(spans_by_rank: dict, path: Path, title: str) -> None:
     ends = [sp[4] for r in ranks for sp in spans_by_rank[r]]
     t0, t1 = min(starts), max(ends)
     span_ms = max((t1 - t0) * 1e3, 1e-6)
+    posted = {}  # (receiving rank, receive action) -> when the peer posted the send
+    if stage_to_rank is not None:
+        from ppx.report.timeline import handoffs
+        from ppx.schedules.action import Action
+        from ppx.schedules.lowering import peer_of
+
+        for send_text, _, sent, peer, _, _ in handoffs(spans_by_rank, stage_to_rank):
+            posted[(peer, str(peer_of(Action.parse(send_text), stage_to_rank)[1]))] = sent
     fig, ax = plt.subplots(figsize=(12, 0.7 * len(ranks) + 1.6))
     for row, r in enumerate(ranks):
         y = len(ranks) - 1 - row
@@ -35,6 +46,10 @@ def draw_step(spans_by_rank: dict, path: Path, title: str) -> None:
             else:
                 color, height = COLORS["wait"], 0.5
             ax.add_patch(plt.Rectangle((x, y - height / 2), w, height, facecolor=color, edgecolor="none"))
+            if kind == "wait" and actions and (r, actions[0]) in posted:
+                sent = min(max(posted[(r, actions[0])], start), end)
+                ax.add_patch(plt.Rectangle(((sent - t0) * 1e3, y - 0.25), (end - sent) * 1e3, 0.5,
+                                           facecolor=COLORS["transfer"], edgecolor="none"))
             if kind == "compute" and w > span_ms / 60:
                 short = label.lstrip("0123456789")
                 ax.text(x + w / 2, y, short, ha="center", va="center", fontsize=7, color="white")
@@ -45,9 +60,10 @@ def draw_step(spans_by_rank: dict, path: Path, title: str) -> None:
     ax.set_xlabel("time in the step (ms, rank clocks aligned)")
     ax.set_title(title, fontsize=10)
     handles = [Patch(color=COLORS[k], label=n) for k, n in
-               [("F", "forward"), ("B", "backward"), ("post", "send/recv posted"), ("wait", "waiting on a peer")]]
+               [("F", "forward"), ("B", "backward"), ("post", "send/recv posted"), ("wait", "waiting on a peer"),
+                ("transfer", "transfer (peer had sent)")]]
     handles.append(Patch(facecolor="white", edgecolor="#BBBBBB", label="idle"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.02 * len(ranks)), ncol=5, fontsize=8, frameon=False)
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.02 * len(ranks)), ncol=6, fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

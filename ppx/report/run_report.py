@@ -138,4 +138,4 @@ class RunReport:
             sub += f", bubble {m['bubble_fraction']:.1%} measured"
             if self.theory is not None:
                 sub += f" vs {self.theory:.1%} theory (idle / step time)"
-        draw_step(last["ranks"], self.run_dir / "timeline.png", sub)
+        draw_step(last["ranks"], self.run_dir / "timeline.png", sub, sched.stage_to_rank)
