@@ -74,16 +74,17 @@ class _Request:
     """A posted send or receive (or, on NCCL, one coalesced group of them), waited on exactly
     once: a gloo request must not be waited twice (a second wait blocks for another message)."""
 
-    __slots__ = ("works", "done")
+    __slots__ = ("works", "tensors", "done")
 
-    def __init__(self, works):
-        self.works, self.done = works, False
+    def __init__(self, works, tensors):
+        self.works, self.tensors, self.done = works, tensors, False  # tensors live until done
 
     def wait(self) -> None:
         if not self.done:
             for w in self.works:
                 w.wait()
             self.done = True
+            self.tensors = None
 
 
 class _Pending:
@@ -120,7 +121,6 @@ class Runtime:
         self._inbox: dict = {}
         self._outbox: dict = {}
         self._requests: list[_Request] = []
-        self._keep: list = []
         self._loss = None
         observers, handlers = self.observers, self._handlers
         unwind = observers[::-1]  # after() in reverse order, like nested context managers
@@ -159,11 +159,10 @@ class Runtime:
         ops.sort(key=lambda op: op[0])  # receives first: a posted receive lets the peer's send land at once
         works = self.comm.post(ops)
         if len(works) == len(ops):  # one request per op (gloo)
-            requests = [_Request((w,)) for w in works]
+            requests = [_Request((w,), (op[1],)) for w, op in zip(works, ops)]
         else:  # one coalesced group (NCCL): every op waits for all of it
-            requests = [_Request(tuple(works))] * len(ops)
+            requests = [_Request(tuple(works), [op[1] for op in ops])] * len(ops)
         self._requests += requests
-        self._keep += [op[1] for op in ops]  # tensors stay alive until their request completes
         for (key, buf), request in zip(recvs, requests):  # receives come first in ``ops``
             self._inbox[key] = _Pending(request, buf)
 
@@ -208,4 +207,4 @@ class Runtime:
     def _drain(self, item: Item) -> None:
         for request in self._requests:
             request.wait()
-        self._requests, self._keep = [], []
+        self._requests = []
