@@ -57,7 +57,7 @@ def test_tensorboard_serves_scalars_and_profiler_workers(profiled_run):
     try:
         tb_run = f"1f1b_2cpu/{run.name}/tb"
         tags = _poll(lambda: _get(port, "/data/plugin/scalars/tags").get(tb_run))
-        for tag in ("loss", "time/step_time_s", "bubble/measured", "bubble/theory", "compute_s/rank0",
+        for tag in ("loss", "time/step_time_s", "bubble/measured", "bubble/theory", "compute_s/rank0", "transfer_s/rank1",
                     "idle_s/rank1", "peak_inflight_microbatches/rank0", "peak_activation_bytes/rank1"):
             assert tag in tags, tag
         loss = _get(port, "/data/plugin/scalars/scalars", run=tb_run, tag="loss")
