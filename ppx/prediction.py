@@ -37,11 +37,10 @@ def cost_samples(steps: list[dict], schedule: Schedule) -> dict:
     return {"action_s": dict(sorted(per.items())), "p2p_s": p2p, "overhead_s": overhead}
 
 
-def measured_costs(steps: list[dict], schedule: Schedule) -> dict:
+def mean_costs(samples: dict) -> dict:
     """Means of `cost_samples`: seconds per "<stage><op>", hand-off latency, overhead per action."""
     # means, not medians: a step is a sum of many of them, and hand-offs on a busy machine
     # have long tails (p90 at 2-3x the median) that medians would leave out of the prediction
-    samples = cost_samples(steps, schedule)
     mean = lambda v: statistics.fmean(v) if v else 0.0  # noqa: E731
     return {"action_s": {k: mean(v) for k, v in samples["action_s"].items()}, "p2p_s": mean(samples["p2p_s"]),
             "overhead_s": mean(samples["overhead_s"])}

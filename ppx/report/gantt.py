@@ -24,14 +24,12 @@ def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None) -
     ends = [sp[4] for r in ranks for sp in spans_by_rank[r]]
     t0, t1 = min(starts), max(ends)
     span_ms = max((t1 - t0) * 1e3, 1e-6)
-    posted = {}  # (receiving rank, receive action) -> when the peer posted the send
+    posted = {}  # (receiving rank, start of its wait) -> when the peer posted the send
     if stage_to_rank is not None:
         from ppx.report.timeline import handoffs
-        from ppx.schedules.action import Action
-        from ppx.schedules.lowering import peer_of
 
-        for send_text, _, sent, peer, _, _ in handoffs(spans_by_rank, stage_to_rank):
-            posted[(peer, str(peer_of(Action.parse(send_text), stage_to_rank)[1]))] = sent
+        for _, _, sent, peer, wait_start, _ in handoffs(spans_by_rank, stage_to_rank):
+            posted[(peer, wait_start)] = sent
     fig, ax = plt.subplots(figsize=(12, 0.7 * len(ranks) + 1.6))
     for row, r in enumerate(ranks):
         y = len(ranks) - 1 - row
@@ -46,8 +44,8 @@ def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None) -
             else:
                 color, height = COLORS["wait"], 0.5
             ax.add_patch(plt.Rectangle((x, y - height / 2), w, height, facecolor=color, edgecolor="none"))
-            if kind == "wait" and actions and (r, actions[0]) in posted:
-                sent = min(max(posted[(r, actions[0])], start), end)
+            if kind == "wait" and (r, start) in posted:
+                sent = min(max(posted[(r, start)], start), end)
                 ax.add_patch(plt.Rectangle(((sent - t0) * 1e3, y - 0.25), (end - sent) * 1e3, 0.5,
                                            facecolor=COLORS["transfer"], edgecolor="none"))
             if kind == "compute" and w > span_ms / 60:

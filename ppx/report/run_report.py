@@ -99,15 +99,16 @@ class RunReport:
 
     def _prediction(self, summary: dict) -> dict:
         """The simulator's step time and bubble from this run's measured action costs."""
-        from ppx.prediction import cost_samples, costs_from, measured_costs, predict, predict_expected, transport_of
+        from ppx.prediction import cost_samples, costs_from, mean_costs, predict, predict_expected, transport_of
 
-        measured = measured_costs(self.timeline, self.schedule)
+        samples = cost_samples(self.timeline, self.schedule)  # walked once: means and draws both come from it
+        measured = mean_costs(samples)
         if not measured["action_s"]:
             return {}
         transport = transport_of(self.cfg, self.backend)
         # the expected step with every action's cost drawn from its measured samples, and the
         # step of the mean costs (what `ppx simulate --from-run` computes)
-        pred = predict_expected(self.schedule, cost_samples(self.timeline, self.schedule), *transport)
+        pred = predict_expected(self.schedule, samples, *transport)
         of_means = predict(self.schedule, costs_from(measured, self.schedule.num_stages), *transport)
         pred["step_time_of_mean_costs_s"] = of_means["step_time_s"]
         # held against the steps the costs come from (the timeline's): on a busy machine whole

@@ -239,8 +239,7 @@ def simulate(schedule: Schedule, costs: Costs | SampledCosts | None = None, tran
         for bs in batches_by_rank:
             for b in bs:
                 b.complete = max(op.done for op in b.ops) if all(op.done is not None for op in b.ops) else None
-        queue_head = [len(bs) if all(b.complete is not None for b in bs) else
-                      next(k for k, b in enumerate(bs) if b.complete is None) for bs in batches_by_rank]
+        queue_head = [next((k for k, b in enumerate(bs) if b.complete is None), len(bs)) for bs in batches_by_rank]
     stuck = []
     for r in range(n):
         if pc[r] < len(programs[r]):
