@@ -221,7 +221,7 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("--transport", choices=["nccl", "gloo"], help="nccl: batches complete in order, as one group "
                      "(default) | gloo: each send/receive on its own, as ppx's runtime on gloo (default with --from-run "
                      "of a gloo run)")
-    sim.add_argument("--recv-lookahead", type=int, help="gloo: receives posted this many compute actions early "
+    sim.add_argument("--recv-lookahead", type=int, help="gloo: receives posted this many compute actions early, -1 all at a rank's first wait "
                      "(default 0, or the run's runtime.recv_lookahead with --from-run)")
     sim.add_argument("--from-run", help="take per-stage costs measured in this run directory instead")
     sim.add_argument("--png", help="draw the predicted timeline to this PNG")

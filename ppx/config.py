@@ -76,8 +76,9 @@ class RuntimeConfig:
     timeout_s: float = _f(60.0, "seconds without progress on one rank before the whole job is ended")
     threads_per_rank: int = _f(1, "CPU threads per process (torch.set_num_threads)")
     recv_lookahead: int = _f(
-        1, "gloo: post each receive this many compute actions before the one that needs it, so data lands while the "
-        "stage still computes (gloo sends only once the receive is posted); 0: right before it. NCCL: always 0"
+        -1, "gloo: -1 posts all of a step's receives at the rank's first wait, where it idles anyway; k > 0 posts each "
+        "receive k compute actions before the one that needs it; 0 right before it. Early receives let data land "
+        "while the stage computes (gloo sends only once the receive is posted). NCCL: always 0"
     )
     inject_fault: Optional[str] = _f(None, "testing the failure path: 'hang@<action>' or 'die@<action>', e.g. hang@1F2")
 
@@ -257,8 +258,8 @@ def check(cfg: Config) -> None:
         raise UserError(f"train.steps must be >= 1, got {t.steps}")
     if cfg.runtime.timeout_s <= 0:
         raise UserError(f"runtime.timeout_s must be > 0, got {cfg.runtime.timeout_s}")
-    if cfg.runtime.recv_lookahead < 0:
-        raise UserError(f"runtime.recv_lookahead must be >= 0, got {cfg.runtime.recv_lookahead}")
+    if cfg.runtime.recv_lookahead < -1:
+        raise UserError(f"runtime.recv_lookahead must be -1 (all at the first wait) or >= 0, got {cfg.runtime.recv_lookahead}")
     if cfg.runtime.threads_per_rank < 1:
         raise UserError(f"runtime.threads_per_rank must be >= 1, got {cfg.runtime.threads_per_rank}")
     if m.hidden < 1 or m.layers < 1:

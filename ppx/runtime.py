@@ -45,7 +45,8 @@ class ActionFailed(RuntimeError):
 def compile_program(row: Sequence[Action], stage_to_rank: Sequence[int] = (), recv_lookahead: int = 0) -> list[Item]:
     """Group comm runs into ``post`` items and put a ``wait`` before each consumer of a
     received tensor (labelled with the rank it waits for, when ``stage_to_rank`` is given).
-    ``recv_lookahead`` > 0 posts receives that many compute actions early (`receive_early`)."""
+    ``recv_lookahead`` != 0 posts receives earlier (`receive_early`: k > 0 that many compute
+    actions early, -1 all at the first wait); a batch is posted in the list's order."""
     row = receive_early(row, recv_lookahead)
     starts = dict(comm_batches(row))
     program: list[Item] = []
@@ -142,7 +143,7 @@ class Runtime:
 
     # -- handlers --------------------------------------------------------------------------
     def _post(self, item: Item) -> None:
-        ops, recvs = [], []
+        ops, keys = [], []  # posted in the list's order (see `receive_early`)
         s2r = self.schedule.stage_to_rank
         for a in item.actions:
             peer, _ = peer_of(a, s2r)
@@ -153,17 +154,16 @@ class Runtime:
             else:
                 kind = "F" if a.op is Op.RECV_F else "B"
                 shape, dtype = self.boundary(a.stage - 1 if kind == "F" else a.stage)
-                buf = torch.empty(shape, dtype=dtype, device=self.device)
-                ops.append((False, buf, peer, kind))
-                recvs.append(((kind, a.stage, a.mb), buf))
-        ops.sort(key=lambda op: op[0])  # receives first: a posted receive lets the peer's send land at once
+                ops.append((False, torch.empty(shape, dtype=dtype, device=self.device), peer, kind))
+                keys.append((kind, a.stage, a.mb))
         works = self.comm.post(ops)
         if len(works) == len(ops):  # one request per op (gloo)
             requests = [_Request((w,), (op[1],)) for w, op in zip(works, ops)]
         else:  # one coalesced group (NCCL): every op waits for all of it
             requests = [_Request(tuple(works), [op[1] for op in ops])] * len(ops)
         self._requests += requests
-        for (key, buf), request in zip(recvs, requests):  # receives come first in ``ops``
+        received = ((op[1], request) for op, request in zip(ops, requests) if not op[0])
+        for key, (buf, request) in zip(keys, received):
             self._inbox[key] = _Pending(request, buf)
 
     def _wait(self, item: Item) -> None:

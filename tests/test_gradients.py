@@ -47,9 +47,10 @@ def cases(p):
     out += [("mlp-1f1b-tracer", overrides("mlp", "1f1b", p, uneven=True) + ["pipeline.split=tracer"]),
             ("transformer-zb_h1-tracer", overrides("transformer", "zb_h1", p) + ["pipeline.split=tracer"]),
             ("mlp-interleaved-tracer", overrides("mlp", "interleaved", p) + ["pipeline.split=tracer"])]
-    # receives posted 0 (the lowered list's place) or 3 compute actions before their consumer (default 1)
+    # receives posted 0 (the lowered list's place) or 2 compute actions before their consumer
+    # (default -1: all of them at the rank's first wait)
     out += [(f"{mo}-{s}-lookahead{k}", overrides(mo, s, p) + [f"runtime.recv_lookahead={k}"])
-            for mo, s in [("mlp", "1f1b"), ("transformer", "interleaved"), ("mlp", "zb_h1")] for k in (0, 3)]
+            for mo, s in [("mlp", "1f1b"), ("transformer", "interleaved"), ("mlp", "zb_h1")] for k in (0, 2)]
     # ppx's lists exported to torch's CSV form and executed by torch's _PipelineScheduleRuntime
     out += [(f"{mo}-{s}-torch-executor", overrides(mo, s, p) + ["pipeline.executor=torch"])
             for mo, s in [("mlp", "1f1b"), ("mlp", "zb_h1"), ("transformer", "interleaved")]]

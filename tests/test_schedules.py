@@ -9,6 +9,7 @@ from ppx import schedules
 from ppx.errors import ScheduleError
 from ppx.schedules import Action, Costs, Op
 from ppx.schedules.grid import render_grid
+from ppx.schedules.lowering import comm_batches
 
 FAMILIES = list(schedules.FAMILIES)
 
@@ -105,7 +106,7 @@ def test_comms_pair_1f1b_send_forward_with_receive_backward():
 
 
 @pytest.mark.parametrize("name,v", [("1f1b", 1), ("gpipe", 1), ("zb_h1", 1), ("interleaved_1f1b", 2)])
-@pytest.mark.parametrize("lookahead", [0, 1, 3])
+@pytest.mark.parametrize("lookahead", [-1, 0, 1, 3])
 def test_receives_move_earlier_and_waits_stay_put(name, v, lookahead):
     from ppx.runtime import compile_program
     from ppx.schedules.lowering import receive_early
@@ -118,10 +119,18 @@ def test_receives_move_earlier_and_waits_stay_put(name, v, lookahead):
         assert others(early) == others(row)  # computes and sends keep their order
         recvs = lambda r: [a for a in r if a.op.is_comm and not a.op.is_send]  # noqa: E731
         assert recvs(early) == recvs(row)  # receives keep their order (gloo matches them in order)
+        computes_before = lambda r, a: sum(1 for b in r[: r.index(a)] if b.op.is_compute)  # noqa: E731
         for k, a in enumerate(row):
             if a.op.is_comm and not a.op.is_send:
-                consumer = sum(1 for b in row[:k] if b.op.is_compute)  # computes before it
-                assert sum(1 for b in early[: early.index(a)] if b.op.is_compute) == max(consumer - lookahead, 0)
+                if lookahead >= 0:
+                    assert computes_before(early, a) == max(computes_before(row, a) - lookahead, 0)
+                else:  # all at the first wait: after the computes that need no receive
+                    first = next(k for k, b in enumerate(row) if b.op.is_comm and not b.op.is_send)
+                    assert computes_before(early, a) == computes_before(row, row[first])
+        if lookahead != 0:  # moved receives are posted ahead of the sends they land next to, except upfront
+            for start, end in comm_batches(early):
+                kinds = [b.op.is_send for b in early[start:end]]
+                assert kinds == sorted(kinds, reverse=lookahead < 0)
         program = compile_program(row, sched.stage_to_rank, lookahead)
         waits = [it.label.split()[1] for it in program if it.kind == "wait"]
         plain = [it.label.split()[1] for it in compile_program(row, sched.stage_to_rank) if it.kind == "wait"]

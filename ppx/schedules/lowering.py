@@ -93,29 +93,43 @@ def comm_batches(row) -> list[tuple[int, int]]:
 
 
 def receive_early(row: Sequence[Action], lookahead: int) -> list[Action]:
-    """``row`` with every receive moved ``lookahead`` compute actions earlier (to the start of
-    the row at most), receives keeping their order. Waits stay before the consumers, so the
-    blocking points are the lowered list's: only the posting moves. On gloo this matters: a
-    send goes out only once its receive is posted (gloo's transport is rendezvous: a
-    receive tells the sender it is ready), so a receive posted while the stage still
-    computes lets the data land meanwhile, instead of starting a round trip when it ends."""
-    if lookahead <= 0:
+    """``row`` with its receives posted earlier, keeping their order; waits stay before the
+    consumers, so the blocking points are the lowered list's: only the posting moves.
+
+    ``lookahead`` = k > 0: each receive moves k compute actions earlier (to the start of the
+    row at most), ahead of the sends it lands next to. k < 0: every receive of the row is
+    posted at once, after the sends that precede the rank's first wait, where the rank idles
+    anyway (all of a step's receive buffers are then allocated together).
+
+    On gloo this matters: a send goes out only once its receive is posted (gloo's transport is
+    rendezvous: a receive tells the sender it is ready), so a receive posted while the stage
+    still computes lets the data land meanwhile, instead of starting a round trip when it
+    ends; and a receive posted while the rank idles costs no time between two computes."""
+    if lookahead == 0:
         return list(row)
-    computes = [k for k, a in enumerate(row) if a.op.is_compute]
-    moved: dict[int, list[Action]] = {}  # row index of a compute -> receives posted before it
-    out_of_place: set[int] = set()
-    for k, a in enumerate(row):
-        if a.op.is_comm and not a.op.is_send:
-            consumer = next((j for j, c in enumerate(computes) if c > k), None)
-            if consumer is None:
-                continue
-            target = computes[max(consumer - lookahead, 0)]
-            moved.setdefault(target, []).append(a)
-            out_of_place.add(k)
+    is_recv = [a.op.is_comm and not a.op.is_send for a in row]
+    recvs = [a for a, r in zip(row, is_recv) if r]
+    rest = [a for a, r in zip(row, is_recv) if not r]
+    if not recvs:
+        return list(row)
+    if lookahead < 0:
+        received = {(a.stage, a.mb, a.op) for a in recvs}
+        need = {Op.F: Op.RECV_F, Op.B: Op.RECV_B, Op.I: Op.RECV_B}
+        first = next(k for k, a in enumerate(rest) if (a.stage, a.mb, need.get(a.op)) in received)
+        return rest[:first] + recvs + rest[first:]
+    computes = [k for k, a in enumerate(rest) if a.op.is_compute]
+    moved: dict[int, list[Action]] = {}  # index in ``rest`` -> receives posted before it
+    seen = 0  # computes before the current receive in ``row``
+    for a, r in zip(row, is_recv):
+        if not r:
+            seen += a.op.is_compute
+            continue
+        k = computes[max(seen - lookahead, 0)]
+        while k > 0 and rest[k - 1].op.is_comm:  # ahead of the sends posted there
+            k -= 1
+        moved.setdefault(k, []).append(a)
     out: list[Action] = []
-    for k, a in enumerate(row):
-        if k in moved:
-            out += moved[k]
-        if k not in out_of_place:
-            out.append(a)
+    for k, a in enumerate(rest):
+        out += moved.get(k, [])
+        out.append(a)
     return out
