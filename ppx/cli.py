@@ -150,7 +150,7 @@ def cmd_simulate(args) -> int:
         transport, lookahead = transport_of(config.from_yaml(Path(args.from_run) / "config.yaml"), backend)
     else:
         costs = schedules.Costs(fwd=_ms_list(args.fwd_ms), bwd=_ms_list(args.bwd_ms), wgrad=_ms_list(args.wgrad_ms),
-                                p2p=args.p2p_ms / 1e3)
+                                p2p=args.p2p_ms / 1e3, send_post=args.send_post_ms / 1e3, recv_post=args.recv_post_ms / 1e3)
         transport, lookahead = "nccl", 0
     transport = args.transport or transport
     lookahead = args.recv_lookahead if args.recv_lookahead is not None else lookahead
@@ -218,6 +218,8 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("--bwd-ms", default="20", help="input-gradient backward ms, likewise")
     sim.add_argument("--wgrad-ms", default="0", help="weight-gradient ms, likewise (a full B costs bwd + wgrad)")
     sim.add_argument("--p2p-ms", type=float, default=0.0, help="latency of one hand-off between ranks, ms")
+    sim.add_argument("--send-post-ms", type=float, default=0.0, help="time the runtime takes to post one send, ms")
+    sim.add_argument("--recv-post-ms", type=float, default=0.0, help="time the runtime takes to post one receive, ms")
     sim.add_argument("--transport", choices=["nccl", "gloo"], help="nccl: batches complete in order, as one group "
                      "(default) | gloo: each send/receive on its own, as ppx's runtime on gloo (default with --from-run "
                      "of a gloo run)")

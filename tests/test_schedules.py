@@ -156,6 +156,19 @@ def test_gloo_transport_hand_derived():
     assert (late.makespan, early.makespan) == (8, 7)
 
 
+def test_posting_costs_time_per_op_and_sends_leave_when_posted():
+    # GPipe p=2 m=2 on gloo, lowered lists, F = B = 1, 0.1 per posted op: 0SEND_F0 is out at 1.1,
+    # 1RECV_F1 (posted after 1F0 ends at 2.1) at 2.2, 1SEND_B0 at 4.3, 0RECV_B1 (after 0B0) at 5.4
+    t = schedules.simulate(schedules.build("gpipe", 2, 2), Costs(fwd=1, bwd=1, send_post=0.1, recv_post=0.1), "gloo", 0)
+    want = {"0F0": 0, "0F1": 1.1, "1F0": 1.1, "1F1": 2.2, "1B0": 3.2, "1B1": 4.3, "0B0": 4.3, "0B1": 5.4}
+    assert _starts(t) == pytest.approx(want)
+    assert t.makespan == pytest.approx(6.4)
+    # every receive posted at the rank's first wait: rank 1 posts two (0.2) before 1F0, which still
+    # waits for 0SEND_F0; rank 0 posts SEND_F1 first, then both receives
+    up = schedules.simulate(schedules.build("gpipe", 2, 2), Costs(fwd=1, bwd=1, send_post=0.1, recv_post=0.1), "gloo", -1)
+    assert _starts(up) == pytest.approx(want)
+
+
 def test_sends_leave_when_the_compute_ends_not_after_the_overhead():
     t = schedules.simulate(schedules.build("gpipe", 2, 2), Costs(fwd=1, bwd=1, overhead=0.25))
     assert _starts(t)["1F0"] == 1.0  # 0F0 ends at 1; its 0.25 of runtime overhead follows the send
@@ -245,3 +258,23 @@ def test_sampled_costs_match_constants_and_cost_more_when_they_vary():
     of_means = predict(sched, Costs(fwd=1, bwd=2, p2p=0.1, overhead=0.05), "gloo", 1)["step_time_s"]
     assert expected > of_means * 1.03
     assert predict_expected(sched, samples, "gloo", 1, draws=8, seed=1) == predict_expected(sched, samples, "gloo", 1, draws=8, seed=1)
+
+
+def test_cost_samples_split_posting_into_sends_and_receives():
+    from ppx.prediction import cost_samples, costs_from, mean_costs
+
+    # rank 0: one send alone (0.1 s), then a send and a receive together (0.13 s: the receive gets
+    # 0.13 - 0.1); rank 1 posts two receives at once (0.02 each) and waits for 0F0's send
+    r0 = [("compute", "0F0", ["0F0"], 0.0, 1.0), ("post", "0SEND_F0", ["0SEND_F0"], 1.0, 1.1),
+          ("compute", "0F1", ["0F1"], 1.15, 2.15), ("post", "0SEND_F1 0RECV_B0", ["0SEND_F1", "0RECV_B0"], 2.15, 2.28)]
+    r1 = [("post", "1RECV_F0 1RECV_F1", ["1RECV_F0", "1RECV_F1"], 0.0, 0.04),
+          ("wait", "wait 1RECV_F0", ["1RECV_F0"], 0.04, 1.3), ("compute", "1F0", ["1F0"], 1.3, 2.3),
+          ("wait", "wait 1RECV_F1", ["1RECV_F1"], 2.3, 2.5), ("compute", "1F1", ["1F1"], 2.5, 3.5)]
+    sched = schedules.build("gpipe", 2, 2)
+    samples = cost_samples([{"step": 0, "ranks": {0: r0, 1: r1}}], sched)
+    assert samples["send_post_s"] == pytest.approx([0.1])
+    assert samples["recv_post_s"] == pytest.approx([0.02, 0.03])
+    assert samples["p2p_s"] == pytest.approx([0.2])  # 0SEND_F0 out at 1.1, waited for until 1.3; 1F1's wait began later
+    assert samples["overhead_s"] == pytest.approx([0.025, 0.0])  # rank 0's 0.05 gap over its two computes
+    costs = costs_from(mean_costs(samples), 2)
+    assert (costs.send_post, costs.recv_post) == pytest.approx((0.1, 0.025))

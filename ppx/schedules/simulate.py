@@ -34,15 +34,19 @@ def _per_stage(value: PerStage, stage: int) -> float:
 class Costs:
     """Per-action costs in seconds (or any unit). ``fwd``/``bwd``/``wgrad`` are one value
     or one per stage. A full backward B costs bwd + wgrad, an input-gradient backward I costs
-    bwd and a weight-gradient backward W costs wgrad. ``p2p`` is the latency of one message;
-    ``overhead`` is added to every compute action: the runtime's own time after it, during
-    which it posts the action's sends (so they leave when the compute ends)."""
+    bwd and a weight-gradient backward W costs wgrad. ``p2p`` is the latency of one message
+    from its post; ``send_post``/``recv_post`` the time to post one send/receive (a batch's
+    ops are posted one after another from the end of the compute before it, each out when its
+    own posting ends); ``overhead`` is added to every compute action: the runtime's own time
+    around it besides posting."""
 
     fwd: PerStage = 1.0
     bwd: PerStage = 1.0
     wgrad: PerStage = 0.0
     p2p: float = 0.0
     overhead: float = 0.0
+    send_post: float = 0.0
+    recv_post: float = 0.0
 
     def of(self, a: Action) -> float:
         """The action's work plus the runtime's overhead after it."""
@@ -66,17 +70,23 @@ class Costs:
     def latency(self) -> float:
         return self.p2p
 
+    def post_cost(self, a: Action) -> float:
+        return self.send_post if a.op.is_send else self.recv_post
+
 
 class SampledCosts:
     """Costs drawn afresh for every action and message from measured samples: ``actions``
-    maps "<stage><op>" (e.g. "0F", "1B") to durations, ``p2p`` and ``overhead`` are lists.
+    maps "<stage><op>" (e.g. "0F", "1B") to durations, ``p2p``, ``overhead``, ``send_post``
+    and ``recv_post`` are lists.
     Simulating many draws gives the expected step time under the measured variability, which
     the step time of the mean costs underestimates (a slow action on the critical path costs
     all of its delay, one off it none)."""
 
-    def __init__(self, actions: dict, p2p: Sequence[float], overhead: Sequence[float], seed: int = 0):
+    def __init__(self, actions: dict, p2p: Sequence[float], overhead: Sequence[float], seed: int = 0,
+                 send_post: Sequence[float] = (), recv_post: Sequence[float] = ()):
         self._samples = {k: list(v) for k, v in actions.items()}
         self._p2p, self._overhead = list(p2p) or [0.0], list(overhead) or [0.0]
+        self._send_post, self._recv_post = list(send_post) or [0.0], list(recv_post) or [0.0]
         self._rng = random.Random(seed)
 
     def work(self, a: Action) -> float:
@@ -88,6 +98,9 @@ class SampledCosts:
 
     def latency(self) -> float:
         return self._rng.choice(self._p2p)
+
+    def post_cost(self, a: Action) -> float:
+        return self._rng.choice(self._send_post if a.op.is_send else self._recv_post)
 
 
 @dataclass
@@ -192,11 +205,15 @@ def simulate(schedule: Schedule, costs: Costs | SampledCosts | None = None, tran
             while pc[r] < len(programs[r]):
                 kind, item = programs[r][pc[r]]
                 if kind == "batch":
-                    item.posted = clock[r] if compute_end[r] is None else compute_end[r]
+                    t = clock[r] if compute_end[r] is None else compute_end[r]
+                    for op in item.ops:  # posted one after another, each out when its posting ends
+                        cost = costs.post_cost(op.action)
+                        t, clock[r] = t + cost, clock[r] + cost
+                        op.posted = t
+                    item.posted = t
                     compute_end[r] = None
                     if not strict:  # each op on its own: done p2p after both ends are posted
                         for op in item.ops:
-                            op.posted = item.posted
                             peer = match(op)
                             if peer.posted is not None:
                                 op.done = peer.done = max(op.posted, peer.posted) + costs.latency()
