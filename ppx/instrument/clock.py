@@ -35,7 +35,7 @@ def offset_to_rank0(group=None, rounds: int = 8) -> float:
     return best[1] if rank != 0 else 0.0
 
 
-SPIN_S = 0.0005  # the last half millisecond is spun, not slept: sleep wake-ups overshoot by 0.1-1 ms
+SPIN_S = 0.00025  # the last 0.25 ms is spun, not slept: sleep wake-ups come 0.1-0.2 ms late (p90 on a 2-vCPU VM)
 
 
 def sleep_until(deadline: float) -> None:
