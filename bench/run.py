@@ -188,10 +188,12 @@ def markdown(results: dict, scale: float) -> str:
         "# Benchmarks",
         "",
         f"Measured by `make bench` on {time.strftime('%Y-%m-%d')}: {platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}, torch {torch.__version__}, CPU + gloo, 1 thread per process.",
+        f"Python {platform.python_version()}, torch {torch.__version__}, CPU + gloo, 1 thread per process, "
+        "each process pinned to its block of CPUs as `ppx run` pins them (`runtime.pin_cpus`).",
         "Each case runs its variants side by side in one torchrun job, alternating step by step (20 to 300 measured "
         f"steps per variant{'' if scale == 1 else f', scaled by {scale}'}, after 3 warm-up steps); every step starts on "
-        "all ranks at the same instant and lasts until the last rank finishes; the table shows medians. Reproduce "
+        "all ranks at the same instant (its data made before, as a prefetching loader has it) and lasts until the "
+        "last rank finishes; the table shows medians. Reproduce "
         "with `make bench` (about 5 minutes; `BENCH_SCALE=2 make bench` measures twice as many steps).",
         "",
         "| benchmark | measured | target | |",

@@ -3,8 +3,9 @@
 Measures, side by side in one process group and alternating step by step, the variants a
 case names: ``ppx`` (timers off), ``ppx_timers``, ``ppx_all`` (timers + memory counters),
 and ``torch`` (torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B on the very same
-stage modules and data). Each step starts on every rank at the same instant; its time is
-the last rank's end minus the first rank's start. Rank 0 writes the medians as JSON.
+stage modules and data, made before the step as a prefetching loader has it), in processes
+pinned as `ppx run` pins them. Each step starts on every rank at the same instant; its time is the last rank's end minus the first
+rank's start. Rank 0 writes the medians as JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch.distributed as dist
 
 from ppx import modelled_cost
 from ppx import config, models
+from ppx.affinity import pin_local_rank
 from ppx.comm import P2P
 from ppx.instrument import Instruments
 from ppx.instrument.clock import offset_to_rank0, start_together
@@ -51,10 +53,13 @@ def torch_variant(cfg, schedule, rank, world):
     sched = cls(stage, n_microbatches=schedule.num_microbatches, loss_fn=kind.loss)
     params = list(module.parameters())
 
-    def step(i):
+    def prepare(i):
+        return kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, i)
+
+    def step(batch):
         for q in params:
             q.grad = None
-        x, y = kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, i)
+        x, y = batch
         if rank == 0:
             sched.step(x)
         elif rank == world - 1:
@@ -62,7 +67,7 @@ def torch_variant(cfg, schedule, rank, world):
         else:
             sched.step()
 
-    return step
+    return prepare, step
 
 
 _shared: dict = {}
@@ -77,15 +82,16 @@ def ppx_variant(cfg, schedule, rank, observers_of):
     observers = observers_of(inst)
     params = pipe.parameters()
 
-    def step(i):
+    def step(i_batch):
+        i, batch = i_batch
         for q in params:
             q.grad = None
         pipe.runtime.observers = observers
         inst.begin_step(i)
-        pipe.step(i)
+        pipe.step(i, batch)
         inst.end_step(i)
 
-    return step
+    return (lambda i: (i, pipe.microbatches(i))), step
 
 
 def main() -> None:
@@ -96,6 +102,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    # pinned as `ppx run` pins CPU ranks (runtime.pin_cpus), for ppx and torch variants alike
+    pin_local_rank(int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"]))
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -113,9 +121,11 @@ def main() -> None:
     for rep in range(args.warmup + args.reps):
         order = args.variants if rep % 2 == 0 else args.variants[::-1]
         for v in order:
+            prepare, run = steps[v]
+            batch = prepare(rep)  # data is ready before the step, as in ppx's training loop
             start_together(offset)
             t0 = time.perf_counter()
-            steps[v](rep)
+            run(batch)
             t1 = time.perf_counter()
             spans = [None] * world if rank == 0 else None
             dist.gather_object((t0 + offset, t1 + offset), spans, dst=0)

@@ -75,6 +75,11 @@ class RuntimeConfig:
     device: Literal["auto", "cpu", "cuda"] = _f("auto", "auto: CUDA+NCCL with one GPU per stage, else CPU+gloo | cpu | cuda")
     timeout_s: float = _f(60.0, "seconds without progress on one rank before the whole job is ended")
     threads_per_rank: int = _f(1, "CPU threads per process (torch.set_num_threads)")
+    pin_cpus: bool = _f(
+        True, "CPU runs: pin each local rank, its threads included, to its own block of the CPUs the job may use "
+        "(neighbouring ranks share one when there are more ranks than CPUs), so a woken communication thread "
+        "cannot stall a neighbour's compute; the CPUs go to env.json"
+    )
     recv_lookahead: int = _f(
         -1, "gloo: -1 posts all of a step's receives at the rank's first wait, where it idles anyway; k > 0 posts each "
         "receive k compute actions before the one that needs it; 0 right before it. Early receives let data land "

@@ -69,3 +69,14 @@ def test_the_launcher_checks_a_config_without_importing_torch():
             "assert 'torch' not in sys.modules, 'torch imported'")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_cpu_blocks_split_the_cpus_and_share_them_between_neighbours():
+    from ppx.affinity import cpu_block, describe
+
+    assert [cpu_block(r, 2, [0, 1]) for r in range(2)] == [[0], [1]]
+    assert [cpu_block(r, 4, [0, 1]) for r in range(4)] == [[0], [0], [1], [1]]  # neighbours together
+    assert [cpu_block(r, 3, [4, 5, 6, 7, 8, 9, 10, 11]) for r in range(3)] == [[4, 5], [6, 7, 8], [9, 10, 11]]
+    blocks = [cpu_block(r, 5, range(16)) for r in range(5)]
+    assert sorted(c for b in blocks for c in b) == list(range(16))  # every CPU used once
+    assert describe([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"

@@ -3,6 +3,8 @@ same losses for every schedule, every stage count and every repeat."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from conftest import ppx, read_json, read_jsonl
@@ -33,6 +35,10 @@ def test_four_stage_run_directory_is_complete(four_stage_runs, exp, schedule):
     for key in ("python", "torch", "gloo", "nccl", "git", "hostnames", "ranks", "world_size", "seed", "command"):
         assert key in env, key
     assert env["world_size"] == 4 and len(env["ranks"]) == 4 and env["backend"] == "gloo"
+    from ppx.affinity import cpu_block, describe  # runtime.pin_cpus: each rank on its own block
+
+    cpus = sorted(os.sched_getaffinity(0))
+    assert [x["cpus"] for x in env["ranks"]] == [describe(cpu_block(r, 4, cpus)) for r in range(4)]
     assert set(env["git"]) == {"commit", "dirty"}
     assert env["command"].startswith(f"ppx run {exp}")
     lines = read_jsonl(d / "metrics.jsonl")

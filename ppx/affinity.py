@@ -1,0 +1,44 @@
+"""CPU pinning for CPU runs: each local rank gets its own block of the CPUs the job may use.
+
+Without it, the thread that gloo wakes when a message lands can preempt a neighbour rank's
+compute on a shared CPU while another CPU idles, and the preempted rank waits for the next
+scheduler tick to move (measured here: 4 ms stalls inside a send, MLP 1F1B p=2 steps 18 ms
+unpinned, 13-14 ms pinned). Ranks keep to their block, threads included, since gloo's
+threads start after pinning and inherit it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+
+def cpu_block(local_rank: int, local_world: int, cpus: Sequence[int]) -> list[int]:
+    """CPUs for ``local_rank`` of ``local_world``: consecutive, equal blocks of ``cpus``
+    (sorted); with more ranks than CPUs, neighbouring ranks share one (ranks 0,1 | 2,3 of 4
+    on 2 CPUs), so most hand-offs stay on one CPU."""
+    cpus = sorted(cpus)
+    n = len(cpus)
+    if local_world <= n:
+        return cpus[local_rank * n // local_world: (local_rank + 1) * n // local_world]
+    return [cpus[local_rank * n // local_world]]
+
+
+def pin_local_rank(local_rank: int, local_world: int) -> list[int]:
+    """Pin this process to its block (of the CPUs it may use now); returns the block."""
+    block = cpu_block(local_rank, local_world, sorted(os.sched_getaffinity(0)))
+    os.sched_setaffinity(0, block)
+    return block
+
+
+def describe(cpus: Sequence[int]) -> str:
+    """"0-3,8" for [0, 1, 2, 3, 8]."""
+    out, cpus = [], sorted(cpus)
+    k = 0
+    while k < len(cpus):
+        j = k
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        out.append(str(cpus[k]) if j == k else f"{cpus[k]}-{cpus[j]}")
+        k = j + 1
+    return ",".join(out)
