@@ -81,7 +81,8 @@ class RuntimeConfig:
         "cannot stall a neighbour's compute; the CPUs go to env.json"
     )
     recv_lookahead: int = _f(
-        -1, "gloo: -1 posts all of a step's receives at the rank's first wait, where it idles anyway; k > 0 posts each "
+        -1, "gloo: -1 posts all of a step's receives at the rank's first wait, where it idles anyway (their buffers, "
+        "one boundary tensor per microbatch and direction, are then held together); k > 0 posts each "
         "receive k compute actions before the one that needs it; 0 right before it. Early receives let data land "
         "while the stage computes (gloo sends only once the receive is posted). NCCL: always 0"
     )
