@@ -72,10 +72,9 @@ def mean_costs(samples: dict) -> dict:
     time to post one send and one receive."""
     # means, not medians: a step is a sum of many of them, and hand-offs on a busy machine
     # have long tails (p90 at 2-3x the median) that medians would leave out of the prediction
-    mean = _mean
-    return {"action_s": {k: mean(v) for k, v in samples["action_s"].items()}, "p2p_s": mean(samples["p2p_s"]),
-            "overhead_s": mean(samples["overhead_s"]), "send_post_s": mean(samples.get("send_post_s", [])),
-            "recv_post_s": mean(samples.get("recv_post_s", []))}
+    return {"action_s": {k: _mean(v) for k, v in samples["action_s"].items()}, "p2p_s": _mean(samples["p2p_s"]),
+            "overhead_s": _mean(samples["overhead_s"]), "send_post_s": _mean(samples.get("send_post_s", [])),
+            "recv_post_s": _mean(samples.get("recv_post_s", []))}
 
 
 def costs_from(measured: dict, num_stages: int) -> schedules.Costs:

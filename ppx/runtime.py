@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ppx.schedules.action import Action, Op
-from ppx.schedules.lowering import comm_batches, peer_of, receive_early
+from ppx.schedules.lowering import comm_batches, input_receive, peer_of, receive_early
 from ppx.schedules.schedule import Schedule
 from ppx.modelled_cost import begin_action, end_action
 from ppx.stage import StageRunner
@@ -50,19 +50,18 @@ def compile_program(row: Sequence[Action], stage_to_rank: Sequence[int] = (), re
     row = receive_early(row, recv_lookahead)
     starts = dict(comm_batches(row))
     program: list[Item] = []
-    received: set[tuple[Op, int, int]] = set()
+    received: set[Action] = set()
     k = 0
     while k < len(row):
         if k in starts:
             batch = tuple(row[k : starts[k]])
             program.append(Item("post", batch, " ".join(map(str, batch))))
-            received |= {(a.op, a.stage, a.mb) for a in batch if not a.op.is_send}
+            received |= {a for a in batch if not a.op.is_send}
             k = starts[k]
             continue
         a = row[k]
-        need = {Op.F: Op.RECV_F, Op.B: Op.RECV_B, Op.I: Op.RECV_B}.get(a.op)
-        if need is not None and (need, a.stage, a.mb) in received:
-            recv = Action(a.stage, need, a.mb)
+        recv = input_receive(a)
+        if recv is not None and recv in received:
             src = f" from rank {peer_of(recv, stage_to_rank)[0]}" if stage_to_rank else ""
             program.append(Item("wait", (recv,), f"wait {recv}{src}"))
         program.append(Item("compute", (a,), str(a)))

@@ -8,7 +8,7 @@ Stages that live on the same rank hand tensors over locally and get no communica
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 from ppx.schedules.action import Action, Op
 from ppx.schedules.schedule import Schedule
@@ -78,6 +78,16 @@ def peer_of(action: Action, stage_to_rank) -> tuple[int, Action]:
     raise ValueError(f"{action} is not a communication action")
 
 
+_FED_BY = {Op.F: Op.RECV_F, Op.B: Op.RECV_B, Op.I: Op.RECV_B}
+
+
+def input_receive(action: Action) -> Optional[Action]:
+    """The receive that would feed compute ``action`` when its input comes from another rank
+    (F takes an activation, B and I a gradient; W and comm actions take none)."""
+    op = _FED_BY.get(action.op)
+    return None if op is None else Action(action.stage, op, action.mb)
+
+
 def comm_batches(row) -> list[tuple[int, int]]:
     """Index ranges [start, end) of the maximal runs of consecutive comm actions in ``row``."""
     spans, start = [], None
@@ -113,9 +123,8 @@ def receive_early(row: Sequence[Action], lookahead: int) -> list[Action]:
     if not recvs:
         return list(row)
     if lookahead < 0:
-        received = {(a.stage, a.mb, a.op) for a in recvs}
-        need = {Op.F: Op.RECV_F, Op.B: Op.RECV_B, Op.I: Op.RECV_B}
-        first = next(k for k, a in enumerate(rest) if (a.stage, a.mb, need.get(a.op)) in received)
+        received = set(recvs)
+        first = next(k for k, a in enumerate(rest) if input_receive(a) in received)
         return rest[:first] + recvs + rest[first:]
     computes = [k for k, a in enumerate(rest) if a.op.is_compute]
     moved: dict[int, list[Action]] = {}  # index in ``rest`` -> receives posted before it

@@ -18,7 +18,7 @@ from typing import Sequence, Union
 
 from ppx.errors import ScheduleError
 from ppx.schedules.action import Action, Op
-from ppx.schedules.lowering import comm_batches, peer_of, receive_early
+from ppx.schedules.lowering import comm_batches, input_receive, peer_of, receive_early
 from ppx.schedules.schedule import Schedule
 
 PerStage = Union[float, Sequence[float]]
@@ -195,8 +195,8 @@ def simulate(schedule: Schedule, costs: Costs | SampledCosts | None = None, tran
     events: list[list[Event]] = [[] for _ in range(n)]
 
     def input_op(r: int, a: Action):
-        want = {Op.F: Op.RECV_F, Op.B: Op.RECV_B, Op.I: Op.RECV_B}.get(a.op)
-        return ops_by_key.get((r, Action(a.stage, want, a.mb))) if want else None
+        recv = input_receive(a)
+        return None if recv is None else ops_by_key.get((r, recv))
 
     progress = True
     while progress:
