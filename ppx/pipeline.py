@@ -87,14 +87,16 @@ class RankPipeline(StageShare):
 
     def microbatches(self, step: int) -> tuple[Optional[list], Optional[list]]:
         """This step's inputs (if this rank owns the first stage) and targets (if the last),
-        split into microbatches, on this rank's device."""
+        split into microbatches, on this rank's device. Each microbatch is its own tensor
+        (as a loader gives it, and as ``.to(cuda)`` makes it): a view into the whole batch
+        would keep the whole batch alive, and counted, for every microbatch saved for backward."""
         if not (self.owns_first or self.owns_last):
             return None, None
         t = self.cfg.train
         x, y = self.kind.make_batch(self.cfg.model, t.seed, t.batch_size, step)
         m = self.schedule.num_microbatches
-        xs = [c.to(self.device) for c in x.chunk(m)] if self.owns_first else None
-        ys = [c.to(self.device) for c in y.chunk(m)] if self.owns_last else None
+        xs = [c.to(self.device, copy=True) for c in x.chunk(m)] if self.owns_first else None
+        ys = [c.to(self.device, copy=True) for c in y.chunk(m)] if self.owns_last else None
         return xs, ys
 
     def step(self, step: int, batch: Optional[tuple] = None) -> Optional[float]:

@@ -63,13 +63,20 @@ def test_measured_bubble_matches_theory_on_known_costs(runs, case):
 def test_microbatches_in_flight_and_saved_bytes(runs, schedule):
     p, m = 4, 8
     s = read_json(runs[(schedule, p, m)] / "summary.json")
-    mb_bytes = (BATCH // m) * HIDDEN * 4  # a middle stage keeps its received input per microbatch
+    mb_bytes = (BATCH // m) * HIDDEN * 4  # the first and middle stages keep their input per microbatch
     for r in s["ranks"]:
         expect = m if schedule == "gpipe" else min(p - r["rank"], m)
         assert r["peak_inflight_microbatches"] == expect
-        if 0 < r["rank"] < p - 1:
+        if r["rank"] < p - 1:
             assert r["peak_activation_bytes"] == expect * mb_bytes
         assert r["peak_memory_bytes"] > 0
+
+
+def test_saved_bytes_on_the_last_stage_follow_microbatches_in_flight(runs):
+    """GPipe holds all 8 microbatches on the last stage, 1F1B one: 8x the bytes (input,
+    output and target per microbatch, whatever the loss keeps)."""
+    last = [read_json(runs[(s, 4, 8)] / "summary.json")["ranks"][3]["peak_activation_bytes"] for s in ("gpipe", "1f1b")]
+    assert last[1] > 0 and last[0] == 8 * last[1]
 
 
 def test_timeline_is_chrome_trace_with_a_track_per_rank_and_flows(runs):

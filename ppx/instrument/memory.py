@@ -2,9 +2,11 @@
 
 `MemoryTracker` is an observer. Around each forward it installs saved-tensor hooks that note
 the storages autograd keeps for backward (parameters excluded). Storages are reference
-counted across microbatches, so one buffer saved by several microbatches (a batch that
-microbatches are views of) counts once; a microbatch's references go when its backward
-completes. It reports per step the peak number of
+counted across microbatches, so one buffer saved by several microbatches counts once; a
+microbatch's references go when its backward completes. A saved view of data (no grad: an
+input or target microbatch cut from the caller's batch, as torch.distributed.pipelining's
+schedules cut them) counts its own bytes: the batch behind it is the caller's, not
+activation memory, and counting it would hide how many microbatches are in flight. It reports per step the peak number of
 microbatches in flight on the rank, the peak of live saved-activation bytes, and the peak
 memory: ``torch.cuda.max_memory_allocated`` on GPU, the process's peak resident set on CPU.
 """
@@ -28,8 +30,8 @@ class MemoryTracker:
         self.begin_step(-1)
 
     def begin_step(self, step: int) -> None:
-        self.held: dict = {}  # (stage, mb) -> storage pointers it keeps alive
-        self._refs: dict = {}  # storage pointer -> [nbytes, references]
+        self.held: dict = {}  # (stage, mb) -> keys of the storages (or data views) it keeps alive
+        self._refs: dict = {}  # storage pointer or data view -> [nbytes, references]
         self.live_bytes = self.peak_bytes = self.peak_inflight = 0
         self._seen: dict = {}
         if self.device.type == "cuda":
@@ -38,7 +40,12 @@ class MemoryTracker:
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
-        if ptr not in self._params:
+        if ptr in self._params:
+            return t
+        if t._is_view() and not t.requires_grad:
+            own = t.numel() * t.element_size()
+            self._seen[(ptr, t.storage_offset(), own)] = own
+        else:
             self._seen[ptr] = storage.nbytes()
         return t
 
