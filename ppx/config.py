@@ -300,6 +300,11 @@ def check(cfg: Config) -> None:
     prof = cfg.profile
     if min(prof.wait, prof.warmup, prof.repeat) < 0 or prof.active < 1:
         raise UserError("profile.wait, profile.warmup and profile.repeat must be >= 0 and profile.active >= 1")
+    window = prof.wait + prof.warmup + prof.active
+    if prof.enabled and cfg.train.steps < window:
+        raise UserError(f"profile.enabled: the profiler records steps {prof.wait + prof.warmup}..{window - 1} "
+                        f"(profile.wait + profile.warmup + profile.active = {window}) but train.steps={cfg.train.steps}; "
+                        f"raise train.steps or shrink the profile window")
     if cfg.runtime.inject_fault is not None:
         from ppx.faults import parse_fault
 

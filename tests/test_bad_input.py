@@ -24,6 +24,8 @@ CASES = {
     "untraceable model": (["gpipe_2cpu", "model.kind=synthetic", "pipeline.split=tracer"],
                           "pipeline.split=tracer cannot trace model.kind=synthetic"),
     "unknown executor": (["gpipe_2cpu", "pipeline.executor=deepspeed"], "pipeline.executor: Invalid value 'deepspeed'"),
+    "profile window past the run": (["gpipe_2cpu", "profile.enabled=true", "train.steps=3"],
+                                    "profile.enabled: the profiler records steps 2..3"),
     "cuda without gpus": (["gpipe_2cpu", "runtime.device=cuda"], "runtime.device=cuda needs 2 GPUs"),
 }
 
