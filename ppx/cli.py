@@ -159,8 +159,7 @@ def cmd_simulate(args) -> int:
     print(f"{sched.name}: {p} ranks, {sched.num_stages} stages, {m} microbatches")
     print(f"predicted step time {t.makespan * 1e3:.2f} ms, bubble {t.bubble_fraction():.1%} (idle / step time)")
     for r in range(p):
-        busy = t.busy(r)
-        print(f"  rank {r}: busy {busy * 1e3:.2f} ms, idle {(t.makespan - busy) * 1e3:.2f} ms")
+        print(f"  rank {r}: compute {t.compute[r] * 1e3:.2f} ms, comm {t.comm[r] * 1e3:.2f} ms, idle {t.idle(r) * 1e3:.2f} ms")
     fam = schedules.FAMILIES.get(sched.name)
     if fam is not None:
         print(f"theory ({fam.bubble_formula}): {fam.bubble(p, m, args.virtual):.1%}")

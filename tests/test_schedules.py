@@ -169,6 +169,20 @@ def test_posting_costs_time_per_op_and_sends_leave_when_posted():
     assert _starts(up) == pytest.approx(want)
 
 
+def test_simulated_bubble_splits_time_as_a_run_measures_it():
+    # GPipe p=2 m=1 on gloo, F = B = 1, 0.1 per send post, 0.5 latency. Rank 0: 0F0 [0, 1], posts
+    # 0SEND_F0 until 1.1; 1SEND_B0 is posted from 3.6 and arrives at 4.2: 0.6 of its wait is
+    # transfer, 0B0 [4.2, 5.2]. Rank 1 waits from 0 for 0SEND_F0 (out at 1.1, arrives 1.6: 0.6
+    # transfer), 1F0 [1.6, 2.6], 1B0 [2.6, 3.6], posts until 3.7. Each rank: compute 2, comm 0.7.
+    t = schedules.simulate(schedules.build("gpipe", 2, 1), Costs(fwd=1, bwd=1, p2p=0.5, send_post=0.1), "gloo", -1)
+    assert t.makespan == pytest.approx(5.2)
+    assert t.compute == pytest.approx([2.0, 2.0]) and t.comm == pytest.approx([0.7, 0.7])
+    assert t.bubble_fraction() == pytest.approx(2 * 2.5 / (2 * 5.2))
+    # the runtime's overhead between actions is idle, as a run's gaps are
+    o = schedules.simulate(schedules.build("gpipe", 2, 1), Costs(fwd=1, bwd=1, overhead=0.25))
+    assert o.compute == [2.0, 2.0] and o.comm == [0.0, 0.0] and o.idle(0) == pytest.approx(o.makespan - 2.0)
+
+
 def test_sends_leave_when_the_compute_ends_not_after_the_overhead():
     t = schedules.simulate(schedules.build("gpipe", 2, 2), Costs(fwd=1, bwd=1, overhead=0.25))
     assert _starts(t)["1F0"] == 1.0  # 0F0 ends at 1; its 0.25 of runtime overhead follows the send

@@ -117,11 +117,14 @@ class RunReport:
         out = {"measured_costs": measured, "predicted": pred, "measured_step_time_s": same_steps,
                "prediction_error": {"step_time": same_steps / pred["step_time_s"] - 1,
                                     "step_time_of_mean_costs": same_steps / of_means["step_time_s"] - 1}}
-        if summary.get("bubble_fraction") is not None:
-            out["prediction_error"]["bubble_fraction"] = summary["bubble_fraction"] - pred["bubble_fraction"]
+        bubbles = [self.steps[t["step"]].get("bubble_fraction") for t in self.timeline]
+        if None not in bubbles:  # the same steps again, and the simulator splits idle as they were split
+            out["measured_bubble_fraction"] = statistics.fmean(bubbles)
+            out["prediction_error"]["bubble_fraction"] = out["measured_bubble_fraction"] - pred["bubble_fraction"]
+        bubble = f", bubble {out['measured_bubble_fraction']:.1%}" if "measured_bubble_fraction" in out else ""
         print(f"ppx: predicted from measured costs: step {pred['step_time_s']:.4f} s (mean costs: "
               f"{of_means['step_time_s']:.4f} s), bubble {pred['bubble_fraction']:.1%}; measured {same_steps:.4f} s "
-              f"over the same {len(self.timeline)} steps ({out['prediction_error']['step_time']:+.1%})", flush=True)
+              f"({out['prediction_error']['step_time']:+.1%}){bubble} over the same {len(self.timeline)} steps", flush=True)
         return out
 
     def _write_timeline(self) -> None:

@@ -114,41 +114,55 @@ class Event:
 
 @dataclass
 class Timeline:
-    """Predicted per-rank compute spans; times start at 0."""
+    """Predicted per-rank compute spans (each with the runtime's overhead after it); times
+    start at 0. ``compute`` and ``comm`` are each rank's seconds of work and of communication,
+    split as a run's measurement splits them: comm = posting + transfer, transfer being the
+    part of a wait for an input after its sender began posting it. The rest is idle: waits
+    for a peer that has not sent yet, the runtime's overhead between actions, the tail."""
 
     events: list[list[Event]]
     rank_end: list[float]
+    compute: list[float] = None
+    comm: list[float] = None
     makespan: float = field(init=False)
 
     def __post_init__(self):
         self.makespan = max(self.rank_end, default=0.0)
+        if self.compute is None:
+            self.compute = [self.busy(r) for r in range(len(self.events))]
+        if self.comm is None:
+            self.comm = [0.0] * len(self.events)
 
     def busy(self, rank: int) -> float:
+        """Seconds of the rank's compute spans, overhead included."""
         return sum(e.end - e.start for e in self.events[rank])
 
+    def idle(self, rank: int) -> float:
+        return max(self.makespan - self.compute[rank] - self.comm[rank], 0.0)
+
     def bubble_fraction(self) -> float:
-        """Idle time over all ranks as a share of (ranks x makespan)."""
+        """Idle time over all ranks as a share of (ranks x makespan): a run's ``bubble_fraction``."""
         if self.makespan <= 0:
             return 0.0
-        idle = sum(self.makespan - self.busy(r) for r in range(len(self.events)))
-        return idle / (len(self.events) * self.makespan)
+        return sum(self.idle(r) for r in range(len(self.events))) / (len(self.events) * self.makespan)
 
 
 class _Op:
-    __slots__ = ("rank", "index", "action", "batch", "done", "posted")
+    __slots__ = ("rank", "index", "action", "batch", "done", "posted", "went")
 
     def __init__(self, rank, index, action, batch):
         self.rank, self.index, self.action, self.batch = rank, index, action, batch
         self.done = None  # completion time
         self.posted = None  # gloo: when its rank posted it
+        self.went = None  # nccl: when both ends' batches were active, so the message could move
 
 
 class _Batch:
-    __slots__ = ("ops", "posted", "active", "complete")
+    __slots__ = ("ops", "start", "posted", "active", "complete")
 
     def __init__(self):
         self.ops: list[_Op] = []
-        self.posted = self.active = self.complete = None
+        self.start = self.posted = self.active = self.complete = None  # start: when its posting began
 
 
 def simulate(schedule: Schedule, costs: Costs | SampledCosts | None = None, transport: str = "nccl",
@@ -193,6 +207,7 @@ def simulate(schedule: Schedule, costs: Costs | SampledCosts | None = None, tran
     compute_end = [None] * n  # end of the last compute, before its overhead: when its sends leave
     queue_head = [0] * n  # index into batches_by_rank[r] of the first incomplete batch
     events: list[list[Event]] = [[] for _ in range(n)]
+    work, comm = [0.0] * n, [0.0] * n
 
     def input_op(r: int, a: Action):
         recv = input_receive(a)
@@ -206,10 +221,12 @@ def simulate(schedule: Schedule, costs: Costs | SampledCosts | None = None, tran
                 kind, item = programs[r][pc[r]]
                 if kind == "batch":
                     t = clock[r] if compute_end[r] is None else compute_end[r]
+                    item.start = t
                     for op in item.ops:  # posted one after another, each out when its posting ends
                         cost = costs.post_cost(op.action)
                         t, clock[r] = t + cost, clock[r] + cost
                         op.posted = t
+                        comm[r] += cost
                     item.posted = t
                     compute_end[r] = None
                     if not strict:  # each op on its own: done p2p after both ends are posted
@@ -224,7 +241,14 @@ def simulate(schedule: Schedule, costs: Costs | SampledCosts | None = None, tran
                     if dep is not None and ready is None:
                         break
                     start = max(clock[r], ready if dep is not None else 0.0)
-                    compute_end[r] = start + costs.work(a)
+                    if dep is not None and ready > clock[r]:
+                        # transfer, as a run measures it: the wait after the sender began posting
+                        # (nccl: after the message could move; waiting on the rest of the batch is idle)
+                        moving = dep.went if strict else match(dep).batch.start
+                        comm[r] += max(min(ready, dep.done) - max(clock[r], moving), 0.0)
+                    duration = costs.work(a)
+                    work[r] += duration
+                    compute_end[r] = start + duration
                     clock[r] = compute_end[r] + costs.after(a)
                     events[r].append(Event(a, start, clock[r]))
                 pc[r] += 1
@@ -244,7 +268,8 @@ def simulate(schedule: Schedule, costs: Costs | SampledCosts | None = None, tran
                     if op.done is None:
                         peer = match(op)
                         if peer.batch.active is not None and peer.done is None:
-                            op.done = peer.done = max(b.active, peer.batch.active) + costs.latency()
+                            op.went = peer.went = max(b.active, peer.batch.active)
+                            op.done = peer.done = op.went + costs.latency()
                             progress = True
                 if any(op.done is None for op in b.ops):
                     break
@@ -277,4 +302,4 @@ def simulate(schedule: Schedule, costs: Costs | SampledCosts | None = None, tran
     rank_end = [
         max([clock[r]] + [b.complete for b in batches_by_rank[r]]) for r in range(n)
     ]
-    return Timeline(events, rank_end)
+    return Timeline(events, rank_end, work, comm)
