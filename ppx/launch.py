@@ -70,7 +70,7 @@ def choose_device(requested: str, procs_per_node: int) -> tuple[str, Optional[st
 
 def torchrun_command(nproc: int, run_dir: Path) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+        sys.executable, "-m", "ppx.torchrun", "--standalone", "--nnodes=1",
         f"--nproc-per-node={nproc}", "-m", "ppx.worker", str(run_dir),
     ]
 

@@ -17,6 +17,7 @@ def test_hung_rank_ends_the_job_within_the_timeout(run_dir):
     assert "on 1F2 (step 0); ending the job (runtime.timeout_s=3)" in r.stderr
     assert "where each rank was: rank 0: " in r.stderr and "rank 1: 1F2 (step 0)" in r.stderr
     assert elapsed < 60  # start-up + 3 s timeout + teardown, never a silent hang
+    assert "Traceback" not in r.stderr  # ppx's lines and torchrun's one line, no launcher traceback
     assert not (run_dir / "summary.json").exists()
 
 
@@ -26,4 +27,6 @@ def test_killed_rank_ends_the_job_and_is_named(run_dir):
     # the survivor names its own rank and action; the launcher names where the dead one was
     assert "ppx: error: rank 0 failed at step 0 on wait 0RECV_B" in r.stderr and "from rank 1" in r.stderr
     assert "rank 1: 1B1 (step 0)" in r.stderr
+    assert "torchrun: ppx.worker failed: rank 0: exit code 1; rank 1: exit code -9 (SIGKILL)" in r.stderr
+    assert "Traceback" not in r.stderr
     assert read_status(run_dir / "status" / "rank1.txt") == "1B1 (step 0)"
