@@ -63,7 +63,7 @@ def train(cfg, schedule: Schedule, run_dir: Path, rank: int, world: int, device,
 
     steps = cfg.train.steps
     profiler = make_profiler(cfg.profile, run_dir, rank, device) if cfg.profile.enabled else contextlib.nullcontext()
-    report = RunReport(cfg, schedule, run_dir, world, backend) if rank == 0 else None
+    report = RunReport(cfg, schedule, run_dir, world, backend, device.type) if rank == 0 else None
     with profiler:
         for step in range(steps):
             watchdog.phase("step start", step)

@@ -47,6 +47,7 @@ def test_four_stage_run_directory_is_complete(four_stage_runs, exp, schedule):
     s = read_json(d / "summary.json")
     assert s["schedule"] == schedule and s["stages"] == 4 and s["microbatches"] == 8
     assert s["world_size"] == 4 and s["steps"] == 3 and s["status"] == "completed"
+    assert (s["device"], s["backend"]) == ("cpu", "gloo")
     assert s["losses"] == [x["loss"] for x in lines]
     assert s["step_time_s"] == sorted(x["step_time_s"] for x in lines)[1]  # median of 3
     assert s["bubble_fraction_theory"] == pytest.approx(3 / 11)

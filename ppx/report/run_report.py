@@ -17,9 +17,9 @@ from ppx.schedules.schedule import Schedule
 
 
 class RunReport:
-    def __init__(self, cfg, schedule: Schedule, run_dir: Path, world: int, backend: str = "gloo"):
+    def __init__(self, cfg, schedule: Schedule, run_dir: Path, world: int, backend: str = "gloo", device: str = "cpu"):
         self.cfg, self.schedule, self.run_dir, self.world = cfg, schedule, run_dir, world
-        self.backend = backend
+        self.backend, self.device = backend, device
         p, m = schedule.num_ranks, schedule.num_microbatches
         self.theory = schedules.theory_bubble(cfg.pipeline.schedule, p, m, virtual_stages(cfg))
         self.steps: list[dict] = []
@@ -73,6 +73,8 @@ class RunReport:
             "stages": sched.num_stages,
             "microbatches": sched.num_microbatches,
             "world_size": self.world,
+            "device": self.device,
+            "backend": self.backend,
             "steps": cfg.train.steps,
             "batch_size": cfg.train.batch_size,
             "model": cfg.model.kind,
