@@ -63,14 +63,42 @@ def _explain_failure(run_dir: Path, world: int, code: int) -> None:
     print(f"ppx: run directory (incomplete): {run_dir}", file=sys.stderr)
 
 
+def _schedule(name: str, stages: int, microbatches: int, virtual):
+    """A schedule CSV, or a named schedule; torch.distributed.pipelining's schedules as the ppx
+    list of the same order. ``virtual`` None: 2 for interleaved schedules, else 1 (as ppx run)."""
+    from ppx import schedules
+
+    if name.endswith(".csv"):
+        return schedules.from_csv(name)
+    family = schedules.TORCH_SCHEDULES.get(name, name)
+    if family != name:
+        print(f"{name}: torch.distributed.pipelining's schedule runs the order of ppx's {family}", flush=True)
+    if virtual is None:
+        virtual = 2 if family == "interleaved_1f1b" else 1
+    return schedules.build(family, stages, microbatches, virtual)
+
+
+def _output_path(option: str, path) -> None:
+    """Fail before any work when ``path`` (an output file) could not be written."""
+    if path is None:
+        return
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise UserError(f"{option} {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"{option} {path}: folder {folder} is not writable")
+
+
 def cmd_schedule(args) -> int:
     from ppx import schedules
     from ppx.schedules.grid import render_grid
 
-    if args.name.endswith(".csv"):
-        sched = schedules.from_csv(args.name)
-    else:
-        sched = schedules.build(args.name, args.stages, args.microbatches, args.virtual)
+    _output_path("--csv", args.csv)
+
+    if args.fwd < 1 or args.bwd < 1 or args.wgrad < 0:
+        raise UserError(f"--fwd and --bwd must be >= 1 grid slot and --wgrad >= 0 (got {args.fwd}, {args.bwd}, {args.wgrad})")
+    sched = _schedule(args.name, args.stages, args.microbatches, args.virtual)
+    args.virtual = sched.num_stages // sched.num_ranks
     costs = schedules.Costs(fwd=args.fwd, bwd=args.bwd, wgrad=args.wgrad)
     p, m = sched.num_ranks, sched.num_microbatches
     b = args.bwd + args.wgrad
@@ -100,8 +128,13 @@ def cmd_compare(args) -> int:
 
     out = Path(args.out) if args.out else Path("runs") / "compare" / time.strftime("%Y%m%d-%H%M%S")
     print(compare(args.runs, out))
-    print(f"ppx: wrote {out / 'compare.md'}, {out / 'compare.png'}" + (f", {out / 'bubble.png'}" if (out / "bubble.png").exists() else ""))
+    _wrote(out)
     return 0
+
+
+def _wrote(out: Path) -> None:
+    files = [out / f for f in ("compare.md", "compare.json", "compare.png", "bubble.png") if (out / f).exists()]
+    print("ppx: wrote " + ", ".join(map(str, files)))
 
 
 def cmd_sweep(args) -> int:
@@ -115,13 +148,21 @@ def cmd_sweep(args) -> int:
     if not done:
         raise UserError(f"no run of the sweep completed; see {root}")
     print(compare([str(root)], root))
-    print(f"ppx: wrote {root / 'compare.md'}, {root / 'compare.png'}" + (f", {root / 'bubble.png'}" if (root / "bubble.png").exists() else ""))
+    _wrote(root)
     expected = len(list(p for p in root.iterdir() if p.is_dir()))
     return 0 if len(done) == expected else 1
 
 
-def _ms_list(text: str):
-    values = [float(x) for x in text.split(",")]
+def _ms_list(option: str, text: str, stages: int):
+    """'10' or '10,12,...' (one per stage) milliseconds -> seconds."""
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise UserError(f"{option} {text}: give milliseconds, one number or one per stage (e.g. 10 or 10,12)") from None
+    if any(v < 0 for v in values):
+        raise UserError(f"{option} {text}: costs must be >= 0")
+    if len(values) not in (1, stages):
+        raise UserError(f"{option} {text}: one number or {stages} numbers (one per stage), got {len(values)}")
     return values[0] / 1e3 if len(values) == 1 else [v / 1e3 for v in values]
 
 
@@ -131,8 +172,12 @@ def cmd_simulate(args) -> int:
     from ppx import schedules
     from ppx.prediction import costs_from, transport_of
 
-    sched = schedules.from_csv(args.name) if args.name.endswith(".csv") else \
-        schedules.build(args.name, args.stages, args.microbatches, args.virtual)
+    _output_path("--png", args.png)
+    for option, value in (("--p2p-ms", args.p2p_ms), ("--send-post-ms", args.send_post_ms), ("--recv-post-ms", args.recv_post_ms)):
+        if value < 0:
+            raise UserError(f"{option} must be >= 0, got {value:g}")
+    if args.recv_lookahead is not None and args.recv_lookahead < -1:
+        raise UserError(f"--recv-lookahead must be -1 (all at the first wait) or >= 0, got {args.recv_lookahead}")
     measured = None
     if args.from_run:
         path = Path(args.from_run) / "summary.json"
@@ -141,6 +186,22 @@ def cmd_simulate(args) -> int:
         summary = json.loads(path.read_text())
         if "measured_costs" not in summary:
             raise UserError(f"{args.from_run} has no measured costs (run it with instrument.timers and instrument.timeline on)")
+        # the run's shape unless given: its costs are per stage
+        for attr, key in (("stages", "world_size"), ("microbatches", "microbatches"), ("virtual", "virtual_stages")):
+            if getattr(args, attr) is None:
+                setattr(args, attr, summary.get(key))
+        if (args.stages, args.virtual or 1) != (summary.get("world_size"), summary.get("virtual_stages") or 1):
+            raise UserError(f"{args.from_run} ran {summary.get('world_size')} ranks with {summary.get('virtual_stages') or 1} "
+                            f"stage(s) each; its costs are per stage, so leave out --stages/--virtual or give the same")
+    sched = _schedule(args.name, args.stages or 4, args.microbatches or 8, args.virtual)
+    args.virtual = sched.num_stages // sched.num_ranks
+    if not args.from_run:
+        n = sched.num_stages
+        costs = schedules.Costs(fwd=_ms_list("--fwd-ms", args.fwd_ms, n), bwd=_ms_list("--bwd-ms", args.bwd_ms, n),
+                                wgrad=_ms_list("--wgrad-ms", args.wgrad_ms, n), p2p=args.p2p_ms / 1e3,
+                                send_post=args.send_post_ms / 1e3, recv_post=args.recv_post_ms / 1e3)
+        transport, lookahead = "nccl", 0
+    else:
         costs = costs_from(summary["measured_costs"], sched.num_stages)
         measured = summary
         from ppx import config
@@ -148,10 +209,6 @@ def cmd_simulate(args) -> int:
         env = Path(args.from_run) / "env.json"
         backend = json.loads(env.read_text()).get("backend", "gloo") if env.exists() else "gloo"
         transport, lookahead = transport_of(config.from_yaml(Path(args.from_run) / "config.yaml"), backend)
-    else:
-        costs = schedules.Costs(fwd=_ms_list(args.fwd_ms), bwd=_ms_list(args.bwd_ms), wgrad=_ms_list(args.wgrad_ms),
-                                p2p=args.p2p_ms / 1e3, send_post=args.send_post_ms / 1e3, recv_post=args.recv_post_ms / 1e3)
-        transport, lookahead = "nccl", 0
     transport = args.transport or transport
     lookahead = args.recv_lookahead if args.recv_lookahead is not None else lookahead
     t = schedules.simulate(sched, costs, transport, lookahead)
@@ -197,22 +254,23 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*")
     run.set_defaults(fn=cmd_run)
     sch = sub.add_parser("schedule", help="print a schedule's rank x time grid and its bubble")
-    sch.add_argument("name", help="naive | gpipe | 1f1b | forward_only, or a schedule CSV")
+    names = "naive | gpipe | 1f1b | forward_only | interleaved_1f1b | zb_h1 | torch_gpipe | torch_1f1b | torch_interleaved1f1b"
+    sch.add_argument("name", help=f"{names}, or a schedule CSV")
     sch.add_argument("--stages", "-p", type=int, default=4)
     sch.add_argument("--microbatches", "-m", type=int, default=8)
-    sch.add_argument("--virtual", "-v", type=int, default=1, help="stages per rank (interleaved_1f1b)")
-    sch.add_argument("--fwd", type=float, default=1, help="forward cost in grid slots")
-    sch.add_argument("--bwd", type=float, default=1, help="backward (input-gradient) cost in grid slots")
-    sch.add_argument("--wgrad", type=float, default=0, help="weight-gradient cost in grid slots (B = bwd + wgrad)")
+    sch.add_argument("--virtual", "-v", type=int, help="stages per rank (interleaved_1f1b; default 2 there, else 1)")
+    sch.add_argument("--fwd", type=int, default=1, help="forward cost in grid slots")
+    sch.add_argument("--bwd", type=int, default=1, help="backward (input-gradient) cost in grid slots")
+    sch.add_argument("--wgrad", type=int, default=0, help="weight-gradient cost in grid slots (B = bwd + wgrad)")
     sch.add_argument("--actions", action="store_true", help="also list every rank's actions, comms included")
     sch.add_argument("--csv", help="write the schedule as torch-style CSV to this file")
     sch.add_argument("--with-comms", action="store_true", help="with --csv: include SEND/RECV actions")
     sch.set_defaults(fn=cmd_schedule)
     sim = sub.add_parser("simulate", help="predict each rank's timeline, step time and bubble from action costs")
-    sim.add_argument("name", help="a schedule name or a schedule CSV")
-    sim.add_argument("--stages", "-p", type=int, default=4)
-    sim.add_argument("--microbatches", "-m", type=int, default=8)
-    sim.add_argument("--virtual", "-v", type=int, default=1)
+    sim.add_argument("name", help=f"{names}, or a schedule CSV")
+    sim.add_argument("--stages", "-p", type=int, help="ranks (default 4, or the --from-run run's)")
+    sim.add_argument("--microbatches", "-m", type=int, help="microbatches (default 8, or the --from-run run's)")
+    sim.add_argument("--virtual", "-v", type=int, help="stages per rank (default 2 for interleaved_1f1b, else 1; or the run's)")
     sim.add_argument("--fwd-ms", default="10", help="forward ms per microbatch: one value or one per stage (10,12,...)")
     sim.add_argument("--bwd-ms", default="20", help="input-gradient backward ms, likewise")
     sim.add_argument("--wgrad-ms", default="0", help="weight-gradient ms, likewise (a full B costs bwd + wgrad)")
@@ -255,6 +313,13 @@ def main(argv=None) -> int:
     except UserError as e:
         if os.environ.get("RANK", "0") == "0":  # under torchrun, one line from rank 0 only
             print(f"ppx: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader went away (ppx keys | head): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as e:  # a path given on the command line or in the config cannot be written or read
+        where = f": {e.filename}" if e.filename else ""
+        print(f"ppx: error: {e.strerror or e}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

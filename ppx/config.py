@@ -256,7 +256,9 @@ def check(cfg: Config) -> None:
         raise UserError(f"pipeline.stages must be >= 1, got {p.stages}")
     if p.microbatches < 1:
         raise UserError(f"pipeline.microbatches must be >= 1, got {p.microbatches}")
-    if t.batch_size < 1 or t.batch_size % p.microbatches:
+    if t.batch_size < 1:
+        raise UserError(f"train.batch_size must be >= 1, got {t.batch_size}")
+    if t.batch_size % p.microbatches:
         raise UserError(
             f"train.batch_size={t.batch_size} is not divisible by pipeline.microbatches={p.microbatches}"
         )
@@ -308,4 +310,12 @@ def check(cfg: Config) -> None:
     if cfg.runtime.inject_fault is not None:
         from ppx.faults import parse_fault
 
-        parse_fault(cfg.runtime.inject_fault)
+        kind, action = parse_fault(cfg.runtime.inject_fault)
+        sched = resolve_schedule(cfg)
+        if not any(a == action for row in sched.actions for a in row):
+            raise UserError(f"runtime.inject_fault={cfg.runtime.inject_fault}: {action} is not an action of this "
+                            f"{sched.name} schedule ({sched.num_stages} stages, {sched.num_microbatches} microbatches)")
+    name = cfg.run.name or ""
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise UserError(f"run.name={name!r} must be a plain folder name (no '/', not '.' or '..'): runs go to "
+                        "<run.root>/<run.name>/<id>; use run.root or run.dir to put them elsewhere")

@@ -17,14 +17,33 @@ from ppx import config
 from ppx.errors import UserError
 
 
+def _split_values(values: str) -> list[str]:
+    """Split on commas outside brackets: '[3,1],[2,2]' -> ['[3,1]', '[2,2]']."""
+    out, depth, cur = [], 0, ""
+    for ch in values:
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur)
+    return [v for v in out if v]
+
+
 def parse_spec(spec: str) -> list[tuple[str, list[str]]]:
-    """'a=1,2 b=x,y' -> [('a', ['1', '2']), ('b', ['x', 'y'])]."""
+    """'a=1,2 b=x,y' -> [('a', ['1', '2']), ('b', ['x', 'y'])]; list values in brackets
+    ('pipeline.layers_per_stage=[3,1],[2,2]')."""
     axes = []
     for part in spec.split():
         key, eq, values = part.partition("=")
         if not eq or not key or not values:
             raise UserError(f"sweep item {part!r} must look like key=v1,v2,...")
-        axes.append((key, [v for v in values.split(",") if v]))
+        if key in (k for k, _ in axes):
+            raise UserError(f"sweep key {key} is given twice; list all its values once: {key}=v1,v2,...")
+        if key == "run.dir":
+            raise UserError("run.dir names one run; a sweep writes its runs under <run.root>/<run.name>/sweep-<time>/")
+        axes.append((key, _split_values(values)))
     if not axes:
         raise UserError("the sweep is empty; give e.g. pipeline.schedule=gpipe,1f1b")
     return axes
@@ -40,6 +59,8 @@ def point_name(overrides: list[str]) -> str:
 
 def run_sweep(experiment: str, spec: str, overrides: list[str], launcher: str = "local") -> Path:
     axes = parse_spec(spec)
+    if any(o.split("=", 1)[0].strip() == "run.dir" for o in overrides):
+        raise UserError("run.dir names one run; a sweep writes its runs under <run.root>/<run.name>/sweep-<time>/")
     grid = points(axes)
     cfgs = [config.load(experiment, overrides + p) for p in grid]  # every point validated before any runs
     root = Path(cfgs[0].run.root) / cfgs[0].run.name / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"

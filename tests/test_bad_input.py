@@ -26,6 +26,11 @@ CASES = {
     "unknown executor": (["gpipe_2cpu", "pipeline.executor=deepspeed"], "pipeline.executor: Invalid value 'deepspeed'"),
     "profile window past the run": (["gpipe_2cpu", "profile.enabled=true", "train.steps=3"],
                                     "profile.enabled: the profiler records steps 2..3"),
+    "fault on an action the schedule lacks": (["gpipe_2cpu", "runtime.inject_fault=hang@1F9"],
+                                              "1F9 is not an action of this gpipe schedule (2 stages, 4 microbatches)"),
+    "run name that is a path": (["gpipe_2cpu", "run.name=../../escape"], "run.name='../../escape' must be a plain folder name"),
+    "empty batch": (["gpipe_2cpu", "train.batch_size=0"], "train.batch_size must be >= 1, got 0"),
+    "unwritable run root": (["gpipe_2cpu", "run.root=/proc/ppx-cannot-be-here"], "/proc/ppx-cannot-be-here"),
     "cuda without gpus": (["gpipe_2cpu", "runtime.device=cuda"], "runtime.device=cuda needs 2 GPUs"),
 }
 
@@ -38,7 +43,8 @@ def test_bad_input_fails_fast_with_one_line(case, tmp_path):
 
         if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
             pytest.skip("this machine has the GPUs")
-    r = ppx("run", *args, f"run.root={tmp_path}", timeout=60)
+    root = [] if any(a.startswith("run.root=") for a in args) else [f"run.root={tmp_path}"]
+    r = ppx("run", *args, *root, timeout=60)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
@@ -69,3 +75,39 @@ def test_stages_not_matching_the_process_count(tmp_path):
     ours = [line for line in r.stderr.splitlines() if line.startswith("ppx: error:")]
     assert ours == ["ppx: error: pipeline.stages=4 but this job has 2 processes (WORLD_SIZE); start one process per stage"]
     assert list(tmp_path.iterdir()) == []
+
+
+OTHER_COMMANDS = {
+    "simulate: not a number": (["simulate", "1f1b", "-p", "2", "--fwd-ms", "abc"], "--fwd-ms abc: give milliseconds"),
+    "simulate: negative latency": (["simulate", "1f1b", "--p2p-ms", "-1"], "--p2p-ms must be >= 0"),
+    "simulate: costs for 3 stages of 2": (["simulate", "1f1b", "-p", "2", "--fwd-ms", "10,12,14"], "one number or 2 numbers"),
+    "simulate: lookahead": (["simulate", "1f1b", "--recv-lookahead", "-3"], "--recv-lookahead must be -1"),
+    "simulate: png into a missing folder": (["simulate", "1f1b", "--png", "/nonexistent-ppx/x.png"], "folder /nonexistent-ppx does not exist"),
+    "schedule: csv into a missing folder": (["schedule", "1f1b", "--csv", "/nonexistent-ppx/x.csv"], "folder /nonexistent-ppx does not exist"),
+    "schedule: zero-slot forward": (["schedule", "1f1b", "--fwd", "0"], "--fwd and --bwd must be >= 1 grid slot"),
+    "sweep: a key twice": (["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2 pipeline.microbatches=8"],
+                           "sweep key pipeline.microbatches is given twice"),
+    "sweep: one run directory": (["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2,4", "run.dir=/tmp/x"],
+                                 "run.dir names one run"),
+}
+
+
+@pytest.mark.parametrize("case", list(OTHER_COMMANDS))
+def test_other_commands_fail_fast_with_one_line(case, tmp_path):
+    args, expected = OTHER_COMMANDS[case]
+    r = ppx(*args, timeout=60, cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and r.stderr.startswith("ppx: error: "), r.stderr
+    assert expected in r.stderr and r.stdout == "", r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_simulate_from_a_run_takes_its_shape(tmp_path):
+    run = tmp_path / "run"
+    r = ppx("run", "gpipe_2cpu", "model.kind=synthetic", "model.fwd_ms=2", "model.bwd_ms=4", "model.hidden=16",
+            "train.steps=2", "logging.wandb.mode=disabled", "logging.tensorboard=false", f"run.dir={run}", timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = ppx("simulate", "gpipe", "--from-run", str(run))
+    assert r.returncode == 0 and "gpipe: 2 ranks, 2 stages, 4 microbatches" in r.stdout, r.stdout + r.stderr
+    r = ppx("simulate", "gpipe", "-p", "4", "--from-run", str(run))
+    assert r.returncode == 2 and "its costs are per stage" in r.stderr

@@ -138,6 +138,11 @@ def test_small_sweep_and_compare(tmp_path):
     assert c.returncode == 0, c.stderr
     assert c.stdout.count("synthetic") == 3
     assert (out / "compare.png").exists() and (out / "compare.md").exists()
+    assert f"ppx: wrote {out / 'compare.md'}, {out / 'compare.json'}, {out / 'compare.png'}" in c.stdout
+    before = (out / "compare.md").read_text()
+    again = ppx("compare", str(sweep), "--out", str(out))  # never over an earlier comparison
+    assert again.returncode == 2 and "already holds a comparison" in again.stderr
+    assert (out / "compare.md").read_text() == before
 
 
 def test_compare_rejects_nothing_to_compare(tmp_path):

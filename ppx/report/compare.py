@@ -49,7 +49,7 @@ def find_runs(patterns: list[str]) -> list[Path]:
 def load_row(run: Path, base: Path | None = None) -> dict:
     s = json.loads((run / "summary.json").read_text())
     ranks = s.get("ranks", [])
-    name = str(run.relative_to(base)) if base and run.is_relative_to(base) else str(run)
+    name = str(run.relative_to(base)) if base and run.is_relative_to(base) and run != base else str(run)
     bs = s.get("batch_size")
     return {
         "name": name, "path": str(run), "schedule": s["schedule"], "world_size": s["world_size"],
@@ -160,11 +160,13 @@ def plot_bubble_vs_microbatches(rows: list[dict], path: Path) -> bool:
 
 
 def compare(patterns: list[str], out: Path) -> str:
-    """Write compare.md, compare.json, compare.png (and bubble.png) to ``out``; return the
-    terminal table."""
+    """Write compare.md, compare.json, compare.png (and bubble.png) to ``out`` (which must not
+    hold a comparison yet); return the terminal table."""
     runs = find_runs(patterns)
     base = Path(patterns[0]) if len(patterns) == 1 and Path(patterns[0]).is_dir() else None
     rows = [load_row(r, base) for r in runs]
+    if (out / "compare.md").exists():
+        raise UserError(f"{out} already holds a comparison; ppx never overwrites one (choose another --out)")
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(markdown_table(rows))
     (out / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")

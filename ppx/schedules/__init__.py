@@ -77,7 +77,8 @@ def family(name: str) -> Family:
     try:
         return FAMILIES[name]
     except KeyError:
-        raise ScheduleError(f"unknown schedule {name!r}; choose from {', '.join(FAMILIES)}") from None
+        raise ScheduleError(f"unknown schedule {name!r}; choose from {', '.join(FAMILIES)}, "
+                            f"or torch.distributed.pipelining's {', '.join(TORCH_SCHEDULES)}") from None
 
 
 def build(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
