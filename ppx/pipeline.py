@@ -26,6 +26,8 @@ def build_stage_modules(cfg: Config, num_stages: int, stages: Sequence[int], dev
     ranges = split_layers(cfg.model.layers, num_stages, cfg.pipeline.layers_per_stage)
     if cfg.pipeline.split == "tracer":
         return traced_stage_modules(cfg, ranges, stages, device)
+    if hasattr(kind, "calibrate"):  # a model that measures the device once, before any timed step
+        kind.calibrate(torch.device(device))
     return {s: kind.build_stage(cfg.model, cfg.train.seed, s, num_stages, ranges[s]).to(device) for s in stages}
 
 

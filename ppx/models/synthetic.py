@@ -25,14 +25,23 @@ from ppx.models.seeding import BLOCK, DATA, generator, seeded
 _CYCLES_PER_MS: dict[int, float] = {}
 
 
-def _spin_gpu(ms: float, device: torch.device) -> None:
-    if device.index not in _CYCLES_PER_MS:  # calibrate once per device
+def calibrate(device: torch.device) -> None:
+    """Measure the GPU's spin cycles per ms once per device, when the stage is built: the
+    calibration synchronizes, which must not happen inside a timed step."""
+    if device.type != "cuda" or device.index in _CYCLES_PER_MS:
+        return
+    with torch.cuda.device(device):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)  # warm-up launch
         start.record()
         torch.cuda._sleep(10_000_000)
         end.record()
         end.synchronize()
         _CYCLES_PER_MS[device.index] = 10_000_000 / start.elapsed_time(end)
+
+
+def _spin_gpu(ms: float, device: torch.device) -> None:
+    calibrate(device)  # a no-op once the stage's build calibrated this device
     torch.cuda._sleep(int(ms * _CYCLES_PER_MS[device.index]))
 
 
