@@ -225,6 +225,13 @@ def test_csv_with_torch_idle_cells(tmp_path):
     assert [str(a) for a in sched.compute_only().actions[1]] == ["1F0", "1B0"]
 
 
+def test_csv_names_a_duplicate_as_written(tmp_path):
+    path = tmp_path / "dup.csv"
+    path.write_text("0F0,0F1,0B0,0B1\n1F0,1F1,1F1,1B0,1B1\n")
+    with pytest.raises(ScheduleError, match=r"rank 1 step 1 \(1F1\): 1F1 appears 2 times"):
+        schedules.from_csv(path)
+
+
 def test_grid_shows_each_rank_and_idle():
     grid = render_grid(schedules.build("gpipe", 2, 2)).splitlines()
     assert grid[0].split() == ["time", "0", "1", "2", "3", "4", "5"]

@@ -7,6 +7,7 @@ timeline all read the resulting `Schedule`. Adding a schedule = one pure functio
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -100,6 +101,11 @@ def build(name: str, stages: int, microbatches: int, virtual_stages: int = 1) ->
 def from_csv(path: str | Path) -> Schedule:
     """Load, complete (comms) and validate a schedule written as torch-style CSV."""
     loaded = read_csv(path)
+    for r, row in enumerate(loaded.actions):  # as written, before the comms it implies are added
+        counts = Counter(row)
+        for k, a in enumerate(row):
+            if counts[a] > 1:
+                raise ScheduleError(f"schedule CSV {path}: rank {r} step {k} ({a}): {a} appears {counts[a]} times")
     has_comms = any(a.op.is_comm for row in loaded.actions for a in row)
     schedule = loaded if has_comms else add_comms(loaded)
     validate(schedule)
