@@ -116,8 +116,11 @@ def cmd_schedule(args) -> int:
     if args.actions:
         print(sched.format())
     if args.csv:
-        schedules.write_csv(sched if args.with_comms else sched.compute_only(), args.csv)
-        print(f"wrote {args.csv}")
+        with_comms = args.with_comms or sched.groups is not None
+        schedules.write_csv(sched if with_comms else sched.compute_only(), args.csv)
+        note = "" if with_comms == args.with_comms else \
+            f" with its SEND/RECV actions: {sched.name} batches sends with computes, which compute actions alone cannot say"
+        print(f"wrote {args.csv}{note}")
     return 0
 
 
@@ -220,10 +223,11 @@ def cmd_simulate(args) -> int:
     fam = schedules.FAMILIES.get(sched.name)
     if fam is not None:
         print(f"theory ({fam.bubble_formula}): {fam.bubble(p, m, args.virtual):.1%}")
-    if measured is not None:
-        err = measured["step_time_s"] / t.makespan - 1
-        print(f"measured in {args.from_run}: step {measured['step_time_s'] * 1e3:.2f} ms ({err:+.1%} against the prediction), "
-              f"bubble {measured.get('bubble_fraction', float('nan')):.1%}")
+    if measured is not None:  # over the steps the costs come from, as the run's own report
+        step = measured.get("measured_step_time_s", measured["step_time_s"])
+        bubble = measured.get("measured_bubble_fraction", measured.get("bubble_fraction", float("nan")))
+        print(f"measured in {args.from_run}: step {step * 1e3:.2f} ms ({step / t.makespan - 1:+.1%} against the prediction), "
+              f"bubble {bubble:.1%}")
     if args.png:
         from ppx.report.gantt import draw_step
 

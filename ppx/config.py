@@ -312,9 +312,10 @@ def check(cfg: Config) -> None:
 
         kind, action = parse_fault(cfg.runtime.inject_fault)
         sched = resolve_schedule(cfg)
-        if not any(a == action for row in sched.actions for a in row):
+        if not action.op.is_compute or not any(a == action for row in sched.actions for a in row):
             raise UserError(f"runtime.inject_fault={cfg.runtime.inject_fault}: {action} is not an action of this "
-                            f"{sched.name} schedule ({sched.num_stages} stages, {sched.num_microbatches} microbatches)")
+                            f"{sched.name} schedule ({sched.num_stages} stages, {sched.num_microbatches} microbatches); "
+                            "faults fire on compute actions (F, B, I, W)")
     name = cfg.run.name or ""
     if not name or "/" in name or "\\" in name or name in (".", ".."):
         raise UserError(f"run.name={name!r} must be a plain folder name (no '/', not '.' or '..'): runs go to "

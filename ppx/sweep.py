@@ -54,7 +54,12 @@ def points(axes) -> list[list[str]]:
 
 
 def point_name(overrides: list[str]) -> str:
-    return ",".join(o.split(".")[-1] for o in overrides)
+    """'pipeline.schedule=gpipe' -> 'schedule=gpipe': the key's last part, the whole value."""
+    out = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        out.append(f"{key.split('.')[-1]}={value.replace('/', '_')}")
+    return ",".join(out)
 
 
 def run_sweep(experiment: str, spec: str, overrides: list[str], launcher: str = "local") -> Path:
@@ -62,6 +67,10 @@ def run_sweep(experiment: str, spec: str, overrides: list[str], launcher: str = 
     if any(o.split("=", 1)[0].strip() == "run.dir" for o in overrides):
         raise UserError("run.dir names one run; a sweep writes its runs under <run.root>/<run.name>/sweep-<time>/")
     grid = points(axes)
+    names = [point_name(p) for p in grid]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise UserError(f"two sweep points would share the run folder {twice!r}; give each value once")
     cfgs = [config.load(experiment, overrides + p) for p in grid]  # every point validated before any runs
     root = Path(cfgs[0].run.root) / cfgs[0].run.name / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     if root.exists():

@@ -43,6 +43,8 @@ def _shared_run_dir(cfg: Config, run_dir: Optional[Path], group) -> Path:
             box = [str(path)]
         except UserError as e:
             box = ["error:" + str(e)]
+        except OSError as e:  # an unwritable run.root: every rank ends with this one line
+            box = [f"error:cannot create the run directory: {e.strerror or e}: {e.filename or cfg.run.root}"]
     dist.broadcast_object_list(box, src=0, group=group)
     if box[0].startswith("error:"):
         raise UserError(box[0][len("error:"):])

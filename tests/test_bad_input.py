@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -87,6 +88,9 @@ OTHER_COMMANDS = {
     "schedule: zero-slot forward": (["schedule", "1f1b", "--fwd", "0"], "--fwd and --bwd must be >= 1 grid slot"),
     "sweep: a key twice": (["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2 pipeline.microbatches=8"],
                            "sweep key pipeline.microbatches is given twice"),
+    "sweep: a value twice": (["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=4,4"],
+                             "two sweep points would share the run folder 'microbatches=4'"),
+    "fault on a comm action": (["run", "gpipe_2cpu", "runtime.inject_fault=die@0SEND_F1"], "faults fire on compute actions"),
     "sweep: one run directory": (["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2,4", "run.dir=/tmp/x"],
                                  "run.dir names one run"),
 }
@@ -109,5 +113,7 @@ def test_simulate_from_a_run_takes_its_shape(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     r = ppx("simulate", "gpipe", "--from-run", str(run))
     assert r.returncode == 0 and "gpipe: 2 ranks, 2 stages, 4 microbatches" in r.stdout, r.stdout + r.stderr
+    s = json.loads((run / "summary.json").read_text())  # held against the steps its costs come from
+    assert f"step {s['measured_step_time_s'] * 1e3:.2f} ms" in r.stdout and f"bubble {s['measured_bubble_fraction']:.1%}" in r.stdout
     r = ppx("simulate", "gpipe", "-p", "4", "--from-run", str(run))
     assert r.returncode == 2 and "its costs are per stage" in r.stderr

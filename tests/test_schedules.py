@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from ppx import schedules
+from conftest import ppx
 from ppx.errors import ScheduleError
+from ppx.sweep import point_name
 from ppx.schedules import Action, Costs, Op
 from ppx.schedules.grid import render_grid
 from ppx.schedules.lowering import comm_batches
@@ -223,6 +225,20 @@ def test_csv_with_torch_idle_cells(tmp_path):
     path.write_text("0F0,,0B0\n,1F0,1B0\n")
     sched = schedules.from_csv(path)
     assert [str(a) for a in sched.compute_only().actions[1]] == ["1F0", "1B0"]
+
+
+def test_exported_interleaved_csv_runs_as_built(tmp_path):
+    """Interleaved batches sends with computes (groups); its CSV keeps the comms so that
+    reading it back gives the same, deadlock-free list."""
+    path = tmp_path / "il.csv"
+    r = ppx("schedule", "interleaved_1f1b", "-p", "3", "-m", "6", "--csv", str(path))
+    assert r.returncode == 0 and "with its SEND/RECV actions" in r.stdout, r.stderr
+    assert schedules.from_csv(path).actions == schedules.build("interleaved_1f1b", 3, 6, 2).actions
+
+
+def test_sweep_points_get_distinct_folders():
+    assert point_name(["pipeline.schedule=a.csv", "train.lr=0.5"]) == "schedule=a.csv,lr=0.5"
+    assert point_name(["train.lr=1.5"]) != point_name(["train.lr=0.5"])
 
 
 def test_csv_names_a_duplicate_as_written(tmp_path):
