@@ -80,6 +80,7 @@ class TorchPipeline(StageShare):
                 path = Path(tmp) / "schedule.csv"
                 write_csv(schedule, path)
                 self.torch_schedule._load_csv(str(path), format="compute_comms")
+        self._count_loss_with_forward()  # torch computes the loss after the forward; count it with it
 
     def _wrap(self, stage, s: int) -> None:
         """Run ppx's observers around torch's per-microbatch forward, backward (full, or
@@ -112,6 +113,21 @@ class TorchPipeline(StageShare):
         stage.forward_one_chunk = wrapped(stage.forward_one_chunk, Op.F)
         stage.backward_one_chunk = wrapped(stage.backward_one_chunk, Op.B)
         stage.backward_weight_one_chunk = wrapped(stage.backward_weight_one_chunk, Op.W)
+
+    def _count_loss_with_forward(self) -> None:
+        from ppx.instrument.memory import MemoryTracker
+
+        sched = self.torch_schedule
+        original = sched._maybe_compute_loss
+
+        def maybe_compute_loss(stage, output, target_mbs, mb_index, *args, **kwargs):
+            tracker = next((o for o in self.runtime.observers if isinstance(o, MemoryTracker)), None)
+            if tracker is None or not stage.is_last:
+                return original(stage, output, target_mbs, mb_index, *args, **kwargs)
+            with tracker.part_of_forward(stage.stage_index, mb_index):
+                return original(stage, output, target_mbs, mb_index, *args, **kwargs)
+
+        sched._maybe_compute_loss = maybe_compute_loss
 
     def microbatches(self, step: int):
         t = self.cfg.train

@@ -99,6 +99,7 @@ def test_torch_backend_runs_in_the_harness_with_the_same_losses(tmp_path):
     assert sb["schedule"] == "torch_1f1b" and sb["bubble_fraction_theory"] == pytest.approx(0.2)
     assert all(r["compute_s"] > 0 for r in sb["ranks"])  # ppx's timers around torch's actions
     assert [r["peak_inflight_microbatches"] for r in sb["ranks"]] == [2, 1]
-    # the first stage saves its input microbatch, a view into the batch under torch's split:
-    # counted by its own bytes, as ppx's own microbatches are
-    assert sb["ranks"][0]["peak_activation_bytes"] == sa["ranks"][0]["peak_activation_bytes"]
+    # saved bytes count alike under both executors: the first stage's input (a view into the
+    # batch under torch's split) by its own bytes, and the loss torch computes after the last
+    # stage's forward as part of that forward
+    assert [r["peak_activation_bytes"] for r in sb["ranks"]] == [r["peak_activation_bytes"] for r in sa["ranks"]]

@@ -13,6 +13,7 @@ memory: ``torch.cuda.max_memory_allocated`` on GPU, the process's peak resident 
 
 from __future__ import annotations
 
+import contextlib
 import resource
 
 import torch
@@ -60,14 +61,7 @@ class MemoryTracker:
         a = item.actions[0]
         if a.op is Op.F:
             self._hooks.__exit__(None, None, None)
-            if self.runners[a.stage].training:
-                self.held[(a.stage, a.mb)] = list(self._seen)
-                for ptr, nbytes in self._seen.items():
-                    ref = self._refs.setdefault(ptr, [nbytes, 0])
-                    if ref[1] == 0:
-                        self.live_bytes += nbytes
-                    ref[1] += 1
-            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+            self._hold(a.stage, a.mb)
             self.peak_inflight = max(self.peak_inflight, sum(r.in_flight() for r in self.runners.values()))
         elif a.op in (Op.B, Op.W):
             for ptr in self.held.pop((a.stage, a.mb), ()):
@@ -76,6 +70,27 @@ class MemoryTracker:
                 if ref[1] == 0:
                     self.live_bytes -= ref[0]
                     del self._refs[ptr]
+
+    def _hold(self, stage: int, mb: int) -> None:
+        """The storages just seen stay alive until microbatch ``mb``'s backward on ``stage``."""
+        if self.runners[stage].training:
+            self.held.setdefault((stage, mb), []).extend(self._seen)
+            for ptr, nbytes in self._seen.items():
+                ref = self._refs.setdefault(ptr, [nbytes, 0])
+                if ref[1] == 0:
+                    self.live_bytes += nbytes
+                ref[1] += 1
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    @contextlib.contextmanager
+    def part_of_forward(self, stage: int, mb: int):
+        """Count what autograd saves inside this block as microbatch ``mb``'s forward on
+        ``stage``: torch's executor computes the loss after the stage's forward, where ppx's
+        own runtime computes it inside."""
+        self._seen = {}
+        with self._hooks:
+            yield
+        self._hold(stage, mb)
 
     def end_step(self, step: int) -> dict:
         if self.device.type == "cuda":
