@@ -247,7 +247,6 @@ def virtual_stages(cfg: Config) -> int:
 
 def check(cfg: Config) -> None:
     """Cross-field rules; raise UserError with one line naming the key."""
-    from ppx import schedules
     from ppx import models
     from ppx.models.split import split_layers
 
@@ -277,16 +276,13 @@ def check(cfg: Config) -> None:
             raise UserError(f"model.hidden={m.hidden} is not divisible by model.heads={m.heads}")
         if m.seq_len < 2 or m.vocab_size < 2:
             raise UserError("model.seq_len and model.vocab_size must be >= 2")
-    if p.schedule.endswith(".csv"):
-        sched = schedules.from_csv(p.schedule)
-        if sched.num_ranks != p.stages or sched.num_microbatches != p.microbatches:
-            raise UserError(
-                f"pipeline.schedule {p.schedule} is for {sched.num_ranks} ranks and {sched.num_microbatches} "
-                f"microbatches, but pipeline.stages={p.stages} and pipeline.microbatches={p.microbatches}"
-            )
-    else:
-        resolve_schedule(cfg)
-    num_stages = sched.num_stages if p.schedule.endswith(".csv") else p.stages * virtual_stages(cfg)
+    sched = resolve_schedule(cfg)
+    if p.schedule.endswith(".csv") and (sched.num_ranks != p.stages or sched.num_microbatches != p.microbatches):
+        raise UserError(
+            f"pipeline.schedule {p.schedule} is for {sched.num_ranks} ranks and {sched.num_microbatches} "
+            f"microbatches, but pipeline.stages={p.stages} and pipeline.microbatches={p.microbatches}"
+        )
+    num_stages = sched.num_stages
     if m.kind == "synthetic":
         from ppx.models.costs import stage_costs_ms
 
@@ -310,8 +306,7 @@ def check(cfg: Config) -> None:
     if cfg.runtime.inject_fault is not None:
         from ppx.faults import parse_fault
 
-        kind, action = parse_fault(cfg.runtime.inject_fault)
-        sched = resolve_schedule(cfg)
+        _, action = parse_fault(cfg.runtime.inject_fault)
         if not action.op.is_compute or not any(a == action for row in sched.actions for a in row):
             raise UserError(f"runtime.inject_fault={cfg.runtime.inject_fault}: {action} is not an action of this "
                             f"{sched.name} schedule ({sched.num_stages} stages, {sched.num_microbatches} microbatches); "
