@@ -41,8 +41,6 @@ def parse_spec(spec: str) -> list[tuple[str, list[str]]]:
             raise UserError(f"sweep item {part!r} must look like key=v1,v2,...")
         if key in (k for k, _ in axes):
             raise UserError(f"sweep key {key} is given twice; list all its values once: {key}=v1,v2,...")
-        if key == "run.dir":
-            raise UserError("run.dir names one run; a sweep writes its runs under <run.root>/<run.name>/sweep-<time>/")
         axes.append((key, _split_values(values)))
     if not axes:
         raise UserError("the sweep is empty; give e.g. pipeline.schedule=gpipe,1f1b")
@@ -64,7 +62,7 @@ def point_name(overrides: list[str]) -> str:
 
 def run_sweep(experiment: str, spec: str, overrides: list[str], launcher: str = "local") -> Path:
     axes = parse_spec(spec)
-    if any(o.split("=", 1)[0].strip() == "run.dir" for o in overrides):
+    if "run.dir" in [k for k, _ in axes] + [o.split("=", 1)[0].strip() for o in overrides]:
         raise UserError("run.dir names one run; a sweep writes its runs under <run.root>/<run.name>/sweep-<time>/")
     grid = points(axes)
     names = [point_name(p) for p in grid]
