@@ -156,17 +156,15 @@ def cmd_sweep(args) -> int:
     return 0 if len(done) == expected else 1
 
 
-def _ms_list(option: str, text: str, stages: int):
-    """'10' or '10,12,...' (one per stage) milliseconds -> seconds."""
+def _ms_list(option: str, text: str, stages: int) -> list[float]:
+    """'10' or '10,12,...' (one per stage) milliseconds -> seconds per stage."""
+    from ppx.models.costs import per_stage_ms
+
     try:
         values = [float(x) for x in text.split(",")]
     except ValueError:
         raise UserError(f"{option} {text}: give milliseconds, one number or one per stage (e.g. 10 or 10,12)") from None
-    if any(v < 0 for v in values):
-        raise UserError(f"{option} {text}: costs must be >= 0")
-    if len(values) not in (1, stages):
-        raise UserError(f"{option} {text}: one number or {stages} numbers (one per stage), got {len(values)}")
-    return values[0] / 1e3 if len(values) == 1 else [v / 1e3 for v in values]
+    return [v / 1e3 for v in per_stage_ms(option, values[0] if len(values) == 1 else values, stages)]
 
 
 def cmd_simulate(args) -> int:

@@ -8,22 +8,24 @@ from numbers import Real
 from ppx.errors import UserError
 
 
+def per_stage_ms(name: str, value, num_stages: int) -> list[float]:
+    """One cost in ms per stage from one number or one number per stage; ``name`` (a config
+    key or a command-line option) names it in the error."""
+    if isinstance(value, Real) and not isinstance(value, bool):
+        values = [float(value)] * num_stages
+    elif isinstance(value, (list, tuple)) or hasattr(value, "__len__") and not isinstance(value, str):
+        values = list(value)
+        if len(values) != num_stages or not all(isinstance(v, Real) and not isinstance(v, bool) for v in values):
+            raise UserError(f"{name} must be one number or {num_stages} numbers (one per stage), got {values}")
+        values = [float(v) for v in values]
+    else:
+        raise UserError(f"{name} must be a number of milliseconds or a list of them, got {value!r}")
+    if any(v < 0 for v in values):
+        raise UserError(f"{name} must not be negative, got {values}")
+    return values
+
+
 def stage_costs_ms(cfg, num_stages: int) -> tuple[list[float], list[float], list[float]]:
     """Per-stage (forward, input-gradient backward, weight-gradient backward) costs in ms,
     each from one value or one value per stage."""
-
-    def expand(key: str, value) -> list[float]:
-        if isinstance(value, Real) and not isinstance(value, bool):
-            values = [float(value)] * num_stages
-        elif isinstance(value, (list, tuple)) or hasattr(value, "__len__") and not isinstance(value, str):
-            values = list(value)
-            if len(values) != num_stages or not all(isinstance(v, Real) and not isinstance(v, bool) for v in values):
-                raise UserError(f"model.{key} must be one number or {num_stages} numbers (one per stage), got {values}")
-            values = [float(v) for v in values]
-        else:
-            raise UserError(f"model.{key} must be a number of milliseconds or a list of them, got {value!r}")
-        if any(v < 0 for v in values):
-            raise UserError(f"model.{key} must not be negative, got {values}")
-        return values
-
-    return expand("fwd_ms", cfg.fwd_ms), expand("bwd_ms", cfg.bwd_ms), expand("wgrad_ms", cfg.wgrad_ms)
+    return tuple(per_stage_ms(f"model.{key}", getattr(cfg, key), num_stages) for key in ("fwd_ms", "bwd_ms", "wgrad_ms"))
