@@ -73,8 +73,8 @@ def mean_costs(samples: dict) -> dict:
     # means, not medians: a step is a sum of many of them, and hand-offs on a busy machine
     # have long tails (p90 at 2-3x the median) that medians would leave out of the prediction
     return {"action_s": {k: _mean(v) for k, v in samples["action_s"].items()}, "p2p_s": _mean(samples["p2p_s"]),
-            "overhead_s": _mean(samples["overhead_s"]), "send_post_s": _mean(samples.get("send_post_s", [])),
-            "recv_post_s": _mean(samples.get("recv_post_s", []))}
+            "overhead_s": _mean(samples["overhead_s"]), "send_post_s": _mean(samples["send_post_s"]),
+            "recv_post_s": _mean(samples["recv_post_s"])}
 
 
 def costs_from(measured: dict, num_stages: int) -> schedules.Costs:

@@ -122,16 +122,12 @@ class Timeline:
 
     events: list[list[Event]]
     rank_end: list[float]
-    compute: list[float] = None
-    comm: list[float] = None
+    compute: list[float]
+    comm: list[float]
     makespan: float = field(init=False)
 
     def __post_init__(self):
         self.makespan = max(self.rank_end, default=0.0)
-        if self.compute is None:
-            self.compute = [self.busy(r) for r in range(len(self.events))]
-        if self.comm is None:
-            self.comm = [0.0] * len(self.events)
 
     def busy(self, rank: int) -> float:
         """Seconds of the rank's compute spans, overhead included."""
