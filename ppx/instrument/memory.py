@@ -6,9 +6,10 @@ counted across microbatches, so one buffer saved by several microbatches counts 
 microbatch's references go when its backward completes. A saved view of data (no grad: an
 input or target microbatch cut from the caller's batch, as torch.distributed.pipelining's
 schedules cut them) counts its own bytes: the batch behind it is the caller's, not
-activation memory, and counting it would hide how many microbatches are in flight. It reports per step the peak number of
-microbatches in flight on the rank, the peak of live saved-activation bytes, and the peak
-memory: ``torch.cuda.max_memory_allocated`` on GPU, the process's peak resident set on CPU.
+activation memory, and counting it would hide how many microbatches are in flight. It
+reports per step the peak number of microbatches in flight on the rank, the peak of live
+saved-activation bytes, and the peak memory: ``torch.cuda.max_memory_allocated`` on GPU, the
+process's peak resident set on CPU.
 """
 
 from __future__ import annotations
