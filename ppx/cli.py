@@ -230,7 +230,8 @@ def cmd_simulate(args) -> int:
         from ppx.report.gantt import draw_step
 
         spans = {r: [("compute", str(e.action), [str(e.action)], e.start, e.end) for e in row] for r, row in enumerate(t.events)}
-        draw_step(spans, Path(args.png), f"{sched.name} p={p} m={m}: predicted {t.makespan * 1e3:.1f} ms, bubble {t.bubble_fraction():.1%}")
+        draw_step(spans, Path(args.png), f"{sched.name} p={p} m={m}: predicted {t.makespan * 1e3:.1f} ms, bubble {t.bubble_fraction():.1%}",
+                  sched.stage_to_rank)
         print(f"wrote {args.png}")
     return 0
 

@@ -1,6 +1,7 @@
-"""Gantt picture of one measured step: F, B, communication and waiting per rank over time;
-white is idle. The part of a wait after the peer posted the matching send is drawn as
-transfer. The measured counterpart of `ppx schedule`'s grid."""
+"""Gantt picture of one measured step: F, B (or I and W), communication and waiting per rank
+over time; white is idle. The part of a wait after the peer posted the matching send is drawn
+as transfer. With several stages per rank, cells name their stage and a rank's later stages
+are drawn lighter. The measured counterpart of `ppx schedule`'s grid."""
 
 from __future__ import annotations
 
@@ -8,6 +9,20 @@ from pathlib import Path
 
 COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#8172B2", "W": "#937860", "post": "#DD8452", "wait": "#D9D9D9",
           "transfer": "#F3DC6B"}
+OP_NAMES = [("F", "forward"), ("B", "backward"), ("I", "input-grad backward (I)"), ("W", "weight-grad backward (W)")]
+COMM_NAMES = [("post", "send/recv posted"), ("wait", "waiting on a peer"), ("transfer", "transfer (peer had sent)")]
+
+
+def legend_entries(spans_by_rank: dict, multi: bool, transfer: bool) -> list[tuple[str, str, float]]:
+    """(colour key, name, alpha) for what the picture of these spans shows, in legend order."""
+    spans = [sp for r in spans_by_rank for sp in spans_by_rank[r]]
+    ops = {sp[1].lstrip("0123456789")[0] for sp in spans if sp[0] == "compute"}
+    kinds = {"wait" if sp[0] == "drain" else sp[0] for sp in spans} | ({"transfer"} if transfer else set())
+    out = [(k, n, 1.0) for k, n in OP_NAMES if k in ops]
+    if multi:
+        out.append(("F", "lighter: a rank's later stage", 0.65))
+    out += [(k, n, 1.0) for k, n in COMM_NAMES if k in kinds]
+    return out + [("idle", "idle", 1.0)]
 
 
 def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None) -> None:
@@ -30,26 +45,35 @@ def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None) -
 
         for _, _, sent, peer, wait_start, _ in handoffs(spans_by_rank, stage_to_rank):
             posted[(peer, wait_start)] = sent
+    # several stages per rank (interleaved): cells name their stage, and a rank's later stages are lighter
+    multi = stage_to_rank is not None and len(stage_to_rank) > len(set(stage_to_rank))
+    chunk = {}
+    if multi:
+        for stage, rank in enumerate(stage_to_rank):
+            chunk[stage] = sum(1 for s in range(stage) if stage_to_rank[s] == rank)
     fig, ax = plt.subplots(figsize=(12, 0.7 * len(ranks) + 1.6))
     for row, r in enumerate(ranks):
         y = len(ranks) - 1 - row
         ax.add_patch(plt.Rectangle((0, y - 0.4), span_ms, 0.8, facecolor="white", edgecolor="#BBBBBB", lw=0.5))
         for kind, label, actions, start, end in spans_by_rank[r]:
             x, w = (start - t0) * 1e3, (end - start) * 1e3
+            alpha = 1.0
             if kind == "compute":
                 op = label.lstrip("0123456789")[0]
                 color, height = COLORS.get(op, "#999999"), 0.8
+                alpha = 1.0 - 0.35 * chunk.get(int(label[: len(label) - len(label.lstrip("0123456789"))]), 0)
             elif kind == "post":
                 color, height = COLORS["post"], 0.8
             else:
                 color, height = COLORS["wait"], 0.5
-            ax.add_patch(plt.Rectangle((x, y - height / 2), w, height, facecolor=color, edgecolor="none"))
+            ax.add_patch(plt.Rectangle((x, y - height / 2), w, height, facecolor=color, alpha=alpha,
+                                       edgecolor="white" if kind == "compute" else "none", lw=0.6))
             if kind == "wait" and (r, start) in posted:
                 sent = min(max(posted[(r, start)], start), end)
                 ax.add_patch(plt.Rectangle(((sent - t0) * 1e3, y - 0.25), (end - sent) * 1e3, 0.5,
                                            facecolor=COLORS["transfer"], edgecolor="none"))
-            if kind == "compute" and w > span_ms / 60:
-                short = label.lstrip("0123456789")
+            short = label if multi else label.lstrip("0123456789")
+            if kind == "compute" and w > span_ms * max(1 / 60, (len(short) + 1) / 200):  # when the text fits
                 ax.text(x + w / 2, y, short, ha="center", va="center", fontsize=7, color="white")
     ax.set_xlim(0, span_ms)
     ax.set_ylim(-0.6, len(ranks) - 0.4)
@@ -57,11 +81,9 @@ def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None) -
     ax.set_yticklabels([f"rank {r}" for r in reversed(ranks)])
     ax.set_xlabel("time in the step (ms, rank clocks aligned)")
     ax.set_title(title, fontsize=10)
-    handles = [Patch(color=COLORS[k], label=n) for k, n in
-               [("F", "forward"), ("B", "backward"), ("post", "send/recv posted"), ("wait", "waiting on a peer"),
-                ("transfer", "transfer (peer had sent)")]]
-    handles.append(Patch(facecolor="white", edgecolor="#BBBBBB", label="idle"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.02 * len(ranks)), ncol=6, fontsize=8, frameon=False)
+    handles = [Patch(facecolor=COLORS.get(k, "white"), alpha=a, label=n, edgecolor="#BBBBBB" if k == "idle" else None)
+               for k, n, a in legend_entries(spans_by_rank, multi, bool(posted))]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.02 * len(ranks)), ncol=len(handles), fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

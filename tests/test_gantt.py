@@ -1,0 +1,40 @@
+"""The Gantt picture's legend names what the picture shows: I and W for split backwards, the
+later-stage shade for interleaved ranks, and no communication entries for a simulated
+(compute-only) timeline."""
+
+from ppx import schedules
+from ppx.report.gantt import draw_step, legend_entries
+
+
+def simulated_spans(name: str, p: int, m: int, **kw) -> tuple[dict, tuple]:
+    sched = schedules.build(name, p, m, **kw)
+    t = schedules.simulate(sched, schedules.Costs())
+    spans = {r: [("compute", str(e.action), [str(e.action)], e.start, e.end) for e in row] for r, row in enumerate(t.events)}
+    return spans, sched.stage_to_rank
+
+
+def names(entries) -> list[str]:
+    return [n for _, n, _ in entries]
+
+
+def test_legend_names_split_backwards_and_no_comm_for_a_simulated_timeline(tmp_path):
+    spans, s2r = simulated_spans("zb_h1", 4, 8)
+    assert names(legend_entries(spans, False, False)) == [
+        "forward", "input-grad backward (I)", "weight-grad backward (W)", "idle"]
+    spans, _ = simulated_spans("1f1b", 2, 4)
+    assert names(legend_entries(spans, False, False)) == ["forward", "backward", "idle"]
+    draw_step(spans, tmp_path / "g.png", "1f1b", (0, 1))
+    assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_legend_marks_later_stages_and_the_communication_drawn(tmp_path):
+    spans, s2r = simulated_spans("interleaved_1f1b", 2, 4, virtual_stages=2)
+    assert s2r == (0, 1, 0, 1)
+    spans[0].append(("post", "0SEND_F0", ["0SEND_F0"], 0.0, 0.1))
+    spans[1].append(("drain", "wait sends", [], 9.0, 9.1))
+    got = legend_entries(spans, True, True)
+    assert names(got) == ["forward", "backward", "lighter: a rank's later stage", "send/recv posted",
+                          "waiting on a peer", "transfer (peer had sent)", "idle"]
+    assert [a for k, _, a in got if k == "F"] == [1.0, 0.65]
+    draw_step(spans, tmp_path / "g.png", "interleaved", s2r)
+    assert (tmp_path / "g.png").stat().st_size > 1000
