@@ -189,7 +189,8 @@ def markdown(results: dict, scale: float) -> str:
         "",
         f"Measured by `make bench` on {time.strftime('%Y-%m-%d')}: {platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, torch {torch.__version__}, CPU + gloo, 1 thread per process, "
-        "each process pinned to its block of CPUs as `ppx run` pins them (`runtime.pin_cpus`).",
+        "each process pinned as `ppx run` pins CPU ranks (`runtime.pin_cpus`: its own block of CPUs; with more "
+        "ranks than CPUs, one CPU each, round robin).",
         "Each case runs its variants side by side in one torchrun job, alternating step by step (20 to 300 measured "
         f"steps per variant{'' if scale == 1 else f', scaled by {scale}'}, after 3 warm-up steps); every step starts on "
         "all ranks at the same instant (its data made before, as a prefetching loader has it) and lasts until the "
@@ -218,16 +219,26 @@ def markdown(results: dict, scale: float) -> str:
         "(`runtime.recv_lookahead=-1`): gloo's transport sends only once the receive is posted, so the data lands",
         "while the receiver computes, and no receive is posted between two computes (side by side, known-cost",
         "1F1B p=4 went from 1.041-1.045 to 1.032-1.034, MLP hidden 256 1F1B p=4 from 29-32 to 25-28.5 ms);",
-        "(2) pins each rank to its own block of CPUs (`runtime.pin_cpus`), so the gloo thread a message wakes",
-        "does not preempt a neighbour's compute while the other CPU idles (MLP 1F1B p=2: 18 to 13-14 ms).",
+        "(2) pins each rank to its own CPUs (`runtime.pin_cpus`), so the gloo thread a message wakes does not",
+        "preempt a neighbour's compute while the other CPU idles (MLP 1F1B p=2: 18 to 13-14 ms); with 4 ranks on",
+        "2 CPUs they share round robin (ranks 0,2 | 1,3), so a hand-off never queues the receiver behind its",
+        "sender, busy posting at that moment (side by side on 2026-11-22: known-cost p=4 GPipe and 1F1B from",
+        "1.024-1.028 to 1.022, MLP hidden 256 GPipe p=4 from 19-21 to 15 ms, torch gaining alike).",
         "torch.distributed.pipelining runs in the same pinned processes, side by side, in the same rows. With",
-        "this machine's noise (torch's known-cost ratio ranged 1.04-1.10 over this session's runs), the p=4",
-        "rows land at 1.024-1.039 from run to run.",
+        "this machine's noise (torch's known-cost ratio ranged 1.04-1.10 over these sessions' runs), the p=4",
+        "rows land at 1.020-1.025 from run to run.",
         "",
         "Idle and bubble exclude transfer: the part of a wait after the peer posted the matching send counts as",
         "communication (`transfer_s`), as hand-off latency is not the schedule's bubble. What stays in idle is",
         "waiting for a peer that has not sent yet, which still includes latency handed down the pipeline (a",
         "late hand-off upstream makes the next rank's peer send late), so ZB-H1/1F1B stays a little above 1/3.",
+        "No schedule can do better at 1F1B's memory: holding at most p microbatches (until their W), rank 0 idles",
+        "after its p-th forward until its first I returns, (p-1)t + 2(p-1)c with c per hand-off, and again",
+        "2(p-1)c waiting for the last I after its last forward, as it then holds only p-1 other microbatches' I",
+        "and W to fill (2(p-1)t) against a round trip of 2(p-1)t + 2(p-1)c. Idle >= (p-1)(t + 4c) against 1F1B's",
+        "3(p-1)t + its own hand-off idle, which measures 4-6 ms here (about 15 hand-offs), while 1/3 would need",
+        "12(p-1) = 36 of them: the 1/3 is reached only as c/t -> 0 (0.36 at t=10 ms, 0.34 at t=40 ms; the",
+        "simulator puts it at 0.334 at t=100 ms).",
         "",
         "The simulator rows predict with the run's own transport (gloo: every send and receive on its own,",
         "receives posted at the first wait, each send and receive taking its measured posting time) the",
