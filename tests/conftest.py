@@ -13,6 +13,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Every run a test starts is a CPU + gloo run, whatever GPUs this machine has (experiments
+# default to runtime.device=auto, which takes the GPUs when there are enough): the tests check
+# the CPU path, and several ranks of one job on one GPU would abort NCCL. GPUs are counted
+# before they are hidden from the processes tests start; tests that need them pass GPU_ENV.
+import torch  # noqa: E402
+
+CUDA_DEVICES = torch.cuda.device_count()
+_visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+GPU_ENV = {"CUDA_VISIBLE_DEVICES": _visible if _visible is not None else ",".join(map(str, range(CUDA_DEVICES)))}
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
 
 def free_port() -> int:
     with socket.socket() as s:

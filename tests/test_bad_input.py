@@ -39,11 +39,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_fails_fast_with_one_line(case, tmp_path):
     args, expected = CASES[case]
-    if case == "cuda without gpus":
-        import torch
-
-        if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
-            pytest.skip("this machine has the GPUs")
+    # "cuda without gpus" holds on any machine: the tests' runs see no GPU (conftest)
     root = [] if any(a.startswith("run.root=") for a in args) else [f"run.root={tmp_path}"]
     r = ppx("run", *args, *root, timeout=60)
     assert r.returncode == 2, r.stderr

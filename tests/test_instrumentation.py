@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
-from conftest import ppx, read_json, read_jsonl
+from conftest import CUDA_DEVICES, GPU_ENV, ppx, read_json, read_jsonl
 
 # 60/120 ms: the hand-offs between ranks (0.3-3 ms each on loopback gloo on a shared 2-core
 # machine whose caches go cold while the ranks wait) stay small next to them
@@ -18,10 +17,10 @@ KNOWN_COST = ["model.kind=synthetic", f"model.fwd_ms={T_F * 1e3:g}", f"model.bwd
 HIDDEN, BATCH = 16, 64
 
 
-def known_cost_run(tmp_path_factory, schedule, p, m, *extra):
+def known_cost_run(tmp_path_factory, schedule, p, m, *extra, env=None):
     d = tmp_path_factory.mktemp("kc") / f"{schedule}_p{p}"
     r = ppx("run", "gpipe_4gpu", *KNOWN_COST, f"pipeline.schedule={schedule}", f"pipeline.stages={p}",
-            f"pipeline.microbatches={m}", f"run.dir={d}", *extra)
+            f"pipeline.microbatches={m}", f"run.dir={d}", *extra, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return d
 
@@ -127,9 +126,9 @@ def test_timers_off_still_measures_step_time(tmp_path_factory):
     assert not (d / "timeline.json").exists()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(CUDA_DEVICES == 0, reason="needs a CUDA GPU")
 def test_cuda_event_timers(tmp_path_factory):
-    d = known_cost_run(tmp_path_factory, "gpipe", 1, 4, "runtime.device=cuda")
+    d = known_cost_run(tmp_path_factory, "gpipe", 1, 4, "runtime.device=cuda", env=GPU_ENV)
     s = read_json(d / "summary.json")
     (r,) = s["ranks"]
     assert r["compute_s"] == pytest.approx(4 * (T_F + T_B), rel=0.1)  # GPU spins timed by CUDA events
