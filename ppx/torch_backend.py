@@ -130,17 +130,20 @@ class TorchPipeline(StageShare):
         sched._maybe_compute_loss = maybe_compute_loss
 
     def microbatches(self, step: int):
+        """This step's whole batch on this rank's device (torch's schedule splits it), made
+        before the step as for ppx's runtime, so the copy to a GPU is not timed."""
         t = self.cfg.train
-        return self.kind.make_batch(self.cfg.model, t.seed, t.batch_size, step)
+        x, y = self.kind.make_batch(self.cfg.model, t.seed, t.batch_size, step)
+        return x.to(self.device), y.to(self.device)
 
     def step(self, step: int, batch=None):
         x, y = batch if batch is not None else self.microbatches(step)
         losses: list = []
         kwargs = {}
         if self.owns_last:
-            kwargs = {"target": y.to(self.device), "losses": losses}
+            kwargs = {"target": y, "losses": losses}
         if self.owns_first:
-            self.torch_schedule.step(x.to(self.device), **kwargs)
+            self.torch_schedule.step(x, **kwargs)
         else:
             self.torch_schedule.step(**kwargs)
         if not self.owns_last:
