@@ -12,6 +12,7 @@ exact like any other model's.
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -32,12 +33,17 @@ def calibrate(device: torch.device) -> None:
         return
     with torch.cuda.device(device):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000_000)  # warm-up launch
-        start.record()
-        torch.cuda._sleep(10_000_000)
-        end.record()
-        end.synchronize()
-        _CYCLES_PER_MS[device.index] = 10_000_000 / start.elapsed_time(end)
+
+        def cycles_per_ms(cycles: int) -> float:
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            return cycles / start.elapsed_time(end)
+
+        first = cycles_per_ms(1_000_000)  # a first estimate, from a cold start
+        cycles_per_ms(int(50 * first))  # about 50 ms of spinning, so the clocks have ramped up
+        _CYCLES_PER_MS[device.index] = statistics.median(cycles_per_ms(int(5 * first)) for _ in range(5))
 
 
 def _spin_gpu(ms: float, device: torch.device) -> None:
