@@ -8,7 +8,8 @@ that has not sent yet, gaps between actions, the tail after a rank's last action
 Communication is posting plus transferring: the part of a wait after the peer posted the
 matching send (the hand-off latency, measured across ranks on aligned clocks) is transfer,
 not bubble; the part before it is the schedule's idle. (On NCCL a receive completes with its
-coalesced batch, so "transfer" there can include the batch waiting on its other operations.)
+coalesced batch, and batches run in order on one stream, so "transfer" there can include the
+batch waiting on its other operations or behind the sender's earlier batches.)
 """
 
 from __future__ import annotations
