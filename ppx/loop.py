@@ -77,10 +77,12 @@ def train(cfg, schedule: Schedule, run_dir: Path, rank: int, world: int, device,
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t1 = time.perf_counter()
-            record, spans = inst.end_step(step)
             if opt is not None:
                 watchdog.phase("optimizer step", step)
                 opt.step()
+            if device.type == "cuda":  # the optimizer's kernels end here, not inside the next step's timing
+                torch.cuda.synchronize(device)
+            record, spans = inst.end_step(step)  # memory peaks include the optimizer step
             if cfg.profile.enabled:
                 profiler.step()
             watchdog.phase("gathering metrics", step)

@@ -8,8 +8,8 @@ input or target microbatch cut from the caller's batch, as torch.distributed.pip
 schedules cut them) counts its own bytes: the batch behind it is the caller's, not
 activation memory, and counting it would hide how many microbatches are in flight. It
 reports per step the peak number of microbatches in flight on the rank, the peak of live
-saved-activation bytes, and the peak memory: ``torch.cuda.max_memory_allocated`` on GPU, the
-process's peak resident set on CPU.
+saved-activation bytes, and the peak memory over the step, optimizer step included:
+``torch.cuda.max_memory_allocated`` on GPU, the process's peak resident set on CPU.
 """
 
 from __future__ import annotations
