@@ -46,6 +46,7 @@ def train(cfg, schedule: Schedule, run_dir: Path, rank: int, world: int, device,
         pipe = build_rank(cfg, schedule, rank, device, P2P.for_backend(backend), observers)
     inst = Instruments(cfg, pipe.runtime, device)
     pipe.runtime.observers.extend(inst.observers)
+    watchdog.device_position = getattr(inst.timer, "device_position", None)  # CUDA events: where the GPU is
     opt = None
     if schedule.training:
         opt_cls = torch.optim.SGD if cfg.train.optimizer == "sgd" else torch.optim.AdamW

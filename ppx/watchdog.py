@@ -5,6 +5,11 @@ step) and mirrors it into ``<run>/status/rank<r>.txt`` through a shared memory m
 file names the exact action even when the process is killed (the launcher reads it to
 explain a failed job). Past the timeout it prints one line naming the rank and the action
 and exits the process, which makes torchrun end the other ranks.
+
+On a GPU the host queues a step ahead of the device and then waits at the step's end, so
+the watchdog also follows ``device_position`` (the first action the GPU has not finished,
+from the CUDA timer's events) when it is set: the GPU moving on counts as progress, and a
+hang names the action the GPU is stuck on.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 EXIT_TIMEOUT = 3
 STATUS_BYTES = 512
@@ -45,6 +50,8 @@ class Watchdog:
                 f.write(b"\0" * STATUS_BYTES)
                 f.flush()
                 self._map = mmap.mmap(f.fileno(), STATUS_BYTES)
+        self.device_position: Optional[Callable[[], Optional[str]]] = None
+        self._device_at: Optional[str] = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ppx-watchdog", daemon=True)
 
@@ -64,11 +71,15 @@ class Watchdog:
         self._set(label)
 
     def where(self) -> str:
-        return f"{self.label} (step {self.step})" if self.step >= 0 else self.label
+        where = f"{self.label} (step {self.step})" if self.step >= 0 else self.label
+        return f"{where}; the GPU is on {self._device_at}" if self._device_at else where
 
     def _set(self, label: str) -> None:
         self.label = label
         self.since = time.monotonic()
+        self._mirror()
+
+    def _mirror(self) -> None:
         if self._map is not None:
             self._map[:] = self.where().encode()[:STATUS_BYTES].ljust(STATUS_BYTES, b"\0")
 
@@ -81,6 +92,12 @@ class Watchdog:
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
+            if self.device_position is not None:
+                at = self.device_position()
+                if at != self._device_at:  # the device moved on: progress, even while the host waits
+                    self._device_at = at
+                    self.since = time.monotonic()
+                    self._mirror()
             stalled = time.monotonic() - self.since
             if stalled > self.limit_s:
                 sys.stderr.write(

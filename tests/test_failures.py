@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
-from conftest import ppx
+from conftest import REPO, ppx
 from ppx.watchdog import read_status
 
 
@@ -30,3 +32,31 @@ def test_killed_rank_ends_the_job_and_is_named(run_dir):
     assert "torchrun: ppx.worker failed: rank 0: exit code 1; rank 1: exit code -9 (SIGKILL)" in r.stderr
     assert "Traceback" not in r.stderr
     assert read_status(run_dir / "status" / "rank1.txt") == "1B1 (step 0)"
+
+
+WATCHDOG_ON_A_GPU = """
+import sys, time
+from ppx.watchdog import Watchdog
+w = Watchdog(0, 1.0, sys.argv[1], poll_s=0.05)
+start = time.monotonic()
+# the GPU finishes an action every 0.1 s for 3 s, then sticks on 0B5
+w.device_position = lambda: f"0F{int((time.monotonic() - start) * 10)}" if time.monotonic() - start < 3 else "0B5"
+w.phase("step start", 3)
+w._set("wait sends")  # the host waits at the end of the step it queued
+w.start()
+time.sleep(30)
+"""
+
+
+def test_watchdog_follows_the_gpu_and_names_where_it_hangs(tmp_path):
+    # on a GPU, the host waits at the end of a step it queued ahead: the GPU moving on is
+    # progress, and a hang is named by the action the GPU is stuck on (the CUDA timer's events)
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", WATCHDOG_ON_A_GPU, str(tmp_path)], capture_output=True, text=True,
+                       timeout=60, cwd=REPO)
+    elapsed = time.monotonic() - start
+    assert r.returncode == 3, r.stderr
+    assert "rank 0 made no progress for 2." in r.stderr  # timeout 1 s + 1 s grace, counted from the last move
+    assert "on wait sends (step 3); the GPU is on 0B5; ending the job" in r.stderr
+    assert elapsed > 4.5  # 3 s of GPU progress kept it alive past the 2 s limit
+    assert read_status(tmp_path / "rank0.txt") == "wait sends (step 3); the GPU is on 0B5"

@@ -21,7 +21,7 @@ class Instruments:
         ins = cfg.instrument
         self.timer = None
         if ins.timers:
-            self.timer = CudaTimer(runtime.program, device) if device.type == "cuda" else WallTimer()
+            self.timer = CudaTimer(device) if device.type == "cuda" else WallTimer()
         self.memory = MemoryTracker(runtime.stages, device) if ins.memory else None
         self.labels = RecordFunctions() if cfg.profile.enabled else None
 

@@ -9,7 +9,7 @@ once per step (after the step's final synchronize). Spans are in this process's
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Optional
 
 import torch
 
@@ -33,35 +33,47 @@ class WallTimer:
 
 
 class CudaTimer:
-    """CUDA events around every item of ``program`` (the rank's fixed item list)."""
+    """CUDA events around every item, recorded on the current stream and reused step after
+    step; spans are resolved once per step, after the caller synchronized the device."""
 
-    def __init__(self, program: Sequence, device: torch.device):
-        self.program = list(program)
+    def __init__(self, device: torch.device):
         self.device = device
-        self._events = [
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in self.program
-        ]
+        self._events: list = []  # (start, end) per item position
+        self._items: list = []  # this step's items, in order
         self._origin = torch.cuda.Event(enable_timing=True)
         self._host_origin = 0.0
-        self._k = 0
 
     def begin_step(self, step: int) -> None:
-        self._k = 0
+        self._items = []
         torch.cuda.synchronize(self.device)  # the stream is idle: the origin event fires now
         self._origin.record()
         self._host_origin = time.perf_counter()
 
     def before(self, item) -> None:
-        self._events[self._k][0].record()
+        k = len(self._items)
+        if k == len(self._events):
+            self._events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+        self._items.append(item)
+        self._events[k][0].record()
 
     def after(self, item) -> None:
-        self._events[self._k][1].record()
-        self._k += 1
+        self._events[len(self._items) - 1][1].record()
 
     def end_step(self, step: int) -> list:
         """Resolve the events (the caller has synchronized the device)."""
         t0, origin = self._host_origin, self._origin
         return [
             (item, t0 + origin.elapsed_time(a) / 1e3, t0 + origin.elapsed_time(b) / 1e3)
-            for item, (a, b) in zip(self.program[: self._k], self._events)
+            for item, (a, b) in zip(self._items, self._events)
         ]
+
+    def device_position(self) -> Optional[str]:
+        """The label of this step's first item the GPU has not finished, or None. Safe from
+        another thread (the watchdog's): the host queues a step ahead of the GPU, so where the
+        host waits (the step's final synchronize) says little about where a hang is."""
+        items = list(self._items)
+        with torch.cuda.device(self.device):
+            for item, (_, end) in zip(items, self._events):
+                if not end.query():
+                    return item.label
+        return None
