@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ppx import rundir, schedules
+from ppx import rundir
 from ppx.comm import P2P
 from ppx.faults import FaultInjector, parse_fault
 from ppx.instrument import Instruments
@@ -19,17 +19,6 @@ from ppx.instrument.profiler import make_profiler
 from ppx.pipeline import build_rank
 from ppx.report.run_report import RunReport
 from ppx.schedules.schedule import Schedule
-
-
-def ideal_step_time_s(cfg, schedule: Schedule):
-    """The exact ideal step time of the known-cost model (simulated, zero communication)."""
-    if cfg.model.kind != "synthetic":
-        return None
-    from ppx.models.costs import stage_costs_ms
-
-    fwd, bwd, wgrad = stage_costs_ms(cfg.model, schedule.num_stages)
-    costs = schedules.Costs(fwd=[f / 1e3 for f in fwd], bwd=[b / 1e3 for b in bwd], wgrad=[w / 1e3 for w in wgrad])
-    return schedules.simulate(schedule, costs).makespan
 
 
 def train(cfg, schedule: Schedule, run_dir: Path, rank: int, world: int, device, backend: str, ctrl, watchdog) -> None:
@@ -96,6 +85,6 @@ def train(cfg, schedule: Schedule, run_dir: Path, rank: int, world: int, device,
                 report.add_step(step, records)
     if report is not None:
         watchdog.phase("writing the report")
-        report.finish(ideal_step_time_s(cfg, schedule))
+        report.finish()
     watchdog.phase("finishing")
     dist.barrier(group=ctrl)

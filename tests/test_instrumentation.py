@@ -41,6 +41,7 @@ def test_measured_bubble_matches_theory_on_known_costs(runs, case):
     assert s["bubble_fraction_theory"] == pytest.approx(theory)
     assert s["bubble_fraction"] == pytest.approx(theory, abs=0.03), s
     assert s["bubble_over_ideal_theory"] == pytest.approx(theory / (1 - theory))
+    assert s["bubble_theory_basis"].startswith("simulated at the known-cost model's per-stage costs")
     assert s["ideal_step_time_s"] == pytest.approx((m + p - 1) * (T_F + T_B) if schedule != "naive" else p * (T_F + T_B))
     assert 1.0 <= s["step_time_over_ideal"] < 1.15
     for r in s["ranks"]:
@@ -56,6 +57,7 @@ def test_measured_bubble_matches_theory_on_known_costs(runs, case):
         assert {"compute_s", "comm_s", "post_s", "transfer_s", "wait_s", "idle_s", "bubble_fraction", "peak_inflight_microbatches",
                 "peak_activation_bytes", "peak_memory_bytes"} <= set(line["ranks"][0])
         assert line["bubble_fraction_theory"] == pytest.approx(theory)
+        assert line["bubble_over_ideal_theory"] == pytest.approx(theory / (1 - theory))
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

@@ -9,19 +9,20 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ppx import rundir, schedules
+from ppx import rundir
 from ppx.config import virtual_stages
 from ppx.metrics import over_ideal, run_summary, step_breakdown
 from ppx.report.scalars import step_scalars
 from ppx.schedules.schedule import Schedule
+from ppx.theory import run_theory
 
 
 class RunReport:
     def __init__(self, cfg, schedule: Schedule, run_dir: Path, world: int, backend: str = "gloo", device: str = "cpu"):
         self.cfg, self.schedule, self.run_dir, self.world = cfg, schedule, run_dir, world
         self.backend, self.device = backend, device
-        p, m = schedule.num_ranks, schedule.num_microbatches
-        self.theory = schedules.theory_bubble(cfg.pipeline.schedule, p, m, virtual_stages(cfg))
+        self.held_against = run_theory(cfg, schedule, backend)
+        self.theory = self.held_against.bubble_fraction
         self.steps: list[dict] = []
         self.losses: list = []
         self.timeline: list[dict] = []
@@ -39,7 +40,8 @@ class RunReport:
     def add_step(self, step: int, records: list[dict]) -> None:
         loss = next((r["loss"] for r in records if r["loss"] is not None), None)
         m = step_breakdown(records, self.schedule.stage_to_rank)
-        line = {"step": step, "loss": loss, **m, "bubble_fraction_theory": self.theory}
+        line = {"step": step, "loss": loss, **m, "bubble_fraction_theory": self.theory,
+                "bubble_over_ideal_theory": over_ideal(self.theory)}
         self.metrics.write(json.dumps(line) + "\n")
         self.metrics.flush()
         self.steps.append(m)
@@ -61,9 +63,10 @@ class RunReport:
                 msg += f"  bubble {m['bubble_fraction']:.1%}"
                 if self.theory is not None:
                     msg += f" (theory {self.theory:.1%})"
+                msg += " of the step"
             print(msg, flush=True)
 
-    def finish(self, ideal_s) -> None:
+    def finish(self) -> None:
         self.metrics.close()
         cfg, sched = self.cfg, self.schedule
         summary = {
@@ -84,12 +87,13 @@ class RunReport:
             **run_summary(self.steps),
             "bubble_fraction_theory": self.theory,
             "bubble_over_ideal_theory": over_ideal(self.theory),
-            "ideal_step_time_s": ideal_s,
+            "bubble_theory_basis": self.held_against.basis,
+            "ideal_step_time_s": self.held_against.ideal_step_time_s,
             "bubble_normalisation": "bubble_fraction = idle / step time; bubble_over_ideal = idle / busy time",
         }
         summary["throughput_samples_per_s"] = cfg.train.batch_size / summary["step_time_s"]
-        if ideal_s:
-            summary["step_time_over_ideal"] = summary["step_time_s"] / ideal_s
+        if summary["ideal_step_time_s"]:
+            summary["step_time_over_ideal"] = summary["step_time_s"] / summary["ideal_step_time_s"]
         if self.timeline:
             summary.update(self._prediction(summary))
         rundir.write_json(self.run_dir / "summary.json", summary)

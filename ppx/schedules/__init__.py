@@ -25,7 +25,7 @@ from ppx.schedules.zero_bubble import zb_h1
 
 __all__ = [
     "Action", "Op", "Schedule", "Costs", "SampledCosts", "Timeline", "FAMILIES", "Family", "build", "from_csv",
-    "validate", "simulate", "add_comms", "read_csv", "write_csv", "theory_bubble",
+    "validate", "simulate", "add_comms", "read_csv", "write_csv", "theory_bubble", "formula_family",
 ]
 
 
@@ -112,8 +112,14 @@ def from_csv(path: str | Path) -> Schedule:
     return schedule
 
 
+def formula_family(name: str) -> Family | None:
+    """The family whose closed form describes schedule ``name`` (torch's via the ppx list of
+    the same order), or None (a CSV schedule)."""
+    return FAMILIES.get(TORCH_SCHEDULES.get(name, name))
+
+
 def theory_bubble(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> float | None:
-    """Theoretical bubble as a share of the step, or None for schedules without a formula."""
-    fam = FAMILIES.get(name) or FAMILIES.get({"torch_gpipe": "gpipe", "torch_1f1b": "1f1b",
-                                              "torch_interleaved1f1b": "interleaved_1f1b"}.get(name, ""))
+    """Theoretical bubble as a share of the step (equal stage costs), or None for schedules
+    without a formula."""
+    fam = formula_family(name)
     return fam.bubble(stages, microbatches, virtual_stages) if fam else None

@@ -1,0 +1,46 @@
+"""What a run is held against: the closed form for models of unknown cost, and on the
+known-cost model the exact zero-communication value at its configured costs."""
+
+import pytest
+
+from ppx import config, schedules
+from ppx.theory import run_theory
+
+
+def theory(*overrides, backend="gloo"):
+    cfg = config.load(None, ["pipeline.stages=2", "pipeline.microbatches=4", *overrides])
+    return run_theory(cfg, config.resolve_schedule(cfg), backend)
+
+
+def test_closed_form_for_a_model_of_unknown_cost():
+    t = theory("model.kind=mlp", "pipeline.schedule=1f1b")
+    assert t.bubble_fraction == pytest.approx(1 / 5) and t.ideal_step_time_s is None
+    assert "closed form (p-1)/(m+p-1)" in t.basis and "same" in t.basis
+
+
+def test_known_cost_theory_is_the_closed_form_when_stages_are_equal():
+    t = theory("model.kind=synthetic", "model.fwd_ms=5", "model.bwd_ms=10", "pipeline.schedule=1f1b")
+    assert t.bubble_fraction == pytest.approx(1 / 5) and t.ideal_step_time_s == pytest.approx(5 * 0.015)
+    t = theory("model.kind=synthetic", "model.fwd_ms=5", "model.bwd_ms=5", "model.wgrad_ms=5", "pipeline.schedule=zb_h1")
+    assert t.bubble_fraction == pytest.approx(1 / 13)  # (p-1)/(3m+p-1)
+    assert "exact" in t.basis
+
+
+def test_known_cost_theory_follows_unequal_costs():
+    # stage 1 twice as slow: it sets the pace, the closed form's 20% does not hold
+    t = theory("model.kind=synthetic", "model.fwd_ms=[5,10]", "model.bwd_ms=[10,20]", "pipeline.schedule=1f1b")
+    # stage 0's first forward, then stage 1 busy for 4 x 30 ms, then stage 0's last backward
+    assert t.ideal_step_time_s == pytest.approx(0.005 + 4 * 0.030 + 0.010)
+    assert t.bubble_fraction == pytest.approx(1 - (4 * 0.015 + 4 * 0.030) / 2 / 0.135)
+    assert t.bubble_fraction != pytest.approx(schedules.theory_bubble("1f1b", 2, 4))
+    # ZB-H1 without a weight-gradient cost has no W to fill the bubble with
+    zb = theory("model.kind=synthetic", "model.fwd_ms=5", "model.bwd_ms=10", "model.wgrad_ms=0", "pipeline.schedule=zb_h1")
+    assert zb.bubble_fraction == pytest.approx(1 / 5)
+
+
+def test_the_ideal_follows_the_runs_transport():
+    # interleaved, unequal stages: NCCL's in-order batches make the zero-communication step longer than gloo's
+    args = ["model.kind=synthetic", "pipeline.stages=4", "pipeline.schedule=interleaved_1f1b", "model.layers=8",
+            "model.fwd_ms=[5,5,20,5,5,20,5,5]", "model.bwd_ms=[10,10,40,10,10,40,10,10]"]
+    gloo, nccl = theory(*args, backend="gloo"), theory(*args, backend="nccl")
+    assert gloo.ideal_step_time_s < nccl.ideal_step_time_s
