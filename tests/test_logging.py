@@ -57,8 +57,8 @@ def test_tensorboard_serves_scalars_and_profiler_workers(profiled_run):
     try:
         tb_run = f"1f1b_2cpu/{run.name}/tb"
         tags = _poll(lambda: _get(port, "/data/plugin/scalars/tags").get(tb_run))
-        for tag in ("loss", "time/step_time_s", "bubble/measured", "bubble/theory", "compute_s/rank0", "transfer_s/rank1",
-                    "idle_s/rank1", "peak_inflight_microbatches/rank0", "peak_activation_bytes/rank1"):
+        for tag in ("loss", "time/step_time_s", "bubble/measured", "bubble/theory", "bubble/theory_over_ideal",
+                    "compute_s/rank0", "transfer_s/rank1", "idle_s/rank1", "peak_inflight_microbatches/rank0", "peak_activation_bytes/rank1"):
             assert tag in tags, tag
         loss = _get(port, "/data/plugin/scalars/scalars", run=tb_run, tag="loss")
         assert [step for _, step, _ in loss] == [0, 1, 2, 3]
@@ -125,12 +125,13 @@ def test_small_sweep_and_compare(tmp_path):
     for png in ("compare.png", "bubble.png"):
         assert (sweep / png).read_bytes()[:4] == b"\x89PNG"
     table = (sweep / "compare.md").read_text()
-    assert table.count("| schedule=") == 4 and "| bubble | predicted | theory |" in table
+    assert table.count("| schedule=") == 4 and "| bubble | predicted | pred err pt | theory |" in table
     rows = json.loads((sweep / "compare.json").read_text())
     for row in rows:
         p, m = 2, row["microbatches"]
         assert row["theory"] == pytest.approx((p - 1) / (m + p - 1))
         assert row["bubble"] == pytest.approx(row["theory"], abs=0.08)
+        assert abs(row["predicted_error_pt"]) < 5  # measured vs predicted bubble over the same steps
     assert "schedule=gpipe,microbatches=4" in r.stdout  # the terminal table
     # ppx compare on globs, into a chosen folder
     out = tmp_path / "cmp"

@@ -20,6 +20,7 @@ COLUMNS = [  # (header, key, format)
     ("samples/s", "throughput", "{:.1f}"),
     ("bubble", "bubble", "{:.1%}"),
     ("predicted", "predicted", "{:.1%}"),
+    ("pred err pt", "predicted_error_pt", "{:+.1f}"),
     ("theory", "theory", "{:.1%}"),
     ("peak act KiB", "peak_act_kib", "{:.1f}"),
     ("peak mem MiB", "peak_mem_mib", "{:.0f}"),
@@ -58,10 +59,15 @@ def load_row(run: Path, base: Path | None = None) -> dict:
         "throughput": s.get("throughput_samples_per_s") or (bs / s["step_time_s"] if bs else None),
         "bubble": s.get("bubble_fraction"), "theory": s.get("bubble_fraction_theory"),
         "predicted": (s.get("predicted") or {}).get("bubble_fraction"), "v": s.get("virtual_stages") or 1,
+        "predicted_error_pt": _points((s.get("prediction_error") or {}).get("bubble_fraction")),
         "peak_act_kib": max((r.get("peak_activation_bytes") or 0 for r in ranks), default=0) / 1024 or None,
         "peak_mem_mib": max((r.get("peak_memory_bytes") or 0 for r in ranks), default=0) / 2**20 or None,
         "final_loss": (s.get("losses") or [None])[-1],
     }
+
+
+def _points(x):
+    return None if x is None else 100 * x
 
 
 def _cells(row: dict) -> list[str]:
@@ -81,7 +87,9 @@ def markdown_table(rows: list[dict]) -> str:
     out += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
     out.append("")
     out.append("bubble = measured idle / step time (median over steps); predicted = the simulator's bubble from the run's "
-               "measured action costs; theory = the schedule's formula with equal per-stage costs.")
+               "measured action costs; pred err pt = measured minus predicted bubble over the steps the costs come "
+               "from, in points; theory = the schedule's formula with equal per-stage costs, or on the known-cost "
+               "model the exact value at its costs (bubble_theory_basis).")
     return "\n".join(out) + "\n"
 
 

@@ -7,7 +7,9 @@ PER_RANK = ("compute_s", "comm_s", "post_s", "transfer_s", "wait_s", "idle_s", "
 
 
 def step_scalars(line: dict, batch_size: int) -> dict[str, float]:
-    """{"loss": .., "time/step_time_s": .., "bubble/measured": .., "compute_s/rank0": .., ...}."""
+    """{"loss": .., "time/step_time_s": .., "bubble/measured": .., "compute_s/rank0": .., ...}.
+    ``bubble/measured`` and ``bubble/theory`` are idle / step time, as ``bubble_fraction``; the
+    ``_over_ideal`` ones idle / busy time, as ``bubble_over_ideal``."""
     out: dict[str, float] = {}
     if line.get("loss") is not None:
         out["loss"] = line["loss"]
@@ -18,6 +20,7 @@ def step_scalars(line: dict, batch_size: int) -> dict[str, float]:
         out["bubble/measured_over_ideal"] = line["bubble_over_ideal"]
     if line.get("bubble_fraction_theory") is not None:
         out["bubble/theory"] = line["bubble_fraction_theory"]
+        out["bubble/theory_over_ideal"] = line["bubble_over_ideal_theory"]
     for r in line.get("ranks", []):
         for key in PER_RANK:
             if r.get(key) is not None:
