@@ -26,6 +26,7 @@ from ppx.affinity import pin_local_rank
 from ppx.comm import P2P
 from ppx.instrument import Instruments
 from ppx.instrument.clock import offset_to_rank0, start_together
+from ppx.prediction import transport_of
 from ppx.theory import known_cost_timeline
 from ppx.config import resolve_schedule
 from ppx.pipeline import build_rank, build_stage_modules
@@ -132,7 +133,7 @@ def main() -> None:
             if rank == 0 and rep >= args.warmup:
                 times[v].append(max(e for _, e in spans) - min(s for s, _ in spans))
     if rank == 0:
-        ideal = known_cost_timeline(cfg, schedule)  # None for the MLP
+        ideal = known_cost_timeline(cfg, schedule, transport_of(cfg, "gloo"))  # None for the MLP
         result = {
             "overrides": args.overrides, "world_size": world, "reps": args.reps,
             "median_step_s": {v: statistics.median(t) for v, t in times.items()},

@@ -25,9 +25,9 @@ class Theory:
     basis: str  # how bubble_fraction was obtained, for summary.json
 
 
-def known_cost_timeline(cfg, schedule: Schedule, transport: tuple[str, int] = ("nccl", 0)):
-    """The known-cost model's step simulated at its configured costs, zero communication;
-    None for other models."""
+def known_cost_timeline(cfg, schedule: Schedule, transport: tuple[str, int]):
+    """The known-cost model's step simulated at its configured costs, zero communication,
+    under ``transport`` (`prediction.transport_of`); None for other models."""
     if cfg.model.kind != "synthetic":
         return None
     from ppx.models.costs import stage_costs_ms
