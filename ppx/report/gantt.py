@@ -5,7 +5,10 @@ are drawn lighter. The measured counterpart of `ppx schedule`'s grid."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
+
+from ppx.schedules.action import Action
 
 COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#8172B2", "W": "#937860", "post": "#DD8452", "wait": "#D9D9D9",
           "transfer": "#F3DC6B"}
@@ -16,7 +19,7 @@ COMM_NAMES = [("post", "send/recv posted"), ("wait", "waiting on a peer"), ("tra
 def legend_entries(spans_by_rank: dict, multi: bool, transfer: bool) -> list[tuple[str, str, float]]:
     """(colour key, name, alpha) for what the picture of these spans shows, in legend order."""
     spans = [sp for r in spans_by_rank for sp in spans_by_rank[r]]
-    ops = {sp[1].lstrip("0123456789")[0] for sp in spans if sp[0] == "compute"}
+    ops = {Action.parse(sp[2][0]).op.value for sp in spans if sp[0] == "compute"}
     kinds = {"wait" if sp[0] == "drain" else sp[0] for sp in spans} | ({"transfer"} if transfer else set())
     out = [(k, n, 1.0) for k, n in OP_NAMES if k in ops]
     if multi:
@@ -47,10 +50,9 @@ def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None) -
             posted[(peer, wait_start)] = sent
     # several stages per rank (interleaved): cells name their stage, and a rank's later stages are lighter
     multi = stage_to_rank is not None and len(stage_to_rank) > len(set(stage_to_rank))
-    chunk = {}
-    if multi:
-        for stage, rank in enumerate(stage_to_rank):
-            chunk[stage] = sum(1 for s in range(stage) if stage_to_rank[s] == rank)
+    chunk, owned = {}, Counter()  # stage -> its place among its rank's stages
+    for stage, rank in enumerate(stage_to_rank or ()):
+        chunk[stage], owned[rank] = owned[rank], owned[rank] + 1
     fig, ax = plt.subplots(figsize=(12, 0.7 * len(ranks) + 1.6))
     for row, r in enumerate(ranks):
         y = len(ranks) - 1 - row
@@ -59,9 +61,12 @@ def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None) -
             x, w = (start - t0) * 1e3, (end - start) * 1e3
             alpha = 1.0
             if kind == "compute":
-                op = label.lstrip("0123456789")[0]
-                color, height = COLORS.get(op, "#999999"), 0.8
-                alpha = 1.0 - 0.35 * chunk.get(int(label[: len(label) - len(label.lstrip("0123456789"))]), 0)
+                a = Action.parse(actions[0])
+                color, height = COLORS.get(a.op.value, "#999999"), 0.8
+                alpha = 1.0 - 0.35 * chunk.get(a.stage, 0)
+                short = label if multi else f"{a.op.value}{a.mb}"
+                if w > span_ms * max(1 / 60, (len(short) + 1) / 200):  # when the text fits (drawn above the cell)
+                    ax.text(x + w / 2, y, short, ha="center", va="center", fontsize=7, color="white")
             elif kind == "post":
                 color, height = COLORS["post"], 0.8
             else:
@@ -72,9 +77,6 @@ def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None) -
                 sent = min(max(posted[(r, start)], start), end)
                 ax.add_patch(plt.Rectangle(((sent - t0) * 1e3, y - 0.25), (end - sent) * 1e3, 0.5,
                                            facecolor=COLORS["transfer"], edgecolor="none"))
-            short = label if multi else label.lstrip("0123456789")
-            if kind == "compute" and w > span_ms * max(1 / 60, (len(short) + 1) / 200):  # when the text fits
-                ax.text(x + w / 2, y, short, ha="center", va="center", fontsize=7, color="white")
     ax.set_xlim(0, span_ms)
     ax.set_ylim(-0.6, len(ranks) - 0.4)
     ax.set_yticks(range(len(ranks)))
