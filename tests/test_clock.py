@@ -32,4 +32,5 @@ def test_offset_is_zero_on_one_host_and_measured_across_hosts(tmp_path):
     for rank in range(world):
         same, measured = torch.load(tmp_path / f"{rank}.pt")
         assert same == 0.0
-        assert abs(measured - (-10.0 * rank)) < 0.005, (rank, measured)
+        # within half a round trip of gloo on a loaded machine; a broken offset is 10 s off
+        assert abs(measured - (-10.0 * rank)) < 0.1, (rank, measured)

@@ -29,7 +29,8 @@ def test_killed_rank_ends_the_job_and_is_named(run_dir):
     # the survivor names its own rank and action; the launcher names where the dead one was
     assert "ppx: error: rank 0 failed at step 0 on wait 0RECV_B" in r.stderr and "from rank 1" in r.stderr
     assert "rank 1: 1B1 (step 0)" in r.stderr
-    assert "torchrun: ppx.worker failed: rank 0: exit code 1; rank 1: exit code -9 (SIGKILL)" in r.stderr
+    # torchrun names the killed rank (the survivor has usually exited by then, with code 1)
+    assert "torchrun: ppx.worker failed: rank 0: exit code " in r.stderr and "rank 1: exit code -9 (SIGKILL)" in r.stderr
     assert "Traceback" not in r.stderr
     assert read_status(run_dir / "status" / "rank1.txt") == "1B1 (step 0)"
 

@@ -35,6 +35,7 @@ def test_legend_marks_later_stages_and_the_communication_drawn(tmp_path):
     got = legend_entries(spans, True, True)
     assert names(got) == ["forward", "backward", "lighter: a rank's later stage", "send/recv posted",
                           "waiting on a peer", "transfer (peer had sent)", "idle"]
-    assert [a for k, _, a in got if k == "F"] == [1.0, 0.65]
+    alphas = [a for k, _, a in got if k == "F"]
+    assert alphas[0] == 1.0 and len(alphas) == 2 and 0 < alphas[1] < 1  # the later stage drawn lighter
     draw_step(spans, tmp_path / "g.png", "interleaved", s2r)
     assert (tmp_path / "g.png").stat().st_size > 1000

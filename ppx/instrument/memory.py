@@ -9,18 +9,42 @@ schedules cut them) counts its own bytes: the batch behind it is the caller's, n
 activation memory, and counting it would hide how many microbatches are in flight. It
 reports per step the peak number of microbatches in flight on the rank, the peak of live
 saved-activation bytes, and the peak memory over the step, optimizer step included:
-``torch.cuda.max_memory_allocated`` on GPU, the process's peak resident set on CPU.
+``torch.cuda.max_memory_allocated`` on GPU; on CPU the process's peak resident set (Linux's
+VmHWM, reset at each step's start through /proc/self/clear_refs; where that cannot be reset,
+the peak since the process started).
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import resource
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
 from ppx.schedules.action import Op
+
+
+def reset_cpu_peak() -> None:
+    """Start a new peak resident set (Linux >= 4.0); elsewhere the lifetime peak stands."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def cpu_peak_bytes() -> int:
+    """The process's peak resident set since the last `reset_cpu_peak`, in bytes."""
+    try:
+        with open("/proc/self/status") as f:
+            found = re.search(r"^VmHWM:\s+(\d+) kB", f.read(), re.M)
+        if found:
+            return int(found.group(1)) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class MemoryTracker:
@@ -38,6 +62,8 @@ class MemoryTracker:
         self._seen: dict = {}
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            reset_cpu_peak()
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
@@ -97,7 +123,7 @@ class MemoryTracker:
         if self.device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(self.device)
         else:
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            peak = cpu_peak_bytes()
         return {
             "peak_inflight_microbatches": self.peak_inflight,
             "peak_activation_bytes": self.peak_bytes,
