@@ -63,13 +63,22 @@ def _explain_failure(run_dir: Path, world: int, code: int) -> None:
     print(f"ppx: run directory (incomplete): {run_dir}", file=sys.stderr)
 
 
-def _schedule(name: str, stages: int, microbatches: int, virtual):
+def _schedule(name: str, stages, microbatches, virtual):
     """A schedule CSV, or a named schedule; torch.distributed.pipelining's schedules as the ppx
-    list of the same order. ``virtual`` None: 2 for interleaved schedules, else 1 (as ppx run)."""
+    list of the same order. ``stages``/``microbatches`` None: 4 and 8, or the CSV's (which
+    given ones must match); ``virtual`` None: 2 for interleaved schedules, else 1 (as ppx run)."""
     from ppx import schedules
 
     if name.endswith(".csv"):
-        return schedules.from_csv(name)
+        sched = schedules.from_csv(name)
+        for option, given, has in (("--stages", stages, sched.num_ranks), ("--microbatches", microbatches,
+                                                                          sched.num_microbatches)):
+            if given is not None and given != has:
+                raise UserError(f"{name} is a schedule for {sched.num_ranks} ranks and {sched.num_microbatches} "
+                                f"microbatches; {option} {given} does not match (leave it out)")
+        return sched
+    stages = 4 if stages is None else stages
+    microbatches = 8 if microbatches is None else microbatches
     family = schedules.TORCH_SCHEDULES.get(name, name)
     if family != name:
         print(f"{name}: torch.distributed.pipelining's schedule runs the order of ppx's {family}", flush=True)
@@ -94,6 +103,8 @@ def cmd_schedule(args) -> int:
     from ppx.schedules.grid import render_grid
 
     _output_path("--csv", args.csv)
+    if args.with_comms and not args.csv:
+        raise UserError("--with-comms only shapes the --csv file; add --csv FILE (or use --actions to print comms)")
 
     if args.fwd < 1 or args.bwd < 1 or args.wgrad < 0:
         raise UserError(f"--fwd and --bwd must be >= 1 grid slot and --wgrad >= 0 (got {args.fwd}, {args.bwd}, {args.wgrad})")
@@ -194,7 +205,7 @@ def cmd_simulate(args) -> int:
         if (args.stages, args.virtual or 1) != (summary.get("world_size"), summary.get("virtual_stages") or 1):
             raise UserError(f"{args.from_run} ran {summary.get('world_size')} ranks with {summary.get('virtual_stages') or 1} "
                             f"stage(s) each; its costs are per stage, so leave out --stages/--virtual or give the same")
-    sched = _schedule(args.name, args.stages or 4, args.microbatches or 8, args.virtual)
+    sched = _schedule(args.name, args.stages, args.microbatches, args.virtual)
     args.virtual = sched.num_stages // sched.num_ranks
     if not args.from_run:
         n = sched.num_stages
@@ -259,12 +270,12 @@ def parser() -> argparse.ArgumentParser:
     sch = sub.add_parser("schedule", help="print a schedule's rank x time grid and its bubble")
     names = "naive | gpipe | 1f1b | forward_only | interleaved_1f1b | zb_h1 | torch_gpipe | torch_1f1b | torch_interleaved1f1b"
     sch.add_argument("name", help=f"{names}, or a schedule CSV")
-    sch.add_argument("--stages", "-p", type=int, default=4)
-    sch.add_argument("--microbatches", "-m", type=int, default=8)
+    sch.add_argument("--stages", "-p", type=int, help="ranks (default 4; a CSV's own)")
+    sch.add_argument("--microbatches", "-m", type=int, help="microbatches (default 8; a CSV's own)")
     sch.add_argument("--virtual", "-v", type=int, help="stages per rank (interleaved_1f1b; default 2 there, else 1)")
-    sch.add_argument("--fwd", type=int, default=1, help="forward cost in grid slots")
-    sch.add_argument("--bwd", type=int, default=1, help="backward (input-gradient) cost in grid slots")
-    sch.add_argument("--wgrad", type=int, default=0, help="weight-gradient cost in grid slots (B = bwd + wgrad)")
+    sch.add_argument("--fwd", type=int, default=1, help="forward cost in grid slots (default 1)")
+    sch.add_argument("--bwd", type=int, default=1, help="backward (input-gradient) cost in grid slots (default 1)")
+    sch.add_argument("--wgrad", type=int, default=0, help="weight-gradient cost in grid slots, B = bwd + wgrad (default 0)")
     sch.add_argument("--actions", action="store_true", help="also list every rank's actions, comms included")
     sch.add_argument("--csv", help="write the schedule as torch-style CSV to this file")
     sch.add_argument("--with-comms", action="store_true", help="with --csv: include SEND/RECV actions")
@@ -274,12 +285,12 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("--stages", "-p", type=int, help="ranks (default 4, or the --from-run run's)")
     sim.add_argument("--microbatches", "-m", type=int, help="microbatches (default 8, or the --from-run run's)")
     sim.add_argument("--virtual", "-v", type=int, help="stages per rank (default 2 for interleaved_1f1b, else 1; or the run's)")
-    sim.add_argument("--fwd-ms", default="10", help="forward ms per microbatch: one value or one per stage (10,12,...)")
-    sim.add_argument("--bwd-ms", default="20", help="input-gradient backward ms, likewise")
-    sim.add_argument("--wgrad-ms", default="0", help="weight-gradient ms, likewise (a full B costs bwd + wgrad)")
-    sim.add_argument("--p2p-ms", type=float, default=0.0, help="latency of one hand-off between ranks, ms")
-    sim.add_argument("--send-post-ms", type=float, default=0.0, help="time the runtime takes to post one send, ms")
-    sim.add_argument("--recv-post-ms", type=float, default=0.0, help="time the runtime takes to post one receive, ms")
+    sim.add_argument("--fwd-ms", default="10", help="forward ms per microbatch: one value or one per stage (10,12,...); default 10")
+    sim.add_argument("--bwd-ms", default="20", help="input-gradient backward ms, likewise; default 20")
+    sim.add_argument("--wgrad-ms", default="0", help="weight-gradient ms, likewise (a full B costs bwd + wgrad); default 0")
+    sim.add_argument("--p2p-ms", type=float, default=0.0, help="latency of one hand-off between ranks, ms; default 0")
+    sim.add_argument("--send-post-ms", type=float, default=0.0, help="time the runtime takes to post one send, ms; default 0")
+    sim.add_argument("--recv-post-ms", type=float, default=0.0, help="time the runtime takes to post one receive, ms; default 0")
     sim.add_argument("--transport", choices=["nccl", "gloo"], help="nccl: batches complete in order, as one group "
                      "(default) | gloo: each send/receive on its own, as ppx's runtime on gloo (default with --from-run "
                      "of a gloo run)")
@@ -293,7 +304,7 @@ def parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--out", help="where compare.md/.json/.png go (default runs/compare/<time>)")
     cmp_.set_defaults(fn=cmd_compare)
     swp = sub.add_parser("sweep", help="run the product of config values, then compare")
-    swp.add_argument("experiment")
+    swp.add_argument("experiment", help="a name in experiments/ or a YAML path, as for ppx run")
     swp.add_argument("--sweep", required=True, help='e.g. "pipeline.schedule=gpipe,1f1b pipeline.microbatches=2,4,8"')
     swp.add_argument("--launcher", choices=["local", "slurm"], default="local", help="slurm: one sbatch job per point")
     swp.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="applied to every point")

@@ -263,6 +263,8 @@ def check(cfg: Config) -> None:
         )
     if t.steps < 1:
         raise UserError(f"train.steps must be >= 1, got {t.steps}")
+    if not 0 <= t.lr < float("inf"):
+        raise UserError(f"train.lr must be a finite number >= 0, got {t.lr}")
     if cfg.runtime.timeout_s <= 0:
         raise UserError(f"runtime.timeout_s must be > 0, got {cfg.runtime.timeout_s}")
     if cfg.runtime.recv_lookahead < -1:
@@ -272,6 +274,8 @@ def check(cfg: Config) -> None:
     if m.hidden < 1 or m.layers < 1:
         raise UserError("model.hidden and model.layers must be >= 1")
     if m.kind == "transformer":
+        if m.heads < 1 or m.ffn_mult < 1:
+            raise UserError(f"model.heads and model.ffn_mult must be >= 1, got {m.heads} and {m.ffn_mult}")
         if m.hidden % m.heads:
             raise UserError(f"model.hidden={m.hidden} is not divisible by model.heads={m.heads}")
         if m.seq_len < 2 or m.vocab_size < 2:
@@ -283,10 +287,9 @@ def check(cfg: Config) -> None:
             f"microbatches, but pipeline.stages={p.stages} and pipeline.microbatches={p.microbatches}"
         )
     num_stages = sched.num_stages
-    if m.kind == "synthetic":
-        from ppx.models.costs import stage_costs_ms
+    from ppx.models.costs import stage_costs_ms
 
-        stage_costs_ms(m, num_stages)
+    stage_costs_ms(m, num_stages)  # typed here whatever model.kind: a bad value is an error, not a silent no-op
     split_layers(m.layers, num_stages, p.layers_per_stage)
     if p.split == "tracer" and m.kind not in models.TRACEABLE:
         raise UserError(f"pipeline.split=tracer cannot trace model.kind={m.kind} (its stages sleep inside a custom "

@@ -32,7 +32,11 @@ def free_port() -> int:
 
 
 def ppx(*args: str, timeout: float = 240, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """Run ``python -m ppx.cli <args>`` as a user would, and capture its output."""
+    """Run ``python -m ppx.cli <args>`` as a user would, and capture its output. A ``ppx run``
+    that does not name ``logging.wandb.mode`` runs without W&B (about 2 s a run); the tests
+    of W&B name the mode, the default (offline) included."""
+    if args[:1] == ("run",) and not any(a.startswith("logging.wandb.mode=") for a in args):
+        args = (*args, "logging.wandb.mode=disabled")
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run(
         [sys.executable, "-m", "ppx.cli", *args], cwd=cwd, env=full_env,

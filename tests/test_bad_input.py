@@ -33,6 +33,14 @@ CASES = {
     "empty batch": (["gpipe_2cpu", "train.batch_size=0"], "train.batch_size must be >= 1, got 0"),
     "unwritable run root": (["gpipe_2cpu", "run.root=/proc/ppx-cannot-be-here"], "/proc/ppx-cannot-be-here"),
     "cuda without gpus": (["gpipe_2cpu", "runtime.device=cuda"], "runtime.device=cuda needs 2 GPUs"),
+    "negative learning rate": (["gpipe_2cpu", "train.lr=-1"], "train.lr must be a finite number >= 0, got -1.0"),
+    "no attention heads": (["transformer_1f1b_2cpu", "model.heads=0"], "model.heads and model.ffn_mult must be >= 1"),
+    "negative attention heads": (["transformer_1f1b_2cpu", "model.heads=-4"], "model.heads and model.ffn_mult must be >= 1"),
+    "cost that is not a number, any model": (["gpipe_2cpu", "model.fwd_ms=abc"], "model.fwd_ms must be a number of milliseconds"),
+    "zero timeout": (["gpipe_2cpu", "runtime.timeout_s=0"], "runtime.timeout_s must be > 0"),
+    "heads not dividing hidden": (["transformer_1f1b_2cpu", "model.hidden=30"], "model.hidden=30 is not divisible by model.heads"),
+    "no timeline steps": (["gpipe_2cpu", "instrument.timeline_steps=0"], "instrument.timeline_steps must be >= 1"),
+    "negative progress interval": (["gpipe_2cpu", "logging.progress_every=-1"], "logging.progress_every must be >= 0"),
 }
 
 
@@ -82,6 +90,11 @@ OTHER_COMMANDS = {
     "simulate: png into a missing folder": (["simulate", "1f1b", "--png", "/nonexistent-ppx/x.png"], "folder /nonexistent-ppx does not exist"),
     "schedule: csv into a missing folder": (["schedule", "1f1b", "--csv", "/nonexistent-ppx/x.csv"], "folder /nonexistent-ppx does not exist"),
     "schedule: zero-slot forward": (["schedule", "1f1b", "--fwd", "0"], "--fwd and --bwd must be >= 1 grid slot"),
+    "simulate: zero ranks": (["simulate", "1f1b", "-p", "0"], "stages (0), microbatches (8) and virtual stages (1) must be >= 1"),
+    "simulate: zero microbatches": (["simulate", "1f1b", "-m", "0"], "microbatches (0)"),
+    "schedule: a CSV's shape overridden": (["schedule", str(REPO / "tests" / "data" / "1f1b_p2_m4.csv"), "-m", "8"],
+                                           "1f1b_p2_m4.csv is a schedule for 2 ranks and 4 microbatches; --microbatches 8"),
+    "schedule: comms without a CSV": (["schedule", "1f1b", "--with-comms"], "--with-comms only shapes the --csv file"),
     "sweep: a key twice": (["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2 pipeline.microbatches=8"],
                            "sweep key pipeline.microbatches is given twice"),
     "sweep: a value twice": (["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=4,4"],

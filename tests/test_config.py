@@ -81,3 +81,27 @@ def test_cpu_blocks_split_the_cpus_and_share_them_round_robin():
     blocks = [cpu_block(r, 5, range(16)) for r in range(5)]
     assert sorted(c for b in blocks for c in b) == list(range(16))  # every CPU used once
     assert describe([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
+
+
+def test_run_directories_claimed_in_one_second_are_distinct(tmp_path):
+    from ppx.rundir import claim
+
+    cfg = config.load("gpipe_2cpu", [f"run.root={tmp_path}"])
+    first, second, third = claim(cfg), claim(cfg), claim(cfg)  # within a second, mostly: same stamp
+    assert len({first, second, third}) == 3 and all(p.is_dir() for p in (first, second, third))
+    stamp = first.name
+    if second.name.startswith(stamp):
+        assert second.name == f"{stamp}-1"
+
+
+def test_srun_task_variables_become_torch_distributed_env():
+    from ppx.launch import adopt_srun_env, launched_by
+
+    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2(x2)",
+           "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "12345", "MASTER_ADDR": "10.0.0.1"}
+    assert launched_by(env) == "srun"
+    adopt_srun_env(env)
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("3", "4", "1", "2")
+    assert env["MASTER_PORT"] == str(20000 + 12345 % 20000) and env["MASTER_ADDR"] == "10.0.0.1"
+    assert launched_by(env) == "torchrun"  # the translated variables read as torch.distributed's
+    assert launched_by({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_STEP_ID": "0"}) is None  # one task: launch

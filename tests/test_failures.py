@@ -61,3 +61,16 @@ def test_watchdog_follows_the_gpu_and_names_where_it_hangs(tmp_path):
     assert "on wait sends (step 3); the GPU is on 0B5; ending the job" in r.stderr
     assert elapsed > 4.5  # 3 s of GPU progress kept it alive past the 2 s limit
     assert read_status(tmp_path / "rank0.txt") == "wait sends (step 3); the GPU is on 0B5"
+
+
+def test_a_sweep_with_a_failed_point_compares_the_rest_and_exits_1(tmp_path):
+    """One point's forward (3 s) outlives runtime.timeout_s=1: the watchdog ends that run, the
+    sweep goes on, compares what completed, names the failure and exits 1."""
+    r = ppx("sweep", "1f1b_2cpu", "--sweep", "model.fwd_ms=5,3000", "model.kind=synthetic", "model.hidden=16",
+            "train.steps=2", "runtime.timeout_s=1", "logging.wandb.mode=disabled", f"run.root={tmp_path}", timeout=180)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "ppx sweep: 1 run(s) failed: model.fwd_ms=3000" in r.stderr
+    (sweep,) = (tmp_path / "1f1b_2cpu").iterdir()
+    assert (sweep / "fwd_ms=5" / "summary.json").exists() and not (sweep / "fwd_ms=3000" / "summary.json").exists()
+    table = (sweep / "compare.md").read_text()
+    assert "fwd_ms=5" in table and "fwd_ms=3000" not in table

@@ -22,7 +22,7 @@ from ppx.report import wandb_file
 def profiled_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     r = ppx("run", "1f1b_2cpu", "train.steps=4", "profile.enabled=true", "profile.wait=0", "profile.warmup=1",
-            "profile.active=2", f"run.root={root}")
+            "profile.active=2", "logging.wandb.mode=offline", f"run.root={root}")  # offline: the default
     assert r.returncode == 0, r.stderr[-3000:]
     (run,) = (root / "1f1b_2cpu").iterdir()
     return root, run, r

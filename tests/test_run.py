@@ -4,6 +4,7 @@ same losses for every schedule, every stage count and every repeat."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -64,6 +65,43 @@ def test_losses_equal_across_schedules_stage_counts_and_repeats(four_stage_runs,
     assert one_f_one_b == pytest.approx(ref, rel=1e-5)
     again, _ = run(tmp_path, "again", "gpipe_4gpu", "pipeline.stages=1")
     assert read_json(again / "summary.json")["losses"] == ref  # bit-identical on a repeat
+
+
+CSV_1F1B = str(Path(__file__).parent / "data" / "1f1b_p2_m4.csv")  # `ppx schedule 1f1b -p 2 -m 4 --csv`
+SAME_LOSSES = {
+    "schedule from a CSV": ["pipeline.stages=2", "pipeline.microbatches=4", f"pipeline.schedule={CSV_1F1B}"],
+    "torch's GPipe": ["pipeline.stages=2", "pipeline.schedule=torch_gpipe"],
+    "torch's interleaved 1F1B": ["pipeline.stages=2", "pipeline.schedule=torch_interleaved1f1b"],
+    "two stages on one rank (local hand-offs)": ["pipeline.stages=1", "pipeline.schedule=interleaved_1f1b",
+                                                 "pipeline.virtual_stages=2"],
+}
+
+
+@pytest.mark.parametrize("case", list(SAME_LOSSES))
+def test_more_ways_to_run_the_pipeline_give_the_same_losses(four_stage_runs, tmp_path, case):
+    ref = read_json(four_stage_runs["gpipe_4gpu"][0] / "summary.json")["losses"]
+    d, _ = run(tmp_path, "run", "gpipe_4gpu", *SAME_LOSSES[case])
+    assert read_json(d / "summary.json")["losses"] == pytest.approx(ref, rel=1e-5)
+
+
+def test_forward_only_gives_the_losses_of_training_at_lr_0(tmp_path):
+    """No backward, no update: each step's batch through the first weights, as training with
+    a learning rate of 0 (one process) sees it."""
+    d, _ = run(tmp_path, "fwd", "gpipe_4gpu", "pipeline.schedule=forward_only")
+    still, _ = run(tmp_path, "still", "gpipe_4gpu", "pipeline.stages=1", "train.lr=0")
+    s = read_json(d / "summary.json")
+    assert s["losses"] == pytest.approx(read_json(still / "summary.json")["losses"], rel=1e-5)
+    assert len(set(s["losses"])) == len(s["losses"])  # a new batch each step
+    assert all(r["peak_inflight_microbatches"] == 0 for r in s["ranks"])  # nothing held for a backward
+
+
+def test_adamw_gives_the_same_losses_on_any_stage_count(four_stage_runs, tmp_path):
+    sgd = read_json(four_stage_runs["gpipe_4gpu"][0] / "summary.json")["losses"]
+    four, _ = run(tmp_path, "four", "gpipe_4gpu", "train.optimizer=adamw")
+    one, _ = run(tmp_path, "one", "gpipe_4gpu", "train.optimizer=adamw", "pipeline.stages=1")
+    a, b = (read_json(x / "summary.json")["losses"] for x in (four, one))
+    assert a == pytest.approx(b, rel=1e-5)
+    assert a[0] == pytest.approx(sgd[0], rel=1e-6) and a[1:] != pytest.approx(sgd[1:], rel=1e-3)
 
 
 def test_two_stage_transformer_repeats_exactly_and_learns(tmp_path):
