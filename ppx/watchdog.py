@@ -26,6 +26,12 @@ EXIT_TIMEOUT = 3
 STATUS_BYTES = 512
 
 
+def _status_line(text: bytes) -> bytes:
+    """A status file's fixed-size content: one text line, padded with spaces (grep and cat
+    read it as text; the mapping never changes size)."""
+    return text[: STATUS_BYTES - 1].ljust(STATUS_BYTES - 1, b" ") + b"\n"
+
+
 def read_status(path: Path) -> str:
     """The text a watchdog left in a status file ('' if none)."""
     try:
@@ -47,7 +53,7 @@ class Watchdog:
             status_dir = Path(status_dir)
             status_dir.mkdir(parents=True, exist_ok=True)
             with open(status_dir / f"rank{rank}.txt", "w+b") as f:
-                f.write(b"\0" * STATUS_BYTES)
+                f.write(_status_line(b"starting"))
                 f.flush()
                 self._map = mmap.mmap(f.fileno(), STATUS_BYTES)
         self.device_position: Optional[Callable[[], Optional[str]]] = None
@@ -81,7 +87,7 @@ class Watchdog:
 
     def _mirror(self) -> None:
         if self._map is not None:
-            self._map[:] = self.where().encode()[:STATUS_BYTES].ljust(STATUS_BYTES, b"\0")
+            self._map[:] = _status_line(self.where().encode())
 
     def start(self) -> "Watchdog":
         self._thread.start()

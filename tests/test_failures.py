@@ -33,6 +33,7 @@ def test_killed_rank_ends_the_job_and_is_named(run_dir):
     assert "torchrun: ppx.worker failed: rank 0: exit code " in r.stderr and "rank 1: exit code -9 (SIGKILL)" in r.stderr
     assert "Traceback" not in r.stderr
     assert read_status(run_dir / "status" / "rank1.txt") == "1B1 (step 0)"
+    assert (run_dir / "status" / "rank1.txt").read_text().rstrip() == "1B1 (step 0)"  # a plain text line
 
 
 WATCHDOG_ON_A_GPU = """
