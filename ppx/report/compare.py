@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 from pathlib import Path
 
 from ppx import schedules
@@ -99,30 +100,39 @@ def plot_runs(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [r["name"] for r in rows]
-    x = range(len(rows))
-    fig, axes = plt.subplots(2, 3, figsize=(max(10, 1.4 * len(rows) + 5), 8))
+    x = list(range(len(rows)))
+    fig, axes = plt.subplots(2, 3, figsize=(max(11, 0.45 * len(rows) + 8), 8))
     panels = [
         (axes[0][0], "step time (ms)", [r["step_ms"] for r in rows]),
         (axes[0][1], "throughput (samples/s)", [r["throughput"] or 0 for r in rows]),
-        (axes[1][1], "peak memory (MiB; CUDA allocated, or process RSS on CPU)", [r["peak_mem_mib"] or 0 for r in rows]),
-        (axes[1][2], "peak saved activations (KiB, busiest rank)", [r["peak_act_kib"] or 0 for r in rows]),
+        (axes[1][1], "peak memory (MiB)\nCUDA allocated, or resident set on CPU", [r["peak_mem_mib"] or 0 for r in rows]),
+        (axes[1][2], "peak saved activations (KiB)\nbusiest rank", [r["peak_act_kib"] or 0 for r in rows]),
     ]
     for ax, title, values in panels:
         ax.bar(x, values, color="#4C72B0")
         ax.set_title(title, fontsize=10)
-    axes[0][2].axis("off")
-    axes[0][2].text(0, 0.5, "\n".join(f"{i}: {r['name']}" for i, r in enumerate(rows[:24])), fontsize=7, va="center")
     ax = axes[1][0]
     ax.bar([i - 0.27 for i in x], [r["bubble"] or 0 for r in rows], width=0.27, label="measured", color="#DD8452")
-    ax.bar(list(x), [r["predicted"] or 0 for r in rows], width=0.27, label="predicted (simulator)", color="#8172B2")
+    ax.bar(x, [r["predicted"] or 0 for r in rows], width=0.27, label="predicted (simulator)", color="#8172B2")
     ax.bar([i + 0.27 for i in x], [r["theory"] or 0 for r in rows], width=0.27, label="theory", color="#BBBBBB")
     ax.set_title("bubble (idle / step time)", fontsize=10)
-    ax.legend(fontsize=8)
     for a in (axes[0][0], axes[0][1], axes[1][0], axes[1][1], axes[1][2]):
-        a.set_xticks(list(x))
-        a.set_xticklabels([str(i) for i in x] if len(rows) > 6 else labels, rotation=0 if len(rows) > 6 else 30,
-                          ha="center" if len(rows) > 6 else "right", fontsize=7)
+        a.set_xticks(x)
+        a.set_xticklabels([str(i) for i in x], fontsize=8)
+        a.set_xlabel("run", fontsize=8)
+    # the key: which run each number is (names shortened to what tells them apart), and the
+    # bubble panel's colours
+    key = axes[0][2]
+    key.axis("off")
+    names = [r["name"] for r in rows]
+    common = os.path.commonpath(names) if len(names) > 1 and all(n.startswith("/") for n in names) else ""
+    shown = [os.path.relpath(n, common) if common else n for n in names]
+    lines = ([f"in {common}/"] if common else []) + [f"{i}: {n}" for i, n in enumerate(shown[:30])]
+    if len(rows) > 30:
+        lines.append(f"... and {len(rows) - 30} more (compare.md)")
+    key.text(0, 1, "\n".join(lines), fontsize=8, va="top", family="monospace", transform=key.transAxes)
+    handles, legend_labels = ax.get_legend_handles_labels()
+    key.legend(handles, [f"bubble: {t}" for t in legend_labels], loc="lower left", fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
