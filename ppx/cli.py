@@ -30,7 +30,7 @@ def cmd_run(args) -> int:
             )
         os.environ.setdefault("PPX_COMMAND", command)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-        device, notice = launch.choose_device(cfg.runtime.device, local)
+        device, notice = launch.choose_device(cfg.runtime.device, local, max(1, have // max(local, 1)))
         if notice and os.environ.get("RANK") == "0":
             print(notice, file=sys.stderr)
         from ppx.worker import run_rank
@@ -242,7 +242,7 @@ def cmd_simulate(args) -> int:
 
         spans = {r: [("compute", str(e.action), [str(e.action)], e.start, e.end) for e in row] for r, row in enumerate(t.events)}
         draw_step(spans, Path(args.png), f"{sched.name} p={p} m={m}: predicted {t.makespan * 1e3:.1f} ms, bubble {t.bubble_fraction():.1%}",
-                  sched.stage_to_rank)
+                  sched.stage_to_rank, xlabel="predicted time in the step (ms)")
         print(f"wrote {args.png}")
     return 0
 

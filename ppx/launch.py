@@ -51,9 +51,9 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def choose_device(requested: str, procs_per_node: int) -> tuple[str, Optional[str]]:
+def choose_device(requested: str, procs_per_node: int, nodes: int = 1) -> tuple[str, Optional[str]]:
     """('cuda' | 'cpu', a one-line notice or None). ``auto`` takes CUDA only when every
-    process on this node gets its own GPU."""
+    process on this node gets its own GPU; ``nodes`` > 1 makes the notice speak of this node's."""
     if requested == "cpu":
         return "cpu", None
     gpus = gpu_count()
@@ -63,9 +63,8 @@ def choose_device(requested: str, procs_per_node: int) -> tuple[str, Optional[st
         return "cuda", None
     if gpus >= procs_per_node:
         return "cuda", None
-    return "cpu", (
-        f"ppx: {procs_per_node} stages need {procs_per_node} GPUs, found {gpus}: running on CPU with gloo"
-    )
+    stages = f"{procs_per_node} stages" if nodes == 1 else f"this node's {procs_per_node} stages"
+    return "cpu", f"ppx: {stages} need {procs_per_node} GPUs, found {gpus}: running on CPU with gloo"
 
 
 def torchrun_command(nproc: int, run_dir: Path) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -35,7 +36,12 @@ def submit(experiment: str, grid: list[list[str]], overrides: list[str], root: P
     for point in grid:
         env = dict(os.environ, EXP=experiment, ARGS=" ".join(overrides + point),
                    RUN_DIR=str(root / point_name(point)), PPX_DIR=os.environ.get("PPX_DIR", str(REPO)))
-        job = _sbatch([*extra, f"--output={root / 'slurm'}/%j.out", str(REPO / "slurm" / "pp.sbatch")], env)
+        try:
+            job = _sbatch([*extra, f"--output={root / 'slurm'}/%j.out", str(REPO / "slurm" / "pp.sbatch")], env)
+        except UserError:
+            if not ids:  # nothing submitted: leave no sweep folder behind
+                shutil.rmtree(root)
+            raise
         print(f"ppx sweep: submitted job {job}: {' '.join(point)}", flush=True)
         ids.append(job)
     env = dict(os.environ, SWEEP_DIR=str(root), PPX_DIR=os.environ.get("PPX_DIR", str(REPO)))

@@ -28,7 +28,8 @@ def legend_entries(spans_by_rank: dict, multi: bool, transfer: bool) -> list[tup
     return out + [("idle", "idle", 1.0)]
 
 
-def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None) -> None:
+def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None,
+              xlabel: str = "time in the step (ms, rank clocks aligned)") -> None:
     """``spans_by_rank`` = {rank: [(kind, label, actions, start_s, end_s), ...]} for one step;
     with ``stage_to_rank``, waits are split at the moment the peer posted its send."""
     import matplotlib
@@ -81,7 +82,7 @@ def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None) -
     ax.set_ylim(-0.6, len(ranks) - 0.4)
     ax.set_yticks(range(len(ranks)))
     ax.set_yticklabels([f"rank {r}" for r in reversed(ranks)])
-    ax.set_xlabel("time in the step (ms, rank clocks aligned)")
+    ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
     handles = [Patch(facecolor=COLORS.get(k, "white"), alpha=a, label=n, edgecolor="#BBBBBB" if k == "idle" else None)
                for k, n, a in legend_entries(spans_by_rank, multi, bool(posted))]

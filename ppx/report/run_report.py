@@ -130,7 +130,7 @@ class RunReport:
         bubble = f", bubble {out['measured_bubble_fraction']:.1%}" if "measured_bubble_fraction" in out else ""
         print(f"ppx: predicted from measured costs: step {pred['step_time_s']:.4f} s (mean costs: "
               f"{of_means['step_time_s']:.4f} s), bubble {pred['bubble_fraction']:.1%}; measured {same_steps:.4f} s "
-              f"({out['prediction_error']['step_time']:+.1%}){bubble} over the same {len(self.timeline)} steps", flush=True)
+              f"({out['prediction_error']['step_time']:+.1%}){bubble} over the same {len(self.timeline)} step{'s' if len(self.timeline) != 1 else ''}", flush=True)
         return out
 
     def _write_timeline(self) -> None:

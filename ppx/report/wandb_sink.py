@@ -4,6 +4,7 @@ W&B failure is reported once and logging goes on offline, or stops."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +18,8 @@ class WandbSink:
         self.run = None
         self.run_dir = run_dir
         w = cfg.logging.wandb
+        # ppx prints its own W&B line; Settings(silent=True) leaves artifact uploads chatty
+        os.environ.setdefault("WANDB_SILENT", "true")
         try:
             import wandb
         except Exception as e:  # pragma: no cover - wandb is a dependency
