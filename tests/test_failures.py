@@ -12,13 +12,14 @@ from ppx.watchdog import read_status
 
 def test_hung_rank_ends_the_job_within_the_timeout(run_dir):
     start = time.monotonic()
-    r = ppx("run", "gpipe_2cpu", "runtime.timeout_s=3", "runtime.inject_fault=hang@1F2", f"run.dir={run_dir}", timeout=120)
+    # 6 s: rank 0, waiting on the hung rank, allows itself 1.5 s more, so rank 1 names itself first
+    r = ppx("run", "gpipe_2cpu", "runtime.timeout_s=6", "runtime.inject_fault=hang@1F2", f"run.dir={run_dir}", timeout=120)
     elapsed = time.monotonic() - start
     assert r.returncode != 0
-    assert "ppx: error: rank 1 made no progress for 3." in r.stderr
-    assert "on 1F2 (step 0); ending the job (runtime.timeout_s=3)" in r.stderr
+    assert "ppx: error: rank 1 made no progress for 6." in r.stderr
+    assert "on 1F2 (step 0); ending the job (runtime.timeout_s=6)" in r.stderr
     assert "where each rank was: rank 0: " in r.stderr and "rank 1: 1F2 (step 0)" in r.stderr
-    assert elapsed < 60  # start-up + 3 s timeout + teardown, never a silent hang
+    assert elapsed < 60  # start-up + 6 s timeout + teardown, never a silent hang
     assert "Traceback" not in r.stderr  # ppx's lines and torchrun's one line, no launcher traceback
     assert not (run_dir / "summary.json").exists()
 
