@@ -135,7 +135,7 @@ def beyond_rows(runs: dict) -> list[tuple[str, str, str, str]]:
         inter = idle[f"{pre}interleaved"] / idle[f"{pre}1f1b"]
         out += [
             (f"ZB-H1 idle time / 1F1B idle time, known-cost p=4 m=8 t_f=t_b=t_w={t} ms (theory 1/3)",
-             f"{zb:.2f} (peak in flight {peaks(pre + 'zb_h1')} vs {peaks(pre + '1f1b')}; simulated at the measured "
+             f"{zb:.3f} (peak in flight {peaks(pre + 'zb_h1')} vs {peaks(pre + '1f1b')}; simulated at the measured "
              f"costs {sim_idle[pre + 'zb_h1'] / sim_idle[pre + '1f1b']:.3f}{bare})", "<= 0.33, same peak",
              "pass" if zb <= 1 / 3 + 1e-9 and peaks(pre + "zb_h1") == peaks(pre + "1f1b") else "MISS"),
             (f"interleaved 1F1B (v=2) idle time / 1F1B idle time, same cost per rank, t={t} ms (theory 1/2)",

@@ -126,3 +126,16 @@ def test_simulate_from_a_run_takes_its_shape(tmp_path):
     assert f"step {s['measured_step_time_s'] * 1e3:.2f} ms" in r.stdout and f"bubble {s['measured_bubble_fraction']:.1%}" in r.stdout
     r = ppx("simulate", "gpipe", "-p", "4", "--from-run", str(run))
     assert r.returncode == 2 and "its costs are per stage" in r.stderr
+
+
+def test_simulate_from_a_run_without_a_timeline_says_why(tmp_path):
+    """Timers on, timeline off: the bubble is measured, but no per-action costs are kept."""
+    run = tmp_path / "run"
+    r = ppx("run", "gpipe_2cpu", "instrument.timeline=false", "train.steps=2", "logging.tensorboard=false",
+            f"run.dir={run}", timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads((run / "summary.json").read_text())
+    assert "bubble_fraction" in s and "measured_costs" not in s and not (run / "timeline.json").exists()
+    r = ppx("simulate", "gpipe", "--from-run", str(run))
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"ppx: error: {run} has no measured costs (run it with instrument.timers and instrument.timeline on)"
