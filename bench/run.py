@@ -269,8 +269,8 @@ def markdown(results: dict, scale: float) -> str:
         "the samples measured over the run's timeline steps, held against the mean step time of the same steps.",
         "The step of the mean costs comes out short on this machine: its one-off stalls of 1-4 ms (a post that",
         "takes 4 ms, once in a few steps) cost all of their delay on the critical path, but a mean spreads them;",
-        "on the MLP (hidden 256 and 1024) that was 7-17% measured over predicted this session, against -6..+2%",
-        "for the expected step on the same runs.",
+        "on the MLP (hidden 256 and 1024) that was 7-17% measured over predicted in one session, against -6..+2%",
+        "for the expected step on the same runs (the rows above are the expected step).",
     ]
     return "\n".join(head + body + notes) + "\n"
 

@@ -30,7 +30,7 @@ def cmd_run(args) -> int:
             )
         os.environ.setdefault("PPX_COMMAND", command)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-        device, notice = launch.choose_device(cfg.runtime.device, local, max(1, have // max(local, 1)))
+        device, notice = launch.choose_device(cfg.runtime.device, local, multi_node=have != local)
         if notice and os.environ.get("RANK") == "0":
             print(notice, file=sys.stderr)
         from ppx.worker import run_rank
@@ -71,11 +71,12 @@ def _schedule(name: str, stages, microbatches, virtual):
 
     if name.endswith(".csv"):
         sched = schedules.from_csv(name)
+        v = sched.num_stages // sched.num_ranks
         for option, given, has in (("--stages", stages, sched.num_ranks), ("--microbatches", microbatches,
-                                                                          sched.num_microbatches)):
+                                   sched.num_microbatches), ("--virtual", virtual, v)):
             if given is not None and given != has:
-                raise UserError(f"{name} is a schedule for {sched.num_ranks} ranks and {sched.num_microbatches} "
-                                f"microbatches; {option} {given} does not match (leave it out)")
+                raise UserError(f"{name} is a schedule for {sched.num_ranks} ranks, {v} stage(s) each and "
+                                f"{sched.num_microbatches} microbatches; {option} {given} does not match (leave it out)")
         return sched
     stages = 4 if stages is None else stages
     microbatches = 8 if microbatches is None else microbatches
@@ -198,14 +199,18 @@ def cmd_simulate(args) -> int:
         summary = json.loads(path.read_text())
         if "measured_costs" not in summary:
             raise UserError(f"{args.from_run} has no measured costs (run it with instrument.timers and instrument.timeline on)")
-        # the run's shape unless given: its costs are per stage
-        for attr, key in (("stages", "world_size"), ("microbatches", "microbatches"), ("virtual", "virtual_stages")):
-            if getattr(args, attr) is None:
-                setattr(args, attr, summary.get(key))
-        if (args.stages, args.virtual or 1) != (summary.get("world_size"), summary.get("virtual_stages") or 1):
-            raise UserError(f"{args.from_run} ran {summary.get('world_size')} ranks with {summary.get('virtual_stages') or 1} "
-                            f"stage(s) each; its costs are per stage, so leave out --stages/--virtual or give the same")
+        ran = (summary.get("world_size"), summary.get("virtual_stages") or 1)
+        if not args.name.endswith(".csv"):  # the run's shape unless given (a CSV has its own)
+            for attr, key in (("stages", "world_size"), ("microbatches", "microbatches"), ("virtual", "virtual_stages")):
+                if getattr(args, attr) is None:
+                    setattr(args, attr, summary.get(key))
+            if (args.stages, args.virtual or 1) != ran:
+                raise UserError(f"{args.from_run} ran {ran[0]} ranks with {ran[1]} stage(s) each; its costs are per "
+                                "stage, so leave out --stages/--virtual or give the same")
     sched = _schedule(args.name, args.stages, args.microbatches, args.virtual)
+    if args.from_run and (sched.num_ranks, sched.num_stages // sched.num_ranks) != ran:
+        raise UserError(f"{args.from_run} ran {ran[0]} ranks with {ran[1]} stage(s) each, {args.name} has "
+                        f"{sched.num_ranks} with {sched.num_stages // sched.num_ranks}; the run's costs are per stage")
     args.virtual = sched.num_stages // sched.num_ranks
     if not args.from_run:
         n = sched.num_stages

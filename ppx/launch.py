@@ -30,12 +30,26 @@ def slurm_head_address(nodelist: str) -> str:
     return m.group(1) if m else head
 
 
+def _tasks_on_this_node(env) -> int:
+    """This node's task count from SLURM_TASKS_PER_NODE (always set; '2(x3),1' = 2,2,2,1 by
+    node), else SLURM_NTASKS_PER_NODE (set only with --ntasks-per-node), else 1."""
+    counts = []
+    for part in env.get("SLURM_TASKS_PER_NODE", "").split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if m:
+            counts += [int(m.group(1))] * int(m.group(2) or 1)
+    node = int(env.get("SLURM_NODEID", "0") or 0)
+    if node < len(counts):
+        return counts[node]
+    return int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0] or 1)
+
+
 def adopt_srun_env(env=os.environ) -> None:
     """Translate srun's task variables into torch.distributed's env:// variables."""
     env.setdefault("RANK", env["SLURM_PROCID"])
     env.setdefault("WORLD_SIZE", env["SLURM_NTASKS"])
     env.setdefault("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
-    env.setdefault("LOCAL_WORLD_SIZE", env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
+    env.setdefault("LOCAL_WORLD_SIZE", str(_tasks_on_this_node(env)))
     if "MASTER_ADDR" not in env:
         env["MASTER_ADDR"] = slurm_head_address(env["SLURM_JOB_NODELIST"])
     env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
@@ -51,9 +65,9 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def choose_device(requested: str, procs_per_node: int, nodes: int = 1) -> tuple[str, Optional[str]]:
+def choose_device(requested: str, procs_per_node: int, multi_node: bool = False) -> tuple[str, Optional[str]]:
     """('cuda' | 'cpu', a one-line notice or None). ``auto`` takes CUDA only when every
-    process on this node gets its own GPU; ``nodes`` > 1 makes the notice speak of this node's."""
+    process on this node gets its own GPU; ``multi_node`` makes the notice speak of this node's."""
     if requested == "cpu":
         return "cpu", None
     gpus = gpu_count()
@@ -63,7 +77,7 @@ def choose_device(requested: str, procs_per_node: int, nodes: int = 1) -> tuple[
         return "cuda", None
     if gpus >= procs_per_node:
         return "cuda", None
-    stages = f"{procs_per_node} stages" if nodes == 1 else f"this node's {procs_per_node} stages"
+    stages = f"this node's {procs_per_node} stages" if multi_node else f"{procs_per_node} stages"
     return "cpu", f"ppx: {stages} need {procs_per_node} GPUs, found {gpus}: running on CPU with gloo"
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import re
 import resource
+import sys
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
@@ -44,7 +45,8 @@ def cpu_peak_bytes() -> int:
             return int(found.group(1)) * 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
 class MemoryTracker:

@@ -125,11 +125,14 @@ def plot_runs(rows: list[dict], path: Path) -> None:
     key = axes[0][2]
     key.axis("off")
     names = [r["name"] for r in rows]
-    common = os.path.commonpath(names) if len(names) > 1 and all(n.startswith("/") for n in names) else ""
+    same_kind = len({os.path.isabs(n) for n in names}) == 1
+    common = os.path.commonpath(names) if len(names) > 1 and same_kind else ""
+    if common in ("", "/") or common in names:
+        common = ""
     shown = [os.path.relpath(n, common) if common else n for n in names]
     lines = ([f"in {common}/"] if common else []) + [f"{i}: {n}" for i, n in enumerate(shown[:30])]
     if len(rows) > 30:
-        lines.append(f"... and {len(rows) - 30} more (compare.md)")
+        lines.append(f"... and {len(rows) - 30} more, in compare.md's order")
     key.text(0, 1, "\n".join(lines), fontsize=8, va="top", family="monospace", transform=key.transAxes)
     handles, legend_labels = ax.get_legend_handles_labels()
     key.legend(handles, [f"bubble: {t}" for t in legend_labels], loc="lower left", fontsize=8, frameon=False)
