@@ -71,7 +71,7 @@ def _schedule(name: str, stages, microbatches, virtual):
 
     if name.endswith(".csv"):
         sched = schedules.from_csv(name)
-        v = sched.num_stages // sched.num_ranks
+        v = sched.stages_per_rank
         for option, given, has in (("--stages", stages, sched.num_ranks), ("--microbatches", microbatches,
                                    sched.num_microbatches), ("--virtual", virtual, v)):
             if given is not None and given != has:
@@ -110,7 +110,7 @@ def cmd_schedule(args) -> int:
     if args.fwd < 1 or args.bwd < 1 or args.wgrad < 0:
         raise UserError(f"--fwd and --bwd must be >= 1 grid slot and --wgrad >= 0 (got {args.fwd}, {args.bwd}, {args.wgrad})")
     sched = _schedule(args.name, args.stages, args.microbatches, args.virtual)
-    args.virtual = sched.num_stages // sched.num_ranks
+    args.virtual = sched.stages_per_rank
     costs = schedules.Costs(fwd=args.fwd, bwd=args.bwd, wgrad=args.wgrad)
     p, m = sched.num_ranks, sched.num_microbatches
     b = args.bwd + args.wgrad
@@ -208,10 +208,10 @@ def cmd_simulate(args) -> int:
                 raise UserError(f"{args.from_run} ran {ran[0]} ranks with {ran[1]} stage(s) each; its costs are per "
                                 "stage, so leave out --stages/--virtual or give the same")
     sched = _schedule(args.name, args.stages, args.microbatches, args.virtual)
-    if args.from_run and (sched.num_ranks, sched.num_stages // sched.num_ranks) != ran:
+    if args.from_run and (sched.num_ranks, sched.stages_per_rank) != ran:
         raise UserError(f"{args.from_run} ran {ran[0]} ranks with {ran[1]} stage(s) each, {args.name} has "
-                        f"{sched.num_ranks} with {sched.num_stages // sched.num_ranks}; the run's costs are per stage")
-    args.virtual = sched.num_stages // sched.num_ranks
+                        f"{sched.num_ranks} with {sched.stages_per_rank}; the run's costs are per stage")
+    args.virtual = sched.stages_per_rank
     if not args.from_run:
         n = sched.num_stages
         costs = schedules.Costs(fwd=_ms_list("--fwd-ms", args.fwd_ms, n), bwd=_ms_list("--bwd-ms", args.bwd_ms, n),

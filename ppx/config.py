@@ -287,14 +287,10 @@ def check(cfg: Config) -> None:
             f"microbatches, but pipeline.stages={p.stages} and pipeline.microbatches={p.microbatches}"
         )
     num_stages = sched.num_stages
-    from ppx.models.costs import per_stage_ms, stage_costs_ms
+    from ppx.models.costs import stage_costs_ms
 
-    if m.kind == "synthetic":
-        stage_costs_ms(m, num_stages)
-    else:  # unused, but a value of the wrong type is an error, not a silent no-op
-        for key in ("fwd_ms", "bwd_ms", "wgrad_ms"):
-            value = getattr(m, key)
-            per_stage_ms(f"model.{key}", value, len(value) if hasattr(value, "__len__") and not isinstance(value, str) else 1)
+    # other kinds ignore the costs, but a value of the wrong type is an error, not a silent no-op
+    stage_costs_ms(m, num_stages if m.kind == "synthetic" else None)
     split_layers(m.layers, num_stages, p.layers_per_stage)
     if p.split == "tracer" and m.kind not in models.TRACEABLE:
         raise UserError(f"pipeline.split=tracer cannot trace model.kind={m.kind} (its stages sleep inside a custom "

@@ -36,6 +36,11 @@ class Schedule:
     def num_stages(self) -> int:
         return len(self.stage_to_rank)
 
+    @property
+    def stages_per_rank(self) -> int:
+        """v: stages per rank (interleaved schedules place v on each rank; others 1)."""
+        return self.num_stages // self.num_ranks
+
     def stages_of(self, rank: int) -> list[int]:
         return [s for s, r in enumerate(self.stage_to_rank) if r == rank]
 
