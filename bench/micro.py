@@ -9,12 +9,12 @@ import time
 import torch
 
 from ppx import config
-from ppx.instrument.memory import MemoryTracker
-from ppx.instrument.timers import WallTimer
-from ppx.pipeline import build_stage_modules
-from ppx.runtime import Item
+from ppx.measure.memory import MemoryTracker
+from ppx.measure.timers import WallTimer
+from ppx.engine.rank import build_stage_modules
+from ppx.schedules.program import Item
 from ppx.schedules.action import Action, Op
-from ppx.stage import StageRunner
+from ppx.engine.stage import StageRunner
 
 
 def timer_cost_s(n: int = 200_000) -> float:
@@ -33,7 +33,7 @@ def memory_cost_s(overrides: list[str], reps: int = 300) -> float:
     cfg = config.load(None, overrides + ["pipeline.stages=4"])
     module = build_stage_modules(cfg, 4, [1], "cpu")[1]
     runner = StageRunner(1, module, False, False, None, 1.0, True)
-    tracker = MemoryTracker({1: runner}, torch.device("cpu"))
+    tracker = MemoryTracker({1: module}, True, runner.in_flight, torch.device("cpu"))
     mb = cfg.train.batch_size // cfg.pipeline.microbatches
     f_item, b_item = Item("compute", (Action(1, Op.F, 0),), "1F0"), Item("compute", (Action(1, Op.B, 0),), "1B0")
 

@@ -108,7 +108,7 @@ def compute_only_idle(run: dict) -> float | None:
     import dataclasses
 
     from ppx import schedules
-    from ppx.prediction import costs_from
+    from ppx.measure.prediction import costs_from
 
     if not run.get("measured_costs") or not run.get("schedule"):
         return None
@@ -282,7 +282,7 @@ def main() -> None:
     results = {name: run_case(name, scale) for name in only}
     if set(only) == set(CASES):
         from bench.micro import memory_cost_s, timer_cost_s
-        from ppx.runtime import compile_program
+        from ppx.schedules.program import compile_program
         from ppx.schedules import build
 
         items = max(len(compile_program(row, (0, 1), -1)) for row in build("1f1b", 2, 8).actions)

@@ -20,16 +20,16 @@ import time
 import torch
 import torch.distributed as dist
 
-from ppx import modelled_cost
 from ppx import config, models
-from ppx.affinity import pin_local_rank
-from ppx.comm import P2P
-from ppx.instrument import Instruments
-from ppx.instrument.clock import offset_to_rank0, start_together
-from ppx.prediction import transport_of
-from ppx.theory import known_cost_timeline
+from ppx.launch.affinity import pin_local_rank
+from ppx.engine.comm import P2P
+from ppx.measure.instruments import Instruments
+from ppx.measure.clock import offset_to_rank0, start_together
+from ppx.measure.prediction import transport_of
+from ppx.measure.theory import known_cost_timeline
+from ppx.models.action_clock import ActionClock
 from ppx.config import resolve_schedule
-from ppx.pipeline import build_rank, build_stage_modules
+from ppx.engine.rank import build_rank, build_stage_modules
 
 
 def torch_variant(cfg, schedule, rank, world):
@@ -37,17 +37,16 @@ def torch_variant(cfg, schedule, rank, world):
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     kind = models.kind(cfg.model.kind)
-    module = build_stage_modules(cfg, world, [rank], "cpu")[rank]
+    clock = ActionClock()  # what ppx's executors own; the known-cost model charges to it
+    module = build_stage_modules(cfg, world, [rank], "cpu", clock)[rank]
     stage = PipelineStage(module, rank, world, torch.device("cpu"))
-    # announce action starts like ppx's StageRunner does (the known-cost model counts from them)
+    # bracket every action with the clock, as ppx's executors do (the known-cost model charges to it)
     for name in ("forward_one_chunk", "backward_one_chunk"):
         original = getattr(stage, name)
 
         def announced(*a, _original=original, **k):
-            modelled_cost.begin_action()
-            out = _original(*a, **k)
-            modelled_cost.end_action()
-            return out
+            with clock.action():
+                return _original(*a, **k)
 
         setattr(stage, name, announced)
     cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.pipeline.schedule]
@@ -78,7 +77,7 @@ def ppx_variant(cfg, schedule, rank, observers_of):
     """The ppx variants share one pipeline and differ only in the observers switched on."""
     if not _shared:
         _shared["pipe"] = pipe = build_rank(cfg, schedule, rank, "cpu", P2P.for_backend("gloo"))
-        _shared["inst"] = Instruments(cfg, pipe.runtime, torch.device("cpu"))
+        _shared["inst"] = Instruments(cfg, pipe, torch.device("cpu"))
     pipe, inst = _shared["pipe"], _shared["inst"]
     observers = observers_of(inst)
     params = pipe.parameters()

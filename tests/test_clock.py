@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conftest import free_port
-from ppx.instrument.clock import offset_to_rank0
+from ppx.measure.clock import offset_to_rank0
 
 
 def _worker(rank: int, world: int, port: int, out) -> None:

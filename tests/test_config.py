@@ -63,16 +63,16 @@ def test_the_launcher_checks_a_config_without_importing_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from ppx import config, launch; "
+    code = ("import sys; from ppx import config; from ppx.launch import devices, claim, processes, slurm; "
             "cfg = config.load('gpipe_4gpu', ['model.kind=synthetic', 'pipeline.split=layers']); "
-            "config.resolve_schedule(cfg); launch.choose_device('cpu', 4); "
+            "config.resolve_schedule(cfg); devices.choose_device('cpu', 4); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
 
 
 def test_cpu_blocks_split_the_cpus_and_share_them_round_robin():
-    from ppx.affinity import cpu_block, describe
+    from ppx.launch.affinity import cpu_block, describe
 
     assert [cpu_block(r, 2, [0, 1]) for r in range(2)] == [[0], [1]]
     assert [cpu_block(r, 4, [0, 1]) for r in range(4)] == [[0], [1], [0], [1]]  # neighbours apart
@@ -84,7 +84,7 @@ def test_cpu_blocks_split_the_cpus_and_share_them_round_robin():
 
 
 def test_run_directories_claimed_in_one_second_are_distinct(tmp_path):
-    from ppx.rundir import claim
+    from ppx.launch.claim import claim
 
     cfg = config.load("gpipe_2cpu", [f"run.root={tmp_path}"])
     first, second, third = claim(cfg), claim(cfg), claim(cfg)  # within a second, mostly: same stamp
@@ -95,7 +95,8 @@ def test_run_directories_claimed_in_one_second_are_distinct(tmp_path):
 
 
 def test_srun_task_variables_become_torch_distributed_env():
-    from ppx.launch import adopt_srun_env, launched_by
+    from ppx.launch.processes import launched_by
+    from ppx.launch.slurm import adopt_srun_env
 
     env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "5", "SLURM_LOCALID": "1", "SLURM_TASKS_PER_NODE": "3,2(x1)",
            "SLURM_NODEID": "1", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "12345", "MASTER_ADDR": "10.0.0.1"}

@@ -7,7 +7,7 @@ import sys
 import time
 
 from conftest import REPO, ppx
-from ppx.watchdog import read_status
+from ppx.launch.watchdog import read_status
 
 
 def test_hung_rank_ends_the_job_within_the_timeout(run_dir):
@@ -33,7 +33,7 @@ def test_killed_rank_ends_the_job_and_is_named(run_dir):
     assert "ppx: error: rank 0 failed at step 0 on wait 0RECV_B" in r.stderr or "rank 0: wait 0RECV_B" in r.stderr, r.stderr
     assert "from rank 1" in r.stderr
     # torchrun names the killed rank (the survivor has usually exited by then, with code 1)
-    assert "torchrun: ppx.worker failed: rank 0: exit code " in r.stderr and "rank 1: exit code -9 (SIGKILL)" in r.stderr
+    assert "torchrun: ppx.launch.worker failed: rank 0: exit code " in r.stderr and "rank 1: exit code -9 (SIGKILL)" in r.stderr
     assert "Traceback" not in r.stderr
     assert read_status(run_dir / "status" / "rank1.txt") == "1B1 (step 0)"
     assert (run_dir / "status" / "rank1.txt").read_text().rstrip() == "1B1 (step 0)"  # a plain text line
@@ -41,7 +41,7 @@ def test_killed_rank_ends_the_job_and_is_named(run_dir):
 
 WATCHDOG_ON_A_GPU = """
 import sys, time
-from ppx.watchdog import Watchdog
+from ppx.launch.watchdog import Watchdog
 w = Watchdog(0, 1.0, sys.argv[1], poll_s=0.05)
 start = time.monotonic()
 # the GPU finishes an action every 0.1 s for 3 s, then sticks on 0B5

@@ -13,10 +13,10 @@ import torch.multiprocessing as mp
 
 from conftest import free_port
 from ppx import config
-from ppx.comm import P2P
+from ppx.engine.comm import P2P
 from ppx.config import resolve_schedule
-from ppx.pipeline import build_reference, build_rank
-from ppx.torch_backend import TorchPipeline
+from ppx.engine.rank import build_reference, build_rank
+from ppx.engine.torch_executor import TorchPipeline
 
 MODELS = {
     "mlp": ["model.kind=mlp", "model.hidden=32", "model.layers=4"],

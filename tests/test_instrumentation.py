@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import CUDA_DEVICES, GPU_ENV, ppx, read_json, read_jsonl
-from ppx.instrument.memory import MemoryTracker
+from ppx.measure.memory import MemoryTracker
 
 # 60/120 ms: the hand-offs between ranks (0.3-3 ms each on loopback gloo on a shared 2-core
 # machine whose caches go cold while the ranks wait) stay small next to them
@@ -84,7 +84,7 @@ def _peak_resets() -> bool:
 def test_cpu_peak_memory_is_the_steps_own():
     """The peak resident set starts afresh each step: a step that touches 256 MiB shows it,
     the next one, which does not, shows a peak at least 200 MiB lower."""
-    tracker = MemoryTracker({}, torch.device("cpu"))
+    tracker = MemoryTracker({}, True, lambda: 0, torch.device("cpu"))
     tracker.begin_step(0)
     big = torch.ones(2**26)  # 256 MiB, written
     del big

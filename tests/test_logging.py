@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import free_port, ppx, read_json
-from ppx.report import wandb_file
+from helpers import wandb_file
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ def test_four_stage_run_directory_is_complete(four_stage_runs, exp, schedule):
     for key in ("python", "torch", "gloo", "nccl", "git", "hostnames", "ranks", "world_size", "seed", "command"):
         assert key in env, key
     assert env["world_size"] == 4 and len(env["ranks"]) == 4 and env["backend"] == "gloo"
-    from ppx.affinity import cpu_block, describe  # runtime.pin_cpus: each rank on its own block
+    from ppx.launch.affinity import cpu_block, describe  # runtime.pin_cpus: each rank on its own block
 
     cpus = sorted(os.sched_getaffinity(0))
     assert [x["cpus"] for x in env["ranks"]] == [describe(cpu_block(r, 4, cpus)) for r in range(4)]

@@ -8,7 +8,7 @@ import pytest
 from ppx import schedules
 from conftest import ppx
 from ppx.errors import ScheduleError
-from ppx.sweep import point_name
+from ppx.launch.sweep import point_name
 from ppx.schedules import Action, Costs, Op
 from ppx.schedules.grid import render_grid
 from ppx.schedules.lowering import comm_batches
@@ -110,7 +110,7 @@ def test_comms_pair_1f1b_send_forward_with_receive_backward():
 @pytest.mark.parametrize("name,v", [("1f1b", 1), ("gpipe", 1), ("zb_h1", 1), ("interleaved_1f1b", 2)])
 @pytest.mark.parametrize("lookahead", [-1, 0, 1, 3])
 def test_receives_move_earlier_and_waits_stay_put(name, v, lookahead):
-    from ppx.runtime import compile_program
+    from ppx.schedules.program import compile_program
     from ppx.schedules.lowering import receive_early
 
     sched = schedules.build(name, 4, 8, virtual_stages=v)
@@ -261,7 +261,7 @@ def test_unknown_schedule_is_a_clear_error():
 
 
 def test_waits_split_into_idle_before_the_send_and_transfer_after_it():
-    from ppx.metrics import step_breakdown
+    from ppx.measure.metrics import step_breakdown
 
     # rank 0 computes 0F0 over [0, 1] and posts its send at 1.0; rank 1 waits from 0.2 to 1.3:
     # 0.8 s of that is the schedule's idle (nothing sent yet), 0.3 s is transfer
@@ -280,7 +280,7 @@ def test_waits_split_into_idle_before_the_send_and_transfer_after_it():
 
 
 def test_sampled_costs_match_constants_and_cost_more_when_they_vary():
-    from ppx.prediction import predict, predict_expected
+    from ppx.measure.prediction import predict, predict_expected
 
     sched = schedules.build("1f1b", 4, 8)
     flat = {f"{s}{op}": [v] for s in range(4) for op, v in (("F", 1.0), ("B", 2.0))}
@@ -298,7 +298,7 @@ def test_sampled_costs_match_constants_and_cost_more_when_they_vary():
 
 
 def test_cost_samples_split_posting_into_sends_and_receives():
-    from ppx.prediction import cost_samples, costs_from, mean_costs
+    from ppx.measure.prediction import cost_samples, costs_from, mean_costs
 
     # rank 0: one send alone (0.1 s), then a send and a receive together (0.13 s: the receive gets
     # 0.13 - 0.1); rank 1 posts two receives at once (0.02 each) and waits for 0F0's send

@@ -4,7 +4,7 @@ known-cost model the exact zero-communication value at its configured costs."""
 import pytest
 
 from ppx import config, schedules
-from ppx.theory import run_theory
+from ppx.measure.theory import run_theory
 
 
 def theory(*overrides, backend="gloo"):

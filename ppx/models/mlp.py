@@ -11,7 +11,7 @@ from torch import nn
 from ppx.models.seeding import BLOCK, DATA, TEACHER, generator, seeded
 
 
-def build_stage(cfg, seed: int, stage: int, num_stages: int, blocks: range) -> nn.Module:
+def build_stage(cfg, seed: int, stage: int, num_stages: int, blocks: range, clock=None) -> nn.Module:
     layers = []
     for i in blocks:
         with seeded(seed, BLOCK + i):

@@ -3,7 +3,7 @@
 exact ideal (m+p-1)(t_f+t_b).
 
 On CPU a stage charges its time to the running action and the runtime sleeps it out when the
-action ends (`ppx.modelled_cost`), so the action as timed lasts exactly that long with any
+action ends (`ppx.models.action_clock`), so the action as timed lasts exactly that long with any
 number of ranks on any number of cores, framework overhead included; on CUDA it
 spins the GPU with ``torch.cuda._sleep`` for the same time, so CUDA events see it as
 compute. The arithmetic is y = x * w with one weight vector per stage, so gradients stay
@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Optional
 
 import torch
 from torch import nn
 
-from ppx.instrument.clock import sleep_until
-from ppx import modelled_cost
-from ppx.stage import backward_part
+from ppx.errors import UserError
+from ppx.models.action_clock import ActionClock, sleep_until
+from ppx.models.costs import stage_costs_ms
 from ppx.models.seeding import BLOCK, DATA, generator, seeded
 
 _CYCLES_PER_MS: dict[int, float] = {}
@@ -51,7 +52,7 @@ def _spin_gpu(ms: float, device: torch.device) -> None:
     torch.cuda._sleep(int(ms * _CYCLES_PER_MS[device.index]))
 
 
-def _take(ms: float, device: torch.device, entry: float) -> None:
+def _take(ms: float, device: torch.device, entry: float, clock: Optional[ActionClock]) -> None:
     """Occupy ``ms``: on CUDA a GPU spin on the stream; on CPU a charge to the running
     action (the runtime waits it out when the action ends, so the whole action lasts ``ms``),
     or, outside any action (a one-process reference), a wait counted from ``entry``."""
@@ -59,7 +60,7 @@ def _take(ms: float, device: torch.device, entry: float) -> None:
         return
     if device.type == "cuda":
         _spin_gpu(ms, device)
-    elif not modelled_cost.charge(ms / 1000.0):
+    elif clock is None or not clock.charge(ms / 1000.0):
         sleep_until(entry + ms / 1000.0)
 
 
@@ -67,15 +68,15 @@ class _KnownCost(torch.autograd.Function):
     """y = x * prod(w_i) in one autograd node (few nodes = little framework overhead)."""
 
     @staticmethod
-    def forward(ctx, x, fwd_ms: float, bwd_ms: float, wgrad_ms: float, *weights):
+    def forward(ctx, x, clock: Optional[ActionClock], fwd_ms: float, bwd_ms: float, wgrad_ms: float, *weights):
         entry = time.perf_counter()
         w = weights[0]
         for extra in weights[1:]:
             w = w * extra
         ctx.save_for_backward(x, *weights)
-        ctx.bwd_ms, ctx.wgrad_ms = bwd_ms, wgrad_ms
+        ctx.bwd_ms, ctx.wgrad_ms, ctx.clock = bwd_ms, wgrad_ms, clock
         y = x * w
-        _take(fwd_ms, x.device, entry)
+        _take(fwd_ms, x.device, entry, clock)
         return y
 
     @staticmethod
@@ -85,7 +86,7 @@ class _KnownCost(torch.autograd.Function):
         w = weights[0]
         for extra in weights[1:]:
             w = w * extra
-        part = backward_part()  # "full" (B), "input" (I) or "weight" (W)
+        part = ctx.clock.part if ctx.clock is not None else "full"  # "full" (B), "input" (I) or "weight" (W)
         gx = grad * w if part != "weight" else None
         grads = [None] * len(weights)
         if part != "input":
@@ -97,14 +98,15 @@ class _KnownCost(torch.autograd.Function):
                         rest = rest * other
                 grads[k] = gw * rest
         cost = {"full": ctx.bwd_ms + ctx.wgrad_ms, "input": ctx.bwd_ms, "weight": ctx.wgrad_ms}[part]
-        _take(cost, grad.device, entry)
-        return (gx, None, None, None, *grads)
+        _take(cost, grad.device, entry, ctx.clock)
+        return (gx, None, None, None, None, *grads)
 
 
 class KnownCostStage(nn.Module):
     """The blocks of one stage (one weight vector each), costing ``fwd_ms``/``bwd_ms`` in all."""
 
-    def __init__(self, hidden: int, fwd_ms: float, bwd_ms: float, wgrad_ms: float, seed: int, blocks: range):
+    def __init__(self, hidden: int, fwd_ms: float, bwd_ms: float, wgrad_ms: float, seed: int, blocks: range,
+                 clock: Optional[ActionClock] = None):
         super().__init__()
         weights = []
         for i in blocks:
@@ -112,22 +114,38 @@ class KnownCostStage(nn.Module):
                 weights.append(nn.Parameter(1.0 + 0.01 * torch.randn(hidden)))
         self.weights = nn.ParameterList(weights)
         self.fwd_ms, self.bwd_ms, self.wgrad_ms = fwd_ms, bwd_ms, wgrad_ms
+        self.clock = clock  # the executor's: charges go to its running action (None: sleep here)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _KnownCost.apply(x, self.fwd_ms, self.bwd_ms, self.wgrad_ms, *self.weights)
+        return _KnownCost.apply(x, self.clock, self.fwd_ms, self.bwd_ms, self.wgrad_ms, *self.weights)
 
 
-def _cost(value, stage: int, num_stages: int) -> float:
-    if isinstance(value, (int, float)):
-        return float(value)
-    values = [float(v) for v in value]
-    return values[stage] if len(values) == num_stages else sum(values)  # sum: the one-process reference
+def stage_cost_ms(cfg, stage: int, num_stages: int) -> tuple[float, float, float]:
+    """(forward, input-gradient, weight-gradient) ms of ``stage`` of ``num_stages``, from the
+    checked per-stage costs (`ppx.models.costs`): one value is every stage's; a list needs one
+    value per stage, except in a one-stage build of the whole model (the single-process
+    reference), which costs the sum of the stages."""
+    out = []
+    for key, values in zip(("fwd_ms", "bwd_ms", "wgrad_ms"), stage_costs_ms(cfg, None)):
+        if len(values) == 1:
+            out.append(values[0])
+        elif len(values) == num_stages:
+            out.append(values[stage])
+        elif num_stages == 1:
+            out.append(sum(values))
+        else:
+            raise UserError(f"model.{key} has {len(values)} values for {num_stages} stages (give one, or one per stage)")
+    return tuple(out)
 
 
-def build_stage(cfg, seed: int, stage: int, num_stages: int, blocks: range) -> nn.Module:
-    """Stage ``stage`` holds ``blocks`` (like any model) but its cost is set per stage."""
-    return KnownCostStage(cfg.hidden, _cost(cfg.fwd_ms, stage, num_stages), _cost(cfg.bwd_ms, stage, num_stages),
-                          _cost(cfg.wgrad_ms, stage, num_stages), seed, blocks)
+def build_stage(cfg, seed: int, stage: int, num_stages: int, blocks: range,
+                clock: Optional[ActionClock] = None) -> nn.Module:
+    """Stage ``stage`` holds ``blocks`` (like any model) but its cost is set per stage; its
+    modelled time is charged to ``clock``'s running action (None: waited out in place)."""
+    fwd, bwd, wgrad = stage_cost_ms(cfg, stage, num_stages)
+    return KnownCostStage(cfg.hidden, fwd, bwd, wgrad, seed, blocks, clock)
+
+
 def make_batch(cfg, seed: int, batch_size: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = generator(seed, DATA + 16 * step)
     return torch.randn(batch_size, cfg.hidden, generator=g), torch.zeros(batch_size, cfg.hidden)

@@ -60,7 +60,7 @@ class TransformerStage(nn.Module):
         return x
 
 
-def build_stage(cfg, seed: int, stage: int, num_stages: int, blocks: range) -> nn.Module:
+def build_stage(cfg, seed: int, stage: int, num_stages: int, blocks: range, clock=None) -> nn.Module:
     return TransformerStage(cfg, seed, stage == 0, stage == num_stages - 1, blocks)
 
 

@@ -159,7 +159,7 @@ def plot_bubble_vs_microbatches(rows: list[dict], path: Path) -> bool:
         sched, p, v = key
         pts = sorted((r["microbatches"], r["bubble"], r["predicted"]) for r in rows if (r["schedule"], r["world_size"], r["v"]) == key)
         color = colors[k % len(colors)]
-        th = [schedules.theory_bubble(sched, p, m, v) if sched != "interleaved_1f1b" or m % p == 0 else None for m in dense]
+        th = [schedules.theory_bubble(sched, p, m, v) for m in dense]
         if any(t is not None for t in th):
             ax.plot([m for m, t in zip(dense, th) if t is not None], [t for t in th if t is not None],
                     color=color, lw=1.2, ls=(0, (4, 2 + 2 * k)), alpha=0.7)

@@ -45,7 +45,7 @@ def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None,
     span_ms = max((t1 - t0) * 1e3, 1e-6)
     posted = {}  # (receiving rank, start of its wait) -> when the peer posted the send
     if stage_to_rank is not None:
-        from ppx.report.timeline import handoffs
+        from ppx.measure.spans import handoffs
 
         for _, _, sent, peer, wait_start, _ in handoffs(spans_by_rank, stage_to_rank):
             posted[(peer, wait_start)] = sent

@@ -9,12 +9,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ppx import rundir
 from ppx.config import virtual_stages
-from ppx.metrics import over_ideal, run_summary, step_breakdown
+from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
+from ppx.report.run_dir import write_json
 from ppx.report.scalars import step_scalars
 from ppx.schedules.schedule import Schedule
-from ppx.theory import run_theory
+from ppx.measure.theory import run_theory
 
 
 class RunReport:
@@ -96,7 +96,7 @@ class RunReport:
             summary["step_time_over_ideal"] = summary["step_time_s"] / summary["ideal_step_time_s"]
         if self.timeline:
             summary.update(self._prediction(summary))
-        rundir.write_json(self.run_dir / "summary.json", summary)
+        write_json(self.run_dir / "summary.json", summary)
         if self.timeline:
             self._write_timeline()
         for sink in self.sinks:
@@ -105,7 +105,7 @@ class RunReport:
 
     def _prediction(self, summary: dict) -> dict:
         """The simulator's step time and bubble from this run's measured action costs."""
-        from ppx.prediction import cost_samples, costs_from, mean_costs, predict, predict_expected, transport_of
+        from ppx.measure.prediction import cost_samples, costs_from, mean_costs, predict, predict_expected, transport_of
 
         samples = cost_samples(self.timeline, self.schedule)  # walked once: means and draws both come from it
         measured = mean_costs(samples)

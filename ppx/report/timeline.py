@@ -8,27 +8,7 @@ times on rank 0's clock.
 
 from __future__ import annotations
 
-from ppx.schedules.action import Action
-from ppx.schedules.lowering import peer_of
-
-CATEGORY_NAMES = {"compute": "compute", "post": "comm", "wait": "wait", "drain": "wait"}
-
-
-def handoffs(step_ranks: dict, stage_to_rank):
-    """Every send in one step's spans whose receive was waited on, as
-    (send action text, sender rank, post start, receiver rank, wait start, wait end)."""
-    waits = {(r, sp[2][0]): (sp[3], sp[4]) for r, spans in step_ranks.items() for sp in spans if sp[0] == "wait"}
-    for r, spans in step_ranks.items():
-        for kind, _, actions, start, _ in spans:
-            if kind != "post":
-                continue
-            for text in actions:
-                a = Action.parse(text)
-                if a.op.is_send:
-                    peer, recv = peer_of(a, stage_to_rank)
-                    got = waits.get((peer, str(recv)))
-                    if got is not None:
-                        yield text, r, start, peer, got[0], got[1]
+from ppx.measure.spans import CATEGORY, handoffs
 
 
 def chrome_trace(steps: list[dict], stage_to_rank, title: str = "") -> dict:
@@ -49,7 +29,7 @@ def chrome_trace(steps: list[dict], stage_to_rank, title: str = "") -> dict:
         for r, spans in s["ranks"].items():
             for kind, label, actions, start, end in spans:
                 events.append({
-                    "ph": "X", "name": label, "cat": CATEGORY_NAMES[kind], "pid": r, "tid": 0,
+                    "ph": "X", "name": label, "cat": CATEGORY[kind], "pid": r, "tid": 0,
                     "ts": us(start), "dur": round((end - start) * 1e6, 3),
                     "args": {"step": s["step"], "rank": r},
                 })

@@ -10,11 +10,14 @@ all three (ppx scales the loss by 1/microbatches instead and does no FSDP)."""
 from __future__ import annotations
 
 import csv
+from collections import Counter
 from pathlib import Path
 
 from ppx.errors import ScheduleError
 from ppx.schedules.action import Action
+from ppx.schedules.lowering import add_comms
 from ppx.schedules.schedule import Schedule
+from ppx.schedules.validate import validate
 
 
 TORCH_ONLY = ("REDUCE_GRAD", "UNSHARD", "RESHARD")
@@ -54,7 +57,6 @@ def read_csv(path: str | Path, name: str | None = None) -> Schedule:
                     for row in csv.reader(f)]
     except OSError as e:
         raise ScheduleError(f"cannot read schedule CSV {path}: {e.strerror}") from None
-    rows = [r for r in rows]
     if not rows or not any(rows):
         raise ScheduleError(f"schedule CSV {path} holds no actions")
     owner: dict[int, int] = {}
@@ -69,3 +71,17 @@ def read_csv(path: str | Path, name: str | None = None) -> Schedule:
     m = max(a.mb for row in rows for a in row) + 1
     training = any(a.op.is_backward for row in rows for a in row)
     return Schedule(name or path.stem, m, tuple(owner[s] for s in range(stages)), tuple(tuple(r) for r in rows), training)
+
+
+def from_csv(path: str | Path) -> Schedule:
+    """Load, complete (comms) and validate a schedule written as torch-style CSV."""
+    loaded = read_csv(path)
+    for r, row in enumerate(loaded.actions):  # as written, before the comms it implies are added
+        counts = Counter(row)
+        for k, a in enumerate(row):
+            if counts[a] > 1:
+                raise ScheduleError(f"schedule CSV {path}: rank {r} step {k} ({a}): {a} appears {counts[a]} times")
+    has_comms = any(a.op.is_comm for row in loaded.actions for a in row)
+    schedule = loaded if has_comms else add_comms(loaded)
+    validate(schedule)
+    return schedule

@@ -1,0 +1,1 @@
+"""One module per ``ppx`` command; `ppx.cli` parses the command line and calls them."""

@@ -1,0 +1,48 @@
+"""What the commands share: the schedule a command line names, output paths checked before
+any work, the list of files written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ppx.errors import UserError
+
+
+def schedule_from(name: str, stages, microbatches, virtual):
+    """A schedule CSV, or a named schedule; torch.distributed.pipelining's schedules as the ppx
+    list of the same order. ``stages``/``microbatches`` None: 4 and 8, or the CSV's (which
+    given ones must match); ``virtual`` None: 2 for interleaved schedules, else 1 (as ppx run)."""
+    from ppx import schedules
+
+    if schedules.is_csv(name):
+        sched = schedules.from_csv(name)
+        v = sched.stages_per_rank
+        for option, given, has in (("--stages", stages, sched.num_ranks), ("--microbatches", microbatches,
+                                   sched.num_microbatches), ("--virtual", virtual, v)):
+            if given is not None and given != has:
+                raise UserError(f"{name} is a schedule for {sched.num_ranks} ranks, {v} stage(s) each and "
+                                f"{sched.num_microbatches} microbatches; {option} {given} does not match (leave it out)")
+        return sched
+    stages = 4 if stages is None else stages
+    microbatches = 8 if microbatches is None else microbatches
+    if schedules.is_torch(name):
+        print(f"{name}: torch.distributed.pipelining's schedule runs the order of ppx's "
+              f"{schedules.family_name(name)}", flush=True)
+    return schedules.build(name, stages, microbatches, virtual)
+
+
+def output_path(option: str, path) -> None:
+    """Fail before any work when ``path`` (an output file) could not be written."""
+    if path is None:
+        return
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise UserError(f"{option} {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"{option} {path}: folder {folder} is not writable")
+
+
+def wrote(out: Path) -> None:
+    files = [out / f for f in ("compare.md", "compare.json", "compare.png", "bubble.png") if (out / f).exists()]
+    print("ppx: wrote " + ", ".join(map(str, files)))

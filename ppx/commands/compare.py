@@ -1,0 +1,35 @@
+"""`ppx compare` and `ppx sweep`: runs side by side, and the runs of a grid of config values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ppx.commands.common import wrote
+from ppx.errors import UserError
+
+
+def cmd_compare(args) -> int:
+    import time
+
+    from ppx.report.compare import compare
+
+    out = Path(args.out) if args.out else Path("runs") / "compare" / time.strftime("%Y%m%d-%H%M%S")
+    print(compare(args.runs, out))
+    wrote(out)
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from ppx.report.compare import compare
+    from ppx.launch.sweep import run_sweep
+
+    root = run_sweep(args.experiment, args.sweep, args.overrides, args.launcher)
+    if args.launcher != "local":
+        return 0
+    done = list(root.glob("*/summary.json"))
+    if not done:
+        raise UserError(f"no run of the sweep completed; see {root}")
+    print(compare([str(root)], root))
+    wrote(root)
+    expected = len(list(p for p in root.iterdir() if p.is_dir()))
+    return 0 if len(done) == expected else 1

@@ -1,0 +1,64 @@
+"""`ppx run`: one experiment, as a torchrun job (or inside one started by torchrun or srun)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from ppx.errors import UserError
+
+
+def cmd_run(args) -> int:
+    from ppx import config
+    from ppx.config import resolve_schedule
+    from ppx.launch import devices, processes, slurm
+    from ppx.launch.claim import claim
+
+    cfg = config.load(args.experiment, args.overrides)
+    world = resolve_schedule(cfg).num_ranks
+    command = " ".join(shlex.quote(a) for a in ["ppx", "run", args.experiment, *args.overrides])
+    mode = processes.launched_by()
+    if mode is not None:
+        if mode == "srun":
+            slurm.adopt_srun_env()
+        have = int(os.environ["WORLD_SIZE"])
+        if have != world:
+            raise UserError(
+                f"pipeline.stages={world} but this job has {have} processes (WORLD_SIZE); start one process per stage"
+            )
+        os.environ.setdefault("PPX_COMMAND", command)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+        device, notice = devices.choose_device(cfg.runtime.device, local, multi_node=have != local)
+        if notice and os.environ.get("RANK") == "0":
+            print(notice, file=sys.stderr)
+        from ppx.launch.worker import run_rank
+
+        return run_rank(cfg, None, device)
+
+    device, notice = devices.choose_device(cfg.runtime.device, world)
+    if notice:
+        print(notice, file=sys.stderr)
+    run_dir = claim(cfg)
+    (run_dir / "config.yaml").write_text(config.to_yaml(cfg))
+    env = processes.worker_env(device, cfg.runtime.threads_per_rank, command)
+    if world == 1:
+        os.environ.update(env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        from ppx.launch.worker import run_rank
+
+        return run_rank(cfg, run_dir, device)
+    code = subprocess.run(processes.torchrun_command(world, run_dir), env=env).returncode
+    if code != 0:
+        _explain_failure(run_dir, world, code)
+    return code
+
+
+def _explain_failure(run_dir: Path, world: int, code: int) -> None:
+    """Name what each rank was doing when the job ended (from the watchdog's status files)."""
+    from ppx.launch.watchdog import read_status
+
+    states = [f"rank {r}: {read_status(run_dir / 'status' / f'rank{r}.txt') or 'not started'}" for r in range(world)]
+    print(f"ppx: error: the job failed (exit {code}); where each rank was: " + "; ".join(states), file=sys.stderr)
+    print(f"ppx: run directory (incomplete): {run_dir}", file=sys.stderr)

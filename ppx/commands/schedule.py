@@ -1,0 +1,43 @@
+"""`ppx schedule`: a schedule's rank x time grid, its bubble, its actions and its CSV."""
+
+from __future__ import annotations
+
+from ppx.commands.common import output_path, schedule_from
+from ppx.errors import UserError
+
+
+def cmd_schedule(args) -> int:
+    from ppx import schedules
+    from ppx.schedules.grid import render_grid
+
+    output_path("--csv", args.csv)
+    if args.with_comms and not args.csv:
+        raise UserError("--with-comms only shapes the --csv file; add --csv FILE (or use --actions to print comms)")
+
+    if args.fwd < 1 or args.bwd < 1 or args.wgrad < 0:
+        raise UserError(f"--fwd and --bwd must be >= 1 grid slot and --wgrad >= 0 (got {args.fwd}, {args.bwd}, {args.wgrad})")
+    sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual)
+    args.virtual = sched.stages_per_rank
+    costs = schedules.Costs(fwd=args.fwd, bwd=args.bwd, wgrad=args.wgrad)
+    p, m = sched.num_ranks, sched.num_microbatches
+    b = args.bwd + args.wgrad
+    print(f"{sched.name}: {p} ranks, {sched.num_stages} stages, {m} microbatches "
+          f"(F = {args.fwd:g} slot{'s' if args.fwd != 1 else ''}, B = {b:g} slot{'s' if b != 1 else ''}"
+          + (f", I = {args.bwd:g}, W = {args.wgrad:g}" if args.wgrad else "") + ")")
+    print(render_grid(sched, costs))
+    timeline = schedules.simulate(sched, costs)
+    fam = schedules.FAMILIES.get(sched.name)
+    line = f"bubble (idle share of the step): simulated {timeline.bubble_fraction():.1%}"
+    if fam is not None:
+        th = fam.bubble(p, m, args.virtual)
+        line += f", theory {fam.bubble_formula} = {th:.1%}; as a share of the ideal time: {th / (1 - th):.1%}"
+    print(line)
+    if args.actions:
+        print(sched.format())
+    if args.csv:
+        with_comms = args.with_comms or sched.groups is not None
+        schedules.write_csv(sched if with_comms else sched.compute_only(), args.csv)
+        note = "" if with_comms == args.with_comms else \
+            f" with its SEND/RECV actions: {sched.name} batches sends with computes, which compute actions alone cannot say"
+        print(f"wrote {args.csv}{note}")
+    return 0

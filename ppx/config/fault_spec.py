@@ -1,0 +1,14 @@
+"""The syntax of ``runtime.inject_fault``: ``hang@<action>`` or ``die@<action>``."""
+
+from __future__ import annotations
+
+from ppx.errors import UserError
+from ppx.schedules.action import Action
+
+
+def parse_fault(spec: str) -> tuple[str, Action]:
+    """'hang@1F2' -> ('hang', 1F2); UserError for anything else."""
+    kind, _, action = spec.partition("@")
+    if kind not in ("hang", "die") or not action:
+        raise UserError(f"runtime.inject_fault={spec!r} must look like hang@<action> or die@<action>, e.g. hang@1F2")
+    return kind, Action.parse(action)

@@ -1,0 +1,22 @@
+"""What a config's pipeline section resolves to: the validated schedule and its v."""
+
+from __future__ import annotations
+
+from ppx import schedules
+from ppx.config.schema import Config
+from ppx.schedules.schedule import Schedule
+
+
+def resolve_schedule(cfg: Config) -> Schedule:
+    """The validated schedule (with comms) the config asks for; torch's schedules as ppx's
+    list of the same order."""
+    p = cfg.pipeline
+    if schedules.is_csv(p.schedule):
+        return schedules.from_csv(p.schedule)
+    return schedules.build(p.schedule, p.stages, p.microbatches, virtual_stages(cfg))
+
+
+def virtual_stages(cfg: Config) -> int:
+    """pipeline.virtual_stages, or the schedule's default (2 for interleaved ones, else 1)."""
+    v = cfg.pipeline.virtual_stages
+    return schedules.default_virtual(cfg.pipeline.schedule) if v is None else v

@@ -1,0 +1,130 @@
+"""The cross-field rules of a config, one section at a time; each failure is a UserError
+whose one line names the key. `check` runs them in a fixed order, so the first problem
+named is always the same."""
+
+from __future__ import annotations
+
+from ppx.config.fault_spec import parse_fault
+from ppx.config.resolve import resolve_schedule
+from ppx.config.schema import Config
+from ppx.errors import UserError
+from ppx.schedules.schedule import Schedule
+
+
+def check(cfg: Config) -> None:
+    """Every rule; raise UserError with one line naming the key."""
+    check_shape(cfg)
+    check_train(cfg)
+    check_runtime(cfg)
+    check_model(cfg)
+    sched = resolve_schedule(cfg)
+    check_schedule(cfg, sched)
+    check_instrument(cfg)
+    check_profile(cfg)
+    check_fault(cfg, sched)
+    check_run(cfg)
+
+
+def check_shape(cfg: Config) -> None:
+    p, t = cfg.pipeline, cfg.train
+    if p.stages < 1:
+        raise UserError(f"pipeline.stages must be >= 1, got {p.stages}")
+    if p.microbatches < 1:
+        raise UserError(f"pipeline.microbatches must be >= 1, got {p.microbatches}")
+    if t.batch_size < 1:
+        raise UserError(f"train.batch_size must be >= 1, got {t.batch_size}")
+    if t.batch_size % p.microbatches:
+        raise UserError(
+            f"train.batch_size={t.batch_size} is not divisible by pipeline.microbatches={p.microbatches}"
+        )
+
+
+def check_train(cfg: Config) -> None:
+    t = cfg.train
+    if t.steps < 1:
+        raise UserError(f"train.steps must be >= 1, got {t.steps}")
+    if not 0 <= t.lr < float("inf"):
+        raise UserError(f"train.lr must be a finite number >= 0, got {t.lr}")
+
+
+def check_runtime(cfg: Config) -> None:
+    rt = cfg.runtime
+    if rt.timeout_s <= 0:
+        raise UserError(f"runtime.timeout_s must be > 0, got {rt.timeout_s}")
+    if rt.recv_lookahead < -1:
+        raise UserError(f"runtime.recv_lookahead must be -1 (all at the first wait) or >= 0, got {rt.recv_lookahead}")
+    if rt.threads_per_rank < 1:
+        raise UserError(f"runtime.threads_per_rank must be >= 1, got {rt.threads_per_rank}")
+
+
+def check_model(cfg: Config) -> None:
+    from ppx.models import KINDS
+
+    m = cfg.model
+    if m.kind not in KINDS:
+        raise UserError(f"model.kind: Invalid value {m.kind!r}; choose from {', '.join(KINDS)}")
+    if m.hidden < 1 or m.layers < 1:
+        raise UserError("model.hidden and model.layers must be >= 1")
+    if m.kind == "transformer":
+        if m.heads < 1 or m.ffn_mult < 1:
+            raise UserError(f"model.heads and model.ffn_mult must be >= 1, got {m.heads} and {m.ffn_mult}")
+        if m.hidden % m.heads:
+            raise UserError(f"model.hidden={m.hidden} is not divisible by model.heads={m.heads}")
+        if m.seq_len < 2 or m.vocab_size < 2:
+            raise UserError("model.seq_len and model.vocab_size must be >= 2")
+
+
+def check_schedule(cfg: Config, sched: Schedule) -> None:
+    """The schedule against the rest: a CSV's shape, the known-cost model's per-stage costs,
+    the layer split and the tracer."""
+    from ppx import models
+    from ppx.models.costs import stage_costs_ms
+    from ppx.models.split import split_layers
+
+    p, m = cfg.pipeline, cfg.model
+    if p.schedule.endswith(".csv") and (sched.num_ranks != p.stages or sched.num_microbatches != p.microbatches):
+        raise UserError(
+            f"pipeline.schedule {p.schedule} is for {sched.num_ranks} ranks and {sched.num_microbatches} "
+            f"microbatches, but pipeline.stages={p.stages} and pipeline.microbatches={p.microbatches}"
+        )
+    # other kinds ignore the costs, but a value of the wrong type is an error, not a silent no-op
+    stage_costs_ms(m, sched.num_stages if m.kind == "synthetic" else None)
+    split_layers(m.layers, sched.num_stages, p.layers_per_stage)
+    if p.split == "tracer" and m.kind not in models.TRACEABLE:
+        raise UserError(f"pipeline.split=tracer cannot trace model.kind={m.kind} (its stages sleep inside a custom "
+                        "autograd Function); use mlp or transformer, or pipeline.split=layers")
+
+
+def check_instrument(cfg: Config) -> None:
+    if cfg.instrument.timeline_steps < 1:
+        raise UserError(f"instrument.timeline_steps must be >= 1, got {cfg.instrument.timeline_steps}")
+    if cfg.logging.progress_every < 0:
+        raise UserError(f"logging.progress_every must be >= 0, got {cfg.logging.progress_every}")
+
+
+def check_profile(cfg: Config) -> None:
+    prof = cfg.profile
+    if min(prof.wait, prof.warmup, prof.repeat) < 0 or prof.active < 1:
+        raise UserError("profile.wait, profile.warmup and profile.repeat must be >= 0 and profile.active >= 1")
+    window = prof.wait + prof.warmup + prof.active
+    if prof.enabled and cfg.train.steps < window:
+        raise UserError(f"profile.enabled: the profiler records steps {prof.wait + prof.warmup}..{window - 1} "
+                        f"(profile.wait + profile.warmup + profile.active = {window}) but train.steps={cfg.train.steps}; "
+                        f"raise train.steps or shrink the profile window")
+
+
+def check_fault(cfg: Config, sched: Schedule) -> None:
+    if cfg.runtime.inject_fault is None:
+        return
+    _, action = parse_fault(cfg.runtime.inject_fault)
+    if not action.op.is_compute or not any(a == action for row in sched.actions for a in row):
+        raise UserError(f"runtime.inject_fault={cfg.runtime.inject_fault}: {action} is not an action of this "
+                        f"{sched.name} schedule ({sched.num_stages} stages, {sched.num_microbatches} microbatches); "
+                        "faults fire on compute actions (F, B, I, W)")
+
+
+def check_run(cfg: Config) -> None:
+    name = cfg.run.name or ""
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise UserError(f"run.name={name!r} must be a plain folder name (no '/', not '.' or '..'): runs go to "
+                        "<run.root>/<run.name>/<id>; use run.root or run.dir to put them elsewhere")

@@ -1,0 +1,86 @@
+"""The training loop of one rank: its share of the pipeline built and instrumented, timed
+steps, and every step's per-rank records gathered to rank 0's report."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ppx.engine.comm import P2P
+from ppx.engine.rank import build_rank
+from ppx.measure.clock import offset_to_rank0, start_together
+from ppx.measure.instruments import Instruments
+from ppx.measure.profiler import make_profiler
+from ppx.schedules import registry
+from ppx.schedules.schedule import Schedule
+
+
+def build_share(cfg, schedule: Schedule, rank: int, device, backend: str, observers):
+    """This rank's share of the pipeline, run by ppx's runtime or torch's."""
+    if registry.runs_on_torch(cfg.pipeline.schedule, cfg.pipeline.executor):
+        from ppx.engine.torch_executor import TorchPipeline
+
+        return TorchPipeline(cfg, schedule, rank, device, observers)
+    return build_rank(cfg, schedule, rank, device, P2P.for_backend(backend), observers)
+
+
+def train(cfg, schedule: Schedule, run_dir: Path, rank: int, world: int, device, backend: str, ctrl, watchdog,
+          observers=(), report=None) -> None:
+    """Build this rank's share and run ``train.steps`` timed steps. ``observers`` wrap every
+    item (the watchdog first); ``report`` (rank 0's, with ``add_step(step, records)`` and
+    ``finish()``) receives every step's per-rank records."""
+    watchdog.phase("building the model")
+    pipe = build_share(cfg, schedule, rank, device, backend, [watchdog, *observers])
+    inst = Instruments(cfg, pipe, device)
+    pipe.observers.extend(inst.observers)
+    watchdog.device_position = getattr(inst.timer, "device_position", None)  # CUDA events: where the GPU is
+    opt = None
+    if schedule.training:
+        opt_cls = torch.optim.SGD if cfg.train.optimizer == "sgd" else torch.optim.AdamW
+        opt = opt_cls(pipe.parameters(), lr=cfg.train.lr)
+
+    if backend == "nccl":
+        dist.barrier()  # a first collective on every rank before any partial P2P batch
+    watchdog.phase("aligning clocks")
+    offset = offset_to_rank0(ctrl)
+
+    steps = cfg.train.steps
+    profiler = make_profiler(cfg.profile, run_dir, rank, device) if cfg.profile.enabled else contextlib.nullcontext()
+    with profiler:
+        for step in range(steps):
+            watchdog.phase("step start", step)
+            batch = pipe.microbatches(step)  # data is ready before the step, as a prefetching loader has it
+            start_together(offset, ctrl)
+            if opt is not None:
+                opt.zero_grad(set_to_none=True)
+            inst.begin_step(step)
+            t0 = time.perf_counter()
+            loss = pipe.step(step, batch)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t1 = time.perf_counter()
+            if opt is not None:
+                watchdog.phase("optimizer step", step)
+                opt.step()
+            if device.type == "cuda":  # the optimizer's kernels end here, not inside the next step's timing
+                torch.cuda.synchronize(device)
+            record, spans = inst.end_step(step)  # memory peaks include the optimizer step
+            if cfg.profile.enabled:
+                profiler.step()
+            watchdog.phase("gathering metrics", step)
+            record.update(rank=rank, loss=loss, start=t0 + offset, end=t1 + offset)
+            if spans is not None:  # every step: rank 0 splits waits into transfer and idle; the last go to the timeline
+                record["spans"] = [(it.kind, it.label, [str(a) for a in it.actions], s + offset, e + offset) for it, s, e in spans]
+            records = [None] * world if rank == 0 else None
+            dist.gather_object(record, records, dst=0, group=ctrl)
+            if report is not None:
+                report.add_step(step, records)
+    if report is not None:
+        watchdog.phase("writing the report")
+        report.finish()
+    watchdog.phase("finishing")
+    dist.barrier(group=ctrl)

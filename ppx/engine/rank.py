@@ -1,0 +1,141 @@
+"""Assemble one rank's share of an experiment: the schedule, its stage modules, the runtime
+and the microbatches it feeds."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from ppx import models
+from ppx.config import Config
+from ppx.models.split import split_layers
+from ppx.engine.runtime import Runtime
+from ppx.engine.stage import StageRunner
+from ppx.models.action_clock import ActionClock
+from ppx.schedules.action import Op
+from ppx.schedules.schedule import Schedule
+
+
+def build_stage_modules(cfg: Config, num_stages: int, stages: Sequence[int], device,
+                        clock: Optional[ActionClock] = None) -> dict[int, nn.Module]:
+    """The modules of ``stages`` (block ranges from the split), on ``device``; ``clock`` is
+    the executor's, for models whose cost is set."""
+    kind = models.kind(cfg.model.kind)
+    ranges = split_layers(cfg.model.layers, num_stages, cfg.pipeline.layers_per_stage)
+    if cfg.pipeline.split == "tracer":
+        return traced_stage_modules(cfg, ranges, stages, device)
+    if hasattr(kind, "calibrate"):  # a model that measures the device once, before any timed step
+        kind.calibrate(torch.device(device))
+    return {s: kind.build_stage(cfg.model, cfg.train.seed, s, num_stages, ranges[s], clock).to(device) for s in stages}
+
+
+def traced_stage_modules(cfg: Config, ranges: Sequence[range], stages: Sequence[int], device) -> dict[int, nn.Module]:
+    """torch.distributed.pipelining's tracer split: the whole model, traced on one microbatch
+    and cut before the first block of every stage but the first (same blocks per stage as
+    the layer split, same parameters, now as one GraphModule per stage)."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    kind = models.kind(cfg.model.kind)
+    whole = build_reference(cfg)
+    x, _ = kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, 0)
+    example = x[: cfg.train.batch_size // cfg.pipeline.microbatches]
+    spec = {kind.block_name(cfg.model, r.start): SplitPoint.BEGINNING for r in ranges[1:]}
+    with warnings.catch_warnings():  # torch's own deprecation notices from inside the tracer
+        warnings.simplefilter("ignore", FutureWarning)
+        pipe = pipeline(whole, mb_args=(example,), split_spec=spec)
+    if pipe.num_stages != len(ranges):
+        raise RuntimeError(f"the tracer made {pipe.num_stages} stages, expected {len(ranges)}")
+    return {s: pipe.get_stage_module(s).to(device) for s in stages}
+
+
+def build_reference(cfg: Config, device="cpu") -> nn.Module:
+    """The whole model as one module, as a single process would train it."""
+    kind = models.kind(cfg.model.kind)
+    return kind.build_stage(cfg.model, cfg.train.seed, 0, 1, range(cfg.model.layers)).to(device)
+
+
+class StageShare:
+    """What a rank's share of the pipeline answers, whichever executor runs it: ``modules``
+    maps its stage indices to modules, ``schedule`` is the schedule, ``observers`` wrap every
+    item the executor runs, and `in_flight` counts the microbatches held for a backward."""
+
+    modules: dict
+    schedule: Schedule
+    observers: list
+
+    def in_flight(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def owns_first(self) -> bool:
+        return 0 in self.modules
+
+    @property
+    def owns_last(self) -> bool:
+        return self.schedule.num_stages - 1 in self.modules
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for s in sorted(self.modules) for p in self.modules[s].parameters()]
+
+
+@dataclass
+class RankPipeline(StageShare):
+    """Everything rank ``rank`` needs to run steps."""
+
+    cfg: Config
+    schedule: Schedule
+    rank: int
+    device: torch.device
+    kind: ModuleType
+    modules: dict[int, nn.Module]
+    runtime: Runtime
+
+    @property
+    def observers(self) -> list:
+        return self.runtime.observers
+
+    def in_flight(self) -> int:
+        return self.runtime.in_flight()
+
+    def microbatches(self, step: int) -> tuple[Optional[list], Optional[list]]:
+        """This step's inputs (if this rank owns the first stage) and targets (if the last),
+        split into microbatches, on this rank's device. Each microbatch is its own tensor
+        (as a loader gives it, and as ``.to(cuda)`` makes it): a view into the whole batch
+        would keep the whole batch alive, and counted, for every microbatch saved for backward."""
+        if not (self.owns_first or self.owns_last):
+            return None, None
+        t = self.cfg.train
+        x, y = self.kind.make_batch(self.cfg.model, t.seed, t.batch_size, step)
+        m = self.schedule.num_microbatches
+        xs = [c.to(self.device, copy=True) for c in x.chunk(m)] if self.owns_first else None
+        ys = [c.to(self.device, copy=True) for c in y.chunk(m)] if self.owns_last else None
+        return xs, ys
+
+    def step(self, step: int, batch: Optional[tuple] = None) -> Optional[float]:
+        """One pipelined step; ``batch`` = this step's ``microbatches()`` when prepared ahead."""
+        xs, ys = batch if batch is not None else self.microbatches(step)
+        return self.runtime.step(step, xs, ys)
+
+
+def build_rank(cfg: Config, schedule: Schedule, rank: int, device, comm, observers=()) -> RankPipeline:
+    kind = models.kind(cfg.model.kind)
+    num_stages = schedule.num_stages
+    clock = ActionClock()
+    modules = build_stage_modules(cfg, num_stages, schedule.stages_of(rank), device, clock)
+    m = schedule.num_microbatches
+    split = {a.stage for a in schedule.actions[rank] if a.op is Op.I}
+    runners = {
+        s: StageRunner(s, mod, s == 0, s == num_stages - 1, kind.loss, 1.0 / m, schedule.training, s in split)
+        for s, mod in modules.items()
+    }
+    mb_size = cfg.train.batch_size // m
+    shape, dtype = kind.boundary(cfg.model, mb_size)
+    lookahead = 0 if comm.coalesce else cfg.runtime.recv_lookahead
+    runtime = Runtime(schedule, rank, runners, comm, torch.device(device), lambda stage: (shape, dtype), observers,
+                      recv_lookahead=lookahead, clock=clock)
+    return RankPipeline(cfg, schedule, rank, torch.device(device), kind, modules, runtime)

@@ -1,0 +1,171 @@
+"""The executor: runs one rank's validated action list, whatever schedule produced it.
+
+The action list is compiled once into a program of post, wait, compute and drain items
+(`ppx.schedules.program`); a batch of sends and receives is posted with batch_isend_irecv
+on NCCL. Observers (timers, memory counters, profiler labels, the watchdog, fault
+injection) wrap every item through `run_observed`; the runtime itself holds no
+instrumentation. Compute actions run inside the rank's `ActionClock`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from ppx.schedules.action import Action, Op
+from ppx.schedules.lowering import peer_of
+from ppx.schedules.program import Item, compile_program
+from ppx.schedules.schedule import Schedule
+from ppx.engine.observers import run_observed
+from ppx.engine.stage import StageRunner
+from ppx.models.action_clock import ActionClock
+
+
+PART = {Op.F: "full", Op.B: "full", Op.I: "input", Op.W: "weight"}  # the clock's part of each compute op
+
+
+class ActionFailed(RuntimeError):
+    """An item raised; carries the rank, step and item label for the one-line report."""
+
+    def __init__(self, rank: int, step: int, label: str, cause: BaseException):
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        super().__init__(f"rank {rank} failed at step {step} on {label}: {type(cause).__name__}: {first}")
+        self.rank, self.step, self.label = rank, step, label
+
+
+class _Request:
+    """A posted send or receive (or, on NCCL, one coalesced group of them), waited on exactly
+    once: a gloo request must not be waited twice (a second wait blocks for another message)."""
+
+    __slots__ = ("works", "tensors", "done")
+
+    def __init__(self, works, tensors):
+        self.works, self.tensors, self.done = works, tensors, False  # tensors live until done
+
+    def wait(self) -> None:
+        if not self.done:
+            for w in self.works:
+                w.wait()
+            self.done = True
+            self.tensors = None
+
+
+class _Pending:
+    __slots__ = ("request", "buffer")
+
+    def __init__(self, request: _Request, buffer):
+        self.request, self.buffer = request, buffer
+
+
+class Runtime:
+    """Executes ``schedule`` for ``rank``; ``stages`` maps each stage index this rank owns to
+    its `StageRunner`. ``boundary(stage)`` gives (shape, dtype) of the activation leaving
+    ``stage``, used to allocate receive buffers. ``recv_lookahead``: see `receive_early`."""
+
+    def __init__(self, schedule: Schedule, rank: int, stages: dict[int, StageRunner], comm,
+                 device: torch.device, boundary: Callable[[int], tuple], observers: Sequence = (),
+                 recv_lookahead: int = 0, clock: Optional[ActionClock] = None):
+        self.schedule, self.rank, self.stages, self.comm = schedule, rank, stages, comm
+        self.clock = clock or ActionClock()
+        self.device, self.boundary = device, boundary
+        self.observers = list(observers)
+        self.program = compile_program(schedule.actions[rank], schedule.stage_to_rank, recv_lookahead)
+        self.last_stage = schedule.num_stages - 1
+        self._handlers = {"post": self._post, "wait": self._wait, "compute": self._compute, "drain": self._drain}
+        self.step_index = -1
+
+    # -- one step -------------------------------------------------------------------------
+    def step(self, step: int, inputs: Optional[list], targets: Optional[list]) -> Optional[float]:
+        """Run every item of the program once. ``inputs``/``targets`` are the microbatches
+        (needed on the ranks owning the first/last stage). Returns the step's loss (sum of
+        the scaled microbatch losses = the full-batch loss) on the rank owning the last
+        stage, else None."""
+        self.step_index = step
+        self._inputs, self._targets = inputs, targets
+        self._inbox: dict = {}
+        self._outbox: dict = {}
+        self._requests: list[_Request] = []
+        self._loss = None
+        observers, handlers = self.observers, self._handlers
+        item = None
+        try:
+            for item in self.program:
+                run_observed(observers, item, handlers[item.kind], item)
+        except ActionFailed:
+            raise
+        except Exception as e:
+            raise ActionFailed(self.rank, step, item.label if item else "start", e) from e
+        finally:
+            self._inputs = self._targets = None
+        return None if self._loss is None else float(self._loss)
+
+    # -- handlers --------------------------------------------------------------------------
+    def _post(self, item: Item) -> None:
+        ops, keys = [], []  # posted in the list's order (see `receive_early`)
+        s2r = self.schedule.stage_to_rank
+        for a in item.actions:
+            peer, _ = peer_of(a, s2r)
+            if a.op is Op.SEND_F:
+                ops.append((True, self._outbox.pop(("F", a.stage, a.mb)), peer, "F"))
+            elif a.op is Op.SEND_B:
+                ops.append((True, self._outbox.pop(("B", a.stage, a.mb)), peer, "B"))
+            else:
+                kind = "F" if a.op is Op.RECV_F else "B"
+                shape, dtype = self.boundary(a.stage - 1 if kind == "F" else a.stage)
+                ops.append((False, torch.empty(shape, dtype=dtype, device=self.device), peer, kind))
+                keys.append((kind, a.stage, a.mb))
+        works = self.comm.post(ops)
+        if len(works) == len(ops):  # one request per op (gloo)
+            requests = [_Request((w,), (op[1],)) for w, op in zip(works, ops)]
+        else:  # one coalesced group (NCCL): every op waits for all of it
+            requests = [_Request(tuple(works), [op[1] for op in ops])] * len(ops)
+        self._requests += requests
+        received = ((op[1], request) for op, request in zip(ops, requests) if not op[0])
+        for key, (buf, request) in zip(keys, received):
+            self._inbox[key] = _Pending(request, buf)
+
+    def _wait(self, item: Item) -> None:
+        a = item.actions[0]
+        key = ("F" if a.op is Op.RECV_F else "B", a.stage, a.mb)
+        pending = self._inbox[key]
+        pending.request.wait()
+        self._inbox[key] = pending.buffer
+
+    def _compute(self, item: Item) -> None:
+        a = item.actions[0]
+        with self.clock.action(PART[a.op]):
+            self._run_action(a)
+
+    def in_flight(self) -> int:
+        """Microbatches whose activations this rank holds for a backward still to come."""
+        return sum(r.in_flight() for r in self.stages.values())
+
+    def _run_action(self, a: Action) -> None:
+        runner = self.stages[a.stage]
+        if a.op is Op.F:
+            x = self._inputs[a.mb] if runner.first else self._inbox.pop(("F", a.stage, a.mb))
+            target = self._targets[a.mb] if runner.last else None
+            out = runner.forward(a.mb, x, target)
+            if runner.last:
+                self._loss = out if self._loss is None else self._loss + out
+            elif a.stage + 1 in self.stages:
+                self._inbox[("F", a.stage + 1, a.mb)] = out.detach()
+            else:
+                self._outbox[("F", a.stage, a.mb)] = out.detach()
+        elif a.op is Op.W:
+            runner.backward_weight(a.mb)
+        else:  # B (full backward) or I (input gradients only)
+            grad = None if runner.last else self._inbox.pop(("B", a.stage, a.mb))
+            grad_in = runner.backward(a.mb, grad) if a.op is Op.B else runner.backward_input(a.mb, grad)
+            if runner.first:
+                return
+            if a.stage - 1 in self.stages:
+                self._inbox[("B", a.stage - 1, a.mb)] = grad_in
+            else:
+                self._outbox[("B", a.stage, a.mb)] = grad_in
+
+    def _drain(self, item: Item) -> None:
+        for request in self._requests:
+            request.wait()
+        self._requests = []

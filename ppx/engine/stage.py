@@ -1,0 +1,70 @@
+"""One pipeline stage on its rank: runs forward and backward per microbatch and keeps what
+backward needs between the two."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+
+class StageRunner:
+    """Forward/backward of stage ``index`` for one microbatch at a time.
+
+    The first stage reads data, the others a received activation (made a leaf that requires
+    grad, so backward yields the gradient to send back). The last stage computes the loss,
+    scaled by ``loss_scale`` (1/microbatches) so the summed microbatch gradients equal the
+    full-batch gradient.
+    """
+
+    def __init__(self, index: int, module: nn.Module, first: bool, last: bool,
+                 loss_fn: Callable, loss_scale: float, training: bool, split: bool = False):
+        self.index, self.module = index, module
+        self.first, self.last = first, last
+        self.loss_fn, self.loss_scale, self.training = loss_fn, loss_scale, training
+        self.split = split  # the schedule splits this stage's backward into I and W
+        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.grad_outputs: dict[int, Optional[torch.Tensor]] = {}
+
+    def forward(self, mb: int, x: torch.Tensor, target: Optional[torch.Tensor]) -> torch.Tensor:
+        """Return the activation for the next stage, or (last stage) the scaled loss, detached."""
+        if self.training and (not self.first or self.split and x.is_floating_point()):
+            # with a split backward the first stage too, so its I pass has an input to differentiate
+            x = x.detach().requires_grad_(True)
+        with torch.set_grad_enabled(self.training):
+            out = self.module(x)
+            if self.last:
+                out = self.loss_fn(out, target) * self.loss_scale
+        if self.training:
+            self.saved[mb] = (x, out)
+        return out.detach() if self.last else out
+
+    def backward(self, mb: int, grad_output: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """Accumulate parameter gradients; return d(loss)/d(input) for the previous stage."""
+        x, out = self.saved.pop(mb)
+        torch.autograd.backward(out, grad_output)
+        return None if self.first else x.grad
+
+    def backward_input(self, mb: int, grad_output: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """I: d(loss)/d(input) only, keeping the graph for the weight pass."""
+        x, out = self.saved[mb]
+        self.grad_outputs[mb] = grad_output
+        if not x.requires_grad:  # integer input (token ids): nothing to differentiate
+            return None
+        (grad_in,) = torch.autograd.grad(out, [x], grad_output, retain_graph=True)
+        return None if self.first else grad_in
+
+    def backward_weight(self, mb: int) -> None:
+        """W: accumulate the parameter gradients of microbatch ``mb``; frees its activations."""
+        x, out = self.saved.pop(mb)
+        grad_output = self.grad_outputs.pop(mb)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        grads = torch.autograd.grad(out, params, grad_output, allow_unused=True)
+        for p, g in zip(params, grads):
+            if g is not None:
+                p.grad = g if p.grad is None else p.grad + g
+
+    def in_flight(self) -> int:
+        """Microbatches whose activations are held for a backward still to come."""
+        return len(self.saved)

@@ -1,0 +1,131 @@
+"""torch.distributed.pipelining as a reference backend inside the harness.
+
+``pipeline.schedule=torch_gpipe | torch_1f1b | torch_interleaved1f1b`` runs torch's own
+schedule on the same stage modules and data, in the same run directory with the same
+metrics; ``pipeline.executor=torch`` runs any ppx schedule (a name or a CSV) in torch's
+runtime instead: ppx's action list, comms included, is written in torch's CSV form and
+loaded by ``_PipelineScheduleRuntime._load_csv(..., format="compute_comms")``. Either way, ppx's observers (timers, memory counters, profiler labels, the watchdog) wrap
+torch's per-microbatch forward and backward calls, so compute time, bubble and in-flight
+counts are measured the same way (torch's communication happens inside its schedule and is
+counted as idle/wait). ppx's own list for the same schedule family stands in for the grid,
+the theory and the simulator.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ppx import models
+from ppx.engine.observers import run_observed
+from ppx.engine.rank import StageShare, build_stage_modules
+from ppx.models.action_clock import ActionClock
+from ppx.schedules import registry
+from ppx.schedules.action import Action, Op
+from ppx.schedules.csv_io import write_csv
+from ppx.schedules.program import Item
+from ppx.schedules.schedule import Schedule
+
+PART = {Op.F: "full", Op.B: "full", Op.I: "input", Op.W: "weight"}  # the clock's part of each compute op
+
+
+class TorchPipeline(StageShare):
+    """One rank of a torch.distributed.pipelining run, with RankPipeline's interface."""
+
+    def __init__(self, cfg, schedule: Schedule, rank: int, device, observers=()):
+        import torch.distributed.pipelining as pipelining
+        from torch.distributed.pipelining import PipelineStage
+        from torch.distributed.pipelining.schedules import PipelineScheduleMulti, _PipelineScheduleRuntime
+
+        self.cfg, self.schedule, self.rank, self.device = cfg, schedule, rank, torch.device(device)
+        self.kind = models.kind(cfg.model.kind)
+        self.observers = list(observers)
+        self.clock = ActionClock()
+        self.live: set = set()  # (stage, microbatch) whose activations torch holds for a backward
+        stages = schedule.stages_of(rank)
+        self.modules = build_stage_modules(cfg, schedule.num_stages, stages, device, self.clock)
+        m = schedule.num_microbatches
+        pstages = []
+        for s in stages:
+            stage = PipelineStage(self.modules[s], s, schedule.num_stages, self.device)
+            self._wrap(stage, s)
+            pstages.append(stage)
+        name = cfg.pipeline.schedule
+        if registry.is_torch(name):
+            cls = getattr(pipelining, registry.TORCH_CLASSES[name])
+            first = pstages if issubclass(cls, PipelineScheduleMulti) else pstages[0]
+            self.torch_schedule = cls(first, n_microbatches=m, loss_fn=self.kind.loss)
+        else:  # ppx's own list (comms included), exported to torch's CSV form and run by torch's runtime
+            self.torch_schedule = _PipelineScheduleRuntime(pstages, n_microbatches=m, loss_fn=self.kind.loss)
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "schedule.csv"
+                write_csv(schedule, path)
+                self.torch_schedule._load_csv(str(path), format="compute_comms")
+        self._count_loss_with_forward()  # torch computes the loss after the forward; count it with it
+
+    def in_flight(self) -> int:
+        return len(self.live)
+
+    def _wrap(self, stage, s: int) -> None:
+        """Run ppx's observers around torch's per-microbatch forward, backward (full, or
+        input-gradient only) and weight-gradient calls, each inside the rank's clock."""
+
+        def wrapped(original, kind):
+            def run(op, chunk_id, args, kwargs):
+                with self.clock.action(PART[op]):
+                    out = original(chunk_id, *args, **kwargs)
+                if op is Op.F:
+                    self.live.add((s, chunk_id))
+                elif op is not Op.I:  # B and W free the microbatch's activations
+                    self.live.discard((s, chunk_id))
+                return out
+
+            def call(chunk_id, *args, **kwargs):
+                op = kind
+                if kind is Op.B and not kwargs.get("full_backward", args[1] if len(args) > 1 else True):
+                    op = Op.I
+                item = Item("compute", (Action(s, op, chunk_id),), f"{s}{op.value}{chunk_id}")
+                return run_observed(self.observers, item, run, op, chunk_id, args, kwargs)
+            return call
+
+        stage.forward_one_chunk = wrapped(stage.forward_one_chunk, Op.F)
+        stage.backward_one_chunk = wrapped(stage.backward_one_chunk, Op.B)
+        stage.backward_weight_one_chunk = wrapped(stage.backward_weight_one_chunk, Op.W)
+
+    def _count_loss_with_forward(self) -> None:
+        from ppx.measure.memory import MemoryTracker
+
+        sched = self.torch_schedule
+        original = sched._maybe_compute_loss
+
+        def maybe_compute_loss(stage, output, target_mbs, mb_index, *args, **kwargs):
+            tracker = next((o for o in self.observers if isinstance(o, MemoryTracker)), None)
+            if tracker is None or not stage.is_last:
+                return original(stage, output, target_mbs, mb_index, *args, **kwargs)
+            with tracker.part_of_forward(stage.stage_index, mb_index):
+                return original(stage, output, target_mbs, mb_index, *args, **kwargs)
+
+        sched._maybe_compute_loss = maybe_compute_loss
+
+    def microbatches(self, step: int):
+        """This step's whole batch on this rank's device (torch's schedule splits it), made
+        before the step as for ppx's runtime, so the copy to a GPU is not timed."""
+        t = self.cfg.train
+        x, y = self.kind.make_batch(self.cfg.model, t.seed, t.batch_size, step)
+        return x.to(self.device), y.to(self.device)
+
+    def step(self, step: int, batch=None):
+        x, y = batch if batch is not None else self.microbatches(step)
+        losses: list = []
+        kwargs = {}
+        if self.owns_last:
+            kwargs = {"target": y, "losses": losses}
+        if self.owns_first:
+            self.torch_schedule.step(x, **kwargs)
+        else:
+            self.torch_schedule.step(**kwargs)
+        if not self.owns_last:
+            return None
+        return float(sum(v.detach() for v in losses) / len(losses))

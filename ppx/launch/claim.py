@@ -1,0 +1,33 @@
+"""Run directories are claimed once, atomically, and never overwritten."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ppx.config import Config
+from ppx.errors import UserError
+
+
+def claim(cfg: Config) -> Path:
+    """Create the run directory atomically: exactly ``run.dir`` if given (it must not exist),
+    else ``<run.root>/<run.name>/<YYYYmmdd-HHMMSS>[-N]``."""
+    if cfg.run.dir:
+        path = Path(cfg.run.dir)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir()
+        except FileExistsError:
+            raise UserError(f"run directory {path} already exists; ppx never overwrites a run") from None
+        return path
+    base = Path(cfg.run.root) / cfg.run.name
+    base.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        path = base / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise UserError(f"could not create a new run directory under {base}")

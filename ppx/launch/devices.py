@@ -1,0 +1,34 @@
+"""Which device a run takes: CUDA with one GPU per local process, else CPU with gloo."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from ppx.errors import UserError
+
+
+def gpu_count() -> int:
+    """CUDA devices visible here. Without a GPU driver on the machine the answer is 0 at once,
+    without importing torch (1.5 s on a small CPU machine, paid by every ``ppx run``)."""
+    if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")):
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def choose_device(requested: str, procs_per_node: int, multi_node: bool = False) -> tuple[str, Optional[str]]:
+    """('cuda' | 'cpu', a one-line notice or None). ``auto`` takes CUDA only when every
+    process on this node gets its own GPU; ``multi_node`` makes the notice speak of this node's."""
+    if requested == "cpu":
+        return "cpu", None
+    gpus = gpu_count()
+    if requested == "cuda":
+        if gpus < procs_per_node:
+            raise UserError(f"runtime.device=cuda needs {procs_per_node} GPUs on this node, found {gpus}")
+        return "cuda", None
+    if gpus >= procs_per_node:
+        return "cuda", None
+    stages = f"this node's {procs_per_node} stages" if multi_node else f"{procs_per_node} stages"
+    return "cpu", f"ppx: {stages} need {procs_per_node} GPUs, found {gpus}: running on CPU with gloo"

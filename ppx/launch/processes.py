@@ -1,0 +1,33 @@
+"""How processes get started: who started this one (torchrun, srun or a user), and the
+torchrun command and environment ``ppx run`` starts its workers with."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+
+def launched_by(env=os.environ) -> Optional[str]:
+    """'torchrun' inside a torchrun worker, 'srun' inside a multi-task srun step, else None."""
+    if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env):
+        return "torchrun"
+    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1") or 1) > 1 and "SLURM_STEP_ID" in env:
+        return "srun"
+    return None
+
+
+def torchrun_command(nproc: int, run_dir: Path) -> list[str]:
+    # torchrun stops the other workers at its first look after one fails; every 0.5 s (not
+    # its 0.1 s) leaves the survivors time to name the dead peer and exit on their own
+    return [
+        sys.executable, "-m", "ppx.launch.torchrun", "--standalone", "--nnodes=1", "--monitor-interval=0.5",
+        f"--nproc-per-node={nproc}", "-m", "ppx.launch.worker", str(run_dir),
+    ]
+
+
+def worker_env(device: str, threads: int, command: str) -> dict:
+    env = dict(os.environ)
+    env.update(PPX_DEVICE=device, PPX_COMMAND=command, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    return env

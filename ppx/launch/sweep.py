@@ -1,0 +1,91 @@
+"""`ppx sweep`: run the product of some config values, then compare the runs.
+
+``pipeline.schedule=naive,gpipe,1f1b pipeline.microbatches=1,2,4,8,16`` is 15 runs, each a
+normal ``ppx run`` into ``<run.root>/<experiment>/sweep-<stamp>/<point>/``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ppx import config
+from ppx.errors import UserError
+
+
+def _split_values(values: str) -> list[str]:
+    """Split on commas outside brackets: '[3,1],[2,2]' -> ['[3,1]', '[2,2]']."""
+    out, depth, cur = [], 0, ""
+    for ch in values:
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur)
+    return [v for v in out if v]
+
+
+def parse_spec(spec: str) -> list[tuple[str, list[str]]]:
+    """'a=1,2 b=x,y' -> [('a', ['1', '2']), ('b', ['x', 'y'])]; list values in brackets
+    ('pipeline.layers_per_stage=[3,1],[2,2]')."""
+    axes = []
+    for part in spec.split():
+        key, eq, values = part.partition("=")
+        if not eq or not key or not values:
+            raise UserError(f"sweep item {part!r} must look like key=v1,v2,...")
+        if key in (k for k, _ in axes):
+            raise UserError(f"sweep key {key} is given twice; list all its values once: {key}=v1,v2,...")
+        axes.append((key, _split_values(values)))
+    if not axes:
+        raise UserError("the sweep is empty; give e.g. pipeline.schedule=gpipe,1f1b")
+    return axes
+
+
+def points(axes) -> list[list[str]]:
+    return [[f"{k}={v}" for (k, _), v in zip(axes, combo)] for combo in itertools.product(*(vs for _, vs in axes))]
+
+
+def point_name(overrides: list[str]) -> str:
+    """'pipeline.schedule=gpipe' -> 'schedule=gpipe': the key's last part, the whole value."""
+    out = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        out.append(f"{key.split('.')[-1]}={value.replace('/', '_')}")
+    return ",".join(out)
+
+
+def run_sweep(experiment: str, spec: str, overrides: list[str], launcher: str = "local") -> Path:
+    axes = parse_spec(spec)
+    if "run.dir" in [k for k, _ in axes] + [o.split("=", 1)[0].strip() for o in overrides]:
+        raise UserError("run.dir names one run; a sweep writes its runs under <run.root>/<run.name>/sweep-<time>/")
+    grid = points(axes)
+    names = [point_name(p) for p in grid]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise UserError(f"two sweep points would share the run folder {twice!r}; give each value once")
+    cfgs = [config.load(experiment, overrides + p) for p in grid]  # every point validated before any runs
+    root = Path(cfgs[0].run.root) / cfgs[0].run.name / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    if root.exists():
+        raise UserError(f"sweep directory {root} already exists")
+    root.mkdir(parents=True)
+    print(f"ppx sweep: {len(grid)} runs into {root}", flush=True)
+    if launcher == "slurm":
+        from ppx.launch.slurm import submit
+
+        submit(experiment, list(zip(grid, names)), overrides, root)
+        return root
+    failed = []
+    for k, point in enumerate(grid, 1):
+        print(f"ppx sweep: [{k}/{len(grid)}] {' '.join(point)}", flush=True)
+        cmd = [sys.executable, "-m", "ppx.cli", "run", experiment, *overrides, *point, f"run.dir={root / point_name(point)}"]
+        if subprocess.run(cmd, env=dict(os.environ)).returncode != 0:
+            failed.append(" ".join(point))
+    if failed:
+        print(f"ppx sweep: {len(failed)} run(s) failed: {'; '.join(failed)}", file=sys.stderr)
+    return root

@@ -1,0 +1,131 @@
+"""One pipeline rank from start to finish: process group, model share, training loop and,
+on rank 0, the run directory's files. ``python -m ppx.launch.worker RUN_DIR`` is what the launcher
+starts under torchrun."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from ppx import config as config_mod
+from ppx.config import Config, resolve_schedule
+from ppx.config.fault_spec import parse_fault
+from ppx.engine.loop import train
+from ppx.engine.runtime import ActionFailed
+from ppx.errors import UserError
+from ppx.launch import claim, environment
+from ppx.launch.affinity import pin_local_rank
+from ppx.launch.faults import FaultInjector
+from ppx.launch.watchdog import Watchdog
+from ppx.report.run_dir import write_json
+from ppx.report.run_report import RunReport
+
+
+def _init_process_group(backend: str, timeout_s: float) -> None:
+    timeout = timedelta(seconds=max(timeout_s, 30.0))
+    if int(os.environ["WORLD_SIZE"]) == 1 and "MASTER_ADDR" not in os.environ:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    else:
+        dist.init_process_group(backend, timeout=timeout)
+
+
+def _shared_run_dir(cfg: Config, run_dir: Optional[Path], group) -> Path:
+    """Rank 0 claims the run directory (when the launcher has not) and tells the others."""
+    if run_dir is not None:
+        return run_dir
+    box = [None]
+    if dist.get_rank() == 0:
+        try:
+            path = claim.claim(cfg)
+            (path / "config.yaml").write_text(config_mod.to_yaml(cfg))
+            box = [str(path)]
+        except UserError as e:
+            box = ["error:" + str(e)]
+        except OSError as e:  # an unwritable run.root: every rank ends with this one line
+            box = [f"error:cannot create the run directory: {e.strerror or e}: {e.filename or cfg.run.root}"]
+    dist.broadcast_object_list(box, src=0, group=group)
+    if box[0].startswith("error:"):
+        raise UserError(box[0][len("error:"):])
+    return Path(box[0])
+
+
+def run_rank(cfg: Config, run_dir: Optional[Path], device_type: str) -> int:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_type != "cuda" and cfg.runtime.pin_cpus:  # before any thread starts, so all inherit it
+        pin_local_rank(local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    torch.set_num_threads(cfg.runtime.threads_per_rank)
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device, backend = torch.device("cuda", local_rank), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    _init_process_group(backend, cfg.runtime.timeout_s)
+    ctrl = dist.new_group(backend="gloo") if backend == "nccl" else None  # metrics, off the GPU
+    watchdog = None
+    try:
+        run_dir = _shared_run_dir(cfg, run_dir, ctrl)
+        watchdog = Watchdog(rank, cfg.runtime.timeout_s, run_dir / "status").start()
+        code = _train(cfg, run_dir, rank, world, device, backend, ctrl, watchdog)
+        watchdog.phase("done")
+        return code
+    except (ActionFailed, UserError) as e:
+        _report(watchdog, str(e))
+        return 2 if isinstance(e, UserError) and not isinstance(e, ActionFailed) else 1
+    except Exception as e:
+        where = watchdog.where() if watchdog else "start-up"
+        _report(watchdog, f"rank {rank} failed on {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return 1
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _report(watchdog: Optional[Watchdog], message: str) -> None:
+    sys.stderr.write(f"ppx: error: {message}\n")
+    sys.stderr.flush()
+    if watchdog is not None:
+        watchdog.phase(f"failed on {watchdog.label}")
+
+
+def _train(cfg: Config, run_dir: Path, rank: int, world: int, device, backend: str, ctrl, watchdog: Watchdog) -> int:
+    schedule = resolve_schedule(cfg)
+    if schedule.num_ranks != world:
+        raise UserError(f"the schedule needs {schedule.num_ranks} processes, this job has {world}")
+    observers = []
+    fault = cfg.runtime.inject_fault
+    if fault and schedule.stage_to_rank[parse_fault(fault)[1].stage] == rank:
+        observers.append(FaultInjector(fault))
+    watchdog.phase("gathering the environment")
+    infos = [None] * world if rank == 0 else None
+    dist.gather_object(environment.rank_info(device), infos, dst=0, group=ctrl)
+    if rank == 0:
+        write_json(run_dir / "env.json", environment.environment(cfg, backend, world, infos))
+    report = RunReport(cfg, schedule, run_dir, world, backend, device.type) if rank == 0 else None
+    train(cfg, schedule, run_dir, rank, world, device, backend, ctrl, watchdog, observers, report)
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    run_dir = Path(argv[0])
+    cfg = config_mod.from_yaml(run_dir / "config.yaml")
+    return run_rank(cfg, run_dir, os.environ.get("PPX_DEVICE", "cpu"))
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is written and the process groups are destroyed: skip interpreter finalization,
+    # where gloo's C++ threads releasing tensors have been seen to abort a finished rank
+    # ("terminate called without an active exception", once in ~25 runs here).
+    os._exit(code)

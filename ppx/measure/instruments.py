@@ -1,0 +1,50 @@
+"""Instrumentation that wraps the runtime's actions: timers, memory counters, profiler labels.
+
+`Instruments` builds what the config switches on and exposes it as observers plus per-step
+``begin_step``/``end_step`` hooks; everything switched off is simply absent.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ppx.measure.memory import MemoryTracker
+from ppx.measure.profiler import RecordFunctions
+from ppx.measure.timers import CudaTimer, WallTimer
+from ppx.measure.metrics import span_totals
+from ppx.measure.spans import COMM, COMPUTE, WAIT
+
+
+class Instruments:
+    def __init__(self, cfg, pipe, device: torch.device):
+        """``pipe``: the rank's share (`ppx.engine.rank.StageShare`: modules, schedule, in_flight)."""
+        ins = cfg.instrument
+        self.timer = None
+        if ins.timers:
+            self.timer = CudaTimer(device) if device.type == "cuda" else WallTimer()
+        self.memory = MemoryTracker(pipe.modules, pipe.schedule.training, pipe.in_flight, device) if ins.memory else None
+        self.labels = RecordFunctions() if cfg.profile.enabled else None
+
+    @property
+    def observers(self) -> list:
+        """Outermost first: labels enclose memory hooks, which enclose the timed region."""
+        return [o for o in (self.labels, self.memory, self.timer) if o is not None]
+
+    def begin_step(self, step: int) -> None:
+        for o in (self.memory, self.timer):
+            if o is not None:
+                o.begin_step(step)
+
+    def end_step(self, step: int) -> tuple[dict, Optional[list]]:
+        """(this rank's step record: seconds per category and memory peaks, the raw spans)."""
+        record: dict = {"compute_s": None, "comm_s": None, "wait_s": None}
+        spans = None
+        if self.timer is not None:
+            spans = self.timer.end_step(step)
+            totals = span_totals(spans)
+            record.update(compute_s=totals[COMPUTE], comm_s=totals[COMM], wait_s=totals[WAIT])
+        if self.memory is not None:
+            record.update(self.memory.end_step(step))
+        return record, spans

@@ -1,0 +1,137 @@
+"""Memory per stage: microbatches in flight, bytes of saved activations, device peak.
+
+`MemoryTracker` is an observer. Around each forward it installs saved-tensor hooks that note
+the storages autograd keeps for backward (parameters excluded). Storages are reference
+counted across microbatches, so one buffer saved by several microbatches counts once; a
+microbatch's references go when its backward completes. A saved view of data (no grad: an
+input or target microbatch cut from the caller's batch, as torch.distributed.pipelining's
+schedules cut them) counts its own bytes: the batch behind it is the caller's, not
+activation memory, and counting it would hide how many microbatches are in flight. It
+reports per step the peak number of microbatches in flight on the rank, the peak of live
+saved-activation bytes, and the peak memory over the step, optimizer step included:
+``torch.cuda.max_memory_allocated`` on GPU; on CPU the process's peak resident set (Linux's
+VmHWM, reset at each step's start through /proc/self/clear_refs; where that cannot be reset,
+the peak since the process started).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import resource
+import sys
+from typing import Callable
+
+import torch
+from torch.autograd.graph import saved_tensors_hooks
+
+from ppx.schedules.action import Op
+
+
+def reset_cpu_peak() -> None:
+    """Start a new peak resident set (Linux >= 4.0); elsewhere the lifetime peak stands."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def cpu_peak_bytes() -> int:
+    """The process's peak resident set since the last `reset_cpu_peak`, in bytes."""
+    try:
+        with open("/proc/self/status") as f:
+            found = re.search(r"^VmHWM:\s+(\d+) kB", f.read(), re.M)
+        if found:
+            return int(found.group(1)) * 1024
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+
+
+class MemoryTracker:
+    """Observer of one rank: ``modules`` are its stages' modules (their parameters are not
+    activations), ``training`` whether backwards come, ``in_flight()`` the microbatches the
+    rank's executor holds for a backward."""
+
+    def __init__(self, modules: dict, training: bool, in_flight: Callable[[], int], device: torch.device):
+        self.training, self.in_flight, self.device = training, in_flight, device
+        self._params = {p.untyped_storage().data_ptr() for mod in modules.values() for p in mod.parameters()}
+        self._hooks = saved_tensors_hooks(self._pack, lambda t: t)
+        self.begin_step(-1)
+
+    def begin_step(self, step: int) -> None:
+        self.held: dict = {}  # (stage, mb) -> keys of the storages (or data views) it keeps alive
+        self._refs: dict = {}  # storage pointer or data view -> [nbytes, references]
+        self.live_bytes = self.peak_bytes = self.peak_inflight = 0
+        self._seen: dict = {}
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            reset_cpu_peak()
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in self._params:
+            return t
+        if t._is_view() and not t.requires_grad:
+            own = t.numel() * t.element_size()
+            self._seen[(ptr, t.storage_offset(), own)] = own
+        else:
+            self._seen[ptr] = storage.nbytes()
+        return t
+
+    def before(self, item) -> None:
+        if item.kind == "compute" and item.actions[0].op is Op.F:
+            self._seen = {}
+            self._hooks.__enter__()
+
+    def after(self, item) -> None:
+        if item.kind != "compute":
+            return
+        a = item.actions[0]
+        if a.op is Op.F:
+            self._hooks.__exit__(None, None, None)
+            self._hold(a.stage, a.mb)
+            self.peak_inflight = max(self.peak_inflight, self.in_flight())
+        elif a.op in (Op.B, Op.W):
+            for ptr in self.held.pop((a.stage, a.mb), ()):
+                ref = self._refs[ptr]
+                ref[1] -= 1
+                if ref[1] == 0:
+                    self.live_bytes -= ref[0]
+                    del self._refs[ptr]
+
+    def _hold(self, stage: int, mb: int) -> None:
+        """The storages just seen stay alive until microbatch ``mb``'s backward on ``stage``."""
+        if self.training:
+            self.held.setdefault((stage, mb), []).extend(self._seen)
+            for ptr, nbytes in self._seen.items():
+                ref = self._refs.setdefault(ptr, [nbytes, 0])
+                if ref[1] == 0:
+                    self.live_bytes += nbytes
+                ref[1] += 1
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    @contextlib.contextmanager
+    def part_of_forward(self, stage: int, mb: int):
+        """Count what autograd saves inside this block as microbatch ``mb``'s forward on
+        ``stage``: torch's executor computes the loss after the stage's forward, where ppx's
+        own runtime computes it inside."""
+        self._seen = {}
+        with self._hooks:
+            yield
+        self._hold(stage, mb)
+
+    def end_step(self, step: int) -> dict:
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device)
+        else:
+            peak = cpu_peak_bytes()
+        return {
+            "peak_inflight_microbatches": self.peak_inflight,
+            "peak_activation_bytes": self.peak_bytes,
+            "peak_memory_bytes": int(peak),
+        }

@@ -1,0 +1,94 @@
+"""Bubble arithmetic: theory, and what the measured spans say.
+
+Two normalisations, always named:
+  ``bubble_fraction``   idle / step time       theory (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/p naive
+  ``bubble_over_ideal`` idle / busy time       theory (p-1)/m for GPipe and 1F1B, p-1 naive
+where busy = compute + communication, and idle = step time - busy (waiting for a peer
+that has not sent yet, gaps between actions, the tail after a rank's last action).
+Communication is posting plus transferring: the part of a wait after the peer posted the
+matching send (the hand-off latency, measured across ranks on aligned clocks) is transfer,
+not bubble; the part before it is the schedule's idle. (On NCCL a receive completes with its
+coalesced batch, and batches run in order on one stream, so "transfer" there can include the
+batch waiting on its other operations or behind the sender's earlier batches.)
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Iterable, Optional
+
+from ppx.measure.spans import CATEGORY, COMM, COMPUTE, WAIT, handoffs
+
+
+
+def over_ideal(bubble_fraction: Optional[float]) -> Optional[float]:
+    """Convert idle/step into idle/busy."""
+    if bubble_fraction is None or bubble_fraction >= 1:
+        return None
+    return bubble_fraction / (1 - bubble_fraction)
+
+
+def span_totals(spans: Iterable) -> dict:
+    """Seconds per category from (item, start, end) spans."""
+    out = {COMPUTE: 0.0, COMM: 0.0, WAIT: 0.0}
+    for item, start, end in spans:
+        out[CATEGORY[item.kind]] += end - start
+    return out
+
+
+def transfer_seconds(records: list[dict], stage_to_rank) -> dict[int, float]:
+    """Per receiving rank: seconds of its waits that came after the peer posted the send."""
+    spans = {r["rank"]: r["spans"] for r in records if r.get("spans") is not None}
+    out = {rank: 0.0 for rank in spans}
+    for _, _, posted, peer, wait_start, wait_end in handoffs(spans, stage_to_rank):
+        out[peer] += max(wait_end - max(wait_start, posted), 0.0)
+    return out
+
+
+def step_breakdown(records: list[dict], stage_to_rank=None) -> dict:
+    """Combine one step's per-rank records (aligned ``start``/``end`` seconds, category totals
+    when timed, and the spans when ``stage_to_rank`` is given to split waits) into the step's
+    metrics, filling in each rank's transfer, idle and bubble."""
+    transfer = transfer_seconds(records, stage_to_rank) if stage_to_rank is not None else {}
+    start = min(r["start"] for r in records)
+    end = max(r["end"] for r in records)
+    step_time = end - start
+    timed = all(r.get("compute_s") is not None for r in records)
+    ranks = []
+    for r in sorted(records, key=lambda r: r["rank"]):
+        row = {k: v for k, v in r.items() if k not in ("start", "end", "loss", "spans")}
+        if timed:
+            row["post_s"] = r["comm_s"]
+            row["transfer_s"] = transfer.get(r["rank"], 0.0)
+            row["comm_s"] = row["post_s"] + row["transfer_s"]
+            busy = r["compute_s"] + row["comm_s"]
+            row["idle_s"] = max(step_time - busy, 0.0)
+            row["bubble_fraction"] = row["idle_s"] / step_time if step_time > 0 else 0.0
+        ranks.append(row)
+    out = {"step_time_s": step_time, "ranks": ranks}
+    if timed:
+        out["bubble_fraction"] = sum(r["idle_s"] for r in ranks) / (len(ranks) * step_time) if step_time > 0 else 0.0
+        out["bubble_over_ideal"] = over_ideal(out["bubble_fraction"])
+    return out
+
+
+def run_summary(steps: list[dict]) -> dict:
+    """Medians over steps (max for peaks) of the per-step metrics."""
+    med = statistics.median
+    out = {"step_time_s": med(s["step_time_s"] for s in steps)}
+    if "bubble_fraction" in steps[0]:
+        out["bubble_fraction"] = med(s["bubble_fraction"] for s in steps)
+        out["bubble_over_ideal"] = over_ideal(out["bubble_fraction"])
+    ranks = []
+    for r, first in enumerate(steps[0]["ranks"]):
+        rows = [s["ranks"][r] for s in steps]
+        row = {"rank": first["rank"]}
+        for key in ("compute_s", "comm_s", "post_s", "transfer_s", "wait_s", "idle_s", "bubble_fraction"):
+            if first.get(key) is not None:
+                row[key] = med(x[key] for x in rows)
+        for key in ("peak_inflight_microbatches", "peak_activation_bytes", "peak_memory_bytes"):
+            if first.get(key) is not None:
+                row[key] = max(x[key] for x in rows)
+        ranks.append(row)
+    out["ranks"] = ranks
+    return out

@@ -1,0 +1,118 @@
+"""Predicted against measured: per-stage action costs measured in a run, the simulator's
+timeline from them, and the error of the prediction."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from ppx import schedules
+from ppx.schedules.action import Action
+from ppx.measure.spans import handoffs
+from ppx.schedules.schedule import Schedule
+
+
+def _mean(values) -> float:
+    return statistics.fmean(values) if values else 0.0
+
+
+def cost_samples(steps: list[dict], schedule: Schedule) -> dict:
+    """Every measured sample, in seconds: compute durations per "<stage><op>"; the time to
+    post one send and one receive (from batches of one kind, a batch's span over its ops;
+    a mixed batch's receives get what its sends' mean cost leaves); hand-off latencies (from
+    the moment a send is out, its share of its batch's span included, to the end of the
+    receiver's wait, when the receiver was already waiting, so the latency is all transfer);
+    and the runtime's overhead per compute action per rank and step (the gaps between items).
+    ``steps`` as in the run report's timeline."""
+    per = defaultdict(list)
+    overhead, send_post, recv_post, batches = [], [], [], []
+    for k, s in enumerate(steps):
+        for r, spans in s["ranks"].items():
+            computes = sum(1 for sp in spans if sp[0] == "compute")
+            if computes and spans:  # the rank's own time that is neither compute, posting nor waiting
+                covered = sum(e - b for _, _, _, b, e in spans)
+                overhead.append((spans[-1][4] - spans[0][3] - covered) / computes)
+            for kind, label, actions, start, end in spans:
+                if kind == "compute":
+                    a = Action.parse(actions[0])
+                    per[f"{a.stage}{a.op.value}"].append(end - start)
+                elif kind == "post" and actions:
+                    sends = [Action.parse(t).op.is_send for t in actions]
+                    batches.append((k, r, actions, sends, start, end))
+                    if all(sends) or not any(sends):
+                        (send_post if sends[0] else recv_post).append((end - start) / len(actions))
+    one_send = _mean(send_post)
+    for _, _, _, sends, start, end in batches:
+        n_send = sum(sends)
+        if 0 < n_send < len(sends):
+            recv_post.append(max(end - start - n_send * one_send, 0.0) / (len(sends) - n_send))
+    one_recv = _mean(recv_post)
+    out = {}  # (step, rank, send text) -> when the send was out: its share of the batch's span
+    for k, r, actions, sends, start, end in batches:
+        weights = [one_send if is_send else one_recv for is_send in sends]
+        if not sum(weights):
+            weights = [1.0] * len(sends)
+        total, done = sum(weights), 0.0
+        for text, w, is_send in zip(actions, weights, sends):
+            done += w
+            if is_send:
+                out[(k, r, text)] = start + (end - start) * done / total
+    p2p = []
+    for k, s in enumerate(steps):
+        for text, r, _, _, wait_start, wait_end in handoffs(s["ranks"], schedule.stage_to_rank):
+            posted = out[(k, r, text)]
+            if wait_start <= posted:  # the receiver was already waiting: all of it is transfer
+                p2p.append(max(wait_end - posted, 0.0))
+    return {"action_s": dict(sorted(per.items())), "p2p_s": p2p, "overhead_s": overhead,
+            "send_post_s": send_post, "recv_post_s": recv_post}
+
+
+def mean_costs(samples: dict) -> dict:
+    """Means of `cost_samples`: seconds per "<stage><op>", hand-off latency, overhead per action,
+    time to post one send and one receive."""
+    # means, not medians: a step is a sum of many of them, and hand-offs on a busy machine
+    # have long tails (p90 at 2-3x the median) that medians would leave out of the prediction
+    return {"action_s": {k: _mean(v) for k, v in samples["action_s"].items()}, "p2p_s": _mean(samples["p2p_s"]),
+            "overhead_s": _mean(samples["overhead_s"]), "send_post_s": _mean(samples["send_post_s"]),
+            "recv_post_s": _mean(samples["recv_post_s"])}
+
+
+def costs_from(measured: dict, num_stages: int) -> schedules.Costs:
+    """Simulator costs from measured means: F, I (or B minus W) and W per stage."""
+    a = measured["action_s"]
+
+    def get(stage, op, default=0.0):
+        return a.get(f"{stage}{op}", default)
+
+    fwd = [get(s, "F") for s in range(num_stages)]
+    wgrad = [get(s, "W") for s in range(num_stages)]
+    bwd = [get(s, "I") if f"{s}I" in a else get(s, "B") - get(s, "W") for s in range(num_stages)]
+    return schedules.Costs(fwd=fwd, bwd=bwd, wgrad=wgrad, p2p=measured["p2p_s"], overhead=measured.get("overhead_s", 0.0),
+                           send_post=measured.get("send_post_s", 0.0), recv_post=measured.get("recv_post_s", 0.0))
+
+
+def transport_of(cfg, backend: str) -> tuple[str, int]:
+    """How the run's hand-offs behave, for the simulator: ppx's runtime on gloo posts each
+    send and receive on its own (receives ``runtime.recv_lookahead`` actions early); on NCCL,
+    and in torch's runtime (one batch per action, waited on whole), batches are strict."""
+    if backend == "gloo" and not schedules.runs_on_torch(cfg.pipeline.schedule, cfg.pipeline.executor):
+        return "gloo", cfg.runtime.recv_lookahead
+    return "nccl", 0
+
+
+def predict(schedule: Schedule, costs: schedules.Costs, transport: str = "nccl", recv_lookahead: int = 0) -> dict:
+    """Step time and bubble of ``schedule`` at ``costs``."""
+    t = schedules.simulate(schedule, costs, transport, recv_lookahead)
+    return {"step_time_s": t.makespan, "bubble_fraction": t.bubble_fraction()}
+
+
+def predict_expected(schedule: Schedule, samples: dict, transport: str = "nccl", recv_lookahead: int = 0,
+                     draws: int = 64, seed: int = 0) -> dict:
+    """Mean step time and bubble over ``draws`` simulations with every action's and message's
+    cost drawn from the measured ``samples`` (`cost_samples`): the expected step under the
+    run's variability, where the step of the mean costs comes out short."""
+    costs = schedules.SampledCosts(samples["action_s"], samples["p2p_s"], samples["overhead_s"], seed,
+                                   samples.get("send_post_s", ()), samples.get("recv_post_s", ()))
+    runs = [schedules.simulate(schedule, costs, transport, recv_lookahead) for _ in range(draws)]
+    return {"step_time_s": statistics.fmean(t.makespan for t in runs),
+            "bubble_fraction": statistics.fmean(t.bubble_fraction() for t in runs), "draws": draws}

@@ -1,0 +1,52 @@
+"""What a run is held against: its theoretical bubble and, on the known-cost model, its exact
+ideal step.
+
+The known-cost model's costs are known, so its theory is exact: the schedule simulated at the
+configured per-stage costs with zero communication, under the run's transport semantics. That
+is the closed form ((p-1)/(m+p-1) for GPipe and 1F1B, ...) when every stage costs the same,
+and what the closed form cannot say otherwise (unequal stages, ZB-H1 with t_w != t_f). Other
+models' costs are not known before the run: they get the closed form, which assumes equal
+stages, and the summary says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ppx import schedules
+from ppx.schedules.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class Theory:
+    bubble_fraction: Optional[float]  # idle / step time; None without a closed form or known costs
+    ideal_step_time_s: Optional[float]  # the known-cost model's zero-communication step, else None
+    basis: str  # how bubble_fraction was obtained, for summary.json
+
+
+def known_cost_timeline(cfg, schedule: Schedule, transport: tuple[str, int]):
+    """The known-cost model's step simulated at its configured costs, zero communication,
+    under ``transport`` (`prediction.transport_of`); None for other models."""
+    if cfg.model.kind != "synthetic":
+        return None
+    from ppx.models.costs import stage_costs_ms
+
+    fwd, bwd, wgrad = stage_costs_ms(cfg.model, schedule.num_stages)
+    costs = schedules.Costs(fwd=[f / 1e3 for f in fwd], bwd=[b / 1e3 for b in bwd], wgrad=[w / 1e3 for w in wgrad])
+    return schedules.simulate(schedule, costs, *transport)
+
+
+def run_theory(cfg, schedule: Schedule, backend: str) -> Theory:
+    from ppx.config import virtual_stages
+    from ppx.measure.prediction import transport_of
+
+    t = known_cost_timeline(cfg, schedule, transport_of(cfg, backend))
+    if t is not None:
+        return Theory(t.bubble_fraction(), t.makespan,
+                      "simulated at the known-cost model's per-stage costs with zero communication (exact)")
+    fam = schedules.formula_family(cfg.pipeline.schedule)
+    if fam is None:
+        return Theory(None, None, "none: a schedule from a CSV has no formula")
+    return Theory(fam.bubble(schedule.num_ranks, schedule.num_microbatches, virtual_stages(cfg)), None,
+                  f"closed form {fam.bubble_formula}, which assumes every stage costs the same")

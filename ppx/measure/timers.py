@@ -1,0 +1,79 @@
+"""Per-action timers: observers that record a (item, start, end) span for every program item.
+
+`WallTimer` uses ``time.perf_counter`` (CPU). `CudaTimer` records CUDA events on the compute
+stream around every item, with no host synchronisation inside the step, and resolves them
+once per step (after the step's final synchronize). Spans are in this process's
+``perf_counter`` seconds; `ppx.measure.clock` maps them onto rank 0's clock.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+
+class WallTimer:
+    def __init__(self):
+        self.spans: list = []
+        self._start = 0.0
+
+    def begin_step(self, step: int) -> None:
+        self.spans = []
+
+    def before(self, item) -> None:
+        self._start = time.perf_counter()
+
+    def after(self, item) -> None:
+        self.spans.append((item, self._start, time.perf_counter()))
+
+    def end_step(self, step: int) -> list:
+        return self.spans
+
+
+class CudaTimer:
+    """CUDA events around every item, recorded on the current stream and reused step after
+    step; spans are resolved once per step, after the caller synchronized the device."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._events: list = []  # (start, end) per item position
+        self._items: list = []  # this step's items, in order
+        self._origin = torch.cuda.Event(enable_timing=True)
+        self._host_origin = 0.0
+
+    def begin_step(self, step: int) -> None:
+        self._items = []
+        torch.cuda.synchronize(self.device)  # the stream is idle: the origin event fires now
+        self._origin.record()
+        self._host_origin = time.perf_counter()
+
+    def before(self, item) -> None:
+        k = len(self._items)
+        if k == len(self._events):
+            self._events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+        self._items.append(item)
+        self._events[k][0].record()
+
+    def after(self, item) -> None:
+        self._events[len(self._items) - 1][1].record()
+
+    def end_step(self, step: int) -> list:
+        """Resolve the events (the caller has synchronized the device)."""
+        t0, origin = self._host_origin, self._origin
+        return [
+            (item, t0 + origin.elapsed_time(a) / 1e3, t0 + origin.elapsed_time(b) / 1e3)
+            for item, (a, b) in zip(self._items, self._events)
+        ]
+
+    def device_position(self) -> Optional[str]:
+        """The label of this step's first item the GPU has not finished, or None. Safe from
+        another thread (the watchdog's): the host queues a step ahead of the GPU, so where the
+        host waits (the step's final synchronize) says little about where a hang is."""
+        items = list(self._items)
+        with torch.cuda.device(self.device):
+            for item, (_, end) in zip(items, self._events):
+                if not end.query():
+                    return item.label
+        return None

@@ -1,0 +1,34 @@
+"""The `ModelKind` protocol: what every model kind (a module of this package) provides."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from ppx.models.action_clock import ActionClock
+
+
+@runtime_checkable
+class ModelKind(Protocol):
+    """A model that splits into pipeline stages. ``cfg`` is the config's ``model`` section.
+
+    Optional extras: ``block_name(cfg, block)`` (the submodule where a block begins, for
+    ``pipeline.split=tracer``; list the kind in ``TRACEABLE``) and ``calibrate(device)``
+    (measure the device once, before any timed step)."""
+
+    def build_stage(self, cfg, seed: int, stage: int, num_stages: int, blocks: range,
+                    clock: Optional[ActionClock] = None) -> nn.Module:
+        """Stage ``stage`` of ``num_stages``, holding ``blocks``; the same weights for a block
+        whatever the split. ``clock`` is the executor's (for models whose cost is set)."""
+
+    def make_batch(self, cfg, seed: int, batch_size: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step ``step``'s whole batch (inputs, targets): the same for a seed on every run."""
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The last stage's loss of one microbatch (a mean over it)."""
+
+    def boundary(self, cfg, microbatch_size: int) -> tuple[tuple[int, ...], torch.dtype]:
+        """Shape and dtype of the activation passed between stages."""

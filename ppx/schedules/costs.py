@@ -1,0 +1,91 @@
+"""What actions and messages cost, for the simulator: fixed per-stage `Costs`, or
+`SampledCosts` drawn from a run's measured samples."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+from ppx.schedules.action import Action, Op
+
+PerStage = Union[float, Sequence[float]]
+
+
+def _per_stage(value: PerStage, stage: int) -> float:
+    if isinstance(value, (int, float)):
+        return float(value)
+    return float(value[stage])
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Per-action costs in seconds (or any unit). ``fwd``/``bwd``/``wgrad`` are one value
+    or one per stage. A full backward B costs bwd + wgrad, an input-gradient backward I costs
+    bwd and a weight-gradient backward W costs wgrad. ``p2p`` is the latency of one message
+    from its post; ``send_post``/``recv_post`` the time to post one send/receive (a batch's
+    ops are posted one after another from the end of the compute before it, each out when its
+    own posting ends); ``overhead`` is added to every compute action: the runtime's own time
+    around it besides posting."""
+
+    fwd: PerStage = 1.0
+    bwd: PerStage = 1.0
+    wgrad: PerStage = 0.0
+    p2p: float = 0.0
+    overhead: float = 0.0
+    send_post: float = 0.0
+    recv_post: float = 0.0
+
+    def of(self, a: Action) -> float:
+        """The action's work plus the runtime's overhead after it."""
+        return self.work(a) + self.after(a) if a.op.is_compute else 0.0
+
+    def work(self, a: Action) -> float:
+        s = a.stage
+        if a.op is Op.F:
+            return _per_stage(self.fwd, s)
+        if a.op is Op.B:
+            return _per_stage(self.bwd, s) + _per_stage(self.wgrad, s)
+        if a.op is Op.I:
+            return _per_stage(self.bwd, s)
+        if a.op is Op.W:
+            return _per_stage(self.wgrad, s)
+        return 0.0
+
+    def after(self, a: Action) -> float:
+        return self.overhead
+
+    def latency(self) -> float:
+        return self.p2p
+
+    def post_cost(self, a: Action) -> float:
+        return self.send_post if a.op.is_send else self.recv_post
+
+
+class SampledCosts:
+    """Costs drawn afresh for every action and message from measured samples: ``actions``
+    maps "<stage><op>" (e.g. "0F", "1B") to durations, ``p2p``, ``overhead``, ``send_post``
+    and ``recv_post`` are lists.
+    Simulating many draws gives the expected step time under the measured variability, which
+    the step time of the mean costs underestimates (a slow action on the critical path costs
+    all of its delay, one off it none)."""
+
+    def __init__(self, actions: dict, p2p: Sequence[float], overhead: Sequence[float], seed: int = 0,
+                 send_post: Sequence[float] = (), recv_post: Sequence[float] = ()):
+        self._samples = {k: list(v) for k, v in actions.items()}
+        self._p2p, self._overhead = list(p2p) or [0.0], list(overhead) or [0.0]
+        self._send_post, self._recv_post = list(send_post) or [0.0], list(recv_post) or [0.0]
+        self._rng = random.Random(seed)
+
+    def work(self, a: Action) -> float:
+        got = self._samples.get(f"{a.stage}{a.op.value}")
+        return self._rng.choice(got) if got else 0.0
+
+    def after(self, a: Action) -> float:
+        return self._rng.choice(self._overhead)
+
+    def latency(self) -> float:
+        return self._rng.choice(self._p2p)
+
+    def post_cost(self, a: Action) -> float:
+        return self._rng.choice(self._send_post if a.op.is_send else self._recv_post)

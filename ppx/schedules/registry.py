@@ -1,0 +1,155 @@
+"""The one place that knows schedule names: ppx's families, torch.distributed.pipelining's
+aliases, each family's default stages per rank v and its shape rules (such as interleaved's
+m % p). Adding a schedule = one pure function in this package + one `Family` entry here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ppx.errors import ScheduleError
+from ppx.schedules.basic import forward_only, gpipe, naive, one_f_one_b
+from ppx.schedules.costs import Costs
+from ppx.schedules.interleaved import interleaved_1f1b
+from ppx.schedules.lowering import add_comms
+from ppx.schedules.schedule import Schedule
+from ppx.schedules.simulate import simulate
+from ppx.schedules.validate import validate
+from ppx.schedules.zero_bubble import zb_h1
+
+
+@dataclass(frozen=True)
+class Family:
+    """A named schedule: its pure builder (p, m, v), its theoretical bubble (share of the
+    step that is idle, with equal per-stage costs) and a one-line summary."""
+
+    name: str
+    make: Callable[[int, int, int], Schedule]
+    bubble: Callable[[int, int, int], float]
+    bubble_formula: str
+    summary: str
+    virtual: bool = False  # accepts pipeline.virtual_stages > 1
+    default_virtual: int = 1  # v when pipeline.virtual_stages is null
+    shape_rule: Optional[Callable[[int, int, int], Optional[str]]] = None  # (p, m, v) -> why not, or None
+
+    def shape_error(self, p: int, m: int, v: int) -> Optional[str]:
+        """Why (p, m, v) is not a shape of this family, or None."""
+        return self.shape_rule(p, m, v) if self.shape_rule else None
+
+
+def _fill_drain(p: int, m: int, v: int = 1) -> float:
+    return (p - 1) / (m + p - 1)
+
+
+def _zb_h1_bubble(p: int, m: int, v: int = 1) -> float:
+    """ZB-H1's idle share with t_f = t_b = t_w: (p-1)/(3m+p-1) once m >= p (simulated, so
+    it also holds for m < p)."""
+    return simulate(add_comms(zb_h1(p, m)), Costs(fwd=1, bwd=1, wgrad=1)).bubble_fraction()
+
+
+def _microbatches_multiple_of_stages(p: int, m: int, v: int) -> Optional[str]:
+    if m % p:
+        return f"interleaved_1f1b needs pipeline.microbatches ({m}) to be a multiple of pipeline.stages ({p})"
+    return None
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in [
+        Family("naive", lambda p, m, v: naive(p, m), lambda p, m, v=1: (p - 1) / p, "(p-1)/p",
+               "one microbatch at a time through all stages, stop-and-wait"),
+        Family("gpipe", lambda p, m, v: gpipe(p, m), _fill_drain, "(p-1)/(m+p-1)", "all forwards, then all backwards"),
+        Family("1f1b", lambda p, m, v: one_f_one_b(p, m), _fill_drain, "(p-1)/(m+p-1)",
+               "warmup forwards, one-forward-one-backward, cooldown"),
+        Family("forward_only", lambda p, m, v: forward_only(p, m), _fill_drain, "(p-1)/(m+p-1)",
+               "forwards only (inference/evaluation)"),
+        Family("interleaved_1f1b", interleaved_1f1b, lambda p, m, v=1: (p - 1) / (v * m + p - 1), "(p-1)/(vm+p-1)",
+               "v stages per rank (Megatron virtual pipeline), 1F1B over model chunks", virtual=True,
+               default_virtual=2, shape_rule=_microbatches_multiple_of_stages),
+        Family("zb_h1", lambda p, m, v: zb_h1(p, m), _zb_h1_bubble, "(p-1)/(3m+p-1) for m >= p, t_f = t_b = t_w",
+               "1F1B with the backward split into I and W, W deferred into the bubbles"),
+    ]
+}
+
+# torch.distributed.pipelining's schedules -> (the ppx family whose list describes the same
+# order, the class in torch.distributed.pipelining that runs it)
+TORCH_SCHEDULES = {"torch_gpipe": "gpipe", "torch_1f1b": "1f1b", "torch_interleaved1f1b": "interleaved_1f1b"}
+TORCH_CLASSES = {"torch_gpipe": "ScheduleGPipe", "torch_1f1b": "Schedule1F1B",
+                 "torch_interleaved1f1b": "ScheduleInterleaved1F1B"}
+
+NAMES: tuple[str, ...] = (*FAMILIES, *TORCH_SCHEDULES)
+
+
+def names_help() -> str:
+    """'naive | gpipe | ... | torch_interleaved1f1b', for help texts."""
+    return " | ".join(NAMES)
+
+
+def is_csv(name: str) -> bool:
+    return name.endswith(".csv")
+
+
+def is_torch(name: str) -> bool:
+    """True for torch.distributed.pipelining's own schedules (run by torch's executor)."""
+    return name in TORCH_SCHEDULES
+
+
+def runs_on_torch(name: str, executor: str) -> bool:
+    """True when torch's runtime executes the schedule: a torch_* schedule, or executor=torch."""
+    return is_torch(name) or executor == "torch"
+
+
+def family_name(name: str) -> str:
+    """The ppx family of ``name``: itself, or for a torch schedule the ppx list of its order."""
+    return TORCH_SCHEDULES.get(name, name)
+
+
+def family(name: str) -> Family:
+    """The family of ``name`` (torch aliases included); ScheduleError for an unknown name."""
+    try:
+        return FAMILIES[family_name(name)]
+    except KeyError:
+        raise ScheduleError(f"unknown schedule {name!r}; choose from {', '.join(FAMILIES)}, "
+                            f"or torch.distributed.pipelining's {', '.join(TORCH_SCHEDULES)}") from None
+
+
+def default_virtual(name: str) -> int:
+    """Stages per rank when none is given: the family's default (2 for interleaved), else 1."""
+    fam = FAMILIES.get(family_name(name))
+    return fam.default_virtual if fam else 1
+
+
+def build(name: str, stages: int, microbatches: int, virtual_stages: Optional[int] = None) -> Schedule:
+    """The validated schedule ``name`` (a family or a torch alias) for ``stages`` ranks,
+    ``microbatches`` and ``virtual_stages`` stages per rank (None: the default), with comms."""
+    v = default_virtual(name) if virtual_stages is None else virtual_stages
+    if stages < 1 or microbatches < 1 or v < 1:
+        raise ScheduleError(
+            f"stages ({stages}), microbatches ({microbatches}) and virtual stages ({v}) must be >= 1"
+        )
+    fam = family(name)
+    if v != 1 and not fam.virtual:
+        several = ", ".join(f.name for f in FAMILIES.values() if f.virtual)
+        raise ScheduleError(f"schedule {name!r} runs one stage per rank: pipeline.virtual_stages must be 1 "
+                            f"(got {v}); {several} takes several")
+    why = fam.shape_error(stages, microbatches, v)
+    if why:
+        raise ScheduleError(why)
+    schedule = add_comms(fam.make(stages, microbatches, v))
+    validate(schedule)
+    return schedule
+
+
+def formula_family(name: str) -> Family | None:
+    """The family whose closed form describes schedule ``name`` (torch's via the ppx list of
+    the same order), or None (a CSV schedule)."""
+    return FAMILIES.get(family_name(name))
+
+
+def theory_bubble(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> float | None:
+    """Theoretical bubble as a share of the step (equal stage costs), or None for schedules
+    without a formula and shapes the schedule does not take."""
+    fam = formula_family(name)
+    if fam is None or fam.shape_error(stages, microbatches, virtual_stages):
+        return None
+    return fam.bubble(stages, microbatches, virtual_stages)
