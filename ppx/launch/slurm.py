@@ -1,6 +1,8 @@
 """SLURM: ranks started by srun (their variables translated for torch.distributed), and
 sweeps on a cluster: one ``sbatch slurm/pp.sbatch`` job per point, then a comparison job
-that starts when they have all ended (``--dependency=afterany``)."""
+that starts when they have all ended (``--dependency=afterany``). The templates are the
+checkout's slurm/ when ppx runs from a checkout (editable install), else the copies shipped
+in the installed package (ppx/slurm)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,48 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+from typing import Optional
 
 from ppx.errors import UserError
 
-REPO = Path(__file__).resolve().parents[2]
+PACKAGE = Path(__file__).resolve().parents[1]  # the ppx package folder
+
+
+def template(name: str) -> Path:
+    """The sbatch template ``name`` (pp.sbatch, compare.sbatch): ppx/slurm/ in an installed
+    package (mapped there from the checkout's slurm/ by pyproject.toml), else the checkout's
+    slurm/ (an editable install, or ppx run from its checkout)."""
+    places = (PACKAGE / "slurm", PACKAGE.parent / "slurm")
+    for d in places:
+        if (d / name).is_file():
+            return d / name
+    raise UserError(f"sbatch template {name} not found in {' or '.join(map(str, places))}")
+
+
+def checkout() -> Optional[Path]:
+    """The ppx checkout the templates come from, or None for an installed package."""
+    parent = template("pp.sbatch").parent.parent
+    return None if parent == PACKAGE else parent
+
+
+def job_env(**values: str) -> dict:
+    """A job's environment: ours, ``values``, and where the job finds ppx. The templates
+    ``cd "$PPX_DIR"`` and run ``$PYTHON`` (default ``$PPX_DIR/.venv/bin/python``). From a
+    checkout PPX_DIR defaults to it (and so PYTHON to its .venv, as for ``make sbatch``);
+    from an installed package, to this directory (where sbatch is called from, so ./experiments
+    and relative paths mean what they mean here) and PYTHON to this interpreter. PPX_DIR and
+    PYTHON set in our environment are passed on as they are."""
+    env = dict(os.environ, **values)
+    if "PPX_DIR" not in env:
+        repo = checkout()
+        if repo is not None:
+            env["PPX_DIR"] = str(repo)
+        else:
+            env["PPX_DIR"] = str(Path.cwd())
+            env.setdefault("PYTHON", sys.executable)
+    return env
 
 
 def slurm_head_address(nodelist: str) -> str:
@@ -69,18 +108,16 @@ def submit(experiment: str, grid: list[tuple[list[str], str]], overrides: list[s
     (root / "slurm").mkdir(exist_ok=True)
     ids = []
     for point, name in grid:
-        env = dict(os.environ, EXP=experiment, ARGS=" ".join(overrides + point),
-                   RUN_DIR=str(root / name), PPX_DIR=os.environ.get("PPX_DIR", str(REPO)))
+        env = job_env(EXP=experiment, ARGS=" ".join(overrides + point), RUN_DIR=str(root / name))
         try:
-            job = _sbatch([*extra, f"--output={root / 'slurm'}/%j.out", str(REPO / "slurm" / "pp.sbatch")], env)
+            job = _sbatch([*extra, f"--output={root / 'slurm'}/%j.out", str(template("pp.sbatch"))], env)
         except UserError:
             if not ids:  # nothing submitted: leave no sweep folder behind
                 shutil.rmtree(root)
             raise
         print(f"ppx sweep: submitted job {job}: {' '.join(point)}", flush=True)
         ids.append(job)
-    env = dict(os.environ, SWEEP_DIR=str(root), PPX_DIR=os.environ.get("PPX_DIR", str(REPO)))
     last = _sbatch([f"--dependency=afterany:{':'.join(ids)}", f"--output={root / 'slurm'}/compare-%j.out",
-                    str(REPO / "slurm" / "compare.sbatch")], env)
+                    str(template("compare.sbatch"))], job_env(SWEEP_DIR=str(root)))
     print(f"ppx sweep: comparison job {last} runs when they end; results in {root}", flush=True)
     return ids + [last]
