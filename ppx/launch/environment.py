@@ -27,6 +27,13 @@ def git_state(where: Path) -> dict:
         return {"commit": None, "dirty": None}
 
 
+def source_checkout() -> Path | None:
+    """The ppx checkout this code runs from, or None for an installed package (whose parent
+    folders may belong to an unrelated repository)."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() and (root / "ppx" / "__init__.py").is_file() else None
+
+
 def rank_info(device) -> dict:
     """What one rank contributes to env.json (``device``: its torch.device)."""
     import torch  # here, not at the top: the launcher claims run directories without torch
@@ -49,6 +56,7 @@ def rank_info(device) -> dict:
 def environment(cfg: Config, backend: str, world_size: int, ranks: list[dict]) -> dict:
     import torch
 
+    checkout = source_checkout()
     nccl = None
     if torch.cuda.is_available():
         try:
@@ -63,7 +71,7 @@ def environment(cfg: Config, backend: str, world_size: int, ranks: list[dict]) -
         "gloo": f"bundled with torch {torch.__version__}",
         "backend": backend,
         "platform": platform.platform(),
-        "git": git_state(Path(__file__).resolve().parents[2]),
+        "git": git_state(checkout) if checkout else {"commit": None, "dirty": None},
         "hostnames": sorted({r["hostname"] for r in ranks}),
         "ranks": ranks,
         "world_size": world_size,

@@ -13,7 +13,6 @@ from ppx.schedules.csv_io import from_csv, read_csv, write_csv
 from ppx.schedules.lowering import add_comms
 from ppx.schedules.registry import (
     FAMILIES,
-    NAMES,
     TORCH_SCHEDULES,
     Family,
     build,
@@ -31,7 +30,7 @@ from ppx.schedules.simulate import Timeline, simulate
 from ppx.schedules.validate import validate
 
 __all__ = [
-    "Action", "Op", "Schedule", "Costs", "SampledCosts", "Timeline", "FAMILIES", "NAMES", "TORCH_SCHEDULES", "Family",
+    "Action", "Op", "Schedule", "Costs", "SampledCosts", "Timeline", "FAMILIES", "TORCH_SCHEDULES", "Family",
     "build", "default_virtual", "family", "family_name", "formula_family", "from_csv", "is_csv", "is_torch",
     "runs_on_torch", "validate", "simulate", "add_comms", "read_csv", "write_csv", "theory_bubble",
 ]

@@ -77,12 +77,14 @@ TORCH_SCHEDULES = {"torch_gpipe": "gpipe", "torch_1f1b": "1f1b", "torch_interlea
 TORCH_CLASSES = {"torch_gpipe": "ScheduleGPipe", "torch_1f1b": "Schedule1F1B",
                  "torch_interleaved1f1b": "ScheduleInterleaved1F1B"}
 
-NAMES: tuple[str, ...] = (*FAMILIES, *TORCH_SCHEDULES)
+def names() -> tuple[str, ...]:
+    """Every schedule name: ppx's families, then torch's."""
+    return (*FAMILIES, *TORCH_SCHEDULES)
 
 
 def names_help() -> str:
     """'naive | gpipe | ... | torch_interleaved1f1b', for help texts."""
-    return " | ".join(NAMES)
+    return " | ".join(names())
 
 
 def is_csv(name: str) -> bool:
