@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ppx-installed
 
-.PHONY: setup run test schedule keys clean-runs bench sweep compare tb sbatch
+.PHONY: setup run test lint format schedule keys clean-runs bench sweep compare tb sbatch
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,15 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff: lint and formatting, as CI checks them (make format rewrites the files)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 # make schedule NAME=1f1b P=4 M=8
 schedule: $(STAMP)
