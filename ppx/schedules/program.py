@@ -8,8 +8,8 @@ the simulator execute:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ppx.schedules.action import Action
 from ppx.schedules.lowering import comm_batches, input_receive, peer_of, receive_early
@@ -24,29 +24,53 @@ class Item:
     label: str
 
 
-def compile_program(row: Sequence[Action], stage_to_rank: Sequence[int] = (), recv_lookahead: int = 0) -> list[Item]:
+@dataclass(frozen=True)
+class Step:
+    """One unlabelled program item and ``index``, where it sits in the list it was compiled
+    from (after `receive_early`): its first action's position; a wait's is its consumer's,
+    the drain's the list's length."""
+
+    kind: str
+    actions: tuple[Action, ...]
+    index: int
+
+
+def compile_steps(row: Sequence[Action], recv_lookahead: int = 0) -> list[Step]:
     """Group comm runs into ``post`` items and put a ``wait`` before each consumer of a
-    received tensor (labelled with the rank it waits for, when ``stage_to_rank`` is given).
-    ``recv_lookahead`` != 0 posts receives earlier (`receive_early`: k > 0 that many compute
-    actions early, -1 all at the first wait); a batch is posted in the list's order."""
+    received tensor. ``recv_lookahead`` != 0 posts receives earlier (`receive_early`: k > 0
+    that many compute actions early, -1 all at the first wait); a batch is posted in the
+    list's order."""
     row = receive_early(row, recv_lookahead)
-    starts = dict(comm_batches(row))
-    program: list[Item] = []
+    ends = dict(comm_batches(row))
+    steps: list[Step] = []
     received: set[Action] = set()
     k = 0
     while k < len(row):
-        if k in starts:
-            batch = tuple(row[k : starts[k]])
-            program.append(Item("post", batch, " ".join(map(str, batch))))
+        if k in ends:
+            batch = tuple(row[k : ends[k]])
+            steps.append(Step("post", batch, k))
             received |= {a for a in batch if not a.op.is_send}
-            k = starts[k]
+            k = ends[k]
             continue
         a = row[k]
         recv = input_receive(a)
         if recv is not None and recv in received:
-            src = f" from rank {peer_of(recv, stage_to_rank)[0]}" if stage_to_rank else ""
-            program.append(Item("wait", (recv,), f"wait {recv}{src}"))
-        program.append(Item("compute", (a,), str(a)))
+            steps.append(Step("wait", (recv,), k))
+        steps.append(Step("compute", (a,), k))
         k += 1
-    program.append(Item("drain", (), "wait sends"))
-    return program
+    steps.append(Step("drain", (), len(row)))
+    return steps
+
+
+def compile_program(row: Sequence[Action], stage_to_rank: Sequence[int] = (), recv_lookahead: int = 0) -> list[Item]:
+    """`compile_steps` labelled: a wait names the rank it waits for, when ``stage_to_rank``
+    is given."""
+
+    def label(step: Step) -> str:
+        if step.kind == "wait":
+            recv = step.actions[0]
+            src = f" from rank {peer_of(recv, stage_to_rank)[0]}" if stage_to_rank else ""
+            return f"wait {recv}{src}"
+        return "wait sends" if step.kind == "drain" else " ".join(map(str, step.actions))
+
+    return [Item(s.kind, s.actions, label(s)) for s in compile_steps(row, recv_lookahead)]

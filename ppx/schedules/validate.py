@@ -58,7 +58,7 @@ def _check_compute_order(r, k, a, seen, training):
         raise ScheduleError(f"{_where(r, k, a)}: backward before its forward {a.stage}F{a.mb}")
     if a.op is Op.W and Op.I not in done:
         raise ScheduleError(f"{_where(r, k, a)}: weight gradient before its input gradient {a.stage}I{a.mb}")
-    if a.op in (Op.I, Op.W) and Op.B in done or a.op is Op.B and (Op.I in done or Op.W in done):
+    if a.op is Op.I and Op.B in done or a.op is Op.B and Op.I in done:
         raise ScheduleError(f"{_where(r, k, a)}: mixes a full backward B with a split backward I/W")
 
 
@@ -68,9 +68,8 @@ def _check_comm_position(r, k, a, row, schedule):
     nxt = {Op.SEND_F: s + 1, Op.RECV_F: s - 1, Op.SEND_B: s - 1, Op.RECV_B: s + 1}[a.op]
     if not 0 <= nxt <= last or s2r[nxt] == r:
         raise ScheduleError(f"{_where(r, k, a)}: stage {s} has no remote peer stage {nxt} to talk to")
-    if a.op.is_backward or a.op in (Op.SEND_B, Op.RECV_B):
-        if not schedule.training:
-            raise ScheduleError(f"{_where(r, k, a)}: a forward-only schedule sends no gradients")
+    if a.op in (Op.SEND_B, Op.RECV_B) and not schedule.training:
+        raise ScheduleError(f"{_where(r, k, a)}: a forward-only schedule sends no gradients")
     before, after = row[:k], row[k + 1 :]
     if a.op is Op.SEND_F and Action(s, Op.F, i) not in before:
         raise ScheduleError(f"{_where(r, k, a)}: sends before {s}F{i} has produced it")
@@ -120,7 +119,7 @@ def _check_channels(schedule: Schedule) -> None:
                     recvs[(peer, r)].append((other, a, k))
     for (src, dst), sent in sends.items():
         got = recvs.get((src, dst), [])
-        for (snd, want, k), (expect_snd, rcv, k2) in zip(sent, got):
+        for (snd, want, k), (_, rcv, k2) in zip(sent, got):
             if want != rcv:
                 raise ScheduleError(
                     f"rank {src} step {k} ({snd}) is matched by rank {dst} step {k2} ({rcv}): "
