@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from conftest import REPO, ppx
+from helpers import REPO, ppx
 from ppx.launch.watchdog import read_status
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ppx import schedules
-from conftest import ppx
+from helpers import ppx
 from ppx.errors import ScheduleError
 from ppx.launch.sweep import point_name
 from ppx.schedules import Action, Costs, Op

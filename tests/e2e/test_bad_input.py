@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, ppx
+from helpers import DATA, REPO, ppx
 
 CASES = {
     "unknown key": (["gpipe_2cpu", "pipeline.stagse=4"], "Did you mean: 'stages'?"),
@@ -47,7 +47,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_fails_fast_with_one_line(case, tmp_path):
     args, expected = CASES[case]
-    # "cuda without gpus" holds on any machine: the tests' runs see no GPU (conftest)
+    # "cuda without gpus" holds on any machine: the tests' runs see no GPU (helpers/gpus.py)
     root = [] if any(a.startswith("run.root=") for a in args) else [f"run.root={tmp_path}"]
     r = ppx("run", *args, *root, timeout=60)
     assert r.returncode == 2, r.stderr
@@ -92,7 +92,7 @@ OTHER_COMMANDS = {
     "schedule: zero-slot forward": (["schedule", "1f1b", "--fwd", "0"], "--fwd and --bwd must be >= 1 grid slot"),
     "simulate: zero ranks": (["simulate", "1f1b", "-p", "0"], "stages (0), microbatches (8) and virtual stages (1) must be >= 1"),
     "simulate: zero microbatches": (["simulate", "1f1b", "-m", "0"], "microbatches (0)"),
-    "schedule: a CSV's shape overridden": (["schedule", str(REPO / "tests" / "data" / "1f1b_p2_m4.csv"), "-m", "8"],
+    "schedule: a CSV's shape overridden": (["schedule", str(DATA / "1f1b_p2_m4.csv"), "-m", "8"],
                                            "1f1b_p2_m4.csv is a schedule for 2 ranks, 1 stage(s) each and 4 microbatches; --microbatches 8"),
     "schedule: comms without a CSV": (["schedule", "1f1b", "--with-comms"], "--with-comms only shapes the --csv file"),
     "sweep: a key twice": (["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2 pipeline.microbatches=8"],
@@ -126,7 +126,7 @@ def test_simulate_from_a_run_takes_its_shape(tmp_path):
     assert f"step {s['measured_step_time_s'] * 1e3:.2f} ms" in r.stdout and f"bubble {s['measured_bubble_fraction']:.1%}" in r.stdout
     r = ppx("simulate", "gpipe", "-p", "4", "--from-run", str(run))
     assert r.returncode == 2 and "its costs are per stage" in r.stderr
-    r = ppx("simulate", str(REPO / "tests" / "data" / "1f1b_p2_m4.csv"), "--from-run", str(run))  # the CSV's shape
+    r = ppx("simulate", str(DATA / "1f1b_p2_m4.csv"), "--from-run", str(run))  # the CSV's shape
     assert r.returncode == 0 and "1f1b_p2_m4: 2 ranks, 2 stages, 4 microbatches" in r.stdout, r.stdout + r.stderr
 
 

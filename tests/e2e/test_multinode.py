@@ -10,8 +10,8 @@ from collections import Counter
 
 import pytest
 
-from conftest import REPO, free_port, ppx, read_json
-from slurm_cluster import Cluster, why_unavailable
+from helpers import REPO, free_port, ppx, read_json
+from helpers.slurm_cluster import Cluster, why_unavailable
 
 ARGS = ["model.hidden=32", "train.steps=3", "train.batch_size=16", "logging.wandb.mode=disabled"]
 

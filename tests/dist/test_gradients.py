@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import free_port
+from helpers import free_port
 from ppx import config
 from ppx.engine.comm import P2P
 from ppx.config import resolve_schedule

@@ -4,11 +4,10 @@ same losses for every schedule, every stage count and every repeat."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-from conftest import ppx, read_json, read_jsonl
+from helpers import DATA, ppx, read_json, read_jsonl
 
 SMALL = ["model.hidden=32", "train.steps=3", "train.batch_size=16"]
 
@@ -67,7 +66,7 @@ def test_losses_equal_across_schedules_stage_counts_and_repeats(four_stage_runs,
     assert read_json(again / "summary.json")["losses"] == ref  # bit-identical on a repeat
 
 
-CSV_1F1B = str(Path(__file__).parent / "data" / "1f1b_p2_m4.csv")  # `ppx schedule 1f1b -p 2 -m 4 --csv`
+CSV_1F1B = str(DATA / "1f1b_p2_m4.csv")  # `ppx schedule 1f1b -p 2 -m 4 --csv`
 SAME_LOSSES = {
     "schedule from a CSV": ["pipeline.stages=2", "pipeline.microbatches=4", f"pipeline.schedule={CSV_1F1B}"],
     "torch's GPipe": ["pipeline.stages=2", "pipeline.schedule=torch_gpipe"],

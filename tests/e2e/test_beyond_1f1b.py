@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import ppx, read_json
+from helpers import ppx, read_json
 
 P, M, T = 4, 8, 40  # ranks, microbatches, ms per forward / input-grad / weight-grad pass
 BASE = ["model.kind=synthetic", f"model.fwd_ms={T}", f"model.bwd_ms={T}", f"model.wgrad_ms={T}", "model.hidden=16",

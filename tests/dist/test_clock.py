@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import free_port
+from helpers import free_port
 from ppx.measure.clock import offset_to_rank0
 
 

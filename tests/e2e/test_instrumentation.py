@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import CUDA_DEVICES, GPU_ENV, ppx, read_json, read_jsonl
+from helpers import CUDA_DEVICES, GPU_ENV, ppx, read_json, read_jsonl
 from ppx.measure.memory import MemoryTracker
 
 # 60/120 ms: the hand-offs between ranks (0.3-3 ms each on loopback gloo on a shared 2-core

@@ -10,11 +10,10 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from conftest import free_port, ppx, read_json
+from helpers import REPO, free_port, ppx, read_json
 from helpers import wandb_file
 
 
@@ -102,7 +101,7 @@ def test_wandb_online_without_a_key_warns_once_and_goes_offline(tmp_path):
     env["WANDB_CONFIG_DIR"] = str(tmp_path / "wandb-config")
     d = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "ppx.cli", "run", "1f1b_2cpu", "train.steps=2", "logging.wandb.mode=online",
-                        f"run.dir={d}"], cwd=Path(__file__).parent.parent, env=env, capture_output=True, text=True,
+                        f"run.dir={d}"], cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     warnings = [line for line in r.stderr.splitlines() if line.startswith("ppx: warning: W&B")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 from ppx import config
 from ppx.errors import UserError
 
