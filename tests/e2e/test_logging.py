@@ -13,8 +13,7 @@ import urllib.request
 
 import pytest
 
-from helpers import REPO, free_port, ppx, read_json
-from helpers import wandb_file
+from helpers import REPO, free_port, ppx, read_json, wandb_file
 
 
 @pytest.fixture(scope="module")
