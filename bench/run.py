@@ -87,17 +87,20 @@ RUNS = {
 
 
 def run_summary(name: str) -> dict:
+    from ppx.report.run_dir import RunDir
+
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "ppx.cli", "run", "gpipe_4gpu", *RUNS[name], f"run.dir={d}"]
         proc = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, cwd=ROOT)
         if proc.returncode != 0:
             raise SystemExit(f"bench run {name} failed:\n{proc.stderr[-3000:]}")
-        s = json.loads((d / "summary.json").read_text())
+        run = RunDir(d)
+        s, raw = run.summary, run.raw_summary
     keep = ("step_time_s", "bubble_fraction", "bubble_fraction_theory", "predicted", "prediction_error", "ranks",
             "ideal_step_time_s", "measured_costs", "schedule", "stages", "microbatches", "virtual_stages")
-    out = {k: s.get(k) for k in keep}
-    print(f"  {name}: step {s['step_time_s'] * 1e3:.1f} ms, bubble {s.get('bubble_fraction', 0):.1%}", flush=True)
+    out = {k: raw.get(k) for k in keep}  # results.json keeps summary.json's own fields
+    print(f"  {name}: step {s.step_time_s * 1e3:.1f} ms, bubble {s.bubble_fraction or 0:.1%}", flush=True)
     return out
 
 

@@ -127,10 +127,10 @@ def main() -> None:
             t0 = time.perf_counter()
             run(batch)
             t1 = time.perf_counter()
-            spans = [None] * world if rank == 0 else None
-            dist.gather_object((t0 + offset, t1 + offset), spans, dst=0)
+            windows = [None] * world if rank == 0 else None  # every rank's (start, end) of the step
+            dist.gather_object((t0 + offset, t1 + offset), windows, dst=0)
             if rank == 0 and rep >= args.warmup:
-                times[v].append(max(e for _, e in spans) - min(s for s, _ in spans))
+                times[v].append(max(e for _, e in windows) - min(s for s, _ in windows))
     if rank == 0:
         ideal = known_cost_timeline(cfg, schedule, transport_of(cfg, "gloo"))  # None for the MLP
         result = {

@@ -20,16 +20,17 @@ def cmd_compare(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from ppx.report.compare import compare
     from ppx.launch.sweep import run_sweep
+    from ppx.report.compare import compare
+    from ppx.report.run_dir import RunDir
 
     root = run_sweep(args.experiment, args.sweep, args.overrides, args.launcher)
     if args.launcher != "local":
         return 0
-    done = list(root.glob("*/summary.json"))
+    runs = [RunDir(p) for p in root.iterdir() if p.is_dir()]
+    done = [r for r in runs if r.is_complete]
     if not done:
         raise UserError(f"no run of the sweep completed; see {root}")
     print(compare([str(root)], root))
     wrote(root)
-    expected = len(list(p for p in root.iterdir() if p.is_dir()))
-    return 0 if len(done) == expected else 1
+    return 0 if len(done) == len(runs) else 1

@@ -21,8 +21,6 @@ def _ms_list(option: str, text: str, stages: int) -> list[float]:
 
 
 def cmd_simulate(args) -> int:
-    import json
-
     from ppx import schedules
     from ppx.measure.prediction import costs_from, transport_of
 
@@ -32,19 +30,20 @@ def cmd_simulate(args) -> int:
             raise UserError(f"{option} must be >= 0, got {value:g}")
     if args.recv_lookahead is not None and args.recv_lookahead < -1:
         raise UserError(f"--recv-lookahead must be -1 (all at the first wait) or >= 0, got {args.recv_lookahead}")
-    measured = None
+    run = measured = None
     if args.from_run:
-        path = Path(args.from_run) / "summary.json"
-        if not path.exists():
-            raise UserError(f"{args.from_run} has no summary.json")
-        summary = json.loads(path.read_text())
-        if "measured_costs" not in summary:
+        from ppx.report.run_dir import RunDir
+
+        run = RunDir(args.from_run)
+        measured = run.summary
+        if measured.measured_costs is None:
             raise UserError(f"{args.from_run} has no measured costs (run it with instrument.timers and instrument.timeline on)")
-        ran = (summary.get("world_size"), summary.get("virtual_stages") or 1)
+        ran = (measured.world_size, measured.virtual)
         if not args.name.endswith(".csv"):  # the run's shape unless given (a CSV has its own)
-            for attr, key in (("stages", "world_size"), ("microbatches", "microbatches"), ("virtual", "virtual_stages")):
+            shape = {"stages": measured.world_size, "microbatches": measured.microbatches, "virtual": measured.virtual_stages}
+            for attr, value in shape.items():
                 if getattr(args, attr) is None:
-                    setattr(args, attr, summary.get(key))
+                    setattr(args, attr, value)
             if (args.stages, args.virtual or 1) != ran:
                 raise UserError(f"{args.from_run} ran {ran[0]} ranks with {ran[1]} stage(s) each; its costs are per "
                                 "stage, so leave out --stages/--virtual or give the same")
@@ -53,20 +52,16 @@ def cmd_simulate(args) -> int:
         raise UserError(f"{args.from_run} ran {ran[0]} ranks with {ran[1]} stage(s) each, {args.name} has "
                         f"{sched.num_ranks} with {sched.stages_per_rank}; the run's costs are per stage")
     args.virtual = sched.stages_per_rank
-    if not args.from_run:
+    if measured is None:
         n = sched.num_stages
         costs = schedules.Costs(fwd=_ms_list("--fwd-ms", args.fwd_ms, n), bwd=_ms_list("--bwd-ms", args.bwd_ms, n),
                                 wgrad=_ms_list("--wgrad-ms", args.wgrad_ms, n), p2p=args.p2p_ms / 1e3,
                                 send_post=args.send_post_ms / 1e3, recv_post=args.recv_post_ms / 1e3)
         transport, lookahead = "nccl", 0
     else:
-        costs = costs_from(summary["measured_costs"], sched.num_stages)
-        measured = summary
-        from ppx import config
-
-        env = Path(args.from_run) / "env.json"
-        backend = json.loads(env.read_text()).get("backend", "gloo") if env.exists() else "gloo"
-        transport, lookahead = transport_of(config.from_yaml(Path(args.from_run) / "config.yaml"), backend)
+        costs = costs_from(measured.measured_costs, sched.num_stages)
+        backend = (run.env or {}).get("backend", "gloo")
+        transport, lookahead = transport_of(run.config, backend)
     transport = args.transport or transport
     lookahead = args.recv_lookahead if args.recv_lookahead is not None else lookahead
     t = schedules.simulate(sched, costs, transport, lookahead)
@@ -79,14 +74,15 @@ def cmd_simulate(args) -> int:
     if fam is not None:
         print(f"theory ({fam.bubble_formula}): {fam.bubble(p, m, args.virtual):.1%}")
     if measured is not None:  # over the steps the costs come from, as the run's own report
-        step = measured.get("measured_step_time_s", measured["step_time_s"])
-        bubble = measured.get("measured_bubble_fraction", measured.get("bubble_fraction", float("nan")))
+        step = measured.step_time_of_costs_s
+        bubble = float("nan") if measured.bubble_of_costs is None else measured.bubble_of_costs
         print(f"measured in {args.from_run}: step {step * 1e3:.2f} ms ({step / t.makespan - 1:+.1%} against the prediction), "
               f"bubble {bubble:.1%}")
     if args.png:
+        from ppx.measure.spans import Span
         from ppx.report.gantt import draw_step
 
-        spans = {r: [("compute", str(e.action), [str(e.action)], e.start, e.end) for e in row] for r, row in enumerate(t.events)}
+        spans = {r: [Span("compute", str(e.action), (e.action,), e.start, e.end) for e in row] for r, row in enumerate(t.events)}
         draw_step(spans, Path(args.png), f"{sched.name} p={p} m={m}: predicted {t.makespan * 1e3:.1f} ms, bubble {t.bubble_fraction():.1%}",
                   sched.stage_to_rank, xlabel="predicted time in the step (ms)")
         print(f"wrote {args.png}")

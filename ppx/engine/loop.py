@@ -74,7 +74,7 @@ def train(cfg, schedule: Schedule, run_dir: Path, rank: int, world: int, device,
             watchdog.phase("gathering metrics", step)
             record.update(rank=rank, loss=loss, start=t0 + offset, end=t1 + offset)
             if spans is not None:  # every step: rank 0 splits waits into transfer and idle; the last go to the timeline
-                record["spans"] = [(it.kind, it.label, [str(a) for a in it.actions], s + offset, e + offset) for it, s, e in spans]
+                record["spans"] = [sp.shifted(offset) for sp in spans]  # Spans on rank 0's clock
             records = [None] * world if rank == 0 else None
             dist.gather_object(record, records, dst=0, group=ctrl)
             if report is not None:

@@ -14,7 +14,7 @@ from ppx.measure.memory import MemoryTracker
 from ppx.measure.profiler import RecordFunctions
 from ppx.measure.timers import CudaTimer, WallTimer
 from ppx.measure.metrics import span_totals
-from ppx.measure.spans import COMM, COMPUTE, WAIT
+from ppx.measure.spans import COMM, COMPUTE, WAIT, Span
 
 
 class Instruments:
@@ -37,8 +37,9 @@ class Instruments:
             if o is not None:
                 o.begin_step(step)
 
-    def end_step(self, step: int) -> tuple[dict, Optional[list]]:
-        """(this rank's step record: seconds per category and memory peaks, the raw spans)."""
+    def end_step(self, step: int) -> tuple[dict, Optional[list[Span]]]:
+        """(this rank's step record: seconds per category and memory peaks, the raw spans on
+        this process's clock)."""
         record: dict = {"compute_s": None, "comm_s": None, "wait_s": None}
         spans = None
         if self.timer is not None:

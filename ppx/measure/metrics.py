@@ -17,8 +17,7 @@ from __future__ import annotations
 import statistics
 from typing import Iterable, Optional
 
-from ppx.measure.spans import CATEGORY, COMM, COMPUTE, WAIT, handoffs
-
+from ppx.measure.spans import COMM, COMPUTE, WAIT, Span, handoffs
 
 
 def over_ideal(bubble_fraction: Optional[float]) -> Optional[float]:
@@ -28,11 +27,11 @@ def over_ideal(bubble_fraction: Optional[float]) -> Optional[float]:
     return bubble_fraction / (1 - bubble_fraction)
 
 
-def span_totals(spans: Iterable) -> dict:
-    """Seconds per category from (item, start, end) spans."""
+def span_totals(spans: Iterable[Span]) -> dict:
+    """Seconds per category from spans."""
     out = {COMPUTE: 0.0, COMM: 0.0, WAIT: 0.0}
-    for item, start, end in spans:
-        out[CATEGORY[item.kind]] += end - start
+    for sp in spans:
+        out[sp.category] += sp.end_s - sp.start_s
     return out
 
 
@@ -40,8 +39,8 @@ def transfer_seconds(records: list[dict], stage_to_rank) -> dict[int, float]:
     """Per receiving rank: seconds of its waits that came after the peer posted the send."""
     spans = {r["rank"]: r["spans"] for r in records if r.get("spans") is not None}
     out = {rank: 0.0 for rank in spans}
-    for _, _, posted, peer, wait_start, wait_end in handoffs(spans, stage_to_rank):
-        out[peer] += max(wait_end - max(wait_start, posted), 0.0)
+    for h in handoffs(spans, stage_to_rank):
+        out[h.peer] += max(h.wait_end_s - max(h.wait_start_s, h.posted_s), 0.0)
     return out
 
 

@@ -7,7 +7,6 @@ import statistics
 from collections import defaultdict
 
 from ppx import schedules
-from ppx.schedules.action import Action
 from ppx.measure.spans import handoffs
 from ppx.schedules.schedule import Schedule
 
@@ -23,46 +22,46 @@ def cost_samples(steps: list[dict], schedule: Schedule) -> dict:
     the moment a send is out, its share of its batch's span included, to the end of the
     receiver's wait, when the receiver was already waiting, so the latency is all transfer);
     and the runtime's overhead per compute action per rank and step (the gaps between items).
-    ``steps`` as in the run report's timeline."""
+    ``steps`` as in the run report's timeline: [{"step", "ranks": {rank: [Span, ...]}}]."""
     per = defaultdict(list)
     overhead, send_post, recv_post, batches = [], [], [], []
     for k, s in enumerate(steps):
         for r, spans in s["ranks"].items():
-            computes = sum(1 for sp in spans if sp[0] == "compute")
+            computes = sum(1 for sp in spans if sp.kind == "compute")
             if computes and spans:  # the rank's own time that is neither compute, posting nor waiting
-                covered = sum(e - b for _, _, _, b, e in spans)
-                overhead.append((spans[-1][4] - spans[0][3] - covered) / computes)
-            for kind, label, actions, start, end in spans:
-                if kind == "compute":
-                    a = Action.parse(actions[0])
-                    per[f"{a.stage}{a.op.value}"].append(end - start)
-                elif kind == "post" and actions:
-                    sends = [Action.parse(t).op.is_send for t in actions]
-                    batches.append((k, r, actions, sends, start, end))
+                covered = sum(sp.end_s - sp.start_s for sp in spans)
+                overhead.append((spans[-1].end_s - spans[0].start_s - covered) / computes)
+            for sp in spans:
+                if sp.kind == "compute":
+                    a = sp.action
+                    per[f"{a.stage}{a.op.value}"].append(sp.end_s - sp.start_s)
+                elif sp.kind == "post" and sp.actions:
+                    sends = [a.op.is_send for a in sp.actions]
+                    batches.append((k, r, sp.actions, sends, sp.start_s, sp.end_s))
                     if all(sends) or not any(sends):
-                        (send_post if sends[0] else recv_post).append((end - start) / len(actions))
+                        (send_post if sends[0] else recv_post).append((sp.end_s - sp.start_s) / len(sp.actions))
     one_send = _mean(send_post)
     for _, _, _, sends, start, end in batches:
         n_send = sum(sends)
         if 0 < n_send < len(sends):
             recv_post.append(max(end - start - n_send * one_send, 0.0) / (len(sends) - n_send))
     one_recv = _mean(recv_post)
-    out = {}  # (step, rank, send text) -> when the send was out: its share of the batch's span
+    out = {}  # (step, rank, send action) -> when the send was out: its share of the batch's span
     for k, r, actions, sends, start, end in batches:
         weights = [one_send if is_send else one_recv for is_send in sends]
         if not sum(weights):
             weights = [1.0] * len(sends)
         total, done = sum(weights), 0.0
-        for text, w, is_send in zip(actions, weights, sends):
+        for a, w, is_send in zip(actions, weights, sends):
             done += w
             if is_send:
-                out[(k, r, text)] = start + (end - start) * done / total
+                out[(k, r, a)] = start + (end - start) * done / total
     p2p = []
     for k, s in enumerate(steps):
-        for text, r, _, _, wait_start, wait_end in handoffs(s["ranks"], schedule.stage_to_rank):
-            posted = out[(k, r, text)]
-            if wait_start <= posted:  # the receiver was already waiting: all of it is transfer
-                p2p.append(max(wait_end - posted, 0.0))
+        for h in handoffs(s["ranks"], schedule.stage_to_rank):
+            posted = out[(k, h.rank, h.send)]
+            if h.wait_start_s <= posted:  # the receiver was already waiting: all of it is transfer
+                p2p.append(max(h.wait_end_s - posted, 0.0))
     return {"action_s": dict(sorted(per.items())), "p2p_s": p2p, "overhead_s": overhead,
             "send_post_s": send_post, "recv_post_s": recv_post}
 

@@ -1,10 +1,14 @@
 """Timing spans: what one program item took on one rank, and the one map from item kinds to
 the time categories every report uses (compute, comm, wait).
 
-Spans are ``(kind, label, actions, start_s, end_s)`` per rank and step, with times on rank
-0's clock."""
+A `Span` is one item's ``kind``, ``label`` and ``actions`` with its ``start_s``/``end_s``;
+spans are kept per rank and step, with times on rank 0's clock once the engine has shifted
+them (`Span.shifted`)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
 
 from ppx.schedules.action import Action
 from ppx.schedules.lowering import peer_of
@@ -13,18 +17,65 @@ COMPUTE, COMM, WAIT = "compute", "comm", "wait"
 CATEGORY = {"compute": COMPUTE, "post": COMM, "wait": WAIT, "drain": WAIT}  # item kind -> time category
 
 
-def handoffs(step_ranks: dict, stage_to_rank):
-    """Every send in one step's spans whose receive was waited on, as
-    (send action text, sender rank, post start, receiver rank, wait start, wait end)."""
-    waits = {(r, sp[2][0]): (sp[3], sp[4]) for r, spans in step_ranks.items() for sp in spans if sp[0] == "wait"}
+@dataclass(frozen=True)
+class Span:
+    """One program item's time on one rank: ``kind`` is "post" | "wait" | "compute" | "drain"
+    (as `ppx.schedules.program.Item`), ``actions`` the item's actions (a compute span has one,
+    a wait the receive it waits for, a post its batch of sends and receives)."""
+
+    kind: str
+    label: str
+    actions: tuple[Action, ...]
+    start_s: float
+    end_s: float
+
+    @classmethod
+    def of(cls, item, start_s: float, end_s: float) -> Span:
+        """The span of a program item (anything with ``kind``, ``label`` and ``actions``)."""
+        return cls(item.kind, item.label, tuple(item.actions), start_s, end_s)
+
+    @property
+    def category(self) -> str:
+        """compute, comm or wait (`CATEGORY`)."""
+        return CATEGORY[self.kind]
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def action(self) -> Action:
+        """The span's first action: a compute span's action, a wait's receive."""
+        return self.actions[0]
+
+    def shifted(self, offset_s: float) -> Span:
+        """The same span with both times moved by ``offset_s`` (onto rank 0's clock)."""
+        return replace(self, start_s=self.start_s + offset_s, end_s=self.end_s + offset_s)
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A send whose receive was waited on: the send, the sender's rank and the start of its
+    post, the receiving rank and its wait."""
+
+    send: Action
+    rank: int
+    posted_s: float
+    peer: int
+    wait_start_s: float
+    wait_end_s: float
+
+
+def handoffs(step_ranks: Mapping[int, Iterable[Span]], stage_to_rank) -> Iterator[Handoff]:
+    """Every send in one step's spans (``{rank: [Span, ...]}``) whose receive was waited on."""
+    waits = {(r, sp.action): sp for r, spans in step_ranks.items() for sp in spans if sp.kind == "wait"}
     for r, spans in step_ranks.items():
-        for kind, _, actions, start, _ in spans:
-            if kind != "post":
+        for sp in spans:
+            if sp.kind != "post":
                 continue
-            for text in actions:
-                a = Action.parse(text)
+            for a in sp.actions:
                 if a.op.is_send:
                     peer, recv = peer_of(a, stage_to_rank)
-                    got = waits.get((peer, str(recv)))
+                    got = waits.get((peer, recv))
                     if got is not None:
-                        yield text, r, start, peer, got[0], got[1]
+                        yield Handoff(a, r, sp.start_s, peer, got.start_s, got.end_s)

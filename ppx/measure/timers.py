@@ -1,4 +1,4 @@
-"""Per-action timers: observers that record a (item, start, end) span for every program item.
+"""Per-action timers: observers that record a `Span` for every program item.
 
 `WallTimer` uses ``time.perf_counter`` (CPU). `CudaTimer` records CUDA events on the compute
 stream around every item, with no host synchronisation inside the step, and resolves them
@@ -13,23 +13,25 @@ from typing import Optional
 
 import torch
 
+from ppx.measure.spans import Span
+
 
 class WallTimer:
     def __init__(self):
-        self.spans: list = []
+        self._times: list = []  # (item, start, end): Spans are built once per step, off the timed path
         self._start = 0.0
 
     def begin_step(self, step: int) -> None:
-        self.spans = []
+        self._times = []
 
     def before(self, item) -> None:
         self._start = time.perf_counter()
 
     def after(self, item) -> None:
-        self.spans.append((item, self._start, time.perf_counter()))
+        self._times.append((item, self._start, time.perf_counter()))
 
-    def end_step(self, step: int) -> list:
-        return self.spans
+    def end_step(self, step: int) -> list[Span]:
+        return [Span.of(item, start, end) for item, start, end in self._times]
 
 
 class CudaTimer:
@@ -59,11 +61,11 @@ class CudaTimer:
     def after(self, item) -> None:
         self._events[len(self._items) - 1][1].record()
 
-    def end_step(self, step: int) -> list:
+    def end_step(self, step: int) -> list[Span]:
         """Resolve the events (the caller has synchronized the device)."""
         t0, origin = self._host_origin, self._origin
         return [
-            (item, t0 + origin.elapsed_time(a) / 1e3, t0 + origin.elapsed_time(b) / 1e3)
+            Span.of(item, t0 + origin.elapsed_time(a) / 1e3, t0 + origin.elapsed_time(b) / 1e3)
             for item, (a, b) in zip(self._items, self._events)
         ]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ppx import schedules
 from ppx.errors import UserError
+from ppx.report.run_dir import RunDir
 
 COLUMNS = [  # (header, key, format)
     ("run", "name", "{}"),
@@ -29,9 +30,9 @@ COLUMNS = [  # (header, key, format)
 ]
 
 
-def find_runs(patterns: list[str]) -> list[Path]:
-    """Run directories (holding summary.json) named by paths or globs; a folder without a
-    summary.json contributes every run below it."""
+def find_runs(patterns: list[str]) -> list[RunDir]:
+    """Completed run directories (holding summary.json) named by paths or globs; a folder
+    without a summary.json contributes every run below it."""
     found: list[Path] = []
     for pat in patterns:
         matches = sorted(glob.glob(pat)) or []
@@ -45,25 +46,23 @@ def find_runs(patterns: list[str]) -> list[Path]:
     unique = list(dict.fromkeys(found))
     if not unique:
         raise UserError(f"no completed run (summary.json) under {' '.join(patterns)}")
-    return unique
+    return [RunDir(p) for p in unique]
 
 
-def load_row(run: Path, base: Path | None = None) -> dict:
-    s = json.loads((run / "summary.json").read_text())
-    ranks = s.get("ranks", [])
-    name = str(run.relative_to(base)) if base and run.is_relative_to(base) and run != base else str(run)
-    bs = s.get("batch_size")
+def load_row(run: RunDir, base: Path | None = None) -> dict:
+    s, path = run.summary, run.path
+    name = str(path.relative_to(base)) if base and path.is_relative_to(base) and path != base else str(path)
     return {
-        "name": name, "path": str(run), "schedule": s["schedule"], "world_size": s["world_size"],
-        "microbatches": s["microbatches"], "model": s.get("model"),
-        "step_ms": s["step_time_s"] * 1e3,
-        "throughput": s.get("throughput_samples_per_s") or (bs / s["step_time_s"] if bs else None),
-        "bubble": s.get("bubble_fraction"), "theory": s.get("bubble_fraction_theory"),
-        "predicted": (s.get("predicted") or {}).get("bubble_fraction"), "v": s.get("virtual_stages") or 1,
-        "predicted_error_pt": _points((s.get("prediction_error") or {}).get("bubble_fraction")),
-        "peak_act_kib": max((r.get("peak_activation_bytes") or 0 for r in ranks), default=0) / 1024 or None,
-        "peak_mem_mib": max((r.get("peak_memory_bytes") or 0 for r in ranks), default=0) / 2**20 or None,
-        "final_loss": (s.get("losses") or [None])[-1],
+        "name": name, "path": str(path), "schedule": s.schedule, "world_size": s.world_size,
+        "microbatches": s.microbatches, "model": s.model,
+        "step_ms": s.step_time_s * 1e3,
+        "throughput": s.throughput,
+        "bubble": s.bubble_fraction, "theory": s.bubble_fraction_theory,
+        "predicted": s.predicted_bubble_fraction, "v": s.virtual,
+        "predicted_error_pt": _points(s.prediction_error_bubble_fraction),
+        "peak_act_kib": s.peak_activation_bytes / 1024 or None,
+        "peak_mem_mib": s.peak_memory_bytes / 2**20 or None,
+        "final_loss": s.final_loss,
     }
 
 

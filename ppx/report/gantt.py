@@ -8,8 +8,6 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from ppx.schedules.action import Action
-
 COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#8172B2", "W": "#937860", "post": "#DD8452", "wait": "#D9D9D9",
           "transfer": "#F3DC6B"}
 OP_NAMES = [("F", "forward"), ("B", "backward"), ("I", "input-grad backward (I)"), ("W", "weight-grad backward (W)")]
@@ -19,8 +17,8 @@ COMM_NAMES = [("post", "send/recv posted"), ("wait", "waiting on a peer"), ("tra
 def legend_entries(spans_by_rank: dict, multi: bool, transfer: bool) -> list[tuple[str, str, float]]:
     """(colour key, name, alpha) for what the picture of these spans shows, in legend order."""
     spans = [sp for r in spans_by_rank for sp in spans_by_rank[r]]
-    ops = {Action.parse(sp[2][0]).op.value for sp in spans if sp[0] == "compute"}
-    kinds = {"wait" if sp[0] == "drain" else sp[0] for sp in spans} | ({"transfer"} if transfer else set())
+    ops = {sp.action.op.value for sp in spans if sp.kind == "compute"}
+    kinds = {"wait" if sp.kind == "drain" else sp.kind for sp in spans} | ({"transfer"} if transfer else set())
     out = [(k, n, 1.0) for k, n in OP_NAMES if k in ops]
     if multi:
         out.append(("F", "lighter: a rank's later stage", 0.65))
@@ -30,7 +28,7 @@ def legend_entries(spans_by_rank: dict, multi: bool, transfer: bool) -> list[tup
 
 def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None,
               xlabel: str = "time in the step (ms, rank clocks aligned)") -> None:
-    """``spans_by_rank`` = {rank: [(kind, label, actions, start_s, end_s), ...]} for one step;
+    """``spans_by_rank`` = {rank: [`Span`, ...]} for one step;
     with ``stage_to_rank``, waits are split at the moment the peer posted its send."""
     import matplotlib
 
@@ -39,16 +37,16 @@ def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None,
     from matplotlib.patches import Patch
 
     ranks = sorted(spans_by_rank)
-    starts = [sp[3] for r in ranks for sp in spans_by_rank[r]]
-    ends = [sp[4] for r in ranks for sp in spans_by_rank[r]]
+    starts = [sp.start_s for r in ranks for sp in spans_by_rank[r]]
+    ends = [sp.end_s for r in ranks for sp in spans_by_rank[r]]
     t0, t1 = min(starts), max(ends)
     span_ms = max((t1 - t0) * 1e3, 1e-6)
     posted = {}  # (receiving rank, start of its wait) -> when the peer posted the send
     if stage_to_rank is not None:
         from ppx.measure.spans import handoffs
 
-        for _, _, sent, peer, wait_start, _ in handoffs(spans_by_rank, stage_to_rank):
-            posted[(peer, wait_start)] = sent
+        for h in handoffs(spans_by_rank, stage_to_rank):
+            posted[(h.peer, h.wait_start_s)] = h.posted_s
     # several stages per rank (interleaved): cells name their stage, and a rank's later stages are lighter
     multi = stage_to_rank is not None and len(stage_to_rank) > len(set(stage_to_rank))
     chunk, owned = {}, Counter()  # stage -> its place among its rank's stages
@@ -58,11 +56,12 @@ def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None,
     for row, r in enumerate(ranks):
         y = len(ranks) - 1 - row
         ax.add_patch(plt.Rectangle((0, y - 0.4), span_ms, 0.8, facecolor="white", edgecolor="#BBBBBB", lw=0.5))
-        for kind, label, actions, start, end in spans_by_rank[r]:
+        for sp in spans_by_rank[r]:
+            kind, label, start, end = sp.kind, sp.label, sp.start_s, sp.end_s
             x, w = (start - t0) * 1e3, (end - start) * 1e3
             alpha = 1.0
             if kind == "compute":
-                a = Action.parse(actions[0])
+                a = sp.action
                 color, height = COLORS.get(a.op.value, "#999999"), 0.8
                 alpha = 1.0 - 0.35 * chunk.get(a.stage, 0)
                 short = label if multi else f"{a.op.value}{a.mb}"

@@ -48,6 +48,7 @@ class RunReport:
         self.losses.append(loss)
         inst = self.cfg.instrument
         if inst.timeline and step >= self.cfg.train.steps - inst.timeline_steps and any("spans" in r for r in records):
+            # {"step", "step_time_s", "ranks": {rank: [Span, ...]}}, Spans on rank 0's clock
             self.timeline.append({"step": step, "step_time_s": m["step_time_s"],
                                   "ranks": {r["rank"]: r["spans"] for r in records if "spans" in r}})
         scalars = step_scalars(line, self.cfg.train.batch_size)

@@ -3,13 +3,15 @@ later-stage shade for interleaved ranks, and no communication entries for a simu
 (compute-only) timeline."""
 
 from ppx import schedules
+from ppx.measure.spans import Span
 from ppx.report.gantt import draw_step, legend_entries
+from ppx.schedules.action import Action
 
 
 def simulated_spans(name: str, p: int, m: int, **kw) -> tuple[dict, tuple]:
     sched = schedules.build(name, p, m, **kw)
     t = schedules.simulate(sched, schedules.Costs())
-    spans = {r: [("compute", str(e.action), [str(e.action)], e.start, e.end) for e in row] for r, row in enumerate(t.events)}
+    spans = {r: [Span("compute", str(e.action), (e.action,), e.start, e.end) for e in row] for r, row in enumerate(t.events)}
     return spans, sched.stage_to_rank
 
 
@@ -30,8 +32,8 @@ def test_legend_names_split_backwards_and_no_comm_for_a_simulated_timeline(tmp_p
 def test_legend_marks_later_stages_and_the_communication_drawn(tmp_path):
     spans, s2r = simulated_spans("interleaved_1f1b", 2, 4, virtual_stages=2)
     assert s2r == (0, 1, 0, 1)
-    spans[0].append(("post", "0SEND_F0", ["0SEND_F0"], 0.0, 0.1))
-    spans[1].append(("drain", "wait sends", [], 9.0, 9.1))
+    spans[0].append(Span("post", "0SEND_F0", (Action.parse("0SEND_F0"),), 0.0, 0.1))
+    spans[1].append(Span("drain", "wait sends", (), 9.0, 9.1))
     got = legend_entries(spans, True, True)
     assert names(got) == ["forward", "backward", "lighter: a rank's later stage", "send/recv posted",
                           "waiting on a peer", "transfer (peer had sent)", "idle"]

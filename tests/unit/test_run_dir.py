@@ -1,0 +1,109 @@
+"""`RunDir`: a run directory read back typed (summary, config, env, metrics), with a one-line
+`UserError` for a missing file; `ppx compare`'s rows come from it."""
+
+import json
+
+import pytest
+
+from ppx import config
+from ppx.errors import UserError
+from ppx.report.run_dir import RunDir, Summary
+
+SUMMARY = {
+    "status": "completed", "experiment": "hand", "schedule": "1f1b", "stages": 2, "microbatches": 4,
+    "world_size": 2, "device": "cpu", "backend": "gloo", "steps": 2, "batch_size": 32, "model": "mlp",
+    "virtual_stages": 1, "losses": [0.5, 0.25], "step_times_s": [0.01, 0.012], "step_time_s": 0.011,
+    "bubble_fraction": 0.3, "ranks": [{"rank": 0, "compute_s": 0.005, "peak_activation_bytes": 2048,
+                                       "peak_memory_bytes": 2**21},
+                                      {"rank": 1, "compute_s": 0.006, "peak_activation_bytes": 4096}],
+    "bubble_fraction_theory": 0.2, "throughput_samples_per_s": 2909.0,
+    "measured_costs": {"action_s": {"0F": 0.001, "0B": 0.002, "1F": 0.001, "1B": 0.002}, "p2p_s": 0.0001,
+                       "overhead_s": 0.0, "send_post_s": 0.0, "recv_post_s": 0.0},
+    "predicted": {"step_time_s": 0.01, "bubble_fraction": 0.25, "draws": 64},
+    "measured_step_time_s": 0.0115, "prediction_error": {"step_time": 0.15, "bubble_fraction": 0.04},
+    "measured_bubble_fraction": 0.29,
+}
+
+
+@pytest.fixture
+def run(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "summary.json").write_text(json.dumps(SUMMARY, indent=2) + "\n")
+    cfg = config.load("1f1b_2cpu", ["train.steps=2"])
+    (d / "config.yaml").write_text(config.to_yaml(cfg))
+    (d / "env.json").write_text(json.dumps({"backend": "gloo", "world_size": 2}))
+    lines = [json.dumps({"step": k, "loss": loss}) + "\n" for k, loss in enumerate(SUMMARY["losses"])]
+    (d / "metrics.jsonl").write_text("".join(lines))
+    return d
+
+
+def test_a_complete_run_reads_back_typed(run):
+    rd = RunDir(run)
+    assert rd.path == run and rd.is_complete
+    s = rd.summary
+    assert isinstance(s, Summary) and (s.schedule, s.world_size, s.microbatches, s.virtual) == ("1f1b", 2, 4, 1)
+    assert s.losses == (0.5, 0.25) and s.final_loss == 0.25
+    assert s.predicted_bubble_fraction == 0.25 and s.prediction_error_bubble_fraction == 0.04
+    assert (s.peak_activation_bytes, s.peak_memory_bytes) == (4096, 2**21)
+    assert s.ranks[1].peak_memory_bytes is None and s.ranks[0].compute_s == 0.005
+    assert (s.step_time_of_costs_s, s.bubble_of_costs) == (0.0115, 0.29)
+    assert s.measured_costs["action_s"]["1B"] == 0.002
+    assert rd.raw_summary == SUMMARY  # the file as written stays available
+    assert rd.config.pipeline.schedule == "1f1b" and rd.config.train.steps == 2
+    assert rd.env == {"backend": "gloo", "world_size": 2}
+    assert [m["step"] for m in rd.metrics] == [0, 1]
+
+
+def test_optional_fields_are_none_and_derived_ones_fall_back(run):
+    minimal = {k: SUMMARY[k] for k in ("schedule", "world_size", "microbatches", "step_time_s", "batch_size")}
+    (run / "summary.json").write_text(json.dumps(minimal))
+    (run / "env.json").unlink()
+    rd = RunDir(run)
+    s = rd.summary
+    assert s.bubble_fraction is None and s.predicted_bubble_fraction is None and s.measured_costs is None
+    assert s.virtual == 1 and s.final_loss is None and s.peak_memory_bytes == 0
+    assert s.throughput == pytest.approx(32 / 0.011) and s.step_time_of_costs_s == 0.011
+    assert rd.env is None
+
+
+def test_a_missing_file_is_a_one_line_user_error(run):
+    (run / "summary.json").unlink()
+    rd = RunDir(run)
+    assert not rd.is_complete
+    with pytest.raises(UserError) as e:
+        _ = rd.summary
+    assert str(e.value) == f"{run} has no summary.json (the run did not complete)" and "\n" not in str(e.value)
+    (run / "config.yaml").unlink()
+    with pytest.raises(UserError, match="has no config.yaml$"):
+        _ = rd.config
+    with pytest.raises(UserError, match="is not a run directory"):
+        RunDir(run / "nowhere")
+    (run / "summary.json").write_text(json.dumps({"schedule": "1f1b"}))
+    with pytest.raises(UserError, match="summary.json has no world_size, microbatches, step_time_s"):
+        _ = RunDir(run).summary
+
+
+def test_compare_rows_come_from_the_run_dir(run):
+    from ppx.report.compare import find_runs, load_row
+
+    (found,) = find_runs([str(run.parent)])
+    row = load_row(found, run.parent)
+    assert row["name"] == "run" and row["path"] == str(run)
+    assert (row["schedule"], row["world_size"], row["microbatches"], row["v"]) == ("1f1b", 2, 4, 1)
+    assert row["step_ms"] == pytest.approx(11.0) and row["throughput"] == 2909.0
+    assert (row["bubble"], row["theory"], row["predicted"]) == (0.3, 0.2, 0.25)
+    assert row["predicted_error_pt"] == pytest.approx(4.0)
+    assert (row["peak_act_kib"], row["peak_mem_mib"], row["final_loss"]) == (4.0, 2.0, 0.25)
+
+
+def test_simulate_from_run_reads_summary_config_and_env(run, capsys):
+    from ppx.cli import main
+
+    assert main(["simulate", "1f1b", "--from-run", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "1f1b: 2 ranks, 2 stages, 4 microbatches" in out
+    assert f"measured in {run}: step 11.50 ms" in out and "bubble 29.0%" in out
+    (run / "summary.json").unlink()
+    assert main(["simulate", "1f1b", "--from-run", str(run)]) == 2
+    assert capsys.readouterr().err.strip() == f"ppx: error: {run} has no summary.json (the run did not complete)"
