@@ -12,10 +12,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from helpers import free_port
-from ppx import config
-from ppx.engine.comm import P2P
+from ppx import config, models
 from ppx.config import resolve_schedule
-from ppx.engine.rank import build_reference, build_rank
+from ppx.engine.comm import P2P
+from ppx.engine.rank import build_rank, build_reference
 from ppx.engine.torch_executor import TorchPipeline
 
 MODELS = {
@@ -40,21 +40,27 @@ def overrides(model: str, sched: str, p: int, uneven: bool = False) -> list[str]
     return o + ([f"pipeline.layers_per_stage={UNEVEN[p]}"] if uneven else [])
 
 
-def cases(p):
-    out = [(f"{mo}-{s}", overrides(mo, s, p)) for mo in MODELS for s in SCHEDULES]
+def cases(p: int) -> list[tuple[str, list[str]]]:
+    """(model-schedule-split[-variant], overrides) per case; the name is the same for every p.
+    split: "even" (the layer split, equal stages), "uneven" (pipeline.layers_per_stage),
+    "tracer" (torch's tracer cuts one traced nn.Module into GraphModules) or "tracer-uneven"."""
+    out = [(f"{mo}-{s}-even", overrides(mo, s, p)) for mo in MODELS for s in SCHEDULES]
     out += [(f"{mo}-1f1b-uneven", overrides(mo, "1f1b", p, uneven=True)) for mo in MODELS]
-    # torch's tracer split (one traced nn.Module cut into GraphModules) instead of the layer split
-    out += [("mlp-1f1b-tracer", overrides("mlp", "1f1b", p, uneven=True) + ["pipeline.split=tracer"]),
+    out += [("mlp-1f1b-tracer-uneven", overrides("mlp", "1f1b", p, uneven=True) + ["pipeline.split=tracer"]),
             ("transformer-zb_h1-tracer", overrides("transformer", "zb_h1", p) + ["pipeline.split=tracer"]),
             ("mlp-interleaved-tracer", overrides("mlp", "interleaved", p) + ["pipeline.split=tracer"])]
     # receives posted 0 (the lowered list's place) or 2 compute actions before their consumer
     # (default -1: all of them at the rank's first wait)
-    out += [(f"{mo}-{s}-lookahead{k}", overrides(mo, s, p) + [f"runtime.recv_lookahead={k}"])
+    out += [(f"{mo}-{s}-even-lookahead{k}", overrides(mo, s, p) + [f"runtime.recv_lookahead={k}"])
             for mo, s in [("mlp", "1f1b"), ("transformer", "interleaved"), ("mlp", "zb_h1")] for k in (0, 2)]
     # ppx's lists exported to torch's CSV form and executed by torch's _PipelineScheduleRuntime
-    out += [(f"{mo}-{s}-torch-executor", overrides(mo, s, p) + ["pipeline.executor=torch"])
+    out += [(f"{mo}-{s}-even-torch_executor", overrides(mo, s, p) + ["pipeline.executor=torch"])
             for mo, s in [("mlp", "1f1b"), ("mlp", "zb_h1"), ("transformer", "interleaved")]]
     return out
+
+
+STAGE_COUNTS = (2, 4)
+CASES = [(p, name) for p in STAGE_COUNTS for name, _ in cases(p)]
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -77,20 +83,31 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module", params=[2, 4])
-def pipelined(request, tmp_path_factory):
-    p = request.param
-    out = tmp_path_factory.mktemp(f"grads_p{p}")
-    mp.spawn(_worker, args=(p, free_port(), str(out)), nprocs=p, join=True)
-    return p, out
+@pytest.fixture(scope="module")
+def pipelined(tmp_path_factory):
+    """p -> the folder of every case's saved loss and gradients for p ranks: one mp.spawn per
+    p (one process group runs all of its cases), started by the first test that needs it."""
+    done: dict[int, Path | BaseException] = {}
+
+    def get(p: int) -> Path:
+        if p not in done:
+            out = tmp_path_factory.mktemp(f"grads_p{p}")
+            try:
+                mp.spawn(_worker, args=(p, free_port(), str(out)), nprocs=p, join=True)
+                done[p] = out
+            except Exception as e:  # every case of this p fails with it, without spawning again
+                done[p] = e
+        if isinstance(done[p], BaseException):
+            raise RuntimeError(f"the {p}-rank job failed") from done[p]
+        return done[p]
+
+    return get
 
 
 def reference(o: list[str]):
     o = [x for x in o if not x.startswith("pipeline.")]  # one process, one stage
     cfg = config.load(None, o)
     model = build_reference(cfg)
-    from ppx import models
-
     kind = models.kind(cfg.model.kind)
     x, y = kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, 0)
     loss = kind.loss(model(x), y)
@@ -98,23 +115,20 @@ def reference(o: list[str]):
     return loss.item(), [q.grad for q in model.parameters()]
 
 
-def test_gradients_equal_single_process_reference(pipelined):
-    p, out = pipelined
-    checked = 0
-    for name, o in cases(p):
-        ref_loss, ref_grads = reference(o)
-        parts = [torch.load(out / f"{name}.rank{r}.pt") for r in range(p)]
-        losses = [x["loss"] for x in parts if x["loss"] is not None]
-        assert len(losses) == 1, f"{name}: exactly the last rank reports the loss"
-        assert losses[0] == pytest.approx(ref_loss, rel=1e-6), name
-        by_stage = {stage: g for x in parts for stage, g in x["grads"].items()}  # interleaved: 2 per rank
-        grads = [g for stage in sorted(by_stage) for g in by_stage[stage]]
-        assert len(grads) == len(ref_grads), f"{name}: parameters split over ranks must add up to the model"
-        for k, (g, ref) in enumerate(zip(grads, ref_grads)):
-            if "forward_only" in name:
-                assert g is None, f"{name}: forward-only computes no gradients"
-                continue
-            assert g is not None and g.shape == ref.shape, f"{name} param {k}"
-            torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name} param {k}: {m}")
-        checked += 1
-    assert checked == len(cases(p))
+@pytest.mark.parametrize("p,name", CASES, ids=[f"p{p}-{name}" for p, name in CASES])
+def test_gradients_equal_single_process_reference(pipelined, p, name):
+    out = pipelined(p)
+    ref_loss, ref_grads = reference(dict(cases(p))[name])
+    parts = [torch.load(out / f"{name}.rank{r}.pt") for r in range(p)]
+    losses = [x["loss"] for x in parts if x["loss"] is not None]
+    assert len(losses) == 1, "exactly the last rank reports the loss"
+    assert losses[0] == pytest.approx(ref_loss, rel=1e-6)
+    by_stage = {stage: g for x in parts for stage, g in x["grads"].items()}  # interleaved: 2 per rank
+    grads = [g for stage in sorted(by_stage) for g in by_stage[stage]]
+    assert len(grads) == len(ref_grads), "parameters split over ranks must add up to the model"
+    for k, (g, ref) in enumerate(zip(grads, ref_grads)):
+        if "forward_only" in name:
+            assert g is None, f"param {k}: forward-only computes no gradients"
+            continue
+        assert g is not None and g.shape == ref.shape, f"param {k}"
+        torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"param {k}: {m}")
