@@ -4,11 +4,12 @@ On NCCL a batch goes out as one ``batch_isend_irecv`` group, so a send and a rec
 same peer (1F1B's send-forward/receive-backward pair) progress together. On gloo, where
 requests are independent anyway, activations and gradients travel on two separate process
 groups (one socket per direction of flow): a pair of neighbours then never pushes both
-ways through one socket at the same moment, which halves the median hand-off latency
-measured here (0.19 ms instead of 0.33-0.99 ms). Requests go straight to the process
-group object (``ProcessGroup.send``/``recv``, the same c10d ops ``dist.isend`` ends in),
-skipping the Python checks ``dist.isend`` repeats on every call: on a shared CPU machine
-whose caches went cold while a stage computed, that wrapper alone costs ~0.15 ms per send.
+ways through one socket at the same moment, which cuts the median hand-off latency.
+Requests go straight to the process group object (``ProcessGroup.send``/``recv``, the same
+c10d ops ``dist.isend`` ends in), skipping the Python checks ``dist.isend`` repeats on every
+call, which are costly on a shared CPU machine whose caches went cold while a stage computed.
+The measurements behind both choices are in docs/benchmarks.md ("Measurements behind design
+choices").
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Without it, the thread that gloo wakes when a message lands can preempt a neighbour rank's
 compute on a shared CPU while another CPU idles, and the preempted rank waits for the next
-scheduler tick to move (measured here: 4 ms stalls inside a send, MLP 1F1B p=2 steps 18 ms
-unpinned, 13-14 ms pinned). Ranks keep to their block, threads included, since gloo's
-threads start after pinning and inherit it.
+scheduler tick to move (stalls inside a send; the measurements are in docs/benchmarks.md,
+"Measurements behind design choices"). Ranks keep to their block, threads included, since
+gloo's threads start after pinning and inherit it.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ def cpu_block(local_rank: int, local_world: int, cpus: Sequence[int]) -> list[in
     (sorted). With more ranks than CPUs, ranks share CPUs round robin (ranks 0,2 | 1,3 of 4 on
     2 CPUs), so pipeline neighbours never share one: a hand-off wakes the receiver on another
     CPU instead of queueing it behind its sender, which is busy posting at that very moment
-    (measured on 2 CPUs, 4 ranks, against neighbours sharing: known-cost 1F1B and GPipe
-    1.022 x ideal against 1.024-1.028; MLP GPipe steps 15 ms against 19-21 ms, 1F1B equal)."""
+    (measured against neighbours sharing a CPU: docs/benchmarks.md)."""
     cpus = sorted(cpus)
     n = len(cpus)
     if local_world <= n:

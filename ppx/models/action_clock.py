@@ -19,7 +19,8 @@ SPIN_S = 0.00025  # the last 0.25 ms is spun, not slept: sleep wake-ups come lat
 
 def sleep_until(deadline: float) -> None:
     """Sleep to just short of ``deadline`` (perf_counter seconds), then yield-spin to it:
-    plain sleeps wake 0.1-1 ms late, and yielding keeps spinning ranks off busy cores."""
+    plain sleeps wake late (docs/benchmarks.md), and yielding keeps spinning ranks off busy
+    cores."""
     left = deadline - time.perf_counter()
     if left > SPIN_S:
         time.sleep(left - SPIN_S)
