@@ -74,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
     swp.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="applied to every point")
     swp.set_defaults(fn=_command("sweep"))
     keys = sub.add_parser("keys", help="list every config key with its default and meaning")
-    keys.add_argument("--markdown", action="store_true", help="as the README's markdown table")
+    keys.add_argument("--markdown", action="store_true", help="as a markdown table (docs/config.md holds it)")
     keys.set_defaults(fn=_command("keys"))
     return ap
 
