@@ -31,7 +31,7 @@ def test_torchrun_two_launchers_on_loopback(tmp_path, single_node_losses):
                         "--rdzv-id=ppx-test", "-m", "ppx.cli", "run", "gpipe_4gpu", *ARGS, f"run.dir={d}"]
     launchers = [subprocess.Popen(cmd(n), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
     outs = [p.communicate(timeout=240) for p in launchers]
-    for p, (out, err) in zip(launchers, outs):
+    for p, (_out, err) in zip(launchers, outs):
         assert p.returncode == 0, err[-3000:]
     env = read_json(d / "env.json")
     assert env["world_size"] == 4

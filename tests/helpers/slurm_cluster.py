@@ -79,7 +79,7 @@ NodeName=n[1-2] NodeHostname={host} NodeAddr=127.0.0.1 Port={n1},{n2} CPUs=1 Sta
 PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """)
 
-    def start(self, timeout_s: float = 60) -> "Cluster":
+    def start(self, timeout_s: float = 60) -> Cluster:
         self._write_conf()
         run = Path("/run/munge")
         run.mkdir(parents=True, exist_ok=True)

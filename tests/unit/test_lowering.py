@@ -21,7 +21,7 @@ def test_comms_pair_1f1b_send_forward_with_receive_backward():
 def test_receives_move_earlier_and_waits_stay_put(name, v, lookahead):
 
     sched = schedules.build(name, 4, 8, virtual_stages=v)
-    for rank, row in enumerate(sched.actions):
+    for row in sched.actions:
         early = receive_early(row, lookahead)
         assert sorted(map(str, early)) == sorted(map(str, row))  # nothing lost or added
         others = lambda r: [a for a in r if a.op.is_compute or a.op.is_send]  # noqa: E731
