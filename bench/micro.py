@@ -9,12 +9,12 @@ import time
 import torch
 
 from ppx import config
+from ppx.engine.rank import build_stage_modules
+from ppx.engine.stage import StageRunner
 from ppx.measure.memory import MemoryTracker
 from ppx.measure.timers import WallTimer
-from ppx.engine.rank import build_stage_modules
-from ppx.schedules.program import Item
 from ppx.schedules.action import Action, Op
-from ppx.engine.stage import StageRunner
+from ppx.schedules.program import Item
 
 
 def timer_cost_s(n: int = 200_000) -> float:

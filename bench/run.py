@@ -23,8 +23,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ["model.kind=mlp", "model.hidden=256", "model.layers=8", "train.batch_size=64", "pipeline.microbatches=8"]
 MLP_LARGE = ["model.kind=mlp", "model.hidden=1024", "model.layers=8", "train.batch_size=64", "pipeline.microbatches=8"]
-KNOWN = ["model.kind=synthetic", "model.fwd_ms=10", "model.bwd_ms=20", "model.hidden=16", "model.layers=4",
-         "train.batch_size=64", "pipeline.microbatches=8"]
+KNOWN = [
+    "model.kind=synthetic",
+    "model.fwd_ms=10",
+    "model.bwd_ms=20",
+    "model.hidden=16",
+    "model.layers=4",
+    "train.batch_size=64",
+    "pipeline.microbatches=8",
+]
 
 # name -> (processes, variants, overrides, measured steps per variant at BENCH_SCALE=1)
 CASES = {
@@ -46,9 +53,22 @@ def run_case(name: str, scale: float) -> dict:
     reps = max(3, int(reps * scale))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               str(ROOT / "bench" / "worker.py"), "--variants", *variants, "--reps", str(reps),
-               "--out", str(out), "--overrides", *overrides]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            str(ROOT / "bench" / "worker.py"),
+            "--variants",
+            *variants,
+            "--reps",
+            str(reps),
+            "--out",
+            str(out),
+            "--overrides",
+            *overrides,
+        ]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
         t = time.time()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -62,27 +82,65 @@ def run_case(name: str, scale: float) -> dict:
 
 # Whole `ppx run`s (their summaries): schedules beyond 1F1B on the known-cost model with
 # t_f = t_b = t_w, and the simulator's prediction error on the known-cost model and the MLP.
-TW = ["model.kind=synthetic", "model.hidden=16", "train.steps=6", "pipeline.stages=4", "pipeline.microbatches=8",
-      "logging.wandb.mode=disabled"]
+TW = [
+    "model.kind=synthetic",
+    "model.hidden=16",
+    "train.steps=6",
+    "pipeline.stages=4",
+    "pipeline.microbatches=8",
+    "logging.wandb.mode=disabled",
+]
 RUNS = {
     "tw_1f1b": TW + ["pipeline.schedule=1f1b", "model.fwd_ms=10", "model.bwd_ms=10", "model.wgrad_ms=10"],
     "tw_zb_h1": TW + ["pipeline.schedule=zb_h1", "model.fwd_ms=10", "model.bwd_ms=10", "model.wgrad_ms=10"],
-    "tw_interleaved": TW + ["pipeline.schedule=interleaved_1f1b", "pipeline.virtual_stages=2", "model.layers=8",
-                            "model.fwd_ms=5", "model.bwd_ms=5", "model.wgrad_ms=5"],
+    "tw_interleaved": TW
+    + [
+        "pipeline.schedule=interleaved_1f1b",
+        "pipeline.virtual_stages=2",
+        "model.layers=8",
+        "model.fwd_ms=5",
+        "model.bwd_ms=5",
+        "model.wgrad_ms=5",
+    ],
     # the same at 4x the cost per action: hand-offs (about 1 ms on this machine) matter 4x less
     "tw40_1f1b": TW + ["pipeline.schedule=1f1b", "model.fwd_ms=40", "model.bwd_ms=40", "model.wgrad_ms=40"],
     "tw40_zb_h1": TW + ["pipeline.schedule=zb_h1", "model.fwd_ms=40", "model.bwd_ms=40", "model.wgrad_ms=40"],
-    "tw40_interleaved": TW + ["pipeline.schedule=interleaved_1f1b", "pipeline.virtual_stages=2", "model.layers=8",
-                              "model.fwd_ms=20", "model.bwd_ms=20", "model.wgrad_ms=20"],
+    "tw40_interleaved": TW
+    + [
+        "pipeline.schedule=interleaved_1f1b",
+        "pipeline.virtual_stages=2",
+        "model.layers=8",
+        "model.fwd_ms=20",
+        "model.bwd_ms=20",
+        "model.wgrad_ms=20",
+    ],
     # ppx's ZB-H1 list exported to torch's CSV form and executed by torch's _PipelineScheduleRuntime
-    "tw_zb_h1_torch_executor": TW + ["pipeline.schedule=zb_h1", "pipeline.executor=torch", "model.fwd_ms=10",
-                                     "model.bwd_ms=10", "model.wgrad_ms=10"],
-    "mlp_1f1b_p2_run": ["pipeline.schedule=1f1b", "pipeline.stages=2", "pipeline.microbatches=8", "model.kind=mlp",
-                        "model.hidden=256", "model.layers=8", "train.batch_size=64", "train.steps=40",
-                        "instrument.timeline_steps=30", "logging.wandb.mode=disabled"],
-    "mlp1024_1f1b_p2_run": ["pipeline.schedule=1f1b", "pipeline.stages=2", "pipeline.microbatches=8", "model.kind=mlp",
-                            "model.hidden=1024", "model.layers=8", "train.batch_size=64", "train.steps=30",
-                            "instrument.timeline_steps=20", "logging.wandb.mode=disabled"],
+    "tw_zb_h1_torch_executor": TW
+    + ["pipeline.schedule=zb_h1", "pipeline.executor=torch", "model.fwd_ms=10", "model.bwd_ms=10", "model.wgrad_ms=10"],
+    "mlp_1f1b_p2_run": [
+        "pipeline.schedule=1f1b",
+        "pipeline.stages=2",
+        "pipeline.microbatches=8",
+        "model.kind=mlp",
+        "model.hidden=256",
+        "model.layers=8",
+        "train.batch_size=64",
+        "train.steps=40",
+        "instrument.timeline_steps=30",
+        "logging.wandb.mode=disabled",
+    ],
+    "mlp1024_1f1b_p2_run": [
+        "pipeline.schedule=1f1b",
+        "pipeline.stages=2",
+        "pipeline.microbatches=8",
+        "model.kind=mlp",
+        "model.hidden=1024",
+        "model.layers=8",
+        "train.batch_size=64",
+        "train.steps=30",
+        "instrument.timeline_steps=20",
+        "logging.wandb.mode=disabled",
+    ],
 }
 
 
@@ -97,8 +155,20 @@ def run_summary(name: str) -> dict:
             raise SystemExit(f"bench run {name} failed:\n{proc.stderr[-3000:]}")
         run = RunDir(d)
         s, raw = run.summary, run.raw_summary
-    keep = ("step_time_s", "bubble_fraction", "bubble_fraction_theory", "predicted", "prediction_error", "ranks",
-            "ideal_step_time_s", "measured_costs", "schedule", "stages", "microbatches", "virtual_stages")
+    keep = (
+        "step_time_s",
+        "bubble_fraction",
+        "bubble_fraction_theory",
+        "predicted",
+        "prediction_error",
+        "ranks",
+        "ideal_step_time_s",
+        "measured_costs",
+        "schedule",
+        "stages",
+        "microbatches",
+        "virtual_stages",
+    )
     out = {k: raw.get(k) for k in keep}  # results.json keeps summary.json's own fields
     print(f"  {name}: step {s.step_time_s * 1e3:.1f} ms, bubble {s.bubble_fraction or 0:.1%}", flush=True)
     return out
@@ -116,8 +186,9 @@ def compute_only_idle(run: dict) -> float | None:
     if not run.get("measured_costs") or not run.get("schedule"):
         return None
     p, m, v = len(run["ranks"]), run["microbatches"], run.get("virtual_stages") or 1
-    costs = dataclasses.replace(costs_from(run["measured_costs"], run["stages"]), overhead=0.0, p2p=0.0, send_post=0.0,
-                                recv_post=0.0)
+    costs = dataclasses.replace(
+        costs_from(run["measured_costs"], run["stages"]), overhead=0.0, p2p=0.0, send_post=0.0, recv_post=0.0
+    )
     t = schedules.simulate(schedules.add_comms(schedules.build(run["schedule"], p, m, v)), costs, "gloo", -1)
     return sum(t.idle(r) for r in range(p))
 
@@ -125,8 +196,11 @@ def compute_only_idle(run: dict) -> float | None:
 def beyond_rows(runs: dict) -> list[tuple[str, str, str, str]]:
     idle = {k: sum(r["idle_s"] for r in v["ranks"]) for k, v in runs.items()}
     # the simulator's idle at the run's own measured costs (hand-offs included), for comparison
-    sim_idle = {k: v["predicted"]["bubble_fraction"] * v["predicted"]["step_time_s"] * len(v["ranks"])
-                for k, v in runs.items() if v.get("predicted")}
+    sim_idle = {
+        k: v["predicted"]["bubble_fraction"] * v["predicted"]["step_time_s"] * len(v["ranks"])
+        for k, v in runs.items()
+        if v.get("predicted")
+    }
     peaks = lambda k: max(r["peak_inflight_microbatches"] for r in runs[k]["ranks"])  # noqa: E731
     out = []
     for t, pre in ((10, "tw_"), (40, "tw40_")):
@@ -137,28 +211,53 @@ def beyond_rows(runs: dict) -> list[tuple[str, str, str, str]]:
         bare = f"; without overhead and hand-offs {bare[0] / bare[1]:.3f}" if None not in bare else ""
         inter = idle[f"{pre}interleaved"] / idle[f"{pre}1f1b"]
         out += [
-            (f"ZB-H1 idle time / 1F1B idle time, known-cost p=4 m=8 t_f=t_b=t_w={t} ms (theory 1/3)",
-             f"{zb:.3f} (peak in flight {peaks(pre + 'zb_h1')} vs {peaks(pre + '1f1b')}; simulated at the measured "
-             f"costs {sim_idle[pre + 'zb_h1'] / sim_idle[pre + '1f1b']:.3f}{bare})", "<= 0.33, same peak",
-             "pass" if zb <= 1 / 3 + 1e-9 and peaks(pre + "zb_h1") == peaks(pre + "1f1b") else "MISS"),
-            (f"interleaved 1F1B (v=2) idle time / 1F1B idle time, same cost per rank, t={t} ms (theory 1/2)",
-             f"{inter:.2f}", "about 0.5", "pass" if inter <= 0.6 else "MISS"),
+            (
+                f"ZB-H1 idle time / 1F1B idle time, known-cost p=4 m=8 t_f=t_b=t_w={t} ms (theory 1/3)",
+                f"{zb:.3f} (peak in flight {peaks(pre + 'zb_h1')} vs {peaks(pre + '1f1b')}; simulated at the measured "
+                f"costs {sim_idle[pre + 'zb_h1'] / sim_idle[pre + '1f1b']:.3f}{bare})",
+                "<= 0.33, same peak",
+                "pass" if zb <= 1 / 3 + 1e-9 and peaks(pre + "zb_h1") == peaks(pre + "1f1b") else "MISS",
+            ),
+            (
+                f"interleaved 1F1B (v=2) idle time / 1F1B idle time, same cost per rank, t={t} ms (theory 1/2)",
+                f"{inter:.2f}",
+                "about 0.5",
+                "pass" if inter <= 0.6 else "MISS",
+            ),
         ]
     if "tw_zb_h1_torch_executor" in runs:
         k = "tw_zb_h1_torch_executor"
-        out.append(("ppx's ZB-H1 list run by torch's _PipelineScheduleRuntime (pipeline.executor=torch), t=10 ms: "
-                    "idle / ppx-executed 1F1B idle", f"{idle[k] / idle['tw_1f1b']:.2f} (step {runs[k]['step_time_s'] * 1e3:.0f} ms "
-                    f"vs {runs['tw_zb_h1']['step_time_s'] * 1e3:.0f} ms in ppx's runtime)", "(info)", ""))
-    for k, label in [("tw_1f1b", "known-cost 1F1B"), ("tw_zb_h1", "known-cost ZB-H1"),
-                     ("tw_interleaved", "known-cost interleaved v=2"), ("tw40_1f1b", "known-cost 1F1B, t=40 ms"),
-                     ("tw40_zb_h1", "known-cost ZB-H1, t=40 ms"), ("tw40_interleaved", "known-cost interleaved v=2, t=40 ms"),
-                     ("mlp_1f1b_p2_run", "MLP hidden 256 1F1B p=2 (0.3-0.6 ms actions)"),
-                     ("mlp1024_1f1b_p2_run", "MLP hidden 1024 1F1B p=2 (4-9 ms actions)")]:
+        out.append(
+            (
+                "ppx's ZB-H1 list run by torch's _PipelineScheduleRuntime (pipeline.executor=torch), t=10 ms: "
+                "idle / ppx-executed 1F1B idle",
+                f"{idle[k] / idle['tw_1f1b']:.2f} (step {runs[k]['step_time_s'] * 1e3:.0f} ms "
+                f"vs {runs['tw_zb_h1']['step_time_s'] * 1e3:.0f} ms in ppx's runtime)",
+                "(info)",
+                "",
+            )
+        )
+    for k, label in [
+        ("tw_1f1b", "known-cost 1F1B"),
+        ("tw_zb_h1", "known-cost ZB-H1"),
+        ("tw_interleaved", "known-cost interleaved v=2"),
+        ("tw40_1f1b", "known-cost 1F1B, t=40 ms"),
+        ("tw40_zb_h1", "known-cost ZB-H1, t=40 ms"),
+        ("tw40_interleaved", "known-cost interleaved v=2, t=40 ms"),
+        ("mlp_1f1b_p2_run", "MLP hidden 256 1F1B p=2 (0.3-0.6 ms actions)"),
+        ("mlp1024_1f1b_p2_run", "MLP hidden 1024 1F1B p=2 (4-9 ms actions)"),
+    ]:
         if k not in runs:
             continue
         err = runs[k]["prediction_error"]["step_time"]
-        out.append((f"simulator step-time error from measured costs, {label}", f"{err:+.1%}", "<= 5%",
-                    "pass" if abs(err) <= 0.05 else "MISS"))
+        out.append(
+            (
+                f"simulator step-time error from measured costs, {label}",
+                f"{err:+.1%}",
+                "<= 5%",
+                "pass" if abs(err) <= 0.05 else "MISS",
+            )
+        )
     return out
 
 
@@ -170,21 +269,35 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
         ratio = r["ppx"] / r["torch"]
         sched = "GPipe" if "gpipe" in name else "1F1B"
         size = "hidden 1024" if "large" in name else "hidden 256"
-        out.append((f"ppx / torch.distributed.pipelining step time, MLP {size}, {sched}, p={results[name]['processes']}, m=8",
-                    f"{ratio:.3f} ({r['ppx'] * 1e3:.2f} ms vs {r['torch'] * 1e3:.2f} ms)", "<= 1.00", "pass" if ratio <= 1.0 else "MISS"))
+        out.append(
+            (
+                f"ppx / torch.distributed.pipelining step time, MLP {size}, {sched}, p={results[name]['processes']}, m=8",
+                f"{ratio:.3f} ({r['ppx'] * 1e3:.2f} ms vs {r['torch'] * 1e3:.2f} ms)",
+                "<= 1.00",
+                "pass" if ratio <= 1.0 else "MISS",
+            )
+        )
     for name in ("known_gpipe_p4", "known_1f1b_p4", "known_1f1b_p2"):
         res = results[name]
         ideal = res["ideal_step_s"]
         r = res["median_step_s"]
         sched = "GPipe" if "gpipe" in name else "1F1B"
         ratio = r["ppx"] / ideal
-        out.append((f"known-cost step / ideal (m+p-1)(t_f+t_b), {sched}, p={res['processes']}, m=8, t_f=10 ms, t_b=20 ms",
-                    f"ppx {ratio:.3f}, torch {r['torch'] / ideal:.3f} (ideal {ideal * 1e3:.0f} ms)", "<= 1.03",
-                    "pass" if ratio <= 1.03 else "MISS"))
+        out.append(
+            (
+                f"known-cost step / ideal (m+p-1)(t_f+t_b), {sched}, p={res['processes']}, m=8, t_f=10 ms, t_b=20 ms",
+                f"ppx {ratio:.3f}, torch {r['torch'] / ideal:.3f} (ideal {ideal * 1e3:.0f} ms)",
+                "<= 1.03",
+                "pass" if ratio <= 1.03 else "MISS",
+            )
+        )
     for name in ("overhead_known_1f1b_p4", "overhead_mlp_1f1b_p2", "overhead_mlp_large_1f1b_p2"):
         r = results[name]["median_step_s"]
-        size = {"overhead_known_1f1b_p4": "known-cost model, p=4", "overhead_mlp_1f1b_p2": "MLP hidden 256, p=2",
-                "overhead_mlp_large_1f1b_p2": "MLP hidden 1024, p=2"}[name]
+        size = {
+            "overhead_known_1f1b_p4": "known-cost model, p=4",
+            "overhead_mlp_1f1b_p2": "MLP hidden 256, p=2",
+            "overhead_mlp_large_1f1b_p2": "MLP hidden 1024, p=2",
+        }[name]
         t = r["ppx_timers"] / r["ppx"] - 1
         a = r["ppx_all"] / r["ppx"] - 1
         if "known" in name:
@@ -194,13 +307,32 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
         out.append((f"timer overhead (timers on / off - 1), {size}, 1F1B, profiler off", f"{t:+.1%}", target, verdict))
         out.append((f"timers + memory counters overhead, {size}, 1F1B, profiler off", f"{a:+.1%}", "(info)", ""))
     micro = results["micro"]
-    out.append(("timer cost per program item (in-process microbenchmark)", f"{micro['timer_s_per_item'] * 1e6:.2f} us", "(info)", ""))
+    out.append(
+        (
+            "timer cost per program item (in-process microbenchmark)",
+            f"{micro['timer_s_per_item'] * 1e6:.2f} us",
+            "(info)",
+            "",
+        )
+    )
     step, items = micro["mlp_p2_step_s"], micro["mlp_p2_items_per_rank"]
     share = micro["timer_s_per_item"] * items / step
-    out.append((f"timer cost as a share of the MLP hidden 256 1F1B p=2 step ({items} items per rank, {step * 1e3:.1f} ms)",
-                f"{share:.2%}", "<= 2%", "pass" if share <= 0.02 else "MISS"))
-    out.append(("memory counters cost per microbatch (forward + backward, MLP hidden 256 stage)",
-                f"{micro['memory_s_per_microbatch'] * 1e6:.1f} us", "(info)", ""))
+    out.append(
+        (
+            f"timer cost as a share of the MLP hidden 256 1F1B p=2 step ({items} items per rank, {step * 1e3:.1f} ms)",
+            f"{share:.2%}",
+            "<= 2%",
+            "pass" if share <= 0.02 else "MISS",
+        )
+    )
+    out.append(
+        (
+            "memory counters cost per microbatch (forward + backward, MLP hidden 256 stage)",
+            f"{micro['memory_s_per_microbatch'] * 1e6:.1f} us",
+            "(info)",
+            "",
+        )
+    )
     if "runs" in results:
         out += beyond_rows(results["runs"])
     return out
@@ -300,8 +432,8 @@ def main() -> None:
     results = {name: run_case(name, scale) for name in only}
     if set(only) == set(CASES):
         from bench.micro import memory_cost_s, timer_cost_s
-        from ppx.schedules.program import compile_program
         from ppx.schedules import build
+        from ppx.schedules.program import compile_program
 
         items = max(len(compile_program(row, (0, 1), -1)) for row in build("1f1b", 2, 8).actions)
         results["micro"] = {

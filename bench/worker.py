@@ -13,23 +13,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import statistics
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 
 from ppx import config, models
-from ppx.launch.affinity import pin_local_rank
+from ppx.config import resolve_schedule
 from ppx.engine.comm import P2P
-from ppx.measure.instruments import Instruments
+from ppx.engine.rank import build_rank, build_stage_modules
+from ppx.launch.affinity import pin_local_rank
 from ppx.measure.clock import offset_to_rank0, start_together
+from ppx.measure.instruments import Instruments
 from ppx.measure.prediction import transport_of
 from ppx.measure.theory import known_cost_timeline
 from ppx.models.action_clock import ActionClock
-from ppx.config import resolve_schedule
-from ppx.engine.rank import build_rank, build_stage_modules
 
 
 def torch_variant(cfg, schedule, rank, world):
@@ -134,7 +134,9 @@ def main() -> None:
     if rank == 0:
         ideal = known_cost_timeline(cfg, schedule, transport_of(cfg, "gloo"))  # None for the MLP
         result = {
-            "overrides": args.overrides, "world_size": world, "reps": args.reps,
+            "overrides": args.overrides,
+            "world_size": world,
+            "reps": args.reps,
             "median_step_s": {v: statistics.median(t) for v, t in times.items()},
             "ideal_step_s": ideal.makespan if ideal is not None else None,
         }

@@ -11,8 +11,14 @@ import sys
 from ppx.errors import UserError
 from ppx.schedules.registry import names_help
 
-MODULES = {"run": "run", "schedule": "schedule", "simulate": "simulate", "compare": "compare", "sweep": "compare",
-           "keys": "keys"}
+MODULES = {
+    "run": "run",
+    "schedule": "schedule",
+    "simulate": "simulate",
+    "compare": "compare",
+    "sweep": "compare",
+    "keys": "keys",
+}
 
 
 def _command(name: str):
@@ -29,7 +35,9 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run an experiment: ppx run <name or yaml> [key=value ...]")
     run.add_argument("experiment", help="a name in experiments/ (e.g. gpipe_4gpu) or a YAML path")
-    run.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="config overrides (ppx keys lists them)")
+    run.add_argument(
+        "overrides", nargs="*", default=[], metavar="key=value", help="config overrides (ppx keys lists them)"
+    )
     run.set_defaults(fn=_command("run"))
     sch = sub.add_parser("schedule", help="print a schedule's rank x time grid and its bubble")
     names = names_help()
@@ -39,7 +47,9 @@ def parser() -> argparse.ArgumentParser:
     sch.add_argument("--virtual", "-v", type=int, help="stages per rank (interleaved_1f1b; default 2 there, else 1)")
     sch.add_argument("--fwd", type=int, default=1, help="forward cost in grid slots (default 1)")
     sch.add_argument("--bwd", type=int, default=1, help="backward (input-gradient) cost in grid slots (default 1)")
-    sch.add_argument("--wgrad", type=int, default=0, help="weight-gradient cost in grid slots, B = bwd + wgrad (default 0)")
+    sch.add_argument(
+        "--wgrad", type=int, default=0, help="weight-gradient cost in grid slots, B = bwd + wgrad (default 0)"
+    )
     sch.add_argument("--actions", action="store_true", help="also list every rank's actions, comms included")
     sch.add_argument("--csv", help="write the schedule as torch-style CSV to this file")
     sch.add_argument("--with-comms", action="store_true", help="with --csv: include SEND/RECV actions")
@@ -48,18 +58,36 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("name", help=f"{names}, or a schedule CSV")
     sim.add_argument("--stages", "-p", type=int, help="ranks (default 4, or the --from-run run's)")
     sim.add_argument("--microbatches", "-m", type=int, help="microbatches (default 8, or the --from-run run's)")
-    sim.add_argument("--virtual", "-v", type=int, help="stages per rank (default 2 for interleaved_1f1b, else 1; or the run's)")
-    sim.add_argument("--fwd-ms", default="10", help="forward ms per microbatch: one value or one per stage (10,12,...); default 10")
+    sim.add_argument(
+        "--virtual", "-v", type=int, help="stages per rank (default 2 for interleaved_1f1b, else 1; or the run's)"
+    )
+    sim.add_argument(
+        "--fwd-ms", default="10", help="forward ms per microbatch: one value or one per stage (10,12,...); default 10"
+    )
     sim.add_argument("--bwd-ms", default="20", help="input-gradient backward ms, likewise; default 20")
-    sim.add_argument("--wgrad-ms", default="0", help="weight-gradient ms, likewise (a full B costs bwd + wgrad); default 0")
+    sim.add_argument(
+        "--wgrad-ms", default="0", help="weight-gradient ms, likewise (a full B costs bwd + wgrad); default 0"
+    )
     sim.add_argument("--p2p-ms", type=float, default=0.0, help="latency of one hand-off between ranks, ms; default 0")
-    sim.add_argument("--send-post-ms", type=float, default=0.0, help="time the runtime takes to post one send, ms; default 0")
-    sim.add_argument("--recv-post-ms", type=float, default=0.0, help="time the runtime takes to post one receive, ms; default 0")
-    sim.add_argument("--transport", choices=["nccl", "gloo"], help="nccl: batches complete in order, as one group "
-                     "(default) | gloo: each send/receive on its own, as ppx's runtime on gloo (default with --from-run "
-                     "of a gloo run)")
-    sim.add_argument("--recv-lookahead", type=int, help="gloo: receives posted this many compute actions early, -1 all at a rank's first wait "
-                     "(default 0, or the run's runtime.recv_lookahead with --from-run)")
+    sim.add_argument(
+        "--send-post-ms", type=float, default=0.0, help="time the runtime takes to post one send, ms; default 0"
+    )
+    sim.add_argument(
+        "--recv-post-ms", type=float, default=0.0, help="time the runtime takes to post one receive, ms; default 0"
+    )
+    sim.add_argument(
+        "--transport",
+        choices=["nccl", "gloo"],
+        help="nccl: batches complete in order, as one group "
+        "(default) | gloo: each send/receive on its own, as ppx's runtime on gloo (default with --from-run "
+        "of a gloo run)",
+    )
+    sim.add_argument(
+        "--recv-lookahead",
+        type=int,
+        help="gloo: receives posted this many compute actions early, -1 all at a rank's first wait "
+        "(default 0, or the run's runtime.recv_lookahead with --from-run)",
+    )
     sim.add_argument("--from-run", help="take per-stage costs measured in this run directory instead")
     sim.add_argument("--png", help="draw the predicted timeline to this PNG")
     sim.set_defaults(fn=_command("simulate"))

@@ -18,17 +18,24 @@ def schedule_from(name: str, stages, microbatches, virtual):
     if schedules.is_csv(name):
         sched = schedules.from_csv(name)
         v = sched.stages_per_rank
-        for option, given, has in (("--stages", stages, sched.num_ranks), ("--microbatches", microbatches,
-                                   sched.num_microbatches), ("--virtual", virtual, v)):
+        for option, given, has in (
+            ("--stages", stages, sched.num_ranks),
+            ("--microbatches", microbatches, sched.num_microbatches),
+            ("--virtual", virtual, v),
+        ):
             if given is not None and given != has:
-                raise UserError(f"{name} is a schedule for {sched.num_ranks} ranks, {v} stage(s) each and "
-                                f"{sched.num_microbatches} microbatches; {option} {given} does not match (leave it out)")
+                raise UserError(
+                    f"{name} is a schedule for {sched.num_ranks} ranks, {v} stage(s) each and "
+                    f"{sched.num_microbatches} microbatches; {option} {given} does not match (leave it out)"
+                )
         return sched
     stages = 4 if stages is None else stages
     microbatches = 8 if microbatches is None else microbatches
     if schedules.is_torch(name):
-        print(f"{name}: torch.distributed.pipelining's schedule runs the order of ppx's "
-              f"{schedules.family_name(name)}", flush=True)
+        print(
+            f"{name}: torch.distributed.pipelining's schedule runs the order of ppx's {schedules.family_name(name)}",
+            flush=True,
+        )
     return schedules.build(name, stages, microbatches, virtual)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+
 def cmd_keys(args) -> int:
     from ppx.config import describe
 

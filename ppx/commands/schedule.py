@@ -15,15 +15,20 @@ def cmd_schedule(args) -> int:
         raise UserError("--with-comms only shapes the --csv file; add --csv FILE (or use --actions to print comms)")
 
     if args.fwd < 1 or args.bwd < 1 or args.wgrad < 0:
-        raise UserError(f"--fwd and --bwd must be >= 1 grid slot and --wgrad >= 0 (got {args.fwd}, {args.bwd}, {args.wgrad})")
+        raise UserError(
+            f"--fwd and --bwd must be >= 1 grid slot and --wgrad >= 0 (got {args.fwd}, {args.bwd}, {args.wgrad})"
+        )
     sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual)
     args.virtual = sched.stages_per_rank
     costs = schedules.Costs(fwd=args.fwd, bwd=args.bwd, wgrad=args.wgrad)
     p, m = sched.num_ranks, sched.num_microbatches
     b = args.bwd + args.wgrad
-    print(f"{sched.name}: {p} ranks, {sched.num_stages} stages, {m} microbatches "
-          f"(F = {args.fwd:g} slot{'s' if args.fwd != 1 else ''}, B = {b:g} slot{'s' if b != 1 else ''}"
-          + (f", I = {args.bwd:g}, W = {args.wgrad:g}" if args.wgrad else "") + ")")
+    print(
+        f"{sched.name}: {p} ranks, {sched.num_stages} stages, {m} microbatches "
+        f"(F = {args.fwd:g} slot{'s' if args.fwd != 1 else ''}, B = {b:g} slot{'s' if b != 1 else ''}"
+        + (f", I = {args.bwd:g}, W = {args.wgrad:g}" if args.wgrad else "")
+        + ")"
+    )
     print(render_grid(sched, costs))
     timeline = schedules.simulate(sched, costs)
     fam = schedules.FAMILIES.get(sched.name)
@@ -37,7 +42,10 @@ def cmd_schedule(args) -> int:
     if args.csv:
         with_comms = args.with_comms or sched.groups is not None
         schedules.write_csv(sched if with_comms else sched.compute_only(), args.csv)
-        note = "" if with_comms == args.with_comms else \
-            f" with its SEND/RECV actions: {sched.name} batches sends with computes, which compute actions alone cannot say"
+        note = (
+            ""
+            if with_comms == args.with_comms
+            else f" with its SEND/RECV actions: {sched.name} batches sends with computes, which compute actions alone cannot say"
+        )
         print(f"wrote {args.csv}{note}")
     return 0

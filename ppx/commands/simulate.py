@@ -25,7 +25,11 @@ def cmd_simulate(args) -> int:
     from ppx.measure.prediction import costs_from, transport_of
 
     output_path("--png", args.png)
-    for option, value in (("--p2p-ms", args.p2p_ms), ("--send-post-ms", args.send_post_ms), ("--recv-post-ms", args.recv_post_ms)):
+    for option, value in (
+        ("--p2p-ms", args.p2p_ms),
+        ("--send-post-ms", args.send_post_ms),
+        ("--recv-post-ms", args.recv_post_ms),
+    ):
         if value < 0:
             raise UserError(f"{option} must be >= 0, got {value:g}")
     if args.recv_lookahead is not None and args.recv_lookahead < -1:
@@ -37,26 +41,41 @@ def cmd_simulate(args) -> int:
         run = RunDir(args.from_run)
         measured = run.summary
         if measured.measured_costs is None:
-            raise UserError(f"{args.from_run} has no measured costs (run it with instrument.timers and instrument.timeline on)")
+            raise UserError(
+                f"{args.from_run} has no measured costs (run it with instrument.timers and instrument.timeline on)"
+            )
         ran = (measured.world_size, measured.virtual)
         if not args.name.endswith(".csv"):  # the run's shape unless given (a CSV has its own)
-            shape = {"stages": measured.world_size, "microbatches": measured.microbatches, "virtual": measured.virtual_stages}
+            shape = {
+                "stages": measured.world_size,
+                "microbatches": measured.microbatches,
+                "virtual": measured.virtual_stages,
+            }
             for attr, value in shape.items():
                 if getattr(args, attr) is None:
                     setattr(args, attr, value)
             if (args.stages, args.virtual or 1) != ran:
-                raise UserError(f"{args.from_run} ran {ran[0]} ranks with {ran[1]} stage(s) each; its costs are per "
-                                "stage, so leave out --stages/--virtual or give the same")
+                raise UserError(
+                    f"{args.from_run} ran {ran[0]} ranks with {ran[1]} stage(s) each; its costs are per "
+                    "stage, so leave out --stages/--virtual or give the same"
+                )
     sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual)
     if args.from_run and (sched.num_ranks, sched.stages_per_rank) != ran:
-        raise UserError(f"{args.from_run} ran {ran[0]} ranks with {ran[1]} stage(s) each, {args.name} has "
-                        f"{sched.num_ranks} with {sched.stages_per_rank}; the run's costs are per stage")
+        raise UserError(
+            f"{args.from_run} ran {ran[0]} ranks with {ran[1]} stage(s) each, {args.name} has "
+            f"{sched.num_ranks} with {sched.stages_per_rank}; the run's costs are per stage"
+        )
     args.virtual = sched.stages_per_rank
     if measured is None:
         n = sched.num_stages
-        costs = schedules.Costs(fwd=_ms_list("--fwd-ms", args.fwd_ms, n), bwd=_ms_list("--bwd-ms", args.bwd_ms, n),
-                                wgrad=_ms_list("--wgrad-ms", args.wgrad_ms, n), p2p=args.p2p_ms / 1e3,
-                                send_post=args.send_post_ms / 1e3, recv_post=args.recv_post_ms / 1e3)
+        costs = schedules.Costs(
+            fwd=_ms_list("--fwd-ms", args.fwd_ms, n),
+            bwd=_ms_list("--bwd-ms", args.bwd_ms, n),
+            wgrad=_ms_list("--wgrad-ms", args.wgrad_ms, n),
+            p2p=args.p2p_ms / 1e3,
+            send_post=args.send_post_ms / 1e3,
+            recv_post=args.recv_post_ms / 1e3,
+        )
         transport, lookahead = "nccl", 0
     else:
         costs = costs_from(measured.measured_costs, sched.num_stages)
@@ -69,21 +88,33 @@ def cmd_simulate(args) -> int:
     print(f"{sched.name}: {p} ranks, {sched.num_stages} stages, {m} microbatches")
     print(f"predicted step time {t.makespan * 1e3:.2f} ms, bubble {t.bubble_fraction():.1%} (idle / step time)")
     for r in range(p):
-        print(f"  rank {r}: compute {t.compute[r] * 1e3:.2f} ms, comm {t.comm[r] * 1e3:.2f} ms, idle {t.idle(r) * 1e3:.2f} ms")
+        print(
+            f"  rank {r}: compute {t.compute[r] * 1e3:.2f} ms, comm {t.comm[r] * 1e3:.2f} ms, idle {t.idle(r) * 1e3:.2f} ms"
+        )
     fam = schedules.FAMILIES.get(sched.name)
     if fam is not None:
         print(f"theory ({fam.bubble_formula}): {fam.bubble(p, m, args.virtual):.1%}")
     if measured is not None:  # over the steps the costs come from, as the run's own report
         step = measured.step_time_of_costs_s
         bubble = float("nan") if measured.bubble_of_costs is None else measured.bubble_of_costs
-        print(f"measured in {args.from_run}: step {step * 1e3:.2f} ms ({step / t.makespan - 1:+.1%} against the prediction), "
-              f"bubble {bubble:.1%}")
+        print(
+            f"measured in {args.from_run}: step {step * 1e3:.2f} ms ({step / t.makespan - 1:+.1%} against the prediction), "
+            f"bubble {bubble:.1%}"
+        )
     if args.png:
         from ppx.measure.spans import Span
         from ppx.report.gantt import draw_step
 
-        spans = {r: [Span("compute", str(e.action), (e.action,), e.start, e.end) for e in row] for r, row in enumerate(t.events)}
-        draw_step(spans, Path(args.png), f"{sched.name} p={p} m={m}: predicted {t.makespan * 1e3:.1f} ms, bubble {t.bubble_fraction():.1%}",
-                  sched.stage_to_rank, xlabel="predicted time in the step (ms)")
+        spans = {
+            r: [Span("compute", str(e.action), (e.action,), e.start, e.end) for e in row]
+            for r, row in enumerate(t.events)
+        }
+        draw_step(
+            spans,
+            Path(args.png),
+            f"{sched.name} p={p} m={m}: predicted {t.makespan * 1e3:.1f} ms, bubble {t.bubble_fraction():.1%}",
+            sched.stage_to_rank,
+            xlabel="predicted time in the step (ms)",
+        )
         print(f"wrote {args.png}")
     return 0

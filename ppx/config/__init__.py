@@ -6,5 +6,15 @@ from ppx.config.resolve import resolve_schedule, virtual_stages
 from ppx.config.rules import check
 from ppx.config.schema import Config, describe
 
-__all__ = ["Config", "check", "describe", "experiments_dirs", "find_experiment", "from_yaml", "load",
-           "resolve_schedule", "to_yaml", "virtual_stages"]
+__all__ = [
+    "Config",
+    "check",
+    "describe",
+    "experiments_dirs",
+    "find_experiment",
+    "from_yaml",
+    "load",
+    "resolve_schedule",
+    "to_yaml",
+    "virtual_stages",
+]

@@ -34,9 +34,7 @@ def check_shape(cfg: Config) -> None:
     if t.batch_size < 1:
         raise UserError(f"train.batch_size must be >= 1, got {t.batch_size}")
     if t.batch_size % p.microbatches:
-        raise UserError(
-            f"train.batch_size={t.batch_size} is not divisible by pipeline.microbatches={p.microbatches}"
-        )
+        raise UserError(f"train.batch_size={t.batch_size} is not divisible by pipeline.microbatches={p.microbatches}")
 
 
 def check_train(cfg: Config) -> None:
@@ -91,8 +89,10 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
     stage_costs_ms(m, sched.num_stages if m.kind == "synthetic" else None)
     split_layers(m.layers, sched.num_stages, p.layers_per_stage)
     if p.split == "tracer" and m.kind not in models.TRACEABLE:
-        raise UserError(f"pipeline.split=tracer cannot trace model.kind={m.kind} (its stages sleep inside a custom "
-                        "autograd Function); use mlp or transformer, or pipeline.split=layers")
+        raise UserError(
+            f"pipeline.split=tracer cannot trace model.kind={m.kind} (its stages sleep inside a custom "
+            "autograd Function); use mlp or transformer, or pipeline.split=layers"
+        )
 
 
 def check_instrument(cfg: Config) -> None:
@@ -108,9 +108,11 @@ def check_profile(cfg: Config) -> None:
         raise UserError("profile.wait, profile.warmup and profile.repeat must be >= 0 and profile.active >= 1")
     window = prof.wait + prof.warmup + prof.active
     if prof.enabled and cfg.train.steps < window:
-        raise UserError(f"profile.enabled: the profiler records steps {prof.wait + prof.warmup}..{window - 1} "
-                        f"(profile.wait + profile.warmup + profile.active = {window}) but train.steps={cfg.train.steps}; "
-                        f"raise train.steps or shrink the profile window")
+        raise UserError(
+            f"profile.enabled: the profiler records steps {prof.wait + prof.warmup}..{window - 1} "
+            f"(profile.wait + profile.warmup + profile.active = {window}) but train.steps={cfg.train.steps}; "
+            f"raise train.steps or shrink the profile window"
+        )
 
 
 def check_fault(cfg: Config, sched: Schedule) -> None:
@@ -118,13 +120,17 @@ def check_fault(cfg: Config, sched: Schedule) -> None:
         return
     _, action = parse_fault(cfg.runtime.inject_fault)
     if not action.op.is_compute or not any(a == action for row in sched.actions for a in row):
-        raise UserError(f"runtime.inject_fault={cfg.runtime.inject_fault}: {action} is not an action of this "
-                        f"{sched.name} schedule ({sched.num_stages} stages, {sched.num_microbatches} microbatches); "
-                        "faults fire on compute actions (F, B, I, W)")
+        raise UserError(
+            f"runtime.inject_fault={cfg.runtime.inject_fault}: {action} is not an action of this "
+            f"{sched.name} schedule ({sched.num_stages} stages, {sched.num_microbatches} microbatches); "
+            "faults fire on compute actions (F, B, I, W)"
+        )
 
 
 def check_run(cfg: Config) -> None:
     name = cfg.run.name or ""
     if not name or "/" in name or "\\" in name or name in (".", ".."):
-        raise UserError(f"run.name={name!r} must be a plain folder name (no '/', not '.' or '..'): runs go to "
-                        "<run.root>/<run.name>/<id>; use run.root or run.dir to put them elsewhere")
+        raise UserError(
+            f"run.name={name!r} must be a plain folder name (no '/', not '.' or '..'): runs go to "
+            "<run.root>/<run.name>/<id>; use run.root or run.dir to put them elsewhere"
+        )

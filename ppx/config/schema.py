@@ -20,23 +20,29 @@ def _f(default: Any, help: str, **kw):
 @dataclass
 class PipelineConfig:
     schedule: str = _f(
-        "1f1b", f"{names_help()} (torch_*: torch.distributed.pipelining's own), or the path of a torch-style "
-        "schedule CSV"
+        "1f1b",
+        f"{names_help()} (torch_*: torch.distributed.pipelining's own), or the path of a torch-style schedule CSV",
     )
     stages: int = _f(2, "pipeline ranks = processes; each holds pipeline.virtual_stages stages (1 unless interleaved)")
     microbatches: int = _f(4, "microbatches per step; train.batch_size must divide evenly")
     virtual_stages: Optional[int] = _f(
-        None, "stages per rank v for interleaved schedules (stage s on rank s % stages); null: the schedule's default (2 for interleaved, else 1)"
+        None,
+        "stages per rank v for interleaved schedules (stage s on rank s % stages); null: the schedule's default (2 for interleaved, else 1)",
     )
-    layers_per_stage: Optional[List[int]] = _f(None, "explicit uneven split, e.g. [3,1] (one entry per stage, all ranks' virtual stages included); default: even")
+    layers_per_stage: Optional[List[int]] = _f(
+        None,
+        "explicit uneven split, e.g. [3,1] (one entry per stage, all ranks' virtual stages included); default: even",
+    )
     executor: Literal["ppx", "torch"] = _f(
-        "ppx", "which runtime executes the schedule's action list: ppx's | torch (the list, comms included, exported to "
-        "torch's CSV form and run by torch.distributed.pipelining's _PipelineScheduleRuntime); torch_* schedules imply torch"
+        "ppx",
+        "which runtime executes the schedule's action list: ppx's | torch (the list, comms included, exported to "
+        "torch's CSV form and run by torch.distributed.pipelining's _PipelineScheduleRuntime); torch_* schedules imply torch",
     )
     split: Literal["layers", "tracer"] = _f(
-        "layers", "layers: each stage builds its own blocks | tracer: build the whole model as one nn.Module and cut it "
+        "layers",
+        "layers: each stage builds its own blocks | tracer: build the whole model as one nn.Module and cut it "
         "with torch.distributed.pipelining's tracer (pipeline() with a split point before each stage's first block; "
-        "mlp and transformer)"
+        "mlp and transformer)",
     )
 
 
@@ -49,9 +55,15 @@ class ModelConfig:
     seq_len: int = _f(32, "transformer: tokens per sequence")
     vocab_size: int = _f(256, "transformer: vocabulary size")
     ffn_mult: int = _f(4, "transformer: MLP width as a multiple of model.hidden")
-    fwd_ms: Any = _f(10.0, "synthetic: forward time of a stage per microbatch in ms; one value or a list, one per stage")
-    bwd_ms: Any = _f(20.0, "synthetic: input-gradient backward time of a stage per microbatch in ms; one value or one per stage")
-    wgrad_ms: Any = _f(0.0, "synthetic: weight-gradient time in ms (a full backward costs bwd_ms + wgrad_ms, split or not)")
+    fwd_ms: Any = _f(
+        10.0, "synthetic: forward time of a stage per microbatch in ms; one value or a list, one per stage"
+    )
+    bwd_ms: Any = _f(
+        20.0, "synthetic: input-gradient backward time of a stage per microbatch in ms; one value or one per stage"
+    )
+    wgrad_ms: Any = _f(
+        0.0, "synthetic: weight-gradient time in ms (a full backward costs bwd_ms + wgrad_ms, split or not)"
+    )
 
 
 @dataclass
@@ -65,31 +77,38 @@ class TrainConfig:
 
 @dataclass
 class RuntimeConfig:
-    device: Literal["auto", "cpu", "cuda"] = _f("auto", "auto: CUDA+NCCL with one GPU per stage, else CPU+gloo | cpu | cuda")
+    device: Literal["auto", "cpu", "cuda"] = _f(
+        "auto", "auto: CUDA+NCCL with one GPU per stage, else CPU+gloo | cpu | cuda"
+    )
     timeout_s: float = _f(60.0, "seconds without progress on one rank before the whole job is ended")
     threads_per_rank: int = _f(1, "CPU threads per process (torch.set_num_threads)")
     pin_cpus: bool = _f(
-        True, "CPU runs: pin each local rank, its threads included, to its own block of the CPUs the job may use "
+        True,
+        "CPU runs: pin each local rank, its threads included, to its own block of the CPUs the job may use "
         "(with more ranks than CPUs, one CPU each, round robin, so pipeline neighbours never share one), so a woken "
-        "communication thread cannot stall a neighbour's compute; the CPUs go to env.json"
+        "communication thread cannot stall a neighbour's compute; the CPUs go to env.json",
     )
     recv_lookahead: int = _f(
-        -1, "gloo: -1 posts all of a step's receives at the rank's first wait, where it idles anyway (their buffers, "
+        -1,
+        "gloo: -1 posts all of a step's receives at the rank's first wait, where it idles anyway (their buffers, "
         "one boundary tensor per microbatch and direction, are then held together); k > 0 posts each "
         "receive k compute actions before the one that needs it; 0 right before it. Early receives let data land "
-        "while the stage computes (gloo sends only once the receive is posted). NCCL: always 0"
+        "while the stage computes (gloo sends only once the receive is posted). NCCL: always 0",
     )
     inject_fault: Optional[str] = _f(None, "testing the failure path: 'hang@<action>' or 'die@<action>', e.g. hang@1F2")
 
 
 @dataclass
 class InstrumentConfig:
-    timers: bool = _f(True, "time every action (CUDA events on GPU, perf_counter on CPU) and split each step into compute/comm/idle")
+    timers: bool = _f(
+        True, "time every action (CUDA events on GPU, perf_counter on CPU) and split each step into compute/comm/idle"
+    )
     memory: bool = _f(True, "count microbatches in flight and saved activation bytes per stage (saved-tensor hooks)")
     timeline: bool = _f(True, "write timeline.json (Chrome/Perfetto) and timeline.png; needs instrument.timers")
     timeline_steps: int = _f(
-        5, "how many of the last steps go into timeline.json (the PNG shows the last one); the simulator's measured "
-        "costs come from these steps"
+        5,
+        "how many of the last steps go into timeline.json (the PNG shows the last one); the simulator's measured "
+        "costs come from these steps",
     )
 
 
@@ -108,7 +127,8 @@ class ProfileConfig:
 @dataclass
 class WandbConfig:
     mode: Literal["offline", "online", "disabled"] = _f(
-        "offline", "offline (default: no account, sync later with `wandb sync`) | online (needs `wandb login`) | disabled"
+        "offline",
+        "offline (default: no account, sync later with `wandb sync`) | online (needs `wandb login`) | disabled",
     )
     project: str = _f("ppx", "W&B project")
     entity: Optional[str] = _f(None, "W&B entity (team or user); default: your default entity")
@@ -152,5 +172,3 @@ def describe(cls=Config, prefix: str = "") -> list[tuple[str, str, str]]:
         else:
             rows.append((f"{prefix}{f.name}", "null" if default is None else str(default), f.metadata.get("help", "")))
     return rows
-
-

@@ -28,7 +28,7 @@ class P2P:
         self._direct = {}  # (kind, global peer) -> (process group, peer's rank in it)
 
     @classmethod
-    def for_backend(cls, backend: str) -> "P2P":
+    def for_backend(cls, backend: str) -> P2P:
         """Two extra gloo groups on gloo; the default group on NCCL. Collective: call on every rank."""
         if backend == "gloo" and dist.get_world_size() > 1:
             return cls(dist.new_group(backend="gloo"), dist.new_group(backend="gloo"))

@@ -28,8 +28,19 @@ def build_share(cfg, schedule: Schedule, rank: int, device, backend: str, observ
     return build_rank(cfg, schedule, rank, device, P2P.for_backend(backend), observers)
 
 
-def train(cfg, schedule: Schedule, run_dir: Path, rank: int, world: int, device, backend: str, ctrl, watchdog,
-          observers=(), report=None) -> None:
+def train(
+    cfg,
+    schedule: Schedule,
+    run_dir: Path,
+    rank: int,
+    world: int,
+    device,
+    backend: str,
+    ctrl,
+    watchdog,
+    observers=(),
+    report=None,
+) -> None:
     """Build this rank's share and run ``train.steps`` timed steps. ``observers`` wrap every
     item (the watchdog first); ``report`` (rank 0's, with ``add_step(step, records)`` and
     ``finish()``) receives every step's per-rank records."""

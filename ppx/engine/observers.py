@@ -6,7 +6,8 @@ the step is abandoned.)"""
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 from ppx.schedules.program import Item
 

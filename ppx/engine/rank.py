@@ -4,25 +4,26 @@ and the microbatches it feeds."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Optional, Sequence
 
 import torch
 from torch import nn
 
 from ppx import models
 from ppx.config import Config
-from ppx.models.split import split_layers
 from ppx.engine.runtime import Runtime
 from ppx.engine.stage import StageRunner
 from ppx.models.action_clock import ActionClock
+from ppx.models.split import split_layers
 from ppx.schedules.action import Op
 from ppx.schedules.schedule import Schedule
 
 
-def build_stage_modules(cfg: Config, num_stages: int, stages: Sequence[int], device,
-                        clock: Optional[ActionClock] = None) -> dict[int, nn.Module]:
+def build_stage_modules(
+    cfg: Config, num_stages: int, stages: Sequence[int], device, clock: ActionClock | None = None
+) -> dict[int, nn.Module]:
     """The modules of ``stages`` (block ranges from the split), on ``device``; ``clock`` is
     the executor's, for models whose cost is set."""
     kind = models.kind(cfg.model.kind)
@@ -102,7 +103,7 @@ class RankPipeline(StageShare):
     def in_flight(self) -> int:
         return self.runtime.in_flight()
 
-    def microbatches(self, step: int) -> tuple[Optional[list], Optional[list]]:
+    def microbatches(self, step: int) -> tuple[list | None, list | None]:
         """This step's inputs (if this rank owns the first stage) and targets (if the last),
         split into microbatches, on this rank's device. Each microbatch is its own tensor
         (as a loader gives it, and as ``.to(cuda)`` makes it): a view into the whole batch
@@ -116,7 +117,7 @@ class RankPipeline(StageShare):
         ys = [c.to(self.device, copy=True) for c in y.chunk(m)] if self.owns_last else None
         return xs, ys
 
-    def step(self, step: int, batch: Optional[tuple] = None) -> Optional[float]:
+    def step(self, step: int, batch: tuple | None = None) -> float | None:
         """One pipelined step; ``batch`` = this step's ``microbatches()`` when prepared ahead."""
         xs, ys = batch if batch is not None else self.microbatches(step)
         return self.runtime.step(step, xs, ys)
@@ -136,6 +137,15 @@ def build_rank(cfg: Config, schedule: Schedule, rank: int, device, comm, observe
     mb_size = cfg.train.batch_size // m
     shape, dtype = kind.boundary(cfg.model, mb_size)
     lookahead = 0 if comm.coalesce else cfg.runtime.recv_lookahead
-    runtime = Runtime(schedule, rank, runners, comm, torch.device(device), lambda stage: (shape, dtype), observers,
-                      recv_lookahead=lookahead, clock=clock)
+    runtime = Runtime(
+        schedule,
+        rank,
+        runners,
+        comm,
+        torch.device(device),
+        lambda stage: (shape, dtype),
+        observers,
+        recv_lookahead=lookahead,
+        clock=clock,
+    )
     return RankPipeline(cfg, schedule, rank, torch.device(device), kind, modules, runtime)

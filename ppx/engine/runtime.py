@@ -9,18 +9,17 @@ instrumentation. Compute actions run inside the rank's `ActionClock`.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
+from ppx.engine.observers import run_observed
+from ppx.engine.stage import StageRunner
+from ppx.models.action_clock import ActionClock
 from ppx.schedules.action import Action, Op
 from ppx.schedules.lowering import peer_of
 from ppx.schedules.program import Item, compile_program
 from ppx.schedules.schedule import Schedule
-from ppx.engine.observers import run_observed
-from ppx.engine.stage import StageRunner
-from ppx.models.action_clock import ActionClock
-
 
 PART = {Op.F: "full", Op.B: "full", Op.I: "input", Op.W: "weight"}  # the clock's part of each compute op
 
@@ -63,9 +62,18 @@ class Runtime:
     its `StageRunner`. ``boundary(stage)`` gives (shape, dtype) of the activation leaving
     ``stage``, used to allocate receive buffers. ``recv_lookahead``: see `receive_early`."""
 
-    def __init__(self, schedule: Schedule, rank: int, stages: dict[int, StageRunner], comm,
-                 device: torch.device, boundary: Callable[[int], tuple], observers: Sequence = (),
-                 recv_lookahead: int = 0, clock: Optional[ActionClock] = None):
+    def __init__(
+        self,
+        schedule: Schedule,
+        rank: int,
+        stages: dict[int, StageRunner],
+        comm,
+        device: torch.device,
+        boundary: Callable[[int], tuple],
+        observers: Sequence = (),
+        recv_lookahead: int = 0,
+        clock: ActionClock | None = None,
+    ):
         self.schedule, self.rank, self.stages, self.comm = schedule, rank, stages, comm
         self.clock = clock or ActionClock()
         self.device, self.boundary = device, boundary
@@ -76,7 +84,7 @@ class Runtime:
         self.step_index = -1
 
     # -- one step -------------------------------------------------------------------------
-    def step(self, step: int, inputs: Optional[list], targets: Optional[list]) -> Optional[float]:
+    def step(self, step: int, inputs: list | None, targets: list | None) -> float | None:
         """Run every item of the program once. ``inputs``/``targets`` are the microbatches
         (needed on the ranks owning the first/last stage). Returns the step's loss (sum of
         the scaled microbatch losses = the full-batch loss) on the rank owning the last

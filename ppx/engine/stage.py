@@ -3,7 +3,7 @@ backward needs between the two."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -18,16 +18,25 @@ class StageRunner:
     full-batch gradient.
     """
 
-    def __init__(self, index: int, module: nn.Module, first: bool, last: bool,
-                 loss_fn: Callable, loss_scale: float, training: bool, split: bool = False):
+    def __init__(
+        self,
+        index: int,
+        module: nn.Module,
+        first: bool,
+        last: bool,
+        loss_fn: Callable,
+        loss_scale: float,
+        training: bool,
+        split: bool = False,
+    ):
         self.index, self.module = index, module
         self.first, self.last = first, last
         self.loss_fn, self.loss_scale, self.training = loss_fn, loss_scale, training
         self.split = split  # the schedule splits this stage's backward into I and W
         self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.grad_outputs: dict[int, Optional[torch.Tensor]] = {}
+        self.grad_outputs: dict[int, torch.Tensor | None] = {}
 
-    def forward(self, mb: int, x: torch.Tensor, target: Optional[torch.Tensor]) -> torch.Tensor:
+    def forward(self, mb: int, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
         """Return the activation for the next stage, or (last stage) the scaled loss, detached."""
         if self.training and (not self.first or self.split and x.is_floating_point()):
             # with a split backward the first stage too, so its I pass has an input to differentiate
@@ -40,13 +49,13 @@ class StageRunner:
             self.saved[mb] = (x, out)
         return out.detach() if self.last else out
 
-    def backward(self, mb: int, grad_output: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    def backward(self, mb: int, grad_output: torch.Tensor | None) -> torch.Tensor | None:
         """Accumulate parameter gradients; return d(loss)/d(input) for the previous stage."""
         x, out = self.saved.pop(mb)
         torch.autograd.backward(out, grad_output)
         return None if self.first else x.grad
 
-    def backward_input(self, mb: int, grad_output: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    def backward_input(self, mb: int, grad_output: torch.Tensor | None) -> torch.Tensor | None:
         """I: d(loss)/d(input) only, keeping the graph for the weight pass."""
         x, out = self.saved[mb]
         self.grad_outputs[mb] = grad_output

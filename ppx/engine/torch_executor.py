@@ -88,6 +88,7 @@ class TorchPipeline(StageShare):
                     op = Op.I
                 item = Item("compute", (Action(s, op, chunk_id),), f"{s}{op.value}{chunk_id}")
                 return run_observed(self.observers, item, run, op, chunk_id, args, kwargs)
+
             return call
 
         stage.forward_one_chunk = wrapped(stage.forward_one_chunk, Op.F)

@@ -10,7 +10,7 @@ gloo's threads start after pinning and inherit it.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def cpu_block(local_rank: int, local_world: int, cpus: Sequence[int]) -> list[int]:
@@ -22,7 +22,7 @@ def cpu_block(local_rank: int, local_world: int, cpus: Sequence[int]) -> list[in
     cpus = sorted(cpus)
     n = len(cpus)
     if local_world <= n:
-        return cpus[local_rank * n // local_world: (local_rank + 1) * n // local_world]
+        return cpus[local_rank * n // local_world : (local_rank + 1) * n // local_world]
     return [cpus[local_rank % n]]
 
 
@@ -34,7 +34,7 @@ def pin_local_rank(local_rank: int, local_world: int) -> list[int]:
 
 
 def describe(cpus: Sequence[int]) -> str:
-    """"0-3,8" for [0, 1, 2, 3, 8]."""
+    """ "0-3,8" for [0, 1, 2, 3, 8]."""
     out, cpus = [], sorted(cpus)
     k = 0
     while k < len(cpus):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from ppx.errors import UserError
 
@@ -18,7 +17,7 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def choose_device(requested: str, procs_per_node: int, multi_node: bool = False) -> tuple[str, Optional[str]]:
+def choose_device(requested: str, procs_per_node: int, multi_node: bool = False) -> tuple[str, str | None]:
     """('cuda' | 'cpu', a one-line notice or None). ``auto`` takes CUDA only when every
     process on this node gets its own GPU; ``multi_node`` makes the notice speak of this node's."""
     if requested == "cpu":

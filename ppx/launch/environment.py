@@ -43,8 +43,12 @@ def rank_info(device) -> dict:
         name += f" ({torch.cuda.get_device_name(device)})"
     from ppx.launch.affinity import describe
 
-    info = {"hostname": socket.gethostname(), "device": name, "pid": os.getpid(),
-            "cpus": describe(os.sched_getaffinity(0))}
+    info = {
+        "hostname": socket.gethostname(),
+        "device": name,
+        "pid": os.getpid(),
+        "cpus": describe(os.sched_getaffinity(0)),
+    }
     if "GROUP_RANK" in os.environ:  # torchrun's node rank
         info["node_rank"] = int(os.environ["GROUP_RANK"])
     if "SLURMD_NODENAME" in os.environ:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 
-def launched_by(env=os.environ) -> Optional[str]:
+def launched_by(env=os.environ) -> str | None:
     """'torchrun' inside a torchrun worker, 'srun' inside a multi-task srun step, else None."""
     if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env):
         return "torchrun"
@@ -22,8 +21,16 @@ def torchrun_command(nproc: int, run_dir: Path) -> list[str]:
     # torchrun stops the other workers at its first look after one fails; every 0.5 s (not
     # its 0.1 s) leaves the survivors time to name the dead peer and exit on their own
     return [
-        sys.executable, "-m", "ppx.launch.torchrun", "--standalone", "--nnodes=1", "--monitor-interval=0.5",
-        f"--nproc-per-node={nproc}", "-m", "ppx.launch.worker", str(run_dir),
+        sys.executable,
+        "-m",
+        "ppx.launch.torchrun",
+        "--standalone",
+        "--nnodes=1",
+        "--monitor-interval=0.5",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "ppx.launch.worker",
+        str(run_dir),
     ]
 
 

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
 
 from ppx.errors import UserError
 
@@ -31,7 +30,7 @@ def template(name: str) -> Path:
     raise UserError(f"sbatch template {name} not found in {' or '.join(map(str, places))}")
 
 
-def checkout() -> Optional[Path]:
+def checkout() -> Path | None:
     """The ppx checkout the templates come from, or None for an installed package."""
     parent = template("pp.sbatch").parent.parent
     return None if parent == PACKAGE else parent
@@ -95,7 +94,9 @@ def _sbatch(args: list[str], env: dict) -> str:
     except FileNotFoundError:
         raise UserError("sbatch not found: --launcher slurm needs a SLURM cluster") from None
     if out.returncode != 0:
-        raise UserError(f"sbatch failed: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
+        raise UserError(
+            f"sbatch failed: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}"
+        )
     return out.stdout.strip().split(";")[0]
 
 
@@ -117,7 +118,13 @@ def submit(experiment: str, grid: list[tuple[list[str], str]], overrides: list[s
             raise
         print(f"ppx sweep: submitted job {job}: {' '.join(point)}", flush=True)
         ids.append(job)
-    last = _sbatch([f"--dependency=afterany:{':'.join(ids)}", f"--output={root / 'slurm'}/compare-%j.out",
-                    str(template("compare.sbatch"))], job_env(SWEEP_DIR=str(root)))
+    last = _sbatch(
+        [
+            f"--dependency=afterany:{':'.join(ids)}",
+            f"--output={root / 'slurm'}/compare-%j.out",
+            str(template("compare.sbatch")),
+        ],
+        job_env(SWEEP_DIR=str(root)),
+    )
     print(f"ppx sweep: comparison job {last} runs when they end; results in {root}", flush=True)
     return ids + [last]

@@ -83,7 +83,16 @@ def run_sweep(experiment: str, spec: str, overrides: list[str], launcher: str = 
     failed = []
     for k, point in enumerate(grid, 1):
         print(f"ppx sweep: [{k}/{len(grid)}] {' '.join(point)}", flush=True)
-        cmd = [sys.executable, "-m", "ppx.cli", "run", experiment, *overrides, *point, f"run.dir={root / point_name(point)}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "ppx.cli",
+            "run",
+            experiment,
+            *overrides,
+            *point,
+            f"run.dir={root / point_name(point)}",
+        ]
         if subprocess.run(cmd, env=dict(os.environ)).returncode != 0:
             failed.append(" ".join(point))
     if failed:

@@ -15,8 +15,10 @@ def main(argv: list[str]) -> int:
         torchrun_main(argv)
     except ChildFailedError as e:
         failures = sorted(e.failures.items())
-        lines = [f"rank {rank}: exit code {f.exitcode}" + (f" ({f.signal_name()})" if f.exitcode < 0 else "")
-                 for rank, f in failures]
+        lines = [
+            f"rank {rank}: exit code {f.exitcode}" + (f" ({f.signal_name()})" if f.exitcode < 0 else "")
+            for rank, f in failures
+        ]
         print(f"torchrun: {e.name} failed: " + "; ".join(lines), file=sys.stderr, flush=True)
         return 1
     return 0

@@ -19,8 +19,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 EXIT_TIMEOUT = 3
 STATUS_BYTES = 512
@@ -41,7 +41,7 @@ def read_status(path: Path) -> str:
 
 
 class Watchdog:
-    def __init__(self, rank: int, timeout_s: float, status_dir: Optional[Path] = None, poll_s: float = 0.1):
+    def __init__(self, rank: int, timeout_s: float, status_dir: Path | None = None, poll_s: float = 0.1):
         self.rank, self.timeout_s, self.poll_s = rank, timeout_s, poll_s
         self.grace_s = max(1.0, 0.25 * timeout_s)
         self.limit_s = timeout_s
@@ -56,8 +56,8 @@ class Watchdog:
                 f.write(_status_line(b"starting"))
                 f.flush()
                 self._map = mmap.mmap(f.fileno(), STATUS_BYTES)
-        self.device_position: Optional[Callable[[], Optional[str]]] = None
-        self._device_at: Optional[str] = None
+        self.device_position: Callable[[], str | None] | None = None
+        self._device_at: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ppx-watchdog", daemon=True)
 
@@ -69,7 +69,7 @@ class Watchdog:
     def after(self, item) -> None:
         pass
 
-    def phase(self, label: str, step: Optional[int] = None) -> None:
+    def phase(self, label: str, step: int | None = None) -> None:
         """Record a phase outside the action list (barrier, optimizer step, ...)."""
         if step is not None:
             self.step = step
@@ -89,7 +89,7 @@ class Watchdog:
         if self._map is not None:
             self._map[:] = _status_line(self.where().encode())
 
-    def start(self) -> "Watchdog":
+    def start(self) -> Watchdog:
         self._thread.start()
         return self
 

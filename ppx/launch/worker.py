@@ -8,7 +8,6 @@ import os
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -35,7 +34,7 @@ def _init_process_group(backend: str, timeout_s: float) -> None:
         dist.init_process_group(backend, timeout=timeout)
 
 
-def _shared_run_dir(cfg: Config, run_dir: Optional[Path], group) -> Path:
+def _shared_run_dir(cfg: Config, run_dir: Path | None, group) -> Path:
     """Rank 0 claims the run directory (when the launcher has not) and tells the others."""
     if run_dir is not None:
         return run_dir
@@ -51,11 +50,11 @@ def _shared_run_dir(cfg: Config, run_dir: Optional[Path], group) -> Path:
             box = [f"error:cannot create the run directory: {e.strerror or e}: {e.filename or cfg.run.root}"]
     dist.broadcast_object_list(box, src=0, group=group)
     if box[0].startswith("error:"):
-        raise UserError(box[0][len("error:"):])
+        raise UserError(box[0][len("error:") :])
     return Path(box[0])
 
 
-def run_rank(cfg: Config, run_dir: Optional[Path], device_type: str) -> int:
+def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device_type != "cuda" and cfg.runtime.pin_cpus:  # before any thread starts, so all inherit it
@@ -80,7 +79,9 @@ def run_rank(cfg: Config, run_dir: Optional[Path], device_type: str) -> int:
         return 2 if isinstance(e, UserError) and not isinstance(e, ActionFailed) else 1
     except Exception as e:
         where = watchdog.where() if watchdog else "start-up"
-        _report(watchdog, f"rank {rank} failed on {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        _report(
+            watchdog, f"rank {rank} failed on {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        )
         return 1
     finally:
         if watchdog is not None:
@@ -89,7 +90,7 @@ def run_rank(cfg: Config, run_dir: Optional[Path], device_type: str) -> int:
             dist.destroy_process_group()
 
 
-def _report(watchdog: Optional[Watchdog], message: str) -> None:
+def _report(watchdog: Watchdog | None, message: str) -> None:
     sys.stderr.write(f"ppx: error: {message}\n")
     sys.stderr.flush()
     if watchdog is not None:

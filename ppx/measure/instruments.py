@@ -6,15 +6,13 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from ppx.measure.memory import MemoryTracker
-from ppx.measure.profiler import RecordFunctions
-from ppx.measure.timers import CudaTimer, WallTimer
 from ppx.measure.metrics import span_totals
+from ppx.measure.profiler import RecordFunctions
 from ppx.measure.spans import COMM, COMPUTE, WAIT, Span
+from ppx.measure.timers import CudaTimer, WallTimer
 
 
 class Instruments:
@@ -24,7 +22,9 @@ class Instruments:
         self.timer = None
         if ins.timers:
             self.timer = CudaTimer(device) if device.type == "cuda" else WallTimer()
-        self.memory = MemoryTracker(pipe.modules, pipe.schedule.training, pipe.in_flight, device) if ins.memory else None
+        self.memory = (
+            MemoryTracker(pipe.modules, pipe.schedule.training, pipe.in_flight, device) if ins.memory else None
+        )
         self.labels = RecordFunctions() if cfg.profile.enabled else None
 
     @property
@@ -37,7 +37,7 @@ class Instruments:
             if o is not None:
                 o.begin_step(step)
 
-    def end_step(self, step: int) -> tuple[dict, Optional[list[Span]]]:
+    def end_step(self, step: int) -> tuple[dict, list[Span] | None]:
         """(this rank's step record: seconds per category and memory peaks, the raw spans on
         this process's clock)."""
         record: dict = {"compute_s": None, "comm_s": None, "wait_s": None}

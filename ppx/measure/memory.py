@@ -20,7 +20,7 @@ import contextlib
 import re
 import resource
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks

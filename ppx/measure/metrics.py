@@ -15,12 +15,12 @@ batch waiting on its other operations or behind the sender's earlier batches.)
 from __future__ import annotations
 
 import statistics
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from ppx.measure.spans import COMM, COMPUTE, WAIT, Span, handoffs
 
 
-def over_ideal(bubble_fraction: Optional[float]) -> Optional[float]:
+def over_ideal(bubble_fraction: float | None) -> float | None:
     """Convert idle/step into idle/busy."""
     if bubble_fraction is None or bubble_fraction >= 1:
         return None

@@ -62,8 +62,13 @@ def cost_samples(steps: list[dict], schedule: Schedule) -> dict:
             posted = out[(k, h.rank, h.send)]
             if h.wait_start_s <= posted:  # the receiver was already waiting: all of it is transfer
                 p2p.append(max(h.wait_end_s - posted, 0.0))
-    return {"action_s": dict(sorted(per.items())), "p2p_s": p2p, "overhead_s": overhead,
-            "send_post_s": send_post, "recv_post_s": recv_post}
+    return {
+        "action_s": dict(sorted(per.items())),
+        "p2p_s": p2p,
+        "overhead_s": overhead,
+        "send_post_s": send_post,
+        "recv_post_s": recv_post,
+    }
 
 
 def mean_costs(samples: dict) -> dict:
@@ -71,9 +76,13 @@ def mean_costs(samples: dict) -> dict:
     time to post one send and one receive."""
     # means, not medians: a step is a sum of many of them, and hand-offs on a busy machine
     # have long tails (p90 at 2-3x the median) that medians would leave out of the prediction
-    return {"action_s": {k: _mean(v) for k, v in samples["action_s"].items()}, "p2p_s": _mean(samples["p2p_s"]),
-            "overhead_s": _mean(samples["overhead_s"]), "send_post_s": _mean(samples["send_post_s"]),
-            "recv_post_s": _mean(samples["recv_post_s"])}
+    return {
+        "action_s": {k: _mean(v) for k, v in samples["action_s"].items()},
+        "p2p_s": _mean(samples["p2p_s"]),
+        "overhead_s": _mean(samples["overhead_s"]),
+        "send_post_s": _mean(samples["send_post_s"]),
+        "recv_post_s": _mean(samples["recv_post_s"]),
+    }
 
 
 def costs_from(measured: dict, num_stages: int) -> schedules.Costs:
@@ -86,8 +95,15 @@ def costs_from(measured: dict, num_stages: int) -> schedules.Costs:
     fwd = [get(s, "F") for s in range(num_stages)]
     wgrad = [get(s, "W") for s in range(num_stages)]
     bwd = [get(s, "I") if f"{s}I" in a else get(s, "B") - get(s, "W") for s in range(num_stages)]
-    return schedules.Costs(fwd=fwd, bwd=bwd, wgrad=wgrad, p2p=measured["p2p_s"], overhead=measured.get("overhead_s", 0.0),
-                           send_post=measured.get("send_post_s", 0.0), recv_post=measured.get("recv_post_s", 0.0))
+    return schedules.Costs(
+        fwd=fwd,
+        bwd=bwd,
+        wgrad=wgrad,
+        p2p=measured["p2p_s"],
+        overhead=measured.get("overhead_s", 0.0),
+        send_post=measured.get("send_post_s", 0.0),
+        recv_post=measured.get("recv_post_s", 0.0),
+    )
 
 
 def transport_of(cfg, backend: str) -> tuple[str, int]:
@@ -105,13 +121,23 @@ def predict(schedule: Schedule, costs: schedules.Costs, transport: str = "nccl",
     return {"step_time_s": t.makespan, "bubble_fraction": t.bubble_fraction()}
 
 
-def predict_expected(schedule: Schedule, samples: dict, transport: str = "nccl", recv_lookahead: int = 0,
-                     draws: int = 64, seed: int = 0) -> dict:
+def predict_expected(
+    schedule: Schedule, samples: dict, transport: str = "nccl", recv_lookahead: int = 0, draws: int = 64, seed: int = 0
+) -> dict:
     """Mean step time and bubble over ``draws`` simulations with every action's and message's
     cost drawn from the measured ``samples`` (`cost_samples`): the expected step under the
     run's variability, where the step of the mean costs comes out short."""
-    costs = schedules.SampledCosts(samples["action_s"], samples["p2p_s"], samples["overhead_s"], seed,
-                                   samples.get("send_post_s", ()), samples.get("recv_post_s", ()))
+    costs = schedules.SampledCosts(
+        samples["action_s"],
+        samples["p2p_s"],
+        samples["overhead_s"],
+        seed,
+        samples.get("send_post_s", ()),
+        samples.get("recv_post_s", ()),
+    )
     runs = [schedules.simulate(schedule, costs, transport, recv_lookahead) for _ in range(draws)]
-    return {"step_time_s": statistics.fmean(t.makespan for t in runs),
-            "bubble_fraction": statistics.fmean(t.bubble_fraction() for t in runs), "draws": draws}
+    return {
+        "step_time_s": statistics.fmean(t.makespan for t in runs),
+        "bubble_fraction": statistics.fmean(t.bubble_fraction() for t in runs),
+        "draws": draws,
+    }

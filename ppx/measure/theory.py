@@ -12,7 +12,6 @@ stages, and the summary says so.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from ppx import schedules
 from ppx.schedules.schedule import Schedule
@@ -20,8 +19,8 @@ from ppx.schedules.schedule import Schedule
 
 @dataclass(frozen=True)
 class Theory:
-    bubble_fraction: Optional[float]  # idle / step time; None without a closed form or known costs
-    ideal_step_time_s: Optional[float]  # the known-cost model's zero-communication step, else None
+    bubble_fraction: float | None  # idle / step time; None without a closed form or known costs
+    ideal_step_time_s: float | None  # the known-cost model's zero-communication step, else None
     basis: str  # how bubble_fraction was obtained, for summary.json
 
 
@@ -43,10 +42,16 @@ def run_theory(cfg, schedule: Schedule, backend: str) -> Theory:
 
     t = known_cost_timeline(cfg, schedule, transport_of(cfg, backend))
     if t is not None:
-        return Theory(t.bubble_fraction(), t.makespan,
-                      "simulated at the known-cost model's per-stage costs with zero communication (exact)")
+        return Theory(
+            t.bubble_fraction(),
+            t.makespan,
+            "simulated at the known-cost model's per-stage costs with zero communication (exact)",
+        )
     fam = schedules.formula_family(cfg.pipeline.schedule)
     if fam is None:
         return Theory(None, None, "none: a schedule from a CSV has no formula")
-    return Theory(fam.bubble(schedule.num_ranks, schedule.num_microbatches, virtual_stages(cfg)), None,
-                  f"closed form {fam.bubble_formula}, which assumes every stage costs the same")
+    return Theory(
+        fam.bubble(schedule.num_ranks, schedule.num_microbatches, virtual_stages(cfg)),
+        None,
+        f"closed form {fam.bubble_formula}, which assumes every stage costs the same",
+    )

@@ -9,7 +9,6 @@ once per step (after the step's final synchronize). Spans are in this process's
 from __future__ import annotations
 
 import time
-from typing import Optional
 
 import torch
 
@@ -69,7 +68,7 @@ class CudaTimer:
             for item, (a, b) in zip(self._items, self._events)
         ]
 
-    def device_position(self) -> Optional[str]:
+    def device_position(self) -> str | None:
         """The label of this step's first item the GPU has not finished, or None. Safe from
         another thread (the watchdog's): the host queues a step ahead of the GPU, so where the
         host waits (the step's final synchronize) says little about where a hang is."""

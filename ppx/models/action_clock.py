@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Literal, Optional
+from typing import Literal
 
 Part = Literal["full", "input", "weight"]
 
@@ -34,7 +35,7 @@ class ActionClock:
     (W: parameter gradients only)."""
 
     def __init__(self) -> None:
-        self._running: Optional[list] = None  # [start perf_counter, charged seconds]
+        self._running: list | None = None  # [start perf_counter, charged seconds]
         self.part: Part = "full"
 
     def begin(self, part: Part = "full") -> None:

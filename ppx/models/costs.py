@@ -4,12 +4,11 @@ launcher checks them before any process starts)."""
 from __future__ import annotations
 
 from numbers import Real
-from typing import Optional
 
 from ppx.errors import UserError
 
 
-def per_stage_ms(name: str, value, num_stages: Optional[int]) -> list[float]:
+def per_stage_ms(name: str, value, num_stages: int | None) -> list[float]:
     """One cost in ms per stage from one number or one number per stage; ``name`` (a config
     key or a command-line option) names it in the error. ``num_stages`` None checks the
     values alone (a list of any length; one number gives one value)."""
@@ -17,7 +16,11 @@ def per_stage_ms(name: str, value, num_stages: Optional[int]) -> list[float]:
         values = [float(value)] * (num_stages or 1)
     elif isinstance(value, (list, tuple)) or hasattr(value, "__len__") and not isinstance(value, str):
         values = list(value)
-        if num_stages is not None and len(values) != num_stages or not all(isinstance(v, Real) and not isinstance(v, bool) for v in values):
+        if (
+            num_stages is not None
+            and len(values) != num_stages
+            or not all(isinstance(v, Real) and not isinstance(v, bool) for v in values)
+        ):
             count = f"{num_stages} numbers" if num_stages is not None else "a list of numbers"
             raise UserError(f"{name} must be one number or {count} (one per stage), got {values}")
         values = [float(v) for v in values]
@@ -28,7 +31,9 @@ def per_stage_ms(name: str, value, num_stages: Optional[int]) -> list[float]:
     return values
 
 
-def stage_costs_ms(cfg, num_stages: Optional[int]) -> tuple[list[float], list[float], list[float]]:
+def stage_costs_ms(cfg, num_stages: int | None) -> tuple[list[float], list[float], list[float]]:
     """Per-stage (forward, input-gradient backward, weight-gradient backward) costs in ms,
     each from one value or one value per stage (``num_stages`` None: see `per_stage_ms`)."""
-    return tuple(per_stage_ms(f"model.{key}", getattr(cfg, key), num_stages) for key in ("fwd_ms", "bwd_ms", "wgrad_ms"))
+    return tuple(
+        per_stage_ms(f"model.{key}", getattr(cfg, key), num_stages) for key in ("fwd_ms", "bwd_ms", "wgrad_ms")
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -19,8 +19,9 @@ class ModelKind(Protocol):
     ``pipeline.split=tracer``; list the kind in ``TRACEABLE``) and ``calibrate(device)``
     (measure the device once, before any timed step)."""
 
-    def build_stage(self, cfg, seed: int, stage: int, num_stages: int, blocks: range,
-                    clock: Optional[ActionClock] = None) -> nn.Module:
+    def build_stage(
+        self, cfg, seed: int, stage: int, num_stages: int, blocks: range, clock: ActionClock | None = None
+    ) -> nn.Module:
         """Stage ``stage`` of ``num_stages``, holding ``blocks``; the same weights for a block
         whatever the split. ``clock`` is the executor's (for models whose cost is set)."""
 

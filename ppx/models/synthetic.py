@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Optional
 
 import torch
 from torch import nn
@@ -52,7 +51,7 @@ def _spin_gpu(ms: float, device: torch.device) -> None:
     torch.cuda._sleep(int(ms * _CYCLES_PER_MS[device.index]))
 
 
-def _take(ms: float, device: torch.device, entry: float, clock: Optional[ActionClock]) -> None:
+def _take(ms: float, device: torch.device, entry: float, clock: ActionClock | None) -> None:
     """Occupy ``ms``: on CUDA a GPU spin on the stream; on CPU a charge to the running
     action (the runtime waits it out when the action ends, so the whole action lasts ``ms``),
     or, outside any action (a one-process reference), a wait counted from ``entry``."""
@@ -68,7 +67,7 @@ class _KnownCost(torch.autograd.Function):
     """y = x * prod(w_i) in one autograd node (few nodes = little framework overhead)."""
 
     @staticmethod
-    def forward(ctx, x, clock: Optional[ActionClock], fwd_ms: float, bwd_ms: float, wgrad_ms: float, *weights):
+    def forward(ctx, x, clock: ActionClock | None, fwd_ms: float, bwd_ms: float, wgrad_ms: float, *weights):
         entry = time.perf_counter()
         w = weights[0]
         for extra in weights[1:]:
@@ -105,8 +104,16 @@ class _KnownCost(torch.autograd.Function):
 class KnownCostStage(nn.Module):
     """The blocks of one stage (one weight vector each), costing ``fwd_ms``/``bwd_ms`` in all."""
 
-    def __init__(self, hidden: int, fwd_ms: float, bwd_ms: float, wgrad_ms: float, seed: int, blocks: range,
-                 clock: Optional[ActionClock] = None):
+    def __init__(
+        self,
+        hidden: int,
+        fwd_ms: float,
+        bwd_ms: float,
+        wgrad_ms: float,
+        seed: int,
+        blocks: range,
+        clock: ActionClock | None = None,
+    ):
         super().__init__()
         weights = []
         for i in blocks:
@@ -134,12 +141,15 @@ def stage_cost_ms(cfg, stage: int, num_stages: int) -> tuple[float, float, float
         elif num_stages == 1:
             out.append(sum(values))
         else:
-            raise UserError(f"model.{key} has {len(values)} values for {num_stages} stages (give one, or one per stage)")
+            raise UserError(
+                f"model.{key} has {len(values)} values for {num_stages} stages (give one, or one per stage)"
+            )
     return tuple(out)
 
 
-def build_stage(cfg, seed: int, stage: int, num_stages: int, blocks: range,
-                clock: Optional[ActionClock] = None) -> nn.Module:
+def build_stage(
+    cfg, seed: int, stage: int, num_stages: int, blocks: range, clock: ActionClock | None = None
+) -> nn.Module:
     """Stage ``stage`` holds ``blocks`` (like any model) but its cost is set per stage; its
     modelled time is charged to ``clock``'s running action (None: waited out in place)."""
     fwd, bwd, wgrad = stage_cost_ms(cfg, stage, num_stages)

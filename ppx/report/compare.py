@@ -53,12 +53,18 @@ def load_row(run: RunDir, base: Path | None = None) -> dict:
     s, path = run.summary, run.path
     name = str(path.relative_to(base)) if base and path.is_relative_to(base) and path != base else str(path)
     return {
-        "name": name, "path": str(path), "schedule": s.schedule, "world_size": s.world_size,
-        "microbatches": s.microbatches, "model": s.model,
+        "name": name,
+        "path": str(path),
+        "schedule": s.schedule,
+        "world_size": s.world_size,
+        "microbatches": s.microbatches,
+        "model": s.model,
         "step_ms": s.step_time_s * 1e3,
         "throughput": s.throughput,
-        "bubble": s.bubble_fraction, "theory": s.bubble_fraction_theory,
-        "predicted": s.predicted_bubble_fraction, "v": s.virtual,
+        "bubble": s.bubble_fraction,
+        "theory": s.bubble_fraction_theory,
+        "predicted": s.predicted_bubble_fraction,
+        "v": s.virtual,
         "predicted_error_pt": _points(s.prediction_error_bubble_fraction),
         "peak_act_kib": s.peak_activation_bytes / 1024 or None,
         "peak_mem_mib": s.peak_memory_bytes / 2**20 or None,
@@ -86,10 +92,12 @@ def markdown_table(rows: list[dict]) -> str:
     out = ["| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     out += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
     out.append("")
-    out.append("bubble = measured idle / step time (median over steps); predicted = the simulator's bubble from the run's "
-               "measured action costs; pred err pt = measured minus predicted bubble over the steps the costs come "
-               "from, in points; theory = the schedule's formula with equal per-stage costs, or on the known-cost "
-               "model the exact value at its costs (bubble_theory_basis).")
+    out.append(
+        "bubble = measured idle / step time (median over steps); predicted = the simulator's bubble from the run's "
+        "measured action costs; pred err pt = measured minus predicted bubble over the steps the costs come "
+        "from, in points; theory = the schedule's formula with equal per-stage costs, or on the known-cost "
+        "model the exact value at its costs (bubble_theory_basis)."
+    )
     return "\n".join(out) + "\n"
 
 
@@ -104,7 +112,11 @@ def plot_runs(rows: list[dict], path: Path) -> None:
     panels = [
         (axes[0][0], "step time (ms)", [r["step_ms"] for r in rows]),
         (axes[0][1], "throughput (samples/s)", [r["throughput"] or 0 for r in rows]),
-        (axes[1][1], "peak memory (MiB)\nCUDA allocated, or resident set on CPU", [r["peak_mem_mib"] or 0 for r in rows]),
+        (
+            axes[1][1],
+            "peak memory (MiB)\nCUDA allocated, or resident set on CPU",
+            [r["peak_mem_mib"] or 0 for r in rows],
+        ),
         (axes[1][2], "peak saved activations (KiB)\nbusiest rank", [r["peak_act_kib"] or 0 for r in rows]),
     ]
     for ax, title, values in panels:
@@ -156,15 +168,37 @@ def plot_bubble_vs_microbatches(rows: list[dict], path: Path) -> bool:
     dense = list(range(1, max(ms) + 1))
     for k, key in enumerate(sorted({(r["schedule"], r["world_size"], r["v"]) for r in rows})):
         sched, p, v = key
-        pts = sorted((r["microbatches"], r["bubble"], r["predicted"]) for r in rows if (r["schedule"], r["world_size"], r["v"]) == key)
+        pts = sorted(
+            (r["microbatches"], r["bubble"], r["predicted"])
+            for r in rows
+            if (r["schedule"], r["world_size"], r["v"]) == key
+        )
         color = colors[k % len(colors)]
         th = [schedules.theory_bubble(sched, p, m, v) for m in dense]
         if any(t is not None for t in th):
-            ax.plot([m for m, t in zip(dense, th) if t is not None], [t for t in th if t is not None],
-                    color=color, lw=1.2, ls=(0, (4, 2 + 2 * k)), alpha=0.7)
-        ax.plot([m for m, _, _ in pts], [b for _, b, _ in pts], "o", color=color, label=f"{sched} (p={p}{f', v={v}' if v > 1 else ''})")
+            ax.plot(
+                [m for m, t in zip(dense, th) if t is not None],
+                [t for t in th if t is not None],
+                color=color,
+                lw=1.2,
+                ls=(0, (4, 2 + 2 * k)),
+                alpha=0.7,
+            )
+        ax.plot(
+            [m for m, _, _ in pts],
+            [b for _, b, _ in pts],
+            "o",
+            color=color,
+            label=f"{sched} (p={p}{f', v={v}' if v > 1 else ''})",
+        )
         if any(pr is not None for _, _, pr in pts):
-            ax.plot([m for m, _, pr in pts if pr is not None], [pr for _, _, pr in pts if pr is not None], "x", color=color, ms=7)
+            ax.plot(
+                [m for m, _, pr in pts if pr is not None],
+                [pr for _, _, pr in pts if pr is not None],
+                "x",
+                color=color,
+                ms=7,
+            )
     ax.set_xscale("log", base=2)
     ax.set_xticks(ms)
     ax.set_xticklabels([str(m) for m in ms])

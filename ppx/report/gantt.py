@@ -8,8 +8,15 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#8172B2", "W": "#937860", "post": "#DD8452", "wait": "#D9D9D9",
-          "transfer": "#F3DC6B"}
+COLORS = {
+    "F": "#4C72B0",
+    "B": "#55A868",
+    "I": "#8172B2",
+    "W": "#937860",
+    "post": "#DD8452",
+    "wait": "#D9D9D9",
+    "transfer": "#F3DC6B",
+}
 OP_NAMES = [("F", "forward"), ("B", "backward"), ("I", "input-grad backward (I)"), ("W", "weight-grad backward (W)")]
 COMM_NAMES = [("post", "send/recv posted"), ("wait", "waiting on a peer"), ("transfer", "transfer (peer had sent)")]
 
@@ -26,8 +33,13 @@ def legend_entries(spans_by_rank: dict, multi: bool, transfer: bool) -> list[tup
     return out + [("idle", "idle", 1.0)]
 
 
-def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None,
-              xlabel: str = "time in the step (ms, rank clocks aligned)") -> None:
+def draw_step(
+    spans_by_rank: dict,
+    path: Path,
+    title: str,
+    stage_to_rank=None,
+    xlabel: str = "time in the step (ms, rank clocks aligned)",
+) -> None:
     """``spans_by_rank`` = {rank: [`Span`, ...]} for one step;
     with ``stage_to_rank``, waits are split at the moment the peer posted its send."""
     import matplotlib
@@ -71,21 +83,46 @@ def draw_step(spans_by_rank: dict, path: Path, title: str, stage_to_rank=None,
                 color, height = COLORS["post"], 0.8
             else:
                 color, height = COLORS["wait"], 0.5
-            ax.add_patch(plt.Rectangle((x, y - height / 2), w, height, facecolor=color, alpha=alpha,
-                                       edgecolor="white" if kind == "compute" else "none", lw=0.6))
+            ax.add_patch(
+                plt.Rectangle(
+                    (x, y - height / 2),
+                    w,
+                    height,
+                    facecolor=color,
+                    alpha=alpha,
+                    edgecolor="white" if kind == "compute" else "none",
+                    lw=0.6,
+                )
+            )
             if kind == "wait" and (r, start) in posted:
                 sent = min(max(posted[(r, start)], start), end)
-                ax.add_patch(plt.Rectangle(((sent - t0) * 1e3, y - 0.25), (end - sent) * 1e3, 0.5,
-                                           facecolor=COLORS["transfer"], edgecolor="none"))
+                ax.add_patch(
+                    plt.Rectangle(
+                        ((sent - t0) * 1e3, y - 0.25),
+                        (end - sent) * 1e3,
+                        0.5,
+                        facecolor=COLORS["transfer"],
+                        edgecolor="none",
+                    )
+                )
     ax.set_xlim(0, span_ms)
     ax.set_ylim(-0.6, len(ranks) - 0.4)
     ax.set_yticks(range(len(ranks)))
     ax.set_yticklabels([f"rank {r}" for r in reversed(ranks)])
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
-    handles = [Patch(facecolor=COLORS.get(k, "white"), alpha=a, label=n, edgecolor="#BBBBBB" if k == "idle" else None)
-               for k, n, a in legend_entries(spans_by_rank, multi, bool(posted))]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.02 * len(ranks)), ncol=len(handles), fontsize=8, frameon=False)
+    handles = [
+        Patch(facecolor=COLORS.get(k, "white"), alpha=a, label=n, edgecolor="#BBBBBB" if k == "idle" else None)
+        for k, n, a in legend_entries(spans_by_rank, multi, bool(posted))
+    ]
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.22 - 0.02 * len(ranks)),
+        ncol=len(handles),
+        fontsize=8,
+        frameon=False,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

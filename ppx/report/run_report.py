@@ -11,10 +11,10 @@ from omegaconf import OmegaConf
 
 from ppx.config import virtual_stages
 from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
+from ppx.measure.theory import run_theory
 from ppx.report.run_dir import write_json
 from ppx.report.scalars import step_scalars
 from ppx.schedules.schedule import Schedule
-from ppx.measure.theory import run_theory
 
 
 class RunReport:
@@ -40,8 +40,13 @@ class RunReport:
     def add_step(self, step: int, records: list[dict]) -> None:
         loss = next((r["loss"] for r in records if r["loss"] is not None), None)
         m = step_breakdown(records, self.schedule.stage_to_rank)
-        line = {"step": step, "loss": loss, **m, "bubble_fraction_theory": self.theory,
-                "bubble_over_ideal_theory": over_ideal(self.theory)}
+        line = {
+            "step": step,
+            "loss": loss,
+            **m,
+            "bubble_fraction_theory": self.theory,
+            "bubble_over_ideal_theory": over_ideal(self.theory),
+        }
         self.metrics.write(json.dumps(line) + "\n")
         self.metrics.flush()
         self.steps.append(m)
@@ -49,8 +54,13 @@ class RunReport:
         inst = self.cfg.instrument
         if inst.timeline and step >= self.cfg.train.steps - inst.timeline_steps and any("spans" in r for r in records):
             # {"step", "step_time_s", "ranks": {rank: [Span, ...]}}, Spans on rank 0's clock
-            self.timeline.append({"step": step, "step_time_s": m["step_time_s"],
-                                  "ranks": {r["rank"]: r["spans"] for r in records if "spans" in r}})
+            self.timeline.append(
+                {
+                    "step": step,
+                    "step_time_s": m["step_time_s"],
+                    "ranks": {r["rank"]: r["spans"] for r in records if "spans" in r},
+                }
+            )
         scalars = step_scalars(line, self.cfg.train.batch_size)
         for sink in self.sinks:
             sink.step(step, scalars)
@@ -121,17 +131,26 @@ class RunReport:
         # held against the steps the costs come from (the timeline's): on a busy machine whole
         # steps drift, and costs from some steps say nothing about the others
         same_steps = statistics.fmean(t["step_time_s"] for t in self.timeline)
-        out = {"measured_costs": measured, "predicted": pred, "measured_step_time_s": same_steps,
-               "prediction_error": {"step_time": same_steps / pred["step_time_s"] - 1,
-                                    "step_time_of_mean_costs": same_steps / of_means["step_time_s"] - 1}}
+        out = {
+            "measured_costs": measured,
+            "predicted": pred,
+            "measured_step_time_s": same_steps,
+            "prediction_error": {
+                "step_time": same_steps / pred["step_time_s"] - 1,
+                "step_time_of_mean_costs": same_steps / of_means["step_time_s"] - 1,
+            },
+        }
         bubbles = [self.steps[t["step"]].get("bubble_fraction") for t in self.timeline]
         if None not in bubbles:  # the same steps again, and the simulator splits idle as they were split
             out["measured_bubble_fraction"] = statistics.fmean(bubbles)
             out["prediction_error"]["bubble_fraction"] = out["measured_bubble_fraction"] - pred["bubble_fraction"]
         bubble = f", bubble {out['measured_bubble_fraction']:.1%}" if "measured_bubble_fraction" in out else ""
-        print(f"ppx: predicted from measured costs: step {pred['step_time_s']:.4f} s (mean costs: "
-              f"{of_means['step_time_s']:.4f} s), bubble {pred['bubble_fraction']:.1%}; measured {same_steps:.4f} s "
-              f"({out['prediction_error']['step_time']:+.1%}){bubble} over the same {len(self.timeline)} step{'s' if len(self.timeline) != 1 else ''}", flush=True)
+        print(
+            f"ppx: predicted from measured costs: step {pred['step_time_s']:.4f} s (mean costs: "
+            f"{of_means['step_time_s']:.4f} s), bubble {pred['bubble_fraction']:.1%}; measured {same_steps:.4f} s "
+            f"({out['prediction_error']['step_time']:+.1%}){bubble} over the same {len(self.timeline)} step{'s' if len(self.timeline) != 1 else ''}",
+            flush=True,
+        )
         return out
 
     def _write_timeline(self) -> None:

@@ -27,16 +27,39 @@ def chrome_trace(steps: list[dict], stage_to_rank, title: str = "") -> dict:
     for s in steps:
         for r, spans in s["ranks"].items():
             for sp in spans:
-                events.append({
-                    "ph": "X", "name": sp.label, "cat": sp.category, "pid": r, "tid": 0,
-                    "ts": us(sp.start_s), "dur": round((sp.end_s - sp.start_s) * 1e6, 3),
-                    "args": {"step": s["step"], "rank": r},
-                })
+                events.append(
+                    {
+                        "ph": "X",
+                        "name": sp.label,
+                        "cat": sp.category,
+                        "pid": r,
+                        "tid": 0,
+                        "ts": us(sp.start_s),
+                        "dur": round((sp.end_s - sp.start_s) * 1e6, 3),
+                        "args": {"step": s["step"], "rank": r},
+                    }
+                )
         for h in handoffs(s["ranks"], stage_to_rank):
             flow_id += 1
             arrive = max(h.wait_start_s, h.wait_end_s - 1e-6)  # inside the wait slice, so the arrow binds to it
             name = str(h.send)
-            events.append({"ph": "s", "id": flow_id, "name": name, "cat": "p2p", "pid": h.rank, "tid": 0, "ts": us(h.posted_s)})
-            events.append({"ph": "f", "bp": "e", "id": flow_id, "name": name, "cat": "p2p", "pid": h.peer, "tid": 0,
-                           "ts": us(arrive)})
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"title": title, "clock": "rank 0 perf_counter"}}
+            events.append(
+                {"ph": "s", "id": flow_id, "name": name, "cat": "p2p", "pid": h.rank, "tid": 0, "ts": us(h.posted_s)}
+            )
+            events.append(
+                {
+                    "ph": "f",
+                    "bp": "e",
+                    "id": flow_id,
+                    "name": name,
+                    "cat": "p2p",
+                    "pid": h.peer,
+                    "tid": 0,
+                    "ts": us(arrive),
+                }
+            )
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"title": title, "clock": "rank 0 perf_counter"},
+    }

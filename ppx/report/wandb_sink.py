@@ -27,8 +27,13 @@ class WandbSink:
             return
         self.wandb = wandb
         kwargs = dict(
-            project=w.project, entity=w.entity, group=w.group or cfg.run.name, tags=list(w.tags),
-            name=f"{cfg.run.name}/{run_dir.name}", dir=str(run_dir), config=config_dict,
+            project=w.project,
+            entity=w.entity,
+            group=w.group or cfg.run.name,
+            tags=list(w.tags),
+            name=f"{cfg.run.name}/{run_dir.name}",
+            dir=str(run_dir),
+            config=config_dict,
             settings=wandb.Settings(silent=True, console="off"),
         )
         try:
@@ -60,8 +65,16 @@ class WandbSink:
         wandb = self.wandb if self.run is not None else None
 
         def final():
-            keys = ("step_time_s", "bubble_fraction", "bubble_over_ideal", "bubble_fraction_theory",
-                    "bubble_over_ideal_theory", "ideal_step_time_s", "step_time_over_ideal", "status")
+            keys = (
+                "step_time_s",
+                "bubble_fraction",
+                "bubble_over_ideal",
+                "bubble_fraction_theory",
+                "bubble_over_ideal_theory",
+                "ideal_step_time_s",
+                "step_time_over_ideal",
+                "status",
+            )
             self.run.summary.update({k: summary[k] for k in keys if summary.get(k) is not None})
             ranks = summary.get("ranks", [])
             if ranks:

@@ -23,7 +23,9 @@ def naive(p: int, m: int) -> Schedule:
 
 def gpipe(p: int, m: int) -> Schedule:
     """GPipe (all-forward-all-backward): all m forwards, then all m backwards."""
-    return _one_stage_per_rank("gpipe", m, [[F(r, i) for i in range(m)] + [B(r, i) for i in range(m)] for r in range(p)])
+    return _one_stage_per_rank(
+        "gpipe", m, [[F(r, i) for i in range(m)] + [B(r, i) for i in range(m)] for r in range(p)]
+    )
 
 
 def one_f_one_b(p: int, m: int) -> Schedule:

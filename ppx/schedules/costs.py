@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
 
 from ppx.schedules.action import Action, Op
 
-PerStage = Union[float, Sequence[float]]
+PerStage = float | Sequence[float]
 
 
 def _per_stage(value: PerStage, stage: int) -> float:
@@ -70,8 +70,15 @@ class SampledCosts:
     the step time of the mean costs underestimates (a slow action on the critical path costs
     all of its delay, one off it none)."""
 
-    def __init__(self, actions: dict, p2p: Sequence[float], overhead: Sequence[float], seed: int = 0,
-                 send_post: Sequence[float] = (), recv_post: Sequence[float] = ()):
+    def __init__(
+        self,
+        actions: dict,
+        p2p: Sequence[float],
+        overhead: Sequence[float],
+        seed: int = 0,
+        send_post: Sequence[float] = (),
+        recv_post: Sequence[float] = (),
+    ):
         self._samples = {k: list(v) for k, v in actions.items()}
         self._p2p, self._overhead = list(p2p) or [0.0], list(overhead) or [0.0]
         self._send_post, self._recv_post = list(send_post) or [0.0], list(recv_post) or [0.0]

@@ -19,7 +19,6 @@ from ppx.schedules.lowering import add_comms
 from ppx.schedules.schedule import Schedule
 from ppx.schedules.validate import validate
 
-
 TORCH_ONLY = ("REDUCE_GRAD", "UNSHARD", "RESHARD")
 
 
@@ -53,8 +52,10 @@ def read_csv(path: str | Path, name: str | None = None) -> Schedule:
     path = Path(path)
     try:
         with open(path, newline="") as f:
-            rows = [[Action.parse(c) for c in row if c.strip() and not c.strip().lstrip("0123456789") in TORCH_ONLY]
-                    for row in csv.reader(f)]
+            rows = [
+                [Action.parse(c) for c in row if c.strip() and c.strip().lstrip("0123456789") not in TORCH_ONLY]
+                for row in csv.reader(f)
+            ]
     except OSError as e:
         raise ScheduleError(f"cannot read schedule CSV {path}: {e.strerror}") from None
     if not rows or not any(rows):
@@ -70,7 +71,9 @@ def read_csv(path: str | Path, name: str | None = None) -> Schedule:
         raise ScheduleError(f"schedule CSV {path}: stages {missing} have no actions")
     m = max(a.mb for row in rows for a in row) + 1
     training = any(a.op.is_backward for row in rows for a in row)
-    return Schedule(name or path.stem, m, tuple(owner[s] for s in range(stages)), tuple(tuple(r) for r in rows), training)
+    return Schedule(
+        name or path.stem, m, tuple(owner[s] for s in range(stages)), tuple(tuple(r) for r in rows), training
+    )
 
 
 def from_csv(path: str | Path) -> Schedule:

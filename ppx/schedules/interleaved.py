@@ -39,7 +39,7 @@ def interleaved_1f1b(p: int, m: int, v: int = 2) -> Schedule:
             row.append(F(c * p + r, i))
             c, i = bwd[k]
             row.append(B(c * p + r, i))
-        row += [B(c * p + r, i) for c, i in bwd[total - warmup:]]
+        row += [B(c * p + r, i) for c, i in bwd[total - warmup :]]
         rows.append(row)
         # steady-state forward+backward pairs communicate together, as in Megatron-LM:
         # the NCCL-strict dry run deadlocks without it

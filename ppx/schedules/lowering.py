@@ -8,7 +8,7 @@ Stages that live on the same rank hand tensors over locally and get no communica
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from ppx.schedules.action import Action, Op
 from ppx.schedules.schedule import Schedule
@@ -81,7 +81,7 @@ def peer_of(action: Action, stage_to_rank) -> tuple[int, Action]:
 _FED_BY = {Op.F: Op.RECV_F, Op.B: Op.RECV_B, Op.I: Op.RECV_B}
 
 
-def input_receive(action: Action) -> Optional[Action]:
+def input_receive(action: Action) -> Action | None:
     """The receive that would feed compute ``action`` when its input comes from another rank
     (F takes an activation, B and I a gradient; W and comm actions take none)."""
     op = _FED_BY.get(action.op)

@@ -4,8 +4,8 @@ m % p). Adding a schedule = one pure function in this package + one `Family` ent
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 from ppx.errors import ScheduleError
 from ppx.schedules.basic import forward_only, gpipe, naive, one_f_one_b
@@ -30,9 +30,9 @@ class Family:
     summary: str
     virtual: bool = False  # accepts pipeline.virtual_stages > 1
     default_virtual: int = 1  # v when pipeline.virtual_stages is null
-    shape_rule: Optional[Callable[[int, int, int], Optional[str]]] = None  # (p, m, v) -> why not, or None
+    shape_rule: Callable[[int, int, int], str | None] | None = None  # (p, m, v) -> why not, or None
 
-    def shape_error(self, p: int, m: int, v: int) -> Optional[str]:
+    def shape_error(self, p: int, m: int, v: int) -> str | None:
         """Why (p, m, v) is not a shape of this family, or None."""
         return self.shape_rule(p, m, v) if self.shape_rule else None
 
@@ -47,7 +47,7 @@ def _zb_h1_bubble(p: int, m: int, v: int = 1) -> float:
     return simulate(add_comms(zb_h1(p, m)), Costs(fwd=1, bwd=1, wgrad=1)).bubble_fraction()
 
 
-def _microbatches_multiple_of_stages(p: int, m: int, v: int) -> Optional[str]:
+def _microbatches_multiple_of_stages(p: int, m: int, v: int) -> str | None:
     if m % p:
         return f"interleaved_1f1b needs pipeline.microbatches ({m}) to be a multiple of pipeline.stages ({p})"
     return None
@@ -56,26 +56,57 @@ def _microbatches_multiple_of_stages(p: int, m: int, v: int) -> Optional[str]:
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in [
-        Family("naive", lambda p, m, v: naive(p, m), lambda p, m, v=1: (p - 1) / p, "(p-1)/p",
-               "one microbatch at a time through all stages, stop-and-wait"),
+        Family(
+            "naive",
+            lambda p, m, v: naive(p, m),
+            lambda p, m, v=1: (p - 1) / p,
+            "(p-1)/p",
+            "one microbatch at a time through all stages, stop-and-wait",
+        ),
         Family("gpipe", lambda p, m, v: gpipe(p, m), _fill_drain, "(p-1)/(m+p-1)", "all forwards, then all backwards"),
-        Family("1f1b", lambda p, m, v: one_f_one_b(p, m), _fill_drain, "(p-1)/(m+p-1)",
-               "warmup forwards, one-forward-one-backward, cooldown"),
-        Family("forward_only", lambda p, m, v: forward_only(p, m), _fill_drain, "(p-1)/(m+p-1)",
-               "forwards only (inference/evaluation)"),
-        Family("interleaved_1f1b", interleaved_1f1b, lambda p, m, v=1: (p - 1) / (v * m + p - 1), "(p-1)/(vm+p-1)",
-               "v stages per rank (Megatron virtual pipeline), 1F1B over model chunks", virtual=True,
-               default_virtual=2, shape_rule=_microbatches_multiple_of_stages),
-        Family("zb_h1", lambda p, m, v: zb_h1(p, m), _zb_h1_bubble, "(p-1)/(3m+p-1) for m >= p, t_f = t_b = t_w",
-               "1F1B with the backward split into I and W, W deferred into the bubbles"),
+        Family(
+            "1f1b",
+            lambda p, m, v: one_f_one_b(p, m),
+            _fill_drain,
+            "(p-1)/(m+p-1)",
+            "warmup forwards, one-forward-one-backward, cooldown",
+        ),
+        Family(
+            "forward_only",
+            lambda p, m, v: forward_only(p, m),
+            _fill_drain,
+            "(p-1)/(m+p-1)",
+            "forwards only (inference/evaluation)",
+        ),
+        Family(
+            "interleaved_1f1b",
+            interleaved_1f1b,
+            lambda p, m, v=1: (p - 1) / (v * m + p - 1),
+            "(p-1)/(vm+p-1)",
+            "v stages per rank (Megatron virtual pipeline), 1F1B over model chunks",
+            virtual=True,
+            default_virtual=2,
+            shape_rule=_microbatches_multiple_of_stages,
+        ),
+        Family(
+            "zb_h1",
+            lambda p, m, v: zb_h1(p, m),
+            _zb_h1_bubble,
+            "(p-1)/(3m+p-1) for m >= p, t_f = t_b = t_w",
+            "1F1B with the backward split into I and W, W deferred into the bubbles",
+        ),
     ]
 }
 
 # torch.distributed.pipelining's schedules -> (the ppx family whose list describes the same
 # order, the class in torch.distributed.pipelining that runs it)
 TORCH_SCHEDULES = {"torch_gpipe": "gpipe", "torch_1f1b": "1f1b", "torch_interleaved1f1b": "interleaved_1f1b"}
-TORCH_CLASSES = {"torch_gpipe": "ScheduleGPipe", "torch_1f1b": "Schedule1F1B",
-                 "torch_interleaved1f1b": "ScheduleInterleaved1F1B"}
+TORCH_CLASSES = {
+    "torch_gpipe": "ScheduleGPipe",
+    "torch_1f1b": "Schedule1F1B",
+    "torch_interleaved1f1b": "ScheduleInterleaved1F1B",
+}
+
 
 def names() -> tuple[str, ...]:
     """Every schedule name: ppx's families, then torch's."""
@@ -111,8 +142,10 @@ def family(name: str) -> Family:
     try:
         return FAMILIES[family_name(name)]
     except KeyError:
-        raise ScheduleError(f"unknown schedule {name!r}; choose from {', '.join(FAMILIES)}, "
-                            f"or torch.distributed.pipelining's {', '.join(TORCH_SCHEDULES)}") from None
+        raise ScheduleError(
+            f"unknown schedule {name!r}; choose from {', '.join(FAMILIES)}, "
+            f"or torch.distributed.pipelining's {', '.join(TORCH_SCHEDULES)}"
+        ) from None
 
 
 def default_virtual(name: str) -> int:
@@ -121,19 +154,19 @@ def default_virtual(name: str) -> int:
     return fam.default_virtual if fam else 1
 
 
-def build(name: str, stages: int, microbatches: int, virtual_stages: Optional[int] = None) -> Schedule:
+def build(name: str, stages: int, microbatches: int, virtual_stages: int | None = None) -> Schedule:
     """The validated schedule ``name`` (a family or a torch alias) for ``stages`` ranks,
     ``microbatches`` and ``virtual_stages`` stages per rank (None: the default), with comms."""
     v = default_virtual(name) if virtual_stages is None else virtual_stages
     if stages < 1 or microbatches < 1 or v < 1:
-        raise ScheduleError(
-            f"stages ({stages}), microbatches ({microbatches}) and virtual stages ({v}) must be >= 1"
-        )
+        raise ScheduleError(f"stages ({stages}), microbatches ({microbatches}) and virtual stages ({v}) must be >= 1")
     fam = family(name)
     if v != 1 and not fam.virtual:
         several = ", ".join(f.name for f in FAMILIES.values() if f.virtual)
-        raise ScheduleError(f"schedule {name!r} runs one stage per rank: pipeline.virtual_stages must be 1 "
-                            f"(got {v}); {several} takes several")
+        raise ScheduleError(
+            f"schedule {name!r} runs one stage per rank: pipeline.virtual_stages must be 1 "
+            f"(got {v}); {several} takes several"
+        )
     why = fam.shape_error(stages, microbatches, v)
     if why:
         raise ScheduleError(why)

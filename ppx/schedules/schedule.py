@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
 
 from ppx.schedules.action import Action
 
@@ -26,7 +25,7 @@ class Schedule:
     # Optional, per rank: sizes of the consecutive runs of compute actions whose sends and
     # receives go out together (Megatron's interleaved steady state batches a forward and a
     # backward). None: every compute action is its own group.
-    groups: Optional[tuple[tuple[int, ...], ...]] = None
+    groups: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def num_ranks(self) -> int:

@@ -103,7 +103,9 @@ def _check_complete(schedule: Schedule, seen) -> None:
                 needs.append(Action(s, Op.RECV_B, i))
             for need in needs:
                 if need.op not in done:
-                    raise ScheduleError(f"rank {r}: {need} is missing (stage {s} exchanges microbatch {i} with another rank)")
+                    raise ScheduleError(
+                        f"rank {r}: {need} is missing (stage {s} exchanges microbatch {i} with another rank)"
+                    )
 
 
 def _check_channels(schedule: Schedule) -> None:

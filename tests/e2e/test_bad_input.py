@@ -14,31 +14,55 @@ CASES = {
     "unknown key": (["gpipe_2cpu", "pipeline.stagse=4"], "Did you mean: 'stages'?"),
     "unknown section": (["gpipe_2cpu", "pipelin.stages=4"], "Did you mean: 'pipeline'?"),
     "wrong type": (["gpipe_2cpu", "pipeline.stages=four"], "pipeline.stages: Value 'four'"),
-    "unknown schedule": (["gpipe_2cpu", "pipeline.schedule=zigzag"], "unknown schedule 'zigzag'; choose from naive, gpipe, 1f1b, forward_only"),
-    "batch not divisible": (["gpipe_2cpu", "train.batch_size=30", "pipeline.microbatches=4"], "train.batch_size=30 is not divisible by pipeline.microbatches=4"),
+    "unknown schedule": (
+        ["gpipe_2cpu", "pipeline.schedule=zigzag"],
+        "unknown schedule 'zigzag'; choose from naive, gpipe, 1f1b, forward_only",
+    ),
+    "batch not divisible": (
+        ["gpipe_2cpu", "train.batch_size=30", "pipeline.microbatches=4"],
+        "train.batch_size=30 is not divisible by pipeline.microbatches=4",
+    ),
     "more stages than layers": (["gpipe_2cpu", "pipeline.stages=8", "model.layers=4"], "8 stages but model.layers=4"),
     "bad split": (["gpipe_2cpu", "pipeline.layers_per_stage=[3,3]"], "must be positive and sum to model.layers=4"),
     "unknown model": (["gpipe_2cpu", "model.kind=rnn"], "model.kind: Invalid value 'rnn'"),
     "unknown experiment": (["no_such_experiment"], "unknown experiment 'no_such_experiment'; choose from"),
     "malformed override": (["gpipe_2cpu", "pipeline.stages"], "override 'pipeline.stages' must look like key=value"),
     "bad fault spec": (["gpipe_2cpu", "runtime.inject_fault=explode"], "must look like hang@<action>"),
-    "untraceable model": (["gpipe_2cpu", "model.kind=synthetic", "pipeline.split=tracer"],
-                          "pipeline.split=tracer cannot trace model.kind=synthetic"),
+    "untraceable model": (
+        ["gpipe_2cpu", "model.kind=synthetic", "pipeline.split=tracer"],
+        "pipeline.split=tracer cannot trace model.kind=synthetic",
+    ),
     "unknown executor": (["gpipe_2cpu", "pipeline.executor=deepspeed"], "pipeline.executor: Invalid value 'deepspeed'"),
-    "profile window past the run": (["gpipe_2cpu", "profile.enabled=true", "train.steps=3"],
-                                    "profile.enabled: the profiler records steps 2..3"),
-    "fault on an action the schedule lacks": (["gpipe_2cpu", "runtime.inject_fault=hang@1F9"],
-                                              "1F9 is not an action of this gpipe schedule (2 stages, 4 microbatches)"),
-    "run name that is a path": (["gpipe_2cpu", "run.name=../../escape"], "run.name='../../escape' must be a plain folder name"),
+    "profile window past the run": (
+        ["gpipe_2cpu", "profile.enabled=true", "train.steps=3"],
+        "profile.enabled: the profiler records steps 2..3",
+    ),
+    "fault on an action the schedule lacks": (
+        ["gpipe_2cpu", "runtime.inject_fault=hang@1F9"],
+        "1F9 is not an action of this gpipe schedule (2 stages, 4 microbatches)",
+    ),
+    "run name that is a path": (
+        ["gpipe_2cpu", "run.name=../../escape"],
+        "run.name='../../escape' must be a plain folder name",
+    ),
     "empty batch": (["gpipe_2cpu", "train.batch_size=0"], "train.batch_size must be >= 1, got 0"),
     "unwritable run root": (["gpipe_2cpu", "run.root=/proc/ppx-cannot-be-here"], "/proc/ppx-cannot-be-here"),
     "cuda without gpus": (["gpipe_2cpu", "runtime.device=cuda"], "runtime.device=cuda needs 2 GPUs"),
     "negative learning rate": (["gpipe_2cpu", "train.lr=-1"], "train.lr must be a finite number >= 0, got -1.0"),
     "no attention heads": (["transformer_1f1b_2cpu", "model.heads=0"], "model.heads and model.ffn_mult must be >= 1"),
-    "negative attention heads": (["transformer_1f1b_2cpu", "model.heads=-4"], "model.heads and model.ffn_mult must be >= 1"),
-    "cost that is not a number, any model": (["gpipe_2cpu", "model.fwd_ms=abc"], "model.fwd_ms must be a number of milliseconds"),
+    "negative attention heads": (
+        ["transformer_1f1b_2cpu", "model.heads=-4"],
+        "model.heads and model.ffn_mult must be >= 1",
+    ),
+    "cost that is not a number, any model": (
+        ["gpipe_2cpu", "model.fwd_ms=abc"],
+        "model.fwd_ms must be a number of milliseconds",
+    ),
     "zero timeout": (["gpipe_2cpu", "runtime.timeout_s=0"], "runtime.timeout_s must be > 0"),
-    "heads not dividing hidden": (["transformer_1f1b_2cpu", "model.hidden=30"], "model.hidden=30 is not divisible by model.heads"),
+    "heads not dividing hidden": (
+        ["transformer_1f1b_2cpu", "model.hidden=30"],
+        "model.hidden=30 is not divisible by model.heads",
+    ),
     "no timeline steps": (["gpipe_2cpu", "instrument.timeline_steps=0"], "instrument.timeline_steps must be >= 1"),
     "negative progress interval": (["gpipe_2cpu", "logging.progress_every=-1"], "logging.progress_every must be >= 0"),
 }
@@ -72,36 +96,74 @@ def test_stages_not_matching_the_process_count(tmp_path):
     """Started by torchrun with 2 processes for a 4-stage experiment: rank 0 says so in one
     line and every rank exits before any process group starts."""
     r = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "-m", "ppx.cli", "run", "gpipe_4gpu", f"run.root={tmp_path}"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "ppx.cli",
+            "run",
+            "gpipe_4gpu",
+            f"run.root={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode != 0
     ours = [line for line in r.stderr.splitlines() if line.startswith("ppx: error:")]
-    assert ours == ["ppx: error: pipeline.stages=4 but this job has 2 processes (WORLD_SIZE); start one process per stage"]
+    assert ours == [
+        "ppx: error: pipeline.stages=4 but this job has 2 processes (WORLD_SIZE); start one process per stage"
+    ]
     assert list(tmp_path.iterdir()) == []
 
 
 OTHER_COMMANDS = {
     "simulate: not a number": (["simulate", "1f1b", "-p", "2", "--fwd-ms", "abc"], "--fwd-ms abc: give milliseconds"),
     "simulate: negative latency": (["simulate", "1f1b", "--p2p-ms", "-1"], "--p2p-ms must be >= 0"),
-    "simulate: costs for 3 stages of 2": (["simulate", "1f1b", "-p", "2", "--fwd-ms", "10,12,14"], "one number or 2 numbers"),
+    "simulate: costs for 3 stages of 2": (
+        ["simulate", "1f1b", "-p", "2", "--fwd-ms", "10,12,14"],
+        "one number or 2 numbers",
+    ),
     "simulate: lookahead": (["simulate", "1f1b", "--recv-lookahead", "-3"], "--recv-lookahead must be -1"),
-    "simulate: png into a missing folder": (["simulate", "1f1b", "--png", "/nonexistent-ppx/x.png"], "folder /nonexistent-ppx does not exist"),
-    "schedule: csv into a missing folder": (["schedule", "1f1b", "--csv", "/nonexistent-ppx/x.csv"], "folder /nonexistent-ppx does not exist"),
+    "simulate: png into a missing folder": (
+        ["simulate", "1f1b", "--png", "/nonexistent-ppx/x.png"],
+        "folder /nonexistent-ppx does not exist",
+    ),
+    "schedule: csv into a missing folder": (
+        ["schedule", "1f1b", "--csv", "/nonexistent-ppx/x.csv"],
+        "folder /nonexistent-ppx does not exist",
+    ),
     "schedule: zero-slot forward": (["schedule", "1f1b", "--fwd", "0"], "--fwd and --bwd must be >= 1 grid slot"),
-    "simulate: zero ranks": (["simulate", "1f1b", "-p", "0"], "stages (0), microbatches (8) and virtual stages (1) must be >= 1"),
+    "simulate: zero ranks": (
+        ["simulate", "1f1b", "-p", "0"],
+        "stages (0), microbatches (8) and virtual stages (1) must be >= 1",
+    ),
     "simulate: zero microbatches": (["simulate", "1f1b", "-m", "0"], "microbatches (0)"),
-    "schedule: a CSV's shape overridden": (["schedule", str(DATA / "1f1b_p2_m4.csv"), "-m", "8"],
-                                           "1f1b_p2_m4.csv is a schedule for 2 ranks, 1 stage(s) each and 4 microbatches; --microbatches 8"),
+    "schedule: a CSV's shape overridden": (
+        ["schedule", str(DATA / "1f1b_p2_m4.csv"), "-m", "8"],
+        "1f1b_p2_m4.csv is a schedule for 2 ranks, 1 stage(s) each and 4 microbatches; --microbatches 8",
+    ),
     "schedule: comms without a CSV": (["schedule", "1f1b", "--with-comms"], "--with-comms only shapes the --csv file"),
-    "sweep: a key twice": (["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2 pipeline.microbatches=8"],
-                           "sweep key pipeline.microbatches is given twice"),
-    "sweep: a value twice": (["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=4,4"],
-                             "two sweep points would share the run folder 'microbatches=4'"),
-    "fault on a comm action": (["run", "gpipe_2cpu", "runtime.inject_fault=die@0SEND_F1"], "faults fire on compute actions"),
-    "sweep: one run directory": (["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2,4", "run.dir=/tmp/x"],
-                                 "run.dir names one run"),
+    "sweep: a key twice": (
+        ["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2 pipeline.microbatches=8"],
+        "sweep key pipeline.microbatches is given twice",
+    ),
+    "sweep: a value twice": (
+        ["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=4,4"],
+        "two sweep points would share the run folder 'microbatches=4'",
+    ),
+    "fault on a comm action": (
+        ["run", "gpipe_2cpu", "runtime.inject_fault=die@0SEND_F1"],
+        "faults fire on compute actions",
+    ),
+    "sweep: one run directory": (
+        ["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2,4", "run.dir=/tmp/x"],
+        "run.dir names one run",
+    ),
 }
 
 
@@ -117,13 +179,27 @@ def test_other_commands_fail_fast_with_one_line(case, tmp_path):
 
 def test_simulate_from_a_run_takes_its_shape(tmp_path):
     run = tmp_path / "run"
-    r = ppx("run", "gpipe_2cpu", "model.kind=synthetic", "model.fwd_ms=2", "model.bwd_ms=4", "model.hidden=16",
-            "train.steps=2", "logging.wandb.mode=disabled", "logging.tensorboard=false", f"run.dir={run}", timeout=120)
+    r = ppx(
+        "run",
+        "gpipe_2cpu",
+        "model.kind=synthetic",
+        "model.fwd_ms=2",
+        "model.bwd_ms=4",
+        "model.hidden=16",
+        "train.steps=2",
+        "logging.wandb.mode=disabled",
+        "logging.tensorboard=false",
+        f"run.dir={run}",
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     r = ppx("simulate", "gpipe", "--from-run", str(run))
     assert r.returncode == 0 and "gpipe: 2 ranks, 2 stages, 4 microbatches" in r.stdout, r.stdout + r.stderr
     s = json.loads((run / "summary.json").read_text())  # held against the steps its costs come from
-    assert f"step {s['measured_step_time_s'] * 1e3:.2f} ms" in r.stdout and f"bubble {s['measured_bubble_fraction']:.1%}" in r.stdout
+    assert (
+        f"step {s['measured_step_time_s'] * 1e3:.2f} ms" in r.stdout
+        and f"bubble {s['measured_bubble_fraction']:.1%}" in r.stdout
+    )
     r = ppx("simulate", "gpipe", "-p", "4", "--from-run", str(run))
     assert r.returncode == 2 and "its costs are per stage" in r.stderr
     r = ppx("simulate", str(DATA / "1f1b_p2_m4.csv"), "--from-run", str(run))  # the CSV's shape
@@ -133,11 +209,21 @@ def test_simulate_from_a_run_takes_its_shape(tmp_path):
 def test_simulate_from_a_run_without_a_timeline_says_why(tmp_path):
     """Timers on, timeline off: the bubble is measured, but no per-action costs are kept."""
     run = tmp_path / "run"
-    r = ppx("run", "gpipe_2cpu", "instrument.timeline=false", "train.steps=2", "logging.tensorboard=false",
-            f"run.dir={run}", timeout=120)
+    r = ppx(
+        "run",
+        "gpipe_2cpu",
+        "instrument.timeline=false",
+        "train.steps=2",
+        "logging.tensorboard=false",
+        f"run.dir={run}",
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     s = json.loads((run / "summary.json").read_text())
     assert "bubble_fraction" in s and "measured_costs" not in s and not (run / "timeline.json").exists()
     r = ppx("simulate", "gpipe", "--from-run", str(run))
     assert r.returncode == 2
-    assert f"ppx: error: {run} has no measured costs (run it with instrument.timers and instrument.timeline on)" in r.stderr
+    assert (
+        f"ppx: error: {run} has no measured costs (run it with instrument.timers and instrument.timeline on)"
+        in r.stderr
+    )

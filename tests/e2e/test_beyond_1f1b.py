@@ -8,14 +8,29 @@ import pytest
 from helpers import ppx, read_json
 
 P, M, T = 4, 8, 40  # ranks, microbatches, ms per forward / input-grad / weight-grad pass
-BASE = ["model.kind=synthetic", f"model.fwd_ms={T}", f"model.bwd_ms={T}", f"model.wgrad_ms={T}", "model.hidden=16",
-        "train.steps=4", f"pipeline.stages={P}", f"pipeline.microbatches={M}", "logging.wandb.mode=disabled"]
+BASE = [
+    "model.kind=synthetic",
+    f"model.fwd_ms={T}",
+    f"model.bwd_ms={T}",
+    f"model.wgrad_ms={T}",
+    "model.hidden=16",
+    "train.steps=4",
+    f"pipeline.stages={P}",
+    f"pipeline.microbatches={M}",
+    "logging.wandb.mode=disabled",
+]
 VARIANTS = {
     "1f1b": ["pipeline.schedule=1f1b"],
     "zb_h1": ["pipeline.schedule=zb_h1"],
     # two stages per rank, each half the work: the same model cost per rank as above
-    "interleaved": ["pipeline.schedule=interleaved_1f1b", "pipeline.virtual_stages=2", "model.layers=8",
-                    f"model.fwd_ms={T // 2}", f"model.bwd_ms={T // 2}", f"model.wgrad_ms={T // 2}"],
+    "interleaved": [
+        "pipeline.schedule=interleaved_1f1b",
+        "pipeline.virtual_stages=2",
+        "model.layers=8",
+        f"model.fwd_ms={T // 2}",
+        f"model.bwd_ms={T // 2}",
+        f"model.wgrad_ms={T // 2}",
+    ],
     # ppx's ZB-H1 list exported to torch's CSV form and run by torch's _PipelineScheduleRuntime
     "zb_h1_torch": ["pipeline.schedule=zb_h1", "pipeline.executor=torch"],
 }
@@ -76,7 +91,9 @@ def test_ppx_schedule_runs_in_torchs_runtime(runs):
     """The exported list runs in torch's runtime: same losses, same memory, I and W timed."""
     mine, ref = runs["zb_h1_torch"], runs["zb_h1"]
     assert mine["losses"] == pytest.approx(ref["losses"], rel=1e-5)
-    assert [r["peak_inflight_microbatches"] for r in mine["ranks"]] == [r["peak_inflight_microbatches"] for r in ref["ranks"]]
+    assert [r["peak_inflight_microbatches"] for r in mine["ranks"]] == [
+        r["peak_inflight_microbatches"] for r in ref["ranks"]
+    ]
     assert {"0I", "0W", "3I", "3W"} <= set(mine["measured_costs"]["action_s"])
     assert mine["measured_costs"]["action_s"]["0W"] == pytest.approx(T / 1e3, rel=0.1)
     assert mine["bubble_fraction_theory"] == pytest.approx(ref["bubble_fraction_theory"])

@@ -12,15 +12,31 @@ from helpers import CUDA_DEVICES, GPU_ENV, ppx, read_json, read_jsonl
 # 60/120 ms: the hand-offs between ranks (0.3-3 ms each on loopback gloo on a shared 2-core
 # machine whose caches go cold while the ranks wait) stay small next to them
 T_F, T_B = 0.060, 0.120
-KNOWN_COST = ["model.kind=synthetic", f"model.fwd_ms={T_F * 1e3:g}", f"model.bwd_ms={T_B * 1e3:g}", "model.hidden=16",
-              "model.layers=4", "train.batch_size=64", "train.steps=3"]
+KNOWN_COST = [
+    "model.kind=synthetic",
+    f"model.fwd_ms={T_F * 1e3:g}",
+    f"model.bwd_ms={T_B * 1e3:g}",
+    "model.hidden=16",
+    "model.layers=4",
+    "train.batch_size=64",
+    "train.steps=3",
+]
 HIDDEN, BATCH = 16, 64
 
 
 def known_cost_run(tmp_path_factory, schedule, p, m, *extra, env=None):
     d = tmp_path_factory.mktemp("kc") / f"{schedule}_p{p}"
-    r = ppx("run", "gpipe_4gpu", *KNOWN_COST, f"pipeline.schedule={schedule}", f"pipeline.stages={p}",
-            f"pipeline.microbatches={m}", f"run.dir={d}", *extra, env=env)
+    r = ppx(
+        "run",
+        "gpipe_4gpu",
+        *KNOWN_COST,
+        f"pipeline.schedule={schedule}",
+        f"pipeline.stages={p}",
+        f"pipeline.microbatches={m}",
+        f"run.dir={d}",
+        *extra,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return d
 
@@ -42,7 +58,9 @@ def test_measured_bubble_matches_theory_on_known_costs(runs, case):
     assert s["bubble_fraction"] == pytest.approx(theory, abs=0.04), s
     assert s["bubble_over_ideal_theory"] == pytest.approx(theory / (1 - theory))
     assert s["bubble_theory_basis"].startswith("simulated at the known-cost model's per-stage costs")
-    assert s["ideal_step_time_s"] == pytest.approx((m + p - 1) * (T_F + T_B) if schedule != "naive" else p * (T_F + T_B))
+    assert s["ideal_step_time_s"] == pytest.approx(
+        (m + p - 1) * (T_F + T_B) if schedule != "naive" else p * (T_F + T_B)
+    )
     # the 1.03 target is a benchmark row (make bench); here a margin a mismeasured step breaks
     assert 1.0 <= s["step_time_over_ideal"] < 1.2
     for r in s["ranks"]:
@@ -53,8 +71,18 @@ def test_measured_bubble_matches_theory_on_known_costs(runs, case):
     assert len(per_step) == 3
     for line in per_step:
         assert len(line["ranks"]) == p
-        assert {"compute_s", "comm_s", "post_s", "transfer_s", "wait_s", "idle_s", "bubble_fraction", "peak_inflight_microbatches",
-                "peak_activation_bytes", "peak_memory_bytes"} <= set(line["ranks"][0])
+        assert {
+            "compute_s",
+            "comm_s",
+            "post_s",
+            "transfer_s",
+            "wait_s",
+            "idle_s",
+            "bubble_fraction",
+            "peak_inflight_microbatches",
+            "peak_activation_bytes",
+            "peak_memory_bytes",
+        } <= set(line["ranks"][0])
         assert line["bubble_fraction_theory"] == pytest.approx(theory)
         assert line["bubble_over_ideal_theory"] == pytest.approx(theory / (1 - theory))
 
@@ -107,8 +135,18 @@ def test_profiler_off_writes_no_trace(runs):
 
 
 def test_profiler_traces_per_rank(tmp_path_factory):
-    d = known_cost_run(tmp_path_factory, "1f1b", 2, 4, "profile.enabled=true", "profile.wait=0",
-                       "profile.warmup=1", "profile.active=1", "model.fwd_ms=1", "model.bwd_ms=2")
+    d = known_cost_run(
+        tmp_path_factory,
+        "1f1b",
+        2,
+        4,
+        "profile.enabled=true",
+        "profile.wait=0",
+        "profile.warmup=1",
+        "profile.active=1",
+        "model.fwd_ms=1",
+        "model.bwd_ms=2",
+    )
     traces = sorted((d / "traces").iterdir())
     assert [t.name.split(".")[0] for t in traces] == ["rank0", "rank1"]
     for t in traces:
@@ -129,8 +167,18 @@ def test_timers_off_still_measures_step_time(tmp_path_factory):
 
 @pytest.mark.skipif(CUDA_DEVICES == 0, reason="needs a CUDA GPU")
 def test_cuda_event_timers(tmp_path_factory):
-    d = known_cost_run(tmp_path_factory, "gpipe", 1, 4, "runtime.device=cuda", "profile.enabled=true",
-                       "profile.wait=0", "profile.warmup=1", "profile.active=1", env=GPU_ENV)
+    d = known_cost_run(
+        tmp_path_factory,
+        "gpipe",
+        1,
+        4,
+        "runtime.device=cuda",
+        "profile.enabled=true",
+        "profile.wait=0",
+        "profile.warmup=1",
+        "profile.active=1",
+        env=GPU_ENV,
+    )
     s = read_json(d / "summary.json")
     assert s["device"].startswith("cuda") and s["backend"] == "nccl"
     (r,) = s["ranks"]
@@ -146,11 +194,32 @@ def test_cuda_event_timers(tmp_path_factory):
 def test_watchdog_follows_a_real_gpu(tmp_path_factory):
     """The host queues the step and waits at its end while the GPU spins: each 3 s forward
     is progress under a 5 s limit, and a 12 s one is a hang named by the action on the GPU."""
-    fine = known_cost_run(tmp_path_factory, "gpipe", 1, 2, "runtime.device=cuda", "runtime.timeout_s=5",
-                          "model.fwd_ms=3000", "model.bwd_ms=10", "train.steps=1", env=GPU_ENV)
+    fine = known_cost_run(
+        tmp_path_factory,
+        "gpipe",
+        1,
+        2,
+        "runtime.device=cuda",
+        "runtime.timeout_s=5",
+        "model.fwd_ms=3000",
+        "model.bwd_ms=10",
+        "train.steps=1",
+        env=GPU_ENV,
+    )
     assert read_json(fine / "summary.json")["status"] == "completed"
     d = tmp_path_factory.mktemp("kc") / "stuck"
-    r = ppx("run", "gpipe_4gpu", *KNOWN_COST, "pipeline.stages=1", "pipeline.microbatches=2", "runtime.device=cuda",
-            "runtime.timeout_s=5", "model.fwd_ms=12000", "train.steps=1", f"run.dir={d}", env=GPU_ENV)
+    r = ppx(
+        "run",
+        "gpipe_4gpu",
+        *KNOWN_COST,
+        "pipeline.stages=1",
+        "pipeline.microbatches=2",
+        "runtime.device=cuda",
+        "runtime.timeout_s=5",
+        "model.fwd_ms=12000",
+        "train.steps=1",
+        f"run.dir={d}",
+        env=GPU_ENV,
+    )
     assert r.returncode != 0
     assert "the GPU is on 0F0" in r.stderr, r.stderr[-2000:]

@@ -19,8 +19,17 @@ from helpers import REPO, free_port, ppx, read_json, wandb_file
 @pytest.fixture(scope="module")
 def profiled_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    r = ppx("run", "1f1b_2cpu", "train.steps=4", "profile.enabled=true", "profile.wait=0", "profile.warmup=1",
-            "profile.active=2", "logging.wandb.mode=offline", f"run.root={root}")  # offline: the default
+    r = ppx(
+        "run",
+        "1f1b_2cpu",
+        "train.steps=4",
+        "profile.enabled=true",
+        "profile.wait=0",
+        "profile.warmup=1",
+        "profile.active=2",
+        "logging.wandb.mode=offline",
+        f"run.root={root}",
+    )  # offline: the default
     assert r.returncode == 0, r.stderr[-3000:]
     (run,) = (root / "1f1b_2cpu").iterdir()
     return root, run, r
@@ -50,13 +59,37 @@ def test_tensorboard_serves_scalars_and_profiler_workers(profiled_run):
     root, run, _ = profiled_run
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(root), "--port", str(port), "--host", "127.0.0.1",
-         "--load_fast=false"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(root),
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--load_fast=false",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         tb_run = f"1f1b_2cpu/{run.name}/tb"
         tags = _poll(lambda: _get(port, "/data/plugin/scalars/tags").get(tb_run))
-        for tag in ("loss", "time/step_time_s", "bubble/measured", "bubble/theory", "bubble/theory_over_ideal",
-                    "compute_s/rank0", "transfer_s/rank1", "idle_s/rank1", "peak_inflight_microbatches/rank0", "peak_activation_bytes/rank1"):
+        for tag in (
+            "loss",
+            "time/step_time_s",
+            "bubble/measured",
+            "bubble/theory",
+            "bubble/theory_over_ideal",
+            "compute_s/rank0",
+            "transfer_s/rank1",
+            "idle_s/rank1",
+            "peak_inflight_microbatches/rank0",
+            "peak_activation_bytes/rank1",
+        ):
             assert tag in tags, tag
         loss = _get(port, "/data/plugin/scalars/scalars", run=tb_run, tag="loss")
         assert [step for _, step, _ in loss] == [0, 1, 2, 3]
@@ -99,9 +132,23 @@ def test_wandb_online_without_a_key_warns_once_and_goes_offline(tmp_path):
     env["HOME"] = str(tmp_path / "home")  # no ~/.netrc, no stored key
     env["WANDB_CONFIG_DIR"] = str(tmp_path / "wandb-config")
     d = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "ppx.cli", "run", "1f1b_2cpu", "train.steps=2", "logging.wandb.mode=online",
-                        f"run.dir={d}"], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=240)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ppx.cli",
+            "run",
+            "1f1b_2cpu",
+            "train.steps=2",
+            "logging.wandb.mode=online",
+            f"run.dir={d}",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     warnings = [line for line in r.stderr.splitlines() if line.startswith("ppx: warning: W&B")]
     assert len(warnings) == 1 and "logging offline instead" in warnings[0]
@@ -111,14 +158,29 @@ def test_wandb_online_without_a_key_warns_once_and_goes_offline(tmp_path):
 
 def test_small_sweep_and_compare(tmp_path):
     # costs far above a loaded CI machine's 0.5-2 ms hand-offs, so each point's bubble is the schedule's
-    r = ppx("sweep", "1f1b_2cpu", "--sweep", "pipeline.schedule=gpipe,1f1b pipeline.microbatches=2,4",
-            "model.kind=synthetic", "model.fwd_ms=20", "model.bwd_ms=40", "model.hidden=16", "train.steps=3",
-            "logging.wandb.mode=disabled", f"run.root={tmp_path}", timeout=400)
+    r = ppx(
+        "sweep",
+        "1f1b_2cpu",
+        "--sweep",
+        "pipeline.schedule=gpipe,1f1b pipeline.microbatches=2,4",
+        "model.kind=synthetic",
+        "model.fwd_ms=20",
+        "model.bwd_ms=40",
+        "model.hidden=16",
+        "train.steps=3",
+        "logging.wandb.mode=disabled",
+        f"run.root={tmp_path}",
+        timeout=400,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     (sweep,) = (tmp_path / "1f1b_2cpu").glob("sweep-*")
     points = sorted(p.name for p in sweep.iterdir() if p.is_dir())
-    assert points == ["schedule=1f1b,microbatches=2", "schedule=1f1b,microbatches=4",
-                      "schedule=gpipe,microbatches=2", "schedule=gpipe,microbatches=4"]
+    assert points == [
+        "schedule=1f1b,microbatches=2",
+        "schedule=1f1b,microbatches=4",
+        "schedule=gpipe,microbatches=2",
+        "schedule=gpipe,microbatches=4",
+    ]
     for name in ("compare.md", "compare.json", "compare.png", "bubble.png"):
         assert (sweep / name).exists(), name
     for png in ("compare.png", "bubble.png"):

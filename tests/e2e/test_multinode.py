@@ -26,10 +26,29 @@ def single_node_losses(tmp_path_factory):
 
 def test_torchrun_two_launchers_on_loopback(tmp_path, single_node_losses):
     port, d = free_port(), tmp_path / "run"
-    cmd = lambda node: [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",  # noqa: E731
-                        f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-                        "--rdzv-id=ppx-test", "-m", "ppx.cli", "run", "gpipe_4gpu", *ARGS, f"run.dir={d}"]
-    launchers = [subprocess.Popen(cmd(n), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+
+    def cmd(node):
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            "--nproc-per-node=2",
+            f"--node-rank={node}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--rdzv-id=ppx-test",
+            "-m",
+            "ppx.cli",
+            "run",
+            "gpipe_4gpu",
+            *ARGS,
+            f"run.dir={d}",
+        ]
+
+    launchers = [
+        subprocess.Popen(cmd(n), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)
+    ]
     outs = [p.communicate(timeout=240) for p in launchers]
     for p, (_out, err) in zip(launchers, outs):
         assert p.returncode == 0, err[-3000:]
@@ -41,8 +60,10 @@ def test_torchrun_two_launchers_on_loopback(tmp_path, single_node_losses):
 
 unavailable = why_unavailable()
 # CI sets PPX_REQUIRE_SLURM=1: there a cluster that cannot start fails the tests, never skips them
-skip_without_slurm = pytest.mark.skipif(unavailable is not None and os.environ.get("PPX_REQUIRE_SLURM") != "1",
-                                        reason=f"SLURM cannot be started here: {unavailable}")
+skip_without_slurm = pytest.mark.skipif(
+    unavailable is not None and os.environ.get("PPX_REQUIRE_SLURM") != "1",
+    reason=f"SLURM cannot be started here: {unavailable}",
+)
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +79,19 @@ def cluster(tmp_path_factory):
 def test_sbatch_trains_four_stages_across_two_slurm_nodes(cluster, tmp_path, single_node_losses):
     submit = tmp_path / "submit"
     (submit / "runs").mkdir(parents=True)
-    job = cluster.sbatch("--nodes", "2", str(REPO / "slurm" / "pp.sbatch"), cwd=submit,
-                         env={"EXP": "gpipe_4gpu", "ARGS": " ".join(ARGS), "NPROC_PER_NODE": "2",
-                              "PPX_DIR": str(REPO), "PYTHON": sys.executable})
+    job = cluster.sbatch(
+        "--nodes",
+        "2",
+        str(REPO / "slurm" / "pp.sbatch"),
+        cwd=submit,
+        env={
+            "EXP": "gpipe_4gpu",
+            "ARGS": " ".join(ARGS),
+            "NPROC_PER_NODE": "2",
+            "PPX_DIR": str(REPO),
+            "PYTHON": sys.executable,
+        },
+    )
     state = cluster.wait(job, timeout_s=300)
     log = (submit / "runs" / f"slurm-{job}.out").read_text()
     assert state == "COMPLETED", log[-3000:]
@@ -80,9 +111,27 @@ def test_srun_started_ranks_run_in_place(cluster, tmp_path, single_node_losses):
     the rendezvous address from the first node's NodeAddr. Two stages, one per node (a test
     node has one CPU): the same losses as the four-stage run on one node."""
     d = tmp_path / "run"
-    r = subprocess.run(["srun", "--nodes=2", "--ntasks=2", "--kill-on-bad-exit=1", sys.executable, "-m", "ppx.cli",
-                        "run", "gpipe_4gpu", *ARGS, "pipeline.stages=2", f"run.dir={d}"],
-                       cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=240)
+    r = subprocess.run(
+        [
+            "srun",
+            "--nodes=2",
+            "--ntasks=2",
+            "--kill-on-bad-exit=1",
+            sys.executable,
+            "-m",
+            "ppx.cli",
+            "run",
+            "gpipe_4gpu",
+            *ARGS,
+            "pipeline.stages=2",
+            f"run.dir={d}",
+        ],
+        cwd=REPO,
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     env = read_json(d / "env.json")
     assert env["world_size"] == 2
@@ -93,17 +142,38 @@ def test_srun_started_ranks_run_in_place(cluster, tmp_path, single_node_losses):
 @skip_without_slurm
 def test_sweep_on_slurm_submits_a_job_per_point_and_a_comparison(cluster, tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "ppx.cli", "sweep", "1f1b_2cpu", "--launcher", "slurm", "--sweep",
-         "pipeline.microbatches=2,4", "train.steps=2", "logging.wandb.mode=disabled", f"run.root={tmp_path}"],
-        cwd=REPO, env={**cluster.env, "PPX_SBATCH_ARGS": "--nodes 2", "NPROC_PER_NODE": "1", "PYTHON": sys.executable},
-        capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "ppx.cli",
+            "sweep",
+            "1f1b_2cpu",
+            "--launcher",
+            "slurm",
+            "--sweep",
+            "pipeline.microbatches=2,4",
+            "train.steps=2",
+            "logging.wandb.mode=disabled",
+            f"run.root={tmp_path}",
+        ],
+        cwd=REPO,
+        env={**cluster.env, "PPX_SBATCH_ARGS": "--nodes 2", "NPROC_PER_NODE": "1", "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
-    jobs = [line.split()[4].rstrip(":") for line in r.stdout.splitlines() if line.startswith("ppx sweep: submitted job")]
+    jobs = [
+        line.split()[4].rstrip(":") for line in r.stdout.splitlines() if line.startswith("ppx sweep: submitted job")
+    ]
     compare_job = next(line.split()[4] for line in r.stdout.splitlines() if "comparison job" in line)
     assert len(jobs) == 2
     for job in jobs + [compare_job]:
         assert cluster.wait(job, timeout_s=300) == "COMPLETED", job
     (sweep,) = (tmp_path / "1f1b_2cpu").glob("sweep-*")
-    assert sorted(p.name for p in sweep.iterdir() if (p / "summary.json").exists()) == ["microbatches=2", "microbatches=4"]
+    assert sorted(p.name for p in sweep.iterdir() if (p / "summary.json").exists()) == [
+        "microbatches=2",
+        "microbatches=4",
+    ]
     assert (sweep / "compare.md").read_text().count("| microbatches=") == 2
     assert (sweep / "bubble.png").exists()

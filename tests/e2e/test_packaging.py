@@ -20,8 +20,21 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # the tree pip builds from: what is not part of the source stays behind
-LEAVE_OUT = shutil.ignore_patterns(".git", ".venv", "venv", "runs", "build", "dist", "*.egg-info", "__pycache__",
-                                   ".pytest_cache", "wandb", "tests", "docs", "bench")
+LEAVE_OUT = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    "venv",
+    "runs",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".pytest_cache",
+    "wandb",
+    "tests",
+    "docs",
+    "bench",
+)
 
 
 def _has_setuptools() -> bool:
@@ -45,9 +58,25 @@ def installed(tmp_path_factory) -> Path:
     site = tmp / "site"
     # without setuptools here (a Python 3.12+ venv has none) pip fetches it into an isolated build env
     isolation = ["--no-build-isolation"] if _has_setuptools() else []
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-input", "--disable-pip-version-check",
-                        *isolation, "--target", str(site), str(_source(tmp))],
-                       capture_output=True, text=True, timeout=180, cwd=tmp)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-input",
+            "--disable-pip-version-check",
+            *isolation,
+            "--target",
+            str(site),
+            str(_source(tmp)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return site
 
@@ -60,8 +89,11 @@ def _env(site: Path) -> dict:
 
 def test_every_module_and_data_file_is_installed(installed):
     package = installed / "ppx"
-    missing = sorted(str(p.relative_to(REPO)) for p in (REPO / "ppx").rglob("*.py")
-                     if "__pycache__" not in p.parts and not (package / p.relative_to(REPO / "ppx")).is_file())
+    missing = sorted(
+        str(p.relative_to(REPO))
+        for p in (REPO / "ppx").rglob("*.py")
+        if "__pycache__" not in p.parts and not (package / p.relative_to(REPO / "ppx")).is_file()
+    )
     assert not missing, f"not in the wheel (add their packages to [tool.setuptools] packages): {missing}"
     for folder, pattern in (("experiments", "*.yaml"), ("slurm", "*.sbatch")):
         shipped = sorted(p.name for p in (package / folder).glob(pattern))
@@ -80,8 +112,9 @@ def test_installed_package_finds_its_experiments_and_templates(installed, tmp_pa
         "    'compare': str(template('compare.sbatch')), 'checkout': checkout() and str(checkout()),\n"
         "    'PPX_DIR': env['PPX_DIR'], 'PYTHON': env.get('PYTHON'), 'python': sys.executable}))\n"
     )
-    r = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=_env(installed),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=_env(installed), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     package = (installed / "ppx").resolve()
@@ -100,9 +133,23 @@ def test_installed_package_runs_a_shipped_experiment_from_elsewhere(installed, t
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     runs = tmp_path / "runs"
-    r = subprocess.run([sys.executable, "-m", "ppx.cli", "run", "gpipe_4gpu", "train.steps=2",
-                        "logging.wandb.mode=disabled", f"run.root={runs}"],
-                       cwd=elsewhere, env=_env(installed), capture_output=True, text=True, timeout=240)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ppx.cli",
+            "run",
+            "gpipe_4gpu",
+            "train.steps=2",
+            "logging.wandb.mode=disabled",
+            f"run.root={runs}",
+        ],
+        cwd=elsewhere,
+        env=_env(installed),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summaries = list(runs.glob("gpipe_4gpu/*/summary.json"))
     assert len(summaries) == 1, r.stdout[-3000:]
@@ -113,9 +160,18 @@ def test_installed_package_runs_a_shipped_experiment_from_elsewhere(installed, t
 def test_sdist_carries_the_experiments_and_templates(tmp_path):
     """`pip install ppx-*.tar.gz` builds from the sdist, which must hold the mapped folders."""
     src = _source(tmp_path)
-    r = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
-                        "print(b.build_sdist(sys.argv[1]))", str(tmp_path / "dist")],
-                       cwd=src, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from setuptools import build_meta as b; print(b.build_sdist(sys.argv[1]))",
+            str(tmp_path / "dist"),
+        ],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     import tarfile
 

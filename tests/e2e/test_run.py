@@ -71,8 +71,11 @@ SAME_LOSSES = {
     "schedule from a CSV": ["pipeline.stages=2", "pipeline.microbatches=4", f"pipeline.schedule={CSV_1F1B}"],
     "torch's GPipe": ["pipeline.stages=2", "pipeline.schedule=torch_gpipe"],
     "torch's interleaved 1F1B": ["pipeline.stages=2", "pipeline.schedule=torch_interleaved1f1b"],
-    "two stages on one rank (local hand-offs)": ["pipeline.stages=1", "pipeline.schedule=interleaved_1f1b",
-                                                 "pipeline.virtual_stages=2"],
+    "two stages on one rank (local hand-offs)": [
+        "pipeline.stages=1",
+        "pipeline.schedule=interleaved_1f1b",
+        "pipeline.virtual_stages=2",
+    ],
 }
 
 

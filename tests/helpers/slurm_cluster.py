@@ -86,11 +86,23 @@ PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP OverSubsc
         shutil.chown(run, "munge", "munge")
         if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode != 0:
             subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True, timeout=30)
-        self.procs.append(subprocess.Popen(["/usr/sbin/slurmctld", "-D", "-f", str(self.conf)], env=self.env,
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self.procs.append(
+            subprocess.Popen(
+                ["/usr/sbin/slurmctld", "-D", "-f", str(self.conf)],
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         for node in ("n1", "n2"):
-            self.procs.append(subprocess.Popen(["/usr/sbin/slurmd", "-D", "-N", node, "-f", str(self.conf)],
-                                               env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.procs.append(
+                subprocess.Popen(
+                    ["/usr/sbin/slurmd", "-D", "-N", node, "-f", str(self.conf)],
+                    env=self.env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env, capture_output=True, text=True)
@@ -103,8 +115,14 @@ PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP OverSubsc
         raise RuntimeError(f"SLURM did not come up in {timeout_s} s:\n{logs}")
 
     def sbatch(self, *args: str, env: dict | None = None, cwd: Path | None = None) -> str:
-        out = subprocess.run(["sbatch", "--parsable", *args], env={**self.env, **(env or {})}, cwd=cwd,
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["sbatch", "--parsable", *args],
+            env={**self.env, **(env or {})},
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"sbatch failed: {out.stderr}")
         return out.stdout.strip().split(";")[0]
@@ -114,9 +132,21 @@ PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP OverSubsc
         SLURM itself signals the end, through a no-op job that depends on it, submitted with
         ``sbatch --wait`` (which returns when that job has run)."""
         try:
-            out = subprocess.run(["sbatch", "--wait", "--quiet", f"--dependency=afterany:{job}", "--nodes=1",
-                                  "--output=/dev/null", "--wrap=true"], env=self.env, capture_output=True,
-                                 text=True, timeout=timeout_s)
+            out = subprocess.run(
+                [
+                    "sbatch",
+                    "--wait",
+                    "--quiet",
+                    f"--dependency=afterany:{job}",
+                    "--nodes=1",
+                    "--output=/dev/null",
+                    "--wrap=true",
+                ],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
         except subprocess.TimeoutExpired:
             subprocess.run(["scancel", job], env=self.env)
             raise AssertionError(f"SLURM job {job} did not end in {timeout_s} s") from None

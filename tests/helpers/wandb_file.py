@@ -50,7 +50,9 @@ def history(path: str | Path) -> list[dict]:
     rows = []
     for rec in records(path):
         if rec.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in rec.history.item})
+            rows.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in rec.history.item}
+            )
     return rows
 
 
@@ -66,6 +68,10 @@ def summary(path: str | Path) -> dict:
 def run_info(path: str | Path) -> dict:
     for rec in records(path):
         if rec.WhichOneof("record_type") == "run":
-            return {"project": rec.run.project, "group": rec.run.run_group, "name": rec.run.display_name,
-                    "config": {i.key: json.loads(i.value_json) for i in rec.run.config.update}}
+            return {
+                "project": rec.run.project,
+                "group": rec.run.run_group,
+                "name": rec.run.display_name,
+                "config": {i.key: json.loads(i.value_json) for i in rec.run.config.update},
+            }
     return {}

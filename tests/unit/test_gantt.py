@@ -11,7 +11,9 @@ from ppx.schedules.action import Action
 def simulated_spans(name: str, p: int, m: int, **kw) -> tuple[dict, tuple]:
     sched = schedules.build(name, p, m, **kw)
     t = schedules.simulate(sched, schedules.Costs())
-    spans = {r: [Span("compute", str(e.action), (e.action,), e.start, e.end) for e in row] for r, row in enumerate(t.events)}
+    spans = {
+        r: [Span("compute", str(e.action), (e.action,), e.start, e.end) for e in row] for r, row in enumerate(t.events)
+    }
     return spans, sched.stage_to_rank
 
 
@@ -22,7 +24,11 @@ def names(entries) -> list[str]:
 def test_legend_names_split_backwards_and_no_comm_for_a_simulated_timeline(tmp_path):
     spans, s2r = simulated_spans("zb_h1", 4, 8)
     assert names(legend_entries(spans, False, False)) == [
-        "forward", "input-grad backward (I)", "weight-grad backward (W)", "idle"]
+        "forward",
+        "input-grad backward (I)",
+        "weight-grad backward (W)",
+        "idle",
+    ]
     spans, _ = simulated_spans("1f1b", 2, 4)
     assert names(legend_entries(spans, False, False)) == ["forward", "backward", "idle"]
     draw_step(spans, tmp_path / "g.png", "1f1b", (0, 1))
@@ -35,8 +41,15 @@ def test_legend_marks_later_stages_and_the_communication_drawn(tmp_path):
     spans[0].append(Span("post", "0SEND_F0", (Action.parse("0SEND_F0"),), 0.0, 0.1))
     spans[1].append(Span("drain", "wait sends", (), 9.0, 9.1))
     got = legend_entries(spans, True, True)
-    assert names(got) == ["forward", "backward", "lighter: a rank's later stage", "send/recv posted",
-                          "waiting on a peer", "transfer (peer had sent)", "idle"]
+    assert names(got) == [
+        "forward",
+        "backward",
+        "lighter: a rank's later stage",
+        "send/recv posted",
+        "waiting on a peer",
+        "transfer (peer had sent)",
+        "idle",
+    ]
     alphas = [a for k, _, a in got if k == "F"]
     assert alphas[0] == 1.0 and len(alphas) == 2 and 0 < alphas[1] < 1  # the later stage drawn lighter
     draw_step(spans, tmp_path / "g.png", "interleaved", s2r)

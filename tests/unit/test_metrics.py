@@ -11,11 +11,30 @@ from ppx.measure.metrics import step_breakdown
 def test_waits_split_into_idle_before_the_send_and_transfer_after_it():
     # rank 0 computes 0F0 over [0, 1] and posts its send at 1.0; rank 1 waits from 0.2 to 1.3:
     # 0.8 s of that is the schedule's idle (nothing sent yet), 0.3 s is transfer
-    r0 = {"rank": 0, "start": 0.0, "end": 1.1, "loss": None, "compute_s": 1.0, "comm_s": 0.1, "wait_s": 0.0,
-          "spans": [span("compute", "0F0", ["0F0"], 0.0, 1.0), span("post", "0SEND_F0", ["0SEND_F0"], 1.0, 1.1)]}
-    r1 = {"rank": 1, "start": 0.0, "end": 2.3, "loss": 1.0, "compute_s": 1.0, "comm_s": 0.2, "wait_s": 1.1,
-          "spans": [span("post", "1RECV_F0", ["1RECV_F0"], 0.0, 0.2), span("wait", "wait 1RECV_F0", ["1RECV_F0"], 0.2, 1.3),
-                    span("compute", "1F0", ["1F0"], 1.3, 2.3)]}
+    r0 = {
+        "rank": 0,
+        "start": 0.0,
+        "end": 1.1,
+        "loss": None,
+        "compute_s": 1.0,
+        "comm_s": 0.1,
+        "wait_s": 0.0,
+        "spans": [span("compute", "0F0", ["0F0"], 0.0, 1.0), span("post", "0SEND_F0", ["0SEND_F0"], 1.0, 1.1)],
+    }
+    r1 = {
+        "rank": 1,
+        "start": 0.0,
+        "end": 2.3,
+        "loss": 1.0,
+        "compute_s": 1.0,
+        "comm_s": 0.2,
+        "wait_s": 1.1,
+        "spans": [
+            span("post", "1RECV_F0", ["1RECV_F0"], 0.0, 0.2),
+            span("wait", "wait 1RECV_F0", ["1RECV_F0"], 0.2, 1.3),
+            span("compute", "1F0", ["1F0"], 1.3, 2.3),
+        ],
+    }
     m = step_breakdown([r0, r1], [0, 1])
     one = m["ranks"][1]
     assert one["transfer_s"] == pytest.approx(0.3) and one["post_s"] == pytest.approx(0.2)

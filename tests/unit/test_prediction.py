@@ -23,17 +23,27 @@ def test_sampled_costs_match_constants_and_cost_more_when_they_vary():
     expected = predict_expected(sched, samples, "gloo", 1, draws=64, seed=1)["step_time_s"]
     of_means = predict(sched, Costs(fwd=1, bwd=2, p2p=0.1, overhead=0.05), "gloo", 1)["step_time_s"]
     assert expected > of_means * 1.03
-    assert predict_expected(sched, samples, "gloo", 1, draws=8, seed=1) == predict_expected(sched, samples, "gloo", 1, draws=8, seed=1)
+    assert predict_expected(sched, samples, "gloo", 1, draws=8, seed=1) == predict_expected(
+        sched, samples, "gloo", 1, draws=8, seed=1
+    )
 
 
 def test_cost_samples_split_posting_into_sends_and_receives():
     # rank 0: one send alone (0.1 s), then a send and a receive together (0.13 s: the receive gets
     # 0.13 - 0.1); rank 1 posts two receives at once (0.02 each) and waits for 0F0's send
-    r0 = [span("compute", "0F0", ["0F0"], 0.0, 1.0), span("post", "0SEND_F0", ["0SEND_F0"], 1.0, 1.1),
-          span("compute", "0F1", ["0F1"], 1.15, 2.15), span("post", "0SEND_F1 0RECV_B0", ["0SEND_F1", "0RECV_B0"], 2.15, 2.28)]
-    r1 = [span("post", "1RECV_F0 1RECV_F1", ["1RECV_F0", "1RECV_F1"], 0.0, 0.04),
-          span("wait", "wait 1RECV_F0", ["1RECV_F0"], 0.04, 1.3), span("compute", "1F0", ["1F0"], 1.3, 2.3),
-          span("wait", "wait 1RECV_F1", ["1RECV_F1"], 2.3, 2.5), span("compute", "1F1", ["1F1"], 2.5, 3.5)]
+    r0 = [
+        span("compute", "0F0", ["0F0"], 0.0, 1.0),
+        span("post", "0SEND_F0", ["0SEND_F0"], 1.0, 1.1),
+        span("compute", "0F1", ["0F1"], 1.15, 2.15),
+        span("post", "0SEND_F1 0RECV_B0", ["0SEND_F1", "0RECV_B0"], 2.15, 2.28),
+    ]
+    r1 = [
+        span("post", "1RECV_F0 1RECV_F1", ["1RECV_F0", "1RECV_F1"], 0.0, 0.04),
+        span("wait", "wait 1RECV_F0", ["1RECV_F0"], 0.04, 1.3),
+        span("compute", "1F0", ["1F0"], 1.3, 2.3),
+        span("wait", "wait 1RECV_F1", ["1RECV_F1"], 2.3, 2.5),
+        span("compute", "1F1", ["1F1"], 2.5, 3.5),
+    ]
     sched = schedules.build("gpipe", 2, 2)
     samples = cost_samples([{"step": 0, "ranks": {0: r0, 1: r1}}], sched)
     assert samples["send_post_s"] == pytest.approx([0.1])

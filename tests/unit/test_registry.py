@@ -14,9 +14,14 @@ from ppx.schedules.basic import one_f_one_b
 @pytest.fixture
 def toy(monkeypatch):
     """A new family, registered the way a new schedule is: one entry in FAMILIES."""
-    fam = registry.Family("toy_1f1b", lambda p, m, v: one_f_one_b(p, m), lambda p, m, v=1: (p - 1) / (m + p - 1),
-                          "(p-1)/(m+p-1)", "1F1B under another name",
-                          shape_rule=lambda p, m, v: "toy_1f1b needs m >= p" if m < p else None)
+    fam = registry.Family(
+        "toy_1f1b",
+        lambda p, m, v: one_f_one_b(p, m),
+        lambda p, m, v=1: (p - 1) / (m + p - 1),
+        "(p-1)/(m+p-1)",
+        "1F1B under another name",
+        shape_rule=lambda p, m, v: "toy_1f1b needs m >= p" if m < p else None,
+    )
     monkeypatch.setitem(registry.FAMILIES, fam.name, fam)
     return fam
 
@@ -32,8 +37,9 @@ def test_a_family_registered_alone_runs_everywhere(toy):
 
 def test_shape_rules_come_from_the_family(toy):
     with pytest.raises(UserError, match="toy_1f1b needs m >= p"):
-        config.load(None, ["pipeline.schedule=toy_1f1b", "pipeline.stages=4", "pipeline.microbatches=2",
-                           "train.batch_size=8"])
+        config.load(
+            None, ["pipeline.schedule=toy_1f1b", "pipeline.stages=4", "pipeline.microbatches=2", "train.batch_size=8"]
+        )
     assert registry.theory_bubble("toy_1f1b", 4, 2) is None  # no theory for a shape the family refuses
 
 

@@ -49,7 +49,9 @@ def test_posting_costs_time_per_op_and_sends_leave_when_posted():
     assert t.makespan == pytest.approx(6.4)
     # every receive posted at the rank's first wait: rank 1 posts two (0.2) before 1F0, which still
     # waits for 0SEND_F0; rank 0 posts SEND_F1 first, then both receives
-    up = schedules.simulate(schedules.build("gpipe", 2, 2), Costs(fwd=1, bwd=1, send_post=0.1, recv_post=0.1), "gloo", -1)
+    up = schedules.simulate(
+        schedules.build("gpipe", 2, 2), Costs(fwd=1, bwd=1, send_post=0.1, recv_post=0.1), "gloo", -1
+    )
     assert _starts(up) == pytest.approx(want)
 
 
@@ -81,4 +83,7 @@ def test_transports_agree_without_latency_and_gloo_is_never_slower(name, v):
     slow = Costs(fwd=1, bwd=2, wgrad=1, p2p=0.3, overhead=0.1)
     strict = schedules.simulate(sched, slow).makespan
     assert schedules.simulate(sched, slow, "gloo", 0).makespan <= strict + 1e-9
-    assert schedules.simulate(sched, slow, "gloo", 1).makespan <= schedules.simulate(sched, slow, "gloo", 0).makespan + 1e-9
+    assert (
+        schedules.simulate(sched, slow, "gloo", 1).makespan
+        <= schedules.simulate(sched, slow, "gloo", 0).makespan + 1e-9
+    )

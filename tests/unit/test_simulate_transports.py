@@ -23,8 +23,10 @@ def test_1f1b_p2_m2_on_nccl():
     # both messages done 5.0, so 0B0 [5, 7] and 1F1 [5, 6], 1B1 [6, 8]; 1SEND_B1 meets 0RECV_B1
     # (posted at 7) at 8, done 8.5: 0B1 [8.5, 10.5]. Rank 1 ends when its last send is done, 8.5.
     t = schedules.simulate(schedules.build("1f1b", 2, 2), COSTS)
-    assert starts(t) == [[("0F0", 0), ("0F1", 1), ("0B0", 5), ("0B1", 8.5)],
-                         [("1F0", 1.5), ("1B0", 2.5), ("1F1", 5), ("1B1", 6)]]
+    assert starts(t) == [
+        [("0F0", 0), ("0F1", 1), ("0B0", 5), ("0B1", 8.5)],
+        [("1F0", 1.5), ("1B0", 2.5), ("1F1", 5), ("1B1", 6)],
+    ]
     assert t.rank_end == [10.5, 8.5] and t.makespan == 10.5
     # rank 0's waits: 0RECV_B0 from 2 to 5 and 0RECV_B1 from 7 to 8.5, transfer the last 0.5 of each
     assert t.compute == [6, 6] and t.comm[0] == pytest.approx(1.0)
@@ -41,8 +43,10 @@ def test_1f1b_p2_m2_on_gloo():
     # 1B0 [2.5, 4.5], 1F1 [4.5, 5.5], 1B1 [5.5, 7.5]. 0RECV_B0 is done 4.5 + 0.5 = 5: 0B0 [5, 7];
     # 0RECV_B1 at 7.5 + 0.5 = 8: 0B1 [8, 10].
     t = schedules.simulate(sched, COSTS, "gloo", 1)
-    assert starts(t) == [[("0F0", 0), ("0F1", 1), ("0B0", 5), ("0B1", 8)],
-                         [("1F0", 1.5), ("1B0", 2.5), ("1F1", 4.5), ("1B1", 5.5)]]
+    assert starts(t) == [
+        [("0F0", 0), ("0F1", 1), ("0B0", 5), ("0B1", 8)],
+        [("1F0", 1.5), ("1B0", 2.5), ("1F1", 4.5), ("1B1", 5.5)],
+    ]
     assert t.rank_end == [10, 8] and t.makespan == 10
 
 

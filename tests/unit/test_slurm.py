@@ -6,8 +6,16 @@ from ppx.launch.slurm import adopt_srun_env
 
 def test_srun_task_variables_become_torch_distributed_env():
 
-    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "5", "SLURM_LOCALID": "1", "SLURM_TASKS_PER_NODE": "3,2(x1)",
-           "SLURM_NODEID": "1", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "12345", "MASTER_ADDR": "10.0.0.1"}
+    env = {
+        "SLURM_PROCID": "3",
+        "SLURM_NTASKS": "5",
+        "SLURM_LOCALID": "1",
+        "SLURM_TASKS_PER_NODE": "3,2(x1)",
+        "SLURM_NODEID": "1",
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_ID": "12345",
+        "MASTER_ADDR": "10.0.0.1",
+    }
     assert launched_by(env) == "srun"
     adopt_srun_env(env)
     # node 1 of a 3+2 job: this node's 2 tasks

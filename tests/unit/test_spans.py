@@ -19,9 +19,13 @@ def two_rank_step() -> dict:
     to 1.3, then computes 1F0. Rank 1's 1RECV_F1 is waited on, but rank 0 never sends 0F1."""
     return {
         0: [span("compute", "0F0", 0.0, 1.0), span("post", "0SEND_F0", 1.0, 1.1)],
-        1: [span("post", "1RECV_F0 1RECV_F1", 0.0, 0.2), span("wait", "1RECV_F0", 0.2, 1.3, "wait 1RECV_F0"),
-            span("compute", "1F0", 1.3, 2.3), span("wait", "1RECV_F1", 2.3, 2.4, "wait 1RECV_F1"),
-            Span("drain", "wait sends", (), 2.4, 2.5)],
+        1: [
+            span("post", "1RECV_F0 1RECV_F1", 0.0, 0.2),
+            span("wait", "1RECV_F0", 0.2, 1.3, "wait 1RECV_F0"),
+            span("compute", "1F0", 1.3, 2.3),
+            span("wait", "1RECV_F1", 2.3, 2.4, "wait 1RECV_F1"),
+            Span("drain", "wait sends", (), 2.4, 2.5),
+        ],
     }
 
 
@@ -57,8 +61,17 @@ def test_step_breakdown_splits_a_wait_at_the_send():
     step = two_rank_step()
     totals = span_totals(step[1])
     assert totals == pytest.approx({COMPUTE: 1.0, COMM: 0.2, WAIT: 1.1 + 0.1 + 0.1})
-    records = [{"rank": r, "start": 0.0, "end": 2.5, "loss": None, "spans": sp,
-                **{f"{c}_s": v for c, v in span_totals(sp).items()}} for r, sp in step.items()]
+    records = [
+        {
+            "rank": r,
+            "start": 0.0,
+            "end": 2.5,
+            "loss": None,
+            "spans": sp,
+            **{f"{c}_s": v for c, v in span_totals(sp).items()},
+        }
+        for r, sp in step.items()
+    ]
     one = step_breakdown(records, (0, 1))["ranks"][1]
     assert one["transfer_s"] == pytest.approx(0.3)  # the wait after 0SEND_F0 was posted at 1.0
 
@@ -68,8 +81,11 @@ def test_chrome_trace_has_a_slice_per_span_and_a_flow_per_handoff():
 
     trace = chrome_trace([{"step": 0, "ranks": two_rank_step()}], (0, 1), "hand")
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert [(e["pid"], e["name"], e["cat"]) for e in slices][:3] == [(0, "0F0", "compute"), (0, "0SEND_F0", "comm"),
-                                                                      (1, "1RECV_F0 1RECV_F1", "comm")]
+    assert [(e["pid"], e["name"], e["cat"]) for e in slices][:3] == [
+        (0, "0F0", "compute"),
+        (0, "0SEND_F0", "comm"),
+        (1, "1RECV_F0 1RECV_F1", "comm"),
+    ]
     assert slices[3]["ts"] == 200000.0 and slices[3]["dur"] == pytest.approx(1.1e6)  # microseconds from the first start
     flows = [e for e in trace["traceEvents"] if e["ph"] in "sf"]
     assert [(e["ph"], e["name"], e["pid"]) for e in flows] == [("s", "0SEND_F0", 0), ("f", "0SEND_F0", 1)]

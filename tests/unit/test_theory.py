@@ -21,7 +21,9 @@ def test_closed_form_for_a_model_of_unknown_cost():
 def test_known_cost_theory_is_the_closed_form_when_stages_are_equal():
     t = theory("model.kind=synthetic", "model.fwd_ms=5", "model.bwd_ms=10", "pipeline.schedule=1f1b")
     assert t.bubble_fraction == pytest.approx(1 / 5) and t.ideal_step_time_s == pytest.approx(5 * 0.015)
-    t = theory("model.kind=synthetic", "model.fwd_ms=5", "model.bwd_ms=5", "model.wgrad_ms=5", "pipeline.schedule=zb_h1")
+    t = theory(
+        "model.kind=synthetic", "model.fwd_ms=5", "model.bwd_ms=5", "model.wgrad_ms=5", "pipeline.schedule=zb_h1"
+    )
     assert t.bubble_fraction == pytest.approx(1 / 13)  # (p-1)/(3m+p-1)
     assert "exact" in t.basis
 
@@ -34,13 +36,21 @@ def test_known_cost_theory_follows_unequal_costs():
     assert t.bubble_fraction == pytest.approx(1 - (4 * 0.015 + 4 * 0.030) / 2 / 0.135)
     assert t.bubble_fraction != pytest.approx(schedules.theory_bubble("1f1b", 2, 4))
     # ZB-H1 without a weight-gradient cost has no W to fill the bubble with
-    zb = theory("model.kind=synthetic", "model.fwd_ms=5", "model.bwd_ms=10", "model.wgrad_ms=0", "pipeline.schedule=zb_h1")
+    zb = theory(
+        "model.kind=synthetic", "model.fwd_ms=5", "model.bwd_ms=10", "model.wgrad_ms=0", "pipeline.schedule=zb_h1"
+    )
     assert zb.bubble_fraction == pytest.approx(1 / 5)
 
 
 def test_the_ideal_follows_the_runs_transport():
     # interleaved, unequal stages: NCCL's in-order batches make the zero-communication step longer than gloo's
-    args = ["model.kind=synthetic", "pipeline.stages=4", "pipeline.schedule=interleaved_1f1b", "model.layers=8",
-            "model.fwd_ms=[5,5,20,5,5,20,5,5]", "model.bwd_ms=[10,10,40,10,10,40,10,10]"]
+    args = [
+        "model.kind=synthetic",
+        "pipeline.stages=4",
+        "pipeline.schedule=interleaved_1f1b",
+        "model.layers=8",
+        "model.fwd_ms=[5,5,20,5,5,20,5,5]",
+        "model.bwd_ms=[10,10,40,10,10,40,10,10]",
+    ]
     gloo, nccl = theory(*args, backend="gloo"), theory(*args, backend="nccl")
     assert gloo.ideal_step_time_s < nccl.ideal_step_time_s

@@ -58,7 +58,9 @@ def test_receive_without_send():
 def test_send_before_the_data_exists():
     rows = make(["0F0 0B0", "1F0 1B0"], 1).actions
     row0 = [Action.parse("0SEND_F0")] + [a for a in rows[0] if str(a) != "0SEND_F0"]
-    rejects(Schedule("hand", 1, (0, 1), (tuple(row0), rows[1])), "rank 0 step 0 (0SEND_F0)", "before 0F0 has produced it")
+    rejects(
+        Schedule("hand", 1, (0, 1), (tuple(row0), rows[1])), "rank 0 step 0 (0SEND_F0)", "before 0F0 has produced it"
+    )
 
 
 def test_sends_and_receives_out_of_order():
