@@ -30,11 +30,13 @@ from ppx.measure.instruments import Instruments
 from ppx.measure.prediction import transport_of
 from ppx.measure.theory import known_cost_timeline
 from ppx.models.action_clock import ActionClock
+from ppx.schedules import registry
 
 
 def torch_variant(cfg, schedule, rank, world):
     """torch.distributed.pipelining on the same stage module and data as ppx."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    import torch.distributed.pipelining as pipelining
+    from torch.distributed.pipelining import PipelineStage
 
     kind = models.kind(cfg.model.kind)
     clock = ActionClock()  # what ppx's executors own; the known-cost model charges to it
@@ -49,7 +51,7 @@ def torch_variant(cfg, schedule, rank, world):
                 return _original(*a, **k)
 
         setattr(stage, name, announced)
-    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[cfg.pipeline.schedule]
+    cls = getattr(pipelining, registry.TORCH_CLASSES[f"torch_{cfg.pipeline.schedule}"])
     sched = cls(stage, n_microbatches=schedule.num_microbatches, loss_fn=kind.loss)
     params = list(module.parameters())
 

@@ -45,7 +45,7 @@ def cmd_simulate(args) -> int:
                 f"{args.from_run} has no measured costs (run it with instrument.timers and instrument.timeline on)"
             )
         ran = (measured.world_size, measured.virtual)
-        if not args.name.endswith(".csv"):  # the run's shape unless given (a CSV has its own)
+        if not schedules.is_csv(args.name):  # the run's shape unless given (a CSV has its own)
             shape = {
                 "stages": measured.world_size,
                 "microbatches": measured.microbatches,

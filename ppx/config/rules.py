@@ -4,6 +4,7 @@ named is always the same."""
 
 from __future__ import annotations
 
+from ppx import schedules
 from ppx.config.fault_spec import parse_fault
 from ppx.config.resolve import resolve_schedule
 from ppx.config.schema import Config
@@ -80,7 +81,7 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
     from ppx.models.split import split_layers
 
     p, m = cfg.pipeline, cfg.model
-    if p.schedule.endswith(".csv") and (sched.num_ranks != p.stages or sched.num_microbatches != p.microbatches):
+    if schedules.is_csv(p.schedule) and (sched.num_ranks != p.stages or sched.num_microbatches != p.microbatches):
         raise UserError(
             f"pipeline.schedule {p.schedule} is for {sched.num_ranks} ranks and {sched.num_microbatches} "
             f"microbatches, but pipeline.stages={p.stages} and pipeline.microbatches={p.microbatches}"

@@ -39,11 +39,12 @@ def train(
     ctrl,
     watchdog,
     observers=(),
-    report=None,
+    start_report=None,
 ) -> None:
     """Build this rank's share and run ``train.steps`` timed steps. ``observers`` wrap every
-    item (the watchdog first); ``report`` (rank 0's, with ``add_step(step, records)`` and
-    ``finish()``) receives every step's per-rank records."""
+    item (the watchdog first). ``start_report()``, called on every rank once the share is
+    built, returns rank 0's report (``add_step(step, records)``, ``finish()``), which receives
+    every step's per-rank records, and None elsewhere."""
     watchdog.phase("building the model")
     pipe = build_share(cfg, schedule, rank, device, backend, [watchdog, *observers])
     inst = Instruments(cfg, pipe, device)
@@ -54,6 +55,7 @@ def train(
         opt_cls = torch.optim.SGD if cfg.train.optimizer == "sgd" else torch.optim.AdamW
         opt = opt_cls(pipe.parameters(), lr=cfg.train.lr)
 
+    report = start_report() if start_report is not None else None
     if backend == "nccl":
         dist.barrier()  # a first collective on every rank before any partial P2P batch
     watchdog.phase("aligning clocks")

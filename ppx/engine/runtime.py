@@ -15,13 +15,11 @@ import torch
 
 from ppx.engine.observers import run_observed
 from ppx.engine.stage import StageRunner
-from ppx.models.action_clock import ActionClock
+from ppx.models.action_clock import PART_OF, ActionClock
 from ppx.schedules.action import Action, Op
 from ppx.schedules.lowering import peer_of
 from ppx.schedules.program import Item, compile_program
 from ppx.schedules.schedule import Schedule
-
-PART = {Op.F: "full", Op.B: "full", Op.I: "input", Op.W: "weight"}  # the clock's part of each compute op
 
 
 class ActionFailed(RuntimeError):
@@ -59,8 +57,9 @@ class _Pending:
 
 class Runtime:
     """Executes ``schedule`` for ``rank``; ``stages`` maps each stage index this rank owns to
-    its `StageRunner`. ``boundary(stage)`` gives (shape, dtype) of the activation leaving
-    ``stage``, used to allocate receive buffers. ``recv_lookahead``: see `receive_early`."""
+        its `StageRunner`. ``boundary(stage)`` gives (shape, dtype) of the activation leaving
+        ``stage``, used to allocate receive buffers. ``recv_lookahead``: see `receive_early`.
+    ``clock``: the `ActionClock` the stage modules were built with."""
 
     def __init__(
         self,
@@ -72,10 +71,11 @@ class Runtime:
         boundary: Callable[[int], tuple],
         observers: Sequence = (),
         recv_lookahead: int = 0,
-        clock: ActionClock | None = None,
+        *,
+        clock: ActionClock,
     ):
         self.schedule, self.rank, self.stages, self.comm = schedule, rank, stages, comm
-        self.clock = clock or ActionClock()
+        self.clock = clock  # the one the stage modules were built with: their charges go to its actions
         self.device, self.boundary = device, boundary
         self.observers = list(observers)
         self.program = compile_program(schedule.actions[rank], schedule.stage_to_rank, recv_lookahead)
@@ -142,7 +142,7 @@ class Runtime:
 
     def _compute(self, item: Item) -> None:
         a = item.actions[0]
-        with self.clock.action(PART[a.op]):
+        with self.clock.action(PART_OF[a.op]):
             self._run_action(a)
 
     def in_flight(self) -> int:

@@ -21,14 +21,12 @@ import torch
 from ppx import models
 from ppx.engine.observers import run_observed
 from ppx.engine.rank import StageShare, build_stage_modules
-from ppx.models.action_clock import ActionClock
+from ppx.models.action_clock import PART_OF, ActionClock
 from ppx.schedules import registry
 from ppx.schedules.action import Action, Op
 from ppx.schedules.csv_io import write_csv
 from ppx.schedules.program import Item
 from ppx.schedules.schedule import Schedule
-
-PART = {Op.F: "full", Op.B: "full", Op.I: "input", Op.W: "weight"}  # the clock's part of each compute op
 
 
 class TorchPipeline(StageShare):
@@ -74,7 +72,7 @@ class TorchPipeline(StageShare):
 
         def wrapped(original, kind):
             def run(op, chunk_id, args, kwargs):
-                with self.clock.action(PART[op]):
+                with self.clock.action(PART_OF[op]):
                     out = original(chunk_id, *args, **kwargs)
                 if op is Op.F:
                     self.live.add((s, chunk_id))

@@ -105,13 +105,19 @@ def _train(cfg: Config, run_dir: Path, rank: int, world: int, device, backend: s
     fault = cfg.runtime.inject_fault
     if fault and schedule.stage_to_rank[parse_fault(fault)[1].stage] == rank:
         observers.append(FaultInjector(fault))
-    watchdog.phase("gathering the environment")
-    infos = [None] * world if rank == 0 else None
-    dist.gather_object(environment.rank_info(device), infos, dst=0, group=ctrl)
-    if rank == 0:
+
+    def start_report() -> RunReport | None:
+        """Once the share is built (a failed build leaves no report behind): every rank's
+        environment to env.json, and rank 0's report. Collective: every rank calls it."""
+        watchdog.phase("gathering the environment")
+        infos = [None] * world if rank == 0 else None
+        dist.gather_object(environment.rank_info(device), infos, dst=0, group=ctrl)
+        if rank != 0:
+            return None
         write_json(run_dir / "env.json", environment.environment(cfg, backend, world, infos))
-    report = RunReport(cfg, schedule, run_dir, world, backend, device.type) if rank == 0 else None
-    train(cfg, schedule, run_dir, rank, world, device, backend, ctrl, watchdog, observers, report)
+        return RunReport(cfg, schedule, run_dir, world, backend, device.type)
+
+    train(cfg, schedule, run_dir, rank, world, device, backend, ctrl, watchdog, observers, start_report)
     return 0
 
 

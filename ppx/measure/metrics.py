@@ -19,6 +19,11 @@ from collections.abc import Iterable
 
 from ppx.measure.spans import COMM, COMPUTE, WAIT, Span, handoffs
 
+# a rank's per-step fields: seconds and shares (medians over a run), and peaks (maxima)
+RANK_TIMES = ("compute_s", "comm_s", "post_s", "transfer_s", "wait_s", "idle_s", "bubble_fraction")
+RANK_PEAKS = ("peak_inflight_microbatches", "peak_activation_bytes", "peak_memory_bytes")
+PER_RANK = RANK_TIMES + RANK_PEAKS
+
 
 def over_ideal(bubble_fraction: float | None) -> float | None:
     """Convert idle/step into idle/busy."""
@@ -82,10 +87,10 @@ def run_summary(steps: list[dict]) -> dict:
     for r, first in enumerate(steps[0]["ranks"]):
         rows = [s["ranks"][r] for s in steps]
         row = {"rank": first["rank"]}
-        for key in ("compute_s", "comm_s", "post_s", "transfer_s", "wait_s", "idle_s", "bubble_fraction"):
+        for key in RANK_TIMES:
             if first.get(key) is not None:
                 row[key] = med(x[key] for x in rows)
-        for key in ("peak_inflight_microbatches", "peak_activation_bytes", "peak_memory_bytes"):
+        for key in RANK_PEAKS:
             if first.get(key) is not None:
                 row[key] = max(x[key] for x in rows)
         ranks.append(row)

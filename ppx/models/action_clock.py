@@ -13,7 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal
 
+from ppx.schedules.action import Op
+
 Part = Literal["full", "input", "weight"]
+PART_OF: dict[Op, Part] = {Op.F: "full", Op.B: "full", Op.I: "input", Op.W: "weight"}  # each compute op's part
 
 SPIN_S = 0.00025  # the last 0.25 ms is spun, not slept: sleep wake-ups come late (docs/benchmarks.md)
 

@@ -2,18 +2,7 @@
 
 from __future__ import annotations
 
-PER_RANK = (
-    "compute_s",
-    "comm_s",
-    "post_s",
-    "transfer_s",
-    "wait_s",
-    "idle_s",
-    "bubble_fraction",
-    "peak_inflight_microbatches",
-    "peak_activation_bytes",
-    "peak_memory_bytes",
-)
+from ppx.measure.metrics import PER_RANK
 
 
 def step_scalars(line: dict, batch_size: int) -> dict[str, float]:

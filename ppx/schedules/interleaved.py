@@ -20,13 +20,19 @@ def _chunk_and_mb(k: int, p: int, v: int, forward: bool) -> tuple[int, int]:
     return chunk, group * p + within % p
 
 
+def shape_error(p: int, m: int, v: int) -> str | None:
+    """Why interleaved 1F1B cannot take (p, m, v): microbatches go in groups of p."""
+    if m % p:
+        return f"interleaved_1f1b needs pipeline.microbatches ({m}) to be a multiple of pipeline.stages ({p})"
+    return None
+
+
 def interleaved_1f1b(p: int, m: int, v: int = 2) -> Schedule:
     if v < 1:
         raise ScheduleError(f"interleaved_1f1b needs pipeline.virtual_stages >= 1, got {v}")
-    if m % p:
-        raise ScheduleError(
-            f"interleaved_1f1b needs pipeline.microbatches ({m}) to be a multiple of pipeline.stages ({p})"
-        )
+    why = shape_error(p, m, v)
+    if why:
+        raise ScheduleError(why)
     total = m * v
     rows, groups = [], []
     for r in range(p):

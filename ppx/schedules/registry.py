@@ -11,6 +11,7 @@ from ppx.errors import ScheduleError
 from ppx.schedules.basic import forward_only, gpipe, naive, one_f_one_b
 from ppx.schedules.costs import Costs
 from ppx.schedules.interleaved import interleaved_1f1b
+from ppx.schedules.interleaved import shape_error as interleaved_shape_error
 from ppx.schedules.lowering import add_comms
 from ppx.schedules.schedule import Schedule
 from ppx.schedules.simulate import simulate
@@ -47,12 +48,6 @@ def _zb_h1_bubble(p: int, m: int, v: int = 1) -> float:
     return simulate(add_comms(zb_h1(p, m)), Costs(fwd=1, bwd=1, wgrad=1)).bubble_fraction()
 
 
-def _microbatches_multiple_of_stages(p: int, m: int, v: int) -> str | None:
-    if m % p:
-        return f"interleaved_1f1b needs pipeline.microbatches ({m}) to be a multiple of pipeline.stages ({p})"
-    return None
-
-
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in [
@@ -86,7 +81,7 @@ FAMILIES: dict[str, Family] = {
             "v stages per rank (Megatron virtual pipeline), 1F1B over model chunks",
             virtual=True,
             default_virtual=2,
-            shape_rule=_microbatches_multiple_of_stages,
+            shape_rule=interleaved_shape_error,
         ),
         Family(
             "zb_h1",
