@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import glob
 import json
-import os
+import math
 from pathlib import Path
 
 from ppx import schedules
 from ppx.errors import UserError
+from ppx.report.labels import flat_config, run_labels, shared_label
 from ppx.report.run_dir import RunDir
 
 COLUMNS = [  # (header, key, format)
     ("run", "name", "{}"),
+    ("label", "label", "{}"),
     ("schedule", "schedule", "{}"),
     ("p", "world_size", "{}"),
     ("m", "microbatches", "{}"),
@@ -83,7 +85,10 @@ def _cells(row: dict) -> list[str]:
 def text_table(rows: list[dict]) -> str:
     table = [[h for h, _, _ in COLUMNS]] + [_cells(r) for r in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in table]
+    left = {"name", "label"}  # the text columns; numbers and the rest right-aligned
+    lines = [
+        "  ".join(c.ljust(w) if k in left else c.rjust(w) for (_, k, _), c, w in zip(COLUMNS, r, widths)) for r in table
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -101,14 +106,23 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
-def plot_runs(rows: list[dict], path: Path) -> None:
+def plot_runs(rows: list[dict], path: Path, title: str = "") -> None:
+    """Five bar panels (step time, throughput, bubble, peak memory, peak activations), each
+    run's bar named by its label; the sixth panel holds the bubble panel's colour legend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     x = list(range(len(rows)))
-    fig, axes = plt.subplots(2, 3, figsize=(max(11, 0.45 * len(rows) + 8), 8))
+    labels = [r.get("label") or r["name"] for r in rows]
+    width = max(11.0, 0.5 * len(rows) + 8)
+    longest = max(len(t) for t in labels)
+    # a label wider than its bar's share of a panel is drawn slanted; the figure grows by what
+    # the slanted labels need under each row of panels
+    rotate = longest * 0.075 > 0.85 * width / 3 / len(rows)
+    grow = 2 * longest * 0.075 * math.sin(math.radians(35)) if rotate else 0.0
+    fig, axes = plt.subplots(2, 3, figsize=(width, 7 + grow))
     panels = [
         (axes[0][0], "step time (ms)", [r["step_ms"] for r in rows]),
         (axes[0][1], "throughput (samples/s)", [r["throughput"] or 0 for r in rows]),
@@ -119,9 +133,9 @@ def plot_runs(rows: list[dict], path: Path) -> None:
         ),
         (axes[1][2], "peak saved activations (KiB)\nbusiest rank", [r["peak_act_kib"] or 0 for r in rows]),
     ]
-    for ax, title, values in panels:
+    for ax, name, values in panels:
         ax.bar(x, values, color="#4C72B0")
-        ax.set_title(title, fontsize=10)
+        ax.set_title(name, fontsize=10)
     ax = axes[1][0]
     ax.bar([i - 0.27 for i in x], [r["bubble"] or 0 for r in rows], width=0.27, label="measured", color="#DD8452")
     ax.bar(x, [r["predicted"] or 0 for r in rows], width=0.27, label="predicted (simulator)", color="#8172B2")
@@ -129,24 +143,16 @@ def plot_runs(rows: list[dict], path: Path) -> None:
     ax.set_title("bubble (idle / step time)", fontsize=10)
     for a in (axes[0][0], axes[0][1], axes[1][0], axes[1][1], axes[1][2]):
         a.set_xticks(x)
-        a.set_xticklabels([str(i) for i in x], fontsize=8)
-        a.set_xlabel("run", fontsize=8)
-    # the key: which run each number is (names shortened to what tells them apart), and the
-    # bubble panel's colours
+        if rotate:
+            a.set_xticklabels(labels, fontsize=8, rotation=35, ha="right", rotation_mode="anchor")
+        else:
+            a.set_xticklabels(labels, fontsize=8)
     key = axes[0][2]
     key.axis("off")
-    names = [r["name"] for r in rows]
-    same_kind = len({os.path.isabs(n) for n in names}) == 1
-    common = os.path.commonpath(names) if len(names) > 1 and same_kind else ""
-    if common in ("", "/") or common in names:
-        common = ""
-    shown = [os.path.relpath(n, common) if common else n for n in names]
-    lines = ([f"in {common}/"] if common else []) + [f"{i}: {n}" for i, n in enumerate(shown[:30])]
-    if len(rows) > 30:
-        lines.append(f"... and {len(rows) - 30} more, in compare.md's order")
-    key.text(0, 1, "\n".join(lines), fontsize=8, va="top", family="monospace", transform=key.transAxes)
     handles, legend_labels = ax.get_legend_handles_labels()
-    key.legend(handles, [f"bubble: {t}" for t in legend_labels], loc="lower left", fontsize=8, frameon=False)
+    key.legend(handles, [f"bubble: {t}" for t in legend_labels], loc="center left", fontsize=9, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -219,11 +225,16 @@ def compare(patterns: list[str], out: Path) -> str:
     runs = find_runs(patterns)
     base = Path(patterns[0]) if len(patterns) == 1 and Path(patterns[0]).is_dir() else None
     rows = [load_row(r, base) for r in runs]
+    configs = [flat_config(r) for r in runs]
+    labels = run_labels(configs, [r["name"] for r in rows])
+    rows = [{"name": r["name"], "label": lab, **r} for r, lab in zip(rows, labels)]
     if (out / "compare.md").exists():
         raise UserError(f"{out} already holds a comparison; ppx never overwrites one (choose another --out)")
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(markdown_table(rows))
     (out / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
-    plot_runs(rows, out / "compare.png")
+    shared = shared_label(configs)
+    title = "1 run" if len(rows) == 1 else f"{len(rows)} runs" + (f"; all: {shared}" if shared else "")
+    plot_runs(rows, out / "compare.png", title)
     plot_bubble_vs_microbatches(rows, out / "bubble.png")
     return text_table(rows)
