@@ -57,8 +57,14 @@ sweep: $(STAMP)
 compare: $(STAMP)
 	$(VENV)/bin/ppx compare $(RUNS)
 
-# TensorBoard over every run: scalars, and the PyTorch Profiler tab (one worker per rank)
+# TensorBoard over every run and comparison. Offline: the Scalars, Images (timeline, breakdown,
+# compare, bubble) and Text (summary, config) tabs. The PyTorch Profiler tab (one worker per rank)
+# needs internet access in the browser: torch-tb-profiler loads Google Charts from gstatic.com.
+# Offline alternatives: those tabs, a run's timeline.json in Perfetto (ui.perfetto.dev, loaded
+# once while online) or chrome://tracing, and the PNGs in each run directory.
 tb: $(STAMP)
+	@echo "ppx: Scalars, Images and Text work offline; the PyTorch Profiler tab needs internet access in the browser (it loads Google Charts)."
+	@echo "ppx: offline instead: a run's timeline.json in Perfetto (ui.perfetto.dev, once online) or chrome://tracing, and its timeline.png / breakdown.png."
 	$(VENV)/bin/tensorboard --logdir $(or $(LOGDIR),runs) --load_fast=false --port $(or $(PORT),6006)
 
 # Submit an experiment to SLURM: make sbatch EXP=gpipe_4gpu NODES=2 ARGS="..."

@@ -12,9 +12,11 @@ def cmd_compare(args) -> int:
     import time
 
     from ppx.report.compare import compare
+    from ppx.report.tensorboard import log_comparison
 
     out = Path(args.out) if args.out else Path("runs") / "compare" / time.strftime("%Y%m%d-%H%M%S")
     print(compare(args.runs, out))
+    log_comparison(out)
     wrote(out)
     return 0
 
@@ -23,6 +25,7 @@ def cmd_sweep(args) -> int:
     from ppx.launch.sweep import run_sweep
     from ppx.report.compare import compare
     from ppx.report.run_dir import RunDir
+    from ppx.report.tensorboard import log_comparison
 
     root = run_sweep(args.experiment, args.sweep, args.overrides, args.launcher)
     if args.launcher != "local":
@@ -32,5 +35,6 @@ def cmd_sweep(args) -> int:
     if not done:
         raise UserError(f"no run of the sweep completed; see {root}")
     print(compare([str(root)], root))
+    log_comparison(root)
     wrote(root)
     return 0 if len(done) == len(runs) else 1

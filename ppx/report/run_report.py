@@ -1,5 +1,5 @@
 """Rank 0's report of a run: metrics.jsonl as steps come in, progress lines, TensorBoard and
-W&B scalars, then summary.json, timeline.json and timeline.png."""
+W&B scalars, then summary.json, timeline.json, timeline.png and breakdown.png."""
 
 from __future__ import annotations
 
@@ -110,6 +110,10 @@ class RunReport:
         write_json(self.run_dir / "summary.json", summary)
         if self.timeline:
             self._write_timeline()
+        from ppx.report.breakdown import draw_breakdown, has_breakdown
+
+        if has_breakdown(summary):  # the timers were on
+            draw_breakdown(summary, self.run_dir / "breakdown.png")
         for sink in self.sinks:
             sink.finish(summary, self.run_dir)
         print(f"ppx: run directory: {self.run_dir}", flush=True)

@@ -1,21 +1,138 @@
-"""TensorBoard scalars in ``<run>/tb/``. The profiler traces in ``<run>/traces/`` sit beside
-them, where TensorBoard's PyTorch Profiler plugin finds them (one worker per rank)."""
+"""TensorBoard in ``<run>/tb/``: the scalars every step; at the end the timeline and breakdown
+pictures as images and a markdown summary (theory against measured, then the config) as text.
+The Scalars, Images and Text tabs work offline. The profiler traces in ``<run>/traces/`` sit
+beside them, where TensorBoard's PyTorch Profiler plugin finds them (one worker per rank); that
+tab loads Google Charts, so it needs a browser with internet access.
+
+``log_comparison`` does the same for ``ppx compare``'s folder: its pictures and its table."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ppx.measure.metrics import over_ideal
+
+RUN_IMAGES = ("timeline", "breakdown")
+COMPARE_IMAGES = ("compare", "bubble")
+
+
+def _writer(log_dir: Path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(log_dir=str(log_dir))
+
+
+def add_png(writer, tag: str, png: Path, step: int = 0) -> bool:
+    """Log a PNG file as a TensorBoard image (RGB, alpha dropped); False when it is missing."""
+    if not png.exists():
+        return False
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(str(png))  # H x W x 3 or 4, floats in [0, 1]
+    if pixels.ndim == 3:
+        pixels = pixels[..., :3]
+    writer.add_image(tag, pixels, step, dataformats="HWC" if pixels.ndim == 3 else "HW")
+    return True
+
+
+def _ms(s) -> str:
+    return "" if s is None else f"{s * 1e3:.3f} ms"
+
+
+def _pct(f) -> str:
+    return "" if f is None else f"{f:.1%}"
+
+
+def summary_markdown(summary: dict, config_yaml: str | None = None) -> str:
+    """The run's summary as markdown: theory against measured, then the config as YAML."""
+    pred = summary.get("predicted") or {}
+    err = summary.get("prediction_error") or {}
+    rows = [
+        ("step time (median)", _ms(summary.get("step_time_s")), "", _ms(summary.get("ideal_step_time_s"))),
+    ]
+    if pred:
+        rows.append(
+            (
+                "step time (timeline steps, mean)",
+                _ms(summary.get("measured_step_time_s")),
+                f"{_ms(pred.get('step_time_s'))} (measured {err.get('step_time', 0):+.1%})",
+                "",
+            )
+        )
+    rows.append(
+        (
+            "bubble, idle / step time",
+            _pct(summary.get("bubble_fraction")),
+            _pct(pred.get("bubble_fraction")),
+            _pct(summary.get("bubble_fraction_theory")),
+        )
+    )
+    if "measured_bubble_fraction" in summary:
+        rows.append(("bubble, idle / step time (timeline steps)", _pct(summary["measured_bubble_fraction"]), "", ""))
+    rows.append(
+        (
+            "bubble, idle / busy time",
+            _pct(summary.get("bubble_over_ideal")),
+            _pct(over_ideal(pred.get("bubble_fraction"))),
+            _pct(summary.get("bubble_over_ideal_theory")),
+        )
+    )
+    tput = summary.get("throughput_samples_per_s")
+    rows.append(("throughput", "" if tput is None else f"{tput:.1f} samples/s", "", ""))
+    loss = next((x for x in reversed(summary.get("losses") or []) if x is not None), None)
+    rows.append(("final loss", "" if loss is None else f"{loss:.6f}", "", ""))
+    v = summary.get("virtual_stages") or 1
+    lines = [
+        f"**{summary.get('experiment')}**: {summary.get('schedule')}, {summary.get('stages')} stages"
+        f"{f' ({v} per rank)' if v > 1 else ''}, m={summary.get('microbatches')}, {summary.get('model')}, "
+        f"{summary.get('world_size')} ranks on {summary.get('device')} ({summary.get('backend')}), "
+        f"{summary.get('steps')} steps of batch {summary.get('batch_size')}: {summary.get('status')}",
+        "",
+        "### theory vs measured",
+        "",
+        "| | measured | predicted (simulator, measured costs) | theory |",
+        "| --- | --- | --- | --- |",
+        *(f"| {' | '.join(row)} |" for row in rows),
+        "",
+    ]
+    if summary.get("bubble_theory_basis"):
+        lines += [f"Theory: {summary['bubble_theory_basis']}.", ""]
+    if summary.get("bubble_normalisation"):
+        lines += [f"Bubble: {summary['bubble_normalisation']}.", ""]
+    if config_yaml:
+        lines += ["### config", "", "```yaml", config_yaml.rstrip("\n"), "```", ""]
+    return "\n".join(lines)
+
 
 class TensorBoardSink:
     def __init__(self, run_dir: Path):
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tb"))
+        self.writer = _writer(run_dir / "tb")
 
     def step(self, step: int, scalars: dict[str, float]) -> None:
         for tag, value in scalars.items():
             self.writer.add_scalar(tag, value, step)
 
     def finish(self, summary: dict, run_dir: Path) -> None:
-        self.writer.add_text("summary", "\n".join(f"    {k}: {v}" for k, v in summary.items() if k != "losses"))
+        last = max(int(summary.get("steps") or 1) - 1, 0)
+        for tag in RUN_IMAGES:
+            add_png(self.writer, tag, run_dir / f"{tag}.png", last)
+        config = run_dir / "config.yaml"
+        text = summary_markdown(summary, config.read_text() if config.exists() else None)
+        self.writer.add_text("summary", text, last)
         self.writer.close()
+
+
+def log_comparison(out_dir: Path) -> Path | None:
+    """Log a comparison folder's pictures as images and compare.md as text into ``<out>/tb/``;
+    the folder written, or None when there was nothing to log."""
+    pngs = [out_dir / f"{tag}.png" for tag in COMPARE_IMAGES]
+    table = out_dir / "compare.md"
+    if not table.exists() and not any(p.exists() for p in pngs):
+        return None
+    writer = _writer(out_dir / "tb")
+    for tag, png in zip(COMPARE_IMAGES, pngs):
+        add_png(writer, tag, png)
+    if table.exists():
+        writer.add_text("compare", table.read_text())
+    writer.close()
+    return out_dir / "tb"

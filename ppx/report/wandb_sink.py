@@ -80,9 +80,10 @@ class WandbSink:
             if ranks:
                 cols = sorted({k for r in ranks for k in r}, key=lambda k: (k != "rank", k))
                 self.run.log({"ranks": wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in ranks])})
-            png = run_dir / "timeline.png"
-            if png.exists():
-                self.run.log({"timeline": wandb.Image(str(png))})
+            pictures = {k: run_dir / f"{k}.png" for k in ("timeline", "breakdown")}
+            pictures = {k: wandb.Image(str(p)) for k, p in pictures.items() if p.exists()}
+            if pictures:
+                self.run.log(pictures)
             extra = [p for p in (run_dir / "timeline.json",) if p.exists()]
             traces = run_dir / "traces"
             if extra or traces.is_dir():

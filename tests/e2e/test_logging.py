@@ -119,6 +119,7 @@ def test_wandb_offline_run_holds_the_logged_history(profiled_run):
     p, m = summary["stages"], summary["microbatches"]
     assert final["bubble_fraction_theory"] == pytest.approx((p - 1) / (m + p - 1))
     assert final["timeline/_type"] == "image-file"  # the Gantt picture
+    assert final["breakdown/_type"] == "image-file"  # the per-rank breakdown
     assert final["ranks/_type"] == "table-file" and final["ranks/nrows"] == 2  # the per-rank table
     artifacts = [rec.artifact for rec in wandb_file.records(wb) if rec.WhichOneof("record_type") == "artifact"]
     assert any(a.type == "profiler-traces" for a in artifacts)

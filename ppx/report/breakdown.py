@@ -1,0 +1,98 @@
+"""Per-rank breakdown of a run's step: one stacked bar per rank of its median compute,
+communication (posting plus transfer) and idle time per step, against the median step time and
+the idle the theory predicts; beside it, each rank's peak saved activation memory. Drawn from
+summary.json's ``ranks`` when the run's timers were on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ppx.report.gantt import COLORS
+
+PARTS = [("compute_s", "compute", COLORS["F"]), ("comm_s", "communication (post + transfer)", COLORS["post"])]
+IDLE_COLOR = "#F2F2F2"
+
+
+def has_breakdown(summary: dict) -> bool:
+    ranks = summary.get("ranks") or []
+    return bool(ranks) and all(r.get("compute_s") is not None for r in ranks)
+
+
+def title_of(summary: dict) -> str:
+    v = summary.get("virtual_stages") or 1
+    p = len(summary.get("ranks") or []) or summary.get("world_size")
+    title = f"{summary.get('experiment', 'run')}: {summary.get('schedule')}, p={p}, m={summary.get('microbatches')}"
+    return title + (f", v={v}" if v > 1 else "")
+
+
+def byte_unit(n: float) -> tuple[str, int]:
+    """The unit to show ``n`` bytes in, and its size."""
+    for i, unit in enumerate(("B", "KiB", "MiB")):
+        if n < 1024 ** (i + 1):
+            return unit, 1024**i
+    return "GiB", 1024**3
+
+
+def draw_breakdown(summary: dict, path: Path, title: str | None = None) -> None:
+    """Write the breakdown picture of ``summary`` (summary.json's dict) to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    ranks = summary["ranks"]
+    step_ms = summary["step_time_s"] * 1e3
+    theory = summary.get("bubble_fraction_theory")
+    peaks = [r.get("peak_activation_bytes") for r in ranks]
+    memory = any(b is not None for b in peaks)
+    n = len(ranks)
+    width = max(6.0, 1.1 * n + 3.5) + (3.0 if memory else 0.0)
+    if memory:
+        fig, (ax, mem) = plt.subplots(1, 2, figsize=(width, 4.6), gridspec_kw={"width_ratios": [3, 1.3]})
+    else:
+        fig, ax = plt.subplots(figsize=(width, 4.6))
+    xs = list(range(n))
+    bottom = [0.0] * n
+    for key, _, color in PARTS:
+        vals = [r[key] * 1e3 for r in ranks]
+        ax.bar(xs, vals, 0.6, bottom=bottom, color=color, edgecolor="white")
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    idle = [r["idle_s"] * 1e3 for r in ranks]
+    ax.bar(xs, idle, 0.6, bottom=bottom, color=IDLE_COLOR, edgecolor="#999999", hatch="//", lw=0.6)
+    ax.axhline(step_ms, color="black", lw=1.2)
+    top = max([step_ms] + [b + i for b, i in zip(bottom, idle)])
+    for x, r in zip(xs, ranks):
+        share = r["idle_s"] * 1e3 / step_ms if step_ms > 0 else 0.0
+        text = f"idle {share:.0%}" + (f"\n(theory {theory:.0%})" if theory is not None else "")
+        ax.text(x, top * 1.02, text, ha="center", va="bottom", fontsize=8)
+        if theory is not None:  # in theory the top `theory` of the step is idle on every rank
+            ax.hlines(step_ms * (1 - theory), x - 0.38, x + 0.38, colors="#C44E52", linestyles="--", lw=1.6)
+    ax.set_ylim(0, top * 1.22)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([f"rank {r['rank']}" for r in ranks])
+    ax.set_ylabel("ms per step (medians over steps)")
+    handles = [Patch(facecolor=c, label=name) for _, name, c in PARTS]
+    handles.append(Patch(facecolor=IDLE_COLOR, edgecolor="#999999", hatch="//", label="idle"))
+    handles.append(Line2D([], [], color="black", lw=1.2, label=f"step time {step_ms:.2f} ms (median)"))
+    if theory is not None:
+        label = f"theory: idle above this line ({theory:.0%} of the step)"
+        handles.append(Line2D([], [], color="#C44E52", ls="--", lw=1.6, label=label))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, fontsize=8, frameon=False)
+    ax.set_title("time per step by rank", fontsize=10)
+    if memory:
+        unit, size = byte_unit(max(b or 0 for b in peaks))
+        vals = [(b or 0) / size for b in peaks]
+        mem.bar(xs, vals, 0.6, color=COLORS["B"])
+        for x, b in zip(xs, vals):
+            mem.text(x, b, f"{b:.1f}", ha="center", va="bottom", fontsize=8)
+        mem.set_ylim(0, max(vals + [1e-9]) * 1.2)
+        mem.set_xticks(xs)
+        mem.set_xticklabels([f"rank {r['rank']}" for r in ranks])
+        mem.set_ylabel(unit)
+        mem.set_title("peak saved activations", fontsize=10)
+    fig.suptitle(title or title_of(summary), fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)

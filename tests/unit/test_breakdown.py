@@ -1,0 +1,76 @@
+"""The per-rank breakdown picture from a hand-written summary, the TensorBoard text summary
+(theory against measured, then the config), and a comparison folder logged to TensorBoard."""
+
+from __future__ import annotations
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from ppx.report.breakdown import draw_breakdown, has_breakdown, title_of
+from ppx.report.tensorboard import log_comparison, summary_markdown
+
+
+def summary(theory=0.2, memory=True) -> dict:
+    ranks = []
+    for r in range(4):
+        row = {"rank": r, "compute_s": 0.010, "comm_s": 0.002, "idle_s": 0.003 * r}
+        if memory:
+            row["peak_activation_bytes"] = (4 - r) * 3 * 2**20
+        ranks.append(row)
+    return {
+        "experiment": "hand",
+        "schedule": "1f1b",
+        "stages": 4,
+        "microbatches": 8,
+        "virtual_stages": 1,
+        "world_size": 4,
+        "steps": 3,
+        "losses": [1.0, 0.9, 0.8],
+        "step_time_s": 0.021,
+        "bubble_fraction": 0.21,
+        "bubble_over_ideal": 0.21 / 0.79,
+        "bubble_fraction_theory": theory,
+        "bubble_over_ideal_theory": None if theory is None else theory / (1 - theory),
+        "ideal_step_time_s": None,
+        "throughput_samples_per_s": 1500.0,
+        "ranks": ranks,
+    }
+
+
+def test_breakdown_picture_from_a_hand_written_summary(tmp_path):
+    s = summary()
+    assert has_breakdown(s) and title_of(s) == "hand: 1f1b, p=4, m=8"
+    draw_breakdown(s, tmp_path / "breakdown.png")
+    data = (tmp_path / "breakdown.png").read_bytes()
+    assert data[:4] == b"\x89PNG" and len(data) > 10_000
+    draw_breakdown(summary(theory=None, memory=False), tmp_path / "plain.png")  # no theory, no memory panel
+    assert (tmp_path / "plain.png").stat().st_size > 5_000
+
+
+def test_no_breakdown_without_timers():
+    s = summary()
+    s["ranks"] = [{"rank": r["rank"]} for r in s["ranks"]]
+    assert not has_breakdown(s) and not has_breakdown({"ranks": []})
+
+
+def test_text_summary_holds_theory_against_measured_and_the_config():
+    text = summary_markdown(summary(), "pipeline:\n  schedule: 1f1b\n")
+    assert "### theory vs measured" in text
+    assert "| bubble, idle / step time | 21.0% |  | 20.0% |" in text
+    assert "| bubble, idle / busy time | 26.6% |  | 25.0% |" in text
+    assert "| step time (median) | 21.000 ms |  |  |" in text
+    assert "| final loss | 0.800000 |  |  |" in text
+    assert text.endswith("```yaml\npipeline:\n  schedule: 1f1b\n```\n")
+
+
+def test_a_comparison_folder_is_logged_as_images_and_text(tmp_path):
+    assert log_comparison(tmp_path) is None  # nothing to log
+    draw_breakdown(summary(), tmp_path / "compare.png")  # any picture will do
+    (tmp_path / "compare.md").write_text("| run | bubble |\n| --- | --- |\n| a | 10% |\n")
+    assert log_comparison(tmp_path) == tmp_path / "tb"
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0, "tensors": 0})
+    acc.Reload()
+    assert acc.Tags()["images"] == ["compare"]  # no bubble.png here
+    (image,) = acc.Images("compare")
+    assert image.width > 500 and image.height > 300
+    (text,) = acc.Tensors("compare/text_summary")
+    assert b"| a | 10% |" in text.tensor_proto.string_val[0]
