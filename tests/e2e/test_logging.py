@@ -181,7 +181,9 @@ def test_small_sweep_and_compare(tmp_path):
         "schedule=1f1b,microbatches=4",
         "schedule=gpipe,microbatches=2",
         "schedule=gpipe,microbatches=4",
+        "tb",  # the comparison's pictures and table, for TensorBoard
     ]
+    assert list((sweep / "tb").glob("events.out.tfevents.*"))
     for name in ("compare.md", "compare.json", "compare.png", "bubble.png"):
         assert (sweep / name).exists(), name
     for png in ("compare.png", "bubble.png"):
