@@ -1,7 +1,7 @@
-"""Per-rank breakdown of a run's step: one stacked bar per rank of its median compute,
-communication (posting plus transfer) and idle time per step, against the median step time and
-the idle the theory predicts; beside it, each rank's peak saved activation memory. Drawn from
-summary.json's ``ranks`` when the run's timers were on."""
+"""Per-rank breakdown of a step: one stacked bar per rank of its compute, communication
+(posting plus transfer) and idle time, against the step time and the idle the theory
+predicts; beside it, each rank's peak saved activation memory. The run report draws its
+median step (whose parts add up to its step time) when the run's timers were on."""
 
 from __future__ import annotations
 
@@ -72,15 +72,15 @@ def draw_breakdown(summary: dict, path: Path, title: str | None = None) -> None:
     ax.set_ylim(0, top * 1.22)
     ax.set_xticks(xs)
     ax.set_xticklabels([f"rank {r['rank']}" for r in ranks])
-    ax.set_ylabel("ms per step (medians over steps)")
+    ax.set_ylabel("ms in the step")
     handles = [Patch(facecolor=c, label=name) for _, name, c in PARTS]
     handles.append(Patch(facecolor=IDLE_COLOR, edgecolor="#999999", hatch="//", label="idle"))
-    handles.append(Line2D([], [], color="black", lw=1.2, label=f"step time {step_ms:.2f} ms (median)"))
+    handles.append(Line2D([], [], color="black", lw=1.2, label=f"step time {step_ms:.2f} ms"))
     if theory is not None:
         label = f"theory: idle above this line ({theory:.0%} of the step)"
         handles.append(Line2D([], [], color="#C44E52", ls="--", lw=1.6, label=label))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, fontsize=8, frameon=False)
-    ax.set_title("time per step by rank", fontsize=10)
+    ax.set_title("time in the step by rank", fontsize=10)
     if memory:
         unit, size = byte_unit(max(b or 0 for b in peaks))
         vals = [(b or 0) / size for b in peaks]

@@ -110,10 +110,17 @@ class RunReport:
         write_json(self.run_dir / "summary.json", summary)
         if self.timeline:
             self._write_timeline()
-        from ppx.report.breakdown import draw_breakdown, has_breakdown
+        from ppx.report.breakdown import draw_breakdown, has_breakdown, title_of
 
         if has_breakdown(summary):  # the timers were on
-            draw_breakdown(summary, self.run_dir / "breakdown.png")
+            # one real step, the median one, whose parts add up to its step time (per-field
+            # medians over steps need not); peaks are the run's
+            k = sorted(range(len(self.steps)), key=lambda i: self.steps[i]["step_time_s"])[len(self.steps) // 2]
+            peaks = {r["rank"]: r.get("peak_activation_bytes") for r in summary["ranks"]}
+            ranks = [{**r, "peak_activation_bytes": peaks.get(r["rank"])} for r in self.steps[k]["ranks"]]
+            median = {**summary, "step_time_s": self.steps[k]["step_time_s"], "ranks": ranks}
+            title = f"{title_of(summary)}: step {k}, the median step"
+            draw_breakdown(median, self.run_dir / "breakdown.png", title)
         for sink in self.sinks:
             sink.finish(summary, self.run_dir)
         print(f"ppx: run directory: {self.run_dir}", flush=True)
