@@ -13,22 +13,14 @@ from omegaconf.errors import OmegaConfBaseException
 from ppx.config.rules import check
 from ppx.config.schema import Config
 from ppx.errors import UserError
-
-
-def shipped_experiments() -> Path:
-    """The experiments that come with ppx: ppx/experiments in an installed package (mapped
-    there from the checkout's experiments/ by pyproject.toml), else the checkout's
-    experiments/ itself (an editable install, or ppx run from its checkout)."""
-    package = Path(__file__).resolve().parents[1]
-    installed = package / "experiments"
-    return installed if installed.is_dir() else package.parent / "experiments"
+from ppx.paths import shipped
 
 
 def experiments_dirs() -> list[Path]:
     """Where experiment names are looked up: ./experiments, then the shipped experiments."""
     dirs = [Path.cwd() / "experiments"]
-    if shipped_experiments() not in dirs:
-        dirs.append(shipped_experiments())
+    if shipped("experiments") not in dirs:
+        dirs.append(shipped("experiments"))
     return dirs
 
 

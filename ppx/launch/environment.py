@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from ppx.config import Config
+from ppx.paths import source_checkout
 
 
 def git_state(where: Path) -> dict:
@@ -25,13 +26,6 @@ def git_state(where: Path) -> dict:
         return {"commit": head.stdout.strip(), "dirty": dirty}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
-
-
-def source_checkout() -> Path | None:
-    """The ppx checkout this code runs from, or None for an installed package (whose parent
-    folders may belong to an unrelated repository)."""
-    root = Path(__file__).resolve().parents[2]
-    return root if (root / "pyproject.toml").is_file() and (root / "ppx" / "__init__.py").is_file() else None
 
 
 def rank_info(device) -> dict:

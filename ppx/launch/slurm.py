@@ -15,25 +15,15 @@ import sys
 from pathlib import Path
 
 from ppx.errors import UserError
-
-PACKAGE = Path(__file__).resolve().parents[1]  # the ppx package folder
+from ppx.paths import shipped, source_checkout
 
 
 def template(name: str) -> Path:
-    """The sbatch template ``name`` (pp.sbatch, compare.sbatch): ppx/slurm/ in an installed
-    package (mapped there from the checkout's slurm/ by pyproject.toml), else the checkout's
-    slurm/ (an editable install, or ppx run from its checkout)."""
-    places = (PACKAGE / "slurm", PACKAGE.parent / "slurm")
-    for d in places:
-        if (d / name).is_file():
-            return d / name
-    raise UserError(f"sbatch template {name} not found in {' or '.join(map(str, places))}")
-
-
-def checkout() -> Path | None:
-    """The ppx checkout the templates come from, or None for an installed package."""
-    parent = template("pp.sbatch").parent.parent
-    return None if parent == PACKAGE else parent
+    """The sbatch template ``name`` (pp.sbatch, compare.sbatch) that ppx ships (`shipped`)."""
+    path = shipped("slurm") / name
+    if not path.is_file():
+        raise UserError(f"sbatch template {name} not found in {path.parent}")
+    return path
 
 
 def job_env(**values: str) -> dict:
@@ -45,7 +35,7 @@ def job_env(**values: str) -> dict:
     PYTHON set in our environment are passed on as they are."""
     env = dict(os.environ, **values)
     if "PPX_DIR" not in env:
-        repo = checkout()
+        repo = source_checkout()
         if repo is not None:
             env["PPX_DIR"] = str(repo)
         else:

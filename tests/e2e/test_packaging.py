@@ -105,7 +105,8 @@ def test_installed_package_finds_its_experiments_and_templates(installed, tmp_pa
     probe = (
         "import json, sys, ppx\n"
         "from ppx.config import experiments_dirs, find_experiment\n"
-        "from ppx.launch.slurm import checkout, job_env, template\n"
+        "from ppx.launch.slurm import job_env, template\n"
+        "from ppx.paths import source_checkout as checkout\n"
         "env = job_env()\n"
         "print(json.dumps({'ppx': ppx.__file__, 'dirs': [str(d) for d in experiments_dirs()],\n"
         "    'experiment': str(find_experiment('gpipe_4gpu')), 'pp': str(template('pp.sbatch')),\n"

@@ -2,7 +2,7 @@
 lower one only (imports inside functions count; those under ``if TYPE_CHECKING:`` do not),
 no import cycle joins ppx modules at import time, and no file is longer than 400 lines.
 
-Layers, lowest first: ppx/__init__.py and ppx/errors.py < schedules < models < config <
+Layers, lowest first: ppx/__init__.py, ppx/errors.py and ppx/paths.py < schedules < models < config <
 measure < engine < report < launch < commands < ppx/cli.py."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from helpers import REPO
 
 # the first name after "ppx." -> layer index; "" is ppx itself (ppx/__init__.py)
 LAYERS = [
-    ("", "errors"),
+    ("", "errors", "paths"),
     ("schedules",),
     ("models",),
     ("config",),
@@ -29,7 +29,7 @@ LAYERS = [
     ("cli",),
 ]
 LAYER_OF = {part: k for k, parts in enumerate(LAYERS) for part in parts}
-LAYER_NAME = ["base (ppx, ppx.errors)"] + [f"ppx.{parts[0]}" for parts in LAYERS[1:]]
+LAYER_NAME = ["base (ppx, ppx.errors, ppx.paths)"] + [f"ppx.{parts[0]}" for parts in LAYERS[1:]]
 MAX_LINES = 400
 
 
