@@ -8,24 +8,28 @@ from ppx.commands.common import wrote
 from ppx.errors import UserError
 
 
-def cmd_compare(args) -> int:
-    import time
-
+def compare_into(patterns: list[str], out: Path) -> None:
+    """Compare the runs ``patterns`` name into ``out``: the table printed, the files and their
+    TensorBoard folder written and listed."""
     from ppx.report.compare import compare
     from ppx.report.tensorboard import log_comparison
 
-    out = Path(args.out) if args.out else Path("runs") / "compare" / time.strftime("%Y%m%d-%H%M%S")
-    print(compare(args.runs, out))
+    print(compare(patterns, out))
     log_comparison(out)
     wrote(out)
+
+
+def cmd_compare(args) -> int:
+    import time
+
+    out = Path(args.out) if args.out else Path("runs") / "compare" / time.strftime("%Y%m%d-%H%M%S")
+    compare_into(args.runs, out)
     return 0
 
 
 def cmd_sweep(args) -> int:
     from ppx.launch.sweep import run_sweep
-    from ppx.report.compare import compare
     from ppx.report.run_dir import RunDir
-    from ppx.report.tensorboard import log_comparison
 
     root = run_sweep(args.experiment, args.sweep, args.overrides, args.launcher)
     if args.launcher != "local":
@@ -34,7 +38,5 @@ def cmd_sweep(args) -> int:
     done = [r for r in runs if r.is_complete]
     if not done:
         raise UserError(f"no run of the sweep completed; see {root}")
-    print(compare([str(root)], root))
-    log_comparison(root)
-    wrote(root)
+    compare_into([str(root)], root)
     return 0 if len(done) == len(runs) else 1

@@ -145,7 +145,7 @@ def family(name: str) -> Family:
 
 def default_virtual(name: str) -> int:
     """Stages per rank when none is given: the family's default (2 for interleaved), else 1."""
-    fam = FAMILIES.get(family_name(name))
+    fam = formula_family(name)
     return fam.default_virtual if fam else 1
 
 
