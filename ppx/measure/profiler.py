@@ -1,7 +1,7 @@
 """torch.profiler per rank, and ``PP:<action>`` labels around every program item.
 
 Only built when ``profile.enabled``: with profiling off neither the profiler nor the labels
-exist, so they cost nothing. Traces go to ``<run>/traces/rank<r>.<ns>.pt.trace.json`` through
+exist, so they cost nothing. Traces go to ``<run>/tb/rank<r>.<ns>.pt.trace.json`` through
 ``tensorboard_trace_handler``, the layout TensorBoard's PyTorch Profiler plugin and
 Holistic Trace Analysis read.
 """
@@ -33,7 +33,7 @@ def make_profiler(prof_cfg, run_dir: Path, rank: int, device: torch.device) -> p
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    traces = run_dir / "traces"
+    traces = run_dir / "tb"  # beside the scalars: one run in TensorBoard
     traces.mkdir(exist_ok=True)
     return profile(
         activities=activities,

@@ -66,7 +66,7 @@ class RunReport:
             sink.step(step, scalars)
         every = self.cfg.logging.progress_every
         if every and ((step + 1) % every == 0 or step + 1 == self.cfg.train.steps):
-            msg = f"[{self.cfg.run.name}] step {step + 1}/{self.cfg.train.steps}"
+            msg = f"[{self.cfg.run.name}] step {step} ({step + 1}/{self.cfg.train.steps})"  # step: as in the files and traces
             if loss is not None:
                 msg += f"  loss {loss:.6f}"
             msg += f"  step {m['step_time_s']:.4f} s"

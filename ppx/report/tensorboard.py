@@ -1,8 +1,9 @@
 """TensorBoard in ``<run>/tb/``: the scalars every step; at the end the timeline and breakdown
 pictures as images and a markdown summary (theory against measured, then the config) as text.
-The Scalars, Images and Text tabs work offline. The profiler traces in ``<run>/traces/`` sit
-beside them, where TensorBoard's PyTorch Profiler plugin finds them (one worker per rank); that
-tab loads Google Charts, so it needs a browser with internet access.
+The Scalars, Images and Text tabs work offline. The profiler traces (``profile.enabled``) are
+written into the same folder, so TensorBoard shows one run: its PyTorch Profiler plugin finds
+them there (one worker per rank); that tab loads Google Charts, so it needs a browser with
+internet access.
 
 ``log_comparison`` does the same for ``ppx compare``'s folder: its pictures and its table."""
 

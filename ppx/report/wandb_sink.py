@@ -84,12 +84,12 @@ class WandbSink:
             pictures = {k: wandb.Image(str(p)) for k, p in pictures.items() if p.exists()}
             if pictures:
                 self.run.log(pictures)
+            traces = sorted((run_dir / "tb").glob("*.pt.trace.json"))  # profile.enabled: torch.profiler's
             extra = [p for p in (run_dir / "timeline.json",) if p.exists()]
-            traces = run_dir / "traces"
-            if extra or traces.is_dir():
+            if extra or traces:
                 art = wandb.Artifact(f"traces-{self.run.id}", type="profiler-traces")
-                if traces.is_dir():
-                    art.add_dir(str(traces), name="traces")
+                for p in traces:
+                    art.add_file(str(p), name=f"traces/{p.name}")
                 for p in extra:
                     art.add_file(str(p))
                 self.run.log_artifact(art)

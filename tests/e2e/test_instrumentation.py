@@ -131,7 +131,7 @@ def test_timeline_is_chrome_trace_with_a_track_per_rank_and_flows(runs):
 
 
 def test_profiler_off_writes_no_trace(runs):
-    assert not (runs[("gpipe", 2, 8)] / "traces").exists()
+    assert not list((runs[("gpipe", 2, 8)] / "tb").glob("*.pt.trace.json"))
 
 
 def test_profiler_traces_per_rank(tmp_path_factory):
@@ -147,7 +147,7 @@ def test_profiler_traces_per_rank(tmp_path_factory):
         "model.fwd_ms=1",
         "model.bwd_ms=2",
     )
-    traces = sorted((d / "traces").iterdir())
+    traces = sorted((d / "tb").glob("*.pt.trace.json"))
     assert [t.name.split(".")[0] for t in traces] == ["rank0", "rank1"]
     for t in traces:
         assert t.name.endswith(".pt.trace.json")
@@ -184,7 +184,7 @@ def test_cuda_event_timers(tmp_path_factory):
     (r,) = s["ranks"]
     assert r["compute_s"] == pytest.approx(4 * (T_F + T_B), rel=0.1)  # GPU spins timed by CUDA events
     assert 0 < r["peak_memory_bytes"] < 2**30  # torch.cuda.max_memory_allocated: the stage's own tensors
-    (trace,) = (d / "traces").iterdir()
+    (trace,) = (d / "tb").glob("*.pt.trace.json")
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("cat") == "kernel" for e in events)  # the GPU's side, not only the host's
     assert any(e.get("name") == "PP:0F0" for e in events)

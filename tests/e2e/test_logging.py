@@ -94,7 +94,7 @@ def test_tensorboard_serves_scalars_and_profiler_workers(profiled_run):
         loss = _get(port, "/data/plugin/scalars/scalars", run=tb_run, tag="loss")
         assert [step for _, step, _ in loss] == [0, 1, 2, 3]
         assert [v for _, _, v in loss] == pytest.approx(read_json(run / "summary.json")["losses"], rel=1e-6)
-        prof_run = f"1f1b_2cpu/{run.name}/traces"
+        prof_run = tb_run  # one run: scalars and traces in <run>/tb
         runs = _poll(lambda: prof_run in _get(port, "/data/plugin/pytorch_profiler/runs")["runs"])
         assert runs
         workers = _get(port, "/data/plugin/pytorch_profiler/workers", run=prof_run, view="Overview")

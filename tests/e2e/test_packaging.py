@@ -154,7 +154,7 @@ def test_installed_package_runs_a_shipped_experiment_from_elsewhere(installed, t
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summaries = list(runs.glob("gpipe_4gpu/*/summary.json"))
     assert len(summaries) == 1, r.stdout[-3000:]
-    assert "step 2/2" in r.stdout + r.stderr
+    assert "step 1 (2/2)" in r.stdout + r.stderr
 
 
 @pytest.mark.skipif(not _has_setuptools(), reason="builds the sdist with this interpreter's setuptools (>=64)")

@@ -52,7 +52,7 @@ def test_four_stage_run_directory_is_complete(four_stage_runs, exp, schedule):
     assert s["step_time_s"] == sorted(x["step_time_s"] for x in lines)[1]  # median of 3
     assert s["bubble_fraction_theory"] == pytest.approx(3 / 11)
     assert "running on CPU with gloo" in r.stderr  # auto fell back with a one-line notice
-    assert r.stdout.count("step 1/3") == 1  # only rank 0 reports progress
+    assert r.stdout.count("step 0 (1/3)") == 1  # only rank 0 reports progress
 
 
 def test_losses_equal_across_schedules_stage_counts_and_repeats(four_stage_runs, tmp_path):
