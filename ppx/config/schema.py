@@ -114,7 +114,9 @@ class InstrumentConfig:
 
 @dataclass
 class ProfileConfig:
-    enabled: bool = _f(False, "torch.profiler traces per rank in <run>/tb/, beside the scalars (off: no profiler, no cost)")
+    enabled: bool = _f(
+        False, "torch.profiler traces per rank in <run>/tb/, beside the scalars (off: no profiler, no cost)"
+    )
     wait: int = _f(1, "profiler schedule: steps skipped before each cycle")
     warmup: int = _f(1, "profiler schedule: steps traced but discarded")
     active: int = _f(2, "profiler schedule: steps recorded per cycle")
