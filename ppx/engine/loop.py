@@ -1,9 +1,9 @@
 """The training loop of one rank: its share of the pipeline built and instrumented, timed
-steps, and every step's per-rank records gathered to rank 0's report."""
+steps, and every step's per-rank records sent to rank 0's report by a background thread (no
+collective between steps but ``start_together``'s, which starts every rank's step at once)."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
 
@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from ppx.engine.comm import P2P
 from ppx.engine.rank import build_rank
+from ppx.engine.records import RecordGatherer
 from ppx.measure.clock import offset_to_rank0, start_together
 from ppx.measure.instruments import Instruments
 from ppx.measure.profiler import make_profiler
@@ -56,43 +57,54 @@ def train(
         opt = opt_cls(pipe.parameters(), lr=cfg.train.lr)
 
     report = start_report() if start_report is not None else None
+    records = RecordGatherer(rank, world, cfg.train.steps, max(cfg.runtime.timeout_s, 30.0))
     if backend == "nccl":
         dist.barrier()  # a first collective on every rank before any partial P2P batch
     watchdog.phase("aligning clocks")
     offset = offset_to_rank0(ctrl)
 
-    steps = cfg.train.steps
-    profiler = make_profiler(cfg.profile, run_dir, rank, device) if cfg.profile.enabled else contextlib.nullcontext()
-    with profiler:
-        for step in range(steps):
+    prof = make_profiler(cfg.profile, run_dir, rank, device)  # NO_PROFILER when off: its marks do nothing
+    with prof:
+        for step in range(cfg.train.steps):
             watchdog.phase("step start", step)
-            batch = pipe.microbatches(step)  # data is ready before the step, as a prefetching loader has it
-            start_together(offset, ctrl)
-            if opt is not None:
-                opt.zero_grad(set_to_none=True)
+            with prof.label("ppx:prepare"):
+                batch = pipe.microbatches(step)  # data is ready before the step, as a prefetching loader has it
+                if opt is not None:
+                    opt.zero_grad(set_to_none=True)
+            with prof.label("ppx:align_start"):
+                start_together(offset, ctrl)
             inst.begin_step(step)
-            t0 = time.perf_counter()
-            loss = pipe.step(step, batch)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t1 = time.perf_counter()
+            with prof.step(step):  # ProfilerStep#<step>: the timed pipeline step and nothing else
+                t0 = time.perf_counter()
+                loss = pipe.step(step, batch)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                t1 = time.perf_counter()
             if opt is not None:
                 watchdog.phase("optimizer step", step)
-                opt.step()
-            if device.type == "cuda":  # the optimizer's kernels end here, not inside the next step's timing
-                torch.cuda.synchronize(device)
-            record, spans = inst.end_step(step)  # memory peaks include the optimizer step
-            if cfg.profile.enabled:
-                profiler.step()
-            watchdog.phase("gathering metrics", step)
-            record.update(rank=rank, loss=loss, start=t0 + offset, end=t1 + offset)
-            if spans is not None:  # every step: rank 0 splits waits into transfer and idle; the last go to the timeline
-                record["spans"] = [sp.shifted(offset) for sp in spans]  # Spans on rank 0's clock
-            records = [None] * world if rank == 0 else None
-            dist.gather_object(record, records, dst=0, group=ctrl)
+                with prof.label("ppx:optimizer"):
+                    opt.step()
+                    if device.type == "cuda":  # the optimizer's kernels end here, not inside the next step's timing
+                        torch.cuda.synchronize(device)
+            watchdog.phase("step metrics", step)
+            with prof.label("ppx:step_metrics"):
+                record, spans = inst.end_step(step)  # memory peaks include the optimizer step
+                record.update(rank=rank, loss=loss, start=t0 + offset, end=t1 + offset)
+                if (
+                    spans is not None
+                ):  # every step: rank 0 splits waits into transfer and idle; the last go to the timeline
+                    record["spans"] = [sp.shifted(offset) for sp in spans]  # Spans on rank 0's clock
+                records.put(record)  # gathered to rank 0 by a background thread: no step waits for it
+            prof.next_step()
             if report is not None:
-                report.add_step(step, records)
+                with prof.label("ppx:report"):
+                    for s, merged in records.ready():
+                        report.add_step(s, merged)
+    watchdog.phase("gathering metrics")
+    rest = records.rest()
     if report is not None:
+        for s, merged in rest:
+            report.add_step(s, merged)
         watchdog.phase("writing the report")
         report.finish()
     watchdog.phase("finishing")

@@ -19,8 +19,9 @@ from collections.abc import Iterable
 
 from ppx.measure.spans import COMM, COMPUTE, WAIT, Span, handoffs
 
-# a rank's per-step fields: seconds and shares (medians over a run), and peaks (maxima)
-RANK_TIMES = ("compute_s", "comm_s", "post_s", "transfer_s", "wait_s", "idle_s", "bubble_fraction")
+# a rank's per-step fields: seconds and shares (medians over a run), and peaks (maxima);
+# step_s is the rank's own timed step, from the common start to its last action's end
+RANK_TIMES = ("step_s", "compute_s", "comm_s", "post_s", "transfer_s", "wait_s", "idle_s", "bubble_fraction")
 RANK_PEAKS = ("peak_inflight_microbatches", "peak_activation_bytes", "peak_memory_bytes")
 PER_RANK = RANK_TIMES + RANK_PEAKS
 
@@ -61,6 +62,7 @@ def step_breakdown(records: list[dict], stage_to_rank=None) -> dict:
     ranks = []
     for r in sorted(records, key=lambda r: r["rank"]):
         row = {k: v for k, v in r.items() if k not in ("start", "end", "loss", "spans")}
+        row["step_s"] = r["end"] - r["start"]  # this rank's own timed step (its ProfilerStep); step_time_s: the longest
         if timed:
             row["post_s"] = r["comm_s"]
             row["transfer_s"] = transfer.get(r["rank"], 0.0)

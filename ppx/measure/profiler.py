@@ -1,17 +1,22 @@
-"""torch.profiler per rank, and ``PP:<action>`` labels around every program item.
+"""torch.profiler per rank, ``PP:<action>`` labels around every program item, and
+``ProfilerStep#N`` ranges that are ppx's step N and nothing else.
 
 Only built when ``profile.enabled``: with profiling off neither the profiler nor the labels
-exist, so they cost nothing. Traces go to ``<run>/tb/rank<r>.<ns>.pt.trace.json`` through
-``tensorboard_trace_handler``, the layout TensorBoard's PyTorch Profiler plugin and
-Holistic Trace Analysis read.
+exist (`NO_PROFILER` stands in, doing nothing), so they cost nothing. Traces go to
+``<run>/tb/rank<r>.<ns>.pt.trace.json`` through ``tensorboard_trace_handler``, beside the run's
+TensorBoard scalars (one TensorBoard run), the layout TensorBoard's PyTorch Profiler plugin
+and Holistic Trace Analysis read.
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule, tensorboard_trace_handler
+
+STEP_NAME = "ProfilerStep#{}"  # what the profiler's tools (its TensorBoard plugin, HTA) read as a step
 
 
 class RecordFunctions:
@@ -29,17 +34,84 @@ class RecordFunctions:
         self._stack.pop().__exit__(None, None, None)
 
 
-def make_profiler(prof_cfg, run_dir: Path, rank: int, device: torch.device) -> profile:
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    traces = run_dir / "tb"  # beside the scalars: one run in TensorBoard
-    traces.mkdir(exist_ok=True)
-    return profile(
-        activities=activities,
-        schedule=schedule(wait=prof_cfg.wait, warmup=prof_cfg.warmup, active=prof_cfg.active, repeat=prof_cfg.repeat),
-        on_trace_ready=tensorboard_trace_handler(str(traces), worker_name=f"rank{rank}"),
-        record_shapes=prof_cfg.record_shapes,
-        profile_memory=prof_cfg.profile_memory,
-        with_stack=prof_cfg.with_stack,
-    )
+class StepProfiler:
+    """torch.profiler whose steps are ppx's: ``with prof.step(n):`` around exactly the timed
+    pipeline step marks it ``ProfilerStep#n``, and ``prof.next_step()`` afterwards moves the
+    profiler's wait/warmup/active schedule on by one. torch's own marks (which would run from
+    one ``profile.step()`` call to the next, so everything between steps too) are switched off.
+    ``prof.label("ppx:...")`` marks the work ppx does between steps."""
+
+    def __init__(self, prof_cfg, run_dir: Path, rank: int, device: torch.device):
+        activities = [ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        traces = run_dir / "tb"  # beside the scalars: one run in TensorBoard
+        traces.mkdir(exist_ok=True)
+        self._prof = profile(
+            activities=activities,
+            schedule=schedule(
+                wait=prof_cfg.wait, warmup=prof_cfg.warmup, active=prof_cfg.active, repeat=prof_cfg.repeat
+            ),
+            on_trace_ready=tensorboard_trace_handler(str(traces), worker_name=f"rank{rank}"),
+            record_shapes=prof_cfg.record_shapes,
+            profile_memory=prof_cfg.profile_memory,
+            with_stack=prof_cfg.with_stack,
+            experimental_config=_all_threads(),
+        )
+        if not hasattr(self._prof, "record_steps"):  # torch's switch for its own marks: fail loudly if it goes
+            raise RuntimeError("torch.profiler.profile has no record_steps: ppx cannot mark its own steps")
+        self._prof.record_steps = False
+
+    def __enter__(self):
+        self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._prof.__exit__(*exc)
+
+    def step(self, n: int):
+        return record_function(STEP_NAME.format(n))
+
+    def next_step(self) -> None:
+        self._prof.step()
+
+    @staticmethod
+    def label(name: str):
+        return record_function(name)
+
+
+def _all_threads():
+    """Record every thread, so ``ppx:gather_records`` (a background thread's) is in the trace;
+    None on a torch without the switch (then only the main thread's work is)."""
+    try:
+        return torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    except (AttributeError, TypeError):
+        return None
+
+
+class _NoProfiler:
+    """Profiling off: every mark is a no-op."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def step(self, n: int):
+        return contextlib.nullcontext()
+
+    def next_step(self) -> None:
+        pass
+
+    @staticmethod
+    def label(name: str):
+        return contextlib.nullcontext()
+
+
+NO_PROFILER = _NoProfiler()
+
+
+def make_profiler(prof_cfg, run_dir: Path, rank: int, device: torch.device):
+    """A `StepProfiler` when ``profile.enabled``, else `NO_PROFILER`."""
+    return StepProfiler(prof_cfg, run_dir, rank, device) if prof_cfg.enabled else NO_PROFILER

@@ -140,22 +140,41 @@ def test_profiler_traces_per_rank(tmp_path_factory):
         "1f1b",
         2,
         4,
+        "train.steps=5",
         "profile.enabled=true",
-        "profile.wait=0",
+        "profile.wait=1",
         "profile.warmup=1",
-        "profile.active=1",
+        "profile.active=2",
         "model.fwd_ms=1",
         "model.bwd_ms=2",
     )
     traces = sorted((d / "tb").glob("*.pt.trace.json"))
     assert [t.name.split(".")[0] for t in traces] == ["rank0", "rank1"]
+    lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
     for t in traces:
         assert t.name.endswith(".pt.trace.json")
-        data = json.loads(t.read_text())
-        labels = {e.get("name") for e in data["traceEvents"]}
+        events = [e for e in json.loads(t.read_text())["traceEvents"] if e.get("ph") == "X"]
+        labels = {e["name"] for e in events}
         rank = int(t.name[4])
         assert f"PP:{rank}F0" in labels and f"PP:{rank}B3" in labels
-        assert any(str(x).startswith("ProfilerStep#") for x in labels)
+        # ProfilerStep#N is ppx's step N (wait 1, warmup 1: steps 2 and 3 recorded), as long as
+        # this rank's own timed step in metrics.jsonl, and holds no collective of its thread
+        steps = {int(e["name"].split("#")[1]): e for e in events if e["name"].startswith("ProfilerStep#")}
+        assert sorted(steps) == [2, 3]
+        for n, e in steps.items():
+            assert e["dur"] / 1e6 == pytest.approx(lines[n]["ranks"][rank]["step_s"], rel=0.05)
+            inside = {
+                x["name"]
+                for x in events
+                if x["tid"] == e["tid"] and e["ts"] <= x["ts"] < e["ts"] + e["dur"] and x["name"].startswith("c10d::")
+            }
+            assert inside <= {"c10d::send", "c10d::recv_"}, inside  # the pipeline's own hand-offs only
+        assert lines[0]["step_time_s"] == max(r["step_s"] for r in lines[0]["ranks"])
+        # what ppx does between steps is named, and the records' gather runs in a thread of its own
+        assert {"ppx:prepare", "ppx:align_start", "ppx:optimizer", "ppx:step_metrics"} <= labels
+        gathers = [e for e in events if e["name"] == "ppx:gather_records"]
+        assert gathers and {e["tid"] for e in gathers}.isdisjoint({e["tid"] for e in steps.values()})
+        assert ("ppx:report" in labels) == (rank == 0)
 
 
 def test_timers_off_still_measures_step_time(tmp_path_factory):

@@ -99,6 +99,17 @@ def test_tensorboard_serves_scalars_and_profiler_workers(profiled_run):
         assert runs
         workers = _get(port, "/data/plugin/pytorch_profiler/workers", run=prof_run, view="Overview")
         assert workers == ["rank0", "rank1"]
+        # the plugin's steps are ppx's steps (warmup 1, active 2: steps 1 and 2), each as long
+        # as that rank's timed step in metrics.jsonl
+        lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        for rank, worker in enumerate(workers):
+            (span,) = _get(port, "/data/plugin/pytorch_profiler/spans", run=prof_run, worker=worker)
+            overview = _get(port, "/data/plugin/pytorch_profiler/overview", run=prof_run, worker=worker, span=span)
+            rows = overview["steps"]["rows"]
+            assert [int(row[0]) for row in rows] == [1, 2]
+            for row in rows:
+                total_us = sum(v for v in row[1:] if isinstance(v, (int, float)))
+                assert total_us / 1e6 == pytest.approx(lines[int(row[0])]["ranks"][rank]["step_s"], rel=0.05)
     finally:
         server.terminate()
         server.wait(timeout=30)
