@@ -10,13 +10,14 @@ from ppx.errors import UserError
 
 def compare_into(patterns: list[str], out: Path) -> None:
     """Compare the runs ``patterns`` name into ``out``: the table printed, the files and their
-    TensorBoard folder written and listed."""
+    TensorBoard folder written and listed, the report.html named last."""
     from ppx.report.compare import compare
     from ppx.report.tensorboard import log_comparison
 
     print(compare(patterns, out))
     log_comparison(out)
     wrote(out)
+    print(f"ppx: report: {out / 'report.html'}")
 
 
 def cmd_compare(args) -> int:

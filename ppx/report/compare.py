@@ -1,5 +1,6 @@
 """`ppx compare`: runs side by side, as a terminal table, a markdown table and a PNG, plus
-the classic bubble-versus-microbatches picture when the runs vary the microbatch count."""
+the classic bubble-versus-microbatches picture when the runs vary the microbatch count, and
+all of it in one self-contained report.html (`ppx.report.html_report`)."""
 
 from __future__ import annotations
 
@@ -158,20 +159,18 @@ def plot_runs(rows: list[dict], path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
-def plot_bubble_vs_microbatches(rows: list[dict], path: Path) -> bool:
-    """Measured bubble against microbatches, one colour per schedule, over the theoretical
-    curves. Returns False (and draws nothing) when the runs do not vary microbatches."""
+SERIES_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B2", "#937860", "#DA8BC3"]
+
+
+def bubble_series(rows: list[dict]) -> list[dict] | None:
+    """The bubble-against-m picture's data, one series per (schedule, p, v): its ``name`` and
+    ``color``, the ``theory`` curve at every m up to the largest (``[(m, bubble)]``, where the
+    family has one), the ``measured`` and ``predicted`` points. None when the runs do not vary
+    microbatches (or one has no bubble). bubble.png and report.html draw the same series."""
     if len({r["microbatches"] for r in rows}) < 2 or any(r["bubble"] is None for r in rows):
-        return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B2", "#937860", "#DA8BC3"]
-    ms = sorted({r["microbatches"] for r in rows})
-    dense = list(range(1, max(ms) + 1))
+        return None
+    dense = range(1, max(r["microbatches"] for r in rows) + 1)
+    out = []
     for k, key in enumerate(sorted({(r["schedule"], r["world_size"], r["v"]) for r in rows})):
         sched, p, v = key
         pts = sorted(
@@ -179,32 +178,39 @@ def plot_bubble_vs_microbatches(rows: list[dict], path: Path) -> bool:
             for r in rows
             if (r["schedule"], r["world_size"], r["v"]) == key
         )
-        color = colors[k % len(colors)]
-        th = [schedules.theory_bubble(sched, p, m, v) for m in dense]
-        if any(t is not None for t in th):
-            ax.plot(
-                [m for m, t in zip(dense, th) if t is not None],
-                [t for t in th if t is not None],
-                color=color,
-                lw=1.2,
-                ls=(0, (4, 2 + 2 * k)),
-                alpha=0.7,
-            )
-        ax.plot(
-            [m for m, _, _ in pts],
-            [b for _, b, _ in pts],
-            "o",
-            color=color,
-            label=f"{sched} (p={p}{f', v={v}' if v > 1 else ''})",
+        theory = [(m, schedules.theory_bubble(sched, p, m, v)) for m in dense]
+        out.append(
+            {
+                "name": f"{sched} (p={p}{f', v={v}' if v > 1 else ''})",
+                "color": SERIES_COLORS[k % len(SERIES_COLORS)],
+                "theory": [(m, t) for m, t in theory if t is not None],
+                "measured": [(m, b) for m, b, _ in pts],
+                "predicted": [(m, pr) for m, _, pr in pts if pr is not None],
+            }
         )
-        if any(pr is not None for _, _, pr in pts):
-            ax.plot(
-                [m for m, _, pr in pts if pr is not None],
-                [pr for _, _, pr in pts if pr is not None],
-                "x",
-                color=color,
-                ms=7,
-            )
+    return out
+
+
+def plot_bubble_vs_microbatches(rows: list[dict], path: Path) -> bool:
+    """Measured bubble against microbatches, one colour per schedule, over the theoretical
+    curves. Returns False (and draws nothing) when the runs do not vary microbatches."""
+    series = bubble_series(rows)
+    if series is None:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ms = sorted({r["microbatches"] for r in rows})
+    for k, s in enumerate(series):
+        color = s["color"]
+        if s["theory"]:
+            ax.plot(*zip(*s["theory"]), color=color, lw=1.2, ls=(0, (4, 2 + 2 * k)), alpha=0.7)
+        ax.plot(*zip(*s["measured"]), "o", color=color, label=s["name"])
+        if s["predicted"]:
+            ax.plot(*zip(*s["predicted"]), "x", color=color, ms=7)
     ax.set_xscale("log", base=2)
     ax.set_xticks(ms)
     ax.set_xticklabels([str(m) for m in ms])
@@ -220,8 +226,8 @@ def plot_bubble_vs_microbatches(rows: list[dict], path: Path) -> bool:
 
 
 def compare(patterns: list[str], out: Path) -> str:
-    """Write compare.md, compare.json, compare.png (and bubble.png) to ``out`` (which must not
-    hold a comparison yet); return the terminal table."""
+    """Write compare.md, compare.json, compare.png (and bubble.png) and report.html to ``out``
+    (which must not hold a comparison yet); return the terminal table."""
     runs = find_runs(patterns)
     base = Path(patterns[0]) if len(patterns) == 1 and Path(patterns[0]).is_dir() else None
     rows = [load_row(r, base) for r in runs]
@@ -237,4 +243,7 @@ def compare(patterns: list[str], out: Path) -> str:
     title = "1 run" if len(rows) == 1 else f"{len(rows)} runs" + (f"; all: {shared}" if shared else "")
     plot_runs(rows, out / "compare.png", title)
     plot_bubble_vs_microbatches(rows, out / "bubble.png")
+    from ppx.report.html_report import write_compare_html
+
+    write_compare_html(out, rows, COLUMNS, title, bubble_series(rows))
     return text_table(rows)

@@ -1,10 +1,11 @@
 """Rank 0's report of a run: metrics.jsonl as steps come in, progress lines, TensorBoard and
-W&B scalars, then summary.json, timeline.json, timeline.png and breakdown.png."""
+W&B scalars, then summary.json, timeline.json, timeline.png, breakdown.png and report.html."""
 
 from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -112,18 +113,37 @@ class RunReport:
             self._write_timeline()
         from ppx.report.breakdown import draw_breakdown, has_breakdown, title_of
 
+        median = None
         if has_breakdown(summary):  # the timers were on
-            # one real step, the median one, whose parts add up to its step time (per-field
-            # medians over steps need not); peaks are the run's
-            k = sorted(range(len(self.steps)), key=lambda i: self.steps[i]["step_time_s"])[len(self.steps) // 2]
-            peaks = {r["rank"]: r.get("peak_activation_bytes") for r in summary["ranks"]}
-            ranks = [{**r, "peak_activation_bytes": peaks.get(r["rank"])} for r in self.steps[k]["ranks"]]
-            median = {**summary, "step_time_s": self.steps[k]["step_time_s"], "ranks": ranks}
-            title = f"{title_of(summary)}: step {k}, the median step"
-            draw_breakdown(median, self.run_dir / "breakdown.png", title)
+            median = self._median_step(summary)
+            title = f"{title_of(summary)}: step {median[0]}, the median step"
+            draw_breakdown(median[1], self.run_dir / "breakdown.png", title)
+        report = self._write_html(summary, median)
         for sink in self.sinks:
             sink.finish(summary, self.run_dir)
+        if report is not None:
+            print(f"ppx: report: {report}", flush=True)
         print(f"ppx: run directory: {self.run_dir}", flush=True)
+
+    def _median_step(self, summary: dict) -> tuple[int, dict]:
+        """One real step, the median one, whose parts add up to its step time (per-field
+        medians over steps need not), as a summary-like dict; peaks are the run's."""
+        k = sorted(range(len(self.steps)), key=lambda i: self.steps[i]["step_time_s"])[len(self.steps) // 2]
+        peaks = {r["rank"]: r.get("peak_activation_bytes") for r in summary["ranks"]}
+        ranks = [{**r, "peak_activation_bytes": peaks.get(r["rank"])} for r in self.steps[k]["ranks"]]
+        return k, {**summary, "step_time_s": self.steps[k]["step_time_s"], "ranks": ranks}
+
+    def _write_html(self, summary: dict, median: tuple[int, dict] | None) -> Path | None:
+        """report.html (`ppx.report.html_report`); a failure is a warning, never a failed run."""
+        from ppx.report.html_report import write_run_html
+
+        config = self.run_dir / "config.yaml"
+        yaml = config.read_text() if config.exists() else OmegaConf.to_yaml(OmegaConf.structured(self.cfg))
+        try:
+            return write_run_html(self.run_dir, summary, self.timeline, self.schedule.stage_to_rank, yaml, median)
+        except Exception as e:  # the run's numbers are written; a page that fails to draw must not lose them
+            print(f"ppx: warning: report.html not written ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
+            return None
 
     def _prediction(self, summary: dict) -> dict:
         """The simulator's step time and bubble from this run's measured action costs."""

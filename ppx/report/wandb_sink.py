@@ -84,6 +84,9 @@ class WandbSink:
             pictures = {k: wandb.Image(str(p)) for k, p in pictures.items() if p.exists()}
             if pictures:
                 self.run.log(pictures)
+            page = run_dir / "report.html"
+            if page.exists():  # the file as it is (inject=False: no W&B stylesheet link added)
+                self.run.log({"report": wandb.Html(str(page), inject=False)})
             traces = sorted((run_dir / "tb").glob("*.pt.trace.json"))  # profile.enabled: torch.profiler's
             extra = [p for p in (run_dir / "timeline.json",) if p.exists()]
             if extra or traces:

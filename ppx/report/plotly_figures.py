@@ -1,0 +1,302 @@
+"""The Plotly figures of report.html (`ppx.report.html_report` lays them out): the timeline of
+the last steps, the per-rank breakdown against theory, memory per rank, and for comparisons the
+runs side by side and the bubble against m. Colours and names are the PNGs' (`gantt`,
+`breakdown`, `compare`).
+
+The timeline's traces, in this order and all of them bars (so the i-th ``.barlayer .trace``
+of the rendered page is the i-th trace): per step shown, ``"step K"`` (one bar per compute
+span), then where there are any ``"step K posts"`` (send/receive posts), ``"step K waits"``
+(waits and the end-of-step drain) and ``"step K transfers"`` (the part of a wait after the
+peer posted). The last step's hand-offs are layout annotations with arrows, from the send's
+post on the sender's row to the end of the receiving wait on the receiver's row; the figure
+has no other annotations (step starts are shapes)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ppx.measure.spans import handoffs
+from ppx.report.breakdown import PARTS, byte_unit
+from ppx.report.gantt import COLORS
+
+FONT = dict(family="system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", size=12)
+
+
+def _layout(fig, **kw) -> None:
+    fig.update_layout(template="plotly_white", font=FONT, margin=dict(l=70, r=20, t=50, b=50), **kw)
+
+
+def timeline_figure(steps: list[dict], stage_to_rank) -> tuple[object, dict]:
+    """``steps`` = RunReport.timeline ([{"step", "step_time_s", "ranks": {rank: [Span, ...]}}],
+    times on rank 0's clock) -> (figure, facts: ranks, last_step, last_step_actions, arrows)."""
+    import plotly.graph_objects as go
+
+    ranks = sorted({r for s in steps for r in s["ranks"]})
+    rows = [f"rank {r}" for r in ranks]
+    row_of = {r: i for i, r in enumerate(ranks)}
+    origin = min(sp.start_s for s in steps for spans in s["ranks"].values() for sp in spans)
+    ms = lambda t: (t - origin) * 1e3  # noqa: E731
+    multi = len(stage_to_rank) > len(set(stage_to_rank))
+    chunk, owned = {}, Counter()  # stage -> its place among its rank's stages (later: lighter)
+    for stage, rank in enumerate(stage_to_rank):
+        chunk[stage], owned[rank] = owned[rank], owned[rank] + 1
+    fig = go.Figure()
+    shapes = []
+    for s in steps:
+        name = f"step {s['step']}"
+        compute, posts, waits, transfers = [], [], [], []
+        posted = {(h.peer, h.wait_start_s): h.posted_s for h in handoffs(s["ranks"], stage_to_rank)}
+        for r in sorted(s["ranks"]):
+            for sp in s["ranks"][r]:
+                row, start, length = f"rank {r}", ms(sp.start_s), sp.duration_s * 1e3
+                if sp.kind == "compute":
+                    a = sp.action
+                    compute.append((row, start, length, a, sp.label if multi else f"{a.op.value}{a.mb}"))
+                elif sp.kind == "post":
+                    posts.append((row, start, length, sp.label))
+                else:
+                    waits.append((row, start, length, sp.label))
+                    if (r, sp.start_s) in posted:
+                        sent = min(max(posted[(r, sp.start_s)], sp.start_s), sp.end_s)
+                        transfers.append((row, ms(sent), (sp.end_s - sent) * 1e3, sp.label))
+        group = dict(legendgroup=name, orientation="h")
+        fig.add_bar(
+            name=name,
+            y=[c[0] for c in compute],
+            base=[c[1] for c in compute],
+            x=[c[2] for c in compute],
+            width=0.8,
+            marker=dict(
+                color=[COLORS.get(c[3].op.value, "#999999") for c in compute],
+                opacity=[1.0 - 0.35 * chunk.get(c[3].stage, 0) for c in compute],
+                line=dict(color="white", width=0.6),
+            ),
+            text=[c[4] for c in compute],
+            textposition="inside",
+            insidetextanchor="middle",
+            textangle=0,
+            customdata=[[str(c[3]), c[3].mb, c[3].stage, c[1], c[2]] for c in compute],
+            hovertemplate=(
+                "<b>%{customdata[0]}</b> (" + name + ", %{y})<br>microbatch %{customdata[1]}, stage "
+                "%{customdata[2]}<br>start %{customdata[3]:.3f} ms<br>length %{customdata[4]:.3f} ms<extra></extra>"
+            ),
+            **group,
+        )
+        for what, spans, color, width in (
+            ("posts", posts, COLORS["post"], 0.8),
+            ("waits", waits, COLORS["wait"], 0.5),
+            ("transfers", transfers, COLORS["transfer"], 0.5),
+        ):
+            if spans:
+                fig.add_bar(
+                    name=f"{name} {what}",
+                    y=[c[0] for c in spans],
+                    base=[c[1] for c in spans],
+                    x=[c[2] for c in spans],
+                    width=width,
+                    marker=dict(color=color, opacity=0.75),
+                    customdata=[[c[3], c[1], c[2]] for c in spans],
+                    hovertemplate=(
+                        f"{what[:-1]}: %{{customdata[0]}} ({name}, %{{y}})<br>start %{{customdata[1]:.3f}} ms<br>"
+                        "length %{customdata[2]:.3f} ms<extra></extra>"
+                    ),
+                    showlegend=False,  # the step's one legend entry hides or shows all of its marks
+                    **group,
+                )
+        start = min(sp.start_s for spans in s["ranks"].values() for sp in spans)
+        shapes.append(
+            dict(
+                type="line",
+                x0=ms(start),
+                x1=ms(start),
+                yref="paper",
+                y0=0,
+                y1=1,
+                line=dict(color="#888888", width=1, dash="dot"),
+                label=dict(text=name, textposition="end", font=dict(size=10, color="#666666")),
+            )
+        )
+    last = steps[-1]
+    arrows = []
+    for h in handoffs(last["ranks"], stage_to_rank):
+        arrows.append(
+            dict(
+                x=ms(h.wait_end_s),
+                y=row_of[h.peer],
+                ax=ms(h.posted_s),
+                ay=row_of[h.rank],
+                xref="x",
+                yref="y",
+                axref="x",
+                ayref="y",
+                text="",
+                showarrow=True,
+                arrowhead=2,
+                arrowsize=1,
+                arrowwidth=1,
+                arrowcolor="rgba(60,60,60,0.6)",
+                hovertext=(
+                    f"{h.send}: rank {h.rank} to rank {h.peer}, posted {ms(h.posted_s):.3f} ms, "
+                    f"received {ms(h.wait_end_s):.3f} ms"
+                ),
+            )
+        )
+    _layout(
+        fig,
+        barmode="overlay",
+        height=140 + 55 * len(ranks),
+        dragmode="zoom",
+        hovermode="closest",
+        shapes=shapes,
+        annotations=arrows,
+        uniformtext=dict(minsize=8, mode="hide"),
+        legend=dict(orientation="h", yanchor="top", y=-0.25, x=0),
+        xaxis=dict(
+            title="ms from the first shown step's start (rank clocks aligned to rank 0's)",
+            zeroline=False,
+            range=_around(last, ms),  # the last step in view; double-click twice: every step shown
+        ),
+        yaxis=dict(categoryorder="array", categoryarray=rows, autorange="reversed", type="category"),
+    )
+    facts = {
+        "ranks": len(ranks),
+        "steps": len(steps),
+        "last_step": last["step"],
+        "last_step_actions": sum(sp.kind == "compute" for spans in last["ranks"].values() for sp in spans),
+        "arrows": len(arrows),
+    }
+    return fig, facts
+
+
+def _around(step: dict, ms) -> list[float]:
+    """The x range of one step's spans, with a margin (time between steps can dwarf them)."""
+    spans = [sp for spans in step["ranks"].values() for sp in spans]
+    t0, t1 = ms(min(sp.start_s for sp in spans)), ms(max(sp.end_s for sp in spans))
+    pad = 0.03 * max(t1 - t0, 1e-6)
+    return [t0 - pad, t1 + pad]
+
+
+def breakdown_figure(summary: dict) -> object:
+    """Per rank, stacked compute / communication / idle ms of one step (``summary`` is the
+    median step's, as breakdown.png draws it), against its step time and theory's idle."""
+    import plotly.graph_objects as go
+
+    ranks = summary["ranks"]
+    xs = [f"rank {r['rank']}" for r in ranks]
+    step_ms = summary["step_time_s"] * 1e3
+    theory = summary.get("bubble_fraction_theory")
+    fig = go.Figure()
+    for key, name, color in [*PARTS, ("idle_s", "idle", "#D9D9D9")]:
+        vals = [(r.get(key) or 0.0) * 1e3 for r in ranks]
+        share = [v / step_ms if step_ms > 0 else 0.0 for v in vals]
+        fig.add_bar(
+            name=name,
+            x=xs,
+            y=vals,
+            marker_color=color,
+            customdata=share,
+            hovertemplate=f"{name}: %{{y:.3f}} ms (%{{customdata:.1%}} of the step)<extra>%{{x}}</extra>",
+        )
+    if theory is not None:  # in theory the top `theory` of the step is idle on every rank
+        fig.add_scatter(
+            name=f"theory: idle above this ({theory:.1%} of the step)",
+            x=xs,
+            y=[step_ms * (1 - theory)] * len(xs),
+            mode="markers",
+            marker=dict(symbol="line-ew-open", size=60, color="#C44E52", line=dict(width=2)),
+            hovertemplate="theory: busy up to %{y:.3f} ms<extra>%{x}</extra>",
+        )
+    fig.add_hline(y=step_ms, line=dict(color="black", width=1.2), annotation_text=f"step time {step_ms:.2f} ms")
+    legend = dict(orientation="h", y=-0.15, traceorder="normal")
+    _layout(fig, barmode="stack", height=420, yaxis_title="ms in the step", legend=legend)
+    return fig
+
+
+def memory_figure(ranks: list[dict]) -> object | None:
+    """Per rank, peak saved activations and peak memory (in-flight microbatches on hover);
+    None when neither was measured."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    panels = [
+        ("peak_activation_bytes", "peak saved activations", COLORS["B"]),
+        ("peak_memory_bytes", "peak memory (CUDA allocated, or resident set on CPU)", COLORS["F"]),
+    ]
+    panels = [p for p in panels if any(r.get(p[0]) is not None for r in ranks)]
+    if not panels:
+        return None
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[title for _, title, _ in panels])
+    xs = [f"rank {r['rank']}" for r in ranks]
+    inflight = [r.get("peak_inflight_microbatches") for r in ranks]
+    for col, (key, title, color) in enumerate(panels, start=1):
+        unit, size = byte_unit(max(r.get(key) or 0 for r in ranks))
+        fig.add_trace(
+            go.Bar(
+                name=title,
+                x=xs,
+                y=[(r.get(key) or 0) / size for r in ranks],
+                marker_color=color,
+                customdata=[["-" if n is None else n] for n in inflight],
+                hovertemplate=f"%{{y:.2f}} {unit}<br>peak in-flight microbatches %{{customdata[0]}}<extra>%{{x}}</extra>",
+                showlegend=False,
+            ),
+            row=1,
+            col=col,
+        )
+        fig.update_yaxes(title_text=unit, row=1, col=col)
+    _layout(fig, height=360)
+    return fig
+
+
+def runs_figure(rows: list[dict]) -> object:
+    """Runs side by side (compare's rows): step time, and measured / predicted / theory bubble."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    labels = [r.get("label") or r["name"] for r in rows]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["step time (ms)", "bubble (idle / step time)"])
+    fig.add_trace(
+        go.Bar(name="step time", x=labels, y=[r["step_ms"] for r in rows], marker_color=COLORS["F"], showlegend=False),
+        row=1,
+        col=1,
+    )
+    for key, name, color in (("bubble", "measured", "#DD8452"), ("predicted", "predicted (simulator)", "#8172B2")):
+        fig.add_trace(go.Bar(name=name, x=labels, y=[r[key] for r in rows], marker_color=color), row=1, col=2)
+    fig.add_trace(go.Bar(name="theory", x=labels, y=[r["theory"] for r in rows], marker_color="#BBBBBB"), row=1, col=2)
+    fig.update_yaxes(tickformat=".0%", row=1, col=2)
+    _layout(fig, barmode="group", height=420, legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def bubble_figure(series: list[dict]) -> object:
+    """Bubble against m (`ppx.report.compare.bubble_series`): theory dashed, measured dots,
+    predicted crosses, one colour per (schedule, p, v)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    ms = sorted({m for s in series for m, _ in s["measured"]})
+    for s in series:
+        if s["theory"]:
+            m, t = zip(*s["theory"])
+            fig.add_scatter(
+                name=f"{s['name']} theory", x=m, y=t, mode="lines", line=dict(color=s["color"], dash="dash")
+            )
+        m, b = zip(*s["measured"])
+        fig.add_scatter(name=s["name"], x=m, y=b, mode="markers", marker=dict(color=s["color"], size=9))
+        if s["predicted"]:
+            m, pr = zip(*s["predicted"])
+            fig.add_scatter(
+                name=f"{s['name']} predicted",
+                x=m,
+                y=pr,
+                mode="markers",
+                marker=dict(color=s["color"], size=9, symbol="x"),
+            )
+    _layout(
+        fig,
+        height=460,
+        title=dict(text="measured bubble (dots), predicted from measured costs (x), theory (dashed)", font_size=13),
+        xaxis=dict(type="log", title="microbatches m", tickvals=ms, ticktext=[str(m) for m in ms]),
+        yaxis=dict(title="bubble (idle / step time)", range=[0, 1], tickformat=".0%"),
+    )
+    return fig
