@@ -1,5 +1,7 @@
-"""A real browser, the network blocked (helpers/browser.py): TensorBoard's scalars, images and
-text for one run, served by a real TensorBoard on 127.0.0.1, drawn by headless Chromium."""
+"""A real browser, the network blocked (helpers/browser.py), on one real run: its report.html
+opened from disk (one timeline row per rank, one bar per compute action of the last step, as
+the schedule has them), and TensorBoard's scalars, images and text for it, served by a real
+TensorBoard on 127.0.0.1, drawn by headless Chromium."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 
 from helpers import free_port, ppx, read_json
 from helpers.browser import blocked_page, chromium
+from ppx.config import from_yaml, resolve_schedule
 
 STEPS = 4
 
@@ -126,6 +129,56 @@ def test_tensorboard_draws_the_runs_scalars_images_and_text_offline(browser, ten
         assert not traffic.page_errors, traffic
         outside = [e for e in traffic.console_errors if "Failed to load resource" not in e]
         assert not outside, traffic
+
+
+# the rendered timeline, read off the SVG Plotly drew: the y axis's tick labels and, for each
+# bar trace (named through the data d3 bound to its <g>), its drawn bars' centres and widths
+TIMELINE = """gd => {
+  const centre = el => { const r = el.getBoundingClientRect(); return {x: r.x + r.width / 2, y: r.y + r.height / 2, w: r.width}; };
+  const ticks = Array.from(gd.querySelectorAll('.ytick text')).map(t => ({text: t.textContent, ...centre(t)}));
+  const traces = Array.from(gd.querySelectorAll('.barlayer .trace')).map(t => ({
+    name: t.__data__ && t.__data__[0] && t.__data__[0].trace ? t.__data__[0].trace.name : null,
+    bars: Array.from(t.querySelectorAll('.point path')).filter(p => (p.getAttribute('d') || 'M0,0Z') !== 'M0,0Z').map(centre),
+  }));
+  return {ticks, traces};
+}"""
+
+
+def test_report_html_shows_a_row_per_rank_and_a_bar_per_action_offline(browser, run):
+    sched = resolve_schedule(from_yaml(run / "config.yaml"))
+    p, last = sched.num_ranks, f"step {STEPS - 1}"
+    want = {f"rank {r}": sum(a.op.is_compute for a in row) for r, row in enumerate(sched.actions)}
+    names = {f"rank {r}": {str(a) for a in row if a.op.is_compute} for r, row in enumerate(sched.actions)}
+    with blocked_page(browser) as (page, traffic):
+        page.goto((run / "report.html").as_uri())
+        timeline = page.locator("#timeline")
+        drawn = poll(
+            lambda: timeline.evaluate(TIMELINE),
+            "Plotly drawing the timeline",
+            ok=lambda t: len(t["ticks"]) == p and any(tr["name"] == last and tr["bars"] for tr in t["traces"]),
+            timeout_s=30,
+        )
+        page.screenshot(path=run / "browser-report.png", full_page=True)
+        # one row per rank
+        assert sorted(t["text"] for t in drawn["ticks"]) == sorted(want), drawn["ticks"]
+        # the last step's trace: one bar per compute action, each on its rank's row
+        (bars,) = [tr["bars"] for tr in drawn["traces"] if tr["name"] == last]
+        row_of = lambda bar: min(drawn["ticks"], key=lambda t: abs(t["y"] - bar["y"]))["text"]  # noqa: E731
+        got = {row: sum(row_of(b) == row for b in bars) for row in want}
+        assert got == want, f"bars of {last} per row: {got}, the schedule's compute actions: {want}"
+        # hovering the widest of them names its action, the step and the row
+        bar = max(bars, key=lambda b: b["w"])
+        page.mouse.move(bar["x"], bar["y"])
+        label = poll(lambda: page.locator("#timeline .hoverlayer .hovertext").first.text_content(), "a hover label")
+        row = row_of(bar)
+        action, _, where = label.partition(" (")  # "1F0 (step 3, rank 1)microbatch 0, ..."
+        assert action in names[row] and where.startswith(f"{last}, {row})"), (label, names[row])
+        # the other figures drew too, and config.yaml is on the page
+        for fig in ("breakdown", "memory"):
+            assert page.locator(f"#{fig} .main-svg").count() >= 1, fig
+        assert "schedule: 1f1b" in page.locator("#config").text_content()
+        # from disk with the network off, and it asked for nothing outside
+        assert not (traffic.blocked or traffic.failed or traffic.console_errors or traffic.page_errors), traffic
 
 
 def test_the_blocked_page_reaches_nothing_outside(browser, tmp_path):
