@@ -92,6 +92,7 @@ def blocked_page(browser, allow: tuple[str, ...] = (), viewport=(1400, 1000)) ->
     traffic = Traffic()
     allowed = re.compile("^(file://" + "".join("|" + re.escape(o.rstrip("/")) + "/" for o in allow) + ")")
     context = browser.new_context(viewport=dict(zip(("width", "height"), viewport)), service_workers="block")
+    context.set_default_timeout(15_000)  # a wait that hangs fails in seconds, not Playwright's 30
 
     def route(r):
         if allowed.match(r.request.url):
