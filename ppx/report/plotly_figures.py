@@ -275,12 +275,11 @@ def bubble_figure(series: list[dict]) -> object:
 
     fig = go.Figure()
     ms = sorted({m for s in series for m, _ in s["measured"]})
-    for s in series:
-        if s["theory"]:
+    for k, s in enumerate(series):
+        if s["theory"]:  # dashes of their own, as bubble.png's: equal curves stay told apart
             m, t = zip(*s["theory"])
-            fig.add_scatter(
-                name=f"{s['name']} theory", x=m, y=t, mode="lines", line=dict(color=s["color"], dash="dash")
-            )
+            dash = f"4px,{2 + 2 * k}px"
+            fig.add_scatter(name=f"{s['name']} theory", x=m, y=t, mode="lines", line=dict(color=s["color"], dash=dash))
         m, b = zip(*s["measured"])
         fig.add_scatter(name=s["name"], x=m, y=b, mode="markers", marker=dict(color=s["color"], size=9))
         if s["predicted"]:

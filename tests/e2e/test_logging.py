@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -132,6 +133,10 @@ def test_wandb_offline_run_holds_the_logged_history(profiled_run):
     assert final["timeline/_type"] == "image-file"  # the Gantt picture
     assert final["breakdown/_type"] == "image-file"  # the per-rank breakdown
     assert final["ranks/_type"] == "table-file" and final["ranks/nrows"] == 2  # the per-rank table
+    assert final["report/_type"] == "html-file"  # report.html, as wandb.Html
+    page = (run / "report.html").read_text()
+    assert re.search(r'<div id="timeline"[^>]* data-ranks="2"', page) and 'id="breakdown"' in page
+    assert f"ppx: report: {run / 'report.html'}\nppx: run directory: {run}" in r.stdout
     artifacts = [rec.artifact for rec in wandb_file.records(wb) if rec.WhichOneof("record_type") == "artifact"]
     assert any(a.type == "profiler-traces" for a in artifacts)
     info = wandb_file.run_info(wb)
@@ -214,6 +219,7 @@ def test_small_sweep_and_compare(tmp_path):
     assert c.returncode == 0, c.stderr
     assert c.stdout.count("synthetic") == 3
     assert (out / "compare.png").exists() and (out / "compare.md").exists()
+    assert f"ppx: report: {out / 'report.html'}" in c.stdout and 'id="bubble"' in (out / "report.html").read_text()
     assert f"ppx: wrote {out / 'compare.md'}, {out / 'compare.json'}, {out / 'compare.png'}" in c.stdout
     before = (out / "compare.md").read_text()
     again = ppx("compare", str(sweep), "--out", str(out))  # never over an earlier comparison
