@@ -24,8 +24,8 @@ import html
 import os
 from pathlib import Path
 
-from ppx.measure.metrics import over_ideal
 from ppx.report.gantt import legend_entries
+from ppx.report.summary_table import summary_rows
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 1.5em auto;
@@ -98,49 +98,6 @@ def _table(table_id: str, header: list[str], rows: list[list[str]], left=(0,), *
     return f'<table id="{table_id}"{attrs}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _ms(s) -> str:
-    return "" if s is None else f"{s * 1e3:.3f} ms"
-
-
-def _pct(f) -> str:
-    return "" if f is None else f"{f:.1%}"
-
-
-def summary_rows(summary: dict) -> list[list[str]]:
-    """Theory against measured: [what, measured, predicted, theory]."""
-    pred = summary.get("predicted") or {}
-    err = summary.get("prediction_error") or {}
-    rows = [["step time (median)", _ms(summary.get("step_time_s")), "", _ms(summary.get("ideal_step_time_s"))]]
-    if pred:
-        measured = _ms(summary.get("measured_step_time_s"))
-        rows.append(["step time (timeline steps, mean)", measured, f"{_ms(pred.get('step_time_s'))}", ""])
-        rows.append(["measured against predicted", f"{err.get('step_time', 0):+.1%}", "", ""])
-    b = summary.get("bubble_fraction")
-    rows.append(
-        [
-            "bubble, idle / step time",
-            _pct(b),
-            _pct(pred.get("bubble_fraction")),
-            _pct(summary.get("bubble_fraction_theory")),
-        ]
-    )
-    if "measured_bubble_fraction" in summary:
-        rows.append(["bubble, idle / step time (timeline steps)", _pct(summary["measured_bubble_fraction"]), "", ""])
-    rows.append(
-        [
-            "bubble, idle / busy time",
-            _pct(summary.get("bubble_over_ideal")),
-            _pct(over_ideal(pred.get("bubble_fraction"))),
-            _pct(summary.get("bubble_over_ideal_theory")),
-        ]
-    )
-    tput = summary.get("throughput_samples_per_s")
-    rows.append(["throughput", "" if tput is None else f"{tput:.1f} samples/s", "", ""])
-    loss = next((x for x in reversed(summary.get("losses") or []) if x is not None), None)
-    rows.append(["final loss", "" if loss is None else f"{loss:.6f}", "", ""])
-    return [[html.escape(c) for c in row] for row in rows]
-
-
 def _key(spans_by_rank: dict, multi: bool, transfer: bool) -> str:
     from ppx.report.gantt import COLORS
 
@@ -177,7 +134,11 @@ def write_run_html(
     )
     page.heading("theory vs measured")
     page.add(
-        _table("summary", ["", "measured", "predicted (simulator, measured costs)", "theory"], summary_rows(summary))
+        _table(
+            "summary",
+            ["", "measured", "predicted (simulator, measured costs)", "theory"],
+            [[html.escape(c) for c in row] for row in summary_rows(summary)],
+        )
     )
     notes = [summary.get("bubble_theory_basis") and f"Theory: {summary['bubble_theory_basis']}."]
     notes.append(summary.get("bubble_normalisation") and f"Bubble: {summary['bubble_normalisation']}.")

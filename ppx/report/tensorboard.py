@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ppx.measure.metrics import over_ideal
+from ppx.report.summary_table import summary_rows
 
 RUN_IMAGES = ("timeline", "breakdown")
 COMPARE_IMAGES = ("compare", "bubble")
@@ -36,52 +36,9 @@ def add_png(writer, tag: str, png: Path, step: int = 0) -> bool:
     return True
 
 
-def _ms(s) -> str:
-    return "" if s is None else f"{s * 1e3:.3f} ms"
-
-
-def _pct(f) -> str:
-    return "" if f is None else f"{f:.1%}"
-
-
 def summary_markdown(summary: dict, config_yaml: str | None = None) -> str:
     """The run's summary as markdown: theory against measured, then the config as YAML."""
-    pred = summary.get("predicted") or {}
-    err = summary.get("prediction_error") or {}
-    rows = [
-        ("step time (median)", _ms(summary.get("step_time_s")), "", _ms(summary.get("ideal_step_time_s"))),
-    ]
-    if pred:
-        rows.append(
-            (
-                "step time (timeline steps, mean)",
-                _ms(summary.get("measured_step_time_s")),
-                f"{_ms(pred.get('step_time_s'))} (measured {err.get('step_time', 0):+.1%})",
-                "",
-            )
-        )
-    rows.append(
-        (
-            "bubble, idle / step time",
-            _pct(summary.get("bubble_fraction")),
-            _pct(pred.get("bubble_fraction")),
-            _pct(summary.get("bubble_fraction_theory")),
-        )
-    )
-    if "measured_bubble_fraction" in summary:
-        rows.append(("bubble, idle / step time (timeline steps)", _pct(summary["measured_bubble_fraction"]), "", ""))
-    rows.append(
-        (
-            "bubble, idle / busy time",
-            _pct(summary.get("bubble_over_ideal")),
-            _pct(over_ideal(pred.get("bubble_fraction"))),
-            _pct(summary.get("bubble_over_ideal_theory")),
-        )
-    )
-    tput = summary.get("throughput_samples_per_s")
-    rows.append(("throughput", "" if tput is None else f"{tput:.1f} samples/s", "", ""))
-    loss = next((x for x in reversed(summary.get("losses") or []) if x is not None), None)
-    rows.append(("final loss", "" if loss is None else f"{loss:.6f}", "", ""))
+    rows = summary_rows(summary)
     v = summary.get("virtual_stages") or 1
     lines = [
         f"**{summary.get('experiment')}**: {summary.get('schedule')}, {summary.get('stages')} stages"

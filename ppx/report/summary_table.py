@@ -1,0 +1,49 @@
+"""A run summary's theory-against-measured table as rows of text: what report.html and
+TensorBoard's text summary both show."""
+
+from __future__ import annotations
+
+from ppx.measure.metrics import over_ideal
+
+
+def _ms(s) -> str:
+    return "" if s is None else f"{s * 1e3:.3f} ms"
+
+
+def _pct(f) -> str:
+    return "" if f is None else f"{f:.1%}"
+
+
+def summary_rows(summary: dict) -> list[list[str]]:
+    """Theory against measured, as text: [what, measured, predicted, theory]."""
+    pred = summary.get("predicted") or {}
+    err = summary.get("prediction_error") or {}
+    rows = [["step time (median)", _ms(summary.get("step_time_s")), "", _ms(summary.get("ideal_step_time_s"))]]
+    if pred:
+        measured = _ms(summary.get("measured_step_time_s"))
+        rows.append(["step time (timeline steps, mean)", measured, f"{_ms(pred.get('step_time_s'))}", ""])
+        rows.append(["measured against predicted", f"{err.get('step_time', 0):+.1%}", "", ""])
+    b = summary.get("bubble_fraction")
+    rows.append(
+        [
+            "bubble, idle / step time",
+            _pct(b),
+            _pct(pred.get("bubble_fraction")),
+            _pct(summary.get("bubble_fraction_theory")),
+        ]
+    )
+    if "measured_bubble_fraction" in summary:
+        rows.append(["bubble, idle / step time (timeline steps)", _pct(summary["measured_bubble_fraction"]), "", ""])
+    rows.append(
+        [
+            "bubble, idle / busy time",
+            _pct(summary.get("bubble_over_ideal")),
+            _pct(over_ideal(pred.get("bubble_fraction"))),
+            _pct(summary.get("bubble_over_ideal_theory")),
+        ]
+    )
+    tput = summary.get("throughput_samples_per_s")
+    rows.append(["throughput", "" if tput is None else f"{tput:.1f} samples/s", "", ""])
+    loss = next((x for x in reversed(summary.get("losses") or []) if x is not None), None)
+    rows.append(["final loss", "" if loss is None else f"{loss:.6f}", "", ""])
+    return rows
