@@ -26,7 +26,7 @@ def compute_only_idle(run: dict) -> float | None:
     costs = dataclasses.replace(
         costs_from(run["measured_costs"], run["stages"]), overhead=0.0, p2p=0.0, send_post=0.0, recv_post=0.0
     )
-    t = schedules.simulate(schedules.add_comms(schedules.build(run["schedule"], p, m, v)), costs, "gloo", -1)
+    t = schedules.simulate(schedules.build(run["schedule"], p, m, v, "gloo"), costs, "gloo", -1)
     return sum(t.idle(r) for r in range(p))
 
 

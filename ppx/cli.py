@@ -50,6 +50,13 @@ def parser() -> argparse.ArgumentParser:
     sch.add_argument(
         "--wgrad", type=int, default=0, help="weight-gradient cost in grid slots, B = bwd + wgrad (default 0)"
     )
+    sch.add_argument(
+        "--transport",
+        choices=["nccl", "gloo"],
+        default="nccl",
+        help="place and check sends/receives to run on nccl (batches complete in order; default, and then "
+        "gloo runs it too) or gloo (each send/receive on its own, activations and gradients on their own groups)",
+    )
     sch.add_argument("--actions", action="store_true", help="also list every rank's actions, comms included")
     sch.add_argument("--csv", help="write the schedule as torch-style CSV to this file")
     sch.add_argument("--with-comms", action="store_true", help="with --csv: include SEND/RECV actions")

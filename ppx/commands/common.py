@@ -9,14 +9,15 @@ from pathlib import Path
 from ppx.errors import UserError
 
 
-def schedule_from(name: str, stages, microbatches, virtual):
+def schedule_from(name: str, stages, microbatches, virtual, transport: str = "nccl"):
     """A schedule CSV, or a named schedule; torch.distributed.pipelining's schedules as the ppx
     list of the same order. ``stages``/``microbatches`` None: 4 and 8, or the CSV's (which
-    given ones must match); ``virtual`` None: 2 for interleaved schedules, else 1 (as ppx run)."""
+    given ones must match); ``virtual`` None: 2 for interleaved schedules, else 1 (as ppx run).
+    Sends and receives are placed, and checked, to run under ``transport``."""
     from ppx import schedules
 
     if schedules.is_csv(name):
-        sched = schedules.from_csv(name)
+        sched = schedules.from_csv(name, transport)
         v = sched.stages_per_rank
         for option, given, has in (
             ("--stages", stages, sched.num_ranks),
@@ -36,7 +37,7 @@ def schedule_from(name: str, stages, microbatches, virtual):
             f"{name}: torch.distributed.pipelining's schedule runs the order of ppx's {schedules.family_name(name)}",
             flush=True,
         )
-    return schedules.build(name, stages, microbatches, virtual)
+    return schedules.build(name, stages, microbatches, virtual, transport)
 
 
 def output_path(option: str, path) -> None:

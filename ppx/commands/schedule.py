@@ -18,7 +18,7 @@ def cmd_schedule(args) -> int:
         raise UserError(
             f"--fwd and --bwd must be >= 1 grid slot and --wgrad >= 0 (got {args.fwd}, {args.bwd}, {args.wgrad})"
         )
-    sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual)
+    sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual, args.transport)
     args.virtual = sched.stages_per_rank
     costs = schedules.Costs(fwd=args.fwd, bwd=args.bwd, wgrad=args.wgrad)
     p, m = sched.num_ranks, sched.num_microbatches

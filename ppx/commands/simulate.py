@@ -59,7 +59,7 @@ def cmd_simulate(args) -> int:
                     f"{args.from_run} ran {ran[0]} ranks with {ran[1]} stage(s) each; its costs are per "
                     "stage, so leave out --stages/--virtual or give the same"
                 )
-    sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual)
+    sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual, args.transport or "nccl")
     if args.from_run and (sched.num_ranks, sched.stages_per_rank) != ran:
         raise UserError(
             f"{args.from_run} ran {ran[0]} ranks with {ran[1]} stage(s) each, {args.name} has "

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ppx.errors import ScheduleError
 from ppx.schedules.action import Action
-from ppx.schedules.lowering import add_comms
+from ppx.schedules.placement import place_comms
 from ppx.schedules.schedule import Schedule
 from ppx.schedules.validate import validate
 
@@ -76,8 +76,9 @@ def read_csv(path: str | Path, name: str | None = None) -> Schedule:
     )
 
 
-def from_csv(path: str | Path) -> Schedule:
-    """Load, complete (comms) and validate a schedule written as torch-style CSV."""
+def from_csv(path: str | Path, transport: str = "nccl") -> Schedule:
+    """Load, complete (comms placed to run under ``transport``) and validate a schedule
+    written as torch-style CSV; one with comms is checked as written."""
     loaded = read_csv(path)
     for r, row in enumerate(loaded.actions):  # as written, before the comms it implies are added
         counts = Counter(row)
@@ -85,6 +86,7 @@ def from_csv(path: str | Path) -> Schedule:
             if counts[a] > 1:
                 raise ScheduleError(f"schedule CSV {path}: rank {r} step {k} ({a}): {a} appears {counts[a]} times")
     has_comms = any(a.op.is_comm for row in loaded.actions for a in row)
-    schedule = loaded if has_comms else add_comms(loaded)
-    validate(schedule)
-    return schedule
+    if not has_comms:
+        return place_comms(loaded, transport)
+    validate(loaded, transport)
+    return loaded

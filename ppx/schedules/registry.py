@@ -13,9 +13,9 @@ from ppx.schedules.costs import Costs
 from ppx.schedules.interleaved import interleaved_1f1b
 from ppx.schedules.interleaved import shape_error as interleaved_shape_error
 from ppx.schedules.lowering import add_comms
+from ppx.schedules.placement import place_comms
 from ppx.schedules.schedule import Schedule
 from ppx.schedules.simulate import simulate
-from ppx.schedules.validate import validate
 from ppx.schedules.zero_bubble import zb_h1
 
 
@@ -149,9 +149,12 @@ def default_virtual(name: str) -> int:
     return fam.default_virtual if fam else 1
 
 
-def build(name: str, stages: int, microbatches: int, virtual_stages: int | None = None) -> Schedule:
+def build(
+    name: str, stages: int, microbatches: int, virtual_stages: int | None = None, transport: str = "nccl"
+) -> Schedule:
     """The validated schedule ``name`` (a family or a torch alias) for ``stages`` ranks,
-    ``microbatches`` and ``virtual_stages`` stages per rank (None: the default), with comms."""
+    ``microbatches`` and ``virtual_stages`` stages per rank (None: the default), with comms
+    placed to run under ``transport`` ("nccl", the strict one, or "gloo")."""
     v = default_virtual(name) if virtual_stages is None else virtual_stages
     if stages < 1 or microbatches < 1 or v < 1:
         raise ScheduleError(f"stages ({stages}), microbatches ({microbatches}) and virtual stages ({v}) must be >= 1")
@@ -165,9 +168,7 @@ def build(name: str, stages: int, microbatches: int, virtual_stages: int | None 
     why = fam.shape_error(stages, microbatches, v)
     if why:
         raise ScheduleError(why)
-    schedule = add_comms(fam.make(stages, microbatches, v))
-    validate(schedule)
-    return schedule
+    return place_comms(fam.make(stages, microbatches, v), transport)
 
 
 def formula_family(name: str) -> Family | None:

@@ -15,15 +15,18 @@ def _where(r: int, k: int, a: Action) -> str:
     return f"rank {r} step {k} ({a})"
 
 
-def validate(schedule: Schedule) -> None:
-    """Raise ScheduleError unless ``schedule`` (with comm actions) is complete and runnable.
+def validate(schedule: Schedule, transport: str = "nccl") -> None:
+    """Raise ScheduleError unless ``schedule`` (with comm actions) is complete and runs under
+    ``transport`` ("nccl", the strict one, or "gloo"): `check_structure`, then `check_runs`."""
+    check_structure(schedule)
+    check_runs(schedule, transport)
 
-    Checks: every stage lives on the rank that runs its actions; each stage runs F exactly
-    once per microbatch and, for training, exactly one full backward B or one I and one W;
-    F comes before the backward of the same microbatch, I before W; every cross-rank hand-off
-    has its send after the producer and its receive before the consumer; sends and receives
-    on each (src, dst) channel pair up in the same order; and a dry run cannot deadlock.
-    """
+
+def check_structure(schedule: Schedule) -> None:
+    """Every stage lives on the rank that runs its actions; each stage runs F exactly once per
+    microbatch and, for training, exactly one full backward B or one I and one W; F comes
+    before the backward of the same microbatch, I before W; every cross-rank hand-off has its
+    send after the producer and its receive before the consumer."""
     s2r, m = schedule.stage_to_rank, schedule.num_microbatches
     if not s2r or any(not 0 <= r < schedule.num_ranks for r in s2r):
         raise ScheduleError(f"stage_to_rank {list(s2r)} must map every stage to one of {schedule.num_ranks} ranks")
@@ -46,8 +49,14 @@ def validate(schedule: Schedule) -> None:
                 _check_comm_position(r, k, a, row, schedule)
             seen[(a.stage, a.mb)][a.op] = (r, k)
     _check_complete(schedule, seen)
-    _check_channels(schedule)
-    simulate(schedule)
+
+
+def check_runs(schedule: Schedule, transport: str = "nccl") -> None:
+    """Sends and receives pair up in the same order on every channel the transport matches
+    in order (NCCL: each pair of ranks; gloo: each pair and kind, activations and gradients
+    travelling on groups of their own), and a dry run under ``transport`` cannot deadlock."""
+    _check_channels(schedule, by_kind=transport == "gloo")
+    simulate(schedule, transport=transport)
 
 
 def _check_compute_order(r, k, a, seen, training):
@@ -108,19 +117,22 @@ def _check_complete(schedule: Schedule, seen) -> None:
                     )
 
 
-def _check_channels(schedule: Schedule) -> None:
-    """Sends from a to b must appear in the same order as b's receives from a (NCCL has no tags)."""
+def _check_channels(schedule: Schedule, by_kind: bool = False) -> None:
+    """Sends from a to b must appear in the same order as b's receives from a (NCCL has no
+    tags); ``by_kind``: per kind of message instead (gloo's two groups, activations and
+    gradients)."""
     sends, recvs = defaultdict(list), defaultdict(list)
     for r, row in enumerate(schedule.actions):
         for k, a in enumerate(row):
             if a.op.is_comm:
                 peer, other = peer_of(a, schedule.stage_to_rank)
+                kind = a.op in (Op.SEND_B, Op.RECV_B) if by_kind else None
                 if a.op.is_send:
-                    sends[(r, peer)].append((a, other, k))
+                    sends[(r, peer, kind)].append((a, other, k))
                 else:
-                    recvs[(peer, r)].append((other, a, k))
-    for (src, dst), sent in sends.items():
-        got = recvs.get((src, dst), [])
+                    recvs[(peer, r, kind)].append((other, a, k))
+    for (src, dst, kind), sent in sends.items():
+        got = recvs.get((src, dst, kind), [])
         for (snd, want, k), (_, rcv, k2) in zip(sent, got):
             if want != rcv:
                 raise ScheduleError(
