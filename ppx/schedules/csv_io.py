@@ -2,10 +2,11 @@
 one action string per cell (``0F0,0F1,0B0,...``); empty cells are idle slots.
 
 torch's runtime (``_PipelineScheduleRuntime``) also schedules per-stage bookkeeping actions:
-``{stage}REDUCE_GRAD`` after a stage's last B or W (where it scales the accumulated
-gradients by 1/microbatches) and ``UNSHARD``/``RESHARD`` for FSDP. A CSV with comms, which
-torch loads as is, must carry REDUCE_GRAD, so `write_csv` adds it there; `read_csv` skips
-all three (ppx scales the loss by 1/microbatches instead and does no FSDP)."""
+``{stage}REDUCE_GRAD`` after a stage's last B or W and that backward's gradient send,
+where torch's own lowering puts it (it scales the accumulated gradients by 1/microbatches;
+placed before the send, it would hold the send back), and ``UNSHARD``/``RESHARD`` for FSDP.
+A CSV with comms, which torch loads as is, must carry REDUCE_GRAD, so `write_csv` adds it
+there; `read_csv` skips all three (ppx scales the loss by 1/microbatches instead and does no FSDP)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,15 @@ TORCH_ONLY = ("REDUCE_GRAD", "UNSHARD", "RESHARD")
 
 def torch_rows(schedule: Schedule) -> list[list[str]]:
     """The action strings per rank as torch's runtime expects them: with comms, a
-    REDUCE_GRAD after each stage's last B/W when training."""
+    REDUCE_GRAD per stage when training, after the stage's last B/W and its last gradient
+    send (torch's lowering appends it after the backward's send: `_add_reduce_grad`, then
+    `_add_send_recv`), so no send waits for the reduction."""
     with_comms = any(a.op.is_comm for row in schedule.actions for a in row)
     rows = []
     for row in schedule.actions:
         last = {}
         if with_comms and schedule.training:
-            last = {a.stage: k for k, a in enumerate(row) if a.op.value in ("B", "W")}
+            last = {a.stage: k for k, a in enumerate(row) if a.op.value in ("B", "W", "SEND_B")}
         cells = []
         for k, a in enumerate(row):
             cells.append(str(a))

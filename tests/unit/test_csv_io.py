@@ -33,3 +33,39 @@ def test_csv_names_a_duplicate_as_written(tmp_path):
     path.write_text("0F0,0F1,0B0,0B1\n1F0,1F1,1F1,1B0,1B1\n")
     with pytest.raises(ScheduleError, match=r"rank 1 step 1 \(1F1\): 1F1 appears 2 times"):
         schedules.from_csv(path)
+
+
+def _before_reduce_grad(rows: list[list[str]]) -> dict[str, str]:
+    """For each ``{stage}REDUCE_GRAD``, the stage's own action right before it (receives,
+    which torch's lowering and ppx place differently, skipped)."""
+    out = {}
+    for row in rows:
+        for k, cell in enumerate(row):
+            if cell.endswith("REDUCE_GRAD"):
+                stage = cell[: -len("REDUCE_GRAD")]
+                out[cell] = next(c for c in reversed(row[:k]) if "RECV" not in c and c.startswith(stage))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "p", "m", "v"), [("1f1b", 3, 4, None), ("zb_h1", 3, 4, None), ("interleaved_1f1b", 2, 4, 2)]
+)
+def test_reduce_grad_goes_where_torch_puts_it(name, p, m, v):
+    # after the stage's last backward *and its gradient send*: before the send, torch's
+    # executor would make the send wait for the reduction
+    from torch.distributed.pipelining.schedules import _Action, _add_reduce_grad, _add_send_recv
+
+    from ppx.schedules.csv_io import torch_rows
+
+    sched = schedules.build(name, p, m, v)
+    compute = {r: [_Action.from_str(str(a)) for a in row] for r, row in enumerate(sched.compute_only().actions)}
+    lowered = _add_send_recv(
+        {r: _add_reduce_grad(row, m) for r, row in compute.items()},
+        stage_to_rank=lambda s: sched.stage_to_rank[s],
+        num_stages=sched.num_stages,
+    )
+    theirs = _before_reduce_grad([[str(a) for a in lowered[r]] for r in sorted(lowered)])
+    ours = _before_reduce_grad(torch_rows(sched))
+    assert ours == theirs
+    if name == "1f1b":
+        assert ours == {"0REDUCE_GRAD": "0B3", "1REDUCE_GRAD": "1SEND_B3", "2REDUCE_GRAD": "2SEND_B3"}
