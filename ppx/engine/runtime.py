@@ -78,9 +78,14 @@ class Runtime:
         self.clock = clock  # the one the stage modules were built with: their charges go to its actions
         self.device, self.boundary = device, boundary
         self.observers = list(observers)
-        self.program = compile_program(schedule.actions[rank], schedule.stage_to_rank, recv_lookahead)
+        self.program = compile_program(
+            schedule.actions[rank], schedule.stage_to_rank, recv_lookahead, schedule.cells(rank)
+        )
         self.last_stage = schedule.num_stages - 1
         self._handlers = {"post": self._post, "wait": self._wait, "compute": self._compute, "drain": self._drain}
+        # overlapped cells on CUDA: the forward runs on a second stream beside the backward
+        cells = device.type == "cuda" and any(it.overlap for it in self.program)
+        self._side = torch.cuda.Stream(device) if cells else None
         self.step_index = -1
 
     # -- one step -------------------------------------------------------------------------
@@ -99,7 +104,10 @@ class Runtime:
         item = None
         try:
             for item in self.program:
-                run_observed(observers, item, handlers[item.kind], item)
+                if item.overlap and self._side is not None:
+                    self._overlapped(item)
+                else:
+                    run_observed(observers, item, handlers[item.kind], item)
         except ActionFailed:
             raise
         except Exception as e:
@@ -144,6 +152,20 @@ class Runtime:
         a = item.actions[0]
         with self.clock.action(PART_OF[a.op]):
             self._run_action(a)
+
+    def _overlapped(self, item: Item) -> None:
+        """One part of an overlapped cell on CUDA: the forward (part 1) on the side stream,
+        after everything queued on the compute stream so far (its inputs among them); the
+        backward (part 2) on the compute stream, which then waits for the forward. The two
+        overlap on the GPU; observers (CUDA-event timers) record on each part's own stream."""
+        main = torch.cuda.current_stream(self.device)
+        if item.overlap == 1:
+            self._side.wait_stream(main)
+            with torch.cuda.stream(self._side):
+                run_observed(self.observers, item, self._compute, item)
+        else:
+            run_observed(self.observers, item, self._compute, item)
+            main.wait_stream(self._side)
 
     def in_flight(self) -> int:
         """Microbatches whose activations this rank holds for a backward still to come."""

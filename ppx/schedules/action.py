@@ -4,7 +4,9 @@
 Compute ops: F (forward), B (full backward), I (input-gradient backward), W (weight-gradient
 backward). Communication ops: SEND_F/RECV_F move a stage's activation to/from the next stage,
 SEND_B/RECV_B move a gradient to/from the previous stage; ``2RECV_F5`` is the receive of
-microbatch 5's input on stage 2.
+microbatch 5's input on stage 2. An overlapped cell, torch's ``(0F3;3B1)OVERLAP_F_B``, is a
+forward and a backward of another microbatch run together: two actions here, which the
+schedule marks as one cell (`Schedule.overlaps`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class Op(str, enum.Enum):
 
 COMPUTE_OPS = frozenset({Op.F, Op.B, Op.I, Op.W})
 
+OVERLAP = "OVERLAP_F_B"
+_OVERLAP_RE = re.compile(r"^\s*\(([^;()]+);([^;()]+)\)" + OVERLAP + r"\s*$")
 _ACTION_RE = re.compile(r"^\s*(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)\s*$")
 
 
@@ -85,3 +89,22 @@ def I(stage: int, mb: int) -> Action:  # noqa: E743
 
 def W(stage: int, mb: int) -> Action:
     return Action(stage, Op.W, mb)
+
+
+def overlap_string(forward: Action, backward: Action) -> str:
+    """torch's string of an overlapped cell: ``(0F3;3B1)OVERLAP_F_B``."""
+    return f"({forward};{backward}){OVERLAP}"
+
+
+def parse_cell(text: str) -> tuple[Action, ...]:
+    """One action, or the two of an overlapped cell ``(0F3;3B1)OVERLAP_F_B`` (a forward, then
+    a full or input-gradient backward)."""
+    m = _OVERLAP_RE.match(text)
+    if not m:
+        return (Action.parse(text),)
+    f, b = Action.parse(m.group(1)), Action.parse(m.group(2))
+    if f.op is not Op.F or b.op not in (Op.B, Op.I):
+        raise ScheduleError(
+            f"cannot parse action {text!r}: an overlapped cell is a forward and a backward, e.g. (0F3;3B1){OVERLAP}"
+        )
+    return (f, b)

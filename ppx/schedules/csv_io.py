@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from ppx.errors import ScheduleError
-from ppx.schedules.action import Action
+from ppx.schedules.action import overlap_string, parse_cell
 from ppx.schedules.placement import place_comms
 from ppx.schedules.schedule import Schedule
 from ppx.schedules.validate import validate
@@ -30,16 +30,19 @@ def torch_rows(schedule: Schedule) -> list[list[str]]:
     `_add_send_recv`), so no send waits for the reduction."""
     with_comms = any(a.op.is_comm for row in schedule.actions for a in row)
     rows = []
-    for row in schedule.actions:
+    for r, row in enumerate(schedule.actions):
         last = {}
         if with_comms and schedule.training:
             last = {a.stage: k for k, a in enumerate(row) if a.op.value in ("B", "W", "SEND_B")}
-        cells = []
-        for k, a in enumerate(row):
-            cells.append(str(a))
-            if last.get(a.stage) == k:
-                cells.append(f"{a.stage}REDUCE_GRAD")
-        rows.append(cells)
+        out, k, n, cells = [], 0, 0, schedule.cells(r)
+        while k < len(row):
+            width = 2 if row[k].op.is_compute and n in cells else 1  # an overlapped cell: one string
+            part = row[k : k + width]
+            out.append(overlap_string(*part) if width == 2 else str(row[k]))
+            out += [f"{a.stage}REDUCE_GRAD" for j, a in enumerate(part, k) if last.get(a.stage) == j]
+            n += sum(a.op.is_compute for a in part)
+            k += width
+        rows.append(out)
     return rows
 
 
@@ -55,12 +58,22 @@ def read_csv(path: str | Path, name: str | None = None) -> Schedule:
     path = Path(path)
     try:
         with open(path, newline="") as f:
-            rows = [
-                [Action.parse(c) for c in row if c.strip() and c.strip().lstrip("0123456789") not in TORCH_ONLY]
+            texts = [
+                [c for c in row if c.strip() and c.strip().lstrip("0123456789") not in TORCH_ONLY]
                 for row in csv.reader(f)
             ]
     except OSError as e:
         raise ScheduleError(f"cannot read schedule CSV {path}: {e.strerror}") from None
+    rows, overlaps = [], []  # actions per rank; compute indices starting an overlapped cell
+    for row in texts:
+        actions, cells = [], set()
+        for c in row:
+            parts = parse_cell(c)
+            if len(parts) == 2:
+                cells.add(sum(a.op.is_compute for a in actions))
+            actions += parts
+        rows.append(actions)
+        overlaps.append(frozenset(cells))
     if not rows or not any(rows):
         raise ScheduleError(f"schedule CSV {path} holds no actions")
     owner: dict[int, int] = {}
@@ -75,7 +88,12 @@ def read_csv(path: str | Path, name: str | None = None) -> Schedule:
     m = max(a.mb for row in rows for a in row) + 1
     training = any(a.op.is_backward for row in rows for a in row)
     return Schedule(
-        name or path.stem, m, tuple(owner[s] for s in range(stages)), tuple(tuple(r) for r in rows), training
+        name or path.stem,
+        m,
+        tuple(owner[s] for s in range(stages)),
+        tuple(tuple(r) for r in rows),
+        training,
+        overlaps=tuple(overlaps) if any(overlaps) else None,
     )
 
 

@@ -47,9 +47,7 @@ def add_comms(schedule: Schedule) -> Schedule:
     rows = []
     for r, row in enumerate(schedule.actions):
         compute = [a for a in row if a.op.is_compute]
-        sizes = schedule.groups[r] if schedule.groups else [1] * len(compute)
-        if sum(sizes) != len(compute):
-            raise ValueError(f"rank {r}: groups {list(sizes)} do not cover its {len(compute)} compute actions")
+        sizes = group_sizes(schedule, r, len(compute))
         groups, k = [], 0
         for n in sizes:
             groups.append(compute[k : k + n])
@@ -62,6 +60,28 @@ def add_comms(schedule: Schedule) -> Schedule:
                 out += receives(groups[j + 1])
         rows.append(out)
     return schedule.with_actions(rows)
+
+
+def group_sizes(schedule: Schedule, rank: int, n: int) -> list[int]:
+    """Sizes of the consecutive groups of rank ``rank``'s ``n`` compute actions whose comms go
+    out together: ``schedule.groups``, else one per action and two per overlapped cell."""
+    cells = schedule.cells(rank)
+    if schedule.groups:
+        sizes = list(schedule.groups[rank])
+        if sum(sizes) != n:
+            raise ValueError(f"rank {rank}: groups {sizes} do not cover its {n} compute actions")
+        starts, k = set(), 0
+        for size in sizes:
+            starts.update(range(k + 1, k + size))  # positions inside a group
+            k += size
+        if any(k + 1 not in starts for k in cells):
+            raise ValueError(f"rank {rank}: an overlapped cell straddles two of the groups {sizes}")
+        return sizes
+    sizes, k = [], 0
+    while k < n:
+        sizes.append(2 if k in cells else 1)
+        k += sizes[-1]
+    return sizes
 
 
 def peer_of(action: Action, stage_to_rank) -> tuple[int, Action]:
@@ -102,14 +122,15 @@ def comm_batches(row) -> list[tuple[int, int]]:
     return spans
 
 
-def receive_early(row: Sequence[Action], lookahead: int) -> list[Action]:
+def receive_early(row: Sequence[Action], lookahead: int, cells: frozenset[int] = frozenset()) -> list[Action]:
     """``row`` with its receives posted earlier, keeping their order; waits stay before the
     consumers, so the blocking points are the lowered list's: only the posting moves.
 
     ``lookahead`` = k > 0: each receive moves k compute actions earlier (to the start of the
     row at most), ahead of the sends it lands next to. k < 0: every receive of the row is
     posted at once, after the sends that precede the rank's first wait, where the rank idles
-    anyway (all of a step's receive buffers are then allocated together).
+    anyway (all of a step's receive buffers are then allocated together). ``cells``: compute
+    indices starting an overlapped cell; no receive lands between its two actions.
 
     On gloo this matters: a send goes out only once its receive is posted (gloo's transport is
     rendezvous: a receive tells the sender it is ready), so a receive posted while the stage
@@ -122,11 +143,13 @@ def receive_early(row: Sequence[Action], lookahead: int) -> list[Action]:
     rest = [a for a, r in zip(row, is_recv) if not r]
     if not recvs:
         return list(row)
+    computes = [k for k, a in enumerate(rest) if a.op.is_compute]
+    inside = {computes[c + 1] for c in cells if c + 1 < len(computes)}  # a cell's backward: never in front of it
     if lookahead < 0:
         received = set(recvs)
         first = next(k for k, a in enumerate(rest) if input_receive(a) in received)
+        first = computes[computes.index(first) - 1] if first in inside else first
         return rest[:first] + recvs + rest[first:]
-    computes = [k for k, a in enumerate(rest) if a.op.is_compute]
     moved: dict[int, list[Action]] = {}  # index in ``rest`` -> receives posted before it
     seen = 0  # computes before the current receive in ``row``
     for a, r in zip(row, is_recv):
@@ -134,6 +157,8 @@ def receive_early(row: Sequence[Action], lookahead: int) -> list[Action]:
             seen += a.op.is_compute
             continue
         k = computes[max(seen - lookahead, 0)]
+        if k in inside:
+            k = computes[computes.index(k) - 1]
         while k > 0 and rest[k - 1].op.is_comm:  # ahead of the sends posted there
             k -= 1
         moved.setdefault(k, []).append(a)

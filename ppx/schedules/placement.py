@@ -75,20 +75,21 @@ def lockstep_comms(schedule: Schedule) -> Schedule:
         for r, row in enumerate(rows):
             if pos[r] == len(row):
                 continue
-            a = row[pos[r]]
-            need = _input_of(a, last)
-            if need is None or done.get(need, t) < t:
-                runs.append((r, a))
+            unit = row[pos[r] : pos[r] + (2 if pos[r] in schedule.cells(r) else 1)]  # a cell runs whole
+            needs = [_input_of(a, last) for a in unit]
+            if all(need is None or done.get(need, t) < t for need in needs):
+                runs.append((r, unit))
         if not runs:
-            raise ScheduleError(_stuck(rows, pos, s2r, last))
-        for r, a in runs:
-            pos[r] += 1
-            done[_output_of(a)] = t
-            for snd, rcv in _messages(a, s2r, last):
-                batch[r].append(snd)
-                batch[s2r[rcv.stage]].append(rcv)
-        for r, a in runs:
-            out[r].append(a)  # the round's compute, then the round's batch
+            raise ScheduleError(_stuck(schedule, rows, pos, last, done))
+        for r, unit in runs:
+            pos[r] += len(unit)
+            for a in unit:
+                done[_output_of(a)] = t
+                for snd, rcv in _messages(a, s2r, last):
+                    batch[r].append(snd)
+                    batch[s2r[rcv.stage]].append(rcv)
+        for r, unit in runs:
+            out[r] += unit  # the round's compute, then the round's batch
         for r in range(len(rows)):
             out[r] += sorted(batch[r], key=_key)
             batch[r] = []
@@ -111,13 +112,19 @@ def _input_of(a: Action, last: int) -> tuple | None:
     return None
 
 
-def _stuck(rows, pos, s2r, last) -> str:
-    """Why no rank can run its next action: each waits for an input not yet produced."""
+def _stuck(schedule: Schedule, rows, pos, last: int, done: dict) -> str:
+    """Why no rank can run its next action (or cell): each waits for an input not yet produced."""
     waits = []
     for r, row in enumerate(rows):
-        if pos[r] < len(row):
-            a = row[pos[r]]
-            stage, kind, i = _input_of(a, last)
-            producer = f"{stage}{'F' if kind == 'F' else 'B/I'}{i}"
-            waits.append(f"rank {r} step {pos[r]} ({a}) waits for {producer} on rank {s2r[stage]}")
+        if pos[r] == len(row):
+            continue
+        for k in range(pos[r], pos[r] + (2 if pos[r] in schedule.cells(r) else 1)):
+            need = _input_of(row[k], last)
+            if need is not None and need not in done:
+                stage, kind, i = need
+                producer = f"{stage}{'F' if kind == 'F' else 'B/I'}{i}"
+                waits.append(
+                    f"rank {r} step {k} ({row[k]}) waits for {producer} on rank {schedule.stage_to_rank[stage]}"
+                )
+                break
     return "compute order deadlocks whatever the transport: " + "; ".join(waits)

@@ -2,7 +2,9 @@
 the simulator execute:
   ``post``    one batch of consecutive SEND/RECV actions, posted together;
   ``wait``    block until a received tensor has arrived (inserted before its consumer);
-  ``compute`` F, B, I or W of one microbatch on one stage;
+  ``compute`` F, B, I or W of one microbatch on one stage (an overlapped cell is two compute
+              items, its forward then its backward, marked ``overlap`` 1 and 2, after the
+              waits for both inputs);
   ``drain``   end of step: wait until every send has completed.
 """
 
@@ -22,6 +24,7 @@ class Item:
     kind: str  # "post" | "wait" | "compute" | "drain"
     actions: tuple[Action, ...]
     label: str
+    overlap: int = 0  # compute: 1 / 2 for an overlapped cell's forward / backward, else 0
 
 
 @dataclass(frozen=True)
@@ -33,18 +36,20 @@ class Step:
     kind: str
     actions: tuple[Action, ...]
     index: int
+    overlap: int = 0  # as `Item.overlap`
 
 
-def compile_steps(row: Sequence[Action], recv_lookahead: int = 0) -> list[Step]:
+def compile_steps(row: Sequence[Action], recv_lookahead: int = 0, cells: frozenset[int] = frozenset()) -> list[Step]:
     """Group comm runs into ``post`` items and put a ``wait`` before each consumer of a
     received tensor. ``recv_lookahead`` != 0 posts receives earlier (`receive_early`: k > 0
     that many compute actions early, -1 all at the first wait); a batch is posted in the
-    list's order."""
-    row = receive_early(row, recv_lookahead)
+    list's order. ``cells``: the compute indices that start an overlapped cell (its two
+    actions adjacent in ``row``), whose inputs are both awaited before it starts."""
+    row = receive_early(row, recv_lookahead, cells)
     ends = dict(comm_batches(row))
     steps: list[Step] = []
     received: set[Action] = set()
-    k = 0
+    k = n = 0  # position in row, compute actions so far
     while k < len(row):
         if k in ends:
             batch = tuple(row[k : ends[k]])
@@ -52,17 +57,24 @@ def compile_steps(row: Sequence[Action], recv_lookahead: int = 0) -> list[Step]:
             received |= {a for a in batch if not a.op.is_send}
             k = ends[k]
             continue
-        a = row[k]
-        recv = input_receive(a)
-        if recv is not None and recv in received:
-            steps.append(Step("wait", (recv,), k))
-        steps.append(Step("compute", (a,), k))
-        k += 1
+        unit = row[k : k + 2] if n in cells else row[k : k + 1]
+        for a in unit:
+            recv = input_receive(a)
+            if recv is not None and recv in received:
+                steps.append(Step("wait", (recv,), k))
+        for j, a in enumerate(unit):
+            steps.append(Step("compute", (a,), k + j, j + 1 if len(unit) == 2 else 0))
+        k, n = k + len(unit), n + len(unit)
     steps.append(Step("drain", (), len(row)))
     return steps
 
 
-def compile_program(row: Sequence[Action], stage_to_rank: Sequence[int] = (), recv_lookahead: int = 0) -> list[Item]:
+def compile_program(
+    row: Sequence[Action],
+    stage_to_rank: Sequence[int] = (),
+    recv_lookahead: int = 0,
+    cells: frozenset[int] = frozenset(),
+) -> list[Item]:
     """`compile_steps` labelled: a wait names the rank it waits for, when ``stage_to_rank``
     is given."""
 
@@ -73,4 +85,4 @@ def compile_program(row: Sequence[Action], stage_to_rank: Sequence[int] = (), re
             return f"wait {recv}{src}"
         return "wait sends" if step.kind == "drain" else " ".join(map(str, step.actions))
 
-    return [Item(s.kind, s.actions, label(s)) for s in compile_steps(row, recv_lookahead)]
+    return [Item(s.kind, s.actions, label(s), s.overlap) for s in compile_steps(row, recv_lookahead, cells)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ppx.schedules.action import Action
+from ppx.schedules.action import Action, overlap_string
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,11 @@ class Schedule:
     # receives go out together (Megatron's interleaved steady state batches a forward and a
     # backward). None: every compute action is its own group.
     groups: tuple[tuple[int, ...], ...] | None = None
+    # Optional, per rank: overlapped cells (torch's OVERLAP_F_B), as the indices k among the
+    # rank's compute actions where the k-th (a forward) and the (k+1)-th (a backward of
+    # another microbatch) form one cell: their inputs are awaited together, their outputs
+    # sent together, and on CUDA they run on two streams at once. None: no cells.
+    overlaps: tuple[frozenset[int], ...] | None = None
 
     @property
     def num_ranks(self) -> int:
@@ -40,6 +45,10 @@ class Schedule:
         """v: stages per rank (interleaved schedules place v on each rank; others 1)."""
         return self.num_stages // self.num_ranks
 
+    def cells(self, rank: int) -> frozenset[int]:
+        """Rank ``rank``'s overlapped cells: compute indices k where actions k and k+1 form one."""
+        return self.overlaps[rank] if self.overlaps else frozenset()
+
     def stages_of(self, rank: int) -> list[int]:
         return [s for s, r in enumerate(self.stage_to_rank) if r == rank]
 
@@ -50,5 +59,21 @@ class Schedule:
         return self.with_actions([[a for a in row if a.op.is_compute] for row in self.actions])
 
     def format(self) -> str:
-        """One line per rank: ``rank 0: 0F0 0SEND_F0 ...``."""
-        return "\n".join(f"rank {r}: " + " ".join(map(str, row)) for r, row in enumerate(self.actions))
+        """One line per rank: ``rank 0: 0F0 0SEND_F0 ... (0F3;3B1)OVERLAP_F_B ...``."""
+        return "\n".join(f"rank {r}: " + " ".join(self.strings(r)) for r in range(self.num_ranks))
+
+    def strings(self, rank: int) -> list[str]:
+        """Rank ``rank``'s actions as torch writes them, an overlapped cell as one
+        ``(0F3;3B1)OVERLAP_F_B``."""
+        cells, out, k, row = self.cells(rank), [], 0, self.actions[rank]
+        j = 0
+        while j < len(row):
+            a = row[j]
+            if a.op.is_compute and k in cells:
+                out.append(overlap_string(a, row[j + 1]))
+                j, k = j + 2, k + 2
+                continue
+            out.append(str(a))
+            k += a.op.is_compute
+            j += 1
+        return out

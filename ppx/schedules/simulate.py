@@ -70,7 +70,7 @@ def simulate(
     """
     kind = transport_class(transport)
     lookahead = recv_lookahead if kind.takes_lookahead else 0
-    programs = [compile_steps(row, lookahead) for row in schedule.actions]
+    programs = [compile_steps(row, lookahead, schedule.cells(r)) for r, row in enumerate(schedule.actions)]
     return _Run(schedule, programs, costs or Costs(), kind).run()
 
 

@@ -49,6 +49,33 @@ def check_structure(schedule: Schedule) -> None:
                 _check_comm_position(r, k, a, row, schedule)
             seen[(a.stage, a.mb)][a.op] = (r, k)
     _check_complete(schedule, seen)
+    _check_cells(schedule)
+
+
+def _check_cells(schedule: Schedule) -> None:
+    """An overlapped cell is a forward then, adjacent to it, a backward (B or I) that does not
+    need that forward; cells do not share actions."""
+    if schedule.overlaps is not None and len(schedule.overlaps) != schedule.num_ranks:
+        raise ScheduleError(
+            f"overlapped cells given for {len(schedule.overlaps)} ranks, the schedule has {schedule.num_ranks}"
+        )
+    for r, row in enumerate(schedule.actions):
+        where = [k for k, a in enumerate(row) if a.op.is_compute]  # compute index -> position in row
+        for c in sorted(schedule.cells(r)):
+            if c + 1 >= len(where) or c + 1 in schedule.cells(r):
+                raise ScheduleError(f"rank {r}: overlapped cell at compute action {c} has no backward of its own")
+            k, k2 = where[c], where[c + 1]
+            f, b = row[k], row[k2]
+            if f.op is not Op.F or b.op not in (Op.B, Op.I):
+                raise ScheduleError(
+                    f"{_where(r, k, f)}: an overlapped cell is a forward then a backward, not {f} and {b}"
+                )
+            if k2 != k + 1:
+                raise ScheduleError(
+                    f"{_where(r, k, f)}: an overlapped cell's {f} and {b} must be adjacent, {row[k + 1]} sits between"
+                )
+            if (b.stage, b.mb) == (f.stage, f.mb):
+                raise ScheduleError(f"{_where(r, k, f)}: an overlapped cell cannot hold {b}, which needs {f}'s output")
 
 
 def check_runs(schedule: Schedule, transport: str = "nccl") -> None:

@@ -6,16 +6,23 @@ from __future__ import annotations
 
 import types
 
-from ppx.schedules.action import Action
+from ppx.schedules.action import parse_cell
 from ppx.schedules.schedule import Schedule
+
+V_SHAPED = ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")  # stage s on rank s, then back: 2p-1-s
+TORCH_ONLY = ("REDUCE_GRAD", "UNSHARD", "RESHARD")
 
 
 def torch_order(class_name: str, p: int, m: int, v: int = 1) -> Schedule:
     """torch's ``class_name`` order for p ranks, m microbatches and v stages per rank (stage s
-    on rank s % p), as a compute-only ppx Schedule."""
+    on rank s % p, or in V placement for ZB-V and DualPipeV, v = 2), as a compute-only ppx
+    Schedule, overlapped cells (OVERLAP_F_B) included."""
+    import torch
     import torch.distributed.pipelining.schedules as torch_schedules
 
     n = p * v
+    v_shape = class_name in V_SHAPED
+    s2r = tuple(s if s < p else 2 * p - 1 - s for s in range(n)) if v_shape else tuple(s % p for s in range(n))
     stages = [
         types.SimpleNamespace(
             num_stages=n,
@@ -25,12 +32,24 @@ def torch_order(class_name: str, p: int, m: int, v: int = 1) -> Schedule:
             is_first=s == 0,
             is_last=s == n - 1,
             stage_index_to_group_rank=None,
+            submod=torch.nn.Module(),
         )
-        for s in range(0, n, p)
+        for s in range(n)
+        if s2r[s] == 0
     ]
-    sched = getattr(torch_schedules, class_name)(stages, m)
-    rows = tuple(
-        tuple(Action.parse(str(a)) for a in sched.pipeline_order[r] if a is not None and str(a)[-1].isdigit())
-        for r in range(p)
-    )
-    return Schedule(class_name, m, tuple(s % p for s in range(n)), rows)
+    cls = getattr(torch_schedules, class_name)
+    single = issubclass(cls, torch_schedules.PipelineScheduleSingle)  # GPipe, 1F1B: one stage per rank
+    sched = cls(stages[0] if single else stages, m)
+    rows, overlaps = [], []
+    for r in range(p):
+        row, cells = [], set()
+        for a in sched.pipeline_order[r]:
+            if a is None or str(a).endswith(TORCH_ONLY):
+                continue
+            parts = parse_cell(str(a))
+            if len(parts) == 2:
+                cells.add(len(row))
+            row += parts
+        rows.append(tuple(row))
+        overlaps.append(frozenset(cells))
+    return Schedule(class_name, m, s2r, tuple(rows), overlaps=tuple(overlaps) if any(overlaps) else None)
