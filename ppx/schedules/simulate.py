@@ -158,13 +158,40 @@ class _Run:
         self.transport.posted(b)
 
     def _stuck(self, r: int) -> str:
-        """Why rank ``r`` cannot go on, for the deadlock message."""
+        """Why rank ``r`` cannot go on, for the deadlock message: the op it waits for (on
+        nccl, the first unfinished op of its oldest unfinished batch, which all that follows
+        on the rank's one stream waits for) and what holds that op's peer: not posted yet, or
+        posted behind an unfinished batch of the peer's own."""
         program, pc = self.programs[r], self.pc[r]
-        if program[pc].kind == "wait":
-            consumer, peer = program[pc + 1], self.ops[(r, program[pc].actions[0])].peer
-            return f"rank {r} step {consumer.index} ({consumer.actions[0]}) waits for {peer.action} on rank {peer.rank}"
-        pend = next(op for b in self.of_rank[r] for op in b.ops if op.done is None)
+        awaited = self.ops[(r, program[pc].actions[0])] if program[pc].kind == "wait" else None
+        head = getattr(self.transport, "head", None)  # nccl: each rank's oldest unfinished batch
+        if head is not None and head[r] < len(self.of_rank[r]):
+            op = next(o for o in self.of_rank[r][head[r]].ops if o.done is None)
+        else:
+            op = awaited or next(o for b in self.of_rank[r] for o in b.ops if o.done is None)
+        peer, q = op.peer, op.peer.rank
+        if op is awaited:  # the compute action after the wait needs this very receive
+            consumer = program[pc + 1]
+            who = f"rank {r} step {consumer.index} ({consumer.actions[0]}) waits for {peer.action} on rank {q}"
+            if peer.posted is None:
+                return who
+        elif head is None:
+            return f"rank {r} step {op.index} ({op.action}) never completes: {peer.action} on rank {q} is not posted in time"
+        else:
+            sends = [o.action.op.is_send for o in op.batch.ops]
+            kind = (
+                "a batch of sends only"
+                if all(sends)
+                else "a batch of receives only"
+                if not any(sends)
+                else "in a batch of sends and receives"
+            )
+            who = f"rank {r} step {op.index} ({op.action}), {kind}, waits for {peer.action} on rank {q}"
+            if peer.posted is None:
+                return f"{who}, which rank {q} posts only at step {peer.index}"
+        # posted, but queued on the peer's one stream behind an unfinished batch of its own
+        blocker = self.of_rank[q][head[q]].ops
         return (
-            f"rank {r} step {pend.index} ({pend.action}) never completes: "
-            f"{pend.peer.action} on rank {pend.peer.rank} is not posted in time"
+            f"{who} (step {peer.index}), which rank {q} starts only after its own batch at step "
+            f"{blocker[0].index} ({' '.join(str(o.action) for o in blocker)}) completes"
         )

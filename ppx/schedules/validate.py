@@ -147,7 +147,10 @@ def _check_complete(schedule: Schedule, seen) -> None:
 def _check_channels(schedule: Schedule, by_kind: bool = False) -> None:
     """Sends from a to b must appear in the same order as b's receives from a (NCCL has no
     tags); ``by_kind``: per kind of message instead (gloo's two groups, activations and
-    gradients)."""
+    gradients). A mismatch within one kind of message comes from computes run in another
+    order than the peer's (a swap of two forwards, their sends and receives moved with them):
+    when the dry run, every message matched to its own receive, deadlocks on it, that
+    deadlock is reported, naming what waits for what, rather than the order mismatch."""
     sends, recvs = defaultdict(list), defaultdict(list)
     for r, row in enumerate(schedule.actions):
         for k, a in enumerate(row):
@@ -162,6 +165,12 @@ def _check_channels(schedule: Schedule, by_kind: bool = False) -> None:
         got = recvs.get((src, dst, kind), [])
         for (snd, want, k), (_, rcv, k2) in zip(sent, got):
             if want != rcv:
+                try:
+                    if want.op is rcv.op:
+                        simulate(schedule, transport="gloo" if by_kind else "nccl")
+                except ScheduleError as e:
+                    if str(e).startswith("schedule deadlocks"):
+                        raise ScheduleError(str(e)) from None
                 raise ScheduleError(
                     f"rank {src} step {k} ({snd}) is matched by rank {dst} step {k2} ({rcv}): "
                     f"sends and receives between ranks {src} and {dst} are in a different order"

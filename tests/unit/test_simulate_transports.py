@@ -60,8 +60,9 @@ def test_crossed_sends_deadlock_on_nccl_only():
     with pytest.raises(ScheduleError) as e:
         schedules.simulate(sched, COSTS)
     assert str(e.value) == (
-        "schedule deadlocks: rank 0 step 1 (0SEND_F0) never completes: 1RECV_F0 on rank 1 is not posted in time; "
-        "rank 1 step 1 (1F1) waits for 0SEND_F1 on rank 0"
+        "schedule deadlocks: rank 0 step 1 (0SEND_F0), a batch of sends only, waits for 1RECV_F0 on rank 1, "
+        "which rank 1 posts only at step 2; rank 1 step 1 (1F1) waits for 0SEND_F1 on rank 0 (step 3), "
+        "which rank 0 starts only after its own batch at step 1 (0SEND_F0) completes"
     )
     # gloo: 0SEND_F1 out at 2, done 2.5: 1F1 [2.5, 3.5]; 1RECV_F0 is posted when 1F1 ends, so
     # 0SEND_F0 (out since 1) is done at 3.5 + 0.5 = 4: 1F0 [4, 5], and rank 0 drains at 4.
