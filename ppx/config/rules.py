@@ -87,7 +87,7 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
             f"microbatches, but pipeline.stages={p.stages} and pipeline.microbatches={p.microbatches}"
         )
     # other kinds ignore the costs, but a value of the wrong type is an error, not a silent no-op
-    stage_costs_ms(m, sched.num_stages if m.kind == "synthetic" else None)
+    stage_costs_ms(m, sched.num_stages if m.kind == "synthetic" else None, p.layers_per_stage)
     split_layers(m.layers, sched.num_stages, p.layers_per_stage)
     if p.split == "tracer" and m.kind not in models.TRACEABLE:
         raise UserError(

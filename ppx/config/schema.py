@@ -56,13 +56,27 @@ class ModelConfig:
     vocab_size: int = _f(256, "transformer: vocabulary size")
     ffn_mult: int = _f(4, "transformer: MLP width as a multiple of model.hidden")
     fwd_ms: Any = _f(
-        10.0, "synthetic: forward time of a stage per microbatch in ms; one value or a list, one per stage"
+        10.0,
+        "synthetic: forward time per microbatch in ms of a stage (or of a layer: model.cost_per); one value or a "
+        "list, one per stage (per layer)",
     )
     bwd_ms: Any = _f(
-        20.0, "synthetic: input-gradient backward time of a stage per microbatch in ms; one value or one per stage"
+        20.0,
+        "synthetic: input-gradient backward time per microbatch in ms of a stage (or of a layer: model.cost_per); "
+        "one value or one per stage (per layer)",
     )
     wgrad_ms: Any = _f(
-        0.0, "synthetic: weight-gradient time in ms (a full backward costs bwd_ms + wgrad_ms, split or not)"
+        0.0,
+        "synthetic: weight-gradient time per microbatch in ms of a stage (or of a layer: model.cost_per); a full "
+        "backward costs bwd_ms + wgrad_ms, split or not",
+    )
+    cost_per: Literal["stage", "layer"] = _f(
+        "stage",
+        "synthetic: what model.fwd_ms/bwd_ms/wgrad_ms are the ms of. stage: every stage costs them whatever its "
+        "layers, so v stages per rank do v times the work of one | layer: every layer costs them and a stage the "
+        "sum over its layers, so a step's work is model.layers x the costs whatever the schedule, p and v (placements "
+        "compared at equal work). ppx sweep across pipeline.schedule or pipeline.virtual_stages uses layer unless "
+        "the experiment or the command line sets this key",
     )
 
 

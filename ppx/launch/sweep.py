@@ -1,7 +1,8 @@
 """`ppx sweep`: run the product of some config values, then compare the runs.
 
 ``pipeline.schedule=naive,gpipe,1f1b pipeline.microbatches=1,2,4,8,16`` is 15 runs, each a
-normal ``ppx run`` into ``<run.root>/<experiment>/sweep-<stamp>/<point>/``.
+normal ``ppx run`` into ``<run.root>/<experiment>/sweep-<stamp>/<point>/``. A sweep across
+schedules on the known-cost model compares them at equal work (`equal_work`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,32 @@ def point_name(overrides: list[str]) -> str:
     return ",".join(out)
 
 
+# sweeping these compares placements: on the known-cost model, at equal work only per layer
+PLACEMENT_KEYS = ("pipeline.schedule", "pipeline.virtual_stages")
+
+
+def _sets_in_experiment(experiment: str, key: str) -> bool:
+    """Whether the experiment YAML itself sets ``key`` (a dotted key)."""
+    from omegaconf import OmegaConf
+
+    try:
+        loaded = OmegaConf.load(config.find_experiment(experiment))
+    except Exception:  # config.load reports a bad experiment in one line
+        return False
+    return OmegaConf.select(loaded, key, default=None) is not None if OmegaConf.is_dict(loaded) else False
+
+
+def equal_work(experiment: str, axes, overrides: list[str]) -> str | None:
+    """The override that makes a sweep across schedules compare them at equal work, or None:
+    a sweep over `PLACEMENT_KEYS` charges the known-cost model's costs per layer
+    (``model.cost_per=layer``; per stage, v stages per rank would do v times 1F1B's work)
+    unless the experiment or the command line sets ``model.cost_per``."""
+    keys = [k for k, _ in axes] + [o.split("=", 1)[0].strip() for o in overrides]
+    if not any(k in PLACEMENT_KEYS for k, _ in axes) or "model.cost_per" in keys:
+        return None
+    return None if _sets_in_experiment(experiment, "model.cost_per") else "model.cost_per=layer"
+
+
 def run_sweep(experiment: str, spec: str, overrides: list[str], launcher: str = "local") -> Path:
     axes = parse_spec(spec)
     if "run.dir" in [k for k, _ in axes] + [o.split("=", 1)[0].strip() for o in overrides]:
@@ -69,7 +96,22 @@ def run_sweep(experiment: str, spec: str, overrides: list[str], launcher: str = 
     twice = next((n for n in names if names.count(n) > 1), None)
     if twice is not None:
         raise UserError(f"two sweep points would share the run folder {twice!r}; give each value once")
+    extra = equal_work(experiment, axes, overrides)
+    if extra is not None:
+        # only where it means something: a point on the known-cost model
+        kinds = {config.load(experiment, [*overrides, extra, *p]).model.kind for p in grid}
+        extra = extra if "synthetic" in kinds else None
+    if extra is not None:
+        overrides = [*overrides, extra]
     cfgs = [config.load(experiment, overrides + p) for p in grid]  # every point validated before any runs
+    if extra is not None:
+        varied = " and ".join(k for k, _ in axes if k in PLACEMENT_KEYS)
+        print(
+            f"ppx sweep: {extra}: the points vary {varied}, so the known-cost model's model.fwd_ms/bwd_ms/wgrad_ms "
+            "are per layer and every point does the same work (model.layers x the costs); "
+            "set model.cost_per=stage to charge them per stage",
+            flush=True,
+        )
     root = Path(cfgs[0].run.root) / cfgs[0].run.name / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     if root.exists():
         raise UserError(f"sweep directory {root} already exists")

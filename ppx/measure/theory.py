@@ -26,12 +26,14 @@ class Theory:
 
 def known_cost_timeline(cfg, schedule: Schedule, transport: tuple[str, int]):
     """The known-cost model's step simulated at its configured costs, zero communication,
-    under ``transport`` (`prediction.transport_of`); None for other models."""
+    under ``transport`` (`prediction.transport_of`); None for other models. Each stage costs
+    what its module charges (`ppx.models.costs.stage_costs_ms`: per stage, or with
+    ``model.cost_per=layer`` the sum over its layers)."""
     if cfg.model.kind != "synthetic":
         return None
     from ppx.models.costs import stage_costs_ms
 
-    fwd, bwd, wgrad = stage_costs_ms(cfg.model, schedule.num_stages)
+    fwd, bwd, wgrad = stage_costs_ms(cfg.model, schedule.num_stages, cfg.pipeline.layers_per_stage)
     costs = schedules.Costs(fwd=[f / 1e3 for f in fwd], bwd=[b / 1e3 for b in bwd], wgrad=[w / 1e3 for w in wgrad])
     return schedules.simulate(schedule, costs, *transport)
 

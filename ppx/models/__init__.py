@@ -12,7 +12,7 @@ from ppx.models.kind import ModelKind
 KINDS = {
     "mlp": "Linear+GELU blocks, MSE",
     "transformer": "GPT-style decoder, cross-entropy",
-    "synthetic": "known per-stage costs",
+    "synthetic": "known costs per stage or per layer",
 }
 TRACEABLE = ("mlp", "transformer")  # the kinds that name their blocks (``block_name``) for pipeline.split=tracer
 

@@ -1,5 +1,6 @@
 """The known-cost model: each stage's forward and backward take exactly ``model.fwd_ms`` and
-``model.bwd_ms`` per microbatch, so measured step time and bubble can be held against the
+``model.bwd_ms`` per microbatch (or, with ``model.cost_per=layer``, the sums of those per-layer
+costs over the stage's layers), so measured step time and bubble can be held against the
 exact ideal (m+p-1)(t_f+t_b).
 
 On CPU a stage charges its time to the running action and the runtime sleeps it out when the
@@ -20,8 +21,9 @@ from torch import nn
 
 from ppx.errors import UserError
 from ppx.models.action_clock import ActionClock, sleep_until
-from ppx.models.costs import stage_costs_ms
+from ppx.models.costs import blocks_cost_ms, per_layer, stage_costs_ms
 from ppx.models.seeding import BLOCK, DATA, generator, seeded
+from ppx.models.split import split_layers
 
 _CYCLES_PER_MS: dict[int, float] = {}
 
@@ -127,11 +129,16 @@ class KnownCostStage(nn.Module):
         return _KnownCost.apply(x, self.clock, self.fwd_ms, self.bwd_ms, self.wgrad_ms, *self.weights)
 
 
-def stage_cost_ms(cfg, stage: int, num_stages: int) -> tuple[float, float, float]:
-    """(forward, input-gradient, weight-gradient) ms of ``stage`` of ``num_stages``, from the
-    checked per-stage costs (`ppx.models.costs`): one value is every stage's; a list needs one
-    value per stage, except in a one-stage build of the whole model (the single-process
-    reference), which costs the sum of the stages."""
+def stage_cost_ms(cfg, stage: int, num_stages: int, blocks: range | None = None) -> tuple[float, float, float]:
+    """(forward, input-gradient, weight-gradient) ms of ``stage`` of ``num_stages``, holding
+    ``blocks``, from the checked costs (`ppx.models.costs`). ``model.cost_per=layer``: the
+    sums of its blocks' per-layer costs (the whole model's in a one-stage build). Per stage:
+    one value is every stage's; a list needs one value per stage, except in a one-stage build
+    of the whole model (the single-process reference), which costs the sum of the stages."""
+    if per_layer(cfg):
+        if blocks is None:
+            blocks = split_layers(cfg.layers, num_stages)[stage]
+        return blocks_cost_ms(cfg, blocks)
     out = []
     for key, values in zip(("fwd_ms", "bwd_ms", "wgrad_ms"), stage_costs_ms(cfg, None)):
         if len(values) == 1:
@@ -150,9 +157,10 @@ def stage_cost_ms(cfg, stage: int, num_stages: int) -> tuple[float, float, float
 def build_stage(
     cfg, seed: int, stage: int, num_stages: int, blocks: range, clock: ActionClock | None = None
 ) -> nn.Module:
-    """Stage ``stage`` holds ``blocks`` (like any model) but its cost is set per stage; its
-    modelled time is charged to ``clock``'s running action (None: waited out in place)."""
-    fwd, bwd, wgrad = stage_cost_ms(cfg, stage, num_stages)
+    """Stage ``stage`` holds ``blocks`` (like any model) but its cost is set, per stage or as
+    the sum of its blocks' (``model.cost_per``); its modelled time is charged to ``clock``'s
+    running action (None: waited out in place)."""
+    fwd, bwd, wgrad = stage_cost_ms(cfg, stage, num_stages, blocks)
     return KnownCostStage(cfg.hidden, fwd, bwd, wgrad, seed, blocks, clock)
 
 

@@ -41,6 +41,40 @@ def known_cost_run(tmp_path_factory, schedule, p, m, *extra, env=None):
     return d
 
 
+def test_a_sweep_across_schedules_compares_them_at_equal_work(tmp_path):
+    """1F1B (2 layers a stage) and interleaved 1F1B with v=2 (1 layer a stage) on 2 ranks, the
+    costs per layer (the sweep's default across schedules): the same work per rank, ideal and
+    measured, the steps apart only by their bubbles."""
+    f, b, m, layers = 0.010, 0.020, 4, 4
+    r = ppx(
+        "sweep",
+        "gpipe_2cpu",
+        "--sweep",
+        "pipeline.schedule=1f1b,interleaved_1f1b",
+        "model.kind=synthetic",
+        f"model.fwd_ms={f * 1e3:g}",
+        f"model.bwd_ms={b * 1e3:g}",
+        f"model.layers={layers}",
+        "model.hidden=16",
+        f"pipeline.microbatches={m}",
+        "train.steps=3",
+        f"run.root={tmp_path}",
+        timeout=400,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ppx sweep: model.cost_per=layer: the points vary pipeline.schedule" in r.stdout
+    (sweep,) = (tmp_path / "gpipe_2cpu").glob("sweep-*")
+    s = {name: read_json(sweep / f"schedule={name}" / "summary.json") for name in ("1f1b", "interleaved_1f1b")}
+    busy = m * layers // 2 * (f + b)  # per rank: m microbatches through half the layers
+    for name, bubble in (("1f1b", 1 / 5), ("interleaved_1f1b", 1 / 9)):  # (p-1)/(m+p-1), (p-1)/(vm+p-1)
+        assert "cost_per: layer" in (sweep / f"schedule={name}" / "config.yaml").read_text()
+        assert s[name]["bubble_fraction_theory"] == pytest.approx(bubble)
+        assert s[name]["ideal_step_time_s"] * (1 - bubble) == pytest.approx(busy)
+        for rank in s[name]["ranks"]:
+            assert rank["compute_s"] == pytest.approx(busy, rel=0.08)
+    assert s["interleaved_1f1b"]["losses"] == pytest.approx(s["1f1b"]["losses"], rel=1e-6)
+
+
 CASES = [("naive", 2, 1), ("naive", 4, 1), ("gpipe", 2, 8), ("gpipe", 4, 8), ("1f1b", 2, 8), ("1f1b", 4, 8)]
 
 

@@ -174,15 +174,16 @@ def test_wandb_online_without_a_key_warns_once_and_goes_offline(tmp_path):
 
 
 def test_small_sweep_and_compare(tmp_path):
-    # costs far above a loaded CI machine's 0.5-2 ms hand-offs, so each point's bubble is the schedule's
+    # costs far above a loaded CI machine's 0.5-2 ms hand-offs, so each point's bubble is the
+    # schedule's; a sweep across schedules charges them per layer: 2 layers a stage, 20 and 40 ms
     r = ppx(
         "sweep",
         "1f1b_2cpu",
         "--sweep",
         "pipeline.schedule=gpipe,1f1b pipeline.microbatches=2,4",
         "model.kind=synthetic",
-        "model.fwd_ms=20",
-        "model.bwd_ms=40",
+        "model.fwd_ms=10",
+        "model.bwd_ms=20",
         "model.hidden=16",
         "train.steps=3",
         "logging.wandb.mode=disabled",
@@ -190,6 +191,7 @@ def test_small_sweep_and_compare(tmp_path):
         timeout=400,
     )
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "ppx sweep: model.cost_per=layer: the points vary pipeline.schedule" in r.stdout
     (sweep,) = (tmp_path / "1f1b_2cpu").glob("sweep-*")
     points = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     assert points == [

@@ -54,3 +54,52 @@ def test_the_ideal_follows_the_runs_transport():
     ]
     gloo, nccl = theory(*args, backend="gloo"), theory(*args, backend="nccl")
     assert gloo.ideal_step_time_s < nccl.ideal_step_time_s
+
+
+def test_the_ideal_uses_the_stage_costs_the_modules_charge():
+    # per layer, interleaved, an uneven split: the theory's stages cost what the built modules do
+    from ppx.engine.rank import build_stage_modules
+    from ppx.measure.theory import known_cost_timeline
+
+    cfg = config.load(
+        None,
+        [
+            "model.kind=synthetic",
+            "model.cost_per=layer",
+            "model.layers=6",
+            "model.fwd_ms=[1,2,3,4,5,6]",
+            "model.bwd_ms=2",
+            "pipeline.stages=2",
+            "pipeline.microbatches=4",
+            "pipeline.schedule=interleaved_1f1b",
+            "pipeline.layers_per_stage=[3,1,1,1]",
+        ],
+    )
+    sched = config.resolve_schedule(cfg)
+    modules = build_stage_modules(cfg, sched.num_stages, range(sched.num_stages), "cpu")
+    t = known_cost_timeline(cfg, sched, ("gloo", -1))
+    for rank, events in enumerate(t.events):
+        for e in events:
+            mod = modules[e.action.stage]
+            want = mod.fwd_ms if e.action.op.value == "F" else mod.bwd_ms + mod.wgrad_ms
+            assert e.end - e.start == pytest.approx(want / 1e3), (rank, str(e.action))
+
+
+def test_per_layer_costs_give_every_placement_the_same_work():
+    # 1F1B on 2 ranks (2 layers a stage) and interleaved v=2 (1 layer a stage): the same busy
+    # time per rank, m x layers/p x (t_f + t_b); only the bubble differs
+    common = ["model.kind=synthetic", "model.cost_per=layer", "model.layers=4", "model.fwd_ms=5", "model.bwd_ms=10"]
+    a = theory(*common, "pipeline.schedule=1f1b")
+    b = theory(*common, "pipeline.schedule=interleaved_1f1b", "pipeline.virtual_stages=2")
+    busy = 4 * 2 * 0.015
+    assert a.ideal_step_time_s * (1 - a.bubble_fraction) == pytest.approx(busy)
+    assert b.ideal_step_time_s * (1 - b.bubble_fraction) == pytest.approx(busy)
+    assert a.ideal_step_time_s == pytest.approx(busy * 5 / 4)  # (m+p-1)/m
+    assert b.ideal_step_time_s == pytest.approx(busy * 9 / 8)  # (vm+p-1)/(vm)
+    # per stage instead (the default), interleaved does v times 1F1B's work
+    per_stage = [common[0], *common[2:]]
+    c = theory(*per_stage, "pipeline.schedule=1f1b")
+    d = theory(*per_stage, "pipeline.schedule=interleaved_1f1b", "pipeline.virtual_stages=2")
+    assert d.ideal_step_time_s * (1 - d.bubble_fraction) == pytest.approx(
+        2 * c.ideal_step_time_s * (1 - c.bubble_fraction)
+    )
