@@ -16,7 +16,7 @@ from ppx.schedules.lowering import add_comms
 from ppx.schedules.placement import place_comms
 from ppx.schedules.schedule import Schedule
 from ppx.schedules.simulate import simulate
-from ppx.schedules.zero_bubble import zb_h1
+from ppx.schedules.zero_bubble import zb_h1, zb_h2
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,23 @@ def _zb_h1_bubble(p: int, m: int, v: int = 1) -> float:
     """ZB-H1's idle share with t_f = t_b = t_w: (p-1)/(3m+p-1) once m >= p (simulated, so
     it also holds for m < p)."""
     return simulate(add_comms(zb_h1(p, m)), Costs(fwd=1, bwd=1, wgrad=1)).bubble_fraction()
+
+
+def own_bubble(schedule: Schedule, costs: Costs) -> float:
+    """The idle share of a compute order's own timing: the simulator at zero communication,
+    every request on its own and every receive posted up front (gloo's way), so that no
+    placement of the sends and receives adds waits of its own."""
+    return simulate(add_comms(schedule), costs, "gloo", -1).bubble_fraction()
+
+
+def _zb_h2_bubble(p: int, m: int, v: int = 1) -> float:
+    """ZB-H2's idle share with t_f = t_b = t_w. For m >= 2p-1, from the paper's closed form:
+    (p-1)(T_F+T_B-2T_W) = 0 idle inside every rank's span, which a synchronous step extends
+    by the parallelogram's skew (rank r starts r slots late and ends p-1-r slots early), so
+    p-1 slots per rank: (p-1)/(3m+p-1). Fewer microbatches: simulated."""
+    if m >= 2 * p - 1:
+        return (p - 1) / (3 * m + p - 1)
+    return own_bubble(zb_h2(p, m), Costs(fwd=1, bwd=1, wgrad=1))
 
 
 FAMILIES: dict[str, Family] = {
@@ -89,6 +106,13 @@ FAMILIES: dict[str, Family] = {
             _zb_h1_bubble,
             "(p-1)/(3m+p-1) for m >= p, t_f = t_b = t_w",
             "1F1B with the backward split into I and W, W deferred into the bubbles",
+        ),
+        Family(
+            "zb_h2",
+            lambda p, m, v: zb_h2(p, m),
+            _zb_h2_bubble,
+            "(p-1)/(3m+p-1) for m >= 2p-1, t_f = t_b = t_w (closed form; fewer m: simulated)",
+            "zero bubble ZB-H2: more warmup forwards, W's held back into the drain, 2p-1 in flight",
         ),
     ]
 }

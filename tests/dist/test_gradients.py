@@ -26,7 +26,7 @@ MODELS = {
 SCHEDULES = {  # name -> (schedule, microbatches)
     "naive_m1": ("naive", 1), "naive_m4": ("naive", 4), "gpipe": ("gpipe", 4),
     "1f1b": ("1f1b", 4), "1f1b_m2": ("1f1b", 2), "forward_only": ("forward_only", 4),
-    "interleaved": ("interleaved_1f1b", 4), "zb_h1": ("zb_h1", 4),
+    "interleaved": ("interleaved_1f1b", 4), "zb_h1": ("zb_h1", 4), "zb_h2": ("zb_h2", 8),
 }
 UNEVEN = {4: "[1,1,1,1]", 2: "[3,1]"}
 
