@@ -44,7 +44,8 @@ def flat_config(run) -> dict[str, Any]:
         except Exception:  # a config.yaml this ppx cannot read (an older schema): the summary's values
             flat = {}
     s = run.summary
-    flat.update({SCHEDULE: s.schedule, STAGES: s.stages or s.world_size, VIRTUAL: s.virtual, MICRO: s.microbatches})
+    # p is the ranks (pipeline.stages), not the summary's stages: an interleaved run has v per rank
+    flat.update({SCHEDULE: s.schedule, STAGES: s.world_size, VIRTUAL: s.virtual, MICRO: s.microbatches})
     if s.model:
         flat["model.kind"] = s.model
     return flat

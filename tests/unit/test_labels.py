@@ -110,3 +110,15 @@ def test_compare_writes_the_labels(tmp_path):
     assert text.splitlines()[0].split()[:3] == ["run", "label", "schedule"] and "gpipe m=8" in text
     assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "bubble.png").exists()
+
+
+def test_an_interleaved_run_is_labelled_by_its_ranks(tmp_path):
+    from ppx.report.labels import flat_config
+    from ppx.report.run_dir import RunDir
+
+    _run_dir(tmp_path / "il", "interleaved_1f1b", 4, 0.1)
+    summary = json.loads((tmp_path / "il" / "summary.json").read_text())
+    summary.update(stages=4, virtual_stages=2)  # 2 ranks, 2 stages each
+    (tmp_path / "il" / "summary.json").write_text(json.dumps(summary))
+    flat = flat_config(RunDir(tmp_path / "il"))
+    assert flat["pipeline.stages"] == 2 and flat["pipeline.virtual_stages"] == 2
