@@ -203,7 +203,8 @@ def test_profiler_traces_per_rank(tmp_path_factory):
                 if x["tid"] == e["tid"] and e["ts"] <= x["ts"] < e["ts"] + e["dur"] and x["name"].startswith("c10d::")
             }
             assert inside <= {"c10d::send", "c10d::recv_"}, inside  # the pipeline's own hand-offs only
-        assert lines[0]["step_time_s"] == max(r["step_s"] for r in lines[0]["ranks"])
+        # the step: from the earliest start to the latest end; ranks start together within microseconds
+        assert lines[0]["step_time_s"] == pytest.approx(max(r["step_s"] for r in lines[0]["ranks"]), rel=0.01)
         # what ppx does between steps is named, and the records' gather runs in a thread of its own
         assert {"ppx:prepare", "ppx:align_start", "ppx:optimizer", "ppx:step_metrics"} <= labels
         gathers = [e for e in events if e["name"] == "ppx:gather_records"]
