@@ -12,6 +12,7 @@ from ppx.schedules.basic import forward_only, gpipe, naive, one_f_one_b
 from ppx.schedules.costs import Costs
 from ppx.schedules.interleaved import interleaved_1f1b
 from ppx.schedules.interleaved import shape_error as interleaved_shape_error
+from ppx.schedules.looped_bfs import looped_bfs
 from ppx.schedules.lowering import add_comms
 from ppx.schedules.placement import place_comms
 from ppx.schedules.schedule import Schedule
@@ -65,6 +66,12 @@ def _zb_h2_bubble(p: int, m: int, v: int = 1) -> float:
     return own_bubble(zb_h2(p, m), Costs(fwd=1, bwd=1, wgrad=1))
 
 
+def _looped_bfs_bubble(p: int, m: int, v: int = 2) -> float:
+    """Looped BFS's idle share, simulated (any t_b / t_f): (p-1)/(vm+p-1) for m >= p, as
+    GPipe's over v times the work; for m < p every loop also waits p-m slots."""
+    return own_bubble(looped_bfs(p, m, v), Costs(fwd=1, bwd=1))
+
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in [
@@ -113,6 +120,15 @@ FAMILIES: dict[str, Family] = {
             _zb_h2_bubble,
             "(p-1)/(3m+p-1) for m >= 2p-1, t_f = t_b = t_w (closed form; fewer m: simulated)",
             "zero bubble ZB-H2: more warmup forwards, W's held back into the drain, 2p-1 in flight",
+        ),
+        Family(
+            "looped_bfs",
+            looped_bfs,
+            _looped_bfs_bubble,
+            "(p-1)/(vm+p-1) for m >= p (simulated)",
+            "v stages per rank, breadth first (torch's LoopedBFS): GPipe over the model chunks",
+            virtual=True,
+            default_virtual=2,
         ),
     ]
 }

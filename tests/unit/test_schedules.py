@@ -23,7 +23,7 @@ def closed_form(name: str, p: int, m: int, v: int = 1) -> float:
     """The bubble fraction by its closed form, written out here rather than asked of the registry
     (whose ZB-H1 value is the simulator's own): naive (p-1)/p, fill-drain (p-1)/(m+p-1),
     interleaved (p-1)/(vm+p-1), ZB-H1 (p-1)/(3m+p-1) for m >= p and ZB-H2 the same for
-    m >= 2p-1, with t_f = t_b = t_w."""
+    m >= 2p-1, with t_f = t_b = t_w; looped BFS (p-1)/(vm+p-1) for m >= p, more below."""
     if name == "naive":
         return (p - 1) / p
     if name in ("gpipe", "1f1b", "forward_only"):
@@ -36,6 +36,8 @@ def closed_form(name: str, p: int, m: int, v: int = 1) -> float:
     if name == "zb_h2":
         assert m >= 2 * p - 1, "ZB-H2's closed form holds for m >= 2p-1"
         return (p - 1) / (3 * m + p - 1)
+    if name == "looped_bfs":  # the simulator's, in closed form (test_looped_bfs.py)
+        return 1 - v * m / (v * max(m, p) + min(m, p) - 1)
     raise AssertionError(f"no closed form for {name}: add it to this test")
 
 
@@ -43,7 +45,7 @@ def closed_form(name: str, p: int, m: int, v: int = 1) -> float:
 @pytest.mark.parametrize("p", [1, 2, 3, 4])
 @pytest.mark.parametrize("m", [1, 2, 4, 8])
 def test_builtin_schedules_validate_and_match_theory(name, p, m):
-    v = 2 if name == "interleaved_1f1b" else 1
+    v = schedules.default_virtual(name)
     if name == "interleaved_1f1b" and m % p:
         with pytest.raises(ScheduleError, match="multiple of pipeline.stages"):
             schedules.build(name, p, m, v)
@@ -56,15 +58,15 @@ def test_builtin_schedules_validate_and_match_theory(name, p, m):
         # closed form, still less than 1F1B's (p-1)/(m+p-1)
         assert (p - 1) / (3 * m + p - 1) < bubble < closed_form("1f1b", p, m)
         return
-    if name == "zb_h2":
+    if name in ("zb_h2", "looped_bfs"):
         # the theory is the order's own timing; NCCL's in-order batches may add waits to it
-        # where the placement is add_comms' (test_zb_h2.py)
+        # where the placement is add_comms' (test_zb_h2.py, test_looped_bfs.py)
         theory = schedules.theory_bubble(name, p, m, v)
         assert bubble >= theory - 1e-12
-        if m < 2 * p - 1:  # too few microbatches to fill the parallelogram
+        if name == "zb_h2" and m < 2 * p - 1:  # too few microbatches to fill the parallelogram
             assert (p - 1) / (3 * m + p - 1) <= theory < closed_form("1f1b", p, m)
         else:
-            assert theory == pytest.approx(closed_form(name, p, m), abs=1e-12)
+            assert theory == pytest.approx(closed_form(name, p, m, v), abs=1e-12)
         return
     assert bubble == pytest.approx(closed_form(name, p, m, v), abs=1e-12)
     assert schedules.theory_bubble(name, p, m, v) == pytest.approx(closed_form(name, p, m, v), abs=1e-12)
