@@ -12,6 +12,8 @@ from ppx.schedules.basic import forward_only, gpipe, naive, one_f_one_b
 from ppx.schedules.costs import Costs
 from ppx.schedules.interleaved import interleaved_1f1b
 from ppx.schedules.interleaved import shape_error as interleaved_shape_error
+from ppx.schedules.interleaved_zb import interleaved_zb
+from ppx.schedules.interleaved_zb import shape_error as interleaved_zb_shape_error
 from ppx.schedules.looped_bfs import looped_bfs
 from ppx.schedules.lowering import add_comms
 from ppx.schedules.placement import place_comms
@@ -72,6 +74,12 @@ def _looped_bfs_bubble(p: int, m: int, v: int = 2) -> float:
     return own_bubble(looped_bfs(p, m, v), Costs(fwd=1, bwd=1))
 
 
+def _interleaved_zb_bubble(p: int, m: int, v: int = 2) -> float:
+    """Interleaved zero bubble's idle share with t_f = t_b = t_w, simulated: (p-1)/(3vm+p-1)
+    for m >= p, ZB-H1's with v m for m; more for m < p."""
+    return own_bubble(interleaved_zb(p, m, v), Costs(fwd=1, bwd=1, wgrad=1))
+
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in [
@@ -129,6 +137,16 @@ FAMILIES: dict[str, Family] = {
             "v stages per rank, breadth first (torch's LoopedBFS): GPipe over the model chunks",
             virtual=True,
             default_virtual=2,
+        ),
+        Family(
+            "interleaved_zb",
+            interleaved_zb,
+            _interleaved_zb_bubble,
+            "(p-1)/(3vm+p-1) for m >= p, t_f = t_b = t_w (simulated)",
+            "v stages per rank, interleaved 1F1B with I and W (torch's InterleavedZeroBubble, ZB1P)",
+            virtual=True,
+            default_virtual=2,
+            shape_rule=interleaved_zb_shape_error,
         ),
     ]
 }

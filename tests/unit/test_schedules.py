@@ -15,6 +15,7 @@ FAMILIES = list(schedules.FAMILIES)
 COSTS = {
     "zb_h1": Costs(fwd=1, bwd=1, wgrad=1),
     "zb_h2": Costs(fwd=1, bwd=1, wgrad=1),
+    "interleaved_zb": Costs(fwd=1, bwd=1, wgrad=1),
     "interleaved_1f1b": Costs(fwd=1, bwd=1),
 }
 
@@ -23,7 +24,8 @@ def closed_form(name: str, p: int, m: int, v: int = 1) -> float:
     """The bubble fraction by its closed form, written out here rather than asked of the registry
     (whose ZB-H1 value is the simulator's own): naive (p-1)/p, fill-drain (p-1)/(m+p-1),
     interleaved (p-1)/(vm+p-1), ZB-H1 (p-1)/(3m+p-1) for m >= p and ZB-H2 the same for
-    m >= 2p-1, with t_f = t_b = t_w; looped BFS (p-1)/(vm+p-1) for m >= p, more below."""
+    m >= 2p-1, with t_f = t_b = t_w; looped BFS (p-1)/(vm+p-1) for m >= p, more below;
+    interleaved zero bubble (p-1)/(3vm+p-1) for m >= p."""
     if name == "naive":
         return (p - 1) / p
     if name in ("gpipe", "1f1b", "forward_only"):
@@ -38,6 +40,9 @@ def closed_form(name: str, p: int, m: int, v: int = 1) -> float:
         return (p - 1) / (3 * m + p - 1)
     if name == "looped_bfs":  # the simulator's, in closed form (test_looped_bfs.py)
         return 1 - v * m / (v * max(m, p) + min(m, p) - 1)
+    if name == "interleaved_zb":  # the simulator's (test_interleaved_zb.py)
+        assert m >= p, "interleaved zero bubble's closed form holds for m >= p"
+        return (p - 1) / (3 * v * m + p - 1)
     raise AssertionError(f"no closed form for {name}: add it to this test")
 
 
@@ -58,13 +63,15 @@ def test_builtin_schedules_validate_and_match_theory(name, p, m):
         # closed form, still less than 1F1B's (p-1)/(m+p-1)
         assert (p - 1) / (3 * m + p - 1) < bubble < closed_form("1f1b", p, m)
         return
-    if name in ("zb_h2", "looped_bfs"):
+    if name in ("zb_h2", "looped_bfs", "interleaved_zb"):
         # the theory is the order's own timing; NCCL's in-order batches may add waits to it
-        # where the placement is add_comms' (test_zb_h2.py, test_looped_bfs.py)
+        # where the placement is add_comms' (test_zb_h2.py, test_looped_bfs.py, ...)
         theory = schedules.theory_bubble(name, p, m, v)
         assert bubble >= theory - 1e-12
         if name == "zb_h2" and m < 2 * p - 1:  # too few microbatches to fill the parallelogram
             assert (p - 1) / (3 * m + p - 1) <= theory < closed_form("1f1b", p, m)
+        elif name == "interleaved_zb" and m < p:
+            assert theory > (p - 1) / (3 * v * m + p - 1)
         else:
             assert theory == pytest.approx(closed_form(name, p, m, v), abs=1e-12)
         return
