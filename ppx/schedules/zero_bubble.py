@@ -42,9 +42,8 @@ def zb_h2(p: int, m: int) -> Schedule:
     (the paper's parallelogram) once m >= 2p-1, holding at most 2p-1 microbatches: 2p-1-2r
     waiting for I and 2r for W, the paper's (2p-2i+1) M_B + (2i-2) M_W for worker i = r+1.
 
-    Its sends and receives need a transport-aware placement: with each receive right before
-    its consumer (`lowering.add_comms`), NCCL's in-order batches deadlock for m >= 2p, since
-    rank r sends two more warmup forwards than rank r+1 takes before its first I."""
+    On NCCL, Megatron's placement of its sends and receives (`lowering.add_comms`) deadlocks
+    for m >= 2p, where `placement.place_comms` takes the lockstep one."""
     rows = []
     for r in range(p):
         warmup = min(2 * (p - r - 1) + 1, m)
