@@ -44,7 +44,12 @@ def parser() -> argparse.ArgumentParser:
     sch.add_argument("name", help=f"{names}, or a schedule CSV")
     sch.add_argument("--stages", "-p", type=int, help="ranks (default 4; a CSV's own)")
     sch.add_argument("--microbatches", "-m", type=int, help="microbatches (default 8; a CSV's own)")
-    sch.add_argument("--virtual", "-v", type=int, help="stages per rank (interleaved_1f1b; default 2 there, else 1)")
+    sch.add_argument(
+        "--virtual",
+        "-v",
+        type=int,
+        help="stages per rank (schedules that take several; default: the schedule's, 2 for those, else 1)",
+    )
     sch.add_argument("--fwd", type=int, default=1, help="forward cost in grid slots (default 1)")
     sch.add_argument("--bwd", type=int, default=1, help="backward (input-gradient) cost in grid slots (default 1)")
     sch.add_argument(
@@ -66,7 +71,10 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("--stages", "-p", type=int, help="ranks (default 4, or the --from-run run's)")
     sim.add_argument("--microbatches", "-m", type=int, help="microbatches (default 8, or the --from-run run's)")
     sim.add_argument(
-        "--virtual", "-v", type=int, help="stages per rank (default 2 for interleaved_1f1b, else 1; or the run's)"
+        "--virtual",
+        "-v",
+        type=int,
+        help="stages per rank (default: the schedule's, 2 where it takes several, else 1; or the run's)",
     )
     sim.add_argument(
         "--fwd-ms", default="10", help="forward ms per microbatch: one value or one per stage (10,12,...); default 10"

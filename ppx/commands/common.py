@@ -12,7 +12,7 @@ from ppx.errors import UserError
 def schedule_from(name: str, stages, microbatches, virtual, transport: str = "nccl"):
     """A schedule CSV, or a named schedule; torch.distributed.pipelining's schedules as the ppx
     list of the same order. ``stages``/``microbatches`` None: 4 and 8, or the CSV's (which
-    given ones must match); ``virtual`` None: 2 for interleaved schedules, else 1 (as ppx run).
+    given ones must match); ``virtual`` None: the schedule's default (2 where it takes several stages per rank, else 1), as ppx run.
     Sends and receives are placed, and checked, to run under ``transport``."""
     from ppx import schedules
 

@@ -29,8 +29,8 @@ def cmd_schedule(args) -> int:
         + (f", I = {args.bwd:g}, W = {args.wgrad:g}" if args.wgrad else "")
         + ")"
     )
-    print(render_grid(sched, costs))
-    timeline = schedules.simulate(sched, costs)
+    print(render_grid(sched, costs, args.transport))
+    timeline = schedules.simulate(sched, costs, args.transport)
     fam = schedules.FAMILIES.get(sched.name)
     line = f"bubble (idle share of the step): simulated {timeline.bubble_fraction():.1%}"
     if fam is not None:

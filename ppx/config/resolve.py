@@ -17,6 +17,6 @@ def resolve_schedule(cfg: Config) -> Schedule:
 
 
 def virtual_stages(cfg: Config) -> int:
-    """pipeline.virtual_stages, or the schedule's default (2 for interleaved ones, else 1)."""
+    """pipeline.virtual_stages, or the schedule's default (2 for schedules with several stages per rank, else 1)."""
     v = cfg.pipeline.virtual_stages
     return schedules.default_virtual(cfg.pipeline.schedule) if v is None else v

@@ -23,11 +23,11 @@ class PipelineConfig:
         "1f1b",
         f"{names_help()} (torch_*: torch.distributed.pipelining's own), or the path of a torch-style schedule CSV",
     )
-    stages: int = _f(2, "pipeline ranks = processes; each holds pipeline.virtual_stages stages (1 unless interleaved)")
+    stages: int = _f(2, "pipeline ranks = processes; each holds pipeline.virtual_stages stages")
     microbatches: int = _f(4, "microbatches per step; train.batch_size must divide evenly")
     virtual_stages: Optional[int] = _f(
         None,
-        "stages per rank v for interleaved schedules (stage s on rank s % stages); null: the schedule's default (2 for interleaved, else 1)",
+        "stages per rank v for schedules that take several (interleaved_1f1b, looped_bfs, interleaved_zb: stage s on rank s % stages); null: the schedule's default (2 for those, else 1)",
     )
     layers_per_stage: Optional[List[int]] = _f(
         None,

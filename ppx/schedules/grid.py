@@ -6,14 +6,14 @@ from ppx.schedules.schedule import Schedule
 from ppx.schedules.simulate import Costs, simulate
 
 
-def render_grid(schedule: Schedule, costs: Costs | None = None) -> str:
+def render_grid(schedule: Schedule, costs: Costs | None = None, transport: str = "nccl") -> str:
     """One row per rank, one column per time slot. Costs must be whole numbers of slots.
 
     A cell holds ``F3`` (forward of microbatch 3), ``B3`` (backward), ``I3``/``W3`` (split
     backward) or ``.`` (idle). With several stages per rank the stage is shown too: ``2F3``.
     """
     costs = costs or Costs()
-    timeline = simulate(schedule, costs)
+    timeline = simulate(schedule, costs, transport)
     width_slots = int(round(timeline.makespan))
     multi = schedule.num_stages > schedule.num_ranks
     labels = [[str(a) if multi else f"{a.op.value}{a.mb}" for a in (e.action for e in row)] for row in timeline.events]

@@ -8,32 +8,48 @@ dry run in rounds: every rank runs its next compute action as soon as its input 
 in an earlier round, and a hand-off produced in round t is sent *and* received in round t's
 batches, on both ranks, in one canonical order. Round t's batches then only match each other,
 so, round by round, every batch is posted and completes: the order cannot deadlock under
-either transport. `place_comms` keeps Megatron's placement wherever it runs and falls back to
-the lockstep one where it does not.
+either transport. `place_comms` keeps Megatron's placement wherever it runs as fast (simulated
+at equal unit costs), and takes the lockstep one where Megatron's deadlocks or is slower (on
+NCCL, an early batch can hold a rank's later ones back).
 """
 
 from __future__ import annotations
 
 from ppx.errors import ScheduleError
 from ppx.schedules.action import Action, Op
+from ppx.schedules.costs import Costs
 from ppx.schedules.lowering import add_comms
 from ppx.schedules.schedule import Schedule
+from ppx.schedules.simulate import simulate
 from ppx.schedules.validate import check_runs, check_structure
+
+UNIT = Costs(fwd=1, bwd=1, wgrad=1)
 
 
 def place_comms(schedule: Schedule, transport: str = "nccl") -> Schedule:
     """``schedule`` (compute actions) with sends and receives placed so that it runs under
-    ``transport`` ("nccl" | "gloo"), and checked: Megatron's placement where it runs there,
-    else the lockstep one. ScheduleError when the compute order itself is wrong or cannot run."""
+    ``transport`` ("nccl" | "gloo"), and checked: Megatron's placement where it runs there at
+    least as fast, else the lockstep one. ScheduleError when the compute order itself is wrong
+    or cannot run."""
     simple = add_comms(schedule)
     check_structure(simple)
     try:
         check_runs(simple, transport)
-        return simple
     except ScheduleError:
         placed = lockstep_comms(schedule)
         check_runs(placed, transport)
         return placed
+    try:  # Megatron's runs; keep it unless it costs the order time the lockstep one does not
+        placed = lockstep_comms(schedule)
+        check_runs(placed, transport)
+    except ScheduleError:
+        return simple
+    return placed if _step(placed, transport) < _step(simple, transport) - 1e-9 else simple
+
+
+def _step(schedule: Schedule, transport: str) -> float:
+    """The schedule's simulated step at t_f = t_b = t_w = 1, no communication cost."""
+    return simulate(schedule, UNIT, transport).makespan
 
 
 def _messages(a: Action, s2r, last: int) -> list[tuple[Action, Action]]:

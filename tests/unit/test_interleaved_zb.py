@@ -112,17 +112,13 @@ def test_the_grid_prints():
         assert [c for c in cells if c != "."] == list(map(str, row)) and len(cells) == 25
 
 
-NCCL_GAP = "add_comms' placement runs on NCCL here and is kept, but its in-order batches make ranks wait"
-
-
 @pytest.mark.parametrize(
     "p,m",
-    [(2, 2), (4, 4), (4, 8), (4, 3), (8, 16)]
-    + [pytest.param(8, 7, marks=pytest.mark.xfail(strict=True, reason=NCCL_GAP))],
+    [(2, 2), (4, 4), (4, 8), (4, 3), (8, 16)] + [(8, 7)],
 )
 def test_built_schedule_runs_at_its_own_bubble_on_nccl(p, m):
-    """Placed for NCCL, the built list keeps the order's own timing; not yet where add_comms'
-    placement runs there and holds ranks back (m < p from p = 5: at p=8, m=7, v=2, 23.6% idle
-    against the order's 17.6%)."""
+    """Placed for NCCL, the built list keeps the order's own timing, also where Megatron's
+    placement runs there but holds ranks back (m < p from p = 5: at p=8, m=7, v=2, 23.6% idle
+    against the order's 17.6%) and the lockstep one is taken."""
     built = registry.build("interleaved_zb", p, m, 2)
     assert simulate(built, UNIT).bubble_fraction() == pytest.approx(own_bubble(interleaved_zb(p, m, 2)), abs=1e-12)

@@ -124,19 +124,15 @@ def test_the_grid_prints_the_parallelogram():
         assert line.split()[2:] == ["."] * r + [f"{a.op.value}{a.mb}" for a in row] + ["."] * (3 - r)
 
 
-NCCL_GAP = "add_comms' placement runs on NCCL here and is kept, but its in-order batches make ranks wait"
-
-
 @pytest.mark.parametrize(
     "p,m",
-    [(2, 4), (3, 6), (4, 8), (4, 16), (8, 16)]
-    + [pytest.param(p, m, marks=pytest.mark.xfail(strict=True, reason=NCCL_GAP)) for p, m in [(2, 3), (4, 7)]],
+    [(2, 4), (3, 6), (4, 8), (4, 16), (8, 16)] + [(2, 3), (4, 7)],
 )
 def test_built_schedule_runs_at_its_own_bubble_on_nccl(p, m):
     """Placed for NCCL (each rank's batches complete in order), the built list keeps the
-    order's own timing. Not yet where add_comms' placement runs on NCCL (3 <= m < 2p): rank r
+    order's own timing. Where Megatron's placement runs but is slower (3 <= m < 2p: rank r
     posts its warmup sends and the receive of its first I in one stream, and rank r+1 takes
-    the last two of those forwards only after its own first I's (p=4, m=7: 52% idle against
-    12.5%); the lockstep placement keeps the order's timing there too."""
+    the last two of those forwards only after its own first I's; p=4, m=7: 52% idle against
+    12.5%), the lockstep placement is taken."""
     t = simulate(registry.build("zb_h2", p, m), UNIT)
     assert t.bubble_fraction() == pytest.approx((p - 1) / (3 * m + p - 1), abs=1e-12)
