@@ -33,18 +33,24 @@ def place_comms(schedule: Schedule, transport: str = "nccl") -> Schedule:
     or cannot run."""
     simple = add_comms(schedule)
     check_structure(simple)
-    try:
-        check_runs(simple, transport)
-    except ScheduleError:
-        placed = lockstep_comms(schedule)
-        check_runs(placed, transport)
-        return placed
-    try:  # Megatron's runs; keep it unless it costs the order time the lockstep one does not
-        placed = lockstep_comms(schedule)
-        check_runs(placed, transport)
-    except ScheduleError:
-        return simple
-    return placed if _step(placed, transport) < _step(simple, transport) - 1e-9 else simple
+    candidates = []  # (simulated step, preference, placement) of those that run
+    for k, place in enumerate((add_comms, lockstep_comms, _timed_lockstep)):
+        placed = simple if k == 0 else place(schedule)
+        try:
+            check_runs(placed, transport)
+        except ScheduleError as e:
+            if k == 1 and not candidates:  # the rounds run every order that can run: say why not
+                raise e
+            continue
+        candidates.append((_step(placed, transport), k, placed))
+        if k == 0 and not any(a.op.is_comm for row in placed.actions for a in row):
+            break  # one rank, or no hand-offs: nothing to place
+    return min(candidates, key=lambda c: (round(c[0], 9), c[1]))[2]
+
+
+def _timed_lockstep(schedule: Schedule) -> Schedule:
+    """The lockstep placement timed at the costs placements are compared at (B = I + W)."""
+    return lockstep_comms(schedule, {Op.F: 1, Op.B: 2, Op.I: 1, Op.W: 1})
 
 
 def _step(schedule: Schedule, transport: str) -> float:
@@ -76,45 +82,90 @@ def _key(a: Action) -> tuple:
     return (frm, to, a.op in (Op.SEND_B, Op.RECV_B), i)
 
 
-def lockstep_comms(schedule: Schedule) -> Schedule:
-    """``schedule`` (compute actions; its comm actions are dropped) with every hand-off sent
-    and received in the round its producer ran, rounds from a unit-time dry run."""
+def lockstep_comms(schedule: Schedule, cost: dict | None = None) -> Schedule:
+    """``schedule`` (compute actions; its comm actions are dropped) with every hand-off placed
+    by a dry run at zero communication in which each action takes ``cost[op]`` (default 1 for
+    every op: rounds). A send goes right after its producer; its receive in the batch the
+    receiver posts when the producer ends: after the action the receiver is running then, or,
+    when it idles, after its last one (posted early, while it waits). Batches hold their
+    messages by send time, then in one canonical order, on both ranks."""
     s2r, last = schedule.stage_to_rank, schedule.num_stages - 1
+    cost = cost or {}
     rows = [[a for a in row if a.op.is_compute] for row in schedule.actions]
-    pos = [0] * len(rows)
-    done: dict[tuple, int] = {}  # (stage, "F" | "G", microbatch) -> the round it was produced
-    out: list[list[Action]] = [[] for _ in rows]
-    batch: list[list[Action]] = [[] for _ in rows]  # this round's comm actions per rank
-    t = 0
-    while any(pos[r] < len(row) for r, row in enumerate(rows)):
-        runs = []
-        for r, row in enumerate(rows):
-            if pos[r] == len(row):
-                continue
-            unit = row[pos[r] : pos[r] + (2 if pos[r] in schedule.cells(r) else 1)]  # a cell runs whole
-            needs = [_input_of(a, last) for a in unit]
-            if all(need is None or done.get(need, t) < t for need in needs):
-                runs.append((r, unit))
-        if not runs:
-            raise ScheduleError(_stuck(schedule, rows, pos, last, done))
-        for r, unit in runs:
-            pos[r] += len(unit)
+    units = [_units(row, schedule.cells(r)) for r, row in enumerate(rows)]
+    times = _dry_run(schedule, rows, units, last, cost)  # per rank, per unit: (start, end)
+    after: list[dict[int, list]] = [{} for _ in rows]  # rank -> unit index (-1: before all) -> [(t, key, op)]
+    for r, rank_units in enumerate(units):
+        for j, unit in enumerate(rank_units):
+            end = times[r][j][1]
             for a in unit:
-                done[_output_of(a)] = t
                 for snd, rcv in _messages(a, s2r, last):
-                    batch[r].append(snd)
-                    batch[s2r[rcv.stage]].append(rcv)
-        for r, unit in runs:
-            out[r] += unit  # the round's compute, then the round's batch
-        for r in range(len(rows)):
-            out[r] += sorted(batch[r], key=_key)
-            batch[r] = []
-        t += 1
+                    after[r].setdefault(j, []).append((end, _key(snd), snd))
+                    q = s2r[rcv.stage]
+                    after[q].setdefault(_receiving_unit(times[q], end), []).append((end, _key(rcv), rcv))
+    out = []
+    for r, rank_units in enumerate(units):
+        row = [a for _, _, a in sorted(after[r].get(-1, []))]
+        for j, unit in enumerate(rank_units):
+            row += unit
+            row += [a for _, _, a in sorted(after[r].get(j, []))]
+        out.append(row)
     return schedule.with_actions(out)
 
 
+def _units(row: list[Action], cells) -> list[list[Action]]:
+    """A rank's compute actions in the units that run whole: one action, or a cell's two."""
+    out, k = [], 0
+    while k < len(row):
+        width = 2 if k in cells else 1
+        out.append(row[k : k + width])
+        k += width
+    return out
+
+
+def _dry_run(schedule: Schedule, rows, units, last: int, cost: dict) -> list[list[tuple[float, float]]]:
+    """(start, end) of every unit of every rank when each starts as soon as its rank is free
+    and its inputs exist; ScheduleError naming every blocked rank when the order cannot run."""
+    done: dict[tuple, float] = {}  # what was produced -> when
+    free, nxt = [0.0] * len(units), [0] * len(units)
+    times: list[list[tuple[float, float]]] = [[] for _ in units]
+    while any(nxt[r] < len(u) for r, u in enumerate(units)):
+        ready = []
+        for r, rank_units in enumerate(units):
+            if nxt[r] < len(rank_units):
+                needs = [_input_of(a, last) for a in rank_units[nxt[r]]]
+                if all(n is None or n in done for n in needs):
+                    ready.append((max([free[r]] + [done[n] for n in needs if n is not None]), r))
+        if not ready:
+            pos = [sum(len(u) for u in units[r][: nxt[r]]) for r in range(len(units))]
+            raise ScheduleError(_stuck(schedule, rows, pos, last, done))
+        start, r = min(ready)
+        unit = units[r][nxt[r]]
+        end = start + sum(cost.get(a.op, 1) for a in unit)
+        for a in unit:
+            if a.op is not Op.W:  # a weight gradient stays on its rank
+                done[_output_of(a)] = end
+        times[r].append((start, end))
+        free[r], nxt[r] = end, nxt[r] + 1
+    return times
+
+
+def _receiving_unit(times: list[tuple[float, float]], sent: float) -> int:
+    """The unit after which a receiver posts a receive sent at ``sent``: the one it runs then
+    (start < sent < end), else its last one ending by then (-1: none, before its first)."""
+    j = -1
+    for k, (start, end) in enumerate(times):
+        if end <= sent:
+            j = k
+        elif start < sent:
+            return k
+        else:
+            break
+    return j
+
+
 def _output_of(a: Action) -> tuple:
-    """What compute ``a`` produces: its stage's activation ("F") or input gradient ("G")."""
+    """What compute ``a`` (not W) produces: its stage's activation ("F") or input gradient ("G")."""
     return (a.stage, "F" if a.op is Op.F else "G", a.mb)
 
 

@@ -57,7 +57,36 @@ def cases(p: int) -> list[tuple[str, list[str]]]:
     # ppx's lists exported to torch's CSV form and executed by torch's _PipelineScheduleRuntime
     out += [(f"{mo}-{s}-even-torch_executor", overrides(mo, s, p) + ["pipeline.executor=torch"])
             for mo, s in [("mlp", "1f1b"), ("mlp", "zb_h1"), ("transformer", "interleaved")]]
+    # torch 2.13's own orders, built from the installed torch and given as compute-only CSVs:
+    # ppx places their sends and receives (V placements, overlapped cells included)
+    out += [(f"mlp-torch_{cls}-csv", torch_csv_overrides(cls, p)) for cls in TORCH_ORDERS]
     return out
+
+
+# torch's schedule classes whose orders run (Schedule1F1B's order is refused: its last rank
+# runs a backward before its forward, tests/unit/test_placement.py); m = 2p, as DualPipeV needs
+TORCH_ORDERS = {"ScheduleGPipe": 1, "ScheduleInterleaved1F1B": 2, "ScheduleLoopedBFS": 2,
+                "ScheduleInterleavedZeroBubble": 2, "ScheduleZBVZeroBubble": 2, "ScheduleDualPipeV": 2}
+
+
+def torch_csv_overrides(cls: str, p: int) -> list[str]:
+    """Overrides running torch's ``cls`` order for p ranks from a CSV written once per torch
+    version (atomically: every spawned process writes the same file)."""
+    import os
+    import tempfile
+
+    from helpers.torch_orders import torch_order
+    from ppx.schedules.csv_io import write_csv
+
+    v, m = TORCH_ORDERS[cls], 2 * p
+    path = Path(tempfile.gettempdir()) / f"ppx-torch-orders-{torch.__version__}" / f"{cls}_p{p}_m{m}.csv"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        write_csv(torch_order(cls, p, m, v), tmp)
+        os.replace(tmp, path)
+    return MODELS["mlp"][:-1] + [f"model.layers={v * p}", f"pipeline.schedule={path}", f"pipeline.stages={p}",
+                                 f"pipeline.microbatches={m}", "train.batch_size=8", "train.seed=3"]
 
 
 STAGE_COUNTS = (2, 4)
