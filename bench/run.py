@@ -116,6 +116,7 @@ RUNS = {
     # ppx's ZB-H1 list exported to torch's CSV form and executed by torch's _PipelineScheduleRuntime
     "tw_zb_h1_torch_executor": TW
     + ["pipeline.schedule=zb_h1", "pipeline.executor=torch", "model.fwd_ms=10", "model.bwd_ms=10", "model.wgrad_ms=10"],
+    # every training schedule of the registry, t_f = t_b = t_w = 10 ms per stage (below)
     "mlp_1f1b_p2_run": [
         "pipeline.schedule=1f1b",
         "pipeline.stages=2",
@@ -141,6 +142,23 @@ RUNS = {
         "logging.wandb.mode=disabled",
     ],
 }
+
+
+def every_schedule_runs() -> dict[str, list[str]]:
+    """One known-cost run per training schedule at p=4, m=8, t_f = t_b = t_w = 10 ms per
+    stage: its measured bubble against its theory (bench/tables.py `every_schedule_rows`)."""
+    from ppx.schedules import registry
+
+    return {
+        f"every_{name}": TW
+        + [f"pipeline.schedule={name}", "model.fwd_ms=10", "model.bwd_ms=10", "model.wgrad_ms=10"]
+        + (["model.layers=8"] if registry.default_virtual(name) == 2 else [])
+        for name in registry.FAMILIES
+        if name != "forward_only"
+    }
+
+
+RUNS.update(every_schedule_runs())
 
 
 def run_summary(name: str) -> dict:
