@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from ppx.errors import ScheduleError
 from ppx.schedules.basic import forward_only, gpipe, naive, one_f_one_b
 from ppx.schedules.costs import Costs
+from ppx.schedules.dualpipev import dualpipev
+from ppx.schedules.dualpipev import shape_error as dualpipev_shape_error
 from ppx.schedules.interleaved import interleaved_1f1b
 from ppx.schedules.interleaved import shape_error as interleaved_shape_error
 from ppx.schedules.interleaved_zb import interleaved_zb
@@ -19,6 +21,7 @@ from ppx.schedules.lowering import add_comms
 from ppx.schedules.placement import place_comms
 from ppx.schedules.schedule import Schedule
 from ppx.schedules.simulate import simulate
+from ppx.schedules.zbv import zbv
 from ppx.schedules.zero_bubble import zb_h1, zb_h2
 
 
@@ -32,8 +35,8 @@ class Family:
     bubble: Callable[[int, int, int], float]
     bubble_formula: str
     summary: str
-    virtual: bool = False  # accepts pipeline.virtual_stages > 1
-    default_virtual: int = 1  # v when pipeline.virtual_stages is null
+    virtual: bool = False  # accepts any pipeline.virtual_stages; else only default_virtual
+    default_virtual: int = 1  # v when pipeline.virtual_stages is null (2 for the V placements)
     shape_rule: Callable[[int, int, int], str | None] | None = None  # (p, m, v) -> why not, or None
 
     def shape_error(self, p: int, m: int, v: int) -> str | None:
@@ -78,6 +81,34 @@ def _interleaved_zb_bubble(p: int, m: int, v: int = 2) -> float:
     """Interleaved zero bubble's idle share with t_f = t_b = t_w, simulated: (p-1)/(3vm+p-1)
     for m >= p, ZB-H1's with v m for m; more for m < p."""
     return own_bubble(interleaved_zb(p, m, v), Costs(fwd=1, bwd=1, wgrad=1))
+
+
+def _zbv_bubble(p: int, m: int, v: int = 2) -> float:
+    """ZB-V's idle share with t_f = t_b = t_w per stage. For m >= 2p-1, from the authors' closed
+    form: zero bubble with T_F = T_B = T_W (no rank idles between its first action and its
+    last), which a synchronous step extends by the skew (rank r starts r slots late and ends
+    p-1-r slots before the last): p-1 slots per rank besides its 6m, (p-1)/(6m+p-1). Fewer
+    microbatches (torch's order built for 2p-1, the extra ones dropped): simulated."""
+    if m >= 2 * p - 1:
+        return (p - 1) / (6 * m + p - 1)
+    return own_bubble(zbv(p, m), Costs(fwd=1, bwd=1, wgrad=1))
+
+
+def dualpipe_bubble(p: int, fb: float, b: float, w: float) -> float:
+    """DualPipe's closed form for DualPipeV on p ranks (2p stages): (PP/2-1)(F&B+B-3W) with
+    PP = 2p, the longest rank's idle time between its first action and its last; ``fb`` an
+    overlapped cell's time, ``b`` a full backward's, ``w`` a weight pass's."""
+    return (p - 1) * (fb + b - 3 * w)
+
+
+def _dualpipev_bubble(p: int, m: int, v: int = 2) -> float:
+    """DualPipeV's idle share with t_f = t_b = t_w per stage, from DualPipe's closed form: with
+    F = W = 1, a full B = 2 and a cell F&B = F + B = 3 (ppx's clock: a cell's parts one after
+    the other), 2(p-1) idle slots on rank 0, which starts first and ends last; every rank does
+    2m (F + B) = 6m, so the step is 6m + 2(p-1) and the idle share 2(p-1)/(6m+2(p-1)) =
+    (p-1)/(3m+p-1)."""
+    idle = dualpipe_bubble(p, 1 + 2, 2, 1)
+    return idle / (2 * m * (1 + 2) + idle)
 
 
 FAMILIES: dict[str, Family] = {
@@ -148,6 +179,23 @@ FAMILIES: dict[str, Family] = {
             default_virtual=2,
             shape_rule=interleaved_zb_shape_error,
         ),
+        Family(
+            "zbv",
+            lambda p, m, v: zbv(p, m),
+            _zbv_bubble,
+            "(p-1)/(6m+p-1) for m >= 2p-1, t_f = t_b = t_w (closed form; fewer m: simulated)",
+            "zero bubble V (torch's ZBVZeroBubble): two stages per rank in a V, I and W, 1F1B's memory",
+            default_virtual=2,
+        ),
+        Family(
+            "dualpipev",
+            lambda p, m, v: dualpipev(p, m),
+            _dualpipev_bubble,
+            "(p-1)/(3m+p-1) for t_f = t_b = t_w, a cell F + B (DualPipe's (PP/2-1)(F&B+B-3W), PP = 2p; closed form)",
+            "DualPipe cut in half (torch's DualPipeV): two stages per rank in a V, forward and backward in cells",
+            default_virtual=2,
+            shape_rule=dualpipev_shape_error,
+        ),
     ]
 }
 
@@ -217,16 +265,27 @@ def build(
     if stages < 1 or microbatches < 1 or v < 1:
         raise ScheduleError(f"stages ({stages}), microbatches ({microbatches}) and virtual stages ({v}) must be >= 1")
     fam = family(name)
-    if v != 1 and not fam.virtual:
-        several = ", ".join(f.name for f in FAMILIES.values() if f.virtual)
-        raise ScheduleError(
-            f"schedule {name!r} runs one stage per rank: pipeline.virtual_stages must be 1 "
-            f"(got {v}); {several} takes several"
-        )
+    if v != fam.default_virtual and not fam.virtual:
+        raise ScheduleError(_fixed_virtual_error(name, fam, v))
     why = fam.shape_error(stages, microbatches, v)
     if why:
         raise ScheduleError(why)
     return place_comms(fam.make(stages, microbatches, v), transport)
+
+
+def _fixed_virtual_error(name: str, fam: Family, v: int) -> str:
+    """Why ``v`` stages per rank is not a shape of ``fam``, which takes only its own."""
+    if fam.default_virtual != 1:
+        return (
+            f"schedule {name!r} places exactly {fam.default_virtual} stages on every rank, in a V (stage s on "
+            f"rank s, then on rank 2p-1-s): pipeline.virtual_stages must be {fam.default_virtual} or null (got {v})"
+        )
+    several = ", ".join(f.name for f in FAMILIES.values() if f.virtual)
+    v_shaped = " and ".join(f.name for f in FAMILIES.values() if not f.virtual and f.default_virtual != 1)
+    return (
+        f"schedule {name!r} runs one stage per rank: pipeline.virtual_stages must be 1 "
+        f"(got {v}); {several} take several" + (f", {v_shaped} two in a V" if v_shaped else "")
+    )
 
 
 def formula_family(name: str) -> Family | None:

@@ -16,6 +16,8 @@ COSTS = {
     "zb_h1": Costs(fwd=1, bwd=1, wgrad=1),
     "zb_h2": Costs(fwd=1, bwd=1, wgrad=1),
     "interleaved_zb": Costs(fwd=1, bwd=1, wgrad=1),
+    "zbv": Costs(fwd=1, bwd=1, wgrad=1),
+    "dualpipev": Costs(fwd=1, bwd=1, wgrad=1),
     "interleaved_1f1b": Costs(fwd=1, bwd=1),
 }
 
@@ -25,7 +27,8 @@ def closed_form(name: str, p: int, m: int, v: int = 1) -> float:
     (whose ZB-H1 value is the simulator's own): naive (p-1)/p, fill-drain (p-1)/(m+p-1),
     interleaved (p-1)/(vm+p-1), ZB-H1 (p-1)/(3m+p-1) for m >= p and ZB-H2 the same for
     m >= 2p-1, with t_f = t_b = t_w; looped BFS (p-1)/(vm+p-1) for m >= p, more below;
-    interleaved zero bubble (p-1)/(3vm+p-1) for m >= p."""
+    interleaved zero bubble (p-1)/(3vm+p-1) for m >= p; ZB-V (p-1)/(6m+p-1) for m >= 2p-1 and
+    DualPipeV (p-1)/(3m+p-1) (m >= 2p), with t_f = t_b = t_w (a cell costing F + B)."""
     if name == "naive":
         return (p - 1) / p
     if name in ("gpipe", "1f1b", "forward_only"):
@@ -43,6 +46,11 @@ def closed_form(name: str, p: int, m: int, v: int = 1) -> float:
     if name == "interleaved_zb":  # the simulator's (test_interleaved_zb.py)
         assert m >= p, "interleaved zero bubble's closed form holds for m >= p"
         return (p - 1) / (3 * v * m + p - 1)
+    if name == "zbv":  # the authors' zero bubble plus the synchronous step's skew (test_zbv.py)
+        assert m >= 2 * p - 1, "ZB-V's closed form holds for m >= 2p-1"
+        return (p - 1) / (6 * m + p - 1)
+    if name == "dualpipev":  # DualPipe's (p-1)(F&B+B-3W) at F = W = 1, B = 2 (test_dualpipev.py)
+        return (p - 1) / (3 * m + p - 1)
     raise AssertionError(f"no closed form for {name}: add it to this test")
 
 
@@ -55,6 +63,10 @@ def test_builtin_schedules_validate_and_match_theory(name, p, m):
         with pytest.raises(ScheduleError, match="multiple of pipeline.stages"):
             schedules.build(name, p, m, v)
         return
+    if name == "dualpipev" and m < 2 * p:
+        with pytest.raises(ScheduleError, match="dualpipev needs pipeline.microbatches >= 2 x pipeline.stages"):
+            schedules.build(name, p, m, v)
+        return
     sched = schedules.build(name, p, m, v)  # validates (including the deadlock dry run)
     assert sched.num_ranks == p and sched.num_microbatches == m and sched.num_stages == p * v
     bubble = schedules.simulate(sched, COSTS.get(name, Costs(fwd=1, bwd=2))).bubble_fraction()
@@ -63,13 +75,15 @@ def test_builtin_schedules_validate_and_match_theory(name, p, m):
         # closed form, still less than 1F1B's (p-1)/(m+p-1)
         assert (p - 1) / (3 * m + p - 1) < bubble < closed_form("1f1b", p, m)
         return
-    if name in ("zb_h2", "looped_bfs", "interleaved_zb"):
+    if name in ("zb_h2", "looped_bfs", "interleaved_zb", "zbv"):
         # the theory is the order's own timing; NCCL's in-order batches may add waits to it
         # where the placement is add_comms' (test_zb_h2.py, test_looped_bfs.py, ...)
         theory = schedules.theory_bubble(name, p, m, v)
         assert bubble >= theory - 1e-12
         if name == "zb_h2" and m < 2 * p - 1:  # too few microbatches to fill the parallelogram
             assert (p - 1) / (3 * m + p - 1) <= theory < closed_form("1f1b", p, m)
+        elif name == "zbv" and m < 2 * p - 1:  # torch's warmup built for 2p-1, not filled
+            assert (p - 1) / (6 * m + p - 1) <= theory
         elif name == "interleaved_zb" and m < p:
             assert theory > (p - 1) / (3 * v * m + p - 1)
         else:
@@ -103,6 +117,11 @@ def test_interleaved_bubble_shrinks_by_v(p, m, v):
 def test_virtual_stages_only_for_interleaved():
     with pytest.raises(ScheduleError, match="runs one stage per rank: pipeline.virtual_stages must be 1"):
         schedules.build("1f1b", 2, 4, 2)
+    with pytest.raises(ScheduleError, match="zbv and dualpipev two in a V"):
+        schedules.build("zb_h1", 2, 4, 3)
+    for name in ("zbv", "dualpipev"):  # two stages per rank, always
+        with pytest.raises(ScheduleError, match="places exactly 2 stages on every rank, in a V"):
+            schedules.build(name, 2, 4, 3)
 
 
 def _max_in_flight(sched, rank):
