@@ -28,6 +28,7 @@ SCHEDULES = {  # name -> (schedule, microbatches)
     "1f1b": ("1f1b", 4), "1f1b_m2": ("1f1b", 2), "forward_only": ("forward_only", 4),
     "interleaved": ("interleaved_1f1b", 4), "zb_h1": ("zb_h1", 4), "zb_h2": ("zb_h2", 8),
     "looped_bfs": ("looped_bfs", 4), "interleaved_zb": ("interleaved_zb", 4),
+    "zbv": ("zbv", 8), "dualpipev": ("dualpipev", 8),  # V placements; dualpipev needs m >= 2p
 }
 UNEVEN = {4: "[1,1,1,1]", 2: "[3,1]"}
 
@@ -36,7 +37,7 @@ def overrides(model: str, sched: str, p: int, uneven: bool = False) -> list[str]
     name, m = SCHEDULES[sched]
     o = MODELS[model] + [f"pipeline.schedule={name}", f"pipeline.stages={p}", f"pipeline.microbatches={m}",
                          "train.batch_size=8", "train.seed=3"]
-    if name in ("interleaved_1f1b", "looped_bfs", "interleaved_zb"):  # two stages per rank: 2p stages need 2p layers
+    if name in ("interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv", "dualpipev"):  # two stages per rank: 2p stages need 2p layers
         o += ["pipeline.virtual_stages=2", f"model.layers={2 * p}"]
     return o + ([f"pipeline.layers_per_stage={UNEVEN[p]}"] if uneven else [])
 
