@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.schedule_checks import UNIT, peak_in_flight
+from helpers.schedule_checks import own_timeline as timeline
 from helpers.torch_orders import torch_order
 from ppx.errors import ScheduleError
-from ppx.schedules import Costs, Op, add_comms, registry, simulate
+from ppx.schedules import Costs, Op, registry, simulate
 from ppx.schedules.dualpipev import dualpipev
 from ppx.schedules.grid import render_grid
 from ppx.schedules.registry import dualpipe_bubble
 from ppx.schedules.zbv import v_stage_to_rank
 
-UNIT = Costs(fwd=1, bwd=1, wgrad=1)
 CLASS = "ScheduleDualPipeV"
-
-
-def timeline(sched, costs=UNIT):
-    """The order's own timing: zero communication, every receive posted up front (gloo)."""
-    return simulate(add_comms(sched), costs, "gloo", -1)
 
 
 @pytest.mark.parametrize("p", [1, 2, 4, 8])
@@ -114,22 +110,13 @@ def test_registry_theory_is_the_closed_form_at_equal_costs():
             assert timeline(dualpipev(p, m)).bubble_fraction() == pytest.approx(theory, abs=1e-12)
 
 
-def _peak(row) -> int:
-    """Peak (stage, microbatch) pairs in flight: forwarded, backward (B, or I and W) not done."""
-    live = peak = 0
-    for a in row:
-        live += (a.op is Op.F) - (a.op in (Op.B, Op.W))
-        peak = max(peak, live)
-    return peak
-
-
 @pytest.mark.parametrize("p", range(1, 9))
 def test_peak_in_flight_is_dualpipes_pp_plus_1(p):
     """DualPipe's activation per device for DualPipeV: PP+1 with PP = 2p stages, in units of
     one stage's activations: every rank holds 2p+1 stage-microbatches at its peak, each half
     of its layers (1F1B on 2p ranks holds 2p on its first)."""
     for m in range(2 * p, 4 * p + 2):
-        assert [_peak(row) for row in dualpipev(p, m).actions] == [2 * p + 1] * p, (p, m)
+        assert [peak_in_flight(row) for row in dualpipev(p, m).actions] == [2 * p + 1] * p, (p, m)
 
 
 def test_the_grid_and_the_cells_print():

@@ -7,19 +7,14 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.schedule_checks import UNIT, own_bubble, peak_in_flight
 from helpers.torch_orders import torch_order
 from ppx.errors import ScheduleError
-from ppx.schedules import Costs, Op, add_comms, registry, simulate
+from ppx.schedules import registry, simulate
 from ppx.schedules.grid import render_grid
 from ppx.schedules.interleaved_zb import interleaved_zb, rounds, shape_error
 
-UNIT = Costs(fwd=1, bwd=1, wgrad=1)
 CLASS = "ScheduleInterleavedZeroBubble"
-
-
-def own_bubble(sched, costs=UNIT) -> float:
-    """The order's own timing: zero communication, every receive posted up front (gloo)."""
-    return simulate(add_comms(sched), costs, "gloo", -1).bubble_fraction()
 
 
 @pytest.mark.parametrize("v", [2, 3])
@@ -84,14 +79,6 @@ def test_bubble_is_the_simulators():
                     assert bubble > (p - 1) / (3 * v * m + p - 1)
 
 
-def _peak(row) -> int:
-    live = peak = 0
-    for a in row:
-        live += (a.op is Op.F) - (a.op is Op.W)
-        peak = max(peak, live)
-    return peak
-
-
 @pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 4, 2), (4, 8, 2), (4, 16, 3), (8, 16, 2), (4, 6, 2), (4, 2, 2)])
 def test_peak_in_flight_is_zb_1p_memory(p, m, v):
     """Every rank holds (v-1) rounds plus p stage-microbatches at its peak (all v m when
@@ -99,7 +86,7 @@ def test_peak_in_flight_is_zb_1p_memory(p, m, v):
     paper's ZB-1p limit p M_B, 1F1B's."""
     per_round = rounds(p, m)[1]
     want = min((v - 1) * per_round + p, v * m)
-    assert [_peak(row) for row in interleaved_zb(p, m, v).actions] == [want] * p
+    assert [peak_in_flight(row) for row in interleaved_zb(p, m, v).actions] == [want] * p
     if m % p == 0:
         assert want == v * p
 

@@ -6,14 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.schedule_checks import own_bubble, peak_in_flight
 from helpers.torch_orders import torch_order
-from ppx.schedules import Costs, Op, add_comms, registry, simulate
+from ppx.schedules import Costs, registry, simulate
 from ppx.schedules.looped_bfs import looped_bfs
-
-
-def own_bubble(sched, costs) -> float:
-    """The order's own timing: zero communication, every receive posted up front (gloo)."""
-    return simulate(add_comms(sched), costs, "gloo", -1).bubble_fraction()
 
 
 @pytest.mark.parametrize("v", [2, 3])
@@ -60,19 +56,11 @@ def test_bubble_is_the_simulators(costs):
     assert registry.theory_bubble("looped_bfs", 4, 2, 3) == pytest.approx(closed_form(4, 2, 3))
 
 
-def _peak(row) -> int:
-    live = peak = 0
-    for a in row:
-        live += (a.op is Op.F) - (a.op is Op.B)
-        peak = max(peak, live)
-    return peak
-
-
 @pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 3, 3), (8, 16, 2)])
 def test_every_microbatch_is_in_flight_on_every_stage_at_the_peak(p, m, v):
     """All v m (stage, microbatch) pairs: v chunks of 1/v of the rank's layers each, so m
     microbatches' worth of the rank's activations, GPipe's figure."""
-    assert [_peak(row) for row in looped_bfs(p, m, v).actions] == [v * m] * p
+    assert [peak_in_flight(row) for row in looped_bfs(p, m, v).actions] == [v * m] * p
 
 
 @pytest.mark.parametrize(

@@ -7,17 +7,16 @@ import random
 
 import pytest
 
+from helpers.schedule_checks import UNIT, own_bubble
 from helpers.torch_orders import torch_order
 from ppx.errors import ScheduleError
 from ppx.schedules.action import Action, B, F, Op
-from ppx.schedules.costs import Costs
 from ppx.schedules.lowering import add_comms
 from ppx.schedules.placement import lockstep_comms, place_comms
 from ppx.schedules.schedule import Schedule
 from ppx.schedules.simulate import simulate
 from ppx.schedules.validate import validate
 
-UNIT = Costs(fwd=1, bwd=1, wgrad=1)
 SHAPES = [(p, m) for p in (2, 4, 8) for m in (p, 2 * p, 4 * p)]
 
 
@@ -49,7 +48,7 @@ def test_torchs_orders_load_validate_print_and_keep_their_own_bubble(cls, p, m, 
         assert render_grid(placed, UNIT, transport).count("\nrank ") == p
     # its own bubble: every request independent, receives posted up front; NCCL's in-order
     # batches cost the placed order nothing
-    own = simulate(add_comms(order), UNIT, "gloo", -1).bubble_fraction()
+    own = own_bubble(order)
     assert simulate(from_csv(tmp_path / "order.csv"), UNIT, "nccl").bubble_fraction() == pytest.approx(own)
 
 

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from ppx.schedules import Costs, Op, add_comms, registry, simulate
+from helpers.schedule_checks import UNIT
+from helpers.schedule_checks import own_timeline as timeline
+from ppx.schedules import Costs, Op, registry, simulate
 from ppx.schedules.grid import render_grid
 from ppx.schedules.zero_bubble import zb_h1, zb_h2
 
-UNIT = Costs(fwd=1, bwd=1, wgrad=1)
 SHAPES = [(p, m) for p in range(1, 9) for m in sorted({1, 2, p, 2 * p - 1, 2 * p, 3 * p + 1, 4 * p})]
-
-
-def timeline(sched, costs=UNIT):
-    return simulate(add_comms(sched), costs, "gloo", -1)
 
 
 def test_order_follows_the_paper():

@@ -8,20 +8,16 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.schedule_checks import UNIT, peak_in_flight
+from helpers.schedule_checks import own_timeline as timeline
 from helpers.torch_orders import torch_order
 from ppx import config
 from ppx.errors import ScheduleError
-from ppx.schedules import Costs, Op, add_comms, registry, simulate
+from ppx.schedules import Costs, registry, simulate
 from ppx.schedules.grid import render_grid
 from ppx.schedules.zbv import v_stage_to_rank, zbv
 
-UNIT = Costs(fwd=1, bwd=1, wgrad=1)
 CLASS = "ScheduleZBVZeroBubble"
-
-
-def timeline(sched, costs=UNIT):
-    """The order's own timing: zero communication, every receive posted up front (gloo)."""
-    return simulate(add_comms(sched), costs, "gloo", -1)
 
 
 @pytest.mark.parametrize("p", [1, 2, 4, 8])
@@ -96,22 +92,13 @@ def test_unequal_times_are_simulated(tf, tb, tw):
             assert longest - 2 * m * (tf + tb + tw) == pytest.approx(2 * (p - 1) * (tb - tw))
 
 
-def _peak(row) -> int:
-    """Peak (stage, microbatch) pairs in flight: forwarded, weight gradient not yet run."""
-    live = peak = 0
-    for a in row:
-        live += (a.op is Op.F) - (a.op is Op.W)
-        peak = max(peak, live)
-    return peak
-
-
 @pytest.mark.parametrize("p", range(1, 9))
 def test_peak_in_flight_is_1f1bs(p):
     """The authors' memory: 1F1B's p M_B. Once m >= 2p-1 every rank holds 2p stage-microbatches
     at its peak, each of half its layers: p microbatches' worth, 1F1B's rank 0. Fewer: rank r
     holds min(m+1+r, 2m, 2p)."""
     for m in range(1, 4 * p + 2):
-        peaks = [_peak(row) for row in zbv(p, m).actions]
+        peaks = [peak_in_flight(row) for row in zbv(p, m).actions]
         assert peaks == [min(m + 1 + r, 2 * m, 2 * p) for r in range(p)], (p, m)
         if m >= 2 * p - 1:
             assert peaks == [2 * p] * p
