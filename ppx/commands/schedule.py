@@ -6,6 +6,21 @@ from ppx.commands.common import output_path, schedule_from
 from ppx.errors import UserError
 
 
+def _own_order(path: str, sched, costs, transport: str) -> str:
+    """For a CSV: the bubble of its compute order with ppx's placement, beside the one of its
+    own sends and receives when it has them (early receives can hold a rank back on NCCL)."""
+    from ppx import schedules
+    from ppx.schedules.placement import place_comms
+
+    if not any(a.op.is_comm for row in schedules.read_csv(path).actions for a in row):
+        return " (a CSV order: no theory; this is its own bubble)"
+    own = schedules.simulate(place_comms(sched.compute_only(), transport), costs, transport).bubble_fraction()
+    return (
+        f" with the CSV's own sends and receives on {transport}; {own:.1%} with ppx's placement of the same "
+        "compute order (its own bubble; a CSV order has no theory)"
+    )
+
+
 def cmd_schedule(args) -> int:
     from ppx import schedules
     from ppx.schedules.grid import render_grid
@@ -33,6 +48,8 @@ def cmd_schedule(args) -> int:
     timeline = schedules.simulate(sched, costs, args.transport)
     fam = schedules.FAMILIES.get(sched.name)
     line = f"bubble (idle share of the step): simulated {timeline.bubble_fraction():.1%}"
+    if schedules.is_csv(args.name):
+        line += _own_order(args.name, sched, costs, args.transport)
     if fam is not None:
         th = fam.bubble(p, m, args.virtual)
         line += f", theory {fam.bubble_formula} = {th:.1%}; as a share of the ideal time: {th / (1 - th):.1%}"

@@ -109,5 +109,12 @@ def from_csv(path: str | Path, transport: str = "nccl") -> Schedule:
     has_comms = any(a.op.is_comm for row in loaded.actions for a in row)
     if not has_comms:
         return place_comms(loaded, transport)
-    validate(loaded, transport)
+    try:
+        validate(loaded, transport)
+    except ScheduleError as e:
+        place_comms(loaded.compute_only(), transport)  # the order itself wrong: that error instead
+        raise ScheduleError(
+            f"{e} (with the sends and receives written in {Path(path).name}: drop its SEND/RECV cells and ppx "
+            "places its own, which run)"
+        ) from None
     return loaded

@@ -13,3 +13,32 @@ def test_exported_interleaved_csv_runs_as_built(tmp_path):
     r = ppx("schedule", "interleaved_1f1b", "-p", "3", "-m", "6", "--csv", str(path))
     assert r.returncode == 0 and "with its SEND/RECV actions" in r.stdout, r.stderr
     assert schedules.from_csv(path).actions == schedules.build("interleaved_1f1b", 3, 6, 2).actions
+
+
+def test_a_csv_with_torchs_own_comms_prints_the_orders_own_bubble_too(tmp_path):
+    """torch's LoopedBFS with its own sends and receives runs as written, but its early
+    receives hold ranks back on NCCL; ppx prints that and the order's own bubble."""
+    from helpers.torch_orders import torch_csv_with_comms
+
+    path = tmp_path / "bfs.csv"
+    torch_csv_with_comms("ScheduleLoopedBFS", 4, 8, 2, path)
+    r = ppx("schedule", str(path))
+    assert r.returncode == 0, r.stderr
+    line = r.stdout.strip().splitlines()[-1]
+    assert line.startswith("bubble (idle share of the step): simulated ")
+    assert "with the CSV's own sends and receives on nccl; 15.8% with ppx's placement of the same compute order" in line
+
+
+def test_torchs_deferred_receives_for_zbv_are_refused_with_the_way_out(tmp_path):
+    """torch's defer_pp_recv lowering posts ZB-V's receives out of channel order for NCCL: ppx
+    says so and how to run the order anyway."""
+    from helpers.torch_orders import torch_csv_with_comms
+
+    path = tmp_path / "zbv.csv"
+    torch_csv_with_comms("ScheduleZBVZeroBubble", 4, 8, 2, path, defer_pp_recv=True)
+    r = ppx("schedule", str(path))
+    assert r.returncode != 0
+    err = r.stderr.strip()
+    assert err.startswith("ppx: error: rank 0 step ") and "are in a different order" in err, err
+    assert err.endswith("drop its SEND/RECV cells and ppx places its own, which run)"), err
+    assert len(err.splitlines()) == 1

@@ -13,10 +13,9 @@ V_SHAPED = ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")  # stage s on rank s, 
 TORCH_ONLY = ("REDUCE_GRAD", "UNSHARD", "RESHARD")
 
 
-def torch_order(class_name: str, p: int, m: int, v: int = 1) -> Schedule:
-    """torch's ``class_name`` order for p ranks, m microbatches and v stages per rank (stage s
-    on rank s % p, or in V placement for ZB-V and DualPipeV, v = 2), as a compute-only ppx
-    Schedule, overlapped cells (OVERLAP_F_B) included."""
+def _torch_schedule(class_name: str, p: int, m: int, v: int, **kwargs):
+    """torch's schedule object for rank 0 of p (every rank's order is in it), and the
+    stage-to-rank map."""
     import torch
     import torch.distributed.pipelining.schedules as torch_schedules
 
@@ -39,7 +38,24 @@ def torch_order(class_name: str, p: int, m: int, v: int = 1) -> Schedule:
     ]
     cls = getattr(torch_schedules, class_name)
     single = issubclass(cls, torch_schedules.PipelineScheduleSingle)  # GPipe, 1F1B: one stage per rank
-    sched = cls(stages[0] if single else stages, m)
+    return cls(stages[0] if single else stages, m, **kwargs), s2r
+
+
+def torch_csv_with_comms(class_name: str, p: int, m: int, v: int, path, defer_pp_recv: bool = False) -> None:
+    """torch's order *with its own sends and receives* (its lowering, ``defer_pp_recv`` as
+    asked) written as torch's CSV."""
+    import csv
+
+    sched, _ = _torch_schedule(class_name, p, m, v, defer_pp_recv=defer_pp_recv)
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([str(a) for a in sched.pipeline_order_with_comms[r]] for r in range(p))
+
+
+def torch_order(class_name: str, p: int, m: int, v: int = 1) -> Schedule:
+    """torch's ``class_name`` order for p ranks, m microbatches and v stages per rank (stage s
+    on rank s % p, or in V placement for ZB-V and DualPipeV, v = 2), as a compute-only ppx
+    Schedule, overlapped cells (OVERLAP_F_B) included."""
+    sched, s2r = _torch_schedule(class_name, p, m, v)
     rows, overlaps = [], []
     for r in range(p):
         row, cells = [], set()
