@@ -124,3 +124,39 @@ def test_torch_backend_runs_in_the_harness_with_the_same_losses(tmp_path):
     # batch under torch's split) by its own bytes, and the loss torch computes after the last
     # stage's forward as part of that forward
     assert [r["peak_activation_bytes"] for r in sb["ranks"]] == [r["peak_activation_bytes"] for r in sa["ranks"]]
+
+
+def test_overlapped_cells_show_both_parts_in_the_timeline(tmp_path):
+    """DualPipeV's cells run their forward, then their backward, on CPU: the timeline holds
+    both parts of every cell of the schedule, next to each other on the rank's track."""
+    from ppx.schedules import registry
+
+    d = tmp_path / "dpv"
+    r = ppx(
+        "run",
+        "gpipe_2cpu",
+        "pipeline.schedule=dualpipev",
+        "pipeline.microbatches=4",
+        "model.kind=synthetic",
+        "model.fwd_ms=2",
+        "model.bwd_ms=2",
+        "model.wgrad_ms=2",
+        "model.layers=4",
+        "model.hidden=16",
+        "train.steps=2",
+        "logging.wandb.mode=disabled",
+        f"run.dir={d}",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    sched = registry.build("dualpipev", 2, 4)
+    trace = read_json(d / "timeline.json")
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    last = max(e["args"]["step"] for e in events if e.get("ph") == "X")
+    for rank in range(2):
+        names = [e["name"] for e in events if e.get("ph") == "X" and e["pid"] == rank and e["args"]["step"] == last]
+        computes = [n for n in names if n in {str(a) for a in sched.actions[rank]}]
+        cells = [s for s in sched.strings(rank) if s.endswith("OVERLAP_F_B")]
+        assert cells
+        for cell in cells:
+            f, b = cell[1:].split(")")[0].split(";")
+            assert computes[computes.index(f) + 1] == b, (rank, cell)
