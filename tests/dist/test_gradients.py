@@ -1,5 +1,6 @@
-"""Every schedule, p in {2, 4}, both models: after one pipelined step each parameter's
-gradient and the loss equal a single-process full-batch reference (real gloo processes)."""
+"""Every schedule, p in {2, 4}, both models, and torch 2.13's own orders at p in {2, 4, 8}:
+after one pipelined step each parameter's gradient and the loss equal a single-process
+full-batch reference (real gloo processes)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,10 @@ def overrides(model: str, sched: str, p: int, uneven: bool = False) -> list[str]
 def cases(p: int) -> list[tuple[str, list[str]]]:
     """(model-schedule-split[-variant], overrides) per case; the name is the same for every p.
     split: "even" (the layer split, equal stages), "uneven" (pipeline.layers_per_stage),
-    "tracer" (torch's tracer cuts one traced nn.Module into GraphModules) or "tracer-uneven"."""
+    "tracer" (torch's tracer cuts one traced nn.Module into GraphModules) or "tracer-uneven".
+    At p = 8 only torch's orders run (eight processes on a CI machine's two cores)."""
+    if p == 8:
+        return torch_order_cases(p)
     out = [(f"{mo}-{s}-even", overrides(mo, s, p)) for mo in MODELS for s in SCHEDULES]
     out += [(f"{mo}-1f1b-uneven", overrides(mo, "1f1b", p, uneven=True)) for mo in MODELS]
     out += [("mlp-1f1b-tracer-uneven", overrides("mlp", "1f1b", p, uneven=True) + ["pipeline.split=tracer"]),
@@ -58,19 +62,24 @@ def cases(p: int) -> list[tuple[str, list[str]]]:
     # ppx's lists exported to torch's CSV form and executed by torch's _PipelineScheduleRuntime
     out += [(f"{mo}-{s}-even-torch_executor", overrides(mo, s, p) + ["pipeline.executor=torch"])
             for mo, s in [("mlp", "1f1b"), ("mlp", "zb_h1"), ("transformer", "interleaved")]]
-    # torch 2.13's own orders, built from the installed torch and given as compute-only CSVs:
-    # ppx places their sends and receives (V placements, overlapped cells included)
-    out += [(f"mlp-torch_{cls}-csv", torch_csv_overrides(cls, p)) for cls in TORCH_ORDERS]
-    return out
+    return out + torch_order_cases(p)
+
+
+def torch_order_cases(p: int) -> list[tuple[str, list[str]]]:
+    """torch 2.13's own orders, built from the installed torch and given as compute-only CSVs:
+    ppx places their sends and receives (V placements, overlapped cells included); m in
+    {p, 2p, 4p} where torch builds the order (DualPipeV: m >= 2p)."""
+    return [(f"mlp-torch_{cls}-m{k}p-csv", torch_csv_overrides(cls, p, k * p))
+            for cls in TORCH_ORDERS for k in (1, 2, 4) if not (cls == "ScheduleDualPipeV" and k == 1)]
 
 
 # torch's schedule classes whose orders run (Schedule1F1B's order is refused: its last rank
-# runs a backward before its forward, tests/unit/test_placement.py); m = 2p, as DualPipeV needs
+# runs a backward before its forward, tests/unit/test_placement.py) -> stages per rank
 TORCH_ORDERS = {"ScheduleGPipe": 1, "ScheduleInterleaved1F1B": 2, "ScheduleLoopedBFS": 2,
                 "ScheduleInterleavedZeroBubble": 2, "ScheduleZBVZeroBubble": 2, "ScheduleDualPipeV": 2}
 
 
-def torch_csv_overrides(cls: str, p: int) -> list[str]:
+def torch_csv_overrides(cls: str, p: int, m: int) -> list[str]:
     """Overrides running torch's ``cls`` order for p ranks from a CSV written once per torch
     version (atomically: every spawned process writes the same file)."""
     import os
@@ -79,7 +88,7 @@ def torch_csv_overrides(cls: str, p: int) -> list[str]:
     from helpers.torch_orders import torch_order
     from ppx.schedules.csv_io import write_csv
 
-    v, m = TORCH_ORDERS[cls], 2 * p
+    v = TORCH_ORDERS[cls]
     path = Path(tempfile.gettempdir()) / f"ppx-torch-orders-{torch.__version__}" / f"{cls}_p{p}_m{m}.csv"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,10 +96,10 @@ def torch_csv_overrides(cls: str, p: int) -> list[str]:
         write_csv(torch_order(cls, p, m, v), tmp)
         os.replace(tmp, path)
     return MODELS["mlp"][:-1] + [f"model.layers={v * p}", f"pipeline.schedule={path}", f"pipeline.stages={p}",
-                                 f"pipeline.microbatches={m}", "train.batch_size=8", "train.seed=3"]
+                                 f"pipeline.microbatches={m}", f"train.batch_size={4 * p}", "train.seed=3"]
 
 
-STAGE_COUNTS = (2, 4)
+STAGE_COUNTS = (2, 4, 8)
 CASES = [(p, name) for p in STAGE_COUNTS for name, _ in cases(p)]
 
 
