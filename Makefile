@@ -60,11 +60,12 @@ compare: $(STAMP)
 # TensorBoard over every run and comparison. Offline: the Scalars, Images (timeline, breakdown,
 # compare, bubble) and Text (summary, config) tabs. The PyTorch Profiler tab (one worker per rank)
 # needs internet access in the browser: torch-tb-profiler loads Google Charts from gstatic.com.
-# Offline alternatives: those tabs, a run's timeline.json in Perfetto (ui.perfetto.dev, loaded
-# once while online) or chrome://tracing, and the PNGs in each run directory.
+# Offline alternatives: those tabs, each run's (and comparison's) self-contained report.html,
+# the PNGs in each run directory, and timeline.json or the traces in Perfetto (ui.perfetto.dev,
+# loaded once while online).
 tb: $(STAMP)
 	@echo "ppx: Scalars, Images and Text work offline; the PyTorch Profiler tab needs internet access in the browser (it loads Google Charts)."
-	@echo "ppx: offline instead: a run's timeline.json in Perfetto (ui.perfetto.dev, once online) or chrome://tracing, and its timeline.png / breakdown.png."
+	@echo "ppx: offline instead: each run's report.html (one file, opens in any browser), its timeline.png / breakdown.png, and timeline.json in Perfetto (ui.perfetto.dev, once online)."
 	$(VENV)/bin/tensorboard --logdir $(or $(LOGDIR),runs) --load_fast=false --port $(or $(PORT),6006)
 
 # Submit an experiment to SLURM: make sbatch EXP=gpipe_4gpu NODES=2 ARGS="..."
