@@ -71,4 +71,4 @@ tb: $(STAMP)
 # Submit an experiment to SLURM: make sbatch EXP=gpipe_4gpu NODES=2 ARGS="..."
 sbatch:
 	@mkdir -p runs
-	EXP=$(EXP) ARGS="$(ARGS)" sbatch --nodes $(or $(NODES),1) $(SBATCH_ARGS) slurm/pp.sbatch
+	EXP=$(EXP) ARGS="$(ARGS)" sbatch --nodes $(or $(NODES),1) --output=runs/slurm-%j.out $(SBATCH_ARGS) slurm/pp.sbatch

@@ -78,7 +78,7 @@ def cluster(tmp_path_factory):
 @skip_without_slurm
 def test_sbatch_trains_four_stages_across_two_slurm_nodes(cluster, tmp_path, single_node_losses):
     submit = tmp_path / "submit"
-    (submit / "runs").mkdir(parents=True)
+    submit.mkdir()  # no runs/ in it: the job's output must not depend on one
     job = cluster.sbatch(
         "--nodes",
         "2",
@@ -93,7 +93,7 @@ def test_sbatch_trains_four_stages_across_two_slurm_nodes(cluster, tmp_path, sin
         },
     )
     state = cluster.wait(job, timeout_s=300)
-    log = (submit / "runs" / f"slurm-{job}.out").read_text()
+    log = (submit / f"slurm-{job}.out").read_text()
     assert state == "COMPLETED", log[-3000:]
     assert f"ppx: job {job} on 2 node(s) [n[1-2]], 2 process(es) per node, rendezvous 127.0.0.1:" in log
     run = submit / "runs" / "gpipe_4gpu" / f"slurm-{job}"
@@ -103,6 +103,7 @@ def test_sbatch_trains_four_stages_across_two_slurm_nodes(cluster, tmp_path, sin
     assert Counter(r["slurm_node"] for r in env["ranks"]) == {"n1": 2, "n2": 2}  # stages spread over both nodes
     assert {r["slurm_job_id"] for r in env["ranks"]} == {job}
     assert read_json(run / "summary.json")["losses"] == pytest.approx(single_node_losses, rel=1e-6)
+    assert (run / "slurm.out").resolve() == (submit / f"slurm-{job}.out").resolve()  # the run points to its log
 
 
 @skip_without_slurm
