@@ -21,28 +21,12 @@ def add_comms(schedule: Schedule) -> Schedule:
     the receives a group needs go right before it, the sends it produces right after it, so
     the sends of one group and the receives of the next form one batch."""
     s2r = schedule.stage_to_rank
-    last = schedule.num_stages - 1
-
-    def remote(a: int, b: int) -> bool:
-        return 0 <= b <= last and s2r[a] != s2r[b]
 
     def receives(group):
-        out = []
-        for a in group:
-            if a.op is Op.F and remote(a.stage, a.stage - 1):
-                out.append(Action(a.stage, Op.RECV_F, a.mb))
-            if a.op in (Op.B, Op.I) and remote(a.stage, a.stage + 1):
-                out.append(Action(a.stage, Op.RECV_B, a.mb))
-        return out
+        return [rcv for a in group if (rcv := remote_input(a, s2r)) is not None]
 
     def sends(group):
-        out = []
-        for a in group:
-            if a.op is Op.F and remote(a.stage, a.stage + 1):
-                out.append(Action(a.stage, Op.SEND_F, a.mb))
-            if a.op in (Op.B, Op.I) and remote(a.stage, a.stage - 1):
-                out.append(Action(a.stage, Op.SEND_B, a.mb))
-        return out
+        return [snd for a in group for snd in remote_outputs(a, s2r)]
 
     rows = []
     for r, row in enumerate(schedule.actions):
@@ -62,6 +46,28 @@ def add_comms(schedule: Schedule) -> Schedule:
     return schedule.with_actions(rows)
 
 
+def remote_input(a: Action, stage_to_rank) -> Action | None:
+    """The receive compute ``a`` needs when its input comes from a stage on another rank."""
+    recv = input_receive(a)
+    if recv is None:
+        return None
+    src = a.stage - 1 if recv.op is Op.RECV_F else a.stage + 1
+    return recv if 0 <= src < len(stage_to_rank) and stage_to_rank[src] != stage_to_rank[a.stage] else None
+
+
+def remote_outputs(a: Action, stage_to_rank) -> list[Action]:
+    """The sends compute ``a`` makes: its activation (F) or input gradient (B, I) when the
+    stage that takes it lives on another rank."""
+    if a.op is Op.F:
+        send, dst = Op.SEND_F, a.stage + 1
+    elif a.op in (Op.B, Op.I):
+        send, dst = Op.SEND_B, a.stage - 1
+    else:
+        return []
+    remote = 0 <= dst < len(stage_to_rank) and stage_to_rank[dst] != stage_to_rank[a.stage]
+    return [Action(a.stage, send, a.mb)] if remote else []
+
+
 def group_sizes(schedule: Schedule, rank: int, n: int) -> list[int]:
     """Sizes of the consecutive groups of rank ``rank``'s ``n`` compute actions whose comms go
     out together: ``schedule.groups``, else one per action and two per overlapped cell."""
@@ -70,11 +76,11 @@ def group_sizes(schedule: Schedule, rank: int, n: int) -> list[int]:
         sizes = list(schedule.groups[rank])
         if sum(sizes) != n:
             raise ValueError(f"rank {rank}: groups {sizes} do not cover its {n} compute actions")
-        starts, k = set(), 0
+        inside, k = set(), 0  # positions that continue a group
         for size in sizes:
-            starts.update(range(k + 1, k + size))  # positions inside a group
+            inside.update(range(k + 1, k + size))
             k += size
-        if any(k + 1 not in starts for k in cells):
+        if any(k + 1 not in inside for k in cells):
             raise ValueError(f"rank {rank}: an overlapped cell straddles two of the groups {sizes}")
         return sizes
     sizes, k = [], 0

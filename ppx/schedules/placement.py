@@ -18,7 +18,7 @@ from __future__ import annotations
 from ppx.errors import ScheduleError
 from ppx.schedules.action import Action, Op
 from ppx.schedules.costs import Costs
-from ppx.schedules.lowering import add_comms
+from ppx.schedules.lowering import add_comms, peer_of, remote_outputs
 from ppx.schedules.schedule import Schedule
 from ppx.schedules.simulate import simulate
 from ppx.schedules.validate import check_runs, check_structure
@@ -58,17 +58,6 @@ def _step(schedule: Schedule, transport: str) -> float:
     return simulate(schedule, UNIT, transport).makespan
 
 
-def _messages(a: Action, s2r, last: int) -> list[tuple[Action, Action]]:
-    """(send, receive) pairs that compute ``a`` produces for other ranks."""
-    s, i = a.stage, a.mb
-    out = []
-    if a.op is Op.F and s < last and s2r[s + 1] != s2r[s]:
-        out.append((Action(s, Op.SEND_F, i), Action(s + 1, Op.RECV_F, i)))
-    if a.op in (Op.B, Op.I) and s > 0 and s2r[s - 1] != s2r[s]:
-        out.append((Action(s, Op.SEND_B, i), Action(s - 1, Op.RECV_B, i)))
-    return out
-
-
 def _key(a: Action) -> tuple:
     """One message's place in a batch, the same for its send and its receive: (from stage,
     to stage, kind, microbatch)."""
@@ -99,9 +88,9 @@ def lockstep_comms(schedule: Schedule, cost: dict | None = None) -> Schedule:
         for j, unit in enumerate(rank_units):
             end = times[r][j][1]
             for a in unit:
-                for snd, rcv in _messages(a, s2r, last):
+                for snd in remote_outputs(a, s2r):
+                    q, rcv = peer_of(snd, s2r)
                     after[r].setdefault(j, []).append((end, _key(snd), snd))
-                    q = s2r[rcv.stage]
                     after[q].setdefault(_receiving_unit(times[q], end), []).append((end, _key(rcv), rcv))
     out = []
     for r, rank_units in enumerate(units):
