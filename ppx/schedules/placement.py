@@ -8,9 +8,10 @@ dry run in rounds: every rank runs its next compute action as soon as its input 
 in an earlier round, and a hand-off produced in round t is sent *and* received in round t's
 batches, on both ranks, in one canonical order. Round t's batches then only match each other,
 so, round by round, every batch is posted and completes: the order cannot deadlock under
-either transport. `place_comms` keeps Megatron's placement wherever it runs as fast (simulated
-at equal unit costs), and takes the lockstep one where Megatron's deadlocks or is slower (on
-NCCL, an early batch can hold a rank's later ones back).
+either transport. The same dry run timed per action (B = I + W, a cell F + B) places them
+where NCCL's in-order batches hold no rank back. `place_comms` keeps Megatron's placement
+wherever it runs as fast (simulated at equal unit costs), and otherwise takes the fastest
+lockstep one that runs.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ from ppx.schedules.action import Action, Op
 from ppx.schedules.costs import Costs
 from ppx.schedules.lowering import add_comms, peer_of, remote_outputs
 from ppx.schedules.schedule import Schedule
-from ppx.schedules.simulate import simulate
 from ppx.schedules.validate import check_runs, check_structure
 
-UNIT = Costs(fwd=1, bwd=1, wgrad=1)
+UNIT = Costs(fwd=1, bwd=1, wgrad=1)  # placements are compared at t_f = t_b = t_w, no communication cost
 
 
 def place_comms(schedule: Schedule, transport: str = "nccl") -> Schedule:
@@ -37,12 +37,12 @@ def place_comms(schedule: Schedule, transport: str = "nccl") -> Schedule:
     for k, place in enumerate((add_comms, lockstep_comms, _timed_lockstep)):
         placed = simple if k == 0 else place(schedule)
         try:
-            check_runs(placed, transport)
+            step = check_runs(placed, transport, UNIT).makespan  # the dry run that checks it, timed
         except ScheduleError as e:
             if k == 1 and not candidates:  # the rounds run every order that can run: say why not
                 raise e
             continue
-        candidates.append((_step(placed, transport), k, placed))
+        candidates.append((step, k, placed))
         if k == 0 and not any(a.op.is_comm for row in placed.actions for a in row):
             break  # one rank, or no hand-offs: nothing to place
     return min(candidates, key=lambda c: (round(c[0], 9), c[1]))[2]
@@ -51,11 +51,6 @@ def place_comms(schedule: Schedule, transport: str = "nccl") -> Schedule:
 def _timed_lockstep(schedule: Schedule) -> Schedule:
     """The lockstep placement timed at the costs placements are compared at (B = I + W)."""
     return lockstep_comms(schedule, {Op.F: 1, Op.B: 2, Op.I: 1, Op.W: 1})
-
-
-def _step(schedule: Schedule, transport: str) -> float:
-    """The schedule's simulated step at t_f = t_b = t_w = 1, no communication cost."""
-    return simulate(schedule, UNIT, transport).makespan
 
 
 def _key(a: Action) -> tuple:

@@ -6,9 +6,10 @@ from collections import Counter, defaultdict
 
 from ppx.errors import ScheduleError
 from ppx.schedules.action import Action, Op
+from ppx.schedules.costs import Costs
 from ppx.schedules.lowering import peer_of
 from ppx.schedules.schedule import Schedule
-from ppx.schedules.simulate import simulate
+from ppx.schedules.simulate import Timeline, simulate
 
 
 def _where(r: int, k: int, a: Action) -> str:
@@ -78,12 +79,14 @@ def _check_cells(schedule: Schedule) -> None:
                 raise ScheduleError(f"{_where(r, k, f)}: an overlapped cell cannot hold {b}, which needs {f}'s output")
 
 
-def check_runs(schedule: Schedule, transport: str = "nccl") -> None:
+def check_runs(schedule: Schedule, transport: str = "nccl", costs: Costs | None = None) -> Timeline:
     """Sends and receives pair up in the same order on every channel the transport matches
     in order (NCCL: each pair of ranks; gloo: each pair and kind, activations and gradients
-    travelling on groups of their own), and a dry run under ``transport`` cannot deadlock."""
+    travelling on groups of their own), and a dry run under ``transport`` cannot deadlock
+    (whatever the costs: a deadlock is a cycle of waits). Returns that dry run's timeline,
+    at ``costs`` (default `Costs()`)."""
     _check_channels(schedule, by_kind=transport == "gloo")
-    simulate(schedule, transport=transport)
+    return simulate(schedule, costs, transport)
 
 
 def _check_compute_order(r, k, a, seen, training):
