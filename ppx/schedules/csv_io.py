@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from ppx.errors import ScheduleError
-from ppx.schedules.action import overlap_string, parse_cell
+from ppx.schedules.action import parse_cell
 from ppx.schedules.placement import place_comms
 from ppx.schedules.schedule import Schedule
 from ppx.schedules.validate import validate
@@ -34,14 +34,11 @@ def torch_rows(schedule: Schedule) -> list[list[str]]:
         last = {}
         if with_comms and schedule.training:
             last = {a.stage: k for k, a in enumerate(row) if a.op.value in ("B", "W", "SEND_B")}
-        out, k, n, cells = [], 0, 0, schedule.cells(r)
-        while k < len(row):
-            width = 2 if row[k].op.is_compute and n in cells else 1  # an overlapped cell: one string
-            part = row[k : k + width]
-            out.append(overlap_string(*part) if width == 2 else str(row[k]))
-            out += [f"{a.stage}REDUCE_GRAD" for j, a in enumerate(part, k) if last.get(a.stage) == j]
-            n += sum(a.op.is_compute for a in part)
-            k += width
+        out, k = [], 0  # k: the unit's position in the row
+        for unit, text in zip(schedule.units(r), schedule.strings(r)):  # an overlapped cell: one string
+            out.append(text)
+            out += [f"{a.stage}REDUCE_GRAD" for j, a in enumerate(unit, k) if last.get(a.stage) == j]
+            k += len(unit)
         rows.append(out)
     return rows
 

@@ -75,8 +75,9 @@ def lockstep_comms(schedule: Schedule, cost: dict | None = None) -> Schedule:
     messages by send time, then in one canonical order, on both ranks."""
     s2r, last = schedule.stage_to_rank, schedule.num_stages - 1
     cost = cost or {}
-    rows = [[a for a in row if a.op.is_compute] for row in schedule.actions]
-    units = [_units(row, schedule.cells(r)) for r, row in enumerate(rows)]
+    compute = schedule.compute_only()
+    rows = [list(row) for row in compute.actions]
+    units = [[list(u) for u in compute.units(r)] for r in range(len(rows))]
     times = _dry_run(schedule, rows, units, last, cost)  # per rank, per unit: (start, end)
     after: list[dict[int, list]] = [{} for _ in rows]  # rank -> unit index (-1: before all) -> [(t, key, op)]
     for r, rank_units in enumerate(units):
@@ -95,16 +96,6 @@ def lockstep_comms(schedule: Schedule, cost: dict | None = None) -> Schedule:
             row += [a for _, _, a in sorted(after[r].get(j, []))]
         out.append(row)
     return schedule.with_actions(out)
-
-
-def _units(row: list[Action], cells) -> list[list[Action]]:
-    """A rank's compute actions in the units that run whole: one action, or a cell's two."""
-    out, k = [], 0
-    while k < len(row):
-        width = 2 if k in cells else 1
-        out.append(row[k : k + width])
-        k += width
-    return out
 
 
 def _dry_run(schedule: Schedule, rows, units, last: int, cost: dict) -> list[list[tuple[float, float]]]:

@@ -62,18 +62,19 @@ class Schedule:
         """One line per rank: ``rank 0: 0F0 0SEND_F0 ... (0F3;3B1)OVERLAP_F_B ...``."""
         return "\n".join(f"rank {r}: " + " ".join(self.strings(r)) for r in range(self.num_ranks))
 
+    def units(self, rank: int) -> list[tuple[Action, ...]]:
+        """Rank ``rank``'s actions in the units that run whole: one action, or an overlapped
+        cell's two."""
+        cells, row, out = self.cells(rank), self.actions[rank], []
+        j = n = 0  # position in the row, compute actions so far
+        while j < len(row):
+            width = 2 if row[j].op.is_compute and n in cells else 1
+            out.append(tuple(row[j : j + width]))
+            n += sum(a.op.is_compute for a in out[-1])
+            j += width
+        return out
+
     def strings(self, rank: int) -> list[str]:
         """Rank ``rank``'s actions as torch writes them, an overlapped cell as one
         ``(0F3;3B1)OVERLAP_F_B``."""
-        cells, out, k, row = self.cells(rank), [], 0, self.actions[rank]
-        j = 0
-        while j < len(row):
-            a = row[j]
-            if a.op.is_compute and k in cells:
-                out.append(overlap_string(a, row[j + 1]))
-                j, k = j + 2, k + 2
-                continue
-            out.append(str(a))
-            k += a.op.is_compute
-            j += 1
-        return out
+        return [overlap_string(*u) if len(u) == 2 else str(u[0]) for u in self.units(rank)]
