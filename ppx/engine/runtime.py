@@ -57,8 +57,8 @@ class _Pending:
 
 class Runtime:
     """Executes ``schedule`` for ``rank``; ``stages`` maps each stage index this rank owns to
-        its `StageRunner`. ``boundary(stage)`` gives (shape, dtype) of the activation leaving
-        ``stage``, used to allocate receive buffers. ``recv_lookahead``: see `receive_early`.
+    its `StageRunner`. ``boundary(stage)`` gives (shape, dtype) of the activation leaving
+    ``stage``, used to allocate receive buffers. ``recv_lookahead``: see `receive_early`.
     ``clock``: the `ActionClock` the stage modules were built with."""
 
     def __init__(
