@@ -7,6 +7,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 
 from ppx.errors import UserError
 from ppx.schedules.registry import names_help
@@ -134,6 +135,8 @@ def main(argv=None) -> int:
     except UserError as e:
         if os.environ.get("RANK", "0") == "0":  # under torchrun, one line from rank 0 only
             print(f"ppx: error: {e}", file=sys.stderr)
+        else:  # give rank 0 time to say it: torchrun stops every rank once one has exited
+            time.sleep(5)
         return 2
     except BrokenPipeError:  # the reader went away (ppx keys | head): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
