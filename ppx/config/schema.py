@@ -47,8 +47,27 @@ class PipelineConfig:
 
 
 @dataclass
+class ParallelConfig:
+    data: int = _f(
+        1,
+        "data-parallel degree d: d replicas of the pipeline, world = pipeline.stages x d processes; train.batch_size "
+        "is the global batch, each replica takes batch_size / d of it (split into pipeline.microbatches)",
+    )
+    data_shard: bool = _f(
+        False,
+        "parallel.data > 1: false = each stage's gradients are all-reduced across the replicas (torch's replicate) | "
+        "true = each stage module is sharded across them with FSDP2 fully_shard (gradients reduce-scattered)",
+    )
+
+
+@dataclass
 class ModelConfig:
     kind: str = _f("mlp", kinds_help())
+    preset: Optional[str] = _f(
+        None,
+        "llama: named shapes (random init, nothing downloaded) that set model.hidden, layers, heads and the rest: "
+        "llama-tiny | llama-1b | llama-8b; keys given beside it win",
+    )
     hidden: int = _f(64, "hidden width (features)")
     layers: int = _f(4, "number of blocks split over the stages (MLP blocks or decoder blocks)")
     heads: int = _f(4, "transformer: attention heads; must divide model.hidden")
@@ -87,6 +106,17 @@ class TrainConfig:
     seed: int = _f(0, "seed for weights and synthetic data: same seed, same losses")
     lr: float = _f(0.01, "learning rate")
     optimizer: Literal["sgd", "adamw"] = _f("sgd", "sgd | adamw")
+    dtype: Literal["fp32", "bf16", "fp16"] = _f(
+        "fp32",
+        "compute dtype: fp32 | bf16 | fp16 (autocast, fp32 master weights and optimizer; fp16 adds dynamic loss "
+        "scaling); activations and gradients between stages travel in it",
+    )
+    recompute: Any = _f(
+        "none",
+        "activation recomputation: none | full (a stage keeps only its input and re-runs its forward in backward) | "
+        "selective (keeps matmul and attention outputs, recomputes the cheap element-wise ops); one value or a list, "
+        "one per stage",
+    )
 
 
 @dataclass
@@ -108,6 +138,11 @@ class RuntimeConfig:
         "one boundary tensor per microbatch and direction, are then held together); k > 0 posts each "
         "receive k compute actions before the one that needs it; 0 right before it. Early receives let data land "
         "while the stage computes (gloo sends only once the receive is posted). NCCL: always 0",
+    )
+    cpu_fallback: List[str] = _f(
+        [],
+        "key=value overrides applied when the run falls back to CPU (not enough GPUs), before the command line's, "
+        "e.g. [model.preset=llama-tiny] so a GPU experiment still fits a laptop",
     )
     inject_fault: Optional[str] = _f(None, "testing the failure path: 'hang@<action>' or 'die@<action>', e.g. hang@1F2")
 
@@ -169,6 +204,7 @@ class RunConfig:
 @dataclass
 class Config:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
