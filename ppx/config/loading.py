@@ -1,5 +1,5 @@
-"""Loading a config: defaults, then an experiment YAML (a name in experiments/ or a path),
-then ``key=value`` overrides. Unknown keys and wrong types are rejected in one line; the
+"""Loading a config: defaults, then a model preset's keys (``model.preset``), then an
+experiment YAML (a name in experiments/ or a path), then ``key=value`` overrides. Unknown keys and wrong types are rejected in one line; the
 cross-field rules (`ppx.config.rules.check`) run last."""
 
 from __future__ import annotations
@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ppx.config.rules import check
 from ppx.config.schema import Config
 from ppx.errors import UserError
+from ppx.models.llama_shapes import preset
 from ppx.paths import shipped
 
 
@@ -43,22 +44,48 @@ def _one_line(e: OmegaConfBaseException) -> str:
     return f"{key}: {msg}" if key else msg
 
 
-def load(exp: str | None, overrides: list[str] = ()) -> Config:
-    """Defaults <- experiment YAML (a name in experiments/ or a path) <- key=value overrides."""
+def _layers(preset: dict | None, loaded, overrides: list[str]):
+    """Defaults <- the preset's model keys <- the experiment YAML <- the overrides."""
     conf = OmegaConf.structured(Config)
-    name = None
+    if preset:
+        conf = OmegaConf.merge(conf, {"model": preset})
+    conf = OmegaConf.merge(conf, loaded or {})
+    conf.merge_with_dotlist(list(overrides))
+    return conf
+
+
+def _with_preset(conf, loaded, overrides: list[str]):
+    """``conf`` rebuilt with ``model.preset``'s keys inserted under the experiment, so keys
+    given beside the preset win; a preset is llama's, so another model.kind given is an error."""
+    name = conf.model.preset
+    keys = preset(name)
+    given = (loaded is not None and OmegaConf.select(loaded, "model.kind") is not None) or any(
+        o.split("=", 1)[0] == "model.kind" for o in overrides
+    )
+    if given and conf.model.kind != keys["kind"]:
+        raise UserError(
+            f"model.preset={name} is a {keys['kind']} shape but model.kind={conf.model.kind}; drop model.kind or set it to llama"
+        )
+    return _layers(keys, loaded, overrides)
+
+
+def load(exp: str | None, overrides: list[str] = ()) -> Config:
+    """Defaults <- model.preset's keys <- experiment YAML (a name in experiments/ or a path) <-
+    key=value overrides. The preset is read from a first merge of the others."""
+    name, loaded = None, None
     try:
         if exp:
             path = find_experiment(exp)
             name = path.stem
             loaded = OmegaConf.load(path)
-            if not isinstance(loaded, type(conf)) and loaded is not None:
+            if not isinstance(loaded, DictConfig) and loaded is not None:
                 raise UserError(f"experiment file {path} must hold a mapping of keys")
-            conf = OmegaConf.merge(conf, loaded or {})
         for item in overrides:
             if "=" not in item:
                 raise UserError(f"override {item!r} must look like key=value")
-        conf.merge_with_dotlist(list(overrides))
+        conf = _layers(None, loaded, overrides)
+        if conf.model.preset is not None:
+            conf = _with_preset(conf, loaded, overrides)
         cfg: Config = OmegaConf.to_object(conf)
     except OmegaConfBaseException as e:
         raise UserError(_one_line(e)) from None

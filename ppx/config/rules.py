@@ -54,6 +54,9 @@ def check_runtime(cfg: Config) -> None:
         raise UserError(f"runtime.recv_lookahead must be -1 (all at the first wait) or >= 0, got {rt.recv_lookahead}")
     if rt.threads_per_rank < 1:
         raise UserError(f"runtime.threads_per_rank must be >= 1, got {rt.threads_per_rank}")
+    for item in rt.cpu_fallback:
+        if "=" not in item or item.startswith("runtime.cpu_fallback"):
+            raise UserError(f"runtime.cpu_fallback: {item!r} must look like key=value (a key other than itself)")
 
 
 def check_model(cfg: Config) -> None:
@@ -71,6 +74,28 @@ def check_model(cfg: Config) -> None:
             raise UserError(f"model.hidden={m.hidden} is not divisible by model.heads={m.heads}")
         if m.seq_len < 2 or m.vocab_size < 2:
             raise UserError("model.seq_len and model.vocab_size must be >= 2")
+    if m.kind == "llama":
+        check_llama(m)
+
+
+def check_llama(m) -> None:
+    if m.heads < 1:
+        raise UserError(f"model.heads must be >= 1, got {m.heads}")
+    if m.hidden % m.heads:
+        raise UserError(f"model.hidden={m.hidden} is not divisible by model.heads={m.heads}")
+    if (m.hidden // m.heads) % 2:
+        raise UserError(
+            f"model.hidden / model.heads = {m.hidden // m.heads} (the head dim) must be even: rotary embeddings "
+            "turn pairs of dimensions"
+        )
+    if m.kv_heads is not None and (m.kv_heads < 1 or m.heads % m.kv_heads):
+        raise UserError(f"model.kv_heads={m.kv_heads} must divide model.heads={m.heads} (grouped-query attention)")
+    if m.ffn_hidden is not None and m.ffn_hidden < 1:
+        raise UserError(f"model.ffn_hidden must be >= 1 (or null: Llama's rule), got {m.ffn_hidden}")
+    if not 1 < m.rope_theta < float("inf"):
+        raise UserError(f"model.rope_theta must be a finite number > 1, got {m.rope_theta}")
+    if m.seq_len < 2 or m.vocab_size < 2:
+        raise UserError("model.seq_len and model.vocab_size must be >= 2")
 
 
 def check_schedule(cfg: Config, sched: Schedule) -> None:
@@ -88,11 +113,11 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
         )
     # other kinds ignore the costs, but a value of the wrong type is an error, not a silent no-op
     stage_costs_ms(m, sched.num_stages if m.kind == "synthetic" else None, p.layers_per_stage)
-    split_layers(m.layers, sched.num_stages, p.layers_per_stage)
+    split_layers(m.layers, sched.num_stages, p.layers_per_stage, models.extra_units(m.kind))
     if p.split == "tracer" and m.kind not in models.TRACEABLE:
         raise UserError(
             f"pipeline.split=tracer cannot trace model.kind={m.kind} (its stages sleep inside a custom "
-            "autograd Function); use mlp or transformer, or pipeline.split=layers"
+            f"autograd Function); use {' or '.join(models.TRACEABLE)}, or pipeline.split=layers"
         )
 
 

@@ -31,7 +31,9 @@ class PipelineConfig:
     )
     layers_per_stage: Optional[List[int]] = _f(
         None,
-        "explicit uneven split, e.g. [3,1] (one entry per stage, all ranks' virtual stages included); default: even",
+        "explicit uneven split, e.g. [3,1]: layers per stage (one entry per stage, all ranks' virtual stages "
+        "included), summing to model.layers; llama counts its embedding and head as units too (units = "
+        "[embedding, blocks, head]: the sum is model.layers + 2); default: even over the units",
     )
     executor: Literal["ppx", "torch"] = _f(
         "ppx",
@@ -42,7 +44,7 @@ class PipelineConfig:
         "layers",
         "layers: each stage builds its own blocks | tracer: build the whole model as one nn.Module and cut it "
         "with torch.distributed.pipelining's tracer (pipeline() with a split point before each stage's first block; "
-        "mlp and transformer)",
+        "mlp, transformer and llama)",
     )
 
 
@@ -65,15 +67,31 @@ class ModelConfig:
     kind: str = _f("mlp", kinds_help())
     preset: Optional[str] = _f(
         None,
-        "llama: named shapes (random init, nothing downloaded) that set model.hidden, layers, heads and the rest: "
-        "llama-tiny | llama-1b | llama-8b; keys given beside it win",
+        "named llama shapes (random init, nothing downloaded): llama-tiny (hidden 64, 4 layers: a laptop's) | "
+        "llama-1b (Llama 3.2 1B) | llama-8b (Llama 3 8B); sets model.kind=llama and model.hidden, layers, heads, "
+        "kv_heads, ffn_hidden, vocab_size, seq_len, rope_theta; keys given beside it (experiment or command line) win",
     )
     hidden: int = _f(64, "hidden width (features)")
     layers: int = _f(4, "number of blocks split over the stages (MLP blocks or decoder blocks)")
-    heads: int = _f(4, "transformer: attention heads; must divide model.hidden")
-    seq_len: int = _f(32, "transformer: tokens per sequence")
-    vocab_size: int = _f(256, "transformer: vocabulary size")
+    heads: int = _f(4, "transformer, llama: attention (query) heads; must divide model.hidden")
+    seq_len: int = _f(32, "transformer, llama: tokens per sequence")
+    vocab_size: int = _f(256, "transformer, llama: vocabulary size (tokens)")
     ffn_mult: int = _f(4, "transformer: MLP width as a multiple of model.hidden")
+    kv_heads: Optional[int] = _f(
+        None,
+        "llama: key/value heads of grouped-query attention (each serves model.heads / model.kv_heads query "
+        "heads); must divide model.heads; null: model.heads (plain multi-head attention)",
+    )
+    ffn_hidden: Optional[int] = _f(
+        None,
+        "llama: SwiGLU MLP width (features of w1 and w3); null: Llama's rule, 8/3 x model.hidden rounded up to "
+        "a multiple of 256 (of 32 when model.hidden < 512)",
+    )
+    rope_theta: float = _f(
+        10000.0,
+        "llama: rotary embedding base (position t turns dimension pair i by t / rope_theta^(2i / head dim) "
+        "radians); Llama 3 uses 500000",
+    )
     fwd_ms: Any = _f(
         10.0,
         "synthetic: forward time per microbatch in ms of a stage (or of a layer: model.cost_per); one value or a "

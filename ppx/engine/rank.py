@@ -27,7 +27,8 @@ def build_stage_modules(
     """The modules of ``stages`` (block ranges from the split), on ``device``; ``clock`` is
     the executor's, for models whose cost is set."""
     kind = models.kind(cfg.model.kind)
-    ranges = split_layers(cfg.model.layers, num_stages, cfg.pipeline.layers_per_stage)
+    extra = models.extra_units(cfg.model.kind)  # llama: its embedding and head are units of the split
+    ranges = split_layers(cfg.model.layers, num_stages, cfg.pipeline.layers_per_stage, extra)
     if cfg.pipeline.split == "tracer":
         return traced_stage_modules(cfg, ranges, stages, device)
     if hasattr(kind, "calibrate"):  # a model that measures the device once, before any timed step
@@ -57,7 +58,8 @@ def traced_stage_modules(cfg: Config, ranges: Sequence[range], stages: Sequence[
 def build_reference(cfg: Config, device="cpu") -> nn.Module:
     """The whole model as one module, as a single process would train it."""
     kind = models.kind(cfg.model.kind)
-    return kind.build_stage(cfg.model, cfg.train.seed, 0, 1, range(cfg.model.layers)).to(device)
+    units = range(cfg.model.layers + models.extra_units(cfg.model.kind))
+    return kind.build_stage(cfg.model, cfg.train.seed, 0, 1, units).to(device)
 
 
 class StageShare:

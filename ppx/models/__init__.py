@@ -13,8 +13,19 @@ KINDS = {
     "mlp": "Linear+GELU blocks, MSE",
     "transformer": "GPT-style decoder, cross-entropy",
     "synthetic": "known costs per stage or per layer",
+    "llama": "Llama-style decoder: RMSNorm, GQA + RoPE, SwiGLU; model.preset",
 }
-TRACEABLE = ("mlp", "transformer")  # the kinds that name their blocks (``block_name``) for pipeline.split=tracer
+# the kinds that name their blocks (``block_name``) for pipeline.split=tracer
+TRACEABLE = ("mlp", "transformer", "llama")
+# split units a kind has beside its model.layers blocks (default 0): llama's embedding (the
+# first unit) and head (the last) are split like blocks, so pipeline.layers_per_stage sums to
+# model.layers + 2 and build_stage gets a range of units
+EXTRA_UNITS = {"llama": 2}
+
+
+def extra_units(name: str) -> int:
+    """How many split units kind ``name`` has beside its blocks (no torch needed)."""
+    return EXTRA_UNITS.get(name, 0)
 
 
 def kinds_help() -> str:

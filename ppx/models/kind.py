@@ -17,7 +17,9 @@ class ModelKind(Protocol):
 
     Optional extras: ``block_name(cfg, block)`` (the submodule where a block begins, for
     ``pipeline.split=tracer``; list the kind in ``TRACEABLE``) and ``calibrate(device)``
-    (measure the device once, before any timed step)."""
+    (measure the device once, before any timed step). A kind whose embedding and head are
+    split like blocks lists how many such units it has in ``EXTRA_UNITS`` (`ppx.models`); its
+    ``build_stage`` then gets a range of units (llama's: [embedding, blocks..., head])."""
 
     def build_stage(
         self, cfg, seed: int, stage: int, num_stages: int, blocks: range, clock: ActionClock | None = None
