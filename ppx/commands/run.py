@@ -25,15 +25,18 @@ def cmd_run(args) -> int:
         if mode == "srun":
             slurm.adopt_srun_env()
         have = int(os.environ["WORLD_SIZE"])
+        os.environ.setdefault("PPX_COMMAND", command)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+        device, notice = devices.choose_device(cfg.runtime.device, local, multi_node=have != local)
+        rank0 = os.environ.get("RANK") == "0"
+        if notice and rank0:
+            print(notice, file=sys.stderr)
+        # every rank re-loads the same experiment and overrides, so all agree on the fallback
+        cfg, world = _cpu_fallback(cfg, args, notice, rank0)
         if have != world:
             raise UserError(
                 f"pipeline.stages={world} but this job has {have} processes (WORLD_SIZE); start one process per stage"
             )
-        os.environ.setdefault("PPX_COMMAND", command)
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-        device, notice = devices.choose_device(cfg.runtime.device, local, multi_node=have != local)
-        if notice and os.environ.get("RANK") == "0":
-            print(notice, file=sys.stderr)
         from ppx.launch.worker import run_rank
 
         return run_rank(cfg, None, device)
@@ -41,6 +44,7 @@ def cmd_run(args) -> int:
     device, notice = devices.choose_device(cfg.runtime.device, world)
     if notice:
         print(notice, file=sys.stderr)
+    cfg, world = _cpu_fallback(cfg, args, notice, True)
     run_dir = claim(cfg)
     (run_dir / "config.yaml").write_text(config.to_yaml(cfg))
     env = processes.worker_env(device, cfg.runtime.threads_per_rank, command)
@@ -53,6 +57,24 @@ def cmd_run(args) -> int:
     if code != 0:
         _explain_failure(run_dir, world, code)
     return code
+
+
+def _cpu_fallback(cfg, args, notice: str | None, speak: bool):
+    """(config, world) once the run fell back to CPU (``notice``): the experiment re-loaded
+    with runtime.cpu_fallback's overrides before the command line's; one notice line names them."""
+    from ppx import config
+    from ppx.config import resolve_schedule
+
+    if not notice or not cfg.runtime.cpu_fallback:
+        return cfg, resolve_schedule(cfg).num_ranks
+    fallback = list(cfg.runtime.cpu_fallback)
+    try:
+        cfg = config.load(args.experiment, [*fallback, *args.overrides])
+    except UserError as e:
+        raise UserError(f"runtime.cpu_fallback: {e}") from None
+    if speak:
+        print(f"ppx: on CPU, runtime.cpu_fallback applies: {' '.join(fallback)}", file=sys.stderr)
+    return cfg, resolve_schedule(cfg).num_ranks
 
 
 def _explain_failure(run_dir: Path, world: int, code: int) -> None:
