@@ -60,13 +60,14 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+    """SwiGLU: w2(silu(w1 x) * w3 x). Registered in the order forward uses them, the order the
+    tracer's GraphModules list them in (pipeline.split=tracer)."""
 
     def __init__(self, hidden: int, width: int):
         super().__init__()
         self.w1 = nn.Linear(hidden, width, bias=False)
-        self.w2 = nn.Linear(width, hidden, bias=False)
         self.w3 = nn.Linear(hidden, width, bias=False)
+        self.w2 = nn.Linear(width, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))

@@ -1,6 +1,7 @@
-"""Every schedule, p in {2, 4}, both models, and torch 2.13's own orders at p in {2, 4, 8}:
-after one pipelined step each parameter's gradient and the loss equal a single-process
-full-batch reference (real gloo processes)."""
+"""Every schedule, p in {2, 4}, the three models (llama's embedding and head split as units of
+their own), and torch 2.13's own orders at p in {2, 4, 8}: after one pipelined step each
+parameter's gradient and the loss equal a single-process full-batch reference (real gloo
+processes)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ MODELS = {
     "mlp": ["model.kind=mlp", "model.hidden=32", "model.layers=4"],
     "transformer": ["model.kind=transformer", "model.hidden=32", "model.layers=4", "model.heads=2",
                     "model.seq_len=8", "model.vocab_size=64"],
+    "llama": ["model.kind=llama", "model.hidden=32", "model.layers=4", "model.heads=4", "model.kv_heads=2",
+              "model.seq_len=8", "model.vocab_size=64"],
 }
 SCHEDULES = {  # name -> (schedule, microbatches)
     "naive_m1": ("naive", 1), "naive_m4": ("naive", 4), "gpipe": ("gpipe", 4),
@@ -32,6 +35,7 @@ SCHEDULES = {  # name -> (schedule, microbatches)
     "zbv": ("zbv", 8), "dualpipev": ("dualpipev", 8),  # V placements; dualpipev needs m >= 2p
 }
 UNEVEN = {4: "[1,1,1,1]", 2: "[3,1]"}
+UNEVEN_UNITS = {4: "[1,2,2,1]", 2: "[5,1]"}  # llama's [embedding, 4 blocks, head]: embedding or head alone
 
 
 def overrides(model: str, sched: str, p: int, uneven: bool = False) -> list[str]:
@@ -40,7 +44,8 @@ def overrides(model: str, sched: str, p: int, uneven: bool = False) -> list[str]
                          "train.batch_size=8", "train.seed=3"]
     if name in ("interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv", "dualpipev"):  # two stages per rank: 2p stages need 2p layers
         o += ["pipeline.virtual_stages=2", f"model.layers={2 * p}"]
-    return o + ([f"pipeline.layers_per_stage={UNEVEN[p]}"] if uneven else [])
+    split = UNEVEN_UNITS[p] if model == "llama" else UNEVEN[p]
+    return o + ([f"pipeline.layers_per_stage={split}"] if uneven else [])
 
 
 def cases(p: int) -> list[tuple[str, list[str]]]:
@@ -54,7 +59,8 @@ def cases(p: int) -> list[tuple[str, list[str]]]:
     out += [(f"{mo}-1f1b-uneven", overrides(mo, "1f1b", p, uneven=True)) for mo in MODELS]
     out += [("mlp-1f1b-tracer-uneven", overrides("mlp", "1f1b", p, uneven=True) + ["pipeline.split=tracer"]),
             ("transformer-zb_h1-tracer", overrides("transformer", "zb_h1", p) + ["pipeline.split=tracer"]),
-            ("mlp-interleaved-tracer", overrides("mlp", "interleaved", p) + ["pipeline.split=tracer"])]
+            ("mlp-interleaved-tracer", overrides("mlp", "interleaved", p) + ["pipeline.split=tracer"]),
+            ("llama-1f1b-tracer-uneven", overrides("llama", "1f1b", p, uneven=True) + ["pipeline.split=tracer"])]
     # receives posted 0 (the lowered list's place) or 2 compute actions before their consumer
     # (default -1: all of them at the rank's first wait)
     out += [(f"{mo}-{s}-even-lookahead{k}", overrides(mo, s, p) + [f"runtime.recv_lookahead={k}"])
