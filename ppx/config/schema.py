@@ -159,8 +159,9 @@ class RuntimeConfig:
     )
     cpu_fallback: List[str] = _f(
         [],
-        "key=value overrides applied when the run falls back to CPU (not enough GPUs), before the command line's, "
-        "e.g. [model.preset=llama-tiny] so a GPU experiment still fits a laptop",
+        "key=value overrides applied when runtime.device=auto falls back to CPU (not enough GPUs), after the "
+        "experiment's keys and before the command line's, e.g. [model.preset=llama-tiny] so a GPU experiment still "
+        "fits a laptop; one notice line names them and the run's config.yaml holds the result",
     )
     inject_fault: Optional[str] = _f(None, "testing the failure path: 'hang@<action>' or 'die@<action>', e.g. hang@1F2")
 
