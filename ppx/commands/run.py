@@ -18,7 +18,8 @@ def cmd_run(args) -> int:
     from ppx.launch.claim import claim
 
     cfg = config.load(args.experiment, args.overrides)
-    world = resolve_schedule(cfg).num_ranks
+    stages = resolve_schedule(cfg).num_ranks
+    world = stages * cfg.parallel.data
     command = " ".join(shlex.quote(a) for a in ["ppx", "run", args.experiment, *args.overrides])
     mode = processes.launched_by()
     if mode is not None:
@@ -26,8 +27,10 @@ def cmd_run(args) -> int:
             slurm.adopt_srun_env()
         have = int(os.environ["WORLD_SIZE"])
         if have != world:
+            want = f"pipeline.stages={stages}" + (f" x parallel.data={cfg.parallel.data}" if world != stages else "")
             raise UserError(
-                f"pipeline.stages={world} but this job has {have} processes (WORLD_SIZE); start one process per stage"
+                f"{want} but this job has {have} processes (WORLD_SIZE); start one process per stage"
+                + (" and replica" if world != stages else "")
             )
         os.environ.setdefault("PPX_COMMAND", command)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))

@@ -15,6 +15,7 @@ from ppx.schedules.schedule import Schedule
 def check(cfg: Config) -> None:
     """Every rule; raise UserError with one line naming the key."""
     check_shape(cfg)
+    check_parallel(cfg)
     check_train(cfg)
     check_runtime(cfg)
     check_model(cfg)
@@ -36,6 +37,24 @@ def check_shape(cfg: Config) -> None:
         raise UserError(f"train.batch_size must be >= 1, got {t.batch_size}")
     if t.batch_size % p.microbatches:
         raise UserError(f"train.batch_size={t.batch_size} is not divisible by pipeline.microbatches={p.microbatches}")
+
+
+def check_parallel(cfg: Config) -> None:
+    d, p = cfg.parallel.data, cfg.pipeline
+    if d < 1:
+        raise UserError(f"parallel.data must be >= 1, got {d}")
+    if cfg.train.batch_size % (d * p.microbatches):
+        raise UserError(
+            f"train.batch_size={cfg.train.batch_size} (the global batch) does not split into parallel.data={d} "
+            f"replicas x pipeline.microbatches={p.microbatches}"
+        )
+    if cfg.parallel.data_shard and d == 1:
+        raise UserError("parallel.data_shard=true shards over the replicas: it needs parallel.data > 1")
+    if d > 1 and schedules.runs_on_torch(p.schedule, p.executor):
+        raise UserError(
+            f"parallel.data={d} runs on ppx's executor; pipeline.schedule={p.schedule} with "
+            f"pipeline.executor={p.executor} runs on torch's"
+        )
 
 
 def check_train(cfg: Config) -> None:

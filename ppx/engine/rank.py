@@ -13,6 +13,7 @@ from torch import nn
 
 from ppx import models
 from ppx.config import Config
+from ppx.engine.data_parallel import DataParallel
 from ppx.engine.runtime import Runtime
 from ppx.engine.stage import StageRunner
 from ppx.models.action_clock import ActionClock
@@ -44,7 +45,7 @@ def traced_stage_modules(cfg: Config, ranges: Sequence[range], stages: Sequence[
     kind = models.kind(cfg.model.kind)
     whole = build_reference(cfg)
     x, _ = kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, 0)
-    example = x[: cfg.train.batch_size // cfg.pipeline.microbatches]
+    example = x[: cfg.train.batch_size // cfg.parallel.data // cfg.pipeline.microbatches]
     spec = {kind.block_name(cfg.model, r.start): SplitPoint.BEGINNING for r in ranges[1:]}
     with warnings.catch_warnings():  # torch's own deprecation notices from inside the tracer
         warnings.simplefilter("ignore", FutureWarning)
@@ -95,6 +96,7 @@ class RankPipeline(StageShare):
     kind: ModuleType
     modules: dict[int, nn.Module]
     runtime: Runtime
+    data_parallel: DataParallel | None = None  # parallel.data > 1: this replica's place and the reduction
 
     @property
     def observers(self) -> list:
@@ -112,6 +114,8 @@ class RankPipeline(StageShare):
             return None, None
         t = self.cfg.train
         x, y = self.kind.make_batch(self.cfg.model, t.seed, t.batch_size, step)
+        if self.data_parallel is not None:  # this replica's share of the global batch
+            x, y = self.data_parallel.layout.share(x), self.data_parallel.layout.share(y)
         m = self.schedule.num_microbatches
         xs = [c.to(self.device, copy=True) for c in x.chunk(m)] if self.owns_first else None
         ys = [c.to(self.device, copy=True) for c in y.chunk(m)] if self.owns_last else None
@@ -120,21 +124,28 @@ class RankPipeline(StageShare):
     def step(self, step: int, batch: tuple | None = None) -> float | None:
         """One pipelined step; ``batch`` = this step's ``microbatches()`` when prepared ahead."""
         xs, ys = batch if batch is not None else self.microbatches(step)
+        if self.data_parallel is not None:
+            self.data_parallel.begin_step()
         return self.runtime.step(step, xs, ys)
 
 
-def build_rank(cfg: Config, schedule: Schedule, rank: int, device, comm, observers=()) -> RankPipeline:
+def build_rank(
+    cfg: Config, schedule: Schedule, rank: int, device, comm, observers=(), data_parallel: DataParallel | None = None
+) -> RankPipeline:
+    """Pipeline rank ``rank``'s share; ``data_parallel`` wraps its modules over the replicas."""
     kind = models.kind(cfg.model.kind)
     num_stages = schedule.num_stages
     clock = ActionClock()
     modules = build_stage_modules(cfg, num_stages, schedule.stages_of(rank), device, clock)
+    if data_parallel is not None:
+        data_parallel.wrap(modules)
     m = schedule.num_microbatches
     split = {a.stage for a in schedule.actions[rank] if a.op is Op.I}
     runners = {
         s: StageRunner(s, mod, s == 0, s == num_stages - 1, kind.loss, 1.0 / m, schedule.training, s in split)
         for s, mod in modules.items()
     }
-    mb_size = cfg.train.batch_size // m
+    mb_size = cfg.train.batch_size // cfg.parallel.data // m
     shape, dtype = kind.boundary(cfg.model, mb_size)
     lookahead = 0 if comm.coalesce else cfg.runtime.recv_lookahead
     runtime = Runtime(
@@ -147,5 +158,6 @@ def build_rank(cfg: Config, schedule: Schedule, rank: int, device, comm, observe
         observers,
         recv_lookahead=lookahead,
         clock=clock,
+        reduce_grads=None if data_parallel is None else data_parallel.reduce,
     )
-    return RankPipeline(cfg, schedule, rank, torch.device(device), kind, modules, runtime)
+    return RankPipeline(cfg, schedule, rank, torch.device(device), kind, modules, runtime, data_parallel)
