@@ -13,6 +13,7 @@ from torch import nn
 
 from ppx import models
 from ppx.config import Config
+from ppx.engine.precision import Precision
 from ppx.engine.runtime import Runtime
 from ppx.engine.stage import StageRunner
 from ppx.models.action_clock import ActionClock
@@ -95,6 +96,7 @@ class RankPipeline(StageShare):
     kind: ModuleType
     modules: dict[int, nn.Module]
     runtime: Runtime
+    precision: Precision | None = None  # train.dtype: autocast, boundary dtype, fp16 loss scaling
 
     @property
     def observers(self) -> list:
@@ -130,12 +132,15 @@ def build_rank(cfg: Config, schedule: Schedule, rank: int, device, comm, observe
     modules = build_stage_modules(cfg, num_stages, schedule.stages_of(rank), device, clock)
     m = schedule.num_microbatches
     split = {a.stage for a in schedule.actions[rank] if a.op is Op.I}
+    precision = Precision(cfg.train.dtype, device)
+    mixed = precision if precision.mixed else None
     runners = {
-        s: StageRunner(s, mod, s == 0, s == num_stages - 1, kind.loss, 1.0 / m, schedule.training, s in split)
+        s: StageRunner(s, mod, s == 0, s == num_stages - 1, kind.loss, 1.0 / m, schedule.training, s in split, mixed)
         for s, mod in modules.items()
     }
     mb_size = cfg.train.batch_size // m
     shape, dtype = kind.boundary(cfg.model, mb_size)
+    dtype = precision.boundary_dtype(dtype)  # activations and gradients travel in the compute dtype
     lookahead = 0 if comm.coalesce else cfg.runtime.recv_lookahead
     runtime = Runtime(
         schedule,
@@ -148,4 +153,4 @@ def build_rank(cfg: Config, schedule: Schedule, rank: int, device, comm, observe
         recv_lookahead=lookahead,
         clock=clock,
     )
-    return RankPipeline(cfg, schedule, rank, torch.device(device), kind, modules, runtime)
+    return RankPipeline(cfg, schedule, rank, torch.device(device), kind, modules, runtime, precision)

@@ -15,7 +15,9 @@ class StageRunner:
     The first stage reads data, the others a received activation (made a leaf that requires
     grad, so backward yields the gradient to send back). The last stage computes the loss,
     scaled by ``loss_scale`` (1/microbatches) so the summed microbatch gradients equal the
-    full-batch gradient.
+    full-batch gradient. ``precision`` (`ppx.engine.precision.Precision`, None: fp32) runs the
+    forward under autocast, sends the activation in the compute dtype and, for fp16, multiplies
+    the loss by the loss scale (the loss returned for the report is unscaled).
     """
 
     def __init__(
@@ -28,6 +30,7 @@ class StageRunner:
         loss_scale: float,
         training: bool,
         split: bool = False,
+        precision=None,
     ):
         self.index, self.module = index, module
         self.first, self.last = first, last
@@ -35,6 +38,19 @@ class StageRunner:
         self.split = split  # the schedule splits this stage's backward into I and W
         self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.grad_outputs: dict[int, torch.Tensor | None] = {}
+        self.precision = precision
+
+    def _run(self, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
+        """The stage's forward (the loss on the last stage), under the precision's autocast."""
+        prec = self.precision
+        if prec is None:
+            out = self.module(x)
+            return self.loss_fn(out, target) * self.loss_scale if self.last else out
+        with prec.autocast():
+            out = self.module(x)
+            if self.last:
+                return self.loss_fn(out, target) * (self.loss_scale * prec.loss_multiplier())
+        return out.to(prec.dtype) if out.is_floating_point() else out  # sent in the compute dtype
 
     def forward(self, mb: int, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
         """Return the activation for the next stage, or (last stage) the scaled loss, detached."""
@@ -42,11 +58,11 @@ class StageRunner:
             # with a split backward the first stage too, so its I pass has an input to differentiate
             x = x.detach().requires_grad_(True)
         with torch.set_grad_enabled(self.training):
-            out = self.module(x)
-            if self.last:
-                out = self.loss_fn(out, target) * self.loss_scale
+            out = self._run(x, target)
         if self.training:
             self.saved[mb] = (x, out)
+        if self.last and self.precision is not None and self.precision.scaler is not None:
+            return out.detach() / self.precision.loss_multiplier()
         return out.detach() if self.last else out
 
     def backward(self, mb: int, grad_output: torch.Tensor | None) -> torch.Tensor | None:
