@@ -14,9 +14,11 @@ from torch import nn
 from ppx import models
 from ppx.config import Config
 from ppx.engine.precision import Precision
+from ppx.engine.recompute import Recompute
 from ppx.engine.runtime import Runtime
 from ppx.engine.stage import StageRunner
 from ppx.models.action_clock import ActionClock
+from ppx.models.costs import recompute_modes
 from ppx.models.split import split_layers
 from ppx.schedules.action import Op
 from ppx.schedules.schedule import Schedule
@@ -134,8 +136,21 @@ def build_rank(cfg: Config, schedule: Schedule, rank: int, device, comm, observe
     split = {a.stage for a in schedule.actions[rank] if a.op is Op.I}
     precision = Precision(cfg.train.dtype, device)
     mixed = precision if precision.mixed else None
+    modes = recompute_modes(cfg.train.recompute, num_stages)
+    recompute = {s: Recompute(modes[s], clock) for s in modules if modes[s] != "none" and schedule.training}
     runners = {
-        s: StageRunner(s, mod, s == 0, s == num_stages - 1, kind.loss, 1.0 / m, schedule.training, s in split, mixed)
+        s: StageRunner(
+            s,
+            mod,
+            s == 0,
+            s == num_stages - 1,
+            kind.loss,
+            1.0 / m,
+            schedule.training,
+            s in split,
+            mixed,
+            recompute.get(s),
+        )
         for s, mod in modules.items()
     }
     mb_size = cfg.train.batch_size // m

@@ -31,6 +31,7 @@ class StageRunner:
         training: bool,
         split: bool = False,
         precision=None,
+        recompute=None,
     ):
         self.index, self.module = index, module
         self.first, self.last = first, last
@@ -39,6 +40,7 @@ class StageRunner:
         self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.grad_outputs: dict[int, torch.Tensor | None] = {}
         self.precision = precision
+        self.recompute = recompute  # `ppx.engine.recompute.Recompute` (full or selective), or None
 
     def _run(self, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
         """The stage's forward (the loss on the last stage), under the precision's autocast."""
@@ -57,23 +59,37 @@ class StageRunner:
         if self.training and (not self.first or self.split and x.is_floating_point()):
             # with a split backward the first stage too, so its I pass has an input to differentiate
             x = x.detach().requires_grad_(True)
-        with torch.set_grad_enabled(self.training):
-            out = self._run(x, target)
-        if self.training:
-            self.saved[mb] = (x, out)
+        if self.training and self.recompute is not None:  # keeps x; the graph comes in backward
+            out = self.recompute.forward(mb, lambda: self._run(x, target), [x, target])
+            self.saved[mb] = (x, None)
+        else:
+            with torch.set_grad_enabled(self.training):
+                out = self._run(x, target)
+            if self.training:
+                self.saved[mb] = (x, out)
         if self.last and self.precision is not None and self.precision.scaler is not None:
             return out.detach() / self.precision.loss_multiplier()
         return out.detach() if self.last else out
 
+    def _graph(self, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input, output) of ``mb`` with its graph: recomputed here, once, when the forward
+        kept only its input (B, or I, whose graph W then reuses)."""
+        x, out = self.saved[mb]
+        if out is None:
+            out = self.recompute.recompute(mb)
+            self.saved[mb] = (x, out)
+        return x, out
+
     def backward(self, mb: int, grad_output: torch.Tensor | None) -> torch.Tensor | None:
         """Accumulate parameter gradients; return d(loss)/d(input) for the previous stage."""
-        x, out = self.saved.pop(mb)
+        x, out = self._graph(mb)
+        del self.saved[mb]
         torch.autograd.backward(out, grad_output)
         return None if self.first else x.grad
 
     def backward_input(self, mb: int, grad_output: torch.Tensor | None) -> torch.Tensor | None:
         """I: d(loss)/d(input) only, keeping the graph for the weight pass."""
-        x, out = self.saved[mb]
+        x, out = self._graph(mb)
         self.grad_outputs[mb] = grad_output
         if not x.requires_grad:  # integer input (token ids): nothing to differentiate
             return None
@@ -82,7 +98,8 @@ class StageRunner:
 
     def backward_weight(self, mb: int) -> None:
         """W: accumulate the parameter gradients of microbatch ``mb``; frees its activations."""
-        x, out = self.saved.pop(mb)
+        x, out = self._graph(mb)  # recomputed already by its I (or here, if the schedule had none)
+        del self.saved[mb]
         grad_output = self.grad_outputs.pop(mb)
         params = [p for p in self.module.parameters() if p.requires_grad]
         grads = torch.autograd.grad(out, params, grad_output, allow_unused=True)
