@@ -37,13 +37,21 @@ MODELS = {
     ],
 }
 SCHEDULES = {"1f1b": [], "zb_h1": [], "interleaved_1f1b": ["pipeline.virtual_stages=2"]}
+V2 = ["pipeline.virtual_stages=2"]
+MORE_SCHEDULES = {  # recomputation on every other family (8 microbatches where the schedule needs them)
+    "gpipe": [],
+    "zb_h2": ["pipeline.microbatches=8"],
+    "looped_bfs": V2,
+    "interleaved_zb": V2,
+    "zbv": ["pipeline.microbatches=8"],
+    "dualpipev": [],
+}
 TOL = {"fp32": 1e-5, "bf16": 3e-2, "fp16": 5e-3}
 
 
 def overrides(model: str, sched: str, dtype: str = "fp32", recompute: str = "none") -> list[str]:
     return (
         MODELS[model]
-        + SCHEDULES[sched]
         + [
             f"pipeline.schedule={sched}",
             "pipeline.stages=2",
@@ -53,6 +61,7 @@ def overrides(model: str, sched: str, dtype: str = "fp32", recompute: str = "non
             f"train.dtype={dtype}",
             f"train.recompute={recompute}",
         ]
+        + {**SCHEDULES, **MORE_SCHEDULES}[sched]
     )
 
 
@@ -64,6 +73,16 @@ RECOMPUTE = {
     for rc in ("full", "selective")
 }
 RECOMPUTE["transformer-zb_h1-fp32-[full,selective]"] = overrides("transformer", "zb_h1", "fp32", "[full,selective]")
+RECOMPUTE.update(
+    {
+        f"transformer-{s}-fp32-{rc}": overrides("transformer", s, "fp32", rc)
+        for s in MORE_SCHEDULES
+        for rc in ("full", "selective")
+    }
+)
+RECOMPUTE["mlp-zb_h1-fp32-selective-tracer"] = overrides("mlp", "zb_h1", "fp32", "selective") + [
+    "pipeline.split=tracer"
+]
 RECOMPUTE["transformer-zb_h1-bf16-selective"] = overrides("transformer", "zb_h1", "bf16", "selective")
 RECOMPUTE["transformer-1f1b-bf16-full"] = overrides("transformer", "1f1b", "bf16", "full")
 CASES.update(RECOMPUTE)

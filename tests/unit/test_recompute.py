@@ -121,3 +121,27 @@ def test_theory_adds_the_forward_to_b_or_i_under_full():
 def test_rules(extra, message):
     with pytest.raises(UserError, match=message.replace("|", r"\|")):
         config.load(None, ["pipeline.stages=2", *extra])
+
+
+def test_memory_counters_see_a_checkpointed_region_by_its_inputs():
+    """Nested saved-tensor hooks: inside a torch.utils.checkpoint region (non-reentrant) the
+    checkpoint's own hooks take the saved tensors, so the memory counters, whose hooks are the
+    outer ones, count the region by the inputs it keeps, as ppx's own recomputation is counted."""
+    from torch.utils.checkpoint import checkpoint
+
+    from ppx.schedules.action import Action, Op
+    from ppx.schedules.program import Item
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    x = torch.randn(8, 64, requires_grad=True)
+    item = Item("compute", (Action(0, Op.F, 0),), "0F0")
+    seen = {}
+    for name, run in {"plain": net, "checkpoint": lambda t: checkpoint(net, t, use_reentrant=False)}.items():
+        tracker = MemoryTracker({0: net}, True, lambda: 1, torch.device("cpu"))
+        tracker.before(item)
+        run(x)
+        tracker.after(item)
+        seen[name] = tracker.live_bytes
+    assert seen["checkpoint"] == x.numel() * 4  # the region's input, nothing from inside it
+    assert seen["plain"] == (64 + 256 + 256) * 8 * 4  # input, first linear's output, GELU's output
