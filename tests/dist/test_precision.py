@@ -114,12 +114,17 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
                 mod.register_forward_pre_hook(
                     lambda *_, stage=stage, calls=calls: calls.__setitem__(stage, calls[stage] + 1)
                 )
+            linear = set()  # dtypes of every Linear's output: the compute dtype under autocast
+            for mod in pipe.modules.values():
+                for sub in mod.modules():
+                    if isinstance(sub, torch.nn.Linear):
+                        sub.register_forward_hook(lambda _m, _i, y, linear=linear: linear.add(y.dtype))
             loss = pipe.step(0)
             if pipe.precision.scaler is not None:  # fp16: the gradients of the scaled loss, unscaled
                 assert not pipe.precision.scaler.unscale(pipe.parameters())
             grads = {stage: [q.grad.clone() for q in mod.parameters()] for stage, mod in pipe.modules.items()}
             torch.save(
-                {"loss": loss, "grads": grads, "comm": recording.seen, "calls": calls},
+                {"loss": loss, "grads": grads, "comm": recording.seen, "calls": calls, "linear": linear},
                 Path(out) / f"{name}.rank{rank}.pt",
             )
             dist.barrier()
@@ -190,6 +195,8 @@ def check_against_reference(out: Path, name: str, o: list[str], tol: float) -> f
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_reference_under_same_autocast(pipelined, name):
     dtype = name.split("-")[2]
+    for r in range(2 if "tracer" not in name else 0):  # autocast ran: every Linear's output is in the compute dtype
+        assert torch.load(pipelined / f"{name}.rank{r}.pt")["linear"] == {DTYPES[dtype]}
     worst = check_against_reference(pipelined, name, CASES[name], TOL[dtype])
     print(f"{name}: worst gradient relative error {worst:.2e}")
 
