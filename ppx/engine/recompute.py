@@ -4,9 +4,10 @@
   on the last stage, the target), and its backward re-runs the forward with the graph first.
 - ``selective``: op-level selective activation checkpointing, as torchtitan's: the forward
   runs under torch's `create_selective_checkpoint_contexts` caching mode with a policy that
-  saves the outputs of matmuls and scaled-dot-product attention; the backward re-runs the
-  forward under the cached mode, which hands back those outputs and recomputes only the
-  cheap element-wise ops (norms, activations, residual adds, casts).
+  saves the outputs of matmuls and scaled-dot-product attention (with grad enabled, as the
+  recomputation runs, but saved-tensor hooks that keep nothing of autograd's); the backward
+  re-runs the forward under the cached mode, which hands back those outputs and recomputes
+  only the cheap element-wise ops (norms, activations, residual adds, casts).
 
 The recomputation runs at the start of the stage's backward, as one explicit forward that
 rebuilds the stage's ordinary graph: a B uses it at once; with a split backward the I pass
@@ -26,6 +27,7 @@ import contextlib
 from collections.abc import Callable
 
 import torch
+from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 aten = torch.ops.aten
@@ -96,15 +98,17 @@ class Recompute:
 
         def policy(ctx, op, *args, **kwargs):
             if op in SAVE_OPS:
-                saved.extend(_tensors(getattr(ctx, "op_output", None)))
+                saved.extend(t.detach() for t in _tensors(getattr(ctx, "op_output", None)))
                 return CheckpointPolicy.MUST_SAVE
             return CheckpointPolicy.PREFER_RECOMPUTE
 
         caching, cached = create_selective_checkpoint_contexts(policy)
-        with torch.no_grad(), caching:
+        # with grad, as the recomputation runs (an op whose kernel choice depends on it, like
+        # SDPA's backend, then dispatches alike both times), but autograd keeps nothing
+        with torch.enable_grad(), saved_tensors_hooks(_drop, _dropped), caching:
             out = run()
         self.pending[mb] = (run, cached, keep(kept + saved))
-        return out
+        return out.detach()
 
     def recompute(self, mb: int) -> torch.Tensor:
         """Re-run the forward of ``mb`` with its graph (under the cached mode for selective)."""
@@ -118,6 +122,14 @@ class Recompute:
         finally:
             if clock is not None:
                 clock.recomputing = None
+
+
+def _drop(t: torch.Tensor) -> None:
+    return None
+
+
+def _dropped(_) -> torch.Tensor:
+    raise RuntimeError("a recomputing stage's forward graph is never differentiated")
 
 
 def _tensors(output) -> list:

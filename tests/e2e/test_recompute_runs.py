@@ -9,7 +9,7 @@ import pytest
 
 from helpers import ppx, read_json
 
-F, B, W = 20, 30, 10  # ms per forward, input-gradient and weight-gradient pass
+F, B, W = 60, 30, 10  # ms per forward, input-gradient and weight-gradient pass: F well above the noise
 P, M = 2, 4
 BASE = [
     "model.kind=synthetic",
@@ -43,16 +43,21 @@ def action_ms(summary: dict, action: str) -> float:
     return summary["measured_costs"]["action_s"][action] * 1e3
 
 
+def near(measured: float, expected: float) -> bool:
+    """Generous bounds: a known-cost action lasts at least its charge (the sleeps are exact),
+    and at most 25 ms more (CPU overhead and late wake-ups on 2 cores shared with other jobs)."""
+    return expected - 1 <= measured <= expected + 25
+
+
 @pytest.mark.parametrize("stage", range(P))
 def test_full_recompute_adds_a_forward_to_b_or_i(runs, stage):
-    # generous bounds: the sleeps are exact, the CPU overhead of 2 shared cores is not
-    assert action_ms(runs["1f1b-none"], f"{stage}B") == pytest.approx(B + W, abs=8)
-    assert action_ms(runs["1f1b-full"], f"{stage}B") == pytest.approx(F + B + W, abs=8)
-    assert action_ms(runs["1f1b-selective-bf16"], f"{stage}B") == pytest.approx(B + W, abs=8)
-    assert action_ms(runs["zb_h1-full"], f"{stage}I") == pytest.approx(F + B, abs=8)
-    assert action_ms(runs["zb_h1-full"], f"{stage}W") == pytest.approx(W, abs=8)
+    assert near(action_ms(runs["1f1b-none"], f"{stage}B"), B + W)
+    assert near(action_ms(runs["1f1b-full"], f"{stage}B"), F + B + W)  # the forward again, then B
+    assert near(action_ms(runs["1f1b-selective-bf16"], f"{stage}B"), B + W)  # nothing costly recomputed
+    assert near(action_ms(runs["zb_h1-full"], f"{stage}I"), F + B)  # split: I recomputes...
+    assert near(action_ms(runs["zb_h1-full"], f"{stage}W"), W)  # ...and W does not
     for s in runs.values():
-        assert action_ms(s, f"{stage}F") == pytest.approx(F, abs=8)
+        assert near(action_ms(s, f"{stage}F"), F)
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -65,7 +70,7 @@ def test_theory_and_simulator_hold_against_the_measured_step(runs, name):
     slot = F + B + W + (F if name.endswith("full") else 0)
     if name.startswith("1f1b"):  # 1F1B's exact ideal: (m + p - 1) slots of F + B
         assert s["ideal_step_time_s"] == pytest.approx((M + P - 1) * slot / 1e3)
-    assert 1.0 <= s["step_time_over_ideal"] <= 1.3, s["step_time_over_ideal"]
-    assert abs(s["prediction_error"]["step_time"]) <= 0.15, s["predicted"]
+    assert 1.0 <= s["step_time_over_ideal"] <= 1.5, s["step_time_over_ideal"]
+    assert abs(s["prediction_error"]["step_time"]) <= 0.2, s["predicted"]
     assert s["recompute"] == name.split("-")[1]
     assert s["dtype"] == ("bf16" if name.endswith("bf16") else "fp32")
