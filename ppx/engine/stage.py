@@ -17,7 +17,9 @@ class StageRunner:
     scaled by ``loss_scale`` (1/microbatches) so the summed microbatch gradients equal the
     full-batch gradient. ``precision`` (`ppx.engine.precision.Precision`, None: fp32) runs the
     forward under autocast, sends the activation in the compute dtype and, for fp16, multiplies
-    the loss by the loss scale (the loss returned for the report is unscaled).
+    the loss by the loss scale (the loss returned for the report is unscaled). ``recompute``
+    (`ppx.engine.recompute.Recompute`, None: keep what autograd saves) keeps only what its mode
+    keeps and re-runs the forward, once, at the start of the microbatch's B or I.
     """
 
     def __init__(
@@ -37,10 +39,10 @@ class StageRunner:
         self.first, self.last = first, last
         self.loss_fn, self.loss_scale, self.training = loss_fn, loss_scale, training
         self.split = split  # the schedule splits this stage's backward into I and W
-        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # None: to recompute
         self.grad_outputs: dict[int, torch.Tensor | None] = {}
         self.precision = precision
-        self.recompute = recompute  # `ppx.engine.recompute.Recompute` (full or selective), or None
+        self.recompute = recompute
 
     def _run(self, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
         """The stage's forward (the loss on the last stage), under the precision's autocast."""
