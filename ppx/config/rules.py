@@ -105,6 +105,7 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
             f"pipeline.schedule {p.schedule} is for {sched.num_ranks} ranks and {sched.num_microbatches} "
             f"microbatches, but pipeline.stages={p.stages} and pipeline.microbatches={p.microbatches}"
         )
+    check_precision(cfg, sched)
     # other kinds ignore the costs, but a value of the wrong type is an error, not a silent no-op
     stage_costs_ms(m, sched.num_stages if m.kind == "synthetic" else None, p.layers_per_stage)
     split_layers(m.layers, sched.num_stages, p.layers_per_stage)
@@ -113,6 +114,23 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
             f"pipeline.split=tracer cannot trace model.kind={m.kind} (its stages sleep inside a custom "
             "autograd Function); use mlp or transformer, or pipeline.split=layers"
         )
+
+
+def check_precision(cfg: Config, sched: Schedule) -> None:
+    """``train.dtype`` and ``train.recompute`` (one mode, or one per stage); ppx's runtime
+    runs them, torch's executor does not."""
+    from ppx.models.costs import recompute_modes
+
+    t, p = cfg.train, cfg.pipeline
+    modes = recompute_modes(t.recompute, sched.num_stages)
+    if schedules.runs_on_torch(p.schedule, p.executor):
+        where = "pipeline.executor=torch" if p.executor == "torch" else f"pipeline.schedule={p.schedule}"
+        if t.dtype != "fp32":
+            raise UserError(
+                f"train.dtype={t.dtype} runs in ppx's runtime only, not under {where}; use train.dtype=fp32"
+            )
+        if any(mode != "none" for mode in modes):
+            raise UserError(f"train.recompute runs in ppx's runtime only, not under {where}; use train.recompute=none")
 
 
 def check_instrument(cfg: Config) -> None:

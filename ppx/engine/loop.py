@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from ppx.engine.comm import P2P
 from ppx.engine.data_parallel import DataParallel, Layout
+from ppx.engine.precision import step_optimizer
 from ppx.engine.rank import build_rank
 from ppx.engine.records import RecordGatherer
 from ppx.measure.clock import offset_to_rank0, start_together
@@ -93,7 +94,7 @@ def train(
             if opt is not None:
                 watchdog.phase("optimizer step", step)
                 with prof.label("ppx:optimizer"):
-                    opt.step()
+                    step_optimizer(pipe, opt, device)  # fp16: unscaled, skipped on every rank on an overflow
                     if device.type == "cuda":  # the optimizer's kernels end here, not inside the next step's timing
                         torch.cuda.synchronize(device)
             watchdog.phase("step metrics", step)

@@ -14,9 +14,12 @@ from torch import nn
 from ppx import models
 from ppx.config import Config
 from ppx.engine.data_parallel import DataParallel
+from ppx.engine.precision import Precision
+from ppx.engine.recompute import Recompute
 from ppx.engine.runtime import Runtime
 from ppx.engine.stage import StageRunner
 from ppx.models.action_clock import ActionClock
+from ppx.models.costs import recompute_modes
 from ppx.models.split import split_layers
 from ppx.schedules.action import Op
 from ppx.schedules.schedule import Schedule
@@ -97,6 +100,7 @@ class RankPipeline(StageShare):
     modules: dict[int, nn.Module]
     runtime: Runtime
     data_parallel: DataParallel | None = None  # parallel.data > 1: this replica's place and the reduction
+    precision: Precision | None = None  # train.dtype: autocast, boundary dtype, fp16 loss scaling
 
     @property
     def observers(self) -> list:
@@ -141,12 +145,28 @@ def build_rank(
         data_parallel.wrap(modules)
     m = schedule.num_microbatches
     split = {a.stage for a in schedule.actions[rank] if a.op is Op.I}
+    precision = Precision(cfg.train.dtype, device)
+    mixed = precision if precision.mixed else None
+    modes = recompute_modes(cfg.train.recompute, num_stages)
+    recompute = {s: Recompute(modes[s], clock) for s in modules if modes[s] != "none" and schedule.training}
     runners = {
-        s: StageRunner(s, mod, s == 0, s == num_stages - 1, kind.loss, 1.0 / m, schedule.training, s in split)
+        s: StageRunner(
+            s,
+            mod,
+            s == 0,
+            s == num_stages - 1,
+            kind.loss,
+            1.0 / m,
+            schedule.training,
+            s in split,
+            mixed,
+            recompute.get(s),
+        )
         for s, mod in modules.items()
     }
     mb_size = cfg.train.batch_size // cfg.parallel.data // m
     shape, dtype = kind.boundary(cfg.model, mb_size)
+    dtype = precision.boundary_dtype(dtype)  # activations and gradients travel in the compute dtype
     lookahead = 0 if comm.coalesce else cfg.runtime.recv_lookahead
     runtime = Runtime(
         schedule,
@@ -160,4 +180,4 @@ def build_rank(
         clock=clock,
         reduce_grads=None if data_parallel is None else data_parallel.reduce,
     )
-    return RankPipeline(cfg, schedule, rank, torch.device(device), kind, modules, runtime, data_parallel)
+    return RankPipeline(cfg, schedule, rank, torch.device(device), kind, modules, runtime, data_parallel, precision)

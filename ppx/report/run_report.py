@@ -95,6 +95,8 @@ class RunReport:
             "steps": cfg.train.steps,
             "batch_size": cfg.train.batch_size,
             "model": cfg.model.kind,
+            "dtype": cfg.train.dtype,
+            "recompute": cfg.train.recompute,  # full: each B (or I) re-runs its stage's forward first
             "virtual_stages": virtual_stages(cfg),
             "losses": self.losses,
             "step_times_s": [s["step_time_s"] for s in self.steps],
