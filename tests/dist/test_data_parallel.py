@@ -2,7 +2,8 @@
 processes): after one step every stage's gradients, reduced across the replicas by torch's
 replicate or FSDP2 fully_shard, and the replicas' mean loss equal a single-process reference
 on the whole global batch, for schedules with a full backward, a split one (the reduction
-after the W's), two stages per rank and a V placement with overlapped cells."""
+after the W's), two stages per rank and a V placement with overlapped cells, and with
+recomputation."""
 
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ CASES = {
     for sched, extra in ((s, SCHEDULES[s]) for s in scheds)
     for how in ("replicate", "shard")
 }
+# recomputation re-runs a stage's forward (its FSDP hooks included) inside its backward
+CASES["transformer-zb_h1-shard-recompute_full"] = [*CASES["transformer-zb_h1-shard"], "train.recompute=full"]
+CASES["mlp-1f1b-replicate-recompute_selective"] = [*CASES["mlp-1f1b-replicate"], "train.recompute=selective"]
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -83,7 +87,7 @@ def test_replicas_gradients_equal_single_process_reference(replicated, name):
     losses = [x["loss"] for x in parts.values() if x["loss"] is not None]
     assert len(losses) == D, "each replica's last rank reports its share's loss"
     assert sum(losses) / D == pytest.approx(ref_loss, rel=1e-6)
-    shard = name.endswith("shard")
+    shard = "-shard" in name
     for dp in range(D):  # every replica holds the reduced gradients (sharded: its part of them)
         by_stage = {s: g for pp in range(P) for s, g in parts[Layout(P, D, 0).global_rank(pp, dp)]["grads"].items()}
         grads = [g for s in sorted(by_stage) for g in by_stage[s]]
