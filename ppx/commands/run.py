@@ -13,12 +13,11 @@ from ppx.errors import UserError
 
 def cmd_run(args) -> int:
     from ppx import config
-    from ppx.config import resolve_schedule
     from ppx.launch import devices, processes, slurm
     from ppx.launch.claim import claim
 
     cfg = config.load(args.experiment, args.overrides)
-    world = resolve_schedule(cfg).num_ranks
+    stages, world = _processes(cfg)
     command = " ".join(shlex.quote(a) for a in ["ppx", "run", args.experiment, *args.overrides])
     mode = processes.launched_by()
     if mode is not None:
@@ -32,10 +31,12 @@ def cmd_run(args) -> int:
         if notice and rank0:
             print(notice, file=sys.stderr)
         # every rank re-loads the same experiment and overrides, so all agree on the fallback
-        cfg, world = _cpu_fallback(cfg, args, notice, rank0)
+        cfg, stages, world = _cpu_fallback(cfg, args, notice, rank0) or (cfg, stages, world)
         if have != world:
+            want = f"pipeline.stages={stages}" + (f" x parallel.data={cfg.parallel.data}" if world != stages else "")
             raise UserError(
-                f"pipeline.stages={world} but this job has {have} processes (WORLD_SIZE); start one process per stage"
+                f"{want} but this job has {have} processes (WORLD_SIZE); start one process per stage"
+                + (" and replica" if world != stages else "")
             )
         from ppx.launch.worker import run_rank
 
@@ -44,7 +45,7 @@ def cmd_run(args) -> int:
     device, notice = devices.choose_device(cfg.runtime.device, world)
     if notice:
         print(notice, file=sys.stderr)
-    cfg, world = _cpu_fallback(cfg, args, notice, True)
+    cfg, stages, world = _cpu_fallback(cfg, args, notice, True) or (cfg, stages, world)
     run_dir = claim(cfg)
     (run_dir / "config.yaml").write_text(config.to_yaml(cfg))
     env = processes.worker_env(device, cfg.runtime.threads_per_rank, command)
@@ -59,14 +60,22 @@ def cmd_run(args) -> int:
     return code
 
 
-def _cpu_fallback(cfg, args, notice: str | None, speak: bool):
-    """(config, world) once the run fell back to CPU (``notice``): the experiment re-loaded
-    with runtime.cpu_fallback's overrides before the command line's; one notice line names them."""
-    from ppx import config
+def _processes(cfg) -> tuple[int, int]:
+    """(pipeline ranks, processes of the job: pipeline ranks x parallel.data)."""
     from ppx.config import resolve_schedule
 
+    stages = resolve_schedule(cfg).num_ranks
+    return stages, stages * cfg.parallel.data
+
+
+def _cpu_fallback(cfg, args, notice: str | None, speak: bool):
+    """(config, pipeline ranks, processes) once the run fell back to CPU (``notice``) and the
+    experiment has runtime.cpu_fallback: re-loaded with those overrides before the command
+    line's, named in one notice line; None when nothing changes."""
+    from ppx import config
+
     if not notice or not cfg.runtime.cpu_fallback:
-        return cfg, resolve_schedule(cfg).num_ranks
+        return None
     fallback = list(cfg.runtime.cpu_fallback)
     try:
         cfg = config.load(args.experiment, [*fallback, *args.overrides])
@@ -74,7 +83,7 @@ def _cpu_fallback(cfg, args, notice: str | None, speak: bool):
         raise UserError(f"runtime.cpu_fallback: {e}") from None
     if speak:
         print(f"ppx: on CPU, runtime.cpu_fallback applies: {' '.join(fallback)}", file=sys.stderr)
-    return cfg, resolve_schedule(cfg).num_ranks
+    return (cfg, *_processes(cfg))
 
 
 def _explain_failure(run_dir: Path, world: int, code: int) -> None:

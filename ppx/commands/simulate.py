@@ -76,20 +76,23 @@ def cmd_simulate(args) -> int:
             send_post=args.send_post_ms / 1e3,
             recv_post=args.recv_post_ms / 1e3,
         )
-        transport, lookahead = "nccl", 0
+        transport, lookahead, reduce = "nccl", 0, False
     else:
         costs = costs_from(measured.measured_costs, sched.num_stages)
         backend = (run.env or {}).get("backend", "gloo")
         transport, lookahead = transport_of(run.config, backend)
+        reduce = run.config.parallel.data > 1  # its replicas' gradient reductions, at their measured cost
     transport = args.transport or transport
     lookahead = args.recv_lookahead if args.recv_lookahead is not None else lookahead
-    t = schedules.simulate(sched, costs, transport, lookahead)
+    t = schedules.simulate(sched, costs, transport, lookahead, reduce)
     p, m = sched.num_ranks, sched.num_microbatches
     print(f"{sched.name}: {p} ranks, {sched.num_stages} stages, {m} microbatches")
     print(f"predicted step time {t.makespan * 1e3:.2f} ms, bubble {t.bubble_fraction():.1%} (idle / step time)")
     for r in range(p):
         print(
-            f"  rank {r}: compute {t.compute[r] * 1e3:.2f} ms, comm {t.comm[r] * 1e3:.2f} ms, idle {t.idle(r) * 1e3:.2f} ms"
+            f"  rank {r}: compute {t.compute[r] * 1e3:.2f} ms, comm {t.comm[r] * 1e3:.2f} ms"
+            + (f", data-parallel reduction {t.dp_comm[r] * 1e3:.2f} ms" if reduce else "")
+            + f", idle {t.idle(r) * 1e3:.2f} ms"
         )
     fam = schedules.FAMILIES.get(sched.name)
     if fam is not None:

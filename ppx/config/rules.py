@@ -15,6 +15,7 @@ from ppx.schedules.schedule import Schedule
 def check(cfg: Config) -> None:
     """Every rule; raise UserError with one line naming the key."""
     check_shape(cfg)
+    check_parallel(cfg)
     check_train(cfg)
     check_runtime(cfg)
     check_model(cfg)
@@ -36,6 +37,24 @@ def check_shape(cfg: Config) -> None:
         raise UserError(f"train.batch_size must be >= 1, got {t.batch_size}")
     if t.batch_size % p.microbatches:
         raise UserError(f"train.batch_size={t.batch_size} is not divisible by pipeline.microbatches={p.microbatches}")
+
+
+def check_parallel(cfg: Config) -> None:
+    d, p = cfg.parallel.data, cfg.pipeline
+    if d < 1:
+        raise UserError(f"parallel.data must be >= 1, got {d}")
+    if cfg.train.batch_size % (d * p.microbatches):
+        raise UserError(
+            f"train.batch_size={cfg.train.batch_size} (the global batch) does not split into parallel.data={d} "
+            f"replicas x pipeline.microbatches={p.microbatches}"
+        )
+    if cfg.parallel.data_shard and d == 1:
+        raise UserError("parallel.data_shard=true shards over the replicas: it needs parallel.data > 1")
+    if d > 1 and schedules.runs_on_torch(p.schedule, p.executor):
+        raise UserError(
+            f"parallel.data={d} runs on ppx's executor; pipeline.schedule={p.schedule} with "
+            f"pipeline.executor={p.executor} runs on torch's"
+        )
 
 
 def check_train(cfg: Config) -> None:
@@ -111,6 +130,7 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
             f"pipeline.schedule {p.schedule} is for {sched.num_ranks} ranks and {sched.num_microbatches} "
             f"microbatches, but pipeline.stages={p.stages} and pipeline.microbatches={p.microbatches}"
         )
+    check_precision(cfg, sched)
     # other kinds ignore the costs, but a value of the wrong type is an error, not a silent no-op
     stage_costs_ms(m, sched.num_stages if m.kind == "synthetic" else None, p.layers_per_stage)
     split_layers(m.layers, sched.num_stages, p.layers_per_stage, models.extra_units(m.kind))
@@ -119,6 +139,23 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
             f"pipeline.split=tracer cannot trace model.kind={m.kind} (its stages sleep inside a custom "
             f"autograd Function); use {' or '.join(models.TRACEABLE)}, or pipeline.split=layers"
         )
+
+
+def check_precision(cfg: Config, sched: Schedule) -> None:
+    """``train.dtype`` and ``train.recompute`` (one mode, or one per stage); ppx's runtime
+    runs them, torch's executor does not."""
+    from ppx.models.costs import recompute_modes
+
+    t, p = cfg.train, cfg.pipeline
+    modes = recompute_modes(t.recompute, sched.num_stages)
+    if schedules.runs_on_torch(p.schedule, p.executor):
+        where = "pipeline.executor=torch" if p.executor == "torch" else f"pipeline.schedule={p.schedule}"
+        if t.dtype != "fp32":
+            raise UserError(
+                f"train.dtype={t.dtype} runs in ppx's runtime only, not under {where}; use train.dtype=fp32"
+            )
+        if any(mode != "none" for mode in modes):
+            raise UserError(f"train.recompute runs in ppx's runtime only, not under {where}; use train.recompute=none")
 
 
 def check_instrument(cfg: Config) -> None:

@@ -127,13 +127,14 @@ class TrainConfig:
     dtype: Literal["fp32", "bf16", "fp16"] = _f(
         "fp32",
         "compute dtype: fp32 | bf16 | fp16 (autocast, fp32 master weights and optimizer; fp16 adds dynamic loss "
-        "scaling); activations and gradients between stages travel in it",
+        "scaling, a skipped step on any rank's overflow skips it on all); activations and gradients between stages "
+        "travel in it; ppx's runtime only (not pipeline.executor=torch)",
     )
     recompute: Any = _f(
         "none",
-        "activation recomputation: none | full (a stage keeps only its input and re-runs its forward in backward) | "
-        "selective (keeps matmul and attention outputs, recomputes the cheap element-wise ops); one value or a list, "
-        "one per stage",
+        "activation recomputation: none | full (a stage keeps only its input and re-runs its forward in its B, or "
+        "its I when split) | selective (keeps matmul and attention outputs, recomputes the cheap element-wise ops); "
+        "one value or a list, one per stage; ppx's runtime only (not pipeline.executor=torch)",
     )
 
 

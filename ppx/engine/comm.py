@@ -20,22 +20,27 @@ import torch.distributed as dist
 
 class P2P:
     """Posts batches of sends/receives. ``forward`` and ``backward`` are the process groups
-    for activations and gradients (None = the default group)."""
+    for activations and gradients (None = the default group). Peers are the schedule's
+    ranks; ``ranks`` maps them to global ranks (data parallel: this replica's pipeline)."""
 
-    def __init__(self, forward=None, backward=None):
+    def __init__(self, forward=None, backward=None, ranks=None):
         self.groups = {"F": forward, "B": backward}
+        self.ranks = ranks
         self.coalesce = dist.is_initialized() and dist.get_backend(forward) == "nccl"
         self._direct = {}  # (kind, global peer) -> (process group, peer's rank in it)
 
     @classmethod
-    def for_backend(cls, backend: str) -> P2P:
-        """Two extra gloo groups on gloo; the default group on NCCL. Collective: call on every rank."""
+    def for_backend(cls, backend: str, ranks=None) -> P2P:
+        """Two extra gloo groups on gloo; the default group on NCCL. Collective: call on every
+        rank. ``ranks``: as the constructor's."""
         if backend == "gloo" and dist.get_world_size() > 1:
-            return cls(dist.new_group(backend="gloo"), dist.new_group(backend="gloo"))
-        return cls()
+            return cls(dist.new_group(backend="gloo"), dist.new_group(backend="gloo"), ranks)
+        return cls(ranks=ranks)
 
     def post(self, ops: list[tuple[bool, torch.Tensor, int, str]]) -> list:
         """``ops`` = [(is_send, tensor, peer rank, "F" | "B")]; returns the requests to wait on."""
+        if self.ranks is not None:
+            ops = [(send, t, self.ranks[peer], kind) for send, t, peer, kind in ops]
         if self.coalesce:
             g = self.groups["F"]
             return dist.batch_isend_irecv(

@@ -11,22 +11,30 @@ import torch
 import torch.distributed as dist
 
 from ppx.engine.comm import P2P
+from ppx.engine.data_parallel import DataParallel, Layout
+from ppx.engine.precision import step_optimizer
 from ppx.engine.rank import build_rank
 from ppx.engine.records import RecordGatherer
 from ppx.measure.clock import offset_to_rank0, start_together
 from ppx.measure.instruments import Instruments
 from ppx.measure.profiler import make_profiler
+from ppx.measure.replicas import merge_replicas
 from ppx.schedules import registry
 from ppx.schedules.schedule import Schedule
 
 
-def build_share(cfg, schedule: Schedule, rank: int, device, backend: str, observers):
-    """This rank's share of the pipeline, run by ppx's runtime or torch's."""
+def build_share(cfg, schedule: Schedule, layout: Layout, device, backend: str, observers):
+    """This rank's share of the pipeline, run by ppx's runtime or torch's; with
+    ``parallel.data`` > 1, one replica's (its modules wrapped over the replicas)."""
     if registry.runs_on_torch(cfg.pipeline.schedule, cfg.pipeline.executor):
         from ppx.engine.torch_executor import TorchPipeline
 
-        return TorchPipeline(cfg, schedule, rank, device, observers)
-    return build_rank(cfg, schedule, rank, device, P2P.for_backend(backend), observers)
+        return TorchPipeline(cfg, schedule, layout.pp_rank, device, observers)
+    dp = None
+    if layout.data > 1:
+        dp = DataParallel(layout, torch.device(device), cfg.parallel.data_shard)
+    comm = P2P.for_backend(backend, layout.pipeline_ranks if layout.data > 1 else None)
+    return build_rank(cfg, schedule, layout.pp_rank, device, comm, observers, dp)
 
 
 def train(
@@ -42,12 +50,15 @@ def train(
     observers=(),
     start_report=None,
 ) -> None:
-    """Build this rank's share and run ``train.steps`` timed steps. ``observers`` wrap every
-    item (the watchdog first). ``start_report()``, called on every rank once the share is
-    built, returns rank 0's report (``add_step(step, records)``, ``finish()``), which receives
-    every step's per-rank records, and None elsewhere."""
+    """Build this rank's share and run ``train.steps`` timed steps. ``rank`` and ``world`` are
+    global (pipeline ranks x ``parallel.data`` replicas). ``observers`` wrap every item (the
+    watchdog first). ``start_report()``, called on every rank once the share is built,
+    returns rank 0's report (``add_step(step, records)``, ``finish()``), which receives every
+    step's per-rank records (replica 0's, the others folded in: `merge_replicas`), and None
+    elsewhere."""
     watchdog.phase("building the model")
-    pipe = build_share(cfg, schedule, rank, device, backend, [watchdog, *observers])
+    layout = Layout(schedule.num_ranks, cfg.parallel.data, rank)
+    pipe = build_share(cfg, schedule, layout, device, backend, [watchdog, *observers])
     inst = Instruments(cfg, pipe, device)
     pipe.observers.extend(inst.observers)
     watchdog.device_position = getattr(inst.timer, "device_position", None)  # CUDA events: where the GPU is
@@ -83,13 +94,15 @@ def train(
             if opt is not None:
                 watchdog.phase("optimizer step", step)
                 with prof.label("ppx:optimizer"):
-                    opt.step()
+                    step_optimizer(pipe, opt, device)  # fp16: unscaled, skipped on every rank on an overflow
                     if device.type == "cuda":  # the optimizer's kernels end here, not inside the next step's timing
                         torch.cuda.synchronize(device)
             watchdog.phase("step metrics", step)
             with prof.label("ppx:step_metrics"):
                 record, spans = inst.end_step(step)  # memory peaks include the optimizer step
-                record.update(rank=rank, loss=loss, start=t0 + offset, end=t1 + offset)
+                record.update(rank=layout.pp_rank, loss=loss, start=t0 + offset, end=t1 + offset)
+                if layout.data > 1:
+                    record["replica"] = layout.dp_rank
                 if (
                     spans is not None
                 ):  # every step: rank 0 splits waits into transfer and idle; the last go to the timeline
@@ -99,12 +112,12 @@ def train(
             if report is not None:
                 with prof.label("ppx:report"):
                     for s, merged in records.ready():
-                        report.add_step(s, merged)
+                        report.add_step(s, merge_replicas(merged))
     watchdog.phase("gathering metrics")
     rest = records.rest()
     if report is not None:
         for s, merged in rest:
-            report.add_step(s, merged)
+            report.add_step(s, merge_replicas(merged))
         watchdog.phase("writing the report")
         report.finish()
     watchdog.phase("finishing")

@@ -13,9 +13,13 @@ from torch import nn
 
 from ppx import models
 from ppx.config import Config
+from ppx.engine.data_parallel import DataParallel
+from ppx.engine.precision import Precision
+from ppx.engine.recompute import Recompute
 from ppx.engine.runtime import Runtime
 from ppx.engine.stage import StageRunner
 from ppx.models.action_clock import ActionClock
+from ppx.models.costs import recompute_modes
 from ppx.models.split import split_layers
 from ppx.schedules.action import Op
 from ppx.schedules.schedule import Schedule
@@ -45,7 +49,7 @@ def traced_stage_modules(cfg: Config, ranges: Sequence[range], stages: Sequence[
     kind = models.kind(cfg.model.kind)
     whole = build_reference(cfg)
     x, _ = kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, 0)
-    example = x[: cfg.train.batch_size // cfg.pipeline.microbatches]
+    example = x[: cfg.train.batch_size // cfg.parallel.data // cfg.pipeline.microbatches]
     spec = {kind.block_name(cfg.model, r.start): SplitPoint.BEGINNING for r in ranges[1:]}
     with warnings.catch_warnings():  # torch's own deprecation notices from inside the tracer
         warnings.simplefilter("ignore", FutureWarning)
@@ -97,6 +101,8 @@ class RankPipeline(StageShare):
     kind: ModuleType
     modules: dict[int, nn.Module]
     runtime: Runtime
+    data_parallel: DataParallel | None = None  # parallel.data > 1: this replica's place and the reduction
+    precision: Precision | None = None  # train.dtype: autocast, boundary dtype, fp16 loss scaling
 
     @property
     def observers(self) -> list:
@@ -114,6 +120,8 @@ class RankPipeline(StageShare):
             return None, None
         t = self.cfg.train
         x, y = self.kind.make_batch(self.cfg.model, t.seed, t.batch_size, step)
+        if self.data_parallel is not None:  # this replica's share of the global batch
+            x, y = self.data_parallel.layout.share(x), self.data_parallel.layout.share(y)
         m = self.schedule.num_microbatches
         xs = [c.to(self.device, copy=True) for c in x.chunk(m)] if self.owns_first else None
         ys = [c.to(self.device, copy=True) for c in y.chunk(m)] if self.owns_last else None
@@ -122,22 +130,45 @@ class RankPipeline(StageShare):
     def step(self, step: int, batch: tuple | None = None) -> float | None:
         """One pipelined step; ``batch`` = this step's ``microbatches()`` when prepared ahead."""
         xs, ys = batch if batch is not None else self.microbatches(step)
+        if self.data_parallel is not None:
+            self.data_parallel.begin_step()
         return self.runtime.step(step, xs, ys)
 
 
-def build_rank(cfg: Config, schedule: Schedule, rank: int, device, comm, observers=()) -> RankPipeline:
+def build_rank(
+    cfg: Config, schedule: Schedule, rank: int, device, comm, observers=(), data_parallel: DataParallel | None = None
+) -> RankPipeline:
+    """Pipeline rank ``rank``'s share; ``data_parallel`` wraps its modules over the replicas."""
     kind = models.kind(cfg.model.kind)
     num_stages = schedule.num_stages
     clock = ActionClock()
     modules = build_stage_modules(cfg, num_stages, schedule.stages_of(rank), device, clock)
+    if data_parallel is not None:
+        data_parallel.wrap(modules)
     m = schedule.num_microbatches
     split = {a.stage for a in schedule.actions[rank] if a.op is Op.I}
+    precision = Precision(cfg.train.dtype, device)
+    mixed = precision if precision.mixed else None
+    modes = recompute_modes(cfg.train.recompute, num_stages)
+    recompute = {s: Recompute(modes[s], clock) for s in modules if modes[s] != "none" and schedule.training}
     runners = {
-        s: StageRunner(s, mod, s == 0, s == num_stages - 1, kind.loss, 1.0 / m, schedule.training, s in split)
+        s: StageRunner(
+            s,
+            mod,
+            s == 0,
+            s == num_stages - 1,
+            kind.loss,
+            1.0 / m,
+            schedule.training,
+            s in split,
+            mixed,
+            recompute.get(s),
+        )
         for s, mod in modules.items()
     }
-    mb_size = cfg.train.batch_size // m
+    mb_size = cfg.train.batch_size // cfg.parallel.data // m
     shape, dtype = kind.boundary(cfg.model, mb_size)
+    dtype = precision.boundary_dtype(dtype)  # activations and gradients travel in the compute dtype
     lookahead = 0 if comm.coalesce else cfg.runtime.recv_lookahead
     runtime = Runtime(
         schedule,
@@ -149,5 +180,6 @@ def build_rank(cfg: Config, schedule: Schedule, rank: int, device, comm, observe
         observers,
         recv_lookahead=lookahead,
         clock=clock,
+        reduce_grads=None if data_parallel is None else data_parallel.reduce,
     )
-    return RankPipeline(cfg, schedule, rank, torch.device(device), kind, modules, runtime)
+    return RankPipeline(cfg, schedule, rank, torch.device(device), kind, modules, runtime, data_parallel, precision)

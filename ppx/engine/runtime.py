@@ -59,7 +59,9 @@ class Runtime:
     """Executes ``schedule`` for ``rank``; ``stages`` maps each stage index this rank owns to
     its `StageRunner`. ``boundary(stage)`` gives (shape, dtype) of the activation leaving
     ``stage``, used to allocate receive buffers. ``recv_lookahead``: see `receive_early`.
-    ``clock``: the `ActionClock` the stage modules were built with."""
+    ``clock``: the `ActionClock` the stage modules were built with. ``reduce_grads(stage)``
+    (data parallel) reduces a stage's gradients across the replicas: the program then has a
+    ``reduce`` item per stage after its last backward."""
 
     def __init__(
         self,
@@ -73,16 +75,28 @@ class Runtime:
         recv_lookahead: int = 0,
         *,
         clock: ActionClock,
+        reduce_grads: Callable[[int], None] | None = None,
     ):
         self.schedule, self.rank, self.stages, self.comm = schedule, rank, stages, comm
         self.clock = clock  # the one the stage modules were built with: their charges go to its actions
         self.device, self.boundary = device, boundary
         self.observers = list(observers)
         self.program = compile_program(
-            schedule.actions[rank], schedule.stage_to_rank, recv_lookahead, schedule.cells(rank)
+            schedule.actions[rank],
+            schedule.stage_to_rank,
+            recv_lookahead,
+            schedule.cells(rank),
+            reduce=reduce_grads is not None and schedule.training,
         )
+        self.reduce_grads = reduce_grads
         self.last_stage = schedule.num_stages - 1
-        self._handlers = {"post": self._post, "wait": self._wait, "compute": self._compute, "drain": self._drain}
+        self._handlers = {
+            "post": self._post,
+            "wait": self._wait,
+            "compute": self._compute,
+            "reduce": self._reduce,
+            "drain": self._drain,
+        }
         # overlapped cells on CUDA: the forward runs on a second stream beside the backward
         cells = device.type == "cuda" and any(it.overlap for it in self.program)
         self._side = torch.cuda.Stream(device) if cells else None
@@ -152,6 +166,9 @@ class Runtime:
         a = item.actions[0]
         with self.clock.action(PART_OF[a.op]):
             self._run_action(a)
+
+    def _reduce(self, item: Item) -> None:
+        self.reduce_grads(item.actions[0].stage)
 
     def _overlapped(self, item: Item) -> None:
         """One part of an overlapped cell on CUDA: the forward (part 1) on the side stream,

@@ -15,7 +15,11 @@ class StageRunner:
     The first stage reads data, the others a received activation (made a leaf that requires
     grad, so backward yields the gradient to send back). The last stage computes the loss,
     scaled by ``loss_scale`` (1/microbatches) so the summed microbatch gradients equal the
-    full-batch gradient.
+    full-batch gradient. ``precision`` (`ppx.engine.precision.Precision`, None: fp32) runs the
+    forward under autocast, sends the activation in the compute dtype and, for fp16, multiplies
+    the loss by the loss scale (the loss returned for the report is unscaled). ``recompute``
+    (`ppx.engine.recompute.Recompute`, None: keep what autograd saves) keeps only what its mode
+    keeps and re-runs the forward, once, at the start of the microbatch's B or I.
     """
 
     def __init__(
@@ -28,36 +32,66 @@ class StageRunner:
         loss_scale: float,
         training: bool,
         split: bool = False,
+        precision=None,
+        recompute=None,
     ):
         self.index, self.module = index, module
         self.first, self.last = first, last
         self.loss_fn, self.loss_scale, self.training = loss_fn, loss_scale, training
         self.split = split  # the schedule splits this stage's backward into I and W
-        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # None: to recompute
         self.grad_outputs: dict[int, torch.Tensor | None] = {}
+        self.precision = precision
+        self.recompute = recompute
+
+    def _run(self, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
+        """The stage's forward (the loss on the last stage), under the precision's autocast."""
+        prec = self.precision
+        if prec is None:
+            out = self.module(x)
+            return self.loss_fn(out, target) * self.loss_scale if self.last else out
+        with prec.autocast():
+            out = self.module(x)
+            if self.last:
+                return self.loss_fn(out, target) * (self.loss_scale * prec.loss_multiplier())
+        return out.to(prec.dtype) if out.is_floating_point() else out  # sent in the compute dtype
 
     def forward(self, mb: int, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
         """Return the activation for the next stage, or (last stage) the scaled loss, detached."""
         if self.training and (not self.first or self.split and x.is_floating_point()):
             # with a split backward the first stage too, so its I pass has an input to differentiate
             x = x.detach().requires_grad_(True)
-        with torch.set_grad_enabled(self.training):
-            out = self.module(x)
-            if self.last:
-                out = self.loss_fn(out, target) * self.loss_scale
-        if self.training:
-            self.saved[mb] = (x, out)
+        if self.training and self.recompute is not None:  # keeps x; the graph comes in backward
+            out = self.recompute.forward(mb, lambda: self._run(x, target), [x, target])
+            self.saved[mb] = (x, None)
+        else:
+            with torch.set_grad_enabled(self.training):
+                out = self._run(x, target)
+            if self.training:
+                self.saved[mb] = (x, out)
+        if self.last and self.precision is not None and self.precision.scaler is not None:
+            return out.detach() / self.precision.loss_multiplier()
         return out.detach() if self.last else out
+
+    def _graph(self, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input, output) of ``mb`` with its graph: recomputed here, once, when the forward
+        kept only its input (B, or I, whose graph W then reuses)."""
+        x, out = self.saved[mb]
+        if out is None:
+            out = self.recompute.recompute(mb)
+            self.saved[mb] = (x, out)
+        return x, out
 
     def backward(self, mb: int, grad_output: torch.Tensor | None) -> torch.Tensor | None:
         """Accumulate parameter gradients; return d(loss)/d(input) for the previous stage."""
-        x, out = self.saved.pop(mb)
+        x, out = self._graph(mb)
+        del self.saved[mb]
         torch.autograd.backward(out, grad_output)
         return None if self.first else x.grad
 
     def backward_input(self, mb: int, grad_output: torch.Tensor | None) -> torch.Tensor | None:
         """I: d(loss)/d(input) only, keeping the graph for the weight pass."""
-        x, out = self.saved[mb]
+        x, out = self._graph(mb)
         self.grad_outputs[mb] = grad_output
         if not x.requires_grad:  # integer input (token ids): nothing to differentiate
             return None
@@ -66,7 +100,8 @@ class StageRunner:
 
     def backward_weight(self, mb: int) -> None:
         """W: accumulate the parameter gradients of microbatch ``mb``; frees its activations."""
-        x, out = self.saved.pop(mb)
+        x, out = self._graph(mb)  # recomputed already by its I (or here, if the schedule had none)
+        del self.saved[mb]
         grad_output = self.grad_outputs.pop(mb)
         params = [p for p in self.module.parameters() if p.requires_grad]
         grads = torch.autograd.grad(out, params, grad_output, allow_unused=True)

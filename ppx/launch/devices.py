@@ -29,5 +29,5 @@ def choose_device(requested: str, procs_per_node: int, multi_node: bool = False)
         return "cuda", None
     if gpus >= procs_per_node:
         return "cuda", None
-    stages = f"this node's {procs_per_node} stages" if multi_node else f"{procs_per_node} stages"
-    return "cpu", f"ppx: {stages} need {procs_per_node} GPUs, found {gpus}: running on CPU with gloo"
+    procs = f"this node's {procs_per_node} processes" if multi_node else f"{procs_per_node} processes"
+    return "cpu", f"ppx: {procs} need {procs_per_node} GPUs, found {gpus}: running on CPU with gloo"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -78,6 +79,8 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
         _report(watchdog, str(e))
         return 2 if isinstance(e, UserError) and not isinstance(e, ActionFailed) else 1
     except Exception as e:
+        if os.environ.get("PPX_TRACEBACK"):  # for ppx's developers: the whole story, not one line
+            traceback.print_exc()
         where = watchdog.where() if watchdog else "start-up"
         _report(
             watchdog, f"rank {rank} failed on {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -99,11 +102,12 @@ def _report(watchdog: Watchdog | None, message: str) -> None:
 
 def _train(cfg: Config, run_dir: Path, rank: int, world: int, device, backend: str, ctrl, watchdog: Watchdog) -> int:
     schedule = resolve_schedule(cfg)
-    if schedule.num_ranks != world:
-        raise UserError(f"the schedule needs {schedule.num_ranks} processes, this job has {world}")
+    d = cfg.parallel.data
+    if schedule.num_ranks * d != world:
+        raise UserError(f"the schedule needs {schedule.num_ranks * d} processes, this job has {world}")
     observers = []
     fault = cfg.runtime.inject_fault
-    if fault and schedule.stage_to_rank[parse_fault(fault)[1].stage] == rank:
+    if fault and schedule.stage_to_rank[parse_fault(fault)[1].stage] * d == rank:  # in replica 0
         observers.append(FaultInjector(fault))
 
     def start_report() -> RunReport | None:
@@ -111,11 +115,12 @@ def _train(cfg: Config, run_dir: Path, rank: int, world: int, device, backend: s
         environment to env.json, and rank 0's report. Collective: every rank calls it."""
         watchdog.phase("gathering the environment")
         infos = [None] * world if rank == 0 else None
-        dist.gather_object(environment.rank_info(device), infos, dst=0, group=ctrl)
+        info = {"rank": rank, "pipeline_rank": rank // d, "replica": rank % d, **environment.rank_info(device)}
+        dist.gather_object(info, infos, dst=0, group=ctrl)
         if rank != 0:
             return None
         write_json(run_dir / "env.json", environment.environment(cfg, backend, world, infos))
-        return RunReport(cfg, schedule, run_dir, world, backend, device.type)
+        return RunReport(cfg, schedule, run_dir, schedule.num_ranks, backend, device.type)
 
     train(cfg, schedule, run_dir, rank, world, device, backend, ctrl, watchdog, observers, start_report)
     return 0

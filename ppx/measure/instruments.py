@@ -11,7 +11,7 @@ import torch
 from ppx.measure.memory import MemoryTracker
 from ppx.measure.metrics import span_totals
 from ppx.measure.profiler import RecordFunctions
-from ppx.measure.spans import COMM, COMPUTE, WAIT, Span
+from ppx.measure.spans import COMM, COMPUTE, DP_COMM, WAIT, Span
 from ppx.measure.timers import CudaTimer, WallTimer
 
 
@@ -40,12 +40,14 @@ class Instruments:
     def end_step(self, step: int) -> tuple[dict, list[Span] | None]:
         """(this rank's step record: seconds per category and memory peaks, the raw spans on
         this process's clock)."""
-        record: dict = {"compute_s": None, "comm_s": None, "wait_s": None}
+        record: dict = {"compute_s": None, "comm_s": None, "dp_comm_s": None, "wait_s": None}
         spans = None
         if self.timer is not None:
             spans = self.timer.end_step(step)
             totals = span_totals(spans)
-            record.update(compute_s=totals[COMPUTE], comm_s=totals[COMM], wait_s=totals[WAIT])
+            record.update(
+                compute_s=totals[COMPUTE], comm_s=totals[COMM], dp_comm_s=totals[DP_COMM], wait_s=totals[WAIT]
+            )
         if self.memory is not None:
             record.update(self.memory.end_step(step))
         return record, spans

@@ -50,6 +50,12 @@ def cpu_peak_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
 class MemoryTracker:
     """Observer of one rank: ``modules`` are its stages' modules (their parameters are not
     activations), ``training`` whether backwards come, ``in_flight()`` the microbatches the
@@ -57,7 +63,12 @@ class MemoryTracker:
 
     def __init__(self, modules: dict, training: bool, in_flight: Callable[[], int], device: torch.device):
         self.training, self.in_flight, self.device = training, in_flight, device
-        self._params = {p.untyped_storage().data_ptr() for mod in modules.values() for p in mod.parameters()}
+        self.modules = modules
+        self._params = self._param_storages()
+        # data parallel (torch's replicate / FSDP2): the parameters a forward uses are unsharded
+        # copies made inside it, so their storages are looked up again during each forward
+        self._unsharded = any(_is_dtensor(p) for mod in modules.values() for p in mod.parameters())
+        self._looked = False
         self._hooks = saved_tensors_hooks(self._pack, lambda t: t)
         self.begin_step(-1)
 
@@ -71,9 +82,18 @@ class MemoryTracker:
         else:
             reset_cpu_peak()
 
+    def _param_storages(self) -> set[int]:
+        """Storage pointers of the parameters as the modules hold them now (a sharded,
+        unused DTensor parameter has none of its own)."""
+        return {
+            p.untyped_storage().data_ptr() for m in self.modules.values() for p in m.parameters() if not _is_dtensor(p)
+        }
+
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
+        if ptr not in self._params and self._unsharded and not self._looked:
+            self._params, self._looked = self._param_storages(), True  # once per forward
         if ptr in self._params:
             return t
         if t._is_view() and not t.requires_grad:
@@ -85,7 +105,7 @@ class MemoryTracker:
 
     def before(self, item) -> None:
         if item.kind == "compute" and item.actions[0].op is Op.F:
-            self._seen = {}
+            self._seen, self._looked = {}, False
             self._hooks.__enter__()
 
     def after(self, item) -> None:

@@ -3,7 +3,8 @@
 Two normalisations, always named:
   ``bubble_fraction``   idle / step time       theory (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/p naive
   ``bubble_over_ideal`` idle / busy time       theory (p-1)/m for GPipe and 1F1B, p-1 naive
-where busy = compute + communication, and idle = step time - busy (waiting for a peer
+where busy = compute + communication (+ the data-parallel gradient reduction, dp_comm, when
+parallel.data > 1: its own category, never idle), and idle = step time - busy (waiting for a peer
 that has not sent yet, gaps between actions, the tail after a rank's last action).
 Communication is posting plus transferring: the part of a wait after the peer posted the
 matching send (the hand-off latency, measured across ranks on aligned clocks) is transfer,
@@ -17,11 +18,21 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 
-from ppx.measure.spans import COMM, COMPUTE, WAIT, Span, handoffs
+from ppx.measure.spans import COMM, COMPUTE, DP_COMM, WAIT, Span, handoffs
 
 # a rank's per-step fields: seconds and shares (medians over a run), and peaks (maxima);
 # step_s is the rank's own timed step, from the common start to its last action's end
-RANK_TIMES = ("step_s", "compute_s", "comm_s", "post_s", "transfer_s", "wait_s", "idle_s", "bubble_fraction")
+RANK_TIMES = (
+    "step_s",
+    "compute_s",
+    "comm_s",
+    "post_s",
+    "transfer_s",
+    "dp_comm_s",
+    "wait_s",
+    "idle_s",
+    "bubble_fraction",
+)
 RANK_PEAKS = ("peak_inflight_microbatches", "peak_activation_bytes", "peak_memory_bytes")
 PER_RANK = RANK_TIMES + RANK_PEAKS
 
@@ -35,7 +46,7 @@ def over_ideal(bubble_fraction: float | None) -> float | None:
 
 def span_totals(spans: Iterable[Span]) -> dict:
     """Seconds per category from spans."""
-    out = {COMPUTE: 0.0, COMM: 0.0, WAIT: 0.0}
+    out = {COMPUTE: 0.0, COMM: 0.0, DP_COMM: 0.0, WAIT: 0.0}
     for sp in spans:
         out[sp.category] += sp.end_s - sp.start_s
     return out
@@ -67,7 +78,7 @@ def step_breakdown(records: list[dict], stage_to_rank=None) -> dict:
             row["post_s"] = r["comm_s"]
             row["transfer_s"] = transfer.get(r["rank"], 0.0)
             row["comm_s"] = row["post_s"] + row["transfer_s"]
-            busy = r["compute_s"] + row["comm_s"]
+            busy = r["compute_s"] + row["comm_s"] + (r.get("dp_comm_s") or 0.0)
             row["idle_s"] = max(step_time - busy, 0.0)
             row["bubble_fraction"] = row["idle_s"] / step_time if step_time > 0 else 0.0
         ranks.append(row)

@@ -8,6 +8,7 @@ from collections import defaultdict
 
 from ppx import schedules
 from ppx.measure.spans import handoffs
+from ppx.schedules.costs import REDUCE
 from ppx.schedules.schedule import Schedule
 
 
@@ -35,6 +36,8 @@ def cost_samples(steps: list[dict], schedule: Schedule) -> dict:
                 if sp.kind == "compute":
                     a = sp.action
                     per[f"{a.stage}{a.op.value}"].append(sp.end_s - sp.start_s)
+                elif sp.kind == "reduce":
+                    per[f"{sp.action.stage}{REDUCE}"].append(sp.end_s - sp.start_s)
                 elif sp.kind == "post" and sp.actions:
                     sends = [a.op.is_send for a in sp.actions]
                     batches.append((k, r, sp.actions, sends, sp.start_s, sp.end_s))
@@ -96,6 +99,7 @@ def costs_from(measured: dict, num_stages: int) -> schedules.Costs:
     wgrad = [get(s, "W") for s in range(num_stages)]
     bwd = [get(s, "I") if f"{s}I" in a else get(s, "B") - get(s, "W") for s in range(num_stages)]
     return schedules.Costs(
+        reduce=[get(s, REDUCE) for s in range(num_stages)],
         fwd=fwd,
         bwd=bwd,
         wgrad=wgrad,
@@ -115,14 +119,22 @@ def transport_of(cfg, backend: str) -> tuple[str, int]:
     return "nccl", 0
 
 
-def predict(schedule: Schedule, costs: schedules.Costs, transport: str = "nccl", recv_lookahead: int = 0) -> dict:
-    """Step time and bubble of ``schedule`` at ``costs``."""
-    t = schedules.simulate(schedule, costs, transport, recv_lookahead)
+def predict(
+    schedule: Schedule, costs: schedules.Costs, transport: str = "nccl", recv_lookahead: int = 0, reduce: bool = False
+) -> dict:
+    """Step time and bubble of ``schedule`` at ``costs`` (``reduce``: with data-parallel reductions)."""
+    t = schedules.simulate(schedule, costs, transport, recv_lookahead, reduce)
     return {"step_time_s": t.makespan, "bubble_fraction": t.bubble_fraction()}
 
 
 def predict_expected(
-    schedule: Schedule, samples: dict, transport: str = "nccl", recv_lookahead: int = 0, draws: int = 64, seed: int = 0
+    schedule: Schedule,
+    samples: dict,
+    transport: str = "nccl",
+    recv_lookahead: int = 0,
+    draws: int = 64,
+    seed: int = 0,
+    reduce: bool = False,
 ) -> dict:
     """Mean step time and bubble over ``draws`` simulations with every action's and message's
     cost drawn from the measured ``samples`` (`cost_samples`): the expected step under the
@@ -135,7 +147,7 @@ def predict_expected(
         samples.get("send_post_s", ()),
         samples.get("recv_post_s", ()),
     )
-    runs = [schedules.simulate(schedule, costs, transport, recv_lookahead) for _ in range(draws)]
+    runs = [schedules.simulate(schedule, costs, transport, recv_lookahead, reduce) for _ in range(draws)]
     return {
         "step_time_s": statistics.fmean(t.makespan for t in runs),
         "bubble_fraction": statistics.fmean(t.bubble_fraction() for t in runs),

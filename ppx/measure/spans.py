@@ -1,5 +1,5 @@
 """Timing spans: what one program item took on one rank, and the one map from item kinds to
-the time categories every report uses (compute, comm, wait).
+the time categories every report uses (compute, comm, dp_comm, wait).
 
 A `Span` is one item's ``kind``, ``label`` and ``actions`` with its ``start_s``/``end_s``;
 spans are kept per rank and step, with times on rank 0's clock once the engine has shifted
@@ -13,15 +13,17 @@ from dataclasses import dataclass, replace
 from ppx.schedules.action import Action
 from ppx.schedules.lowering import peer_of
 
-COMPUTE, COMM, WAIT = "compute", "comm", "wait"
-CATEGORY = {"compute": COMPUTE, "post": COMM, "wait": WAIT, "drain": WAIT}  # item kind -> time category
+COMPUTE, COMM, DP_COMM, WAIT = "compute", "comm", "dp_comm", "wait"
+# item kind -> time category; dp_comm: the data-parallel gradient reduction (parallel.data > 1)
+CATEGORY = {"compute": COMPUTE, "post": COMM, "reduce": DP_COMM, "wait": WAIT, "drain": WAIT}
 
 
 @dataclass(frozen=True)
 class Span:
     """One program item's time on one rank: ``kind`` is "post" | "wait" | "compute" | "drain"
     (as `ppx.schedules.program.Item`), ``actions`` the item's actions (a compute span has one,
-    a wait the receive it waits for, a post its batch of sends and receives)."""
+    a wait the receive it waits for, a post its batch of sends and receives, a reduce the
+    stage's last backward)."""
 
     kind: str
     label: str
@@ -36,7 +38,7 @@ class Span:
 
     @property
     def category(self) -> str:
-        """compute, comm or wait (`CATEGORY`)."""
+        """compute, comm, dp_comm or wait (`CATEGORY`)."""
         return CATEGORY[self.kind]
 
     @property

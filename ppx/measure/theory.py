@@ -28,12 +28,15 @@ def known_cost_timeline(cfg, schedule: Schedule, transport: tuple[str, int]):
     """The known-cost model's step simulated at its configured costs, zero communication,
     under ``transport`` (`prediction.transport_of`); None for other models. Each stage costs
     what its module charges (`ppx.models.costs.stage_costs_ms`: per stage, or with
-    ``model.cost_per=layer`` the sum over its layers)."""
+    ``model.cost_per=layer`` the sum over its layers), and under ``train.recompute=full`` a
+    stage's B, or its I when split, costs its forward more (`ppx.models.costs.with_recompute`)."""
     if cfg.model.kind != "synthetic":
         return None
-    from ppx.models.costs import stage_costs_ms
+    from ppx.models.costs import recompute_modes, stage_costs_ms, with_recompute
 
     fwd, bwd, wgrad = stage_costs_ms(cfg.model, schedule.num_stages, cfg.pipeline.layers_per_stage)
+    if schedule.training:  # train.recompute=full: a B (or an I) re-runs its stage's forward first
+        bwd = with_recompute(fwd, bwd, recompute_modes(cfg.train.recompute, schedule.num_stages))
     costs = schedules.Costs(fwd=[f / 1e3 for f in fwd], bwd=[b / 1e3 for b in bwd], wgrad=[w / 1e3 for w in wgrad])
     return schedules.simulate(schedule, costs, *transport)
 

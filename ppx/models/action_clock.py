@@ -40,6 +40,8 @@ class ActionClock:
     def __init__(self) -> None:
         self._running: list | None = None  # [start perf_counter, charged seconds]
         self.part: Part = "full"
+        # "full" or "selective" while a backward re-runs its stage's forward (train.recompute)
+        self.recomputing: str | None = None
 
     def begin(self, part: Part = "full") -> None:
         """An action starts now."""

@@ -76,3 +76,27 @@ def stage_costs_ms(
         ranges = split_layers(cfg.layers, num_stages, layers_per_stage)
         return tuple(list(costs) for costs in zip(*(blocks_cost_ms(cfg, r) for r in ranges)))
     return tuple(per_stage_ms(f"model.{key}", getattr(cfg, key), num_stages) for key in KEYS)
+
+
+RECOMPUTE = ("none", "full", "selective")
+
+
+def recompute_modes(value, num_stages: int | None) -> list[str]:
+    """``train.recompute`` per stage: one of `RECOMPUTE` for every stage, or a list of one per
+    stage. ``num_stages`` None checks the values alone."""
+    values = [value] * (num_stages or 1) if isinstance(value, str) else value
+    if not isinstance(values, (list, tuple)) or not all(isinstance(v, str) and v in RECOMPUTE for v in values):
+        raise UserError(f"train.recompute must be one of {' | '.join(RECOMPUTE)} or a list of them, got {value!r}")
+    if num_stages is not None and len(values) != num_stages:
+        raise UserError(
+            f"train.recompute has {len(values)} values for {num_stages} stages (give one, or one per stage)"
+        )
+    return list(values)
+
+
+def with_recompute(fwd: list[float], bwd: list[float], modes: list[str]) -> list[float]:
+    """The input-gradient backward's cost per stage with recomputation: under ``full`` the
+    stage's forward runs again first (in B, or in I when the backward is split); under
+    ``selective`` the known-cost model recomputes nothing costly (its modelled cost stands for
+    the matmuls, whose outputs selective keeps), so the cost stays."""
+    return [b + f if mode == "full" else b for f, b, mode in zip(fwd, bwd, modes)]

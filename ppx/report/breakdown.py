@@ -1,5 +1,5 @@
 """Per-rank breakdown of a step: one stacked bar per rank of its compute, communication
-(posting plus transfer) and idle time, against the step time and the idle the theory
+(posting plus transfer), data-parallel gradient reduction (when there is one) and idle time, against the step time and the idle the theory
 predicts; beside it, each rank's peak saved activation memory. The run report draws its
 median step (whose parts add up to its step time) when the run's timers were on."""
 
@@ -9,8 +9,17 @@ from pathlib import Path
 
 from ppx.report.gantt import COLORS
 
-PARTS = [("compute_s", "compute", COLORS["F"]), ("comm_s", "communication (post + transfer)", COLORS["post"])]
+PARTS = [
+    ("compute_s", "compute", COLORS["F"]),
+    ("comm_s", "communication (post + transfer)", COLORS["post"]),
+    ("dp_comm_s", "data-parallel gradient reduction", COLORS["reduce"]),
+]
 IDLE_COLOR = "#F2F2F2"
+
+
+def parts_of(ranks: list[dict]) -> list[tuple[str, str, str]]:
+    """The `PARTS` these rank rows have (the reduction only when parallel.data > 1)."""
+    return [p for p in PARTS if p[0] != "dp_comm_s" or any(r.get("dp_comm_s") for r in ranks)]
 
 
 def has_breakdown(summary: dict) -> bool:
@@ -55,8 +64,9 @@ def draw_breakdown(summary: dict, path: Path, title: str | None = None) -> None:
         fig, ax = plt.subplots(figsize=(width, 4.6))
     xs = list(range(n))
     bottom = [0.0] * n
-    for key, _, color in PARTS:
-        vals = [r[key] * 1e3 for r in ranks]
+    parts = parts_of(ranks)
+    for key, _, color in parts:
+        vals = [(r.get(key) or 0.0) * 1e3 for r in ranks]
         ax.bar(xs, vals, 0.6, bottom=bottom, color=color, edgecolor="white")
         bottom = [b + v for b, v in zip(bottom, vals)]
     idle = [r["idle_s"] * 1e3 for r in ranks]
@@ -73,7 +83,7 @@ def draw_breakdown(summary: dict, path: Path, title: str | None = None) -> None:
     ax.set_xticks(xs)
     ax.set_xticklabels([f"rank {r['rank']}" for r in ranks])
     ax.set_ylabel("ms in the step")
-    handles = [Patch(facecolor=c, label=name) for _, name, c in PARTS]
+    handles = [Patch(facecolor=c, label=name) for _, name, c in parts]
     handles.append(Patch(facecolor=IDLE_COLOR, edgecolor="#999999", hatch="//", label="idle"))
     handles.append(Line2D([], [], color="black", lw=1.2, label=f"step time {step_ms:.2f} ms"))
     if theory is not None:

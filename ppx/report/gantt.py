@@ -16,9 +16,15 @@ COLORS = {
     "post": "#DD8452",
     "wait": "#D9D9D9",
     "transfer": "#F3DC6B",
+    "reduce": "#DA8BC3",
 }
 OP_NAMES = [("F", "forward"), ("B", "backward"), ("I", "input-grad backward (I)"), ("W", "weight-grad backward (W)")]
-COMM_NAMES = [("post", "send/recv posted"), ("wait", "waiting on a peer"), ("transfer", "transfer (peer had sent)")]
+COMM_NAMES = [
+    ("post", "send/recv posted"),
+    ("wait", "waiting on a peer"),
+    ("transfer", "transfer (peer had sent)"),
+    ("reduce", "data-parallel gradient reduction"),
+]
 
 
 def legend_entries(spans_by_rank: dict, multi: bool, transfer: bool) -> list[tuple[str, str, float]]:
@@ -79,8 +85,8 @@ def draw_step(
                 short = label if multi else f"{a.op.value}{a.mb}"
                 if w > span_ms * max(1 / 60, (len(short) + 1) / 200):  # when the text fits (drawn above the cell)
                     ax.text(x + w / 2, y, short, ha="center", va="center", fontsize=7, color="white")
-            elif kind == "post":
-                color, height = COLORS["post"], 0.8
+            elif kind in ("post", "reduce"):
+                color, height = COLORS[kind], 0.8
             else:
                 color, height = COLORS["wait"], 0.5
             ax.add_patch(

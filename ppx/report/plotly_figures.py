@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ppx.measure.spans import handoffs
-from ppx.report.breakdown import PARTS, byte_unit
+from ppx.report.breakdown import byte_unit, parts_of
 from ppx.report.gantt import COLORS
 
 FONT = dict(family="system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", size=12)
@@ -44,7 +44,7 @@ def timeline_figure(steps: list[dict], stage_to_rank) -> tuple[object, dict]:
     shapes = []
     for s in steps:
         name = f"step {s['step']}"
-        compute, posts, waits, transfers = [], [], [], []
+        compute, posts, reduces, waits, transfers = [], [], [], [], []
         posted = {(h.peer, h.wait_start_s): h.posted_s for h in handoffs(s["ranks"], stage_to_rank)}
         for r in sorted(s["ranks"]):
             for sp in s["ranks"][r]:
@@ -54,6 +54,8 @@ def timeline_figure(steps: list[dict], stage_to_rank) -> tuple[object, dict]:
                     compute.append((row, start, length, a, sp.label if multi else f"{a.op.value}{a.mb}"))
                 elif sp.kind == "post":
                     posts.append((row, start, length, sp.label))
+                elif sp.kind == "reduce":
+                    reduces.append((row, start, length, sp.label))
                 else:
                     waits.append((row, start, length, sp.label))
                     if (r, sp.start_s) in posted:
@@ -84,6 +86,7 @@ def timeline_figure(steps: list[dict], stage_to_rank) -> tuple[object, dict]:
         )
         for what, spans, color, width in (
             ("posts", posts, COLORS["post"], 0.8),
+            ("reduces", reduces, COLORS["reduce"], 0.8),
             ("waits", waits, COLORS["wait"], 0.5),
             ("transfers", transfers, COLORS["transfer"], 0.5),
         ):
@@ -186,7 +189,7 @@ def breakdown_figure(summary: dict) -> object:
     step_ms = summary["step_time_s"] * 1e3
     theory = summary.get("bubble_fraction_theory")
     fig = go.Figure()
-    for key, name, color in [*PARTS, ("idle_s", "idle", "#D9D9D9")]:
+    for key, name, color in [*parts_of(ranks), ("idle_s", "idle", "#D9D9D9")]:
         vals = [(r.get(key) or 0.0) * 1e3 for r in ranks]
         share = [v / step_ms if step_ms > 0 else 0.0 for v in vals]
         fig.add_bar(

@@ -27,6 +27,7 @@ class RankSummary:
     rank: int
     compute_s: float | None = None
     comm_s: float | None = None
+    dp_comm_s: float | None = None
     idle_s: float | None = None
     bubble_fraction: float | None = None
     peak_inflight_microbatches: int | None = None

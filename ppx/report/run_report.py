@@ -88,11 +88,15 @@ class RunReport:
             "stages": sched.num_stages,
             "microbatches": sched.num_microbatches,
             "world_size": self.world,
+            "data_parallel": cfg.parallel.data,
+            "processes": self.world * cfg.parallel.data,
             "device": self.device,
             "backend": self.backend,
             "steps": cfg.train.steps,
             "batch_size": cfg.train.batch_size,
             "model": cfg.model.kind,
+            "dtype": cfg.train.dtype,
+            "recompute": cfg.train.recompute,  # full: each B (or I) re-runs its stage's forward first
             "virtual_stages": virtual_stages(cfg),
             "losses": self.losses,
             "step_times_s": [s["step_time_s"] for s in self.steps],
@@ -156,8 +160,9 @@ class RunReport:
         transport = transport_of(self.cfg, self.backend)
         # the expected step with every action's cost drawn from its measured samples, and the
         # step of the mean costs (what `ppx simulate --from-run` computes)
-        pred = predict_expected(self.schedule, samples, *transport)
-        of_means = predict(self.schedule, costs_from(measured, self.schedule.num_stages), *transport)
+        reduce = self.cfg.parallel.data > 1  # the replicas' gradient reductions, as measured
+        pred = predict_expected(self.schedule, samples, *transport, reduce=reduce)
+        of_means = predict(self.schedule, costs_from(measured, self.schedule.num_stages), *transport, reduce)
         pred["step_time_of_mean_costs_s"] = of_means["step_time_s"]
         # held against the steps the costs come from (the timeline's): on a busy machine whole
         # steps drift, and costs from some steps say nothing about the others

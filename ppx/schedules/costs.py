@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from ppx.schedules.action import Action, Op
 
 PerStage = float | Sequence[float]
+REDUCE = "REDUCE_GRAD"  # a stage's data-parallel reduction among measured samples: "<stage>REDUCE_GRAD"
 
 
 def _per_stage(value: PerStage, stage: int) -> float:
@@ -26,7 +27,8 @@ class Costs:
     from its post; ``send_post``/``recv_post`` the time to post one send/receive (a batch's
     ops are posted one after another from the end of the compute before it, each out when its
     own posting ends); ``overhead`` is added to every compute action: the runtime's own time
-    around it besides posting."""
+    around it besides posting; ``reduce`` (one value or per stage) is a stage's data-parallel
+    gradient reduction."""
 
     fwd: PerStage = 1.0
     bwd: PerStage = 1.0
@@ -35,6 +37,10 @@ class Costs:
     overhead: float = 0.0
     send_post: float = 0.0
     recv_post: float = 0.0
+    reduce: PerStage = 0.0
+
+    def reduce_cost(self, stage: int) -> float:
+        return _per_stage(self.reduce, stage)
 
     def of(self, a: Action) -> float:
         """The action's work plus the runtime's overhead after it."""
@@ -65,7 +71,7 @@ class Costs:
 class SampledCosts:
     """Costs drawn afresh for every action and message from measured samples: ``actions``
     maps "<stage><op>" (e.g. "0F", "1B") to durations, ``p2p``, ``overhead``, ``send_post``
-    and ``recv_post`` are lists.
+    and ``recv_post`` are lists; "<stage>REDUCE_GRAD" holds a stage's data-parallel reductions.
     Simulating many draws gives the expected step time under the measured variability, which
     the step time of the mean costs underestimates (a slow action on the critical path costs
     all of its delay, one off it none)."""
@@ -86,6 +92,10 @@ class SampledCosts:
 
     def work(self, a: Action) -> float:
         got = self._samples.get(f"{a.stage}{a.op.value}")
+        return self._rng.choice(got) if got else 0.0
+
+    def reduce_cost(self, stage: int) -> float:
+        got = self._samples.get(f"{stage}{REDUCE}")
         return self._rng.choice(got) if got else 0.0
 
     def after(self, a: Action) -> float:

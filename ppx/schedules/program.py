@@ -5,6 +5,8 @@ the simulator execute:
   ``compute`` F, B, I or W of one microbatch on one stage (an overlapped cell is two compute
               items, its forward then its backward, marked ``overlap`` 1 and 2, after the
               waits for both inputs);
+  ``reduce``  (data parallel only) reduce a stage's gradients across the pipeline replicas,
+              after its last backward and that backward's gradient send;
   ``drain``   end of step: wait until every send has completed.
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ppx.schedules.action import Action
+from ppx.schedules.action import Action, Op
 from ppx.schedules.lowering import comm_batches, input_receive, peer_of, receive_early
 
 
@@ -21,7 +23,7 @@ from ppx.schedules.lowering import comm_batches, input_receive, peer_of, receive
 class Item:
     """One program item; ``label`` names it in timelines and error messages."""
 
-    kind: str  # "post" | "wait" | "compute" | "drain"
+    kind: str  # "post" | "wait" | "compute" | "reduce" | "drain"
     actions: tuple[Action, ...]
     label: str
     overlap: int = 0  # compute: 1 / 2 for an overlapped cell's forward / backward, else 0
@@ -69,20 +71,44 @@ def compile_steps(row: Sequence[Action], recv_lookahead: int = 0, cells: frozens
     return steps
 
 
+def with_reductions(steps: list[Step]) -> list[Step]:
+    """``steps`` with one ``reduce`` step per stage that has a backward, right after its last
+    backward (B, I or W) and after the post carrying that stage's last gradient send, so
+    no peer waits for it (torch's REDUCE_GRAD placement). Its action is the stage's last
+    backward."""
+    last: dict[int, tuple[int, Action]] = {}  # stage -> (position after which it reduces, last backward)
+    for j, st in enumerate(steps):
+        for a in st.actions:
+            if st.kind == "compute" and a.op.is_backward:
+                last[a.stage] = (j, a)
+            elif st.kind == "post" and a.op is Op.SEND_B and a.stage in last:
+                last[a.stage] = (j, last[a.stage][1])
+    after: dict[int, list[Step]] = {}
+    for _, (j, a) in sorted(last.items()):
+        after.setdefault(j, []).append(Step("reduce", (a,), steps[j].index))
+    return [x for j, st in enumerate(steps) for x in (st, *after.get(j, ()))]
+
+
 def compile_program(
     row: Sequence[Action],
     stage_to_rank: Sequence[int] = (),
     recv_lookahead: int = 0,
     cells: frozenset[int] = frozenset(),
+    reduce: bool = False,
 ) -> list[Item]:
     """`compile_steps` labelled: a wait names the rank it waits for, when ``stage_to_rank``
-    is given."""
+    is given; ``reduce`` adds the data-parallel reductions (`with_reductions`)."""
 
     def label(step: Step) -> str:
         if step.kind == "wait":
             recv = step.actions[0]
             src = f" from rank {peer_of(recv, stage_to_rank)[0]}" if stage_to_rank else ""
             return f"wait {recv}{src}"
+        if step.kind == "reduce":
+            return f"{step.actions[0].stage}REDUCE_GRAD"
         return "wait sends" if step.kind == "drain" else " ".join(map(str, step.actions))
 
-    return [Item(s.kind, s.actions, label(s), s.overlap) for s in compile_steps(row, recv_lookahead, cells)]
+    steps = compile_steps(row, recv_lookahead, cells)
+    if reduce:
+        steps = with_reductions(steps)
+    return [Item(s.kind, s.actions, label(s), s.overlap) for s in steps]

@@ -15,7 +15,7 @@ from ppx.errors import ScheduleError
 from ppx.schedules.action import Action
 from ppx.schedules.costs import Costs, SampledCosts
 from ppx.schedules.lowering import peer_of
-from ppx.schedules.program import Step, compile_steps
+from ppx.schedules.program import Step, compile_steps, with_reductions
 from ppx.schedules.schedule import Schedule
 from ppx.schedules.transports import Batch, CommOp, Transport, transport_class
 
@@ -41,6 +41,7 @@ class Timeline:
     rank_end: list[float]
     compute: list[float]
     comm: list[float]
+    dp_comm: list[float] | None = None  # seconds of data-parallel reduction per rank (simulated with reduce=True)
     makespan: float = field(init=False)
 
     def __post_init__(self):
@@ -51,7 +52,8 @@ class Timeline:
         return sum(e.end - e.start for e in self.events[rank])
 
     def idle(self, rank: int) -> float:
-        return max(self.makespan - self.compute[rank] - self.comm[rank], 0.0)
+        reduce = self.dp_comm[rank] if self.dp_comm else 0.0
+        return max(self.makespan - self.compute[rank] - self.comm[rank] - reduce, 0.0)
 
     def bubble_fraction(self) -> float:
         """Idle time over all ranks as a share of (ranks x makespan): a run's ``bubble_fraction``."""
@@ -61,16 +63,24 @@ class Timeline:
 
 
 def simulate(
-    schedule: Schedule, costs: Costs | SampledCosts | None = None, transport: str = "nccl", recv_lookahead: int = 0
+    schedule: Schedule,
+    costs: Costs | SampledCosts | None = None,
+    transport: str = "nccl",
+    recv_lookahead: int = 0,
+    reduce: bool = False,
 ) -> Timeline:
     """Run ``schedule`` (with comm actions) on a unit-free clock; raise ScheduleError on deadlock.
-    ``transport`` = "nccl" | "gloo" (see `ppx.schedules.transports`).
+    ``transport`` = "nccl" | "gloo" (see `ppx.schedules.transports`). ``reduce``: with the
+    data-parallel reductions a run with ``parallel.data`` > 1 has (`with_reductions`), each
+    costing ``costs.reduce_cost(stage)``.
 
     Assumes the static checks of `ppx.schedules.validate` passed (every comm op has a match).
     """
     kind = transport_class(transport)
     lookahead = recv_lookahead if kind.takes_lookahead else 0
     programs = [compile_steps(row, lookahead, schedule.cells(r)) for r, row in enumerate(schedule.actions)]
+    if reduce:
+        programs = [with_reductions(p) for p in programs]
     return _Run(schedule, programs, costs or Costs(), kind).run()
 
 
@@ -99,6 +109,7 @@ class _Run:
         self.compute_end = [None] * n  # end of the last compute, before its overhead: when its sends leave
         self.events: list[list[Event]] = [[] for _ in range(n)]
         self.work, self.comm, self.end = [0.0] * n, [0.0] * n, [0.0] * n
+        self.dp_comm = [0.0] * n
 
     def run(self) -> Timeline:
         progress = True
@@ -112,7 +123,7 @@ class _Run:
         stuck = [self._stuck(r) for r in range(len(self.programs)) if self.pc[r] < len(self.programs[r])]
         if stuck:
             raise ScheduleError("schedule deadlocks: " + "; ".join(stuck))
-        return Timeline(self.events, self.end, self.work, self.comm)
+        return Timeline(self.events, self.end, self.work, self.comm, self.dp_comm)
 
     def _step(self, r: int, step: Step) -> bool:
         """Execute ``step`` on rank ``r``; False while it blocks."""
@@ -136,6 +147,10 @@ class _Run:
             self.compute_end[r] = start + duration
             self.clock[r] = self.compute_end[r] + self.costs.after(a)
             self.events[r].append(Event(a, start, self.clock[r]))
+        elif step.kind == "reduce":  # blocks the rank, after its last compute's overhead
+            duration = self.costs.reduce_cost(step.actions[0].stage)
+            self.dp_comm[r] += duration
+            self.clock[r] += duration
         else:  # drain: a rank ends when its last op completes
             done = [self.transport.complete(b) for b in self.of_rank[r]]
             if None in done:

@@ -46,6 +46,16 @@ CASES = {
         "run.name='../../escape' must be a plain folder name",
     ),
     "empty batch": (["gpipe_2cpu", "train.batch_size=0"], "train.batch_size must be >= 1, got 0"),
+    "no replicas": (["gpipe_2cpu", "parallel.data=0"], "parallel.data must be >= 1, got 0"),
+    "global batch that does not split over the replicas": (
+        ["gpipe_2cpu", "parallel.data=3"],
+        "train.batch_size=32 (the global batch) does not split into parallel.data=3 replicas x pipeline.microbatches=4",
+    ),
+    "sharding without replicas": (["gpipe_2cpu", "parallel.data_shard=true"], "it needs parallel.data > 1"),
+    "replicas on torch's executor": (
+        ["gpipe_2cpu", "parallel.data=2", "pipeline.executor=torch"],
+        "parallel.data=2 runs on ppx's executor",
+    ),
     "unwritable run root": (["gpipe_2cpu", "run.root=/proc/ppx-cannot-be-here"], "/proc/ppx-cannot-be-here"),
     "cuda without gpus": (["gpipe_2cpu", "runtime.device=cuda"], "runtime.device=cuda needs 2 GPUs"),
     "negative learning rate": (["gpipe_2cpu", "train.lr=-1"], "train.lr must be a finite number >= 0, got -1.0"),

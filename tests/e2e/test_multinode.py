@@ -75,8 +75,19 @@ def cluster(tmp_path_factory):
     c.stop()
 
 
+@pytest.fixture(scope="module")
+def one_pipeline_losses(tmp_path_factory):
+    """Two stages, one replica, the same global batch: what pp=2 x dp=2 must reproduce."""
+    d = tmp_path_factory.mktemp("local2") / "run"
+    r = ppx("run", "gpipe_2cpu", *ARGS, f"run.dir={d}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return read_json(d / "summary.json")["losses"]
+
+
 @skip_without_slurm
-def test_sbatch_trains_four_stages_across_two_slurm_nodes(cluster, tmp_path, single_node_losses):
+def test_sbatch_trains_pipeline_by_data_parallel_across_two_slurm_nodes(cluster, tmp_path, one_pipeline_losses):
+    """pp=2 x dp=2 on two nodes of two processes: each node holds one pipeline rank's two
+    replicas (their reduction stays on the node), the pipeline's hand-offs cross nodes."""
     submit = tmp_path / "submit"
     submit.mkdir()  # no runs/ in it: the job's output must not depend on one
     job = cluster.sbatch(
@@ -85,8 +96,8 @@ def test_sbatch_trains_four_stages_across_two_slurm_nodes(cluster, tmp_path, sin
         str(REPO / "slurm" / "pp.sbatch"),
         cwd=submit,
         env={
-            "EXP": "gpipe_4gpu",
-            "ARGS": " ".join(ARGS),
+            "EXP": "gpipe_2cpu",
+            "ARGS": " ".join([*ARGS, "parallel.data=2"]),
             "NPROC_PER_NODE": "2",
             "PPX_DIR": str(REPO),
             "PYTHON": sys.executable,
@@ -96,13 +107,18 @@ def test_sbatch_trains_four_stages_across_two_slurm_nodes(cluster, tmp_path, sin
     log = (submit / f"slurm-{job}.out").read_text()
     assert state == "COMPLETED", log[-3000:]
     assert f"ppx: job {job} on 2 node(s) [n[1-2]], 2 process(es) per node, rendezvous 127.0.0.1:" in log
-    run = submit / "runs" / "gpipe_4gpu" / f"slurm-{job}"
+    run = submit / "runs" / "gpipe_2cpu" / f"slurm-{job}"
     assert f"ppx: run directory: {run}" in log
     env = read_json(run / "env.json")
     assert env["world_size"] == 4
-    assert Counter(r["slurm_node"] for r in env["ranks"]) == {"n1": 2, "n2": 2}  # stages spread over both nodes
+    node = {r["rank"]: r["slurm_node"] for r in env["ranks"]}
+    assert Counter(node.values()) == {"n1": 2, "n2": 2}
+    assert node[0] == node[1] != node[2] == node[3]  # global rank = pipeline rank x 2 + replica
     assert {r["slurm_job_id"] for r in env["ranks"]} == {job}
-    assert read_json(run / "summary.json")["losses"] == pytest.approx(single_node_losses, rel=1e-6)
+    summary = read_json(run / "summary.json")
+    assert (summary["world_size"], summary["data_parallel"]) == (2, 2)
+    assert summary["losses"] == pytest.approx(one_pipeline_losses, rel=1e-5)
+    assert all(r["dp_comm_s"] > 0 for r in summary["ranks"])
     assert (run / "slurm.out").resolve() == (submit / f"slurm-{job}.out").resolve()  # the run points to its log
 
 
@@ -142,6 +158,7 @@ def test_srun_started_ranks_run_in_place(cluster, tmp_path, single_node_losses):
 
 @skip_without_slurm
 def test_sweep_on_slurm_submits_a_job_per_point_and_a_comparison(cluster, tmp_path):
+    """Each point a pp=2 x dp=2 job over two nodes of two processes."""
     r = subprocess.run(
         [
             sys.executable,
@@ -154,11 +171,12 @@ def test_sweep_on_slurm_submits_a_job_per_point_and_a_comparison(cluster, tmp_pa
             "--sweep",
             "pipeline.microbatches=2,4",
             "train.steps=2",
+            "parallel.data=2",
             "logging.wandb.mode=disabled",
             f"run.root={tmp_path}",
         ],
         cwd=REPO,
-        env={**cluster.env, "PPX_SBATCH_ARGS": "--nodes 2", "NPROC_PER_NODE": "1", "PYTHON": sys.executable},
+        env={**cluster.env, "PPX_SBATCH_ARGS": "--nodes 2", "NPROC_PER_NODE": "2", "PYTHON": sys.executable},
         capture_output=True,
         text=True,
         timeout=60,
@@ -176,5 +194,6 @@ def test_sweep_on_slurm_submits_a_job_per_point_and_a_comparison(cluster, tmp_pa
         "microbatches=2",
         "microbatches=4",
     ]
+    assert all(read_json(p / "summary.json")["data_parallel"] == 2 for p in sweep.glob("microbatches=*"))
     assert (sweep / "compare.md").read_text().count("| microbatches=") == 2
     assert (sweep / "bubble.png").exists()

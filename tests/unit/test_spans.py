@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from ppx.measure.spans import CATEGORY, COMM, COMPUTE, WAIT, Span, handoffs
+from ppx.measure.spans import CATEGORY, COMM, COMPUTE, DP_COMM, WAIT, Span, handoffs
 from ppx.schedules.action import Action, Op
 
 
@@ -32,7 +32,8 @@ def two_rank_step() -> dict:
 def test_category_follows_the_kind():
     assert [span(k, "0F0", 0, 1).category for k in ("compute", "post", "wait")] == [COMPUTE, COMM, WAIT]
     assert Span("drain", "wait sends", (), 0, 1).category == WAIT
-    assert set(CATEGORY) == {"compute", "post", "wait", "drain"}
+    assert Span("reduce", "0REDUCE_GRAD", (), 0, 1).category == DP_COMM
+    assert set(CATEGORY) == {"compute", "post", "reduce", "wait", "drain"}
 
 
 def test_span_is_typed_frozen_and_shifts_onto_another_clock():
@@ -60,7 +61,7 @@ def test_step_breakdown_splits_a_wait_at_the_send():
 
     step = two_rank_step()
     totals = span_totals(step[1])
-    assert totals == pytest.approx({COMPUTE: 1.0, COMM: 0.2, WAIT: 1.1 + 0.1 + 0.1})
+    assert totals == pytest.approx({COMPUTE: 1.0, COMM: 0.2, DP_COMM: 0.0, WAIT: 1.1 + 0.1 + 0.1})
     records = [
         {
             "rank": r,

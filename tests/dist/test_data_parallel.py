@@ -1,0 +1,98 @@
+"""Pipeline x data parallel (``parallel.data`` = 2 replicas of a 2-rank pipeline, 4 gloo
+processes): after one step every stage's gradients, reduced across the replicas by torch's
+replicate or FSDP2 fully_shard, and the replicas' mean loss equal a single-process reference
+on the whole global batch, for schedules with a full backward, a split one (the reduction
+after the W's), two stages per rank and a V placement with overlapped cells, and with
+recomputation."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from test_gradients import reference
+
+from helpers import free_port
+from ppx import config
+from ppx.config import resolve_schedule
+from ppx.engine.data_parallel import Layout
+from ppx.engine.loop import build_share
+
+P, D = 2, 2
+MLP = ["model.kind=mlp", "model.hidden=32"]
+TRANSFORMER = ["model.kind=transformer", "model.hidden=32", "model.heads=2", "model.seq_len=8", "model.vocab_size=64"]
+SCHEDULES = {  # name -> overrides beside the model's
+    "1f1b": ["pipeline.schedule=1f1b", "model.layers=4"],
+    "zb_h1": ["pipeline.schedule=zb_h1", "model.layers=4"],
+    "interleaved": ["pipeline.schedule=interleaved_1f1b", "pipeline.virtual_stages=2", "model.layers=4"],
+    "dualpipev": ["pipeline.schedule=dualpipev", "model.layers=4"],
+}
+CASES = {
+    f"{model}-{sched}-{how}": [
+        *(MLP if model == "mlp" else TRANSFORMER),
+        *extra,
+        f"pipeline.stages={P}",
+        "pipeline.microbatches=4",
+        "train.batch_size=16",
+        "train.seed=5",
+        f"parallel.data={D}",
+        f"parallel.data_shard={how == 'shard'}",
+    ]
+    for model, scheds in (("mlp", SCHEDULES), ("transformer", ("1f1b", "zb_h1")))
+    for sched, extra in ((s, SCHEDULES[s]) for s in scheds)
+    for how in ("replicate", "shard")
+}
+# recomputation re-runs a stage's forward (its FSDP hooks included) inside its backward
+CASES["transformer-zb_h1-shard-recompute_full"] = [*CASES["transformer-zb_h1-shard"], "train.recompute=full"]
+CASES["mlp-1f1b-replicate-recompute_selective"] = [*CASES["mlp-1f1b-replicate"], "train.recompute=selective"]
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    )
+    try:
+        for name, o in CASES.items():
+            cfg = config.load(None, o)
+            layout = Layout(P, D, rank)
+            pipe = build_share(cfg, resolve_schedule(cfg), layout, torch.device("cpu"), "gloo", [])
+            loss = pipe.step(0)
+            grads = {
+                stage: [None if q.grad is None else q.grad.to_local().clone() for q in mod.parameters()]
+                for stage, mod in pipe.modules.items()
+            }
+            torch.save({"loss": loss, "grads": grads}, Path(out) / f"{name}.rank{rank}.pt")
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("grads_dp")
+    mp.spawn(_worker, args=(P * D, free_port(), str(out)), nprocs=P * D, join=True)
+    return out
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_replicas_gradients_equal_single_process_reference(replicated, name):
+    o = CASES[name]
+    ref_loss, ref_grads = reference([x for x in o if not x.startswith("parallel.")])
+    parts = {r: torch.load(replicated / f"{name}.rank{r}.pt") for r in range(P * D)}
+    losses = [x["loss"] for x in parts.values() if x["loss"] is not None]
+    assert len(losses) == D, "each replica's last rank reports its share's loss"
+    assert sum(losses) / D == pytest.approx(ref_loss, rel=1e-6)
+    shard = "-shard" in name
+    for dp in range(D):  # every replica holds the reduced gradients (sharded: its part of them)
+        by_stage = {s: g for pp in range(P) for s, g in parts[Layout(P, D, 0).global_rank(pp, dp)]["grads"].items()}
+        grads = [g for s in sorted(by_stage) for g in by_stage[s]]
+        assert len(grads) == len(ref_grads)
+        for k, (g, ref) in enumerate(zip(grads, ref_grads)):
+            want = ref.chunk(D)[dp] if shard else ref  # FSDP2 shards dim 0 as torch.chunk does
+            assert g is not None and g.shape == want.shape, f"replica {dp} param {k}"
+            torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"replica {dp} param {k}: {m}")

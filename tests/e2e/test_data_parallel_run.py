@@ -1,0 +1,90 @@
+"""`ppx run` with ``parallel.data=2``: 2 pipeline ranks x 2 replicas = 4 gloo processes. The
+losses equal the one-pipeline run of the same global batch, and the replicas' gradient
+reduction is its own time category everywhere a run reports time: metrics.jsonl, summary,
+TensorBoard and W&B scalars, timeline.json, the breakdown and the prediction."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import ppx, read_json, read_jsonl, wandb_file
+
+SMALL = ["model.hidden=32", "train.steps=3", "train.batch_size=16", "instrument.timeline_steps=2"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dp")
+    out = {}
+    for name, extra in (
+        ("one", []),
+        ("replicate", ["parallel.data=2", "logging.wandb.mode=offline"]),
+        ("shard", ["parallel.data=2", "parallel.data_shard=true"]),
+    ):
+        d = tmp / name
+        r = ppx("run", "1f1b_2cpu", *SMALL, *extra, f"run.dir={d}", timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out[name] = d
+    return out
+
+
+@pytest.mark.parametrize("how", ["replicate", "shard"])
+def test_replicas_train_like_one_pipeline_on_the_global_batch(runs, how):
+    one = read_json(runs["one"] / "summary.json")
+    dp = read_json(runs[how] / "summary.json")
+    assert (dp["world_size"], dp["data_parallel"], dp["processes"]) == (2, 2, 4)
+    assert len(read_json(runs[how] / "env.json")["ranks"]) == 4
+    assert dp["losses"] == pytest.approx(one["losses"], rel=1e-5)
+    assert dp["losses"] != pytest.approx(one["losses"][:1] * 3, rel=1e-9)  # it trains: losses move
+
+
+def test_the_reduction_is_its_own_category_everywhere(runs):
+    d = runs["replicate"]
+    for line in read_jsonl(d / "metrics.jsonl"):
+        for r in line["ranks"]:
+            assert r["dp_comm_s"] > 0, (line["step"], r["rank"])
+            busy = r["compute_s"] + r["comm_s"] + r["dp_comm_s"]
+            assert r["idle_s"] == pytest.approx(max(line["step_time_s"] - busy, 0.0), abs=1e-9)  # never idle
+    summary = read_json(d / "summary.json")
+    assert all(r["dp_comm_s"] > 0 for r in summary["ranks"])
+    assert all(r["dp_comm_s"] == 0 for r in read_json(runs["one"] / "summary.json")["ranks"])
+    # the timeline: one reduce per stage per step, after the stage's last backward
+    events = json.loads((d / "timeline.json").read_text())["traceEvents"]
+    reduces = [e for e in events if e.get("cat") == "dp_comm"]
+    assert sorted({e["name"] for e in reduces}) == ["0REDUCE_GRAD", "1REDUCE_GRAD"]
+    assert len(reduces) == 2 * 2  # 2 stages x the 2 timeline steps
+    # TensorBoard and W&B take the same per-rank scalars
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(d / "tb"))
+    acc.Reload()
+    assert {"dp_comm_s/rank0", "dp_comm_s/rank1"} <= set(acc.Tags()["scalars"])
+    (wb,) = (d / "wandb").glob("offline-run-*/run-*.wandb")
+    rows = [row for row in wandb_file.history(wb) if "loss" in row]
+    assert len(rows) == 3 and all(row["dp_comm_s/rank1"] > 0 for row in rows)
+    # the prediction simulates the reductions at their measured cost
+    assert summary["measured_costs"]["action_s"]["1REDUCE_GRAD"] > 0
+
+
+def test_reductions_come_after_each_stage_last_backward_and_its_send():
+    from ppx.schedules import registry
+    from ppx.schedules.program import compile_program
+
+    s = registry.build("interleaved_1f1b", 2, 4, 2)
+    for r in range(2):
+        items = compile_program(s.actions[r], s.stage_to_rank, 0, s.cells(r), reduce=True)
+        kinds = [it.kind for it in items]
+        for stage in s.stages_of(r):
+            at = next(k for k, it in enumerate(items) if it.label == f"{stage}REDUCE_GRAD")
+            later = items[at + 1 :]
+            assert not any(
+                it.kind == "compute" and it.actions[0].stage == stage and it.actions[0].op.is_backward for it in later
+            )
+            assert not any(
+                it.kind == "post"
+                and any(a.stage == stage and a.op.is_send and a.op.value == "SEND_B" for a in it.actions)
+                for it in later
+            )
+        assert kinds.count("reduce") == 2 and kinds[-1] == "drain"
