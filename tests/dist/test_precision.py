@@ -85,6 +85,12 @@ RECOMPUTE["mlp-zb_h1-fp32-selective-tracer"] = overrides("mlp", "zb_h1", "fp32",
 ]
 RECOMPUTE["transformer-zb_h1-bf16-selective"] = overrides("transformer", "zb_h1", "bf16", "selective")
 RECOMPUTE["transformer-1f1b-bf16-full"] = overrides("transformer", "1f1b", "bf16", "full")
+# llama (RoPE tables cast to the compute dtype, GQA through SDPA): a few cases, not every loop's
+MODELS["llama"] = MODELS["transformer"][1:] + ["model.kind=llama", "model.heads=4", "model.kv_heads=2"]
+CASES["llama-1f1b-bf16"] = overrides("llama", "1f1b", "bf16")
+CASES["llama-zb_h1-fp16"] = overrides("llama", "zb_h1", "fp16")
+RECOMPUTE["llama-zb_h1-fp32-selective"] = overrides("llama", "zb_h1", "fp32", "selective")
+RECOMPUTE["llama-1f1b-bf16-full"] = overrides("llama", "1f1b", "bf16", "full")
 CASES.update(RECOMPUTE)
 
 
