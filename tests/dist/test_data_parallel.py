@@ -49,6 +49,13 @@ CASES = {
 # recomputation re-runs a stage's forward (its FSDP hooks included) inside its backward
 CASES["transformer-zb_h1-shard-recompute_full"] = [*CASES["transformer-zb_h1-shard"], "train.recompute=full"]
 CASES["mlp-1f1b-replicate-recompute_selective"] = [*CASES["mlp-1f1b-replicate"], "train.recompute=selective"]
+# llama: the embedding alone on stage 0 (units [embedding, 4 blocks, head] split 1,5), and sharded
+LLAMA = ["model.kind=llama", "model.hidden=32", "model.heads=4", "model.kv_heads=2", "model.seq_len=8",
+         "model.vocab_size=64"]  # fmt: skip
+for _how in ("replicate", "shard"):
+    CASES[f"llama-1f1b-{_how}-embedding_alone"] = [
+        *LLAMA, *CASES[f"transformer-1f1b-{_how}"][len(TRANSFORMER):], "pipeline.layers_per_stage=[1,5]"
+    ]  # fmt: skip
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
