@@ -38,6 +38,21 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
 
 
+class RMSNorm(nn.Module):
+    """x / rms(x) x weight, computed in fp32 at least whatever the input's dtype (as Meta's
+    Llama does: under bf16 autocast the input is bf16 and the weight an fp32 master), returned
+    in the input's dtype."""
+
+    def __init__(self, dim: int, eps: float = EPS):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = torch.promote_types(x.dtype, torch.float32)  # bf16, fp16 -> fp32; fp64 stays
+        return F.rms_norm(x.to(wide), (x.shape[-1],), self.weight.to(wide), self.eps).to(x.dtype)
+
+
 class Attention(nn.Module):
     """Grouped-query attention: ``heads`` query heads share ``kv_heads`` key/value heads."""
 
@@ -76,9 +91,9 @@ class FeedForward(nn.Module):
 class LlamaBlock(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.attention_norm = nn.RMSNorm(cfg.hidden, eps=EPS)
+        self.attention_norm = RMSNorm(cfg.hidden)
         self.attention = Attention(cfg.hidden, cfg.heads, kv_heads(cfg))
-        self.ffn_norm = nn.RMSNorm(cfg.hidden, eps=EPS)
+        self.ffn_norm = RMSNorm(cfg.hidden)
         self.feed_forward = FeedForward(cfg.hidden, ffn_hidden(cfg))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -103,7 +118,7 @@ class LlamaStage(nn.Module):
                     self.blocks.append(LlamaBlock(cfg))
         if self.last:
             with seeded(seed, HEAD):
-                self.norm = nn.RMSNorm(cfg.hidden, eps=EPS)
+                self.norm = RMSNorm(cfg.hidden)
                 self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
         cos, sin = rope_table(cfg.hidden // cfg.heads, cfg.seq_len, cfg.rope_theta)
         self.register_buffer("cos", cos, persistent=False)
