@@ -174,16 +174,17 @@ class Supervisor:
         restarts none), SIGKILL to ``first`` (frozen: a stopped process ignores SIGTERM),
         SIGTERM to the other workers and SIGKILL to those left after GRACE_S, then SIGKILL to
         torchrun, which has nothing left to do (the launcher explains the job's end)."""
-        _kill_group(self.proc.pid, signal.SIGSTOP)
+        self.proc.send_signal(signal.SIGSTOP)  # (Popen signals only a child it has not reaped)
         for pid in first:
-            _kill_group(pid, signal.SIGKILL)
+            if self._ours(pid):
+                _kill_group(pid, signal.SIGKILL)
         workers = self._workers()
         for pid in workers - set(first):
             _kill_group(pid, signal.SIGTERM)
-        _wait(lambda: not any(_running(p) for p in workers), GRACE_S)
-        _kill_group(self.proc.pid, signal.SIGKILL)
+        _wait(lambda: not any(self._ours(p) for p in workers), GRACE_S)
         for pid in self._workers():
             _kill_group(pid, signal.SIGKILL)
+        self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
         _wait(lambda: not self._workers(), GRACE_S)  # orphans of torchrun now: init reaps them
 
@@ -208,10 +209,6 @@ def _state(pid: int) -> str | None:
     except OSError:
         return None
     return stat[stat.rindex(")") + 2 :].split()[0]
-
-
-def _running(pid: int) -> bool:
-    return _state(pid) not in (None, "Z", "X")
 
 
 def _pids() -> list[int]:
