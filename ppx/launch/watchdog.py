@@ -9,8 +9,8 @@ and exits the process, which makes torchrun end the other ranks.
 It also keeps the rank's heartbeat (`ppx.launch.heartbeat`). A rank stalled in a wait first
 reads its peers' heartbeats: a peer whose heartbeat has stopped is frozen, and the wait is
 its fault, not this rank's. Under ``ppx run`` the launcher watches the heartbeats and names
-the frozen rank itself, so the watchdog leaves it that (once: if the job is still there a
-full timeout later, it acts alone); under a torchrun or srun of the user's, it names the
+the frozen rank itself, so the watchdog leaves that to it (once: if the job is still there
+a full timeout later, it acts alone); under a torchrun or srun of the user's, it names the
 frozen rank and ends its own process.
 
 On a GPU the host queues a step ahead of the device and then waits at the step's end, so
@@ -61,10 +61,9 @@ class Watchdog:
         self.status_dir = Path(status_dir) if status_dir is not None else None
         self.heartbeat = Heartbeat(self.status_dir, rank) if status_dir is not None else None
         self._deferred = False
-        if status_dir is not None:
-            status_dir = Path(status_dir)
-            status_dir.mkdir(parents=True, exist_ok=True)
-            with open(status_dir / f"rank{rank}.txt", "w+b") as f:
+        if self.status_dir is not None:
+            self.status_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.status_dir / f"rank{rank}.txt", "w+b") as f:
                 f.write(_status_line(b"starting"))
                 f.flush()
                 self._map = mmap.mmap(f.fileno(), STATUS_BYTES)
