@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
-from pathlib import Path
 
 from ppx.errors import UserError
 
@@ -54,10 +52,10 @@ def cmd_run(args) -> int:
         from ppx.launch.worker import run_rank
 
         return run_rank(cfg, run_dir, device)
-    code = subprocess.run(processes.torchrun_command(world, run_dir), env=env).returncode
-    if code != 0:
-        _explain_failure(run_dir, world, code)
-    return code
+    # watched to its end: a frozen rank, a killed one, a SIGTERM to us each end it and are explained
+    from ppx.launch.supervisor import supervise
+
+    return supervise(processes.torchrun_command(world, run_dir), env, run_dir, world, cfg.runtime.timeout_s)
 
 
 def _processes(cfg) -> tuple[int, int]:
@@ -84,12 +82,3 @@ def _cpu_fallback(cfg, args, notice: str | None, speak: bool):
     if speak:
         print(f"ppx: on CPU, runtime.cpu_fallback applies: {' '.join(fallback)}", file=sys.stderr)
     return (cfg, *_processes(cfg))
-
-
-def _explain_failure(run_dir: Path, world: int, code: int) -> None:
-    """Name what each rank was doing when the job ended (from the watchdog's status files)."""
-    from ppx.launch.watchdog import read_status
-
-    states = [f"rank {r}: {read_status(run_dir / 'status' / f'rank{r}.txt') or 'not started'}" for r in range(world)]
-    print(f"ppx: error: the job failed (exit {code}); where each rank was: " + "; ".join(states), file=sys.stderr)
-    print(f"ppx: run directory (incomplete): {run_dir}", file=sys.stderr)

@@ -1,26 +1,69 @@
 """torchrun (``torch.distributed.run``), minus the Python traceback it prints when a worker
 fails: ``ppx run`` follows a failed job with its own line naming each rank and the action it
-was on, and the workers have already printed theirs. Exit codes are torchrun's."""
+was on, and the workers have already printed theirs. Exit codes are torchrun's.
+
+Under ``ppx run`` (``PPX_TORCHRUN_EXITS`` names a file), the failed ranks' exit codes go to
+that file as JSON for the launcher to explain (``ppx.launch.supervisor``), instead of a line
+of their own; torchrun's own warnings are left out, and it ends quietly when the launcher
+ends the job (SIGTERM). It also asks the kernel for a SIGTERM if the launcher dies first
+(PR_SET_PDEATHSIG), so that even a ``kill -9`` of ``ppx run`` leaves no job behind.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import json
+import logging
+import os
+import signal
 import sys
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
 
+PR_SET_PDEATHSIG = 1
+
+
+def _follow_the_launcher() -> None:
+    """SIGTERM this process when its parent, ``ppx run``, dies (Linux; elsewhere nothing)."""
+    launcher = os.environ.get("PPX_LAUNCHER_PID")
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != launcher:  # it died before the request was made
+        os.kill(os.getpid(), signal.SIGTERM)
+
 
 def main(argv: list[str]) -> int:
+    exits = os.environ.get("PPX_TORCHRUN_EXITS")
+    if exits:
+        _follow_the_launcher()
+        for name, logger in list(logging.Logger.manager.loggerDict.items()):  # each sets its own level
+            if name.startswith("torch.distributed.elastic") and isinstance(logger, logging.Logger):
+                logger.setLevel(logging.CRITICAL)
     try:
         torchrun_main(argv)
     except ChildFailedError as e:
         failures = sorted(e.failures.items())
+        if exits:
+            failed = {str(rank): {"exitcode": f.exitcode, "pid": f.pid} for rank, f in failures}
+            with open(exits, "w") as f:
+                json.dump(failed, f)
+            return 1
         lines = [
             f"rank {rank}: exit code {f.exitcode}" + (f" ({f.signal_name()})" if f.exitcode < 0 else "")
             for rank, f in failures
         ]
         print(f"torchrun: {e.name} failed: " + "; ".join(lines), file=sys.stderr, flush=True)
         return 1
+    except SignalException as e:
+        if not exits:
+            raise
+        return 128 + int(e.sigval)  # ended by the launcher, which says why
     return 0
 
 

@@ -6,6 +6,13 @@ file names the exact action even when the process is killed (the launcher reads 
 explain a failed job). Past the timeout it prints one line naming the rank and the action
 and exits the process, which makes torchrun end the other ranks.
 
+It also keeps the rank's heartbeat (`ppx.launch.heartbeat`). A rank stalled in a wait first
+reads its peers' heartbeats: a peer whose heartbeat has stopped is frozen, and the wait is
+its fault, not this rank's. Under ``ppx run`` the launcher watches the heartbeats and names
+the frozen rank itself, so the watchdog leaves that to it (once: if the job is still there
+a full timeout later, it acts alone); under a torchrun or srun of the user's, it names the
+frozen rank and ends its own process.
+
 On a GPU the host queues a step ahead of the device and then waits at the step's end, so
 the watchdog also follows ``device_position`` (the first action the GPU has not finished,
 from the CUDA timer's events) when it is set: the GPU moving on counts as progress, and a
@@ -21,6 +28,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from ppx.launch.heartbeat import Heartbeat, read_beats, stale_peers, stopped_responding
 
 EXIT_TIMEOUT = 3
 STATUS_BYTES = 512
@@ -49,10 +58,12 @@ class Watchdog:
         self.label = "starting"
         self.since = time.monotonic()
         self._map = None
-        if status_dir is not None:
-            status_dir = Path(status_dir)
-            status_dir.mkdir(parents=True, exist_ok=True)
-            with open(status_dir / f"rank{rank}.txt", "w+b") as f:
+        self.status_dir = Path(status_dir) if status_dir is not None else None
+        self.heartbeat = Heartbeat(self.status_dir, rank) if status_dir is not None else None
+        self._deferred = False
+        if self.status_dir is not None:
+            self.status_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.status_dir / f"rank{rank}.txt", "w+b") as f:
                 f.write(_status_line(b"starting"))
                 f.flush()
                 self._map = mmap.mmap(f.fileno(), STATUS_BYTES)
@@ -90,11 +101,15 @@ class Watchdog:
             self._map[:] = _status_line(self.where().encode())
 
     def start(self) -> Watchdog:
+        if self.heartbeat is not None:
+            self.heartbeat.start()
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -106,9 +121,53 @@ class Watchdog:
                     self._mirror()
             stalled = time.monotonic() - self.since
             if stalled > self.limit_s:
+                if self.limit_s > self.timeout_s and self._blame_a_frozen_peer():
+                    continue  # a frozen peer is the cause: the launcher ends the job
+                stalled = time.monotonic() - self.since
+                if stalled <= self.limit_s:
+                    continue  # progress while the peers were read
                 sys.stderr.write(
                     f"ppx: error: rank {self.rank} made no progress for {stalled:.1f} s on {self.where()}; "
                     f"ending the job (runtime.timeout_s={self.timeout_s:g})\n"
                 )
-                sys.stderr.flush()
-                os._exit(EXIT_TIMEOUT)
+                self._exit()
+
+    def _blame_a_frozen_peer(self) -> bool:
+        """Stalled in a wait: if a peer's heartbeat has stopped, that peer is the cause. With a
+        ppx launcher alive, leave the naming and the ending to it (True); without one, name the
+        peer and end this process. False if every peer's heartbeat moves."""
+        if self.status_dir is None or not set(read_beats(self.status_dir)) - {self.rank}:
+            return False  # no peer keeps a heartbeat here
+        frozen = stale_peers(self.status_dir, self.rank)
+        if not frozen:
+            return False
+        if not self._deferred and _launcher_alive():
+            self._deferred = True
+            self.since = time.monotonic()
+            return True
+        for beat in frozen:
+            where = read_status(self.status_dir / f"rank{beat.rank}.txt")
+            line = stopped_responding(beat.rank, max(0.0, time.time() - beat.wall), where)
+            sys.stderr.write(
+                f"ppx: error: {line} (seen by rank {self.rank}, which ends its process; "
+                f"runtime.timeout_s={self.timeout_s:g})\n"
+            )
+        self._exit()
+
+    def _exit(self) -> None:
+        sys.stderr.flush()
+        if self.heartbeat is not None:
+            self.heartbeat.stop()  # ended on its own: its silence from now on is no freeze
+        os._exit(EXIT_TIMEOUT)
+
+
+def _launcher_alive() -> bool:
+    """Whether the ``ppx run`` that started this job (PPX_LAUNCHER_PID) is still there."""
+    try:
+        pid = int(os.environ.get("PPX_LAUNCHER_PID", ""))
+        os.kill(pid, 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True

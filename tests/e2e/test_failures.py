@@ -1,12 +1,19 @@
-"""A rank that hangs or dies ends the whole job, non-zero, naming the rank and its action."""
+"""A rank that hangs, freezes or dies ends the whole job, non-zero, naming the rank and its
+action; so does a SIGTERM or SIGINT to ``ppx run``, and no process of the job is left."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
 
+import pytest
+
 from helpers import REPO, ppx
+from ppx.launch.heartbeat import read_beat
 from ppx.launch.watchdog import read_status
 
 
@@ -31,19 +38,14 @@ def test_killed_rank_ends_the_job_and_is_named(run_dir):
         "run", "1f1b_2cpu", "runtime.timeout_s=30", "runtime.inject_fault=die@1B1", f"run.dir={run_dir}", timeout=120
     )
     assert r.returncode != 0
-    # the launcher names where each rank was; the survivor, unless torchrun stopped it first,
-    # names its own rank and action too
-    assert "rank 1: 1B1 (step 0)" in r.stderr
-    assert "ppx: error: rank 0 failed at step 0 on wait 0RECV_B" in r.stderr or "rank 0: wait 0RECV_B" in r.stderr, (
-        r.stderr
-    )
-    assert "from rank 1" in r.stderr
-    # torchrun names the killed rank (the survivor has usually exited by then, with code 1)
-    assert (
-        "torchrun: ppx.launch.worker failed: rank 0: exit code " in r.stderr
-        and "rank 1: exit code -9 (SIGKILL)" in r.stderr
-    )
-    assert "Traceback" not in r.stderr
+    # the launcher names the killed rank, the signal and its action (torchrun's exit codes and
+    # the rank's status file); the survivor, unless torchrun stopped it first, names its own
+    # rank and action and the peer it waited on ("rank 0 failed at step 0 on wait 0RECV_B1")
+    assert "ppx: error: rank 1 died: killed by signal SIGKILL (9) on 1B1 (step 0)\n" in r.stderr, r.stderr
+    assert "rank 0 died" not in r.stderr and "stopped responding" not in r.stderr  # the survivor is not blamed
+    assert "where each rank was" not in r.stderr  # the died line says what it would
+    assert "torchrun:" not in r.stderr and "Traceback" not in r.stderr
+    assert (run_dir / "incomplete.txt").read_text() == "rank 1 died: killed by signal SIGKILL (9) on 1B1 (step 0)\n"
     assert read_status(run_dir / "status" / "rank1.txt") == "1B1 (step 0)"
     assert (run_dir / "status" / "rank1.txt").read_text().rstrip() == "1B1 (step 0)"  # a plain text line
 
@@ -99,3 +101,179 @@ def test_a_sweep_with_a_failed_point_compares_the_rest_and_exits_1(tmp_path):
     assert (sweep / "fwd_ms=5" / "summary.json").exists() and not (sweep / "fwd_ms=12000" / "summary.json").exists()
     table = (sweep / "compare.md").read_text()
     assert "fwd_ms=5" in table and "fwd_ms=12000" not in table
+
+
+# a run long enough to be stopped in the middle: the known-cost model sleeps its actions out,
+# so the ranks cost the machine little while they wait for the test
+LONG_RUN = (
+    "model.kind=synthetic",
+    "model.hidden=16",
+    "model.fwd_ms=20",
+    "model.bwd_ms=20",
+    "train.steps=1000",
+    "runtime.device=cpu",
+    "logging.wandb.mode=disabled",
+)
+
+
+def start_run(experiment: str, run_dir, tmp_path, *overrides: str) -> tuple[subprocess.Popen, object]:
+    """``ppx run`` in the background (its output to a file: a pipe nobody reads would fill)."""
+    log = open(tmp_path / "ppx.log", "w+")
+    cmd = [sys.executable, "-m", "ppx.cli", "run", experiment, *LONG_RUN, *overrides, f"run.dir={run_dir}"]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True), log
+
+
+def wait_for_step(run_dir, world: int, step: int = 1, timeout: float = 150) -> None:
+    """Until every rank's status line is at ``step`` or later."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = [read_status(run_dir / "status" / f"rank{r}.txt") for r in range(world)]
+        steps = [re.search(r"\(step (\d+)\)", line) for line in lines]
+        if all(m and int(m.group(1)) >= step for m in steps):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the ranks never reached step {step}: {lines}")
+
+
+def read_log(log) -> str:
+    log.seek(0)
+    return log.read()
+
+
+def workers(run_dir) -> list[int]:
+    """The live processes of this run's job (torchrun and its workers), from /proc."""
+    pids = []
+    for name in os.listdir("/proc"):
+        try:
+            cmdline = open(f"/proc/{name}/cmdline", "rb").read().split(b"\0")
+            state = open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if str(run_dir).encode() in cmdline and b"ppx.cli" not in cmdline and state != "Z":
+            pids.append(int(name))
+    return pids
+
+
+def end(proc: subprocess.Popen, run_dir) -> None:
+    """A failed test leaves nothing running either."""
+    for pid in [*workers(run_dir), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def test_frozen_rank_is_named_and_the_job_ends_within_the_timeout(run_dir, tmp_path):
+    """SIGSTOP on rank 2 of 4: the launcher sees its heartbeat stop, names it with its action
+    and ends the job (SIGKILL after a 2 s grace, not torchrun's 30 s) within timeout_s + 5 s."""
+    timeout_s = 6
+    proc, log = start_run("gpipe_4gpu", run_dir, tmp_path, f"runtime.timeout_s={timeout_s}")
+    try:
+        wait_for_step(run_dir, 4)
+        frozen = read_beat(run_dir / "status" / "rank2.beat", 2).pid
+        os.kill(frozen, signal.SIGSTOP)
+        stopped = time.monotonic()
+        proc.wait(timeout=120)
+        took = time.monotonic() - stopped
+        left = workers(run_dir)
+    finally:
+        end(proc, run_dir)
+    out = read_log(log)
+    print(f"the job ended {took:.1f} s after the SIGSTOP (runtime.timeout_s={timeout_s})")
+    assert proc.returncode == 1, out[-3000:]
+    where = read_status(run_dir / "status" / "rank2.txt")
+    assert f"ppx: error: rank 2 stopped responding (no heartbeat for {timeout_s}." in out, out[-3000:]
+    assert f"); it was on {where}\n" in out and "(step " in where
+    assert took < timeout_s + 5, out[-3000:]
+    assert left == [], f"processes left: {left}"
+    # one account of the failure: no rank blames itself or a waiting peer, torchrun stays quiet
+    assert "made no progress" not in out and "died" not in out and "Traceback" not in out, out[-3000:]
+    assert "torchrun" not in out and "SIGTERM" not in out, out[-3000:]
+    assert (run_dir / "incomplete.txt").read_text().startswith("rank 2 stopped responding")
+
+
+def test_rank_killed_from_outside_is_named_with_the_signal(run_dir, tmp_path):
+    proc, log = start_run("1f1b_2cpu", run_dir, tmp_path, "runtime.timeout_s=30")
+    try:
+        wait_for_step(run_dir, 2)
+        os.kill(read_beat(run_dir / "status" / "rank1.beat", 1).pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        left = workers(run_dir)
+    finally:
+        end(proc, run_dir)
+    out = read_log(log)
+    where = read_status(run_dir / "status" / "rank1.txt")
+    assert proc.returncode == 1, out[-3000:]
+    assert f"ppx: error: rank 1 died: killed by signal SIGKILL (9) on {where}\n" in out, out[-3000:]
+    assert "(step " in where and left == []
+
+
+@pytest.mark.parametrize(
+    "sig,experiment,world", [(signal.SIGTERM, "gpipe_4gpu", 4), (signal.SIGINT, "1f1b_2cpu", 2)], ids=["TERM", "INT"]
+)
+def test_stopping_ppx_run_ends_its_whole_job(run_dir, tmp_path, sig, experiment, world):
+    """`kill -TERM` (a `timeout`, a job manager) or Ctrl-C on `ppx run`: forwarded to the job,
+    every worker gone within seconds, exit 128 + the signal, the run folder says it stopped."""
+    proc, log = start_run(experiment, run_dir, tmp_path)
+    try:
+        wait_for_step(run_dir, world)
+        proc.send_signal(sig)
+        sent = time.monotonic()
+        proc.wait(timeout=60)
+        took = time.monotonic() - sent
+        left = workers(run_dir)
+    finally:
+        end(proc, run_dir)
+    out = read_log(log)
+    print(f"ppx run ended {took:.1f} s after {sig.name}")
+    assert proc.returncode == 128 + sig, out[-3000:]
+    assert left == [], f"processes left: {left}"
+    assert took < 10
+    assert out.rstrip().endswith(
+        f"ppx: stopped by {sig.name}: the job was ended; run directory (incomplete): {run_dir}"
+    )
+    assert "Traceback" not in out and "error" not in out, out[-3000:]
+    assert (run_dir / "incomplete.txt").read_text().startswith(f"stopped: ppx run received {sig.name} after ")
+
+
+FROZEN_PEER = """
+import os, sys, time
+from pathlib import Path
+from ppx.launch.watchdog import Watchdog
+status = Path(sys.argv[1])
+status.mkdir()
+(status / "rank1.beat").write_text(f"{os.getppid()} host 7 {time.time() - 3:.1f} alive")  # stopped beating
+(status / "rank1.txt").write_text("1F3 (step 2)")
+w = Watchdog(0, 1.0, status, poll_s=0.05)
+w.phase("wait 0RECV_B3 from rank 1", 2)
+w.start()
+print(time.time(), flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("launcher", [False, True], ids=["alone", "under-ppx-run"])
+def test_watchdog_names_a_frozen_peer_instead_of_itself(tmp_path, launcher):
+    """A rank stalled in a wait reads its peers' heartbeats: one that has stopped is named as the
+    cause, not this rank. Under torchrun or srun of the user's, the watchdog says so and ends its
+    process; under `ppx run`, whose launcher names the rank and ends the job itself, it waits a
+    full timeout more first, so that one line names the frozen rank."""
+    env = {k: v for k, v in os.environ.items() if k != "PPX_LAUNCHER_PID"}
+    if launcher:
+        env["PPX_LAUNCHER_PID"] = str(os.getpid())  # alive: the watchdog leaves the job to it, once
+    r = subprocess.run(
+        [sys.executable, "-c", FROZEN_PEER, str(tmp_path / "status")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
+    )
+    elapsed = time.time() - float(r.stdout)  # from the watchdog's start
+    assert r.returncode == 3, r.stderr
+    assert "ppx: error: rank 1 stopped responding (no heartbeat for " in r.stderr
+    assert "; it was on 1F3 (step 2) (seen by rank 0, which ends its process; runtime.timeout_s=1)" in r.stderr
+    assert "made no progress" not in r.stderr
+    # limit 2 s (1 s + 1 s grace), then 2.5 s reading the heartbeats; deferred: all of it twice
+    assert (elapsed > 8.0) if launcher else (4.0 < elapsed < 7.0), elapsed

@@ -1,0 +1,121 @@
+"""Heartbeats: every rank rewrites ``<run>/status/rank<r>.beat`` about once a second from a
+thread of its own, so a rank whose process is frozen (SIGSTOP, a stuck node) is told apart
+from one that is merely waiting on a peer: a waiting rank's thread still beats, a stopped
+process's threads all stop.
+
+The file is one fixed-size text line, ``<pid> <host> <count> <unix time> <state>``, rewritten
+in place and closed after each beat (on a shared filesystem, close is what publishes it to
+other nodes). Readers open it anew each time and compare counts, so they need no clock in
+common with the writer: a beat that has not moved across a window is stale, whatever the
+clocks say. The launcher (`ppx.launch.supervisor`) watches them; the in-rank watchdog reads
+them when it fires, to name a frozen peer instead of blaming itself for waiting on it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BEAT_BYTES = 128
+INTERVAL_S = 1.0
+CHECK_WINDOW_S = 2.5  # longer than two beats: a live rank's count moves within it
+
+
+@dataclass(frozen=True)
+class Beat:
+    rank: int
+    pid: int
+    host: str
+    count: int
+    wall: float  # the writer's time.time() at the beat (for messages only)
+    state: str  # "alive", or "done" once the rank has ended on its own
+
+    @property
+    def key(self) -> tuple:
+        return (self.pid, self.count, self.state)
+
+
+def beat_path(status_dir: Path, rank: int) -> Path:
+    return Path(status_dir) / f"rank{rank}.beat"
+
+
+class Heartbeat:
+    """One rank's heartbeat thread (a daemon: it ends with the process, as it should)."""
+
+    def __init__(self, status_dir: Path, rank: int, interval_s: float = INTERVAL_S):
+        self.path = beat_path(status_dir, rank)
+        self.interval_s = interval_s
+        self.count = 0
+        self._prefix = f"{os.getpid()} {socket.gethostname().split('.')[0] or '-'}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ppx-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._write("alive")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """The rank ends on its own: say so, so that its silence is not taken for a freeze."""
+        self._stop.set()
+        self._write("done")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._write("alive")
+
+    def _write(self, state: str) -> None:
+        self.count += 1
+        line = f"{self._prefix} {self.count} {time.time():.1f} {state}".encode()
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                os.pwrite(fd, line[: BEAT_BYTES - 1].ljust(BEAT_BYTES - 1) + b"\n", 0)
+            finally:
+                os.close(fd)
+        except OSError:  # a full or vanished disk must not end the rank; the silence will show
+            pass
+
+
+def read_beat(path: Path, rank: int) -> Beat | None:
+    try:
+        fields = Path(path).read_text(errors="replace").split()
+        return Beat(rank, int(fields[0]), fields[1], int(fields[2]), float(fields[3]), fields[4])
+    except (OSError, ValueError, IndexError):  # absent, or caught mid-write: no news
+        return None
+
+
+def read_beats(status_dir: Path) -> dict[int, Beat]:
+    """Every rank's last beat found in ``status_dir``, by rank."""
+    beats = {}
+    try:
+        names = os.listdir(status_dir)
+    except OSError:
+        return beats
+    for name in names:
+        if name.startswith("rank") and name.endswith(".beat") and name[4:-5].isdigit():
+            beat = read_beat(Path(status_dir) / name, int(name[4:-5]))
+            if beat is not None:
+                beats[beat.rank] = beat
+    return beats
+
+
+def stale_peers(status_dir: Path, me: int, window_s: float = CHECK_WINDOW_S) -> list[Beat]:
+    """The other ranks whose heartbeat did not move in ``window_s`` while saying 'alive':
+    frozen, or gone without a word (killed). Reads the beats twice, ``window_s`` apart."""
+    first = read_beats(status_dir)
+    time.sleep(window_s)
+    second = read_beats(status_dir)
+    return [
+        b for r, b in sorted(second.items()) if r != me and b.state == "alive" and r in first and first[r].key == b.key
+    ]
+
+
+def stopped_responding(rank: int, silent_s: float, where: str) -> str:
+    """The one line that names a frozen rank (the launcher's and the watchdog's alike)."""
+    on = f"; it was on {where}" if where else ""
+    return f"rank {rank} stopped responding (no heartbeat for {silent_s:.1f} s){on}"

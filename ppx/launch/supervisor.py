@@ -1,0 +1,232 @@
+"""``ppx run``'s watch over its torchrun job: it starts torchrun in a session of its own and,
+until the job ends,
+
+- watches every rank's heartbeat (`ppx.launch.heartbeat`): a rank whose process is still
+  there but whose heartbeat has not moved for ``runtime.timeout_s`` is frozen (SIGSTOP, a
+  stuck machine). It prints one line naming the rank and where it was, and ends the job:
+  SIGKILL to the frozen rank, SIGTERM to torchrun and every worker, SIGKILL to what is left
+  after ``GRACE_S`` (torchrun's own grace is 30 s and a stopped process ignores SIGTERM);
+- forwards SIGTERM, SIGINT and SIGHUP sent to ``ppx run`` (a ``timeout``, a job manager,
+  Ctrl-C) the same way, then exits 128 + the signal (143 for SIGTERM, 130 for SIGINT);
+- once torchrun has ended on its own with an error, explains it: a rank killed by a signal
+  (torchrun's exit codes, `ppx.launch.torchrun`) "died: killed by signal SIGKILL (9)" on the
+  action its status file names; otherwise where each rank was.
+
+Every way the job ends without completing leaves ``<run>/incomplete.txt`` saying why, and a
+last line naming the run directory. The workers run in sessions of their own (torchrun starts
+them so), so each one is signalled as its process group; they are found in /proc by their
+command line (``ppx.launch.worker <run dir>``), orphans included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ppx.launch.heartbeat import read_beats, stopped_responding
+from ppx.launch.watchdog import read_status
+
+GRACE_S = 2.0  # between SIGTERM and SIGKILL when the launcher ends a job
+POLL_S = 0.25
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def supervise(command: list[str], env: dict, run_dir: Path, world: int, timeout_s: float) -> int:
+    """Run the torchrun ``command`` to its end, or end it; returns ``ppx run``'s exit code."""
+    return Supervisor(command, env, Path(run_dir), world, timeout_s).run()
+
+
+class Supervisor:
+    def __init__(self, command: list[str], env: dict, run_dir: Path, world: int, timeout_s: float):
+        self.command, self.run_dir, self.world, self.timeout_s = command, run_dir, world, timeout_s
+        self.status = run_dir / "status"
+        self.exits = self.status / "torchrun.json"
+        self.env = dict(env, PPX_LAUNCHER_PID=str(os.getpid()), PPX_TORCHRUN_EXITS=str(self.exits))
+        self._seen: dict[int, tuple] = {}  # rank -> its last beat's (pid, count, state)
+        self._moved: dict[int, float] = {}  # rank -> when that beat was first seen (monotonic)
+        self._signal: int | None = None
+        self.proc: subprocess.Popen | None = None
+
+    def run(self) -> int:
+        self.status.mkdir(parents=True, exist_ok=True)
+        previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        try:
+            self.started = time.monotonic()
+            self.proc = subprocess.Popen(self.command, env=self.env, start_new_session=True)
+            return self._watch()
+        finally:
+            if self.proc is not None and self.proc.poll() is None:  # an exception in the launcher
+                self._end_job()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self._signal is None:
+            self._signal = signum
+
+    def _watch(self) -> int:
+        while True:
+            if self._signal is not None:
+                return self._stopped(self._signal)
+            code = self.proc.poll()
+            if code is not None:
+                return 0 if code == 0 else self._failed(code)
+            frozen = self._frozen()
+            if frozen:
+                return self._end_frozen(frozen)
+            time.sleep(POLL_S)
+
+    # -- the three ways a job ends early
+    def _frozen(self) -> list[tuple[int, int, float]]:
+        """(rank, pid, silent seconds) of each rank alive with a heartbeat stale past the timeout."""
+        now, frozen = time.monotonic(), []
+        for rank, beat in read_beats(self.status).items():
+            if self._seen.get(rank) != beat.key:
+                self._seen[rank], self._moved[rank] = beat.key, now
+                continue
+            silent = now - self._moved[rank]
+            if beat.state == "alive" and silent > self.timeout_s and self._ours(beat.pid):
+                frozen.append((rank, beat.pid, silent))
+        return frozen
+
+    def _end_frozen(self, frozen: list[tuple[int, int, float]]) -> int:
+        lines = [stopped_responding(rank, silent, self._where(rank)) for rank, _, silent in frozen]
+        for line in lines:
+            print(f"ppx: error: {line}", file=sys.stderr, flush=True)
+        self._end_job(first=[pid for _, pid, _ in frozen])
+        return self._incomplete(lines, 1)
+
+    def _stopped(self, signum: int) -> int:
+        name = signal.Signals(signum).name
+        where = self._where_each()
+        self._end_job()
+        after = time.monotonic() - self.started
+        self._write_incomplete([f"stopped: ppx run received {name} after {after:.1f} s and ended the job; {where}"])
+        print(
+            f"ppx: stopped by {name}: the job was ended; run directory (incomplete): {self.run_dir}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 + signum
+
+    def _failed(self, code: int) -> int:
+        lines = []
+        for rank, exitcode in self._failures():
+            if exitcode < 0:
+                sig = -exitcode
+                lines.append(f"rank {rank} died: killed by signal {_signal_name(sig)} ({sig}) on {self._where(rank)}")
+        if not lines:
+            lines.append(f"the job failed (exit {code}); {self._where_each()}")
+        for line in lines:
+            print(f"ppx: error: {line}", file=sys.stderr, flush=True)
+        return self._incomplete(lines, code if code > 0 else 128 - code)
+
+    def _incomplete(self, lines: list[str], code: int) -> int:
+        self._write_incomplete(lines)
+        print(f"ppx: run directory (incomplete): {self.run_dir}", file=sys.stderr, flush=True)
+        return code
+
+    def _write_incomplete(self, lines: list[str]) -> None:
+        try:
+            (self.run_dir / "incomplete.txt").write_text("".join(line + "\n" for line in lines))
+        except OSError:
+            pass
+
+    # -- where the ranks were
+    def _where(self, rank: int) -> str:
+        return read_status(self.status / f"rank{rank}.txt") or "start-up (before its first status)"
+
+    def _where_each(self) -> str:
+        states = [f"rank {r}: {read_status(self.status / f'rank{r}.txt') or 'not started'}" for r in range(self.world)]
+        return "where each rank was: " + "; ".join(states)
+
+    def _failures(self) -> list[tuple[int, int]]:
+        """(rank, exit code) of each rank torchrun saw fail, from its JSON (none if absent)."""
+        try:
+            failed = json.loads(self.exits.read_text())
+            return sorted((int(rank), int(f["exitcode"])) for rank, f in failed.items())
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+
+    # -- ending the job
+    def _ours(self, pid: int) -> bool:
+        """Whether ``pid`` is a live (not zombie) worker of this run."""
+        if _state(pid) in (None, "Z", "X"):
+            return False
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        worker = b"ppx.launch.worker" in cmdline and b"ppx.launch.torchrun" not in cmdline  # not torchrun itself
+        return worker and str(self.run_dir).encode() in cmdline
+
+    def _workers(self) -> set[int]:
+        """This run's live workers, wherever they are in the process tree (orphans included)."""
+        return {pid for pid in _pids() if self._ours(pid)}
+
+    def _end_job(self, first: list[int] = ()) -> None:
+        """End torchrun and every worker: torchrun stopped first (it starts no worker more and
+        restarts none), SIGKILL to ``first`` (frozen: a stopped process ignores SIGTERM),
+        SIGTERM to the other workers and SIGKILL to those left after GRACE_S, then SIGKILL to
+        torchrun, which has nothing left to do (the launcher explains the job's end)."""
+        self.proc.send_signal(signal.SIGSTOP)  # (Popen signals only a child it has not reaped)
+        for pid in first:
+            if self._ours(pid):
+                _kill_group(pid, signal.SIGKILL)
+        workers = self._workers()
+        for pid in workers - set(first):
+            _kill_group(pid, signal.SIGTERM)
+        _wait(lambda: not any(self._ours(p) for p in workers), GRACE_S)
+        for pid in self._workers():
+            _kill_group(pid, signal.SIGKILL)
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        _wait(lambda: not self._workers(), GRACE_S)  # orphans of torchrun now: init reaps them
+
+
+def _wait(done, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` in /proc (R, S, T for stopped, Z for zombie), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()[0]
+
+
+def _pids() -> list[int]:
+    try:
+        return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:  # no /proc (not Linux): the job is torchrun's to end
+        return []
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    """``sig`` to the process group ``pid`` leads (torchrun and its workers each lead one),
+    or to the process alone if it leads none."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    except PermissionError:
+        pass

@@ -1,0 +1,80 @@
+"""Heartbeats (ppx/launch/heartbeat.py) and how the launcher's supervisor explains a failed job
+(ppx/launch/supervisor.py), without processes: the e2e tests in test_failures.py freeze, kill
+and stop real ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from ppx.launch.heartbeat import Heartbeat, beat_path, read_beat, read_beats, stale_peers, stopped_responding
+from ppx.launch.supervisor import Supervisor
+
+
+def test_a_heartbeat_moves_until_stopped_then_says_done(tmp_path):
+    beat = Heartbeat(tmp_path, 3, interval_s=0.05).start()
+    first = read_beat(beat_path(tmp_path, 3), 3)
+    time.sleep(0.3)
+    later = read_beat(beat_path(tmp_path, 3), 3)
+    beat.stop()
+    done = read_beat(beat_path(tmp_path, 3), 3)
+    assert first.pid == os.getpid() and first.state == "alive"
+    assert later.count > first.count and abs(later.wall - time.time()) < 5
+    assert done.state == "done"
+    assert len(beat_path(tmp_path, 3).read_bytes()) == 128  # rewritten in place, one padded line
+
+
+def test_stale_peers_are_the_silent_live_ones_other_than_me(tmp_path):
+    live = Heartbeat(tmp_path, 0, interval_s=0.05).start()
+    for rank in (1, 3):  # beats once and no more: frozen; rank 3 is the reader itself
+        beat_path(tmp_path, rank).write_text(f"{os.getpid()} host 1 {time.time():.1f} alive")
+    ended = Heartbeat(tmp_path, 2)
+    ended.start()
+    ended.stop()
+    (tmp_path / "rank9.beat").write_text("garbage")  # caught mid-write: no news, no error
+    try:
+        stale = stale_peers(tmp_path, me=3, window_s=0.3)
+    finally:
+        live.stop()
+    assert [b.rank for b in stale] == [1]
+    assert sorted(read_beats(tmp_path)) == [0, 1, 2, 3]
+    assert stale_peers(tmp_path / "absent", me=0, window_s=0.01) == []
+
+
+def test_the_line_naming_a_frozen_rank():
+    assert (
+        stopped_responding(2, 8.04, "2F3 (step 4)") == "rank 2 stopped responding (no heartbeat for 8.0 s); it was on "
+        "2F3 (step 4)"
+    )
+
+
+def supervisor(tmp_path, world: int = 2) -> Supervisor:
+    (tmp_path / "status").mkdir()
+    return Supervisor(["true"], {}, tmp_path, world, timeout_s=5)
+
+
+def test_a_rank_killed_by_a_signal_is_named_with_it_and_its_action(tmp_path, capsys):
+    sup = supervisor(tmp_path)
+    (tmp_path / "status" / "torchrun.json").write_text(
+        json.dumps({"0": {"exitcode": 1, "pid": 10}, "1": {"exitcode": -9, "pid": 11}})
+    )
+    (tmp_path / "status" / "rank1.txt").write_text("1B2 (step 10)" + " " * 40 + "\n")
+    assert sup._failed(1) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "ppx: error: rank 1 died: killed by signal SIGKILL (9) on 1B2 (step 10)\n"
+        f"ppx: run directory (incomplete): {tmp_path}\n"
+    )
+    assert (tmp_path / "incomplete.txt").read_text() == "rank 1 died: killed by signal SIGKILL (9) on 1B2 (step 10)\n"
+
+
+def test_a_failure_without_a_signal_says_where_each_rank_was(tmp_path, capsys):
+    sup = supervisor(tmp_path)
+    (tmp_path / "status" / "rank0.txt").write_text("wait 0RECV_F2 from rank 1 (step 0)\n")
+    assert sup._failed(1) == 1  # no torchrun.json: torchrun itself failed, or exit codes >0 only
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "ppx: error: the job failed (exit 1); where each rank was: rank 0: wait 0RECV_F2 from rank 1 (step 0); "
+        "rank 1: not started\n"
+    )
