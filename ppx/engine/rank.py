@@ -181,5 +181,6 @@ def build_rank(
         recv_lookahead=lookahead,
         clock=clock,
         reduce_grads=None if data_parallel is None else data_parallel.reduce,
+        global_ranks=None if data_parallel is None else data_parallel.layout.pipeline_ranks,
     )
     return RankPipeline(cfg, schedule, rank, torch.device(device), kind, modules, runtime, data_parallel, precision)

@@ -61,7 +61,9 @@ class Runtime:
     ``stage``, used to allocate receive buffers. ``recv_lookahead``: see `receive_early`.
     ``clock``: the `ActionClock` the stage modules were built with. ``reduce_grads(stage)``
     (data parallel) reduces a stage's gradients across the replicas: the program then has a
-    ``reduce`` item per stage after its last backward."""
+    ``reduce`` item per stage after its last backward. ``global_ranks`` (data parallel: this
+    replica's process ranks, by pipeline rank) name the ranks in labels and errors as the
+    job numbers them."""
 
     def __init__(
         self,
@@ -76,14 +78,16 @@ class Runtime:
         *,
         clock: ActionClock,
         reduce_grads: Callable[[int], None] | None = None,
+        global_ranks: Sequence[int] | None = None,
     ):
         self.schedule, self.rank, self.stages, self.comm = schedule, rank, stages, comm
+        self.names = list(global_ranks) if global_ranks is not None else list(range(schedule.num_ranks))
         self.clock = clock  # the one the stage modules were built with: their charges go to its actions
         self.device, self.boundary = device, boundary
         self.observers = list(observers)
         self.program = compile_program(
             schedule.actions[rank],
-            schedule.stage_to_rank,
+            [self.names[r] for r in schedule.stage_to_rank],
             recv_lookahead,
             schedule.cells(rank),
             reduce=reduce_grads is not None and schedule.training,
@@ -125,7 +129,7 @@ class Runtime:
         except ActionFailed:
             raise
         except Exception as e:
-            raise ActionFailed(self.rank, step, item.label if item else "start", e) from e
+            raise ActionFailed(self.names[self.rank], step, item.label if item else "start", e) from e
         finally:
             self._inputs = self._targets = None
         return None if self._loss is None else float(self._loss)

@@ -116,7 +116,10 @@ class Supervisor:
 
     def _failed(self, code: int) -> int:
         lines = []
-        for rank, exitcode in self._failures():
+        failures = self._failures()
+        # torchrun SIGTERMs the other workers once one has failed: those are not causes
+        causes = [f for f in failures if f[1] != -signal.SIGTERM] or failures
+        for rank, exitcode in causes:
             if exitcode < 0:
                 sig = -exitcode
                 lines.append(f"rank {rank} died: killed by signal {_signal_name(sig)} ({sig}) on {self._where(rank)}")
