@@ -75,10 +75,10 @@ RECOMPUTE = {
 RECOMPUTE["transformer-zb_h1-fp32-[full,selective]"] = overrides("transformer", "zb_h1", "fp32", "[full,selective]")
 RECOMPUTE.update(
     {
-        f"transformer-{s}-fp32-{rc}": overrides("transformer", s, "fp32", rc)
-        for s in MORE_SCHEDULES
-        for rc in ("full", "selective")
+        f"transformer-{s}-fp32-full": overrides("transformer", s, "fp32", "full")
+        for s in MORE_SCHEDULES  # selective runs the same I/W path, tested on 1f1b, zb_h1 and interleaved
     }
+    | {"transformer-dualpipev-fp32-selective": overrides("transformer", "dualpipev", "fp32", "selective")}
 )
 RECOMPUTE["mlp-zb_h1-fp32-selective-tracer"] = overrides("mlp", "zb_h1", "fp32", "selective") + [
     "pipeline.split=tracer"
