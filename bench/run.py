@@ -160,6 +160,55 @@ def every_schedule_runs() -> dict[str, list[str]]:
 
 RUNS.update(every_schedule_runs())
 
+# pipeline x data parallel on the known-cost model: pp=2 alone against pp=2 x dp=2 at the same
+# per-replica batch (so the same microbatches per replica): the replicas' gradient reduction,
+# each stage's after its last backward, should hide behind the other rank's drain
+DP = [
+    "model.kind=synthetic",
+    "model.hidden=16",
+    "model.layers=4",
+    "model.fwd_ms=10",
+    "model.bwd_ms=20",
+    "pipeline.schedule=1f1b",
+    "pipeline.stages=2",
+    "pipeline.microbatches=8",
+    "train.steps=8",
+    "logging.wandb.mode=disabled",
+]
+RUNS["dp_base_1f1b_p2"] = DP + ["train.batch_size=32"]
+RUNS["dp_1f1b_p2x2"] = DP + ["train.batch_size=64", "parallel.data=2"]
+# per-stage action costs and saved bytes per microbatch of the models, zb_h1 at p=2 (so B is
+# measured as I and W); llama-1b's shapes (hidden 2048, ffn 8192, vocab 128256) with 2 of its
+# 16 blocks and 64 tokens, what this CPU machine can hold and time
+MODEL_COSTS = [
+    "pipeline.schedule=zb_h1",
+    "pipeline.stages=2",
+    "train.steps=4",
+    "instrument.timeline_steps=2",
+    "logging.wandb.mode=disabled",
+]
+RUNS["cost_mlp256_zb_h1_p2"] = MODEL_COSTS + [
+    "model.kind=mlp",
+    "model.hidden=256",
+    "model.layers=8",
+    "pipeline.microbatches=8",
+    "train.batch_size=64",
+]
+RUNS["cost_llama_tiny_zb_h1_p2"] = MODEL_COSTS + [
+    "model.kind=llama",
+    "model.preset=llama-tiny",
+    "pipeline.microbatches=8",
+    "train.batch_size=64",
+]
+RUNS["cost_llama1b_2blocks_zb_h1_p2"] = MODEL_COSTS + [
+    "model.kind=llama",
+    "model.preset=llama-1b",
+    "model.layers=2",
+    "model.seq_len=64",
+    "pipeline.microbatches=2",
+    "train.batch_size=2",
+]
+
 
 def run_summary(name: str) -> dict:
     from ppx.report.run_dir import RunDir
@@ -185,14 +234,36 @@ def run_summary(name: str) -> dict:
         "stages",
         "microbatches",
         "virtual_stages",
+        "data_parallel",
+        "model",
     )
     out = {k: raw.get(k) for k in keep}  # results.json keeps summary.json's own fields
     print(f"  {name}: step {s.step_time_s * 1e3:.1f} ms, bubble {s.bubble_fraction or 0:.1%}", flush=True)
     return out
 
 
+def rerun(prefixes: list[str]) -> None:
+    """``bench/run.py --runs PREFIX ...``: run again only the whole runs whose names start with
+    a prefix, keep the other results of bench/results.json, and regenerate docs/benchmarks.md."""
+    path = ROOT / "bench" / "results.json"
+    results = json.loads(path.read_text())
+    names = [n for n in RUNS if any(n.startswith(p) for p in prefixes)]
+    if not names:
+        raise SystemExit(f"no run starts with {' or '.join(prefixes)}; runs: {', '.join(RUNS)}")
+    print(f"ppx bench: {len(names)} runs again")
+    results.setdefault("runs", {}).update({name: run_summary(name) for name in names})
+    results.setdefault("measured_on", "2026-11-23")  # the last full `make bench` before dates were kept
+    results["rerun"] = {"date": time.strftime("%Y-%m-%d"), "runs": names}
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    md = markdown(results, float(os.environ.get("BENCH_SCALE", "1")))
+    write_generated(ROOT / "docs" / "benchmarks.md", md)
+    print(md)
+
+
 def main() -> None:
     scale = float(os.environ.get("BENCH_SCALE", "1"))
+    if sys.argv[1:2] == ["--runs"]:
+        return rerun(sys.argv[2:])
     only = sys.argv[1:] or list(CASES)
     print(f"ppx bench: {len(only)} cases")
     results = {name: run_case(name, scale) for name in only}
@@ -210,6 +281,7 @@ def main() -> None:
         }
         results["runs"] = {name: run_summary(name) for name in RUNS}
     if set(only) == set(CASES):
+        results["measured_on"] = time.strftime("%Y-%m-%d")
         (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         md = markdown(results, scale)
         (ROOT / "docs").mkdir(exist_ok=True)

@@ -195,14 +195,65 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
     if "runs" in results:
         out += beyond_rows(results["runs"])
         out += every_schedule_rows(results["runs"])
+        out += data_parallel_rows(results["runs"])
+        out += model_cost_rows(results["runs"])
+    return out
+
+
+def data_parallel_rows(runs: dict) -> list[tuple[str, str, str, str]]:
+    """pp=2 x dp=2 against pp=2 alone at the same per-replica batch, known-cost model."""
+    base, dp = runs.get("dp_base_1f1b_p2"), runs.get("dp_1f1b_p2x2")
+    if not base or not dp:
+        return []
+    ratio = dp["step_time_s"] / base["step_time_s"]
+    reduce_ms = ", ".join(f"rank {r['rank']} {r['dp_comm_s'] * 1e3:.2f}" for r in dp["ranks"])
+    return [
+        (
+            "pp=2 x dp=2 step / pp=2 step, same per-replica batch, known-cost 1F1B m=8, t_f=10 ms, t_b=20 ms",
+            f"{ratio:.3f} ({dp['step_time_s'] * 1e3:.1f} ms vs {base['step_time_s'] * 1e3:.1f} ms; reduction ms: "
+            f"{reduce_ms})",
+            "<= 1.10",
+            "pass" if ratio <= 1.10 else "MISS",
+        )
+    ]
+
+
+def model_cost_rows(runs: dict) -> list[tuple[str, str, str, str]]:
+    """Each model's measured per-stage F, I (B's input part) and W and saved bytes per
+    microbatch (a rank's peak saved activations over its peak microbatches in flight), zb_h1 p=2."""
+    names = {
+        "cost_mlp256_zb_h1_p2": "MLP hidden 256, 8 blocks",
+        "cost_llama_tiny_zb_h1_p2": "llama-tiny",
+        "cost_llama1b_2blocks_zb_h1_p2": "llama-1b shapes, 2 of 16 blocks, 64 tokens",
+    }
+    out = []
+    for key, what in names.items():
+        run = runs.get(key)
+        if not run or not run.get("measured_costs"):
+            continue
+        a = run["measured_costs"]["action_s"]
+        stages = []
+        for r in run["ranks"]:
+            s = r["rank"]
+            per_mb = r["peak_activation_bytes"] / max(r["peak_inflight_microbatches"], 1)
+            stages.append(
+                f"stage {s}: F {a[f'{s}F'] * 1e3:.2f}, I {a[f'{s}I'] * 1e3:.2f}, W {a[f'{s}W'] * 1e3:.2f} ms, "
+                f"{per_mb / 2**20:.2f} MiB saved/mb"
+            )
+        mb = run.get("microbatches")
+        out.append((f"per-stage costs, {what}, zb_h1 p=2 m={mb}", "; ".join(stages), "(info)", ""))
     return out
 
 
 def markdown(results: dict, scale: float) -> str:
+    measured = results.get("measured_on") or time.strftime("%Y-%m-%d")
+    again = results.get("rerun")
     head = [
         "# Benchmarks",
         "",
-        f"Measured by `make bench` on {time.strftime('%Y-%m-%d')}: {platform.machine()}, {os.cpu_count()} cores, "
+        f"Measured by `make bench` on {measured}"
+        + (f" (runs {', '.join(again['runs'])} on {again['date']}, by `bench/run.py --runs`)" if again else "")
+        + f": {platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, torch {torch.__version__}, CPU + gloo, 1 thread per process, "
         "each process pinned as `ppx run` pins CPU ranks (`runtime.pin_cpus`: its own block of CPUs; with more "
         "ranks than CPUs, one CPU each, round robin).",
