@@ -16,12 +16,17 @@ from helpers.slurm_cluster import Cluster, why_unavailable
 ARGS = ["model.hidden=32", "train.steps=3", "train.batch_size=16", "logging.wandb.mode=disabled"]
 
 
-@pytest.fixture(scope="module")
-def single_node_losses(tmp_path_factory):
+def local_losses(tmp_path_factory, experiment: str) -> list[float]:
+    """The losses of ``experiment`` run on this machine with ``ARGS``."""
     d = tmp_path_factory.mktemp("local") / "run"
-    r = ppx("run", "gpipe_4gpu", *ARGS, f"run.dir={d}")
+    r = ppx("run", experiment, *ARGS, f"run.dir={d}")
     assert r.returncode == 0, r.stderr[-2000:]
     return read_json(d / "summary.json")["losses"]
+
+
+@pytest.fixture(scope="module")
+def single_node_losses(tmp_path_factory):
+    return local_losses(tmp_path_factory, "gpipe_4gpu")
 
 
 def test_torchrun_two_launchers_on_loopback(tmp_path, single_node_losses):
@@ -78,10 +83,7 @@ def cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def one_pipeline_losses(tmp_path_factory):
     """Two stages, one replica, the same global batch: what pp=2 x dp=2 must reproduce."""
-    d = tmp_path_factory.mktemp("local2") / "run"
-    r = ppx("run", "gpipe_2cpu", *ARGS, f"run.dir={d}")
-    assert r.returncode == 0, r.stderr[-2000:]
-    return read_json(d / "summary.json")["losses"]
+    return local_losses(tmp_path_factory, "gpipe_2cpu")
 
 
 @skip_without_slurm
