@@ -76,6 +76,7 @@ class MemoryTracker:
         self.held: dict = {}  # (stage, mb) -> keys of the storages (or data views) it keeps alive
         self._refs: dict = {}  # storage pointer or data view -> [nbytes, references]
         self.live_bytes = self.peak_bytes = self.peak_inflight = 0
+        self.per_microbatch: dict[int, int] = {}  # stage -> most bytes one microbatch's forward saved
         self._seen: dict = {}
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -127,6 +128,8 @@ class MemoryTracker:
     def _hold(self, stage: int, mb: int) -> None:
         """The storages just seen stay alive until microbatch ``mb``'s backward on ``stage``."""
         if self.training:
+            mb_bytes = sum(self._seen.values())
+            self.per_microbatch[stage] = max(self.per_microbatch.get(stage, 0), mb_bytes)
             self.held.setdefault((stage, mb), []).extend(self._seen)
             for ptr, nbytes in self._seen.items():
                 ref = self._refs.setdefault(ptr, [nbytes, 0])
@@ -154,4 +157,5 @@ class MemoryTracker:
             "peak_inflight_microbatches": self.peak_inflight,
             "peak_activation_bytes": self.peak_bytes,
             "peak_memory_bytes": int(peak),
+            "saved_bytes_per_microbatch": {str(s): b for s, b in sorted(self.per_microbatch.items())},
         }

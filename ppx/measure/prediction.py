@@ -9,6 +9,7 @@ from collections import defaultdict
 from ppx import schedules
 from ppx.measure.spans import handoffs
 from ppx.schedules.costs import REDUCE
+from ppx.schedules.memory import peak_held
 from ppx.schedules.schedule import Schedule
 
 
@@ -152,4 +153,29 @@ def predict_expected(
         "step_time_s": statistics.fmean(t.makespan for t in runs),
         "bubble_fraction": statistics.fmean(t.bubble_fraction() for t in runs),
         "draws": draws,
+    }
+
+
+def memory_prediction(steps: list[dict], schedule: Schedule, ranks: list[dict]) -> dict:
+    """Each rank's peak saved activations predicted from the bytes one microbatch's forward
+    saved on each stage (the most over the run's ``steps``, as the memory counters measured
+    them) by walking its actions (`ppx.schedules.memory.peak_held`), against ``ranks``' measured
+    ``peak_activation_bytes``; {} without the counters or without backwards."""
+    per = [0] * schedule.num_stages
+    for s in steps:
+        for r in s["ranks"]:
+            for stage, b in (r.get("saved_bytes_per_microbatch") or {}).items():
+                per[int(stage)] = max(per[int(stage)], b)
+    if not any(per):
+        return {}
+    predicted = peak_held(schedule, per)
+    errors = [
+        predicted[r["rank"]] / r["peak_activation_bytes"] - 1
+        for r in ranks
+        if r.get("peak_activation_bytes") and r["rank"] < len(predicted)
+    ]
+    return {
+        "saved_bytes_per_microbatch": per,
+        "predicted_peak_activation_bytes": [int(b) for b in predicted],
+        "memory_prediction_error": max(errors, key=abs) if errors else None,
     }

@@ -112,6 +112,7 @@ class RunReport:
             summary["step_time_over_ideal"] = summary["step_time_s"] / summary["ideal_step_time_s"]
         if self.timeline:
             summary.update(self._prediction(summary))
+        summary.update(self._memory_prediction(summary))
         write_json(self.run_dir / "summary.json", summary)
         if self.timeline:
             self._write_timeline()
@@ -128,6 +129,28 @@ class RunReport:
         if report is not None:
             print(f"ppx: report: {report}", flush=True)
         print(f"ppx: run directory: {self.run_dir}", flush=True)
+
+    def _memory_prediction(self, summary: dict) -> dict:
+        """Each rank's peak saved activations predicted from the measured bytes per microbatch
+        and stage, next to the measured peak (summary ranks' ``predicted_peak_activation_bytes``)."""
+        from ppx.measure.prediction import memory_prediction
+
+        out = memory_prediction(self.steps, self.schedule, summary["ranks"])
+        if not out:
+            return {}
+        for r in summary["ranks"]:
+            r["predicted_peak_activation_bytes"] = out["predicted_peak_activation_bytes"][r["rank"]]
+        pairs = ", ".join(
+            f"rank {r['rank']} {r['predicted_peak_activation_bytes'] / 2**20:.2f}/{r['peak_activation_bytes'] / 2**20:.2f}"
+            for r in summary["ranks"]
+        )
+        err = out["memory_prediction_error"]
+        print(
+            f"ppx: peak saved activations, predicted/measured MiB: {pairs}"
+            + ("" if err is None else f" (worst {err:+.1%})"),
+            flush=True,
+        )
+        return out
 
     def _median_step(self, summary: dict) -> tuple[int, dict]:
         """One real step, the median one, whose parts add up to its step time (per-field

@@ -131,6 +131,7 @@ def test_microbatches_in_flight_and_saved_bytes(runs, schedule):
         assert r["peak_inflight_microbatches"] == expect
         if r["rank"] < p - 1:
             assert r["peak_activation_bytes"] == expect * mb_bytes
+        assert r["predicted_peak_activation_bytes"] == r["peak_activation_bytes"]  # the schedule walked
         assert r["peak_memory_bytes"] > 50 * 2**20  # a resident set: torch alone is more
 
 
