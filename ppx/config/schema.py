@@ -164,7 +164,11 @@ class RuntimeConfig:
         "experiment's keys and before the command line's, e.g. [model.preset=llama-tiny] so a GPU experiment still "
         "fits a laptop; one notice line names them and the run's config.yaml holds the result",
     )
-    inject_fault: Optional[str] = _f(None, "testing the failure path: 'hang@<action>' or 'die@<action>', e.g. hang@1F2")
+    inject_fault: Optional[str] = _f(
+        None,
+        "testing the failure path: 'hang@<action>' or 'die@<action>', e.g. hang@1F2 (with parallel.data > 1, "
+        "in replica 0)",
+    )
 
 
 @dataclass

@@ -94,7 +94,7 @@ def train(
             if opt is not None:
                 watchdog.phase("optimizer step", step)
                 with prof.label("ppx:optimizer"):
-                    step_optimizer(pipe, opt, device)  # fp16: unscaled, skipped on every rank on an overflow
+                    stepped = step_optimizer(pipe, opt, device)  # fp16: unscaled, skipped on every rank on an overflow
                     if device.type == "cuda":  # the optimizer's kernels end here, not inside the next step's timing
                         torch.cuda.synchronize(device)
             watchdog.phase("step metrics", step)
@@ -103,6 +103,8 @@ def train(
                 record.update(rank=layout.pp_rank, loss=loss, start=t0 + offset, end=t1 + offset)
                 if layout.data > 1:
                     record["replica"] = layout.dp_rank
+                if opt is not None and cfg.train.dtype == "fp16":
+                    record["optimizer_stepped"] = stepped
                 if (
                     spans is not None
                 ):  # every step: rank 0 splits waits into transfer and idle; the last go to the timeline

@@ -62,8 +62,8 @@ class Runtime:
     ``clock``: the `ActionClock` the stage modules were built with. ``reduce_grads(stage)``
     (data parallel) reduces a stage's gradients across the replicas: the program then has a
     ``reduce`` item per stage after its last backward. ``global_ranks`` (data parallel: this
-    replica's process ranks, by pipeline rank) name the ranks in labels and errors as the
-    job numbers them."""
+    replica's process ranks, by pipeline rank) name this rank in errors as the job numbers
+    its processes; labels name pipeline ranks, as the schedule does."""
 
     def __init__(
         self,
@@ -87,7 +87,7 @@ class Runtime:
         self.observers = list(observers)
         self.program = compile_program(
             schedule.actions[rank],
-            [self.names[r] for r in schedule.stage_to_rank],
+            schedule.stage_to_rank,
             recv_lookahead,
             schedule.cells(rank),
             reduce=reduce_grads is not None and schedule.training,

@@ -62,6 +62,8 @@ class Heartbeat:
     def stop(self) -> None:
         """The rank ends on its own: say so, so that its silence is not taken for a freeze."""
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * self.interval_s)  # its last "alive" must not land after "done"
         self._write("done")
 
     def _run(self) -> None:

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from ppx.launch.heartbeat import read_beats, stopped_responding
+from ppx.launch.heartbeat import INTERVAL_S, read_beats, stopped_responding
 from ppx.launch.watchdog import read_status
 
 GRACE_S = 2.0  # between SIGTERM and SIGKILL when the launcher ends a job
@@ -90,7 +90,8 @@ class Supervisor:
                 self._seen[rank], self._moved[rank] = beat.key, now
                 continue
             silent = now - self._moved[rank]
-            if beat.state == "alive" and silent > self.timeout_s and self._ours(beat.pid):
+            # a live rank beats every INTERVAL_S: a timeout shorter than a few beats would see one frozen
+            if beat.state == "alive" and silent > max(self.timeout_s, 3 * INTERVAL_S) and self._ours(beat.pid):
                 frozen.append((rank, beat.pid, silent))
         return frozen
 

@@ -26,6 +26,7 @@ class RunReport:
         self.theory = self.held_against.bubble_fraction
         self.steps: list[dict] = []
         self.losses: list = []
+        self.skipped = 0  # optimizer steps skipped on an fp16 overflow
         self.timeline: list[dict] = []
         self.metrics = open(run_dir / "metrics.jsonl", "a")
         self.sinks = []
@@ -41,9 +42,12 @@ class RunReport:
     def add_step(self, step: int, records: list[dict]) -> None:
         loss = next((r["loss"] for r in records if r["loss"] is not None), None)
         m = step_breakdown(records, self.schedule.stage_to_rank)
+        skipped = any(r.get("optimizer_stepped") is False for r in records)  # fp16: an overflow on any rank
+        self.skipped += skipped
         line = {
             "step": step,
             "loss": loss,
+            **({"optimizer_skipped": skipped} if self.cfg.train.dtype == "fp16" else {}),
             **m,
             "bubble_fraction_theory": self.theory,
             "bubble_over_ideal_theory": over_ideal(self.theory),
@@ -76,6 +80,8 @@ class RunReport:
                 if self.theory is not None:
                     msg += f" (theory {self.theory:.1%})"
                 msg += " of the step"
+            if skipped:
+                msg += "  (fp16 overflow: optimizer step skipped, loss scale halved)"
             print(msg, flush=True)
 
     def finish(self) -> None:
@@ -108,6 +114,8 @@ class RunReport:
             "bubble_normalisation": "bubble_fraction = idle / step time; bubble_over_ideal = idle / busy time",
         }
         summary["throughput_samples_per_s"] = cfg.train.batch_size / summary["step_time_s"]
+        if cfg.train.dtype == "fp16":
+            summary["optimizer_steps_skipped"] = self.skipped
         if summary["ideal_step_time_s"]:
             summary["step_time_over_ideal"] = summary["step_time_s"] / summary["ideal_step_time_s"]
         if self.timeline:

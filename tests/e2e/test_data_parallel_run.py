@@ -22,6 +22,12 @@ def runs(tmp_path_factory):
         ("one", []),
         ("replicate", ["parallel.data=2", "logging.wandb.mode=offline"]),
         ("shard", ["parallel.data=2", "parallel.data_shard=true"]),
+        # FSDP2 with fp16 loss scaling (DTensor gradients unscaled) and selective recomputation
+        # (its first forward's all-gather inside the checkpoint's dispatch mode)
+        (
+            "shard-fp16-selective",
+            ["parallel.data=2", "parallel.data_shard=true", "train.dtype=fp16", "train.recompute=selective"],
+        ),
     ):
         d = tmp / name
         r = ppx("run", "1f1b_2cpu", *SMALL, *extra, f"run.dir={d}", timeout=300)
@@ -38,6 +44,15 @@ def test_replicas_train_like_one_pipeline_on_the_global_batch(runs, how):
     assert len(read_json(runs[how] / "env.json")["ranks"]) == 4
     assert dp["losses"] == pytest.approx(one["losses"], rel=1e-5)
     assert dp["losses"] != pytest.approx(one["losses"][:1] * 3, rel=1e-9)  # it trains: losses move
+
+
+def test_sharded_replicas_train_in_fp16_with_recomputation(runs):
+    one = read_json(runs["one"] / "summary.json")
+    mixed = read_json(runs["shard-fp16-selective"] / "summary.json")
+    assert (mixed["data_parallel"], mixed["dtype"], mixed["recompute"]) == (2, "fp16", "selective")
+    assert mixed["losses"] == pytest.approx(one["losses"], rel=5e-3)  # fp16's tolerance
+    lines = read_jsonl(runs["shard-fp16-selective"] / "metrics.jsonl")
+    assert mixed["optimizer_steps_skipped"] == sum(x["optimizer_skipped"] for x in lines) == 0
 
 
 def test_the_reduction_is_its_own_category_everywhere(runs):
