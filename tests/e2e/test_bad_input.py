@@ -51,6 +51,10 @@ CASES = {
         ["gpipe_2cpu", "parallel.data=3"],
         "train.batch_size=32 (the global batch) does not split into parallel.data=3 replicas x pipeline.microbatches=4",
     ),
+    "unknown key in the CPU fallback, even where it does not apply": (
+        ["gpipe_2cpu", "runtime.cpu_fallback=[model.presett=llama-tiny]"],
+        "runtime.cpu_fallback: model.presett: Key 'presett' not in 'ModelConfig'. Did you mean: 'preset'?",
+    ),
     "sharding without replicas": (["gpipe_2cpu", "parallel.data_shard=true"], "it needs parallel.data > 1"),
     "replicas on torch's executor": (
         ["gpipe_2cpu", "parallel.data=2", "pipeline.executor=torch"],
