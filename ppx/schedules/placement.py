@@ -16,6 +16,9 @@ lockstep one that runs.
 
 from __future__ import annotations
 
+import bisect
+import heapq
+
 from ppx.errors import ScheduleError
 from ppx.schedules.action import Action, Op
 from ppx.schedules.costs import Costs
@@ -79,6 +82,7 @@ def lockstep_comms(schedule: Schedule, cost: dict | None = None) -> Schedule:
     rows = [list(row) for row in compute.actions]
     units = [[list(u) for u in compute.units(r)] for r in range(len(rows))]
     times = _dry_run(schedule, rows, units, last, cost)  # per rank, per unit: (start, end)
+    ends = [[e for _, e in t] for t in times]
     after: list[dict[int, list]] = [{} for _ in rows]  # rank -> unit index (-1: before all) -> [(t, key, op)]
     for r, rank_units in enumerate(units):
         for j, unit in enumerate(rank_units):
@@ -87,7 +91,7 @@ def lockstep_comms(schedule: Schedule, cost: dict | None = None) -> Schedule:
                 for snd in remote_outputs(a, s2r):
                     q, rcv = peer_of(snd, s2r)
                     after[r].setdefault(j, []).append((end, _key(snd), snd))
-                    after[q].setdefault(_receiving_unit(times[q], end), []).append((end, _key(rcv), rcv))
+                    after[q].setdefault(_receiving_unit(times[q], ends[q], end), []).append((end, _key(rcv), rcv))
     out = []
     for r, rank_units in enumerate(units):
         row = [a for _, _, a in sorted(after[r].get(-1, []))]
@@ -100,43 +104,56 @@ def lockstep_comms(schedule: Schedule, cost: dict | None = None) -> Schedule:
 
 def _dry_run(schedule: Schedule, rows, units, last: int, cost: dict) -> list[list[tuple[float, float]]]:
     """(start, end) of every unit of every rank when each starts as soon as its rank is free
-    and its inputs exist; ScheduleError naming every blocked rank when the order cannot run."""
+    and its inputs exist, the earliest start first (ties: the lower rank); ScheduleError
+    naming every blocked rank when the order cannot run. Event-driven: a rank's next unit
+    enters the heap once its inputs exist, with the start it keeps until it runs."""
     done: dict[tuple, float] = {}  # what was produced -> when
     free, nxt = [0.0] * len(units), [0] * len(units)
     times: list[list[tuple[float, float]]] = [[] for _ in units]
-    while any(nxt[r] < len(u) for r, u in enumerate(units)):
-        ready = []
-        for r, rank_units in enumerate(units):
-            if nxt[r] < len(rank_units):
-                needs = [_input_of(a, last) for a in rank_units[nxt[r]]]
-                if all(n is None or n in done for n in needs):
-                    ready.append((max([free[r]] + [done[n] for n in needs if n is not None]), r))
-        if not ready:
-            pos = [sum(len(u) for u in units[r][: nxt[r]]) for r in range(len(units))]
-            raise ScheduleError(_stuck(schedule, rows, pos, last, done))
-        start, r = min(ready)
+    waiting: dict[tuple, list[int]] = {}  # an input not produced yet -> the ranks whose next unit needs it
+    heap: list[tuple[float, int]] = []
+
+    def offer(r: int) -> None:
+        """Queue rank ``r``'s next unit if its inputs exist, else wait for the first missing one."""
+        if nxt[r] == len(units[r]):
+            return
+        needs = [n for n in (_input_of(a, last) for a in units[r][nxt[r]]) if n is not None]
+        missing = next((n for n in needs if n not in done), None)
+        if missing is not None:
+            waiting.setdefault(missing, []).append(r)
+        else:
+            heapq.heappush(heap, (max([free[r]] + [done[n] for n in needs]), r))
+
+    for r in range(len(units)):
+        offer(r)
+    while heap:
+        start, r = heapq.heappop(heap)
         unit = units[r][nxt[r]]
         end = start + sum(cost.get(a.op, 1) for a in unit)
+        woken = []
         for a in unit:
             if a.op is not Op.W:  # a weight gradient stays on its rank
-                done[_output_of(a)] = end
+                out = _output_of(a)
+                done[out] = end
+                woken += waiting.pop(out, ())
         times[r].append((start, end))
         free[r], nxt[r] = end, nxt[r] + 1
+        for q in [r, *woken]:
+            offer(q)
+    if any(nxt[r] < len(u) for r, u in enumerate(units)):
+        pos = [sum(len(u) for u in units[r][: nxt[r]]) for r in range(len(units))]
+        raise ScheduleError(_stuck(schedule, rows, pos, last, done))
     return times
 
 
-def _receiving_unit(times: list[tuple[float, float]], sent: float) -> int:
+def _receiving_unit(times: list[tuple[float, float]], ends: list[float], sent: float) -> int:
     """The unit after which a receiver posts a receive sent at ``sent``: the one it runs then
-    (start < sent < end), else its last one ending by then (-1: none, before its first)."""
-    j = -1
-    for k, (start, end) in enumerate(times):
-        if end <= sent:
-            j = k
-        elif start < sent:
-            return k
-        else:
-            break
-    return j
+    (start < sent < end), else its last one ending by then (-1: none, before its first).
+    ``ends``: the units' ends, in order (a rank's units never overlap, so they only grow)."""
+    k = bisect.bisect_right(ends, sent)  # units 0..k-1 end by then
+    if k < len(times) and times[k][0] < sent:
+        return k
+    return k - 1
 
 
 def _output_of(a: Action) -> tuple:
