@@ -96,6 +96,11 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
     if cfg.run.name is None:
         cfg.run.name = name or "default"
     check(cfg)
+    if cfg.runtime.cpu_fallback:  # keys and types checked on every machine, not only where it applies
+        try:
+            OmegaConf.structured(Config).merge_with_dotlist(list(cfg.runtime.cpu_fallback))
+        except OmegaConfBaseException as e:
+            raise UserError(f"runtime.cpu_fallback: {_one_line(e)}") from None
     return cfg
 
 
