@@ -87,9 +87,11 @@ def check_model(cfg: Config) -> None:
         raise UserError(f"model.kind: Invalid value {m.kind!r}; choose from {', '.join(KINDS)}")
     if m.hidden < 1 or m.layers < 1:
         raise UserError("model.hidden and model.layers must be >= 1")
-    if m.kind == "transformer":
-        if m.heads < 1 or m.ffn_mult < 1:
+    if m.kind in ("transformer", "llama"):  # the decoders: attention heads over tokens of a vocabulary
+        if m.kind == "transformer" and (m.heads < 1 or m.ffn_mult < 1):
             raise UserError(f"model.heads and model.ffn_mult must be >= 1, got {m.heads} and {m.ffn_mult}")
+        if m.heads < 1:
+            raise UserError(f"model.heads must be >= 1, got {m.heads}")
         if m.hidden % m.heads:
             raise UserError(f"model.hidden={m.hidden} is not divisible by model.heads={m.heads}")
         if m.seq_len < 2 or m.vocab_size < 2:
@@ -99,10 +101,7 @@ def check_model(cfg: Config) -> None:
 
 
 def check_llama(m) -> None:
-    if m.heads < 1:
-        raise UserError(f"model.heads must be >= 1, got {m.heads}")
-    if m.hidden % m.heads:
-        raise UserError(f"model.hidden={m.hidden} is not divisible by model.heads={m.heads}")
+    """llama's keys beside the decoders' shared ones (`check_model`)."""
     if (m.hidden // m.heads) % 2:
         raise UserError(
             f"model.hidden / model.heads = {m.hidden // m.heads} (the head dim) must be even: rotary embeddings "
@@ -114,8 +113,6 @@ def check_llama(m) -> None:
         raise UserError(f"model.ffn_hidden must be >= 1 (or null: Llama's rule), got {m.ffn_hidden}")
     if not 1 < m.rope_theta < float("inf"):
         raise UserError(f"model.rope_theta must be a finite number > 1, got {m.rope_theta}")
-    if m.seq_len < 2 or m.vocab_size < 2:
-        raise UserError("model.seq_len and model.vocab_size must be >= 2")
 
 
 def check_schedule(cfg: Config, sched: Schedule) -> None:
