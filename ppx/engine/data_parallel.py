@@ -74,11 +74,13 @@ class DataParallel:
 
             for m in modules.values():  # unsharded from the first forward to the reduction
                 fully_shard(m, mesh=self.mesh, reshard_after_forward=False)
+            self._state_of = fully_shard.state
         else:
             from torch.distributed._composable.replicate_with_fsdp import replicate
 
             for m in modules.values():
                 replicate(m, mesh=self.mesh)
+            self._state_of = replicate.state
         self.modules = modules
 
     def begin_step(self) -> None:
@@ -91,14 +93,11 @@ class DataParallel:
     def reduce(self, stage: int) -> None:
         """Reduce stage ``stage``'s accumulated gradients across the replicas (averaged): its
         FSDP post-backward, which the split or manual backward passes never triggered."""
-        from torch.distributed._composable.replicate_with_fsdp import replicate
-        from torch.distributed.fsdp import fully_shard
-
         m = self.modules[stage]
         m.set_is_last_backward(True)
         m.set_reshard_after_backward(True)
         m.set_requires_gradient_sync(True)
-        state = fully_shard.state(m) if self.shard else replicate.state(m)
+        state = self._state_of(m)
         for s in state._state_ctx.all_states:
             for group in s._fsdp_param_groups:
                 group.post_backward()
