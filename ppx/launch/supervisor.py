@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from ppx.launch.heartbeat import INTERVAL_S, read_beats, stopped_responding
-from ppx.launch.watchdog import read_status
+from ppx.launch.watchdog import read_status, status_path
 
 GRACE_S = 2.0  # between SIGTERM and SIGKILL when the launcher ends a job
 POLL_S = 0.25
@@ -143,10 +143,10 @@ class Supervisor:
 
     # -- where the ranks were
     def _where(self, rank: int) -> str:
-        return read_status(self.status / f"rank{rank}.txt") or "start-up (before its first status)"
+        return read_status(status_path(self.status, rank)) or "start-up (before its first status)"
 
     def _where_each(self) -> str:
-        states = [f"rank {r}: {read_status(self.status / f'rank{r}.txt') or 'not started'}" for r in range(self.world)]
+        states = [f"rank {r}: {read_status(status_path(self.status, r)) or 'not started'}" for r in range(self.world)]
         return "where each rank was: " + "; ".join(states)
 
     def _failures(self) -> list[tuple[int, int]]:

@@ -41,6 +41,11 @@ def _status_line(text: bytes) -> bytes:
     return text[: STATUS_BYTES - 1].ljust(STATUS_BYTES - 1, b" ") + b"\n"
 
 
+def status_path(status_dir: Path, rank: int) -> Path:
+    """Where rank ``rank``'s watchdog keeps its status line (beside its heartbeat)."""
+    return Path(status_dir) / f"rank{rank}.txt"
+
+
 def read_status(path: Path) -> str:
     """The text a watchdog left in a status file ('' if none)."""
     try:
@@ -63,7 +68,7 @@ class Watchdog:
         self._deferred = False
         if self.status_dir is not None:
             self.status_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.status_dir / f"rank{rank}.txt", "w+b") as f:
+            with open(status_path(self.status_dir, rank), "w+b") as f:
                 f.write(_status_line(b"starting"))
                 f.flush()
                 self._map = mmap.mmap(f.fileno(), STATUS_BYTES)
@@ -146,7 +151,7 @@ class Watchdog:
             self.since = time.monotonic()
             return True
         for beat in frozen:
-            where = read_status(self.status_dir / f"rank{beat.rank}.txt")
+            where = read_status(status_path(self.status_dir, beat.rank))
             line = stopped_responding(beat.rank, max(0.0, time.time() - beat.wall), where)
             sys.stderr.write(
                 f"ppx: error: {line} (seen by rank {self.rank}, which ends its process; "
