@@ -154,6 +154,20 @@ def workers(run_dir) -> list[int]:
     return pids
 
 
+def signal_mid_run(proc: subprocess.Popen, run_dir, world: int, send, timeout: float) -> tuple[float, list[int]]:
+    """Once every rank is at ``world``'s step (`wait_for_step`), ``send()`` a signal and wait
+    for ``ppx run`` to end: (seconds from the signal to its end, the job's processes left).
+    Whatever happens, nothing is left running (`end`)."""
+    try:
+        wait_for_step(run_dir, world)
+        send()
+        sent = time.monotonic()
+        proc.wait(timeout=timeout)
+        return time.monotonic() - sent, workers(run_dir)
+    finally:
+        end(proc, run_dir)
+
+
 def end(proc: subprocess.Popen, run_dir) -> None:
     """A failed test leaves nothing running either."""
     for pid in [*workers(run_dir), proc.pid]:
@@ -169,16 +183,8 @@ def test_frozen_rank_is_named_and_the_job_ends_within_the_timeout(run_dir, tmp_p
     and ends the job (SIGKILL after a 2 s grace, not torchrun's 30 s) within timeout_s + 5 s."""
     timeout_s = 6
     proc, log = start_run("gpipe_4gpu", run_dir, tmp_path, f"runtime.timeout_s={timeout_s}")
-    try:
-        wait_for_step(run_dir, 4)
-        frozen = read_beat(run_dir / "status" / "rank2.beat", 2).pid
-        os.kill(frozen, signal.SIGSTOP)
-        stopped = time.monotonic()
-        proc.wait(timeout=120)
-        took = time.monotonic() - stopped
-        left = workers(run_dir)
-    finally:
-        end(proc, run_dir)
+    frozen = lambda: os.kill(read_beat(run_dir / "status" / "rank2.beat", 2).pid, signal.SIGSTOP)  # noqa: E731
+    took, left = signal_mid_run(proc, run_dir, 4, frozen, timeout=120)
     out = read_log(log)
     print(f"the job ended {took:.1f} s after the SIGSTOP (runtime.timeout_s={timeout_s})")
     assert proc.returncode == 1, out[-3000:]
@@ -195,13 +201,8 @@ def test_frozen_rank_is_named_and_the_job_ends_within_the_timeout(run_dir, tmp_p
 
 def test_rank_killed_from_outside_is_named_with_the_signal(run_dir, tmp_path):
     proc, log = start_run("1f1b_2cpu", run_dir, tmp_path, "runtime.timeout_s=30")
-    try:
-        wait_for_step(run_dir, 2)
-        os.kill(read_beat(run_dir / "status" / "rank1.beat", 1).pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-        left = workers(run_dir)
-    finally:
-        end(proc, run_dir)
+    killed = lambda: os.kill(read_beat(run_dir / "status" / "rank1.beat", 1).pid, signal.SIGKILL)  # noqa: E731
+    _, left = signal_mid_run(proc, run_dir, 2, killed, timeout=60)
     out = read_log(log)
     where = read_status(run_dir / "status" / "rank1.txt")
     assert proc.returncode == 1, out[-3000:]
@@ -216,15 +217,7 @@ def test_stopping_ppx_run_ends_its_whole_job(run_dir, tmp_path, sig, experiment,
     """`kill -TERM` (a `timeout`, a job manager) or Ctrl-C on `ppx run`: forwarded to the job,
     every worker gone within seconds, exit 128 + the signal, the run folder says it stopped."""
     proc, log = start_run(experiment, run_dir, tmp_path)
-    try:
-        wait_for_step(run_dir, world)
-        proc.send_signal(sig)
-        sent = time.monotonic()
-        proc.wait(timeout=60)
-        took = time.monotonic() - sent
-        left = workers(run_dir)
-    finally:
-        end(proc, run_dir)
+    took, left = signal_mid_run(proc, run_dir, world, lambda: proc.send_signal(sig), timeout=60)
     out = read_log(log)
     print(f"ppx run ended {took:.1f} s after {sig.name}")
     assert proc.returncode == 128 + sig, out[-3000:]
