@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ppx.commands.common import wrote
@@ -29,10 +30,19 @@ def cmd_compare(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from ppx.launch.sweep import run_sweep
+    from ppx.launch.sweep import SweepStopped, run_sweep
     from ppx.report.run_dir import RunDir
 
-    root = run_sweep(args.experiment, args.sweep, args.overrides, args.launcher)
+    try:
+        root = run_sweep(args.experiment, args.sweep, args.overrides, args.launcher)
+    except SweepStopped as e:
+        print(
+            f"ppx sweep: stopped by {e}: point {e.point}/{e.points} was ended, no later point ran; "
+            f"runs so far: {e.root}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 + e.signum
     if args.launcher != "local":
         return 0
     runs = [RunDir(p) for p in root.iterdir() if p.is_dir()]

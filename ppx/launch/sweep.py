@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,6 +17,35 @@ from pathlib import Path
 
 from ppx import config
 from ppx.errors import UserError
+from ppx.launch.supervisor import STOP_SIGNALS
+
+
+class SweepStopped(Exception):
+    """A stop signal (SIGTERM, SIGINT, SIGHUP) ended the sweep: the point running then was
+    ended by its own ``ppx run`` (its run directory says so), and no later point ran."""
+
+    def __init__(self, signum: int, root: Path, point: int, points: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.root, self.point, self.points = signum, root, point, points
+
+
+def _run_forwarding(cmd: list[str]) -> tuple[int, int | None]:
+    """Run one point's ``ppx run``; a stop signal to the sweep goes on to it, whose supervisor
+    ends its job and marks the run incomplete. (its exit code, the signal received or None)."""
+    got: list[int] = []
+    proc = subprocess.Popen(cmd, env=dict(os.environ))
+
+    def forward(signum, frame):
+        got.append(signum)
+        proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
+    try:
+        code = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return code, (got[0] if got else None)
 
 
 def _split_values(values: str) -> list[str]:
@@ -135,7 +165,10 @@ def run_sweep(experiment: str, spec: str, overrides: list[str], launcher: str = 
             *point,
             f"run.dir={root / point_name(point)}",
         ]
-        if subprocess.run(cmd, env=dict(os.environ)).returncode != 0:
+        code, stopped = _run_forwarding(cmd)
+        if stopped is not None:
+            raise SweepStopped(stopped, root, k, len(grid))
+        if code != 0:
             failed.append(" ".join(point))
     if failed:
         print(f"ppx sweep: {len(failed)} run(s) failed: {'; '.join(failed)}", file=sys.stderr)

@@ -270,3 +270,24 @@ def test_watchdog_names_a_frozen_peer_instead_of_itself(tmp_path, launcher):
     assert "made no progress" not in r.stderr
     # limit 2 s (1 s + 1 s grace), then 2.5 s reading the heartbeats; deferred: all of it twice
     assert (elapsed > 8.0) if launcher else (4.0 < elapsed < 7.0), elapsed
+
+
+def test_a_stopped_sweep_ends_its_running_point_and_runs_no_more(tmp_path):
+    """SIGTERM to ``ppx sweep`` goes on to the running point's ``ppx run``, which ends its job
+    and marks its run incomplete; the sweep exits 128 + 15 and starts no later point."""
+    log = open(tmp_path / "sweep.log", "w+")
+    cmd = [sys.executable, "-m", "ppx.cli", "sweep", "1f1b_2cpu", "--sweep", "pipeline.microbatches=2,4"]
+    proc = subprocess.Popen(
+        [*cmd, *LONG_RUN, f"run.root={tmp_path}"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "1f1b_2cpu").glob("sweep-*/microbatches=2/status")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    (point,) = (tmp_path / "1f1b_2cpu").glob("sweep-*/microbatches=2")
+    took, left = signal_mid_run(proc, point, 2, lambda: proc.send_signal(signal.SIGTERM), timeout=60)
+    out = read_log(log)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert "ppx sweep: stopped by SIGTERM: point 1/2 was ended, no later point ran" in out, out[-3000:]
+    assert (point / "incomplete.txt").read_text().startswith("stopped: ppx run received SIGTERM")
+    assert not (point.parent / "microbatches=4").exists() and left == [], left
+    assert took < 10, out[-3000:]
