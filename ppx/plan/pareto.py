@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ppx.plan.evaluate import Result
+from ppx.plan.sizes import format_bytes
 
 
 def front(results: list[Result]) -> list[Result]:
@@ -28,14 +29,17 @@ def draw(results: list[Result], path: Path, budget_bytes: float | None, title: s
     fig, ax = plt.subplots(figsize=(8, 5.5))
     names = list(dict.fromkeys(r.schedule for r in results))
     colours = plt.get_cmap("tab20" if len(names) > 10 else "tab10")
-    gib = 2**30
+    top = max([r.peak_max for r in results] + [budget_bytes or 0])
+    unit, scale = ("GiB", 2**30) if top >= 2**30 else ("MiB", 2**20)
     for k, name in enumerate(names):
         mine = [r for r in results if r.schedule == name]
-        ax.scatter([r.peak_max / gib for r in mine], [r.step_s * 1e3 for r in mine], color=colours(k), label=name, s=28)
+        ax.scatter(
+            [r.peak_max / scale for r in mine], [r.step_s * 1e3 for r in mine], color=colours(k), label=name, s=28
+        )
     edge = front(results)
     if edge:
         ax.plot(
-            [r.peak_max / gib for r in edge],
+            [r.peak_max / scale for r in edge],
             [r.step_s * 1e3 for r in edge],
             "k--",
             lw=1,
@@ -45,8 +49,8 @@ def draw(results: list[Result], path: Path, budget_bytes: float | None, title: s
             label="Pareto front",
         )
     if budget_bytes is not None:
-        ax.axvline(budget_bytes / gib, color="red", lw=1.5, label=f"budget {budget_bytes / gib:.3g} GiB")
-    ax.set_xlabel("predicted peak memory per rank (GiB, the busiest rank)")
+        ax.axvline(budget_bytes / scale, color="red", lw=1.5, label=f"budget {format_bytes(budget_bytes)}")
+    ax.set_xlabel(f"predicted peak memory per rank ({unit}, the busiest rank)")
     ax.set_ylabel("predicted step time (ms)")
     ax.set_title(title)
     ax.grid(alpha=0.3)

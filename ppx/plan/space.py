@@ -45,9 +45,9 @@ def schedule_names(text: str) -> list[str]:
         return all_names()
     names = [n.strip() for n in text.split(",")]
     unknown = [n for n in names if n not in all_names()]
-    if unknown or not names:
+    if unknown:
         raise UserError(
-            f"--schedules: unknown {', '.join(unknown) or text!r}; choose all or from {', '.join(all_names())}"
+            f"--schedules: unknown {', '.join(map(repr, unknown))}; choose all or from {', '.join(all_names())}"
         )
     return list(dict.fromkeys(names))
 
