@@ -69,7 +69,8 @@ def cmd_plan(args) -> int:
     csv = out / "best.csv"
     how = []
     if best:
-        how = [command(best, csv, experiment)]
+        # a run's config.yaml names its own run.dir: the new run gets a new one
+        how = [command(best, csv, experiment, ("run.dir=null",) if args.from_run else ())]
         if not args.from_run:
             how.append("  on the known-cost model, add: " + " ".join(synthetic_overrides(best, inputs)))
         outputs.write_best(csv, best, inputs)

@@ -32,5 +32,6 @@ def synthetic_overrides(best: Result, inputs: PlanInputs) -> list[str]:
     ]
 
 
-def command(best: Result, csv: Path, experiment: str) -> str:
-    return " ".join(["ppx run", experiment, *run_overrides(best, csv)])
+def command(best: Result, csv: Path, experiment: str, extra: tuple[str, ...] = ()) -> str:
+    """``ppx run <experiment> <the pipeline overrides> <extra>``."""
+    return " ".join(["ppx run", experiment, *run_overrides(best, csv), *extra])

@@ -18,8 +18,10 @@ def gpus_here() -> int:
 
 def cluster_note(max_p: int, gpus: int | None = None) -> str | None:
     """A line saying the plan is for a cluster, when ``max_p`` ranks do not fit here; else None."""
+    if max_p <= CPU_RANKS:
+        return None
     gpus = gpus_here() if gpus is None else gpus
-    if max_p <= max(gpus, CPU_RANKS):
+    if max_p <= gpus:
         return None
     here = f"{gpus} GPU(s)" if gpus else "no GPU"
     return (
