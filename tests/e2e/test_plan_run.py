@@ -5,10 +5,12 @@ plan again from that run's directory, whose measured costs predict its step clos
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from helpers import ppx, read_json
+from ppx.schedules.csv_io import read_csv
 
 F, B, W = 50, 50, 25  # ms per microbatch per stage: forward, input-gradient, weight-gradient
 SCHEDULES = "1f1b,zb_h1,interleaved_1f1b,zbv"  # the lead adds zb_auto here after merging it
@@ -66,3 +68,22 @@ def test_a_plan_from_the_run_predicts_its_step(planned_and_run):
     assert same["step_s"] == pytest.approx(summary["measured_step_time_s"], rel=0.05)
     assert "samples/s" in r.stdout and "run.dir=null" in r.stdout
     assert f"ppx run {root / 'run' / 'config.yaml'} pipeline.schedule=" in r.stdout
+
+
+def test_an_interleaved_best_csv_runs_with_its_stage_map(tmp_path):
+    r = ppx("plan", *COSTS, "--schedules", "interleaved_1f1b", "--virtual", "2", "--out", str(tmp_path / "plan"))
+    assert r.returncode == 0, r.stderr
+    pipeline, model = printed_command(r.stdout)
+    assert "pipeline.virtual_stages=2" in pipeline
+    run = ppx("run", "1f1b_2cpu", *pipeline, *model, "model.hidden=16", "train.steps=2", f"run.dir={tmp_path / 'run'}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    s = read_json(tmp_path / "run" / "summary.json")
+    assert (s["status"], s["stages"], s["virtual_stages"]) == ("completed", 4, 2)
+    # every compute ran on the rank best.csv places its stage on: stage s on rank s % p
+    ran = {
+        (int(re.match(r"\d+", e["name"]).group()), e["args"]["rank"])
+        for e in read_json(tmp_path / "run" / "timeline.json")["traceEvents"]
+        if e.get("cat") == "compute"
+    }
+    assert ran == {(stage, stage % 2) for stage in range(4)}
+    assert ran == set(enumerate(read_csv(tmp_path / "plan" / "best.csv").stage_to_rank))

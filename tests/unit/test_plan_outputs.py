@@ -67,6 +67,7 @@ def test_best_csv_reads_back_as_the_schedule_with_its_stage_map(tmp_path, name, 
     got = read_csv(out / "best.csv")
     assert got.stage_to_rank == want.stage_to_rank
     assert got.actions == want.compute_only().actions
+    assert got.overlaps == want.overlaps  # dualpipev's forward-backward cells stay cells
     assert from_csv(out / "best.csv").num_stages == 4 * v  # what pipeline.schedule=best.csv resolves to
 
 
