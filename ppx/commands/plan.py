@@ -56,6 +56,8 @@ def cmd_plan(args) -> int:
         raise UserError("no candidate could be built: " + "; ".join(f"{s.schedule}: {s.reason}" for s in skipped[:3]))
     best = next((r for r in results if r.fits), None)
     notes = [n for n in [cluster_note(max(ps))] if n]
+    if args.from_run and inputs.act_bytes is None:
+        notes.append(f"note: {args.from_run} measured no saved bytes per microbatch: peaks count params only")
     print(
         f"ppx plan: {len(results)} candidates ({len(skipped)} shapes skipped) in {took:.1f} s, "
         f"costs from {inputs.source}"

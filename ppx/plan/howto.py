@@ -10,7 +10,9 @@ from ppx.plan.inputs import PlanInputs
 
 
 def _ms(values: list[float]) -> str:
-    return "[" + ",".join(f"{v * 1e3:.6g}" for v in values) + "]"
+    """One value when every stage's is the same, else the list, in ms."""
+    texts = [f"{v * 1e3:.6g}" for v in values]
+    return texts[0] if len(set(texts)) == 1 else "[" + ",".join(texts) + "]"
 
 
 def run_overrides(best: Result, csv: Path) -> list[str]:

@@ -47,3 +47,18 @@ def test_per_stage_costs_of_more_stages_merge_for_fewer():
 def test_unknown_bytes_are_zero():
     inputs = PlanInputs(fwd_s=(1.0,), bwd_s=(1.0,), wgrad_s=(0.0,), stages=1)
     assert inputs.act(2) == [0.0, 0.0] and inputs.params(2) == [0.0, 0.0]
+
+
+def test_the_known_cost_overrides_carry_the_candidates_stage_costs():
+    from ppx.plan.evaluate import Result
+    from ppx.plan.howto import synthetic_overrides
+
+    inputs = PlanInputs(fwd_s=(0.010, 0.020), bwd_s=(0.010,) * 2, wgrad_s=(0.0,) * 2, stages=2)
+    best = Result("zbv", 2, 4, 2, 1.0, 0.0, (0.0, 0.0), True)
+    assert synthetic_overrides(best, inputs) == [
+        "model.kind=synthetic",
+        "model.layers=4",
+        "model.fwd_ms=[5,5,10,10]",
+        "model.bwd_ms=5",
+        "model.wgrad_ms=0",
+    ]
