@@ -19,6 +19,7 @@ MODULES = {
     "compare": "compare",
     "sweep": "compare",
     "keys": "keys",
+    "plan": "plan",
 }
 
 
@@ -107,6 +108,7 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("--from-run", help="take per-stage costs measured in this run directory instead")
     sim.add_argument("--png", help="draw the predicted timeline to this PNG")
     sim.set_defaults(fn=_command("simulate"))
+    _plan_parser(sub)
     cmp_ = sub.add_parser("compare", help="compare runs: table, markdown and PNG")
     cmp_.add_argument("runs", nargs="+", help="run directories, folders of runs, or globs")
     cmp_.add_argument("--out", help="where compare.md/.json/.png go (default runs/compare/<time>)")
@@ -121,6 +123,61 @@ def parser() -> argparse.ArgumentParser:
     keys.add_argument("--markdown", action="store_true", help="as a markdown table (docs/config.md holds it)")
     keys.set_defaults(fn=_command("keys"))
     return ap
+
+
+def _plan_parser(sub) -> None:
+    pl = sub.add_parser(
+        "plan", help="search schedules x p x m x v on given or measured costs under a memory budget, ranked"
+    )
+    pl.add_argument(
+        "--from-run", metavar="DIR", help="costs, saved bytes, transport and p measured in this run directory"
+    )
+    per = "one value or one per stage (or per layer with --per-layer)"
+    pl.add_argument("--fwd-ms", metavar="X", help=f"forward ms per microbatch: {per}")
+    pl.add_argument("--bwd-ms", metavar="X", help="input-gradient backward ms, likewise")
+    pl.add_argument(
+        "--wgrad-ms", metavar="X", help="weight-gradient ms, likewise (a full B costs bwd + wgrad); default 0"
+    )
+    pl.add_argument("--p2p-ms", metavar="X", type=float, help="latency of one hand-off between ranks, ms; default 0")
+    pl.add_argument(
+        "--overhead-ms", metavar="X", type=float, help="the runtime's time around each compute action, ms; default 0"
+    )
+    pl.add_argument(
+        "--act-bytes", metavar="SIZE[,SIZE...]", help="bytes one microbatch's forward saves (e.g. 64MiB), likewise"
+    )
+    pl.add_argument(
+        "--per-layer",
+        action="store_true",
+        help="the lists are per layer: p can be searched and a stage costs the sum of its layers; without it "
+        "they are per stage at one p, and v stages per rank cut each stage into v equal parts (cost/v, bytes/v)",
+    )
+    pl.add_argument(
+        "--mem-budget", metavar="SIZE", help="memory per rank for activations + params (e.g. 40GiB); default none"
+    )
+    pl.add_argument(
+        "--param-bytes",
+        metavar="SIZE[,...]",
+        help="weights + optimizer state per stage (or per layer), added to the peak",
+    )
+    pl.add_argument(
+        "--schedules", metavar="all|a,b,...", default="all", help="all (every training family and zb_auto) or a,b,..."
+    )
+    pl.add_argument(
+        "--stages",
+        metavar="P[,P...]",
+        help="p: one (per-stage costs) or a list 2,4,8 (--per-layer); default 4 or the run's",
+    )
+    pl.add_argument("--microbatches", metavar="M[,M...]", help="m: one or a list 8,16,32; default 8, or the run's")
+    pl.add_argument(
+        "--virtual", metavar="V[,V...]", help="v for families taking several stages per rank; default 2,3,4"
+    )
+    pl.add_argument("--transport", choices=["nccl", "gloo"], help="default nccl, or the run's")
+    pl.add_argument(
+        "--out", metavar="DIR", help="a new folder for plan.md/.json/.png and best.csv (default plans/<UTC time>)"
+    )
+    pl.add_argument("--top", metavar="N", type=int, default=10, help="rows printed (default 10; the files hold all)")
+    pl.add_argument("--jobs", metavar="N", type=int, help="processes evaluating candidates (default min(2, CPUs))")
+    pl.set_defaults(fn=_command("plan"))
 
 
 def main(argv=None) -> int:

@@ -40,6 +40,28 @@ def schedule_from(name: str, stages, microbatches, virtual, transport: str = "nc
     return schedules.build(name, stages, microbatches, virtual, transport)
 
 
+def ms_list(option: str, text: str, count: int | None) -> list[float]:
+    """'10' or '10,12,...' milliseconds -> seconds: ``count`` values (one given is repeated),
+    or with ``count`` None the values as given (one per layer, any number)."""
+    from ppx.models.costs import per_stage_ms
+
+    try:
+        values = [float(x) for x in str(text).split(",")]
+    except ValueError:
+        raise UserError(f"{option} {text}: give milliseconds, one number or one per stage (e.g. 10 or 10,12)") from None
+    return [v / 1e3 for v in per_stage_ms(option, values[0] if len(values) == 1 else values, count)]
+
+
+def measured_run(path: str):
+    """The run directory ``path`` and its summary, which must hold measured costs."""
+    from ppx.report.run_dir import RunDir
+
+    run = RunDir(path)
+    if run.summary.measured_costs is None:
+        raise UserError(f"{path} has no measured costs (run it with instrument.timers and instrument.timeline on)")
+    return run, run.summary
+
+
 def output_path(option: str, path) -> None:
     """Fail before any work when ``path`` (an output file) could not be written."""
     if path is None:

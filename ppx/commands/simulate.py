@@ -5,19 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ppx.commands.common import output_path, schedule_from
+from ppx.commands.common import measured_run, ms_list, output_path, schedule_from
 from ppx.errors import UserError
-
-
-def _ms_list(option: str, text: str, stages: int) -> list[float]:
-    """'10' or '10,12,...' (one per stage) milliseconds -> seconds per stage."""
-    from ppx.models.costs import per_stage_ms
-
-    try:
-        values = [float(x) for x in text.split(",")]
-    except ValueError:
-        raise UserError(f"{option} {text}: give milliseconds, one number or one per stage (e.g. 10 or 10,12)") from None
-    return [v / 1e3 for v in per_stage_ms(option, values[0] if len(values) == 1 else values, stages)]
 
 
 def cmd_simulate(args) -> int:
@@ -36,14 +25,7 @@ def cmd_simulate(args) -> int:
         raise UserError(f"--recv-lookahead must be -1 (all at the first wait) or >= 0, got {args.recv_lookahead}")
     run = measured = None
     if args.from_run:
-        from ppx.report.run_dir import RunDir
-
-        run = RunDir(args.from_run)
-        measured = run.summary
-        if measured.measured_costs is None:
-            raise UserError(
-                f"{args.from_run} has no measured costs (run it with instrument.timers and instrument.timeline on)"
-            )
+        run, measured = measured_run(args.from_run)
         ran = (measured.world_size, measured.virtual)
         if not schedules.is_csv(args.name):  # the run's shape unless given (a CSV has its own)
             shape = {
@@ -69,9 +51,9 @@ def cmd_simulate(args) -> int:
     if measured is None:
         n = sched.num_stages
         costs = schedules.Costs(
-            fwd=_ms_list("--fwd-ms", args.fwd_ms, n),
-            bwd=_ms_list("--bwd-ms", args.bwd_ms, n),
-            wgrad=_ms_list("--wgrad-ms", args.wgrad_ms, n),
+            fwd=ms_list("--fwd-ms", args.fwd_ms, n),
+            bwd=ms_list("--bwd-ms", args.bwd_ms, n),
+            wgrad=ms_list("--wgrad-ms", args.wgrad_ms, n),
             p2p=args.p2p_ms / 1e3,
             send_post=args.send_post_ms / 1e3,
             recv_post=args.recv_post_ms / 1e3,

@@ -3,7 +3,7 @@ lower one only (imports inside functions count; those under ``if TYPE_CHECKING:`
 no import cycle joins ppx modules at import time, and no file is longer than 400 lines.
 
 Layers, lowest first: ppx/__init__.py, ppx/errors.py and ppx/paths.py < schedules < models < config <
-measure < engine < report < launch < commands < ppx/cli.py."""
+measure < engine < report < plan < launch < commands < ppx/cli.py."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ LAYERS = [
     ("measure",),
     ("engine",),
     ("report",),
+    ("plan",),
     ("launch",),
     ("commands",),
     ("cli",),

@@ -1,0 +1,96 @@
+"""`ppx plan`: every candidate schedule x p x m x v predicted on the given or measured costs,
+ranked by throughput among those that fit the memory budget; the table printed, and
+plan.md, plan.json, plan.png and best.csv written."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from ppx.commands.plan_inputs import from_flags, from_run, ints
+from ppx.errors import UserError
+from ppx.plan.space import schedule_names
+
+
+def out_dir(text: str | None) -> Path:
+    """--out, or plans/<UTC time>; an existing non-empty folder is refused."""
+    out = Path(text) if text else Path("plans") / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out} exists and is not empty; give a new folder")
+    return out
+
+
+def _check(args) -> None:
+    if args.jobs is not None and args.jobs < 1:
+        raise UserError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.top < 1:
+        raise UserError(f"--top must be >= 1, got {args.top}")
+
+
+def cmd_plan(args) -> int:
+    from ppx.plan import outputs, pareto, table
+    from ppx.plan.howto import command, synthetic_overrides
+    from ppx.plan.scale import cluster_note
+    from ppx.plan.search import search
+    from ppx.plan.sizes import format_bytes
+    from ppx.plan.space import candidates
+
+    _check(args)
+    names = schedule_names(args.schedules)
+    vs = ints("--virtual", args.virtual) or [2, 3, 4]
+    if args.from_run:
+        inputs, ps, ms, experiment = from_run(args)
+    else:
+        inputs, ps, ms = from_flags(args)
+        experiment = "<experiment>"
+    out = out_dir(args.out)
+    cands, skipped = candidates(names, ps, ms, vs, inputs)
+    if not cands:
+        raise UserError("no candidate to plan: " + "; ".join(f"{s.schedule}: {s.reason}" for s in skipped[:3]))
+    start = time.perf_counter()
+    results, refused = search(cands, inputs, args.jobs)
+    skipped += refused
+    took = time.perf_counter() - start
+    if not results:
+        raise UserError("no candidate could be built: " + "; ".join(f"{s.schedule}: {s.reason}" for s in skipped[:3]))
+    best = next((r for r in results if r.fits), None)
+    notes = [n for n in [cluster_note(max(ps))] if n]
+    if args.from_run and inputs.act_bytes is None:
+        notes.append(f"note: {args.from_run} measured no saved bytes per microbatch: peaks count params only")
+    print(
+        f"ppx plan: {len(results)} candidates ({len(skipped)} shapes skipped) in {took:.1f} s, "
+        f"costs from {inputs.source}"
+    )
+    print(table.text(results[: args.top], inputs.microbatch_size))
+    if len(results) > args.top:
+        print(f"... {len(results) - args.top} more in plan.md")
+    for n in notes:
+        print(n)
+    out.mkdir(parents=True, exist_ok=True)
+    csv = out / "best.csv"
+    how = []
+    if best:
+        # a run's config.yaml names its own run.dir: the new run gets a new one
+        how = [command(best, csv, experiment, ("run.dir=null",) if args.from_run else ())]
+        if not args.from_run:
+            how.append("  on the known-cost model, add: " + " ".join(synthetic_overrides(best, inputs)))
+        outputs.write_best(csv, best, inputs)
+        print(f"best: {best.label()}, predicted step {best.step_s * 1e3:.2f} ms; run it with:")
+        print("\n".join(how))
+    outputs.write_json(out / "plan.json", inputs, results, skipped, best, notes)
+    outputs.write_md(out / "plan.md", inputs, results, skipped, best, how, notes)
+    pareto.draw(results, out / "plan.png", inputs.budget_bytes, f"ppx plan: {len(results)} candidates")
+    files = ["plan.md", "plan.json", "plan.png"] + (["best.csv"] if best else [])
+    print("ppx: wrote " + ", ".join(str(out / f) for f in files))
+    if best is None:
+        closest = min(results, key=lambda r: r.peak_max)
+        over = closest.peak_max - inputs.budget_bytes
+        print(
+            f"ppx: error: nothing fits --mem-budget {args.mem_budget} per rank; the closest is "
+            f"{closest.schedule} p={closest.p} m={closest.m} v={closest.v} at {format_bytes(closest.peak_max)} "
+            f"({format_bytes(over)} over)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

@@ -1,0 +1,138 @@
+"""`ppx plan`'s command line -> `PlanInputs` and the space to search: costs from flags or a
+run directory, sizes, lists of p, m and v; every bad value a one-line UserError."""
+
+from __future__ import annotations
+
+from ppx.commands.common import measured_run, ms_list
+from ppx.errors import UserError
+from ppx.plan.inputs import PlanInputs
+from ppx.plan.sizes import parse_sizes
+
+COST_FLAGS = ("fwd_ms", "bwd_ms", "wgrad_ms", "p2p_ms", "overhead_ms", "act_bytes")
+
+
+def flag(attr: str) -> str:
+    return "--" + attr.replace("_", "-")
+
+
+def ints(option: str, text: str | None) -> list[int] | None:
+    """'4' or '2,4,8' -> positive integers (None stays None)."""
+    if text is None:
+        return None
+    try:
+        values = [int(x) for x in str(text).split(",")]
+    except ValueError:
+        raise UserError(f"{option} {text}: give whole numbers, one or a list (e.g. 4 or 2,4,8)") from None
+    if any(v < 1 for v in values):
+        raise UserError(f"{option} {text}: every value must be >= 1")
+    return list(dict.fromkeys(values))
+
+
+def _ms_float(option: str, value: float | None) -> float:
+    if value is not None and value < 0:
+        raise UserError(f"{option} must be >= 0, got {value:g}")
+    return (value or 0.0) / 1e3
+
+
+def _sized(option: str, text: str | None, units: int, per: str) -> tuple[float, ...] | None:
+    """A size list of one value (repeated) or one per unit."""
+    if text is None:
+        return None
+    values = parse_sizes(option, text)
+    if len(values) not in (1, units):
+        raise UserError(f"{option} has {len(values)} values: give one, or one per {per} ({units})")
+    return tuple(values * units if len(values) == 1 else values)
+
+
+def _units(args) -> int:
+    """Layers (--per-layer) or stages the cost lists are for."""
+    lengths = {
+        flag(a): len(str(getattr(args, a)).split(","))
+        for a in ("fwd_ms", "bwd_ms", "wgrad_ms", "act_bytes", "param_bytes")
+        if getattr(args, a) is not None
+    }
+    many = {n for n in lengths.values() if n > 1}
+    if len(many) > 1:
+        raise UserError(f"cost lists of different lengths: {', '.join(f'{k} {n}' for k, n in lengths.items())}")
+    if args.per_layer:
+        if not many:
+            raise UserError("--per-layer: give one value per layer in at least one list (e.g. --fwd-ms 1,1,1,1)")
+        return many.pop()
+    stages = ints("--stages", args.stages)
+    if stages is not None and len(stages) > 1:
+        raise UserError("--stages takes one p with per-stage costs; give --per-layer costs to search p")
+    if many and stages and stages[0] != min(many):
+        raise UserError(f"--stages {stages[0]} but the cost lists have {min(many)} values (one per stage)")
+    return stages[0] if stages else many.pop() if many else 4
+
+
+def from_flags(args) -> tuple[PlanInputs, list[int], list[int]]:
+    """Inputs from the cost flags, and the p and m to search."""
+    if args.fwd_ms is None or args.bwd_ms is None:
+        raise UserError("give costs: --from-run DIR, or --fwd-ms and --bwd-ms (--wgrad-ms, --p2p-ms optional)")
+    n = _units(args)
+    per = "layer" if args.per_layer else "stage"
+    inputs = PlanInputs(
+        fwd_s=tuple(ms_list("--fwd-ms", args.fwd_ms, n)),
+        bwd_s=tuple(ms_list("--bwd-ms", args.bwd_ms, n)),
+        wgrad_s=tuple(ms_list("--wgrad-ms", args.wgrad_ms or "0", n)),
+        per_layer=args.per_layer,
+        stages=None if args.per_layer else n,
+        act_bytes=_sized("--act-bytes", args.act_bytes, n, per),
+        param_bytes=_sized("--param-bytes", args.param_bytes, n, per),
+        budget_bytes=budget(args),
+        p2p_s=_ms_float("--p2p-ms", args.p2p_ms),
+        overhead_s=_ms_float("--overhead-ms", args.overhead_ms),
+        transport=args.transport or "nccl",
+    )
+    ps = (ints("--stages", args.stages) or [4]) if args.per_layer else [n]
+    too_many = [p for p in ps if p > n] if args.per_layer else []
+    if too_many:
+        raise UserError(f"--stages {too_many[0]} but the costs are of {n} layers: every stage needs at least one")
+    return inputs, ps, ints("--microbatches", args.microbatches) or [8]
+
+
+def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
+    """Inputs measured in the run ``--from-run``, its p and the m to search, and the run's
+    config (the experiment to run the best with)."""
+    from ppx.measure.prediction import costs_from, transport_of
+
+    given = [flag(a) for a in COST_FLAGS if getattr(args, a) is not None] + (["--per-layer"] if args.per_layer else [])
+    if given:
+        raise UserError(f"--from-run takes the run's costs; leave out {', '.join(given)}")
+    run, s = measured_run(args.from_run)
+    p = s.world_size
+    stages = s.stages or p * s.virtual
+    if args.stages is not None and ints("--stages", args.stages) != [p]:
+        raise UserError(f"{args.from_run} ran {p} ranks; its costs are per stage, so leave out --stages or give {p}")
+    c = costs_from(s.measured_costs, stages)
+    saved = run.raw_summary.get("saved_bytes_per_microbatch")
+    transport, lookahead = transport_of(run.config, (run.env or {}).get("backend", "gloo"))
+    inputs = PlanInputs(
+        fwd_s=tuple(c.fwd),
+        bwd_s=tuple(c.bwd),
+        wgrad_s=tuple(c.wgrad),
+        stages=stages,
+        act_bytes=tuple(float(b) for b in saved) if saved and len(saved) == stages else None,
+        param_bytes=_sized("--param-bytes", args.param_bytes, stages, "stage"),
+        budget_bytes=budget(args),
+        p2p_s=c.p2p,
+        overhead_s=c.overhead,
+        send_post_s=c.send_post,
+        recv_post_s=c.recv_post,
+        reduce_s=tuple(c.reduce) if run.config.parallel.data > 1 else None,
+        transport=args.transport or transport,
+        lookahead=lookahead,
+        source=str(args.from_run),
+        microbatch_size=s.batch_size // s.microbatches if s.batch_size else None,
+    )
+    return inputs, [p], ints("--microbatches", args.microbatches) or [s.microbatches], str(run.path / "config.yaml")
+
+
+def budget(args) -> float | None:
+    if args.mem_budget is None:
+        return None
+    values = parse_sizes("--mem-budget", args.mem_budget)
+    if len(values) != 1:
+        raise UserError(f"--mem-budget {args.mem_budget}: give one size per rank (e.g. 40GiB)")
+    return values[0]

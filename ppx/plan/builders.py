@@ -1,0 +1,39 @@
+"""How a candidate's schedule is built: a registry family by name, or the automatic
+zero-bubble schedule for the plan's costs and budget (``zb_auto``, `ppx.schedules.auto_zb`,
+imported only when planned, and skipped while that module does not exist)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from ppx.plan.inputs import PlanInputs
+from ppx.schedules import registry
+from ppx.schedules.placement import place_comms
+from ppx.schedules.schedule import Schedule
+
+AUTO = "zb_auto"
+
+
+def auto_available() -> bool:
+    """Whether `ppx.schedules.auto_zb` exists in this ppx."""
+    return importlib.util.find_spec("ppx.schedules.auto_zb") is not None
+
+
+def rank_limits(inputs: PlanInputs, p: int, v: int) -> list[float] | None:
+    """Each rank's activation budget, bytes: the budget less the params of its stages (None:
+    no budget). Stage-to-rank as one stage per rank (the automatic schedule's placement)."""
+    if inputs.budget_bytes is None:
+        return None
+    params = inputs.params(p * v)
+    return [inputs.budget_bytes - params[r] for r in range(p)]
+
+
+def build(name: str, p: int, m: int, v: int, inputs: PlanInputs) -> Schedule:
+    """The placed, validated schedule of a candidate; ScheduleError for a shape it refuses."""
+    if name == AUTO:
+        from ppx.schedules.auto_zb import auto_zb  # lazily: the module may not exist yet
+
+        costs = inputs.costs(p)
+        compute = auto_zb(p, m, costs, inputs.act(p) if inputs.act_bytes else None, rank_limits(inputs, p, 1))
+        return place_comms(compute, inputs.transport)
+    return registry.build(name, p, m, v, inputs.transport)

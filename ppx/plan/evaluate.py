@@ -1,0 +1,63 @@
+"""One candidate's numbers: its schedule simulated on the plan's costs (step time, bubble)
+and its memory predicted (`ppx.schedules.memory.peak_held` of the saved activations, plus
+the params of the stages each rank holds)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ppx.errors import ScheduleError
+from ppx.plan.builders import build
+from ppx.plan.inputs import PlanInputs
+from ppx.plan.space import Candidate, Skipped
+from ppx.schedules.memory import peak_held
+from ppx.schedules.simulate import simulate
+
+
+@dataclass(frozen=True)
+class Result:
+    """A candidate evaluated: ``step_s`` predicted step (seconds), ``bubble`` idle share,
+    ``peak_bytes`` each rank's predicted peak (activations + params), ``fits`` the budget."""
+
+    schedule: str
+    p: int
+    m: int
+    v: int
+    step_s: float
+    bubble: float
+    peak_bytes: tuple[float, ...]
+    fits: bool
+
+    @property
+    def peak_max(self) -> float:
+        """The busiest rank's peak, bytes."""
+        return max(self.peak_bytes)
+
+    @property
+    def throughput(self) -> float:
+        """Microbatches per second."""
+        return self.m / self.step_s
+
+    def label(self) -> str:
+        return f"{self.schedule} p={self.p} m={self.m} v={self.v}"
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "peak_max_bytes": self.peak_max, "microbatches_per_s": self.throughput}
+
+
+def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
+    """Simulate and size candidate ``c``; a shape the builder refuses comes back Skipped."""
+    try:
+        sched = build(c.schedule, c.p, c.m, c.v, inputs)
+    except ScheduleError as e:
+        return Skipped(c.schedule, c.p, c.m, c.v, str(e))
+    n = sched.num_stages
+    t = simulate(sched, inputs.costs(n), inputs.transport, inputs.lookahead, inputs.reduce_s is not None)
+    params = inputs.params(n)
+    held = peak_held(sched, inputs.act(n))
+    peaks = tuple(
+        held[r] + sum(params[s] for s, owner in enumerate(sched.stage_to_rank) if owner == r)
+        for r in range(sched.num_ranks)
+    )
+    fits = inputs.budget_bytes is None or max(peaks) <= inputs.budget_bytes
+    return Result(c.schedule, c.p, c.m, c.v, t.makespan, t.bubble_fraction(), peaks, fits)

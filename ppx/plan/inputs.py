@@ -1,0 +1,91 @@
+"""What a plan starts from: costs in seconds and bytes per microbatch, per stage (at one p)
+or per layer, the memory budget and how hand-offs behave. `PlanInputs` turns them into
+each candidate's per-stage values:
+
+- per layer: a candidate with n = p*v stages gives each stage the sum over the layers
+  `ppx.models.split.split_layers(layers, n)` gives it, so every shape does the same work;
+- per stage (p fixed): a candidate with v stages per rank cuts each of the p stages into v
+  equal parts (cost / v, bytes / v), stage j of the p*v being part of stage j // v.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ppx.models.split import split_layers
+from ppx.schedules.costs import Costs
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Costs (seconds), bytes and budget of a plan. ``fwd_s``/``bwd_s``/``wgrad_s``: forward,
+    input-gradient backward and weight-gradient backward per stage (``stages`` of them) or per
+    layer (``per_layer``); ``act_bytes``: bytes one microbatch's forward saves, likewise (None:
+    not known, 0); ``param_bytes``: weights and optimizer state, likewise; ``budget_bytes``:
+    per rank for both (None: no limit)."""
+
+    fwd_s: tuple[float, ...]
+    bwd_s: tuple[float, ...]
+    wgrad_s: tuple[float, ...]
+    per_layer: bool = False
+    stages: int | None = None  # the p per-stage values are for; None per layer
+    act_bytes: tuple[float, ...] | None = None
+    param_bytes: tuple[float, ...] | None = None
+    budget_bytes: float | None = None
+    p2p_s: float = 0.0
+    overhead_s: float = 0.0
+    send_post_s: float = 0.0
+    recv_post_s: float = 0.0
+    reduce_s: tuple[float, ...] | None = None  # a run's data-parallel reduction per stage, or None
+    transport: str = "nccl"
+    lookahead: int = 0
+    source: str = "flags"  # "flags", or the run directory the costs come from
+    microbatch_size: int | None = None  # samples per microbatch, when known (a run's)
+
+    @property
+    def units(self) -> int:
+        """Layers (per layer) or stages (per stage) the value lists hold."""
+        return len(self.fwd_s)
+
+    def why_not(self, num_stages: int) -> str | None:
+        """Why the values cannot be split into ``num_stages`` stages, or None."""
+        if self.per_layer and num_stages > self.units:
+            return f"{num_stages} stages but {self.units} layers: every stage needs at least one"
+        if not self.per_layer and num_stages % self.units and self.units % num_stages:
+            return f"{num_stages} stages from costs of {self.units}: neither divides the other"
+        return None
+
+    def split(self, values, num_stages: int) -> list[float]:
+        """Per-unit ``values`` -> one per stage of ``num_stages`` (see the module's rules; per
+        stage, fewer stages than the values sum groups of them)."""
+        if self.per_layer:
+            return [sum(values[i] for i in r) for r in split_layers(self.units, num_stages)]
+        if num_stages < self.units:
+            k = self.units // num_stages
+            return [sum(values[j * k : (j + 1) * k]) for j in range(num_stages)]
+        v = num_stages // self.units
+        return [values[j // v] / v for j in range(num_stages)]
+
+    def costs(self, num_stages: int) -> Costs:
+        """The simulator's costs of a candidate with ``num_stages`` stages."""
+        return Costs(
+            fwd=self.split(self.fwd_s, num_stages),
+            bwd=self.split(self.bwd_s, num_stages),
+            wgrad=self.split(self.wgrad_s, num_stages),
+            p2p=self.p2p_s,
+            overhead=self.overhead_s,
+            send_post=self.send_post_s,
+            recv_post=self.recv_post_s,
+            reduce=self.split(self.reduce_s, num_stages) if self.reduce_s else 0.0,
+        )
+
+    def act(self, num_stages: int) -> list[float]:
+        """Bytes one microbatch's forward saves per stage (0 where not given)."""
+        return self.split(self.act_bytes, num_stages) if self.act_bytes else [0.0] * num_stages
+
+    def params(self, num_stages: int) -> list[float]:
+        """Weights and optimizer state per stage, bytes (0 where not given)."""
+        return self.split(self.param_bytes, num_stages) if self.param_bytes else [0.0] * num_stages
+
+    def to_json(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,84 @@
+"""A plan's files: plan.json (inputs, every candidate, skipped shapes, best), plan.md
+(inputs, ranked table, the best and how to run it, the picture) and best.csv (the best
+fitting candidate's schedule, compute only: `ppx run` places its own sends and receives)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from ppx.plan import table
+from ppx.plan.builders import build
+from ppx.plan.evaluate import Result
+from ppx.plan.inputs import PlanInputs
+from ppx.plan.sizes import format_bytes
+from ppx.plan.space import Skipped
+from ppx.schedules.csv_io import write_csv
+
+
+def write_json(
+    path: Path, inputs: PlanInputs, results: list[Result], skipped: list[Skipped], best: Result | None, notes: list[str]
+) -> None:
+    data = {
+        "inputs": inputs.to_json(),
+        "candidates": [r.to_json() for r in results],
+        "skipped": [asdict(s) for s in skipped],
+        "best": best.to_json() if best else None,
+        "notes": notes,
+    }
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def _inputs_lines(inputs: PlanInputs) -> list[str]:
+    per = "layer" if inputs.per_layer else "stage"
+    ms = lambda xs: ", ".join(f"{x * 1e3:.4g}" for x in xs)  # noqa: E731
+    lines = [
+        f"- costs from: {inputs.source}, per {per} ({inputs.units} {per}s)",
+        f"- forward ms: {ms(inputs.fwd_s)}",
+        f"- input-gradient backward ms: {ms(inputs.bwd_s)}",
+        f"- weight-gradient backward ms: {ms(inputs.wgrad_s)}",
+        f"- hand-off ms: {inputs.p2p_s * 1e3:.4g}; overhead per action ms: {inputs.overhead_s * 1e3:.4g}",
+        f"- transport: {inputs.transport} (receive lookahead {inputs.lookahead})",
+    ]
+    if inputs.act_bytes:
+        lines.append(f"- saved bytes per microbatch: {', '.join(format_bytes(b) for b in inputs.act_bytes)}")
+    if inputs.param_bytes:
+        lines.append(f"- params + optimizer bytes: {', '.join(format_bytes(b) for b in inputs.param_bytes)}")
+    budget = "none" if inputs.budget_bytes is None else format_bytes(inputs.budget_bytes)
+    return lines + [f"- memory budget per rank: {budget}"]
+
+
+def write_md(
+    path: Path,
+    inputs: PlanInputs,
+    results: list[Result],
+    skipped: list[Skipped],
+    best: Result | None,
+    how: list[str],
+    notes: list[str],
+) -> None:
+    parts = ["# ppx plan", "", "## Inputs", "", *_inputs_lines(inputs), ""]
+    parts += [f"> {n}" for n in notes] + ([""] if notes else [])
+    parts += ["## Candidates, ranked", "", table.markdown(results, inputs.microbatch_size), ""]
+    if best:
+        parts += [
+            "## Best",
+            "",
+            f"**{best.label()}**: predicted step {best.step_s * 1e3:.2f} ms, "
+            f"bubble {best.bubble:.1%}, peak {format_bytes(best.peak_max)} per rank.",
+            "",
+        ]
+        parts += ["```", *how, "```", ""]
+    else:
+        parts += ["## Best", "", "Nothing fits the memory budget; no best.csv.", ""]
+    parts += ["![step time against peak memory](plan.png)", ""]
+    if skipped:
+        parts += ["## Skipped shapes", ""]
+        parts += [f"- {s.schedule} p={s.p} m={s.m} v={s.v}: {s.reason}" for s in skipped] + [""]
+    path.write_text("\n".join(parts))
+
+
+def write_best(path: Path, best: Result, inputs: PlanInputs) -> None:
+    """The best candidate's schedule, compute only, in torch's CSV form."""
+    write_csv(build(best.schedule, best.p, best.m, best.v, inputs).compute_only(), path)

@@ -1,0 +1,35 @@
+"""Every candidate evaluated, over a process pool, and ranked: those that fit the budget by
+throughput (fastest first; ties: less memory), then those that do not."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+
+from ppx.plan.evaluate import Result, evaluate
+from ppx.plan.inputs import PlanInputs
+from ppx.plan.space import Candidate, Skipped
+
+
+def default_jobs() -> int:
+    """min(2, CPU count)."""
+    return min(2, os.cpu_count() or 1)
+
+
+def rank(results: list[Result]) -> list[Result]:
+    """Fitting first, by throughput descending, then by peak memory; then the rest likewise."""
+    return sorted(results, key=lambda r: (not r.fits, -float(f"{r.throughput:.9g}"), r.peak_max, r.label()))
+
+
+def search(cands: list[Candidate], inputs: PlanInputs, jobs: int | None = None) -> tuple[list[Result], list[Skipped]]:
+    """Evaluate ``cands`` on ``jobs`` processes (one: in this one); (ranked results, skipped)."""
+    jobs = default_jobs() if jobs is None else jobs
+    one = partial(evaluate, inputs=inputs)
+    if jobs > 1 and len(cands) > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            got = list(pool.map(one, cands, chunksize=max(1, len(cands) // (4 * jobs))))
+    else:
+        got = [one(c) for c in cands]
+    results = [g for g in got if isinstance(g, Result)]
+    return rank(results), [g for g in got if isinstance(g, Skipped)]

@@ -1,0 +1,82 @@
+"""The space a plan searches: schedule x p x m x v. A family that takes any number of stages
+per rank (``virtual=True``) is tried at every v asked; a fixed-v family (the V placements:
+2) at its own; the rest at 1. Shapes a family refuses are kept with the reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ppx.errors import UserError
+from ppx.plan.builders import AUTO, auto_available
+from ppx.plan.inputs import PlanInputs
+from ppx.schedules.registry import FAMILIES
+
+
+@dataclass(frozen=True)
+class Candidate:
+    schedule: str
+    p: int
+    m: int
+    v: int
+
+    def label(self) -> str:
+        return f"{self.schedule} p={self.p} m={self.m} v={self.v}"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A shape not planned, and why; p/m/v None: every shape of the schedule."""
+
+    schedule: str
+    p: int | None
+    m: int | None
+    v: int | None
+    reason: str
+
+
+def all_names() -> list[str]:
+    """Every schedule a plan can try: the training families, then the automatic one."""
+    return [n for n in FAMILIES if n != "forward_only"] + [AUTO]
+
+
+def schedule_names(text: str) -> list[str]:
+    """'all' or 'a,b,...' -> schedule names; an unknown one is a UserError."""
+    if text.strip() == "all":
+        return all_names()
+    names = [n.strip() for n in text.split(",")]
+    unknown = [n for n in names if n not in all_names()]
+    if unknown:
+        raise UserError(
+            f"--schedules: unknown {', '.join(map(repr, unknown))}; choose all or from {', '.join(all_names())}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def shapes(name: str, vs: list[int]) -> list[int]:
+    """The v values a schedule is tried at."""
+    if name == AUTO:
+        return [1]
+    fam = FAMILIES[name]
+    return list(vs) if fam.virtual else [fam.default_virtual]
+
+
+def candidates(
+    names: list[str], ps: list[int], ms: list[int], vs: list[int], inputs: PlanInputs
+) -> tuple[list[Candidate], list[Skipped]]:
+    """Every candidate of the space, and the shapes skipped with their reasons (a family's
+    shape rule, or stages the costs cannot be split into)."""
+    out, skipped = [], []
+    for name in names:
+        if name == AUTO and not auto_available():
+            skipped.append(Skipped(name, None, None, None, "not available"))
+            continue
+        for p in ps:
+            for m in ms:
+                for v in shapes(name, vs):
+                    why = None if name == AUTO else FAMILIES[name].shape_error(p, m, v)
+                    why = why or inputs.why_not(p * v)
+                    if why:
+                        skipped.append(Skipped(name, p, m, v, why))
+                    else:
+                        out.append(Candidate(name, p, m, v))
+    return out, skipped

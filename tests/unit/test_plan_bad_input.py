@@ -1,0 +1,68 @@
+"""`ppx plan`'s bad input: each one line ``ppx: error: ...`` and exit 2, before any file is
+written (through the command's entry point; tests/e2e/test_plan_command.py runs a few as a
+user would)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppx.cli import main
+
+COSTS = ["--fwd-ms", "10", "--bwd-ms", "20"]
+CASES = {
+    "malformed size": (COSTS + ["--mem-budget", "40GiBs"], "--mem-budget '40GiBs': give a size in bytes"),
+    "malformed act bytes": (COSTS + ["--act-bytes", "lots"], "--act-bytes 'lots': give a size"),
+    "two budgets": (COSTS + ["--mem-budget", "1GiB,2GiB"], "--mem-budget 1GiB,2GiB: give one size per rank"),
+    "malformed ms": (["--fwd-ms", "ten", "--bwd-ms", "20"], "--fwd-ms ten: give milliseconds"),
+    "negative ms": (["--fwd-ms", "-1", "--bwd-ms", "20"], "--fwd-ms must not be negative"),
+    "lists of two lengths": (["--fwd-ms", "1,2,3", "--bwd-ms", "1,2"], "cost lists of different lengths"),
+    "list against --stages": (COSTS[:1] + ["1,2,3"] + COSTS[2:] + ["--stages", "4"], "--stages 4 but the cost lists"),
+    "bytes of another length": (
+        ["--fwd-ms", "1,2", "--bwd-ms", "1", "--param-bytes", "1GiB,2GiB,3GiB"],
+        "cost lists of different lengths: --fwd-ms 2, --bwd-ms 1, --param-bytes 3",
+    ),
+    "neither source": ([], "give costs: --from-run DIR, or --fwd-ms and --bwd-ms"),
+    "only fwd": (["--fwd-ms", "10"], "give costs: --from-run DIR"),
+    "from-run and flags": (
+        ["--from-run", ".", "--fwd-ms", "10"],
+        "--from-run takes the run's costs; leave out --fwd-ms",
+    ),
+    "unknown schedule": (COSTS + ["--schedules", "1f1b,zz_top"], "--schedules: unknown 'zz_top'; choose all or from"),
+    "p list without per-layer": (COSTS + ["--stages", "2,4"], "--stages takes one p with per-stage costs"),
+    "p above the layers": (
+        ["--per-layer", "--fwd-ms", "1,1,1,1", "--bwd-ms", "1", "--stages", "2,8"],
+        "--stages 8 but the costs are of 4 layers",
+    ),
+    "per-layer of one value": (["--per-layer"] + COSTS, "--per-layer: give one value per layer"),
+    "bytes against --stages": (COSTS + ["--stages", "4", "--act-bytes", "1MiB,2MiB"], "--stages 4 but the cost"),
+    "bad m": (COSTS + ["--microbatches", "8,x"], "--microbatches 8,x: give whole numbers"),
+    "zero v": (COSTS + ["--virtual", "0"], "--virtual 0: every value must be >= 1"),
+    "zero jobs": (COSTS + ["--jobs", "0"], "--jobs must be >= 1"),
+    "zero top": (COSTS + ["--top", "0"], "--top must be >= 1"),
+    "negative p2p": (COSTS + ["--p2p-ms", "-2"], "--p2p-ms must be >= 0"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, capsys, name):
+    argv, want = CASES[name]
+    out = tmp_path / "plan"
+    code = main(["plan", *argv, "--out", str(out), "--jobs" if "--jobs" not in argv else "--top", "1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("ppx: error: ") and "\n" not in err, err
+    assert want in err, err
+    assert not out.exists()
+
+
+def test_a_run_without_measured_costs_is_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text('{"schedule": "1f1b", "world_size": 2, "microbatches": 4, "step_time_s": 0.1}')
+    (run / "config.yaml").write_text("pipeline:\n  schedule: 1f1b\n")
+    code = main(["plan", "--from-run", str(run), "--out", str(tmp_path / "plan"), "--jobs", "1"])
+    err = capsys.readouterr().err.strip()
+    assert (
+        code == 2
+        and err == f"ppx: error: {run} has no measured costs (run it with instrument.timers and instrument.timeline on)"
+    )

@@ -1,0 +1,64 @@
+"""`PlanInputs`: per-layer costs summed over the layers each stage gets, per-stage costs cut
+into v equal parts (or summed in groups for fewer stages), and the shapes that cannot be split."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppx.models.split import split_layers
+from ppx.plan.inputs import PlanInputs
+
+
+def test_per_layer_costs_sum_over_the_split():
+    layers = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    inputs = PlanInputs(fwd_s=tuple(layers), bwd_s=tuple(2 * x for x in layers), wgrad_s=(0.0,) * 7, per_layer=True)
+    for n in (1, 2, 3, 7):
+        want = [sum(layers[i] for i in r) for r in split_layers(7, n)]
+        assert inputs.costs(n).fwd == want
+        assert inputs.costs(n).bwd == [2 * x for x in want]
+        assert sum(inputs.costs(n).fwd) == pytest.approx(sum(layers))  # the same work at every p
+    assert inputs.why_not(8) and "7 layers" in inputs.why_not(8)
+    assert inputs.why_not(7) is None
+
+
+def test_per_stage_costs_cut_into_v_equal_parts():
+    inputs = PlanInputs(
+        fwd_s=(0.010, 0.020),
+        bwd_s=(0.030, 0.040),
+        wgrad_s=(0.0, 0.008),
+        stages=2,
+        act_bytes=(100.0, 300.0),
+        param_bytes=(10.0, 20.0),
+    )
+    c = inputs.costs(6)  # v = 3: stages 0-2 are stage 0's thirds, 3-5 stage 1's
+    assert c.fwd == pytest.approx([0.010 / 3] * 3 + [0.020 / 3] * 3)
+    assert c.wgrad == pytest.approx([0.0] * 3 + [0.008 / 3] * 3)
+    assert inputs.act(4) == [50.0, 50.0, 150.0, 150.0]
+    assert inputs.params(4) == [5.0, 5.0, 10.0, 10.0]
+    assert inputs.costs(2).fwd == [0.010, 0.020]
+
+
+def test_per_stage_costs_of_more_stages_merge_for_fewer():
+    inputs = PlanInputs(fwd_s=(1.0, 2.0, 3.0, 4.0), bwd_s=(1.0,) * 4, wgrad_s=(0.0,) * 4, stages=4)
+    assert inputs.costs(2).fwd == [3.0, 7.0]
+    assert inputs.why_not(6) and inputs.why_not(8) is None and inputs.why_not(2) is None
+
+
+def test_unknown_bytes_are_zero():
+    inputs = PlanInputs(fwd_s=(1.0,), bwd_s=(1.0,), wgrad_s=(0.0,), stages=1)
+    assert inputs.act(2) == [0.0, 0.0] and inputs.params(2) == [0.0, 0.0]
+
+
+def test_the_known_cost_overrides_carry_the_candidates_stage_costs():
+    from ppx.plan.evaluate import Result
+    from ppx.plan.howto import synthetic_overrides
+
+    inputs = PlanInputs(fwd_s=(0.010, 0.020), bwd_s=(0.010,) * 2, wgrad_s=(0.0,) * 2, stages=2)
+    best = Result("zbv", 2, 4, 2, 1.0, 0.0, (0.0, 0.0), True)
+    assert synthetic_overrides(best, inputs) == [
+        "model.kind=synthetic",
+        "model.layers=4",
+        "model.fwd_ms=[5,5,10,10]",
+        "model.bwd_ms=5",
+        "model.wgrad_ms=0",
+    ]

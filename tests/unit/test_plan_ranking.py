@@ -1,0 +1,84 @@
+"""The plan's ranking on cases checkable by hand: at equal costs GPipe and 1F1B take the same
+step and 1F1B holds fewer microbatches, so 1F1B ranks first; a budget between them leaves
+GPipe out; with a weight-gradient pass ZB-H1 fills 1F1B's bubble and ranks above it."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppx.plan.evaluate import evaluate
+from ppx.plan.inputs import PlanInputs
+from ppx.plan.search import rank, search
+from ppx.plan.space import Candidate, candidates
+
+P, M, MIB = 4, 8, 2**20
+
+
+def inputs(wgrad=0.0, budget=None, act=MIB, params=None) -> PlanInputs:
+    return PlanInputs(
+        fwd_s=(0.01,) * P,
+        bwd_s=(0.01,) * P,
+        wgrad_s=(wgrad,) * P,
+        stages=P,
+        act_bytes=(float(act),) * P,
+        param_bytes=params,
+        budget_bytes=budget,
+    )
+
+
+def plan(names, given: PlanInputs, vs=(2,)):
+    cands, skipped = candidates(names, [P], [M], list(vs), given)
+    results, refused = search(cands, given, jobs=1)
+    return results, skipped + refused
+
+
+def test_equal_costs_same_step_and_1f1b_first_for_its_memory():
+    results, _ = plan(["gpipe", "1f1b"], inputs())
+    by = {r.schedule: r for r in results}
+    assert by["gpipe"].step_s == pytest.approx(by["1f1b"].step_s)
+    assert by["gpipe"].step_s == pytest.approx((M + P - 1) * 0.02)  # fill, steady, drain: (m+p-1)(f+b)
+    assert by["gpipe"].peak_max == M * MIB and by["1f1b"].peak_max == P * MIB  # m vs p microbatches held
+    assert [r.schedule for r in results] == ["1f1b", "gpipe"]
+
+
+def test_a_budget_between_them_leaves_gpipe_out():
+    results, _ = plan(["gpipe", "1f1b"], inputs(budget=6 * MIB))
+    assert [(r.schedule, r.fits) for r in results] == [("1f1b", True), ("gpipe", False)]
+
+
+def test_params_count_against_the_budget_per_rank():
+    # 1F1B's rank 0 holds 4 MiB of activations; 3 MiB of params per stage take it over 6 MiB
+    results, _ = plan(["1f1b"], inputs(budget=6 * MIB, params=(3.0 * MIB,) * P))
+    assert results[0].peak_bytes[0] == 7 * MIB and not results[0].fits
+
+
+def test_zb_h1_ranks_above_1f1b_when_wgrad_is_not_zero():
+    results, _ = plan(["1f1b", "zb_h1"], inputs(wgrad=0.01))
+    by = {r.schedule: r for r in results}
+    assert by["zb_h1"].step_s < by["1f1b"].step_s
+    assert by["zb_h1"].peak_max == by["1f1b"].peak_max  # ZB-H1 keeps 1F1B's memory
+    assert [r.schedule for r in results] == ["zb_h1", "1f1b"]
+
+
+def test_virtual_families_at_each_v_and_fixed_v_at_their_own():
+    results, skipped = plan(["interleaved_1f1b", "zbv", "1f1b"], inputs(), vs=(2, 3, 4))
+    shapes = {(r.schedule, r.v) for r in results} | {(s.schedule, s.v) for s in skipped}
+    assert shapes == {
+        ("interleaved_1f1b", 2),
+        ("interleaved_1f1b", 3),
+        ("interleaved_1f1b", 4),
+        ("zbv", 2),
+        ("1f1b", 1),
+    }
+
+
+def test_refused_shapes_are_kept_with_their_reason():
+    # interleaved 1F1B wants m a multiple of p: m = 6 at p = 4 is refused
+    given = inputs()
+    cands, skipped = candidates(["interleaved_1f1b"], [P], [6], [2], given)
+    assert not cands and skipped[0].reason and skipped[0].m == 6
+
+
+def test_rank_puts_what_fits_first_then_by_throughput_then_memory():
+    a, b, c = (evaluate(Candidate(n, P, M, 1), inputs(budget=6 * MIB)) for n in ("gpipe", "1f1b", "naive"))
+    assert [r.schedule for r in rank([a, c, b])] == ["1f1b", "naive", "gpipe"]
