@@ -1,0 +1,70 @@
+"""How long planning takes at scale: every candidate schedule built (`registry.build`: the
+pure schedule, its comms placed and checked), simulated and its memory predicted, as `ppx
+plan` evaluates them. Candidates: every family but forward_only, the virtual ones at v = 2,
+3, 4 where their shape rule allows, the others at their default v.
+
+    python bench/plan_scale.py --stages 64 --microbatches 512
+
+prints seconds per candidate (build, simulate, peak_held) and the total, in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ppx.schedules import Costs, memory, registry, simulate  # noqa: E402
+
+COSTS = Costs(fwd=1, bwd=1, wgrad=0.5, p2p=0.1)
+
+
+def candidates(p: int, m: int, virtual=(2, 3, 4)) -> list[tuple[str, int]]:
+    """(family, v) of every candidate at ``p`` stages and ``m`` microbatches."""
+    out = []
+    for name, fam in registry.FAMILIES.items():
+        if name == "forward_only":
+            continue
+        for v in virtual if fam.virtual else (fam.default_virtual,):
+            if fam.shape_error(p, m, v) is None:
+                out.append((name, v))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stages", "-p", type=int, default=64)
+    ap.add_argument("--microbatches", "-m", type=int, default=512)
+    ap.add_argument("--only", nargs="*", default=None, help="family names to keep")
+    args = ap.parse_args(argv)
+    p, m = args.stages, args.microbatches
+    total = {"build": 0.0, "simulate": 0.0, "memory": 0.0}
+    print(f"p={p} m={m}  {'candidate':<22} {'actions':>8} {'build s':>8} {'sim s':>8} {'mem s':>8} {'step':>10}")
+    start = time.perf_counter()
+    for name, v in candidates(p, m):
+        if args.only and name not in args.only:
+            continue
+        t0 = time.perf_counter()
+        s = registry.build(name, p, m, v)
+        t1 = time.perf_counter()
+        t = simulate(s, COSTS)
+        t2 = time.perf_counter()
+        memory.peak_held(s, [1.0] * s.num_stages)
+        t3 = time.perf_counter()
+        for k, dt in zip(total, (t1 - t0, t2 - t1, t3 - t2)):
+            total[k] += dt
+        n = sum(len(row) for row in s.actions)
+        print(
+            f"{'':<12}{f'{name} v={v}':<22} {n:>8} {t1 - t0:>8.2f} {t2 - t1:>8.2f} {t3 - t2:>8.2f} {t.makespan:>10.1f}"
+        )
+    wall = time.perf_counter() - start
+    parts = ", ".join(f"{k} {v:.1f} s" for k, v in total.items())
+    print(f"total {wall:.1f} s ({parts})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
