@@ -10,7 +10,9 @@ simulator keeps its state in flat lists indexed by those numbers instead of obje
 
 from __future__ import annotations
 
-from ppx.schedules.codes import COMM, IS_BACKWARD, IS_SEND, SEND_B, Rows, input_key, message_key, text
+import numpy as np
+
+from ppx.schedules.codes import COMM, IS_BACKWARD, SEND_B, SPAN, Rows, text
 
 POST, WAIT, COMPUTE, REDUCE, DRAIN = range(5)
 
@@ -35,80 +37,104 @@ class Compiled:
 
 def compile_rows(rows: Rows, cells=()) -> Compiled:
     """``rows`` (per rank, encoded, receives already where they are posted) compiled and
-    paired. ``cells[r]``: rank r's overlapped cells (compute indices), as `Schedule.cells`."""
+    paired. ``cells[r]``: rank r's overlapped cells (compute indices), as `Schedule.cells`;
+    a cell's two computes are adjacent (validated)."""
     out = Compiled(len(rows))
+    keys = []  # each rank's ops' message keys
     for r, (st, oc, mb) in enumerate(rows):
-        _compile_rank(out, r, st, oc, mb, cells[r] if cells else ())
+        keys.append(_compile_rank(out, r, st, oc, mb, cells[r] if cells else ()))
         out.c_first[r + 1], out.b_first[r + 1] = len(out.c_stage), len(out.b_ops) - 1
-    _pair(out)
+    _pair(out, np.concatenate(keys) if keys else np.zeros(0, np.int64))
     return out
 
 
-def _compile_rank(out: Compiled, r: int, st, oc, mb, cells) -> None:
-    kinds, args, index = out.kinds[r], out.args[r], out.index[r]
-    c_stage, c_code, c_mb, c_pos = out.c_stage, out.c_code, out.c_mb, out.c_pos
-    o_rank, o_index, o_stage, o_code, o_mb, o_batch = (
-        out.o_rank,
-        out.o_index,
-        out.o_stage,
-        out.o_code,
-        out.o_mb,
-        out.o_batch,
-    )
-    received: dict[int, int] = {}  # message key of a receive posted earlier -> its op
-    length, k, n = len(oc), 0, 0  # position in the row, computes so far
-    while k < length:
-        if oc[k] >= COMM:
-            b = len(out.b_ops) - 1
-            kinds.append(POST)
-            args.append(b)
-            index.append(k)
-            while k < length and oc[k] >= COMM:
-                c = oc[k]
-                if not IS_SEND[c]:
-                    received[message_key(st[k], c, mb[k])] = len(o_rank)
-                o_rank.append(r)
-                o_index.append(k)
-                o_stage.append(st[k])
-                o_code.append(c)
-                o_mb.append(mb[k])
-                o_batch.append(b)
-                k += 1
-            out.b_ops.append(len(o_rank))
-            continue
-        width = 2 if n in cells else 1
-        unit = range(k, min(k + width, length))
-        for j in unit:
-            key = input_key(st[j], oc[j], mb[j])
-            if key is not None and key in received:
-                kinds.append(WAIT)
-                args.append(received[key])
-                index.append(k)
-        for j in unit:
-            kinds.append(COMPUTE)
-            args.append(len(c_stage))
-            index.append(j)
-            c_stage.append(st[j])
-            c_code.append(oc[j])
-            c_mb.append(mb[j])
-            c_pos.append(j)
-        k, n = k + len(unit), n + len(unit)
-    kinds.append(DRAIN)
-    args.append(0)
-    index.append(length)
+_KEY_BASE = np.array([-2, 3, 3, 0, 0, -2, 1, 3], np.int64)  # per op code: message key = (2 stage + this) SPAN + mb
+_HAS_INPUT = np.array([1, 1, 1, 0, 0, 0, 0, 0], bool)  # F, B and I take a tensor from a neighbour
 
 
-def _pair(out: Compiled) -> None:
+def _compile_rank(out: Compiled, r: int, st, oc, mb, cells) -> np.ndarray:
+    """Rank ``r``'s program, laid out on whole arrays: each row position holds its items (a
+    batch's first comm its post; a compute its waits, then itself; a cell's first compute the
+    waits of both), in row order, then the drain. Returns its ops' message keys."""
+    length = len(oc)
+    st, oc, mb = (np.fromiter(x, np.int64, length) for x in (st, oc, mb))
+    comm = oc >= COMM
+    o_pos = np.flatnonzero(comm)
+    c_pos = np.flatnonzero(~comm)
+    ops0, batches0 = len(out.o_rank), len(out.b_ops) - 1
+    first_op = np.ones(len(o_pos), bool)  # the op opens a batch: not right after another
+    first_op[1:] = o_pos[1:] != o_pos[:-1] + 1
+    o_batch = np.cumsum(first_op) - 1 + batches0
+    keys = (2 * st + _KEY_BASE[oc]) * SPAN + mb
+    o_key = keys[o_pos]
+    # a compute waits when the receive carrying its input was posted earlier in the row
+    recv = np.flatnonzero((oc[o_pos] == COMM + 1) | (oc[o_pos] == COMM + 3))
+    order = np.argsort(o_key[recv], kind="stable")
+    recv_keys, recv_ops = o_key[recv][order], recv[order]
+    wants = _HAS_INPUT[oc[c_pos]]
+    at = np.minimum(np.searchsorted(recv_keys, keys[c_pos]), max(len(recv_keys) - 1, 0))
+    found = wants & (len(recv_keys) > 0)
+    if len(recv_keys):
+        found &= recv_keys[at] == keys[c_pos]
+        found &= o_pos[recv_ops[at]] < c_pos
+    wait_op = np.where(found, recv_ops[at] if len(recv_keys) else 0, -1) + ops0
+    waits = found.astype(np.int64)
+    lead = np.array(sorted(c for c in cells if 0 <= c < len(c_pos) - 1), np.int64)  # cells' first computes
+    here = waits.copy()  # waits laid out at each compute's position: a cell's at its first
+    here[lead] += waits[lead + 1]
+    here[lead + 1] -= waits[lead + 1]
+    count = np.zeros(length + 1, np.int64)
+    count[o_pos[first_op]] = 1
+    count[c_pos] = here + 1
+    count[length] = 1  # the drain
+    starts = np.cumsum(count) - count
+    total = int(count.sum())
+    kinds = np.full(total, DRAIN, np.int64)
+    args = np.zeros(total, np.int64)
+    kinds[starts[o_pos[first_op]]] = POST
+    args[starts[o_pos[first_op]]] = o_batch[first_op]
+    slot = starts[c_pos] + here  # the compute itself, after its position's waits
+    kinds[slot] = COMPUTE
+    args[slot] = np.arange(len(c_pos)) + len(out.c_stage)
+    second = np.zeros(len(c_pos), bool)  # a cell's second compute: its wait at the cell's first
+    second[lead + 1] = True
+    wait_at = np.where(second, starts[c_pos - 1] + waits[np.maximum(np.arange(len(c_pos)) - 1, 0)], starts[c_pos])
+    kinds[wait_at[found]] = WAIT
+    args[wait_at[found]] = wait_op[found]
+    out.kinds[r], out.args[r] = kinds.tolist(), args.tolist()
+    out.index[r] = np.repeat(np.arange(length + 1), count).tolist()
+    out.c_stage += st[c_pos].tolist()
+    out.c_code += oc[c_pos].tolist()
+    out.c_mb += mb[c_pos].tolist()
+    out.c_pos += c_pos.tolist()
+    out.o_rank += [r] * len(o_pos)
+    out.o_index += o_pos.tolist()
+    out.o_stage += st[o_pos].tolist()
+    out.o_code += oc[o_pos].tolist()
+    out.o_mb += mb[o_pos].tolist()
+    out.o_batch += o_batch.tolist()
+    out.b_ops += (np.flatnonzero(first_op[1:]) + 1 + ops0).tolist() + [ops0 + len(o_pos)] if len(o_pos) else []
+    return o_key
+
+
+def _pair(out: Compiled, keys: np.ndarray) -> None:
     """Each op's peer, the op of the same message at the other end, or -1 (`missing`: the
     first op without one). ``o_batch`` ends with a batch no op is in, which never becomes
     active: the batch of peer -1, for runs of partial programs."""
-    sends: dict[int, int] = {}
-    recvs: dict[int, int] = {}
-    keys = list(map(message_key, out.o_stage, out.o_code, out.o_mb))
-    for o, (key, c) in enumerate(zip(keys, out.o_code)):
-        (sends if IS_SEND[c] else recvs)[key] = o
-    peer = out.o_peer = [recvs.get(key, -1) if IS_SEND[c] else sends.get(key, -1) for key, c in zip(keys, out.o_code)]
-    out.missing = peer.index(-1) if -1 in peer else -1
+    code = np.asarray(out.o_code, np.int64)
+    sends = np.flatnonzero((code == COMM) | (code == COMM + 2))
+    recvs = np.flatnonzero((code == COMM + 1) | (code == COMM + 3))
+    peer = np.full(len(code), -1, np.int64)
+    if len(sends) and len(recvs):
+        order = np.argsort(keys[recvs], kind="stable")
+        rk, ro = keys[recvs][order], recvs[order]
+        at = np.minimum(np.searchsorted(rk, keys[sends]), len(rk) - 1)
+        hit = rk[at] == keys[sends]
+        peer[sends[hit]] = ro[at[hit]]
+        peer[ro[at[hit]]] = sends[hit]
+    out.o_peer = peer.tolist()
+    lost = np.flatnonzero(peer < 0)
+    out.missing = int(lost[0]) if len(lost) else -1
     out.o_batch.append(len(out.b_ops) - 1)
 
 

@@ -43,7 +43,7 @@ def _stuck(prog: Compiled, s: State, r: int, nccl: bool) -> str:
         who = (
             f"rank {r} step {prog.index[r][pc + 1]} ({_item(prog, r, pc + 1)}) waits for {_op(prog, peer)} on rank {q}"
         )
-        if s.o_posted[peer] is None:
+        if s.b_posted[prog.o_batch[peer]] is None:
             return who
     elif not nccl:
         return (
@@ -61,7 +61,7 @@ def _stuck(prog: Compiled, s: State, r: int, nccl: bool) -> str:
             else "in a batch of sends and receives"
         )
         who = f"rank {r} step {prog.o_index[op]} ({_op(prog, op)}), {kind}, waits for {_op(prog, peer)} on rank {q}"
-        if s.o_posted[peer] is None:
+        if s.b_posted[prog.o_batch[peer]] is None:
             return f"{who}, which rank {q} posts only at step {prog.o_index[peer]}"
     # posted, but queued on the peer's one stream behind an unfinished batch of its own
     blocker = range(b_ops[s.head[q]], b_ops[s.head[q] + 1])

@@ -14,9 +14,12 @@ both ranks. See `ppx.schedules.placement` for why.
 from __future__ import annotations
 
 import bisect
+from itertools import chain
+
+import numpy as np
 
 from ppx.errors import ScheduleError
-from ppx.schedules.codes import OPS, RECV_B, RECV_F, SEND_B, SEND_F, F, Rows, W
+from ppx.schedules.codes import OPS, RECV_B, RECV_F, SEND_B, SEND_F, B, F, I, Rows
 from ppx.schedules.schedule import Schedule
 
 Times = list[tuple[list[float], list[float]]]  # per rank: its units' starts and ends
@@ -152,49 +155,58 @@ def _stuck(schedule: Schedule, rows: Rows, units, nxt, ready) -> str:
 
 
 def lockstep_rows(schedule: Schedule, rows: Rows, units: list[list[int]], times: Times) -> Rows:
-    """``rows`` (compute, encoded) with every hand-off placed by the dry run's ``times``."""
-    s2r, stages = schedule.stage_to_rank, schedule.num_stages
-    span = max((max(mb, default=0) for _, _, mb in rows), default=0) + 1
-    n = len(rows)
-    after: list[dict[int, list]] = [{} for _ in range(n)]  # rank -> unit (-1: before all) -> [(t, key, op)]
-    for r, (st, oc, mb) in enumerate(rows):
-        mine, (_, ends) = units[r], times[r]
-        bounds = mine + [len(oc)]
-        for j, end in enumerate(ends):
-            for k in range(mine[j], bounds[j + 1]):
-                s, c = st[k], oc[k]
-                if c == F and s + 1 < stages and s2r[s + 1] != r:
-                    q, dst, send, recv = s2r[s + 1], s + 1, SEND_F, RECV_F
-                    key = ((s * (stages + 2) + s + 2) * 2) * span + mb[k]  # (from, to, kind, mb)
-                elif c != F and c != W and s > 0 and s2r[s - 1] != r:
-                    q, dst, send, recv = s2r[s - 1], s - 1, SEND_B, RECV_B
-                    key = ((s * (stages + 2) + s) * 2 + 1) * span + mb[k]
-                else:
-                    continue
-                after[r].setdefault(j, []).append((end, key, s, send, mb[k]))
-                at = receiving_unit(*times[q], end)
-                after[q].setdefault(at, []).append((end, key, dst, recv, mb[k]))
-    out: Rows = []
-    for r, (st, oc, mb) in enumerate(rows):
-        o_st, o_oc, o_mb = [], [], []
-        mine, bounds, placed = units[r], units[r] + [len(oc)], after[r]
-        for j in range(-1, len(mine)):
-            if j >= 0:
-                o_st += st[mine[j] : bounds[j + 1]]
-                o_oc += oc[mine[j] : bounds[j + 1]]
-                o_mb += mb[mine[j] : bounds[j + 1]]
-            for _, _, s, c, i in sorted(placed.get(j, ())):
-                o_st.append(s)
-                o_oc.append(c)
-                o_mb.append(i)
-        out.append((o_st, o_oc, o_mb))
-    return out
+    """``rows`` (compute, encoded) with every hand-off placed by the dry run's ``times``: on
+    whole arrays, every compute and comm of every rank given (rank, unit after which it
+    goes, compute or comm, then its position or (send time, message order)) and sorted."""
+    stages, ranks = schedule.num_stages, len(rows)
+    s2r = np.asarray(schedule.stage_to_rank, np.int64)
+    lengths = [len(oc) for _, oc, _ in rows]
+    st, oc, mb = (np.fromiter(chain.from_iterable(row[j] for row in rows), np.int64, sum(lengths)) for j in range(3))
+    rank = np.repeat(np.arange(ranks), lengths)
+    pos = np.concatenate([np.arange(n) for n in lengths]) if rows else np.zeros(0, np.int64)
+    unit = np.concatenate([np.repeat(np.arange(len(u)), np.diff(u + [n])) for u, n in zip(units, lengths)] or [pos])
+    ends = [np.asarray(e, np.float64) for _, e in times]
+    end = np.concatenate([e[u] for e, u in zip(ends, np.split(unit, np.cumsum(lengths)[:-1]))] or [pos * 0.0])
+    fwd = (oc == F) & (st + 1 < stages) & (s2r[np.minimum(st + 1, stages - 1)] != rank)
+    bwd = ((oc == B) | (oc == I)) & (st > 0) & (s2r[np.maximum(st - 1, 0)] != rank)
+    sent = np.flatnonzero(fwd | bwd)
+    f = fwd[sent]
+    span = int(mb.max(initial=0)) + 1
+    frm = st[sent]
+    key = ((frm * (stages + 2) + np.where(f, frm + 2, frm)) * 2 + ~f) * span + mb[sent]  # (from, to, kind, mb)
+    dst = np.where(f, frm + 1, frm - 1)
+    q, when = s2r[dst], end[sent]
+    got = np.empty(len(sent), np.int64)  # the receiver's unit after which it posts the receive
+    for r in range(ranks):
+        mine = np.flatnonzero(q == r)
+        starts = np.asarray(times[r][0], np.float64)
+        k = np.searchsorted(ends[r], when[mine], side="right")
+        running = (
+            (k < len(starts)) & (starts[np.minimum(k, max(len(starts) - 1, 0))] < when[mine]) if len(starts) else k < 0
+        )
+        got[mine] = np.where(running, k, k - 1)
+    comms = len(sent)
+    all_rank = np.concatenate([rank, rank[sent], q])
+    slot = np.concatenate([unit, unit[sent], got])
+    comm = np.repeat([0, 1], [len(st), 2 * comms])
+    order_t = np.concatenate([pos.astype(np.float64), when, when])
+    order_k = np.concatenate([np.zeros(len(st), np.int64), key, key])
+    order = np.lexsort((order_k, order_t, comm, slot, all_rank))
+    out_st = np.concatenate([st, frm, dst])[order]
+    out_oc = np.concatenate([oc, np.where(f, SEND_F, SEND_B), np.where(f, RECV_F, RECV_B)])[order]
+    out_mb = np.concatenate([mb, mb[sent], mb[sent]])[order]
+    cuts = np.cumsum(np.bincount(all_rank, minlength=ranks))[:-1]
+    return [
+        (a.tolist(), b.tolist(), c.tolist())
+        for a, b, c in zip(np.split(out_st, cuts), np.split(out_oc, cuts), np.split(out_mb, cuts))
+    ]
 
 
 def receiving_unit(starts: list[float], ends: list[float], sent: float) -> int:
     """The unit after which a receiver posts a receive sent at ``sent``: the one it runs then
     (start < sent < end), else its last one ending by then (-1: none, before its first).
-    ``starts``, ``ends``: its units' (a rank's units never overlap, so both only grow)."""
+    ``starts``, ``ends``: its units' (a rank's units never overlap, so both only grow). The
+    rule `lockstep_rows` applies to every receive at once."""
     k = bisect.bisect_right(ends, sent)  # units 0..k-1 end by then
     if k < len(starts) and starts[k] < sent:
         return k

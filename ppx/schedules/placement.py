@@ -19,15 +19,13 @@ timed per action is a lower bound on any placement's simulated step (every place
 the same computes, none sooner than their inputs exist), so Megatron's placement at that
 bound wins outright (ties go to it), and so does the untimed lockstep one after it; without
 a full backward B both dry runs time every unit alike, and the two lockstep placements are
-one. A dry run that deadlocks under Megatron's placement mostly does so within its first
-computes: it is first run on each rank's first computes alone, and stopped there when no
-rank gets through them.
+one.
 """
 
 from __future__ import annotations
 
 from ppx.schedules.action import Op
-from ppx.schedules.codes import COMM, OPS, B, Rows, decode, keep_rows, rows_of
+from ppx.schedules.codes import COMM, OPS, B, Rows, decode, gc_paused, keep_rows, rows_of
 from ppx.schedules.compiled import Compiled, compile_rows
 from ppx.schedules.costs import Costs
 from ppx.schedules.lockstep import dry_run, lockstep_rows, units_of
@@ -48,6 +46,11 @@ def place_comms(schedule: Schedule, transport: str = "nccl") -> Schedule:
     ``transport`` ("nccl" | "gloo"), and checked: Megatron's placement where it runs there at
     least as fast, else the lockstep one. ScheduleError when the compute order itself is wrong
     or cannot run."""
+    with gc_paused():
+        return _place(schedule, transport)
+
+
+def _place(schedule: Schedule, transport: str) -> Schedule:
     compute = schedule.compute_only()
     rows = rows_of(compute)
     if not compute_order_ok(schedule, rows):
@@ -61,7 +64,7 @@ def place_comms(schedule: Schedule, transport: str = "nccl") -> Schedule:
     if not any(c >= COMM for _, oc, _ in simple for c in oc):
         return _placed(schedule, simple)  # one rank, or no hand-offs: nothing to place
     candidates = []  # (simulated step, preference, rows, program) of those that run
-    got = _trial(schedule, simple, kind, prefix=True)
+    got = _trial(schedule, simple, kind)
     if got is not None:
         candidates.append((got[0], 0, simple, got[1]))
     times = dry_run(compute, rows, units, TIMED)
@@ -85,41 +88,17 @@ def place_comms(schedule: Schedule, transport: str = "nccl") -> Schedule:
     return _placed(schedule, placed, prog)
 
 
-def _trial(schedule: Schedule, rows: Rows, kind: Transport, prefix: bool = False) -> tuple[float, Compiled] | None:
+def _trial(schedule: Schedule, rows: Rows, kind: Transport) -> tuple[float, Compiled] | None:
     """(simulated step at UNIT costs, program) of a placement, or None when it does not run
     under ``kind``: a send or receive without its peer, channels in different orders, or a
-    deadlock. ``prefix``: first try each rank's first computes alone (`_stops_early`)."""
-    cells = [schedule.cells(r) for r in range(schedule.num_ranks)]
-    if prefix and _stops_early(schedule, rows, kind, cells):
-        return None
-    prog = compile_rows(rows, cells)
+    deadlock (found where it happens: the run stops there)."""
+    prog = compile_rows(rows, [schedule.cells(r) for r in range(schedule.num_ranks)])
     if prog.missing >= 0:
         return None
     s = kind.run(prog, *cost_lists(prog, UNIT))
     if not s.finished(prog) or channel_mismatch(prog, schedule.stage_to_rank, not kind.in_order):
         return None
     return max(s.end, default=0.0), prog
-
-
-def _stops_early(schedule: Schedule, rows: Rows, kind: Transport, cells) -> bool:
-    """Whether the programs deadlock, proven on each rank's first computes (four per stage
-    and microbatch in flight, 8 p v): when no rank gets through its share, every rank stops
-    where the whole programs would stop too. False when that proves nothing."""
-    share = 8 * schedule.num_stages
-    cut = []
-    for st, oc, mb in rows:
-        computes, k = 0, 0
-        while k < len(oc) and computes < share:
-            computes += oc[k] < COMM
-            k += 1
-        while k < len(oc) and oc[k] >= COMM:  # the comms after the last compute kept
-            k += 1
-        if k == len(oc):
-            return False  # a whole row: the prefix is most of the work anyway
-        cut.append((st[:k], oc[:k], mb[:k]))
-    prog = compile_rows(cut, cells)
-    s = kind.run(prog, *cost_lists(prog, UNIT))
-    return all(pc < len(kinds) - 1 for pc, kinds in zip(s.pc, prog.kinds))
 
 
 def _placed(schedule: Schedule, rows: Rows, prog: Compiled | None = None) -> Schedule:
@@ -138,8 +117,9 @@ def lockstep_comms(schedule: Schedule, cost: dict | None = None) -> Schedule:
     receiver posts when the producer ends: after the action the receiver is running then, or,
     when it idles, after its last one (posted early, while it waits). Batches hold their
     messages by send time, then in one canonical order, on both ranks."""
-    compute = schedule.compute_only()
-    rows = rows_of(compute)
-    units = units_of(compute, rows)
-    times = dry_run(compute, rows, units, tuple((cost or {}).get(op, 1) for op in OPS))
-    return _placed(schedule, lockstep_rows(compute, rows, units, times))
+    with gc_paused():
+        compute = schedule.compute_only()
+        rows = rows_of(compute)
+        units = units_of(compute, rows)
+        times = dry_run(compute, rows, units, tuple((cost or {}).get(op, 1) for op in OPS))
+        return _placed(schedule, lockstep_rows(compute, rows, units, times))

@@ -38,7 +38,7 @@ class State:
         # one slot more than ops and batches: peer -1's, never posted, never active
         self.o_done: list = [None] * (ops + 1)
         self.o_went: list = [None] * (ops + 1)  # nccl: when both ends' batches were active
-        self.o_posted: list = [None] * (ops + 1)
+        self.o_posted: list = [None] * (ops + 1)  # gloo: when each op is out (nccl: its batch's posting)
         self.b_start: list = [None] * (batches + 1)  # when its posting began
         self.b_posted: list = [None] * (batches + 1)
         self.b_active: list = [None] * (batches + 1)
@@ -54,10 +54,11 @@ def run_nccl(prog: Compiled, dur, aft, post, lat, red) -> State:
     s = State(prog)
     kinds_of, args_of, b_ops, b_first = prog.kinds, prog.args, prog.b_ops, prog.b_first
     o_peer, o_batch, o_rank = prog.o_peer, prog.o_batch, prog.o_rank
-    o_done, o_went, o_posted = s.o_done, s.o_went, s.o_posted
+    o_done, o_went = s.o_done, s.o_went
     b_start, b_posted, b_active, b_complete, head = s.b_start, s.b_posted, s.b_active, s.b_complete, s.head
     start, stop = s.start, s.stop
-    left = [b_ops[b + 1] - b_ops[b] for b in range(len(b_ops) - 1)]  # ops of each batch not done
+    costly = any(post)
+    left = [b - a for a, b in zip(b_ops, b_ops[1:])]  # ops of each batch not done
     first_of = [0] * len(left)  # the first batch of each batch's rank
     for r in range(s.n):
         first_of[b_first[r] : b_first[r + 1]] = [b_first[r]] * (b_first[r + 1] - b_first[r])
@@ -90,12 +91,12 @@ def run_nccl(prog: Compiled, dur, aft, post, lat, red) -> State:
                 b = args[pc]
                 t = clock if ce is None else ce
                 b_start[b] = t
-                for o in range(b_ops[b], b_ops[b + 1]):
-                    cost = post[o]
-                    t += cost
-                    clock += cost
-                    o_posted[o] = t
-                    comm += cost
+                if costly:  # else every op is out at t, and nothing adds to the clock
+                    for o in range(b_ops[b], b_ops[b + 1]):
+                        cost = post[o]
+                        t += cost
+                        clock += cost
+                        comm += cost
                 b_posted[b] = t
                 ce = None
                 todo = [b] if head[r] == b else None

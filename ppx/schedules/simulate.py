@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from ppx.errors import ScheduleError
 from ppx.schedules.action import Action
-from ppx.schedules.codes import OPS, encode, rows_of
+from ppx.schedules.codes import OPS, encode, gc_paused, rows_of
 from ppx.schedules.compiled import COMPUTE, POST, REDUCE, Compiled, add_reductions, compile_rows, missing_peer
 from ppx.schedules.costs import Costs, SampledCosts
 from ppx.schedules.deadlock import deadlock_message
@@ -94,13 +94,14 @@ def simulate(
     """
     kind = transport_class(transport)
     lookahead = recv_lookahead if kind.takes_lookahead else 0
-    prog, rows = program_of(schedule, lookahead, reduce)
-    s = run(prog, costs or Costs(), kind)
-    events = []
-    for r, row in enumerate(rows):
-        first, last = prog.c_first[r], prog.c_first[r + 1]
-        acts = [row[k] for k in prog.c_pos[first:last]]
-        events.append(list(map(_event, zip(acts, s.start[first:last], s.stop[first:last]))))
+    with gc_paused():
+        prog, rows = program_of(schedule, lookahead, reduce)
+        s = run(prog, costs or Costs(), kind)
+        events = []
+        for r, row in enumerate(rows):
+            first, last = prog.c_first[r], prog.c_first[r + 1]
+            acts = list(map(row.__getitem__, prog.c_pos[first:last]))
+            events.append(list(map(_event, zip(acts, s.start[first:last], s.stop[first:last]))))
     return Timeline(events, s.end, s.work, s.comm, s.dp)
 
 
@@ -137,9 +138,11 @@ def cost_lists(prog: Compiled, costs) -> tuple[list, list, list, list, list]:
     """Per compute its work and the overhead after it, per op its posting time and its
     latency (the same at both ends of a message), per reduce its time."""
     if type(costs) is Costs:  # fixed: one value per (stage, op)
-        pairs = list(zip(prog.c_stage, prog.c_code))
-        work = {sc: costs.work(Action(sc[0], OPS[sc[1]], 0)) for sc in set(pairs)}
-        dur = list(map(work.__getitem__, pairs))
+        keys = [s * 8 + c for s, c in zip(prog.c_stage, prog.c_code)]
+        work = dict.fromkeys(keys)
+        for key in work:
+            work[key] = costs.work(Action(key // 8, OPS[key % 8], 0))
+        dur = list(map(work.__getitem__, keys))
         aft = [costs.after(Action(0, OPS[0], 0))] * len(dur)
         posting = [costs.post_cost(Action(0, op, 0)) for op in OPS]
         post = list(map(posting.__getitem__, prog.o_code))

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+import numpy as np
+
 from ppx.errors import ScheduleError
 from ppx.schedules.action import Action, Op
-from ppx.schedules.codes import IS_SEND, SEND_B, SEND_F, message_key, text
+from ppx.schedules.codes import RECV_B, SEND_B, SEND_F, SPAN, text
 from ppx.schedules.compiled import Compiled
 from ppx.schedules.costs import Costs
 from ppx.schedules.schedule import Schedule
@@ -192,22 +194,37 @@ def _check_channels(schedule: Schedule, by_kind: bool = False) -> None:
 def channel_mismatch(prog: Compiled, stage_to_rank, by_kind: bool = False) -> tuple[int, int, int, int] | None:
     """The first send whose channel's receive in the same place is another message's:
     (sending rank, receiving rank, send op, receive op), channels in the order their first
-    send appears, rank by rank; None when every channel's order agrees."""
-    sends: dict[tuple, list[int]] = {}
-    recvs: dict[tuple, list[int]] = {}
-    for o, (r, stage, c) in enumerate(zip(prog.o_rank, prog.o_stage, prog.o_code)):
-        peer = stage_to_rank[stage + 1 if c in (SEND_F, SEND_B + 1) else stage - 1]
-        kind = c >= SEND_B if by_kind else None
-        if IS_SEND[c]:
-            sends.setdefault((r, peer, kind), []).append(o)
-        else:
-            recvs.setdefault((peer, r, kind), []).append(o)
-    keys = list(map(message_key, prog.o_stage, prog.o_code, prog.o_mb))
-    for (src, dst, kind), sent in sends.items():
-        for o, q in zip(sent, recvs.get((src, dst, kind), ())):
-            if keys[o] != keys[q]:
-                return src, dst, o, q
-    return None
+    send appears, rank by rank; None when every channel's order agrees. On whole arrays:
+    each op's channel and its place in it, sends and receives matched by both."""
+    code = np.asarray(prog.o_code, np.int64)
+    stage = np.asarray(prog.o_stage, np.int64)
+    rank = np.asarray(prog.o_rank, np.int64)
+    s2r = np.asarray(stage_to_rank, np.int64)
+    peer = s2r[np.where((code == SEND_F) | (code == RECV_B), stage + 1, stage - 1)]
+    send = (code == SEND_F) | (code == SEND_B)
+    kind = (code >= SEND_B) if by_kind else np.zeros(len(code), bool)
+    ranks = len(prog.kinds)
+    channel = (np.where(send, rank, peer) * ranks + np.where(send, peer, rank)) * 2 + kind
+    keys = (2 * stage + np.array([0, 0, 0, 0, 0, -2, 1, 3])[code]) * SPAN + np.asarray(prog.o_mb, np.int64)
+    sends, recvs = np.flatnonzero(send), np.flatnonzero(~send)
+    if not len(sends) or not len(recvs):
+        return None
+    s_ord = sends[np.argsort(channel[sends], kind="stable")]  # each channel's sends in order
+    r_ord = recvs[np.argsort(channel[recvs], kind="stable")]
+    s_ch, r_ch = channel[s_ord], channel[r_ord]
+    s_seq = np.arange(len(s_ord)) - np.searchsorted(s_ch, s_ch)  # place within its channel
+    r_seq = np.arange(len(r_ord)) - np.searchsorted(r_ch, r_ch)
+    width = len(code) + 1
+    r_at = r_ch * width + r_seq
+    at = np.minimum(np.searchsorted(r_at, s_ch * width + s_seq), len(r_at) - 1)
+    paired = r_at[at] == s_ch * width + s_seq
+    wrong = np.flatnonzero(paired & (keys[r_ord[at]] != keys[s_ord]))
+    if not len(wrong):
+        return None
+    first_send = s_ord[np.searchsorted(s_ch, s_ch)]  # the op opening each send's channel
+    pick = wrong[np.lexsort((s_seq[wrong], first_send[wrong]))[0]]
+    o, q = int(s_ord[pick]), int(r_ord[at[pick]])
+    return prog.o_rank[o], prog.o_rank[q], o, q
 
 
 def _op(prog: Compiled, o: int) -> str:
