@@ -26,8 +26,11 @@ class Compiled:
         self.index: list[list[int]] = [[] for _ in range(n)]  # each item's position in the row
         self.c_first = [0] * (n + 1)  # rank r's computes are c_first[r]..c_first[r+1]-1
         self.c_stage, self.c_code, self.c_mb, self.c_pos = [], [], [], []
+        self.c_key: list[int] = []  # stage * 8 + op code: what fixed costs depend on
         self.b_first = [0] * (n + 1)  # rank r's batches are b_first[r]..b_first[r+1]-1
         self.b_ops: list[int] = [0]  # batch b's ops are b_ops[b]..b_ops[b+1]-1
+        self.b_size: list[int] = []  # each batch's number of ops
+        self.b_head: list[int] = []  # the first batch of each batch's rank
         self.o_rank, self.o_index, self.o_stage, self.o_code, self.o_mb = [], [], [], [], []
         self.o_batch: list[int] = []
         self.o_peer: list[int] = []
@@ -107,6 +110,7 @@ def _compile_rank(out: Compiled, r: int, st, oc, mb, cells) -> np.ndarray:
     out.c_code += oc[c_pos].tolist()
     out.c_mb += mb[c_pos].tolist()
     out.c_pos += c_pos.tolist()
+    out.c_key += (st[c_pos] * 8 + oc[c_pos]).tolist()
     out.o_rank += [r] * len(o_pos)
     out.o_index += o_pos.tolist()
     out.o_stage += st[o_pos].tolist()
@@ -133,6 +137,9 @@ def _pair(out: Compiled, keys: np.ndarray) -> None:
         peer[sends[hit]] = ro[at[hit]]
         peer[ro[at[hit]]] = sends[hit]
     out.o_peer = peer.tolist()
+    b_ops = np.asarray(out.b_ops, np.int64)
+    out.b_size = np.diff(b_ops).tolist()
+    out.b_head = np.repeat(out.b_first[:-1], np.diff(out.b_first)).tolist()
     lost = np.flatnonzero(peer < 0)
     out.missing = int(lost[0]) if len(lost) else -1
     out.o_batch.append(len(out.b_ops) - 1)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import chain, repeat
 
+import numpy as np
+
 from ppx.schedules.action import Action, Op
 from ppx.schedules.codes import RECV_B, RECV_F, SEND_B, SEND_F, Rows
 from ppx.schedules.schedule import Schedule
@@ -81,22 +83,20 @@ def comm_rows(schedule: Schedule, rows: Rows) -> Rows:
 
 
 def _grouped(sizes, keys, receive, send, st, oc, mb) -> tuple[list[int], list[int], list[int]]:
-    """One rank's `comm_rows` with groups of computes: a group's receives, the group, its sends."""
-    o_st, o_oc, o_mb = [], [], []
-    k = 0
-    for size in sizes:
-        for table, at_end in ((receive, False), (send, True)):
-            if at_end:
-                o_st += st[k : k + size]
-                o_oc += oc[k : k + size]
-                o_mb += mb[k : k + size]
-            for j in range(k, k + size):
-                for c in table[keys[j]]:
-                    o_st.append(st[j])
-                    o_oc.append(c)
-                    o_mb.append(mb[j])
-        k += size
-    return o_st, o_oc, o_mb
+    """One rank's `comm_rows` with groups of computes: a group's receives, the group, its
+    sends, each part in the computes' order; laid out by sorting on (group, part, compute)."""
+    group = np.repeat(np.arange(len(sizes)), sizes)
+    k = np.arange(len(keys))
+    got = np.array([len(receive[x]) > 0 for x in keys], bool)
+    out = np.array([len(send[x]) > 0 for x in keys], bool)
+    recv_code = np.array([receive[x][0] if receive[x] else 0 for x in keys], np.int64)
+    send_code = np.array([send[x][0] if send[x] else 0 for x in keys], np.int64)
+    part = np.concatenate([np.zeros(got.sum(), np.int64), np.ones(len(k), np.int64), np.full(out.sum(), 2)])
+    at = np.concatenate([k[got], k, k[out]])
+    order = np.lexsort((at, part, np.concatenate([group[got], group, group[out]])))
+    code = np.concatenate([recv_code[got], np.asarray(oc, np.int64), send_code[out]])[order]
+    st, mb = np.asarray(st, np.int64)[at[order]], np.asarray(mb, np.int64)[at[order]]
+    return st.tolist(), code.tolist(), mb.tolist()
 
 
 def remote_input(a: Action, stage_to_rank) -> Action | None:

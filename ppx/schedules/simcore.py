@@ -58,10 +58,8 @@ def run_nccl(prog: Compiled, dur, aft, post, lat, red) -> State:
     b_start, b_posted, b_active, b_complete, head = s.b_start, s.b_posted, s.b_active, s.b_complete, s.head
     start, stop = s.start, s.stop
     costly = any(post)
-    left = [b - a for a, b in zip(b_ops, b_ops[1:])]  # ops of each batch not done
-    first_of = [0] * len(left)  # the first batch of each batch's rank
-    for r in range(s.n):
-        first_of[b_first[r] : b_first[r + 1]] = [b_first[r]] * (b_first[r + 1] - b_first[r])
+    left = prog.b_size[:]  # ops of each batch not done
+    first_of = prog.b_head  # the first batch of each batch's rank
     waiter = [-1] * len(left)  # the rank parked on each batch
     stack = list(range(s.n - 1, -1, -1))
     while stack:
@@ -85,7 +83,11 @@ def run_nccl(prog: Compiled, dur, aft, post, lat, red) -> State:
                     waiter[o_batch[o]] = r
                     break
                 if ready > clock:  # transfer: the wait after the message could move
-                    comm += max(min(ready, o_done[o]) - max(clock, o_went[o]), 0.0)
+                    done = o_done[o]
+                    went = o_went[o]
+                    moved = (done if done < ready else ready) - (went if went > clock else clock)
+                    if moved > 0.0:
+                        comm += moved
                     clock = ready
             elif kind == POST:
                 b = args[pc]
@@ -124,7 +126,8 @@ def run_nccl(prog: Compiled, dur, aft, post, lat, red) -> State:
                     if left[b] == 0:
                         done.append(b)
                     for x in done:
-                        b_complete[x] = max(o_done[b_ops[x] : b_ops[x + 1]])
+                        o = b_ops[x]
+                        b_complete[x] = o_done[o] if b_ops[x + 1] == o + 1 else max(o_done[o : b_ops[x + 1]])
                         rx = o_rank[b_ops[x]]
                         head[rx] = x + 1
                         if waiter[x] >= 0:

@@ -138,7 +138,7 @@ def cost_lists(prog: Compiled, costs) -> tuple[list, list, list, list, list]:
     """Per compute its work and the overhead after it, per op its posting time and its
     latency (the same at both ends of a message), per reduce its time."""
     if type(costs) is Costs:  # fixed: one value per (stage, op)
-        keys = [s * 8 + c for s, c in zip(prog.c_stage, prog.c_code)]
+        keys = prog.c_key
         work = dict.fromkeys(keys)
         for key in work:
             work[key] = costs.work(Action(key // 8, OPS[key % 8], 0))
