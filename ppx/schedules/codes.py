@@ -3,7 +3,7 @@
 A rank's row becomes three parallel lists, its actions' stages, op codes and microbatches
 (`Rows`); an op code is the op's index in `OPS` (F B I W, then SEND_F RECV_F SEND_B RECV_B:
 ``code >= COMM`` is a send or a receive). A message, the pair of a send and its receive, has
-one integer key (`message_key`), the same from both ends. A `Schedule` keeps its rows once
+one integer key (`KEY_BASE`), the same from both ends. A `Schedule` keeps its rows once
 made (`rows_of`), so repeated simulations do not convert its actions again.
 """
 
@@ -23,6 +23,10 @@ CODE = {op: k for k, op in enumerate(OPS)}
 IS_BACKWARD = (False, True, True, True, False, False, False, False)
 IS_SEND = (False, False, False, False, True, False, True, False)
 SPAN = 1 << 40  # microbatches a message key keeps apart (far more than any schedule has)
+# A message's key, the same at its send and its receive: (2 stage + KEY_BASE[op code]) SPAN +
+# microbatch, that is (sending stage, direction, microbatch) as one integer. For F, B and I it
+# is the key of the message carrying their input (F's activation, B's and I's gradient).
+KEY_BASE = (-2, 3, 3, 0, 0, -2, 1, 3)
 
 Rows = list[tuple[list[int], list[int], list[int]]]  # per rank: (stages, op codes, microbatches)
 _make = partial(tuple.__new__, Action)
@@ -53,28 +57,6 @@ def keep_rows(schedule, rows: Rows):
     """``schedule`` with ``rows``, its actions encoded, kept for `rows_of`; returns it."""
     vars(schedule)["_rows"] = rows
     return schedule
-
-
-def message_key(stage: int, code: int, mb: int) -> int:
-    """The message a send or receive belongs to: (sending stage, direction, microbatch) as
-    one integer, equal for the send and its receive."""
-    if code == SEND_F:
-        return (2 * stage) * SPAN + mb
-    if code == RECV_F:
-        return (2 * stage - 2) * SPAN + mb
-    if code == SEND_B:
-        return (2 * stage + 1) * SPAN + mb
-    return (2 * stage + 3) * SPAN + mb  # RECV_B: the gradient the next stage sends
-
-
-def input_key(stage: int, code: int, mb: int) -> int | None:
-    """The message carrying compute's input when it comes from another rank: F's activation,
-    B's and I's gradient; None for W."""
-    if code == F:
-        return (2 * stage - 2) * SPAN + mb
-    if code == B or code == I:
-        return (2 * stage + 3) * SPAN + mb
-    return None
 
 
 def text(stage: int, code: int, mb: int) -> str:

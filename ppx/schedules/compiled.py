@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ppx.schedules.codes import COMM, IS_BACKWARD, SEND_B, SPAN, Rows, text
+from ppx.schedules.codes import COMM, IS_BACKWARD, KEY_BASE, SEND_B, SPAN, Rows, text
 
 POST, WAIT, COMPUTE, REDUCE, DRAIN = range(5)
 
@@ -51,7 +51,7 @@ def compile_rows(rows: Rows, cells=()) -> Compiled:
     return out
 
 
-_KEY_BASE = np.array([-2, 3, 3, 0, 0, -2, 1, 3], np.int64)  # per op code: message key = (2 stage + this) SPAN + mb
+_KEY_BASE = np.array(KEY_BASE, np.int64)
 _HAS_INPUT = np.array([1, 1, 1, 0, 0, 0, 0, 0], bool)  # F, B and I take a tensor from a neighbour
 
 

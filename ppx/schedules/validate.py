@@ -12,7 +12,7 @@ import numpy as np
 
 from ppx.errors import ScheduleError
 from ppx.schedules.action import Action, Op
-from ppx.schedules.codes import RECV_B, SEND_B, SEND_F, SPAN, text
+from ppx.schedules.codes import KEY_BASE, RECV_B, SEND_B, SEND_F, SPAN, text
 from ppx.schedules.compiled import Compiled
 from ppx.schedules.costs import Costs
 from ppx.schedules.schedule import Schedule
@@ -205,7 +205,7 @@ def channel_mismatch(prog: Compiled, stage_to_rank, by_kind: bool = False) -> tu
     kind = (code >= SEND_B) if by_kind else np.zeros(len(code), bool)
     ranks = len(prog.kinds)
     channel = (np.where(send, rank, peer) * ranks + np.where(send, peer, rank)) * 2 + kind
-    keys = (2 * stage + np.array([0, 0, 0, 0, 0, -2, 1, 3])[code]) * SPAN + np.asarray(prog.o_mb, np.int64)
+    keys = (2 * stage + np.asarray(KEY_BASE, np.int64)[code]) * SPAN + np.asarray(prog.o_mb, np.int64)
     sends, recvs = np.flatnonzero(send), np.flatnonzero(~send)
     if not len(sends) or not len(recvs):
         return None
