@@ -9,8 +9,12 @@ Stages that live on the same rank hand tensors over locally and get no communica
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain, repeat
+
+import numpy as np
 
 from ppx.schedules.action import Action, Op
+from ppx.schedules.codes import RECV_B, RECV_F, SEND_B, SEND_F, Rows
 from ppx.schedules.schedule import Schedule
 
 
@@ -44,6 +48,55 @@ def add_comms(schedule: Schedule) -> Schedule:
                 out += receives(groups[j + 1])
         rows.append(out)
     return schedule.with_actions(rows)
+
+
+def comm_rows(schedule: Schedule, rows: Rows) -> Rows:
+    """`add_comms` on encoded rows: ``rows`` are ``schedule``'s compute actions (`codes`),
+    the result its rows with Megatron's sends and receives, encoded too. A send or receive
+    has its compute's stage and microbatch, so each compute expands to a fixed run of op
+    codes (receive, compute, send) by its (stage, op) alone."""
+    s2r, stages = schedule.stage_to_rank, schedule.num_stages
+    below = [s > 0 and s2r[s - 1] != s2r[s] for s in range(stages)]  # stage s - 1 on another rank
+    above = [s + 1 < stages and s2r[s + 1] != s2r[s] for s in range(stages)]
+    receive, send = [], []  # per stage * 8 + op: the receive before it, the send after it
+    for s in range(stages):
+        receive += [(RECV_F,) * below[s], (RECV_B,) * above[s], (RECV_B,) * above[s], (), (), (), (), ()]
+        send += [(SEND_F,) * above[s], (SEND_B,) * below[s], (SEND_B,) * below[s], (), (), (), (), ()]
+    expand = [rc + (k % 8,) + sc for k, (rc, sc) in enumerate(zip(receive, send))]
+    out: Rows = []
+    for r, (st, oc, mb) in enumerate(rows):
+        sizes = group_sizes(schedule, r, len(oc))
+        keys = [s * 8 + c for s, c in zip(st, oc)]
+        if len(sizes) != len(oc):  # groups of several computes
+            out.append(_grouped(sizes, keys, receive, send, st, oc, mb))
+            continue
+        runs = list(map(expand.__getitem__, keys))
+        widths = list(map(len, runs))
+        out.append(
+            (
+                list(chain.from_iterable(map(repeat, st, widths))),
+                list(chain.from_iterable(runs)),
+                list(chain.from_iterable(map(repeat, mb, widths))),
+            )
+        )
+    return out
+
+
+def _grouped(sizes, keys, receive, send, st, oc, mb) -> tuple[list[int], list[int], list[int]]:
+    """One rank's `comm_rows` with groups of computes: a group's receives, the group, its
+    sends, each part in the computes' order; laid out by sorting on (group, part, compute)."""
+    group = np.repeat(np.arange(len(sizes)), sizes)
+    k = np.arange(len(keys))
+    got = np.array([len(receive[x]) > 0 for x in keys], bool)
+    out = np.array([len(send[x]) > 0 for x in keys], bool)
+    recv_code = np.array([receive[x][0] if receive[x] else 0 for x in keys], np.int64)
+    send_code = np.array([send[x][0] if send[x] else 0 for x in keys], np.int64)
+    part = np.concatenate([np.zeros(got.sum(), np.int64), np.ones(len(k), np.int64), np.full(out.sum(), 2)])
+    at = np.concatenate([k[got], k, k[out]])
+    order = np.lexsort((at, part, np.concatenate([group[got], group, group[out]])))
+    code = np.concatenate([recv_code[got], np.asarray(oc, np.int64), send_code[out]])[order]
+    st, mb = np.asarray(st, np.int64)[at[order]], np.asarray(mb, np.int64)[at[order]]
+    return st.tolist(), code.tolist(), mb.tolist()
 
 
 def remote_input(a: Action, stage_to_rank) -> Action | None:

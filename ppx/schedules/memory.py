@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ppx.schedules.action import Op
+import numpy as np
+
+from ppx.schedules.codes import B, F, I, W, rows_of
 from ppx.schedules.schedule import Schedule
 
 
@@ -21,21 +23,19 @@ def peak_held(
 ) -> list[float]:
     """Each rank's predicted peak saved bytes. ``per_microbatch[s]``: bytes one microbatch's
     forward saves on stage ``s``; ``input_share``: the part of them an I frees (one value
-    or one per stage)."""
+    or one per stage). The running sum is a cumulative sum over each rank's encoded row
+    (`codes.rows_of`), added in the row's order as a loop would."""
     shares = [input_share] * schedule.num_stages if isinstance(input_share, (int, float)) else list(input_share)
+    saved = np.asarray(per_microbatch, np.float64)
+    share = np.asarray(shares, np.float64)
     peaks = []
-    for row in schedule.actions:
-        live = peak = 0.0
-        for a in row:
-            b = per_microbatch[a.stage]
-            if a.op is Op.F:
-                live += b
-            elif a.op is Op.B:
-                live -= b
-            elif a.op is Op.I:
-                live -= shares[a.stage] * b
-            elif a.op is Op.W:
-                live -= (1 - shares[a.stage]) * b
-            peak = max(peak, live)
-        peaks.append(peak)
+    for st, oc, _ in rows_of(schedule):
+        stage, code = np.asarray(st, np.int64), np.asarray(oc, np.int64)
+        b = saved[stage]
+        change = np.zeros(len(code))
+        change = np.where(code == F, b, change)
+        change = np.where(code == B, -b, change)
+        change = np.where(code == I, -(share[stage] * b), change)
+        change = np.where(code == W, -((1 - share[stage]) * b), change)
+        peaks.append(float(max(0.0, np.cumsum(change).max(initial=0.0))))
     return peaks

@@ -1,5 +1,5 @@
 """A rank's action list compiled into a program of items, the form both the runtime and
-the simulator execute:
+the simulator execute (the simulator the same items as integers, `ppx.schedules.compiled`):
   ``post``    one batch of consecutive SEND/RECV actions, posted together;
   ``wait``    block until a received tensor has arrived (inserted before its consumer);
   ``compute`` F, B, I or W of one microbatch on one stage (an overlapped cell is two compute

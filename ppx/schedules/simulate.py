@@ -1,28 +1,41 @@
 """Dry-run a schedule: prove it cannot deadlock and predict each rank's timeline.
 
-The simulator executes each rank's compiled program (`ppx.schedules.program`: the post,
-wait, compute and drain items the runtime runs) on a unit-free clock. When a posted send or
-receive completes is up to the transport, chosen by name (`ppx.schedules.transports`):
-``nccl`` (the default, and what validation uses) is the strict one, ``gloo`` the looser one
-ppx's runtime runs on gloo; a list that passes on nccl also passes on gloo.
+The simulator executes each rank's program (the post, wait, compute, reduce and drain items
+of `ppx.schedules.program` that the runtime runs, compiled to integers by
+`ppx.schedules.compiled`) on a unit-free clock, event-driven (`ppx.schedules.simcore`): a
+rank runs until it waits for a tensor or a send not done yet, and the batch or op that
+completes wakes it. When a posted send or receive completes is up to the transport, chosen
+by name (`ppx.schedules.transports`): ``nccl`` (the default, and what validation uses) is
+the strict one, ``gloo`` the looser one ppx's runtime runs on gloo; a list that passes on
+nccl also passes on gloo. A schedule keeps its compiled program, so simulating it again at
+other costs only runs it.
+
+Costs are laid out before the run: fixed `Costs` per (stage, op); other cost objects
+(`SampledCosts`) are asked rank by rank in program order (each compute's work then its
+overhead, each posted op, each reduce), then one latency per message, in the order of the
+sends. Each draw is independent, so the order changes single draws, not their distribution.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
+from typing import NamedTuple
 
 from ppx.errors import ScheduleError
 from ppx.schedules.action import Action
+from ppx.schedules.codes import OPS, encode, gc_paused, rows_of
+from ppx.schedules.compiled import COMPUTE, POST, REDUCE, Compiled, add_reductions, compile_rows, missing_peer
 from ppx.schedules.costs import Costs, SampledCosts
-from ppx.schedules.lowering import peer_of
-from ppx.schedules.program import Step, compile_steps, with_reductions
+from ppx.schedules.deadlock import deadlock_message
+from ppx.schedules.lowering import receive_early
 from ppx.schedules.schedule import Schedule
-from ppx.schedules.transports import Batch, CommOp, Transport, transport_class
+from ppx.schedules.simcore import State
+from ppx.schedules.transports import Transport, transport_class
 
 
-@dataclass
-class Event:
-    """One compute action's predicted span on its rank."""
+class Event(NamedTuple):
+    """One compute action's predicted span on its rank (a tuple: planning makes millions)."""
 
     action: Action
     start: float
@@ -62,6 +75,9 @@ class Timeline:
         return sum(self.idle(r) for r in range(len(self.events))) / (len(self.events) * self.makespan)
 
 
+_event = partial(tuple.__new__, Event)
+
+
 def simulate(
     schedule: Schedule,
     costs: Costs | SampledCosts | None = None,
@@ -78,135 +94,81 @@ def simulate(
     """
     kind = transport_class(transport)
     lookahead = recv_lookahead if kind.takes_lookahead else 0
-    programs = [compile_steps(row, lookahead, schedule.cells(r)) for r, row in enumerate(schedule.actions)]
+    with gc_paused():
+        prog, rows = program_of(schedule, lookahead, reduce)
+        s = run(prog, costs or Costs(), kind)
+        events = []
+        for r, row in enumerate(rows):
+            first, last = prog.c_first[r], prog.c_first[r + 1]
+            acts = list(map(row.__getitem__, prog.c_pos[first:last]))
+            events.append(list(map(_event, zip(acts, s.start[first:last], s.stop[first:last]))))
+    return Timeline(events, s.end, s.work, s.comm, s.dp)
+
+
+def program_of(schedule: Schedule, lookahead: int = 0, reduce: bool = False) -> tuple[Compiled, list]:
+    """``schedule`` compiled (receives moved ``lookahead`` computes early, `receive_early`;
+    ``reduce``: with the data-parallel reductions) and the rows it was compiled from. The
+    plain program (no lookahead, no reductions) is made once and kept on the schedule."""
+    cells = [schedule.cells(r) for r in range(schedule.num_ranks)]
+    if lookahead:
+        rows = [receive_early(row, lookahead, cells[r]) for r, row in enumerate(schedule.actions)]
+        prog = compile_rows([encode(row) for row in rows], cells)
+    elif reduce:
+        rows, prog = schedule.actions, compile_rows(rows_of(schedule), cells)
+    else:
+        rows, prog = schedule.actions, vars(schedule).get("_program")
+        if prog is None:
+            prog = vars(schedule)["_program"] = compile_rows(rows_of(schedule), cells)
     if reduce:
-        programs = [with_reductions(p) for p in programs]
-    return _Run(schedule, programs, costs or Costs(), kind).run()
+        add_reductions(prog)
+    return prog, rows
 
 
-class _Run:
-    """One dry run: every rank's program counter and clock, advanced in rounds until no rank
-    can move (the order of the rounds is the order cost samples are drawn in)."""
+def run(prog: Compiled, costs, transport: Transport) -> State:
+    """Run a compiled program at ``costs`` under ``transport``; ScheduleError on deadlock."""
+    if prog.missing >= 0:
+        raise ScheduleError(missing_peer(prog))
+    s = transport.run(prog, *cost_lists(prog, costs))
+    if not s.finished(prog):
+        raise ScheduleError(deadlock_message(prog, s, transport.in_order))
+    return s
 
-    def __init__(self, schedule: Schedule, programs: list[list[Step]], costs, kind: type[Transport]):
-        self.programs, self.costs, n = programs, costs, len(programs)
-        self.ops: dict[tuple[int, Action], CommOp] = {}
-        self.batches: dict[tuple[int, int], Batch] = {}  # (rank, program counter) -> its batch
-        self.of_rank: list[list[Batch]] = [[] for _ in range(n)]  # each rank's batches in order
-        for r, program in enumerate(programs):
-            for pc, step in enumerate(program):
-                if step.kind == "post":
-                    b = self.batches[(r, pc)] = Batch()
-                    b.ops = [CommOp(r, step.index + j, a, b) for j, a in enumerate(step.actions)]
-                    self.ops.update({(r, op.action): op for op in b.ops})
-                    self.of_rank[r].append(b)
-        for op in self.ops.values():
-            op.peer = self.ops.get(peer_of(op.action, schedule.stage_to_rank))
-            if op.peer is None:
-                raise ScheduleError(f"rank {op.rank} step {op.index} ({op.action}) has no matching send or receive")
-        self.transport = kind(self.of_rank, costs)
-        self.pc, self.clock = [0] * n, [0.0] * n
-        self.compute_end = [None] * n  # end of the last compute, before its overhead: when its sends leave
-        self.events: list[list[Event]] = [[] for _ in range(n)]
-        self.work, self.comm, self.end = [0.0] * n, [0.0] * n, [0.0] * n
-        self.dp_comm = [0.0] * n
 
-    def run(self) -> Timeline:
-        progress = True
-        while progress:
-            progress = False
-            for r, program in enumerate(self.programs):
-                while self.pc[r] < len(program) and self._step(r, program[self.pc[r]]):
-                    self.pc[r] += 1
-                    progress = True
-            progress |= self.transport.advance()
-        stuck = [self._stuck(r) for r in range(len(self.programs)) if self.pc[r] < len(self.programs[r])]
-        if stuck:
-            raise ScheduleError("schedule deadlocks: " + "; ".join(stuck))
-        return Timeline(self.events, self.end, self.work, self.comm, self.dp_comm)
+def cost_lists(prog: Compiled, costs) -> tuple[list, list, list, list, list]:
+    """Per compute its work and the overhead after it, per op its posting time and its
+    latency (the same at both ends of a message), per reduce its time."""
+    if type(costs) is Costs:  # fixed: one value per (stage, op)
+        keys = prog.c_key
+        work = dict.fromkeys(keys)
+        for key in work:
+            work[key] = costs.work(Action(key // 8, OPS[key % 8], 0))
+        dur = list(map(work.__getitem__, keys))
+        aft = [costs.after(Action(0, OPS[0], 0))] * len(dur)
+        posting = [costs.post_cost(Action(0, op, 0)) for op in OPS]
+        post = list(map(posting.__getitem__, prog.o_code))
+        lat = [costs.latency()] * len(post)
+        return dur, aft, post, lat, [costs.reduce_cost(stage) for stage in prog.r_stage]
+    return _drawn(prog, costs)
 
-    def _step(self, r: int, step: Step) -> bool:
-        """Execute ``step`` on rank ``r``; False while it blocks."""
-        if step.kind == "post":
-            self._post(r, self.batches[(r, self.pc[r])])
-        elif step.kind == "wait":
-            dep = self.ops[(r, step.actions[0])]
-            ready = self.transport.ready(dep)
-            if ready is None:
-                return False
-            if ready > self.clock[r]:
-                # transfer, as a run measures it: the wait after the sender began posting
-                # (nccl: after the message could move; waiting on the rest of the batch is idle)
-                moving = self.transport.moving(dep)
-                self.comm[r] += max(min(ready, dep.done) - max(self.clock[r], moving), 0.0)
-                self.clock[r] = ready
-        elif step.kind == "compute":
-            a, start = step.actions[0], self.clock[r]
-            duration = self.costs.work(a)
-            self.work[r] += duration
-            self.compute_end[r] = start + duration
-            self.clock[r] = self.compute_end[r] + self.costs.after(a)
-            self.events[r].append(Event(a, start, self.clock[r]))
-        elif step.kind == "reduce":  # blocks the rank, after its last compute's overhead
-            duration = self.costs.reduce_cost(step.actions[0].stage)
-            self.dp_comm[r] += duration
-            self.clock[r] += duration
-        else:  # drain: a rank ends when its last op completes
-            done = [self.transport.complete(b) for b in self.of_rank[r]]
-            if None in done:
-                return False
-            self.end[r] = max([self.clock[r]] + done)
-        return True
 
-    def _post(self, r: int, b: Batch) -> None:
-        """Post ``b``'s ops one after another, each out when its posting ends, from the end of
-        the compute before it (its overhead runs meanwhile)."""
-        t = self.clock[r] if self.compute_end[r] is None else self.compute_end[r]
-        b.start = t
-        for op in b.ops:
-            cost = self.costs.post_cost(op.action)
-            t, self.clock[r] = t + cost, self.clock[r] + cost
-            op.posted = t
-            self.comm[r] += cost
-        b.posted = t
-        self.compute_end[r] = None
-        self.transport.posted(b)
-
-    def _stuck(self, r: int) -> str:
-        """Why rank ``r`` cannot go on, for the deadlock message: the op it waits for (on
-        nccl, the first unfinished op of its oldest unfinished batch, which all that follows
-        on the rank's one stream waits for) and what holds that op's peer: not posted yet, or
-        posted behind an unfinished batch of the peer's own."""
-        program, pc = self.programs[r], self.pc[r]
-        awaited = self.ops[(r, program[pc].actions[0])] if program[pc].kind == "wait" else None
-        head = getattr(self.transport, "head", None)  # nccl: each rank's oldest unfinished batch
-        if head is not None and head[r] < len(self.of_rank[r]):
-            op = next(o for o in self.of_rank[r][head[r]].ops if o.done is None)
-        else:
-            op = awaited or next(o for b in self.of_rank[r] for o in b.ops if o.done is None)
-        peer, q = op.peer, op.peer.rank
-        if op is awaited:  # the compute action after the wait needs this very receive
-            consumer = program[pc + 1]
-            who = f"rank {r} step {consumer.index} ({consumer.actions[0]}) waits for {peer.action} on rank {q}"
-            if peer.posted is None:
-                return who
-        elif head is None:
-            return f"rank {r} step {op.index} ({op.action}) never completes: {peer.action} on rank {q} is not posted in time"
-        else:
-            sends = [o.action.op.is_send for o in op.batch.ops]
-            kind = (
-                "a batch of sends only"
-                if all(sends)
-                else "a batch of receives only"
-                if not any(sends)
-                else "in a batch of sends and receives"
-            )
-            who = f"rank {r} step {op.index} ({op.action}), {kind}, waits for {peer.action} on rank {q}"
-            if peer.posted is None:
-                return f"{who}, which rank {q} posts only at step {peer.index}"
-        # posted, but queued on the peer's one stream behind an unfinished batch of its own
-        blocker = self.of_rank[q][head[q]].ops
-        return (
-            f"{who} (step {peer.index}), which rank {q} starts only after its own batch at step "
-            f"{blocker[0].index} ({' '.join(str(o.action) for o in blocker)}) completes"
-        )
+def _drawn(prog: Compiled, costs) -> tuple[list, list, list, list, list]:
+    """`cost_lists` for costs drawn per action: asked rank by rank in program order, then
+    one latency per message in the order of the sends."""
+    n_ops = len(prog.o_code)
+    dur, aft, post = [0.0] * len(prog.c_code), [0.0] * len(prog.c_code), [0.0] * n_ops
+    red, lat = [0.0] * len(prog.r_stage), [0.0] * n_ops
+    for kinds, args in zip(prog.kinds, prog.args):
+        for kind, x in zip(kinds, args):
+            if kind == COMPUTE:
+                a = Action(prog.c_stage[x], OPS[prog.c_code[x]], prog.c_mb[x])
+                dur[x] = costs.work(a)
+                aft[x] = costs.after(a)
+            elif kind == POST:
+                for o in range(prog.b_ops[x], prog.b_ops[x + 1]):
+                    post[o] = costs.post_cost(Action(prog.o_stage[o], OPS[prog.o_code[o]], prog.o_mb[o]))
+            elif kind == REDUCE:
+                red[x] = costs.reduce_cost(prog.r_stage[x])
+    for o, q in enumerate(prog.o_peer):
+        if OPS[prog.o_code[o]].is_send:
+            lat[o] = lat[q] = costs.latency()
+    return dur, aft, post, lat, red

@@ -1,15 +1,22 @@
-"""Check an action list before it runs; errors name the rank, the step and the action."""
+"""Check an action list before it runs; errors name the rank, the step and the action.
+
+Linear in the actions: each rank's first and last position of every action is looked up
+instead of searched for, and the channels are read from the compiled program
+(`ppx.schedules.compiled`) the dry run then runs."""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+import numpy as np
+
 from ppx.errors import ScheduleError
 from ppx.schedules.action import Action, Op
+from ppx.schedules.codes import KEY_BASE, RECV_B, SEND_B, SEND_F, SPAN, text
+from ppx.schedules.compiled import Compiled
 from ppx.schedules.costs import Costs
-from ppx.schedules.lowering import peer_of
 from ppx.schedules.schedule import Schedule
-from ppx.schedules.simulate import Timeline, simulate
+from ppx.schedules.simulate import Timeline, program_of, simulate
 
 
 def _where(r: int, k: int, a: Action) -> str:
@@ -35,6 +42,11 @@ def check_structure(schedule: Schedule) -> None:
     seen: dict[tuple[int, int], dict[Op, tuple[int, int]]] = defaultdict(dict)  # (stage, mb) -> op -> (rank, step)
     for r, row in enumerate(schedule.actions):
         counts = Counter(row)
+        first: dict[Action, int] = {}  # each action's first and last position in the row
+        last_at: dict[Action, int] = {}
+        for k, a in enumerate(row):
+            first.setdefault(a, k)
+            last_at[a] = k
         for k, a in enumerate(row):
             if not 0 <= a.stage <= last:
                 raise ScheduleError(f"{_where(r, k, a)}: stage {a.stage} does not exist ({last + 1} stages)")
@@ -47,7 +59,7 @@ def check_structure(schedule: Schedule) -> None:
             if a.op.is_compute:
                 _check_compute_order(r, k, a, seen, schedule.training)
             else:
-                _check_comm_position(r, k, a, row, schedule)
+                _check_comm_position(r, k, a, first, last_at, schedule)
             seen[(a.stage, a.mb)][a.op] = (r, k)
     _check_complete(schedule, seen)
     _check_cells(schedule)
@@ -101,7 +113,9 @@ def _check_compute_order(r, k, a, seen, training):
         raise ScheduleError(f"{_where(r, k, a)}: mixes a full backward B with a split backward I/W")
 
 
-def _check_comm_position(r, k, a, row, schedule):
+def _check_comm_position(r, k, a, first, last_at, schedule):
+    """A send after its producer, a receive before its consumer (``first``/``last_at``: each
+    action's first and last position in the row)."""
     s, i = a.stage, a.mb
     s2r, last = schedule.stage_to_rank, schedule.num_stages - 1
     nxt = {Op.SEND_F: s + 1, Op.RECV_F: s - 1, Op.SEND_B: s - 1, Op.RECV_B: s + 1}[a.op]
@@ -109,15 +123,21 @@ def _check_comm_position(r, k, a, row, schedule):
         raise ScheduleError(f"{_where(r, k, a)}: stage {s} has no remote peer stage {nxt} to talk to")
     if a.op in (Op.SEND_B, Op.RECV_B) and not schedule.training:
         raise ScheduleError(f"{_where(r, k, a)}: a forward-only schedule sends no gradients")
-    before, after = row[:k], row[k + 1 :]
-    if a.op is Op.SEND_F and Action(s, Op.F, i) not in before:
+
+    def before(x):
+        return first.get(x, k) < k
+
+    def after(x):
+        return last_at.get(x, k) > k
+
+    if a.op is Op.SEND_F and not before(Action(s, Op.F, i)):
         raise ScheduleError(f"{_where(r, k, a)}: sends before {s}F{i} has produced it")
-    if a.op is Op.RECV_F and Action(s, Op.F, i) not in after:
+    if a.op is Op.RECV_F and not after(Action(s, Op.F, i)):
         raise ScheduleError(f"{_where(r, k, a)}: no later {s}F{i} consumes it")
     grads = (Action(s, Op.B, i), Action(s, Op.I, i))
-    if a.op is Op.SEND_B and not any(g in before for g in grads):
+    if a.op is Op.SEND_B and not any(before(g) for g in grads):
         raise ScheduleError(f"{_where(r, k, a)}: sends before {s}B{i} (or {s}I{i}) has produced it")
-    if a.op is Op.RECV_B and not any(g in after for g in grads):
+    if a.op is Op.RECV_B and not any(after(g) for g in grads):
         raise ScheduleError(f"{_where(r, k, a)}: no later {s}B{i} (or {s}I{i}) consumes it")
 
 
@@ -154,27 +174,58 @@ def _check_channels(schedule: Schedule, by_kind: bool = False) -> None:
     order than the peer's (a swap of two forwards, their sends and receives moved with them):
     when the dry run, every message matched to its own receive, deadlocks on it, that
     deadlock is reported, naming what waits for what, rather than the order mismatch."""
-    sends, recvs = defaultdict(list), defaultdict(list)
-    for r, row in enumerate(schedule.actions):
-        for k, a in enumerate(row):
-            if a.op.is_comm:
-                peer, other = peer_of(a, schedule.stage_to_rank)
-                kind = a.op in (Op.SEND_B, Op.RECV_B) if by_kind else None
-                if a.op.is_send:
-                    sends[(r, peer, kind)].append((a, other, k))
-                else:
-                    recvs[(peer, r, kind)].append((other, a, k))
-    for (src, dst, kind), sent in sends.items():
-        got = recvs.get((src, dst, kind), [])
-        for (snd, want, k), (_, rcv, k2) in zip(sent, got):
-            if want != rcv:
-                try:
-                    if want.op is rcv.op:
-                        simulate(schedule, transport="gloo" if by_kind else "nccl")
-                except ScheduleError as e:
-                    if str(e).startswith("schedule deadlocks"):
-                        raise ScheduleError(str(e)) from None
-                raise ScheduleError(
-                    f"rank {src} step {k} ({snd}) is matched by rank {dst} step {k2} ({rcv}): "
-                    f"sends and receives between ranks {src} and {dst} are in a different order"
-                )
+    prog = program_of(schedule)[0]
+    got = channel_mismatch(prog, schedule.stage_to_rank, by_kind)
+    if got is None:
+        return
+    src, dst, o, q = got
+    if prog.o_code[o] == prog.o_code[q] - 1:  # the same kind of message: a send and a receive of it
+        try:
+            simulate(schedule, transport="gloo" if by_kind else "nccl")
+        except ScheduleError as e:
+            if str(e).startswith("schedule deadlocks"):
+                raise ScheduleError(str(e)) from None
+    raise ScheduleError(
+        f"rank {src} step {prog.o_index[o]} ({_op(prog, o)}) is matched by rank {dst} step {prog.o_index[q]} "
+        f"({_op(prog, q)}): sends and receives between ranks {src} and {dst} are in a different order"
+    )
+
+
+def channel_mismatch(prog: Compiled, stage_to_rank, by_kind: bool = False) -> tuple[int, int, int, int] | None:
+    """The first send whose channel's receive in the same place is another message's:
+    (sending rank, receiving rank, send op, receive op), channels in the order their first
+    send appears, rank by rank; None when every channel's order agrees. On whole arrays:
+    each op's channel and its place in it, sends and receives matched by both."""
+    code = np.asarray(prog.o_code, np.int64)
+    stage = np.asarray(prog.o_stage, np.int64)
+    rank = np.asarray(prog.o_rank, np.int64)
+    s2r = np.asarray(stage_to_rank, np.int64)
+    peer = s2r[np.where((code == SEND_F) | (code == RECV_B), stage + 1, stage - 1)]
+    send = (code == SEND_F) | (code == SEND_B)
+    kind = (code >= SEND_B) if by_kind else np.zeros(len(code), bool)
+    ranks = len(prog.kinds)
+    channel = (np.where(send, rank, peer) * ranks + np.where(send, peer, rank)) * 2 + kind
+    keys = (2 * stage + np.asarray(KEY_BASE, np.int64)[code]) * SPAN + np.asarray(prog.o_mb, np.int64)
+    sends, recvs = np.flatnonzero(send), np.flatnonzero(~send)
+    if not len(sends) or not len(recvs):
+        return None
+    s_ord = sends[np.argsort(channel[sends], kind="stable")]  # each channel's sends in order
+    r_ord = recvs[np.argsort(channel[recvs], kind="stable")]
+    s_ch, r_ch = channel[s_ord], channel[r_ord]
+    s_seq = np.arange(len(s_ord)) - np.searchsorted(s_ch, s_ch)  # place within its channel
+    r_seq = np.arange(len(r_ord)) - np.searchsorted(r_ch, r_ch)
+    width = len(code) + 1
+    r_at = r_ch * width + r_seq
+    at = np.minimum(np.searchsorted(r_at, s_ch * width + s_seq), len(r_at) - 1)
+    paired = r_at[at] == s_ch * width + s_seq
+    wrong = np.flatnonzero(paired & (keys[r_ord[at]] != keys[s_ord]))
+    if not len(wrong):
+        return None
+    first_send = s_ord[np.searchsorted(s_ch, s_ch)]  # the op opening each send's channel
+    pick = wrong[np.lexsort((s_seq[wrong], first_send[wrong]))[0]]
+    o, q = int(s_ord[pick]), int(r_ord[at[pick]])
+    return prog.o_rank[o], prog.o_rank[q], o, q
+
+
+def _op(prog: Compiled, o: int) -> str:
+    return text(prog.o_stage[o], prog.o_code[o], prog.o_mb[o])

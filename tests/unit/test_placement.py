@@ -147,11 +147,11 @@ def test_every_feasible_compute_order_runs_on_both_transports(seed):
 
 
 def test_a_receive_is_posted_after_the_unit_its_rank_runs_when_the_send_leaves():
-    """`_receiving_unit`: the unit running at the send (start < sent < end), else the last
+    """`receiving_unit`: the unit running at the send (start < sent < end), else the last
     one ended by then (-1: before the first), found by bisection over the units' ends."""
-    from ppx.schedules.placement import _receiving_unit
+    from ppx.schedules.lockstep import receiving_unit
 
     times = [(0.0, 1.0), (1.0, 2.0), (3.0, 4.0), (4.0, 4.0)]  # a gap, and a unit of no length
-    ends = [e for _, e in times]
-    got = {sent: _receiving_unit(times, ends, sent) for sent in (0.0, 0.5, 1.0, 2.5, 3.5, 4.0, 9.0)}
+    starts, ends = [s for s, _ in times], [e for _, e in times]
+    got = {sent: receiving_unit(starts, ends, sent) for sent in (0.0, 0.5, 1.0, 2.5, 3.5, 4.0, 9.0)}
     assert got == {0.0: -1, 0.5: 0, 1.0: 0, 2.5: 1, 3.5: 2, 4.0: 3, 9.0: 3}

@@ -1,0 +1,73 @@
+"""Whether a compute order passes `validate.check_structure` once Megatron's placement
+(`lowering.add_comms`) adds its sends and receives, decided on whole arrays at once.
+
+That placement puts every receive right before its consumer and every send right after its
+producer, so its comm actions are always where `check_structure` wants them when the
+computes are right: the check reduces to the computes'. Each stage's actions on its own
+rank, microbatches in range, no action twice, every microbatch's forward on every stage
+and, when training, one full backward B after it or an I after it and a W after that;
+overlapped cells a forward and an adjacent backward of another microbatch. `place_comms`
+asks this first and runs the full check, for its message, only when the answer is no.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+
+import numpy as np
+
+from ppx.schedules.codes import B, F, I, Rows
+from ppx.schedules.schedule import Schedule
+
+
+def compute_order_ok(schedule: Schedule, rows: Rows) -> bool:
+    """True when ``check_structure(add_comms(schedule))`` passes; ``rows``: ``schedule``'s
+    compute actions, encoded (`codes.rows_of` of its `compute_only`)."""
+    s2r, ranks, stages, m = schedule.stage_to_rank, schedule.num_ranks, schedule.num_stages, schedule.num_microbatches
+    if not s2r or any(not 0 <= r < ranks for r in s2r) or len(rows) != ranks:
+        return False
+    if not _cells_ok(schedule, rows):
+        return False
+    lengths = [len(oc) for _, oc, _ in rows]
+    total = sum(lengths)
+    if total == 0:
+        return stages == 0 or m == 0
+    st = np.fromiter(chain.from_iterable(r[0] for r in rows), np.int64, total)
+    oc = np.fromiter(chain.from_iterable(r[1] for r in rows), np.int64, total)
+    mb = np.fromiter(chain.from_iterable(r[2] for r in rows), np.int64, total)
+    if st.min() < 0 or st.max() >= stages or mb.min() < 0 or mb.max() >= m:
+        return False
+    rank = np.repeat(np.arange(ranks), lengths)
+    if (np.asarray(s2r)[st] != rank).any():
+        return False
+    pos = np.arange(total) - np.repeat(np.cumsum([0] + lengths[:-1]), lengths)  # position in its row
+    code = (st * m + mb) * 4 + oc
+    if (np.bincount(code, minlength=4 * stages * m) > 1).any():
+        return False
+    at = np.full(4 * stages * m, -1, np.int64)
+    at[code] = pos
+    f, b, i, w = at.reshape(stages * m, 4).T  # per (stage, microbatch): where each op is, or -1
+    if (f < 0).any():
+        return False
+    if not schedule.training:
+        return bool((b < 0).all() and (i < 0).all() and (w < 0).all())
+    full = (b > f) & (i < 0) & (w < 0)
+    split = (b < 0) & (i > f) & (w > i)
+    return bool((full | split).all())
+
+
+def _cells_ok(schedule: Schedule, rows: Rows) -> bool:
+    """Each overlapped cell a forward then a backward (B or I) of another (stage, microbatch),
+    the next compute action, itself starting no cell."""
+    if schedule.overlaps is None:
+        return True
+    if len(schedule.overlaps) != schedule.num_ranks:
+        return False
+    for r, (st, oc, mb) in enumerate(rows):
+        cells = schedule.cells(r)
+        for c in cells:
+            if c < 0 or c + 1 >= len(oc) or c + 1 in cells:
+                return False
+            if oc[c] != F or oc[c + 1] not in (B, I) or (st[c], mb[c]) == (st[c + 1], mb[c + 1]):
+                return False
+    return True
