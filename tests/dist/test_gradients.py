@@ -115,7 +115,35 @@ def cases(p: int) -> list[tuple[str, list[str]]]:
         (f"{mo}-{s}-even-torch_executor", overrides(mo, s, p) + ["pipeline.executor=torch"])
         for mo, s in [("mlp", "1f1b"), ("mlp", "zb_h1"), ("transformer", "interleaved")]
     ]
+    out.append(("mlp-zb_auto-csv", auto_csv_overrides(p)))
     return out + torch_order_cases(p)
+
+
+def auto_csv_overrides(p: int, m: int = 8) -> list[str]:
+    """Overrides running ppx's automatic schedule for unequal stages (the last 1.5x slower,
+    its W cheaper) under a tight limit (two microbatches per rank), placed for NCCL and written
+    to a CSV (atomically: every spawned process writes the same file)."""
+    import os
+    import tempfile
+
+    from ppx.schedules.auto_zb import auto_zb
+    from ppx.schedules.costs import Costs
+    from ppx.schedules.csv_io import write_csv
+    from ppx.schedules.placement import place_comms
+
+    path = Path(tempfile.gettempdir()) / f"ppx-zb-auto-{os.getuid()}" / f"p{p}_m{m}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    slow = [1.0] * (p - 1) + [1.5]
+    write_csv(place_comms(auto_zb(p, m, Costs(slow, slow, [0.5] * p), mem_limit=2), "nccl"), tmp)
+    os.replace(tmp, path)
+    return MODELS["mlp"] + [
+        f"pipeline.schedule={path}",
+        f"pipeline.stages={p}",
+        f"pipeline.microbatches={m}",
+        "train.batch_size=8",
+        "train.seed=3",
+    ]
 
 
 def torch_order_cases(p: int) -> list[tuple[str, list[str]]]:
