@@ -112,7 +112,8 @@ def round_trip(r: int, t: StageTimes) -> float:
 
 
 def policies(p: int, m: int, t: StageTimes, slots: tuple[int, ...]) -> list[Policy]:
-    """The refinement family, the variants that win most often first: eager, then lazy W's x
+    """The refinement family, the variants that win most often first: eager W's, eager W's
+    that recycle memory first, then lazy W's x
     in-flight caps per rank (memory's; as many forwards as fit before the first I; 1F1B's;
     the round trip over the slowest stage's period plus 0..2) x the three tie-breaks, with
     split backwards where a stage has a W; then 1F1B's caps with full backwards everywhere."""
@@ -127,5 +128,10 @@ def policies(p: int, m: int, t: StageTimes, slots: tuple[int, ...]) -> list[Poli
     for extra in (0, 1, 2):
         cap_sets.append(tuple(min(s, math.ceil(round_trip(r, t) / period) + extra) for r, s in enumerate(slots)))
     caps = list(dict.fromkeys(tuple(max(1, c) for c in cs) for cs in cap_sets))
-    out = [Policy(c, slots, split, lazy, prefer) for lazy in (False, True) for c in caps for prefer in PREFER]
+    out = [
+        Policy(c, slots, split, lazy, prefer, recycle)
+        for lazy, recycle in ((False, False), (False, True), (True, False))
+        for c in caps
+        for prefer in PREFER
+    ]
     return out + [Policy(cap_sets[2], slots, (False,) * p, False, prefer) for prefer in PREFER]

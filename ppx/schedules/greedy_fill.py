@@ -7,6 +7,8 @@ backward B) once its gradient has arrived, being on the critical path; else the 
 F once its input has arrived, if fewer than ``caps[r]`` microbatches wait for their I and the
 rank holds fewer than ``slots[r]`` microbatches' saved activations; else the oldest pending
 weight pass W, which fills idle time and frees memory; else it waits for the next arrival.
+With ``recycle``, a forward that is ready but held back by memory alone first gets that W,
+before any I (the paper's W inserted to recycle memory when the limit is hit).
 With ``lazy_w``, a W is held back while a known arrival is nearer than the W's own length
 (it would delay the I or F that arrives). Memory as ppx's runtime holds it: F adds one
 microbatch, I frees nothing, W or B frees it.
@@ -46,13 +48,21 @@ class Policy:
     split: tuple[bool, ...]
     lazy_w: bool = False
     prefer: str = "I"  # both ready: "I" first, "F" first, or "alt": the other kind than the rank's last
+    recycle: bool = False  # a ready F held back by memory alone: the oldest pending W before any I
 
 
 def greedy_fill(p: int, m: int, t: StageTimes, policy: Policy) -> tuple[list[list[tuple[Op, int]]], float]:
     """Each rank's compute actions as (op, microbatch) in the order the pass runs them (rank r
     runs stage r: `actions` makes them `Action`s), and the pass's own predicted step (the last
     rank's end, in the costs' unit)."""
-    caps, slots, split, lazy, prefer = policy.caps, policy.slots, policy.split, policy.lazy_w, policy.prefer
+    caps, slots, split, lazy, prefer, recycle = (
+        policy.caps,
+        policy.slots,
+        policy.split,
+        policy.lazy_w,
+        policy.prefer,
+        policy.recycle,
+    )
     f_in = [[INF] * m for _ in range(p)]  # when microbatch k's input reaches rank r
     g_in = [[INF] * m for _ in range(p)]  # when its output gradient does
     f_in[0] = [0.0] * m
@@ -68,7 +78,9 @@ def greedy_fill(p: int, m: int, t: StageTimes, policy: Policy) -> tuple[list[lis
         f, i, w = nf[r], ni[r], nw[r]
         may_f = f < m and f - i < caps[r] and f - (w if split[r] else i) < slots[r]
         can_i, can_f = i < f and g_in[r][i] <= now, may_f and f_in[r][f] <= now
-        if can_f and (not can_i or prefer == "F" or (prefer == "alt" and not last_f[r])):
+        if recycle and w < i and split[r] and f < m and f - i < caps[r] and not may_f and f_in[r][f] <= now:
+            op, k, d = Op.W, w, t.wgrad[r]
+        elif can_f and (not can_i or prefer == "F" or (prefer == "alt" and not last_f[r])):
             op, k, d = Op.F, f, t.fwd[r]
         elif can_i:
             op, k, d = (Op.I if split[r] else Op.B), i, t.bwd[r] + (0.0 if split[r] else t.wgrad[r])
