@@ -8,7 +8,10 @@ limit allows, filling the idle time with the weight passes W it holds
 (`ppx.schedules.greedy_fill`). Refinement: a small family of variants (how many microbatches
 each rank keeps awaiting their I, eager or lazy W's, split or full backwards) is ranked by
 that pass's own clock and the best few by the simulator (`simulate(place_comms(s, "nccl"),
-costs)`); the fastest within the limit is kept.
+costs)`), together with the handcrafted orders that fit the limit (1F1B, ZB-H1, ZB-H2), so
+that zb_auto is never slower than they are; the fastest is kept. Above SIMULATE_UP_TO
+microbatch-stages the pass's best and the handcrafted ones are compared on the pass's clock
+(`ppx.schedules.order_clock`) instead.
 
 Memory is counted as ppx's runtime holds it (`ppx.schedules.memory.peak_held` with
 input_share 0): F adds a microbatch's saved bytes, I frees nothing, W or B frees them all. A
@@ -22,18 +25,22 @@ from collections.abc import Sequence
 
 from ppx.errors import ScheduleError
 from ppx.schedules.action import F, I, W
+from ppx.schedules.basic import one_f_one_b
 from ppx.schedules.costs import Costs
 from ppx.schedules.greedy_fill import Policy, StageTimes, actions, greedy_fill
+from ppx.schedules.memory import peak_held
+from ppx.schedules.order_clock import order_step
 from ppx.schedules.placement import place_comms
 from ppx.schedules.schedule import Schedule
 from ppx.schedules.simulate import simulate
+from ppx.schedules.zero_bubble import zb_h1, zb_h2
 
 NAME = "zb_auto"
 PREFER = ("I", "alt", "F")  # tie-breaks between a ready I and a ready F
-PASS_BUDGET = 200_000  # microbatch-stages (p x m) over all passes: at p=64, m=512 the first 6 variants
+PASS_BUDGET = 100_000  # microbatch-stages (p x m) over all passes: at p=64, m=512 the first 3 variants
 MIN_PASSES = 3
 SIMULATED = 3  # variants the simulator ranks, the best by the pass's own clock
-SIMULATE_UP_TO = 1024  # p x m above which the pass's own clock alone decides (the simulator costs seconds)
+SIMULATE_UP_TO = 512  # p x m above which the pass's own clock alone decides (the simulator costs seconds)
 
 
 def auto_zb(
@@ -51,7 +58,8 @@ def auto_zb(
     if p < 1 or m < 1:
         raise ScheduleError(f"zb_auto needs at least one stage and one microbatch, got p={p}, m={m}")
     times = stage_times(p, costs)
-    family = policies(p, m, times, memory_slots(p, m, act_bytes, mem_limit))
+    slots = memory_slots(p, m, act_bytes, mem_limit)
+    family = policies(p, m, times, slots)
     passes = family[: max(MIN_PASSES, PASS_BUDGET // (p * m))]
     ranked = sorted((greedy_fill(p, m, times, policy)[::-1] for policy in passes), key=lambda x: x[0])
     best = []  # the distinct orders, best first by the pass's own step
@@ -60,10 +68,27 @@ def auto_zb(
             best.append(rows)
         if len(best) == SIMULATED:
             break
-    best = [Schedule(NAME, m, tuple(range(p)), actions(rows)) for rows in best]
-    if len(best) == 1 or p * m > SIMULATE_UP_TO:
-        return best[0]
-    return min(best, key=lambda s: simulate(place_comms(s, "nccl"), costs).makespan)
+    mine = [actions(rows) for rows in best]
+    candidates = mine + [s.actions for s in handcrafted(p, m, slots)]
+    if p * m > SIMULATE_UP_TO:  # the pass's best against the handcrafted ones on the pass's clock
+        chosen = min(candidates[:1] + candidates[len(mine) :], key=lambda rows: order_step(rows, m, times))
+    else:
+        chosen = min(candidates, key=lambda rows: simulate(place_comms(_named(p, m, rows), "nccl"), costs).makespan)
+    return _named(p, m, chosen)
+
+
+def _named(p: int, m: int, rows) -> Schedule:
+    return Schedule(NAME, m, tuple(range(p)), tuple(tuple(row) for row in rows))
+
+
+def handcrafted(p: int, m: int, slots: tuple[int, ...]) -> list[Schedule]:
+    """The handcrafted one-stage-per-rank orders that fit ``slots`` microbatches per rank
+    (1F1B, ZB-H1, ZB-H2): the refinement's floor, so zb_auto is never slower than they are."""
+    out = []
+    for s in (one_f_one_b(p, m), zb_h1(p, m), zb_h2(p, m)):
+        if all(h <= n for h, n in zip(peak_held(s, [1.0] * p), slots)):
+            out.append(s)
+    return out
 
 
 def stage_times(p: int, costs: Costs) -> StageTimes:

@@ -120,3 +120,17 @@ def test_a_limit_below_one_microbatch_is_refused():
         auto_zb(2, 4, Costs(1, 1, 1), act_bytes=[1, 2], mem_limit=1.5)
     with pytest.raises(ScheduleError, match="act_bytes must be 3 sizes"):
         auto_zb(3, 4, Costs(1, 1, 1), act_bytes=[1, 2])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_never_slower_than_a_builtin_that_fits(seed):
+    """Random per-stage costs and limits: no one-stage-per-rank built-in within the limit
+    simulates faster (the handcrafted orders are the refinement's floor)."""
+    p, m, costs, act, limit = random_case(100 + seed)
+    limits = [min(p - r, m) * act[r] for r in range(p)] if limit is None else limit
+    limits = limits if isinstance(limits, list) else [limits] * p
+    mine = step(auto_zb(p, m, costs, act, limit), costs)
+    for name in ONE_STAGE_PER_RANK:
+        s = FAMILIES[name].make(p, m, 1)
+        if all(h <= lim * (1 + 1e-9) for h, lim in zip(peak_held(s, act), limits)):
+            assert mine <= step(s, costs) * (1 + 1e-9), (name, mine, step(s, costs))
