@@ -22,17 +22,38 @@ from ppx.engine.torch_executor import TorchPipeline
 
 MODELS = {
     "mlp": ["model.kind=mlp", "model.hidden=32", "model.layers=4"],
-    "transformer": ["model.kind=transformer", "model.hidden=32", "model.layers=4", "model.heads=2",
-                    "model.seq_len=8", "model.vocab_size=64"],
-    "llama": ["model.kind=llama", "model.hidden=32", "model.layers=4", "model.heads=4", "model.kv_heads=2",
-              "model.seq_len=8", "model.vocab_size=64"],
+    "transformer": [
+        "model.kind=transformer",
+        "model.hidden=32",
+        "model.layers=4",
+        "model.heads=2",
+        "model.seq_len=8",
+        "model.vocab_size=64",
+    ],
+    "llama": [
+        "model.kind=llama",
+        "model.hidden=32",
+        "model.layers=4",
+        "model.heads=4",
+        "model.kv_heads=2",
+        "model.seq_len=8",
+        "model.vocab_size=64",
+    ],
 }
 SCHEDULES = {  # name -> (schedule, microbatches)
-    "naive_m1": ("naive", 1), "naive_m4": ("naive", 4), "gpipe": ("gpipe", 4),
-    "1f1b": ("1f1b", 4), "1f1b_m2": ("1f1b", 2), "forward_only": ("forward_only", 4),
-    "interleaved": ("interleaved_1f1b", 4), "zb_h1": ("zb_h1", 4), "zb_h2": ("zb_h2", 8),
-    "looped_bfs": ("looped_bfs", 4), "interleaved_zb": ("interleaved_zb", 4),
-    "zbv": ("zbv", 8), "dualpipev": ("dualpipev", 8),  # V placements; dualpipev needs m >= 2p
+    "naive_m1": ("naive", 1),
+    "naive_m4": ("naive", 4),
+    "gpipe": ("gpipe", 4),
+    "1f1b": ("1f1b", 4),
+    "1f1b_m2": ("1f1b", 2),
+    "forward_only": ("forward_only", 4),
+    "interleaved": ("interleaved_1f1b", 4),
+    "zb_h1": ("zb_h1", 4),
+    "zb_h2": ("zb_h2", 8),
+    "looped_bfs": ("looped_bfs", 4),
+    "interleaved_zb": ("interleaved_zb", 4),
+    "zbv": ("zbv", 8),
+    "dualpipev": ("dualpipev", 8),  # V placements; dualpipev needs m >= 2p
 }
 UNEVEN = {4: "[1,1,1,1]", 2: "[3,1]"}
 # llama on one schedule per way of running a stage: full backward, split I/W, two stages per
@@ -43,9 +64,20 @@ UNEVEN_UNITS = {4: "[1,2,2,1]", 2: "[5,1]"}  # llama's [embedding, 4 blocks, hea
 
 def overrides(model: str, sched: str, p: int, uneven: bool = False) -> list[str]:
     name, m = SCHEDULES[sched]
-    o = MODELS[model] + [f"pipeline.schedule={name}", f"pipeline.stages={p}", f"pipeline.microbatches={m}",
-                         "train.batch_size=8", "train.seed=3"]
-    if name in ("interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv", "dualpipev"):  # two stages per rank: 2p stages need 2p layers
+    o = MODELS[model] + [
+        f"pipeline.schedule={name}",
+        f"pipeline.stages={p}",
+        f"pipeline.microbatches={m}",
+        "train.batch_size=8",
+        "train.seed=3",
+    ]
+    if name in (
+        "interleaved_1f1b",
+        "looped_bfs",
+        "interleaved_zb",
+        "zbv",
+        "dualpipev",
+    ):  # two stages per rank: 2p stages need 2p layers
         o += ["pipeline.virtual_stages=2", f"model.layers={2 * p}"]
     split = UNEVEN_UNITS[p] if model == "llama" else UNEVEN[p]
     return o + ([f"pipeline.layers_per_stage={split}"] if uneven else [])
@@ -58,35 +90,84 @@ def cases(p: int) -> list[tuple[str, list[str]]]:
     At p = 8 only torch's orders run (eight processes on a CI machine's two cores)."""
     if p == 8:
         return torch_order_cases(p)
-    out = [(f"{mo}-{s}-even", overrides(mo, s, p)) for mo in MODELS for s in SCHEDULES
-           if mo != "llama" or s in LLAMA_SCHEDULES]
+    out = [
+        (f"{mo}-{s}-even", overrides(mo, s, p))
+        for mo in MODELS
+        for s in SCHEDULES
+        if mo != "llama" or s in LLAMA_SCHEDULES
+    ]
     out += [(f"{mo}-1f1b-uneven", overrides(mo, "1f1b", p, uneven=True)) for mo in MODELS]
-    out += [("mlp-1f1b-tracer-uneven", overrides("mlp", "1f1b", p, uneven=True) + ["pipeline.split=tracer"]),
-            ("transformer-zb_h1-tracer", overrides("transformer", "zb_h1", p) + ["pipeline.split=tracer"]),
-            ("mlp-interleaved-tracer", overrides("mlp", "interleaved", p) + ["pipeline.split=tracer"]),
-            ("llama-1f1b-tracer-uneven", overrides("llama", "1f1b", p, uneven=True) + ["pipeline.split=tracer"])]
+    out += [
+        ("mlp-1f1b-tracer-uneven", overrides("mlp", "1f1b", p, uneven=True) + ["pipeline.split=tracer"]),
+        ("transformer-zb_h1-tracer", overrides("transformer", "zb_h1", p) + ["pipeline.split=tracer"]),
+        ("mlp-interleaved-tracer", overrides("mlp", "interleaved", p) + ["pipeline.split=tracer"]),
+        ("llama-1f1b-tracer-uneven", overrides("llama", "1f1b", p, uneven=True) + ["pipeline.split=tracer"]),
+    ]
     # receives posted 0 (the lowered list's place) or 2 compute actions before their consumer
     # (default -1: all of them at the rank's first wait)
-    out += [(f"{mo}-{s}-even-lookahead{k}", overrides(mo, s, p) + [f"runtime.recv_lookahead={k}"])
-            for mo, s in [("mlp", "1f1b"), ("transformer", "interleaved"), ("mlp", "zb_h1")] for k in (0, 2)]
+    out += [
+        (f"{mo}-{s}-even-lookahead{k}", overrides(mo, s, p) + [f"runtime.recv_lookahead={k}"])
+        for mo, s in [("mlp", "1f1b"), ("transformer", "interleaved"), ("mlp", "zb_h1")]
+        for k in (0, 2)
+    ]
     # ppx's lists exported to torch's CSV form and executed by torch's _PipelineScheduleRuntime
-    out += [(f"{mo}-{s}-even-torch_executor", overrides(mo, s, p) + ["pipeline.executor=torch"])
-            for mo, s in [("mlp", "1f1b"), ("mlp", "zb_h1"), ("transformer", "interleaved")]]
+    out += [
+        (f"{mo}-{s}-even-torch_executor", overrides(mo, s, p) + ["pipeline.executor=torch"])
+        for mo, s in [("mlp", "1f1b"), ("mlp", "zb_h1"), ("transformer", "interleaved")]
+    ]
+    out.append(("mlp-zb_auto-csv", auto_csv_overrides(p)))
     return out + torch_order_cases(p)
+
+
+def auto_csv_overrides(p: int, m: int = 8) -> list[str]:
+    """Overrides running ppx's automatic schedule for unequal stages (the last 1.5x slower,
+    its W cheaper) under a tight limit (two microbatches per rank), placed for NCCL and written
+    to a CSV (atomically: every spawned process writes the same file)."""
+    import os
+    import tempfile
+
+    from ppx.schedules.auto_zb import auto_zb
+    from ppx.schedules.costs import Costs
+    from ppx.schedules.csv_io import write_csv
+    from ppx.schedules.placement import place_comms
+
+    path = Path(tempfile.gettempdir()) / f"ppx-zb-auto-{os.getuid()}" / f"p{p}_m{m}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    slow = [1.0] * (p - 1) + [1.5]
+    write_csv(place_comms(auto_zb(p, m, Costs(slow, slow, [0.5] * p), mem_limit=2), "nccl"), tmp)
+    os.replace(tmp, path)
+    return MODELS["mlp"] + [
+        f"pipeline.schedule={path}",
+        f"pipeline.stages={p}",
+        f"pipeline.microbatches={m}",
+        "train.batch_size=8",
+        "train.seed=3",
+    ]
 
 
 def torch_order_cases(p: int) -> list[tuple[str, list[str]]]:
     """torch 2.13's own orders, built from the installed torch and given as compute-only CSVs:
     ppx places their sends and receives (V placements, overlapped cells included); m in
     {p, 2p, 4p} where torch builds the order (DualPipeV: m >= 2p)."""
-    return [(f"mlp-torch_{cls}-m{k}p-csv", torch_csv_overrides(cls, p, k * p))
-            for cls in TORCH_ORDERS for k in (1, 2, 4) if not (cls == "ScheduleDualPipeV" and k == 1)]
+    return [
+        (f"mlp-torch_{cls}-m{k}p-csv", torch_csv_overrides(cls, p, k * p))
+        for cls in TORCH_ORDERS
+        for k in (1, 2, 4)
+        if not (cls == "ScheduleDualPipeV" and k == 1)
+    ]
 
 
 # torch's schedule classes whose orders run (Schedule1F1B's order is refused: its last rank
 # runs a backward before its forward, tests/unit/test_placement.py) -> stages per rank
-TORCH_ORDERS = {"ScheduleGPipe": 1, "ScheduleInterleaved1F1B": 2, "ScheduleLoopedBFS": 2,
-                "ScheduleInterleavedZeroBubble": 2, "ScheduleZBVZeroBubble": 2, "ScheduleDualPipeV": 2}
+TORCH_ORDERS = {
+    "ScheduleGPipe": 1,
+    "ScheduleInterleaved1F1B": 2,
+    "ScheduleLoopedBFS": 2,
+    "ScheduleInterleavedZeroBubble": 2,
+    "ScheduleZBVZeroBubble": 2,
+    "ScheduleDualPipeV": 2,
+}
 
 
 def torch_csv_overrides(cls: str, p: int, m: int) -> list[str]:
@@ -105,8 +186,14 @@ def torch_csv_overrides(cls: str, p: int, m: int) -> list[str]:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         write_csv(torch_order(cls, p, m, v), tmp)
         os.replace(tmp, path)
-    return MODELS["mlp"][:-1] + [f"model.layers={v * p}", f"pipeline.schedule={path}", f"pipeline.stages={p}",
-                                 f"pipeline.microbatches={m}", f"train.batch_size={4 * p}", "train.seed=3"]
+    return MODELS["mlp"][:-1] + [
+        f"model.layers={v * p}",
+        f"pipeline.schedule={path}",
+        f"pipeline.stages={p}",
+        f"pipeline.microbatches={m}",
+        f"train.batch_size={4 * p}",
+        "train.seed=3",
+    ]
 
 
 STAGE_COUNTS = (2, 4, 8)
@@ -115,8 +202,9 @@ CASES = [(p, name) for p in STAGE_COUNTS for name, _ in cases(p)]
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    )
     try:
         for name, o in cases(world):
             cfg = config.load(None, o)
@@ -125,8 +213,10 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             else:
                 pipe = build_rank(cfg, resolve_schedule(cfg), rank, "cpu", P2P.for_backend("gloo"))
             loss = pipe.step(0)
-            grads = {stage: [None if q.grad is None else q.grad.clone() for q in mod.parameters()]
-                     for stage, mod in pipe.modules.items()}
+            grads = {
+                stage: [None if q.grad is None else q.grad.clone() for q in mod.parameters()]
+                for stage, mod in pipe.modules.items()
+            }
             torch.save({"loss": loss, "grads": grads}, Path(out) / f"{name}.rank{rank}.pt")
             dist.barrier()
     finally:
