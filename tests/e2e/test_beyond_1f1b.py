@@ -109,12 +109,12 @@ def test_simulate_from_a_run(runs):
     assert f"predicted step time {(m + p - 1) * slot:.2f} ms, bubble {(p - 1) / (m + p - 1):.1%}" in r.stdout
 
 
-def test_torch_backend_runs_in_the_harness_with_the_same_losses(tmp_path):
-    common = ["train.steps=3", "logging.wandb.mode=disabled"]
-    a = ppx("run", "1f1b_2cpu", *common, "pipeline.schedule=1f1b", f"run.dir={tmp_path / 'ppx'}")
-    b = ppx("run", "1f1b_2cpu", *common, "pipeline.schedule=torch_1f1b", f"run.dir={tmp_path / 'torch'}")
-    assert a.returncode == 0 and b.returncode == 0, b.stderr[-3000:]
-    sa, sb = read_json(tmp_path / "ppx" / "summary.json"), read_json(tmp_path / "torch" / "summary.json")
+def test_torch_backend_runs_in_the_harness_with_the_same_losses(shared_run, tmp_path):
+    a = shared_run("1f1b_2cpu", "train.steps=3")  # the experiment's schedule: 1f1b
+    b = ppx("run", "1f1b_2cpu", "train.steps=3", "pipeline.schedule=torch_1f1b", f"run.dir={tmp_path / 'torch'}")
+    assert b.returncode == 0, b.stderr[-3000:]
+    sa, sb = read_json(a.dir / "summary.json"), read_json(tmp_path / "torch" / "summary.json")
+    assert sa["schedule"] == "1f1b"
     assert sb["losses"] == pytest.approx(sa["losses"], rel=1e-6)
     p, m = sa["stages"], sa["microbatches"]
     assert sb["schedule"] == "torch_1f1b" and sb["bubble_fraction_theory"] == pytest.approx((p - 1) / (m + p - 1))

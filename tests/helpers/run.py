@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,3 +43,35 @@ def read_json(path: Path):
 
 def read_jsonl(path: Path) -> list:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    """One finished ``ppx run``: its run directory, the ``run.root`` it was made under (the
+    default place, ``<root>/<experiment>/<timestamp>``) and the finished process."""
+
+    dir: Path
+    root: Path
+    result: subprocess.CompletedProcess
+
+
+class SharedRuns:
+    """``ppx run <experiment> <overrides>`` once per session for every test that only reads
+    the run (conftest.py's ``shared_run`` fixture): the same arguments, the same run. Each run
+    goes to the default run directory under a ``run.root`` of its own."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.done: dict[tuple[str, ...], SharedRun] = {}
+
+    def __call__(self, experiment: str, *overrides: str) -> SharedRun:
+        if not any(a.startswith("logging.wandb.mode=") for a in overrides):
+            overrides = (*overrides, "logging.wandb.mode=disabled")  # as ppx() adds it: one key
+        key = (experiment, *overrides)
+        if key not in self.done:
+            root = self.folder / f"root{len(self.done)}"
+            r = ppx("run", experiment, *overrides, f"run.root={root}")
+            assert r.returncode == 0, r.stderr[-3000:]
+            (d,) = (root / experiment).iterdir()
+            self.done[key] = SharedRun(d, root, r)
+        return self.done[key]
