@@ -8,6 +8,7 @@ import json
 import pytest
 
 from helpers import CUDA_DEVICES, GPU_ENV, ppx, read_json, read_jsonl
+from helpers.run import PROFILED_1F1B
 
 # 60/120 ms: the hand-offs between ranks (0.3-3 ms each on loopback gloo on a shared 2-core
 # machine whose caches go cold while the ranks wait) stay small next to them
@@ -171,20 +172,8 @@ def test_profiler_off_writes_no_trace(runs):
     assert not list((runs[("gpipe", 4, 8)] / "tb").glob("*.pt.trace.json"))
 
 
-def test_profiler_traces_per_rank(tmp_path_factory):
-    d = known_cost_run(
-        tmp_path_factory,
-        "1f1b",
-        2,
-        4,
-        "train.steps=5",
-        "profile.enabled=true",
-        "profile.wait=1",
-        "profile.warmup=1",
-        "profile.active=2",
-        "model.fwd_ms=1",
-        "model.bwd_ms=2",
-    )
+def test_profiler_traces_per_rank(shared_run):
+    d = shared_run(*PROFILED_1F1B).dir  # read only: test_logging.py's TensorBoard and W&B tests read it too
     traces = sorted((d / "tb").glob("*.pt.trace.json"))
     assert [t.name.split(".")[0] for t in traces] == ["rank0", "rank1"]
     lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]

@@ -45,6 +45,20 @@ def read_jsonl(path: Path) -> list:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+# 1F1B on 2 ranks profiled at steps 2 and 3 of 5 (wait 1, warmup 1, active 2), logged to W&B
+# offline (the default mode): tests/e2e/test_logging.py's TensorBoard and W&B tests and
+# tests/e2e/test_instrumentation.py's profiler traces read this one run (shared_run)
+PROFILED_1F1B = (
+    "1f1b_2cpu",
+    "train.steps=5",
+    "profile.enabled=true",
+    "profile.wait=1",
+    "profile.warmup=1",
+    "profile.active=2",
+    "logging.wandb.mode=offline",
+)
+
+
 @dataclass(frozen=True)
 class SharedRun:
     """One finished ``ppx run``: its run directory, the ``run.root`` it was made under (the
