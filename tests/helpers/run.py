@@ -72,11 +72,12 @@ class SharedRun:
 class SharedRuns:
     """``ppx run <experiment> <overrides>`` once per session for every test that only reads
     the run (conftest.py's ``shared_run`` fixture): the same arguments, the same run. Each run
-    goes to the default run directory under a ``run.root`` of its own."""
+    goes to the default run directory under a ``run.root`` of its own. A run that fails fails
+    every test that asks for it, with its error, without running again."""
 
     def __init__(self, folder: Path):
         self.folder = folder
-        self.done: dict[tuple[str, ...], SharedRun] = {}
+        self.done: dict[tuple[str, ...], SharedRun | str] = {}
 
     def __call__(self, experiment: str, *overrides: str) -> SharedRun:
         if not any(a.startswith("logging.wandb.mode=") for a in overrides):
@@ -85,7 +86,13 @@ class SharedRuns:
         if key not in self.done:
             root = self.folder / f"root{len(self.done)}"
             r = ppx("run", experiment, *overrides, f"run.root={root}")
-            assert r.returncode == 0, r.stderr[-3000:]
-            (d,) = (root / experiment).iterdir()
-            self.done[key] = SharedRun(d, root, r)
-        return self.done[key]
+            runs = list((root / experiment).iterdir()) if r.returncode == 0 else []
+            if len(runs) == 1:
+                self.done[key] = SharedRun(runs[0], root, r)
+            else:
+                self.done[key] = (
+                    f"ppx run {' '.join(key)}: exit {r.returncode}, run directories {runs}\n{r.stderr[-3000:]}"
+                )
+        done = self.done[key]
+        assert isinstance(done, SharedRun), done
+        return done
