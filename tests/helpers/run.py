@@ -47,9 +47,15 @@ def read_jsonl(path: Path) -> list:
 
 # 1F1B on 2 ranks profiled at steps 2 and 3 of 5 (wait 1, warmup 1, active 2), logged to W&B
 # offline (the default mode): tests/e2e/test_logging.py's TensorBoard and W&B tests and
-# tests/e2e/test_instrumentation.py's profiler traces read this one run (shared_run)
+# tests/e2e/test_instrumentation.py's profiler traces read this one run (shared_run). The
+# known-cost model (1 ms forwards, 2 ms backwards, slept): ranks that wait leave the CPU free,
+# so they start each step together (test_instrumentation holds the step to 1% of the longest rank's)
 PROFILED_1F1B = (
     "1f1b_2cpu",
+    "model.kind=synthetic",
+    "model.hidden=16",
+    "model.fwd_ms=1",
+    "model.bwd_ms=2",
     "train.steps=5",
     "profile.enabled=true",
     "profile.wait=1",
