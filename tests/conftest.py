@@ -33,3 +33,12 @@ def pytest_ignore_collect(collection_path: Path, config):
 def run_dir(tmp_path) -> Path:
     """A run directory path that does not exist yet."""
     return tmp_path / "run"
+
+
+@pytest.fixture(scope="session")
+def shared_run(tmp_path_factory):
+    """``shared_run(experiment, *overrides)``: a ``helpers.SharedRun``, run once per session
+    for the same arguments, for tests that only read it (never write into its directory)."""
+    from helpers.run import SharedRuns
+
+    return SharedRuns(tmp_path_factory.mktemp("shared"))

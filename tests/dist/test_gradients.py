@@ -149,11 +149,13 @@ def auto_csv_overrides(p: int, m: int = 8) -> list[str]:
 def torch_order_cases(p: int) -> list[tuple[str, list[str]]]:
     """torch 2.13's own orders, built from the installed torch and given as compute-only CSVs:
     ppx places their sends and receives (V placements, overlapped cells included); m in
-    {p, 2p, 4p} where torch builds the order (DualPipeV: m >= 2p)."""
+    {p, 2p, 4p} where torch builds the order (DualPipeV: m >= 2p); at p = 8, m in {p, 2p}
+    (m = 4p, 32 microbatches on eight processes, runs at p = 2 and 4)."""
+    ks = (1, 2) if p == 8 else (1, 2, 4)
     return [
         (f"mlp-torch_{cls}-m{k}p-csv", torch_csv_overrides(cls, p, k * p))
         for cls in TORCH_ORDERS
-        for k in (1, 2, 4)
+        for k in ks
         if not (cls == "ScheduleDualPipeV" and k == 1)
     ]
 

@@ -191,30 +191,16 @@ def test_other_commands_fail_fast_with_one_line(case, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_simulate_from_a_run_takes_its_shape(tmp_path):
-    run = tmp_path / "run"
-    r = ppx(
-        "run",
-        "gpipe_2cpu",
-        "model.kind=synthetic",
-        "model.fwd_ms=2",
-        "model.bwd_ms=4",
-        "model.hidden=16",
-        "train.steps=2",
-        "logging.wandb.mode=disabled",
-        "logging.tensorboard=false",
-        f"run.dir={run}",
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    r = ppx("simulate", "gpipe", "--from-run", str(run))
-    assert r.returncode == 0 and "gpipe: 2 ranks, 2 stages, 4 microbatches" in r.stdout, r.stdout + r.stderr
+def test_simulate_from_a_run_takes_its_shape(shared_run):
+    run = shared_run("1f1b_2cpu", "train.steps=3").dir  # read only: shared with other files
+    r = ppx("simulate", "1f1b", "--from-run", str(run))
+    assert r.returncode == 0 and "1f1b: 2 ranks, 2 stages, 4 microbatches" in r.stdout, r.stdout + r.stderr
     s = json.loads((run / "summary.json").read_text())  # held against the steps its costs come from
     assert (
         f"step {s['measured_step_time_s'] * 1e3:.2f} ms" in r.stdout
         and f"bubble {s['measured_bubble_fraction']:.1%}" in r.stdout
     )
-    r = ppx("simulate", "gpipe", "-p", "4", "--from-run", str(run))
+    r = ppx("simulate", "1f1b", "-p", "4", "--from-run", str(run))
     assert r.returncode == 2 and "its costs are per stage" in r.stderr
     r = ppx("simulate", str(DATA / "1f1b_p2_m4.csv"), "--from-run", str(run))  # the CSV's shape
     assert r.returncode == 0 and "1f1b_p2_m4: 2 ranks, 2 stages, 4 microbatches" in r.stdout, r.stdout + r.stderr

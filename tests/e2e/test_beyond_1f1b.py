@@ -109,12 +109,12 @@ def test_simulate_from_a_run(runs):
     assert f"predicted step time {(m + p - 1) * slot:.2f} ms, bubble {(p - 1) / (m + p - 1):.1%}" in r.stdout
 
 
-def test_torch_backend_runs_in_the_harness_with_the_same_losses(tmp_path):
-    common = ["train.steps=3", "logging.wandb.mode=disabled"]
-    a = ppx("run", "1f1b_2cpu", *common, "pipeline.schedule=1f1b", f"run.dir={tmp_path / 'ppx'}")
-    b = ppx("run", "1f1b_2cpu", *common, "pipeline.schedule=torch_1f1b", f"run.dir={tmp_path / 'torch'}")
-    assert a.returncode == 0 and b.returncode == 0, b.stderr[-3000:]
-    sa, sb = read_json(tmp_path / "ppx" / "summary.json"), read_json(tmp_path / "torch" / "summary.json")
+def test_torch_backend_runs_in_the_harness_with_the_same_losses(shared_run, tmp_path):
+    a = shared_run("1f1b_2cpu", "train.steps=3")  # the experiment's schedule: 1f1b
+    b = ppx("run", "1f1b_2cpu", "train.steps=3", "pipeline.schedule=torch_1f1b", f"run.dir={tmp_path / 'torch'}")
+    assert b.returncode == 0, b.stderr[-3000:]
+    sa, sb = read_json(a.dir / "summary.json"), read_json(tmp_path / "torch" / "summary.json")
+    assert sa["schedule"] == "1f1b"
     assert sb["losses"] == pytest.approx(sa["losses"], rel=1e-6)
     p, m = sa["stages"], sa["microbatches"]
     assert sb["schedule"] == "torch_1f1b" and sb["bubble_fraction_theory"] == pytest.approx((p - 1) / (m + p - 1))
@@ -126,28 +126,17 @@ def test_torch_backend_runs_in_the_harness_with_the_same_losses(tmp_path):
     assert [r["peak_activation_bytes"] for r in sb["ranks"]] == [r["peak_activation_bytes"] for r in sa["ranks"]]
 
 
-def test_overlapped_cells_show_both_parts_in_the_timeline(tmp_path):
+def test_overlapped_cells_show_both_parts_in_the_timeline(shared_run):
     """DualPipeV's cells run their forward, then their backward, on CPU: the timeline holds
     both parts of every cell of the schedule, next to each other on the rank's track."""
     from ppx.schedules import registry
 
-    d = tmp_path / "dpv"
-    r = ppx(
-        "run",
-        "gpipe_2cpu",
-        "pipeline.schedule=dualpipev",
-        "pipeline.microbatches=4",
-        "model.kind=synthetic",
-        "model.fwd_ms=2",
-        "model.bwd_ms=2",
-        "model.wgrad_ms=2",
-        "model.layers=4",
-        "model.hidden=16",
-        "train.steps=2",
-        "logging.wandb.mode=disabled",
-        f"run.dir={d}",
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    # read only: test_memory_prediction.py's llama DualPipeV run (2 ranks, 4 microbatches)
+    d = shared_run(
+        "llama_tiny_1f1b_2cpu", "pipeline.schedule=dualpipev", "train.recompute=selective", "train.steps=2"
+    ).dir
+    s = read_json(d / "summary.json")
+    assert (s["schedule"], len(s["ranks"]), s["microbatches"]) == ("dualpipev", 2, 4)
     sched = registry.build("dualpipev", 2, 4)
     trace = read_json(d / "timeline.json")
     events = trace["traceEvents"] if isinstance(trace, dict) else trace

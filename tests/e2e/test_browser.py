@@ -12,19 +12,23 @@ import urllib.request
 
 import pytest
 
-from helpers import free_port, ppx, read_json
+from helpers import free_port, read_json
 from helpers.browser import blocked_page, chromium
 from ppx.config import from_yaml, resolve_schedule
 
-STEPS = 4
+STEPS = 3
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("browser") / "run"
-    r = ppx("run", "1f1b_2cpu", f"train.steps={STEPS}", f"run.dir={d}")
-    assert r.returncode == 0, r.stderr[-3000:]
-    return d
+def run(shared_run):
+    """Read only: the run other files read too (helpers.SharedRun); screenshots go to `shots`."""
+    return shared_run("1f1b_2cpu", f"train.steps={STEPS}").dir
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    """Where the pages' screenshots go, to look at after a failure."""
+    return tmp_path_factory.mktemp("browser")
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +102,7 @@ IMAGE = """loader => {
 }"""
 
 
-def test_tensorboard_draws_the_runs_scalars_images_and_text_offline(browser, tensorboard, run):
+def test_tensorboard_draws_the_runs_scalars_images_and_text_offline(browser, tensorboard, run, shots):
     with blocked_page(browser, allow=(tensorboard,)) as (page, traffic):
         # scalars: the loss card (filtered to it) has loaded and drawn a line through every step
         page.goto(f"{tensorboard}/#scalars&tagFilter=%5Eloss%24")
@@ -108,7 +112,7 @@ def test_tensorboard_draws_the_runs_scalars_images_and_text_offline(browser, ten
             ok=lambda s: s and not s["loading"] and not s["spinner"] and s["shown"] and STEPS in s["points"],
         )
         assert max(chart["points"]) == STEPS, chart  # one point a step, no more
-        page.screenshot(path=run / "browser-scalars.png")
+        page.screenshot(path=shots / "browser-scalars.png")
 
         # images: the timeline and breakdown pictures loaded (decoded, not a broken image)
         page.goto(f"{tensorboard}/#images")
@@ -144,7 +148,7 @@ TIMELINE = """gd => {
 }"""
 
 
-def test_report_html_shows_a_row_per_rank_and_a_bar_per_action_offline(browser, run):
+def test_report_html_shows_a_row_per_rank_and_a_bar_per_action_offline(browser, run, shots):
     sched = resolve_schedule(from_yaml(run / "config.yaml"))
     p, last = sched.num_ranks, f"step {STEPS - 1}"
     want = {f"rank {r}": sum(a.op.is_compute for a in row) for r, row in enumerate(sched.actions)}
@@ -158,7 +162,7 @@ def test_report_html_shows_a_row_per_rank_and_a_bar_per_action_offline(browser, 
             ok=lambda t: len(t["ticks"]) == p and any(tr["name"] == last and tr["bars"] for tr in t["traces"]),
             timeout_s=30,
         )
-        page.screenshot(path=run / "browser-report.png", full_page=True)
+        page.screenshot(path=shots / "browser-report.png", full_page=True)
         # one row per rank
         assert sorted(t["text"] for t in drawn["ticks"]) == sorted(want), drawn["ticks"]
         # the last step's trace: one bar per compute action, each on its rank's row

@@ -15,25 +15,14 @@ import urllib.request
 import pytest
 
 from helpers import REPO, free_port, ppx, read_json, wandb_file
+from helpers.run import PROFILED_1F1B
 
 
 @pytest.fixture(scope="module")
-def profiled_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("runs")
-    r = ppx(
-        "run",
-        "1f1b_2cpu",
-        "train.steps=4",
-        "profile.enabled=true",
-        "profile.wait=0",
-        "profile.warmup=1",
-        "profile.active=2",
-        "logging.wandb.mode=offline",
-        f"run.root={root}",
-    )  # offline: the default
-    assert r.returncode == 0, r.stderr[-3000:]
-    (run,) = (root / "1f1b_2cpu").iterdir()
-    return root, run, r
+def profiled_run(shared_run):
+    """Read only: test_instrumentation.py reads its profiler traces too (PROFILED_1F1B)."""
+    s = shared_run(*PROFILED_1F1B)
+    return s.root, s.dir, s.result
 
 
 def _get(port: int, path: str, **params):
@@ -93,21 +82,21 @@ def test_tensorboard_serves_scalars_and_profiler_workers(profiled_run):
         ):
             assert tag in tags, tag
         loss = _get(port, "/data/plugin/scalars/scalars", run=tb_run, tag="loss")
-        assert [step for _, step, _ in loss] == [0, 1, 2, 3]
+        assert [step for _, step, _ in loss] == [0, 1, 2, 3, 4]
         assert [v for _, _, v in loss] == pytest.approx(read_json(run / "summary.json")["losses"], rel=1e-6)
         prof_run = tb_run  # one run: scalars and traces in <run>/tb
         runs = _poll(lambda: prof_run in _get(port, "/data/plugin/pytorch_profiler/runs")["runs"])
         assert runs
         workers = _get(port, "/data/plugin/pytorch_profiler/workers", run=prof_run, view="Overview")
         assert workers == ["rank0", "rank1"]
-        # the plugin's steps are ppx's steps (warmup 1, active 2: steps 1 and 2), each as long
+        # the plugin's steps are ppx's steps (wait 1, warmup 1, active 2: steps 2 and 3), each as long
         # as that rank's timed step in metrics.jsonl
         lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         for rank, worker in enumerate(workers):
             (span,) = _get(port, "/data/plugin/pytorch_profiler/spans", run=prof_run, worker=worker)
             overview = _get(port, "/data/plugin/pytorch_profiler/overview", run=prof_run, worker=worker, span=span)
             rows = overview["steps"]["rows"]
-            assert [int(row[0]) for row in rows] == [1, 2]
+            assert [int(row[0]) for row in rows] == [2, 3]
             for row in rows:
                 total_us = sum(v for v in row[1:] if isinstance(v, (int, float)))
                 assert total_us / 1e6 == pytest.approx(lines[int(row[0])]["ranks"][rank]["step_s"], rel=0.05)
@@ -124,7 +113,7 @@ def test_wandb_offline_run_holds_the_logged_history(profiled_run):
     summary = read_json(run / "summary.json")
     rows = [row for row in wandb_file.history(wb) if "loss" in row]
     assert [row["loss"] for row in rows] == pytest.approx(summary["losses"], rel=1e-6)
-    assert [row["_step"] for row in rows] == [0, 1, 2, 3]
+    assert [row["_step"] for row in rows] == [0, 1, 2, 3, 4]
     assert all("bubble/measured" in row and "compute_s/rank1" in row for row in rows)
     final = wandb_file.summary(wb)
     assert final["bubble_fraction"] == pytest.approx(summary["bubble_fraction"])

@@ -10,23 +10,21 @@ from collections import Counter
 
 import pytest
 
-from helpers import REPO, free_port, ppx, read_json
+from helpers import REPO, free_port, read_json
 from helpers.slurm_cluster import Cluster, why_unavailable
 
 ARGS = ["model.hidden=32", "train.steps=3", "train.batch_size=16", "logging.wandb.mode=disabled"]
 
 
-def local_losses(tmp_path_factory, experiment: str) -> list[float]:
-    """The losses of ``experiment`` run on this machine with ``ARGS``."""
-    d = tmp_path_factory.mktemp("local") / "run"
-    r = ppx("run", experiment, *ARGS, f"run.dir={d}")
-    assert r.returncode == 0, r.stderr[-2000:]
-    return read_json(d / "summary.json")["losses"]
+def local_losses(shared_run, experiment: str) -> list[float]:
+    """The losses of ``experiment`` run on this machine with ``ARGS`` (the gpipe_4gpu run is
+    tests/e2e/test_run.py's four-stage run: the same arguments, run once a session)."""
+    return read_json(shared_run(experiment, *ARGS).dir / "summary.json")["losses"]
 
 
 @pytest.fixture(scope="module")
-def single_node_losses(tmp_path_factory):
-    return local_losses(tmp_path_factory, "gpipe_4gpu")
+def single_node_losses(shared_run):
+    return local_losses(shared_run, "gpipe_4gpu")
 
 
 def test_torchrun_two_launchers_on_loopback(tmp_path, single_node_losses):
@@ -81,9 +79,9 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def one_pipeline_losses(tmp_path_factory):
+def one_pipeline_losses(shared_run):
     """Two stages, one replica, the same global batch: what pp=2 x dp=2 must reproduce."""
-    return local_losses(tmp_path_factory, "gpipe_2cpu")
+    return local_losses(shared_run, "gpipe_2cpu")
 
 
 @skip_without_slurm

@@ -21,9 +21,14 @@ def run(tmp_path, name, exp, *overrides):
 
 
 @pytest.fixture(scope="module")
-def four_stage_runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("runs")
-    return {exp: run(tmp, exp, exp) for exp in ("gpipe_4gpu", "1f1b_4gpu")}
+def four_stage_runs(shared_run):
+    """Read only: tests/e2e/test_multinode.py compares against the same gpipe_4gpu run."""
+    out = {}
+    for exp in ("gpipe_4gpu", "1f1b_4gpu"):
+        s = shared_run(exp, *SMALL)
+        assert f"ppx: run directory: {s.dir}" in s.result.stdout
+        out[exp] = (s.dir, s.result)
+    return out
 
 
 @pytest.mark.parametrize("exp,schedule", [("gpipe_4gpu", "gpipe"), ("1f1b_4gpu", "1f1b")])
@@ -114,9 +119,8 @@ def test_two_stage_transformer_repeats_exactly_and_learns(tmp_path):
     assert la[-1] < la[0]
 
 
-def test_default_run_directory_lives_under_runs_root(tmp_path):
-    r = ppx("run", "1f1b_2cpu", "train.steps=1", f"run.root={tmp_path}")
-    assert r.returncode == 0, r.stderr
-    (d,) = (tmp_path / "1f1b_2cpu").iterdir()
-    assert f"ppx: run directory: {d}" in r.stdout
+def test_default_run_directory_lives_under_runs_root(shared_run):
+    s = shared_run("1f1b_2cpu", "train.steps=3")  # no run.dir: <run.root>/<experiment>/<timestamp>
+    (d,) = (s.root / "1f1b_2cpu").iterdir()
+    assert f"ppx: run directory: {d}" in s.result.stdout
     assert (d / "summary.json").exists()

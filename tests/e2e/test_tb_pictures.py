@@ -17,11 +17,8 @@ def events(tb) -> EventAccumulator:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tb") / "run"
-    r = ppx("run", "1f1b_2cpu", "train.steps=3", f"run.dir={d}")
-    assert r.returncode == 0, r.stderr[-3000:]
-    return d
+def run(shared_run):
+    return shared_run("1f1b_2cpu", "train.steps=3").dir  # read only: shared with other files
 
 
 def test_run_logs_pictures_and_a_text_summary(run):

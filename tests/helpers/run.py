@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,3 +43,62 @@ def read_json(path: Path):
 
 def read_jsonl(path: Path) -> list:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+# 1F1B on 2 ranks profiled at steps 2 and 3 of 5 (wait 1, warmup 1, active 2), logged to W&B
+# offline (the default mode): tests/e2e/test_logging.py's TensorBoard and W&B tests and
+# tests/e2e/test_instrumentation.py's profiler traces read this one run (shared_run). The
+# known-cost model (1 ms forwards, 2 ms backwards, slept): ranks that wait leave the CPU free,
+# so they start each step together (test_instrumentation holds the step to 1% of the longest rank's)
+PROFILED_1F1B = (
+    "1f1b_2cpu",
+    "model.kind=synthetic",
+    "model.hidden=16",
+    "model.fwd_ms=1",
+    "model.bwd_ms=2",
+    "train.steps=5",
+    "profile.enabled=true",
+    "profile.wait=1",
+    "profile.warmup=1",
+    "profile.active=2",
+    "logging.wandb.mode=offline",
+)
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    """One finished ``ppx run``: its run directory, the ``run.root`` it was made under (the
+    default place, ``<root>/<experiment>/<timestamp>``) and the finished process."""
+
+    dir: Path
+    root: Path
+    result: subprocess.CompletedProcess
+
+
+class SharedRuns:
+    """``ppx run <experiment> <overrides>`` once per session for every test that only reads
+    the run (conftest.py's ``shared_run`` fixture): the same arguments, the same run. Each run
+    goes to the default run directory under a ``run.root`` of its own. A run that fails fails
+    every test that asks for it, with its error, without running again."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.done: dict[tuple[str, ...], SharedRun | str] = {}
+
+    def __call__(self, experiment: str, *overrides: str) -> SharedRun:
+        if not any(a.startswith("logging.wandb.mode=") for a in overrides):
+            overrides = (*overrides, "logging.wandb.mode=disabled")  # as ppx() adds it: one key
+        key = (experiment, *overrides)
+        if key not in self.done:
+            root = self.folder / f"root{len(self.done)}"
+            r = ppx("run", experiment, *overrides, f"run.root={root}")
+            runs = list((root / experiment).iterdir()) if r.returncode == 0 else []
+            if len(runs) == 1:
+                self.done[key] = SharedRun(runs[0], root, r)
+            else:
+                self.done[key] = (
+                    f"ppx run {' '.join(key)}: exit {r.returncode}, run directories {runs}\n{r.stderr[-3000:]}"
+                )
+        done = self.done[key]
+        assert isinstance(done, SharedRun), done
+        return done
