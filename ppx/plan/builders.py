@@ -1,22 +1,16 @@
 """How a candidate's schedule is built: a registry family by name, or the automatic
-zero-bubble schedule for the plan's costs and budget (``zb_auto``, `ppx.schedules.auto_zb`,
-imported only when planned, and skipped while that module does not exist)."""
+zero-bubble schedule for the plan's costs and budget (``zb_auto``, `ppx.schedules.auto_zb`:
+without a budget, within 1F1B's memory on every rank)."""
 
 from __future__ import annotations
 
-import importlib.util
-
 from ppx.plan.inputs import PlanInputs
 from ppx.schedules import registry
+from ppx.schedules.auto_zb import auto_zb
 from ppx.schedules.placement import place_comms
 from ppx.schedules.schedule import Schedule
 
 AUTO = "zb_auto"
-
-
-def auto_available() -> bool:
-    """Whether `ppx.schedules.auto_zb` exists in this ppx."""
-    return importlib.util.find_spec("ppx.schedules.auto_zb") is not None
 
 
 def rank_limits(inputs: PlanInputs, p: int, v: int) -> list[float] | None:
@@ -31,8 +25,6 @@ def rank_limits(inputs: PlanInputs, p: int, v: int) -> list[float] | None:
 def build(name: str, p: int, m: int, v: int, inputs: PlanInputs) -> Schedule:
     """The placed, validated schedule of a candidate; ScheduleError for a shape it refuses."""
     if name == AUTO:
-        from ppx.schedules.auto_zb import auto_zb  # lazily: the module may not exist yet
-
         costs = inputs.costs(p)
         compute = auto_zb(p, m, costs, inputs.act(p) if inputs.act_bytes else None, rank_limits(inputs, p, 1))
         return place_comms(compute, inputs.transport)

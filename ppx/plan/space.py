@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ppx.errors import UserError
-from ppx.plan.builders import AUTO, auto_available
+from ppx.plan.builders import AUTO
 from ppx.plan.inputs import PlanInputs
 from ppx.schedules.registry import FAMILIES
 
@@ -67,9 +67,6 @@ def candidates(
     shape rule, or stages the costs cannot be split into)."""
     out, skipped = [], []
     for name in names:
-        if name == AUTO and not auto_available():
-            skipped.append(Skipped(name, None, None, None, "not available"))
-            continue
         for p in ps:
             for m in ms:
                 for v in shapes(name, vs):

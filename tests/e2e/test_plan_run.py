@@ -13,7 +13,7 @@ from helpers import ppx, read_json
 from ppx.schedules.csv_io import read_csv
 
 F, B, W = 50, 50, 25  # ms per microbatch per stage: forward, input-gradient, weight-gradient
-SCHEDULES = "1f1b,zb_h1,interleaved_1f1b,zbv"  # the lead adds zb_auto here after merging it
+SCHEDULES = "1f1b,zb_h1,interleaved_1f1b,zbv,zb_auto"
 COSTS = ["--fwd-ms", str(F), "--bwd-ms", str(B), "--wgrad-ms", str(W), "--stages", "2", "--microbatches", "4"]
 RUN = ["model.hidden=16", "train.steps=4"]
 

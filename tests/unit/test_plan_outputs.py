@@ -14,8 +14,7 @@ from ppx.schedules import registry
 from ppx.schedules.csv_io import from_csv, read_csv
 
 FLAGS = ["--fwd-ms", "10", "--bwd-ms", "10", "--wgrad-ms", "5", "--act-bytes", "64MiB", "--jobs", "1"]
-# the lead adds zb_auto to these lists after merging ppx/schedules/auto_zb.py
-SCHEDULES = "gpipe,1f1b,zb_h1,interleaved_1f1b,zbv,dualpipev"
+SCHEDULES = f"gpipe,1f1b,zb_h1,interleaved_1f1b,zbv,dualpipev,{AUTO}"
 
 
 def plan(tmp_path, *extra):
@@ -36,7 +35,7 @@ def test_plan_json_holds_every_candidate_and_the_best(tmp_path, capsys):
             for v in vs:
                 assert (name, m, v) in shapes | skipped
     assert all(s["reason"] for s in data["skipped"])
-    assert len(data["candidates"]) + len(data["skipped"]) == 2 * (3 + 3 + 1 + 1)
+    assert len(data["candidates"]) + len(data["skipped"]) == 2 * (3 + 3 + 1 + 1 + 1)  # zb_auto: v = 1
     fields = {"schedule", "p", "m", "v", "step_s", "bubble", "peak_bytes", "peak_max_bytes", "fits"}
     assert all(fields <= set(c) for c in data["candidates"])
     assert data["best"] == data["candidates"][0]
@@ -81,7 +80,8 @@ def test_an_existing_folder_is_never_overwritten(tmp_path, capsys):
 
 
 def test_nothing_fits_writes_the_plan_names_the_closest_and_exits_1(tmp_path, capsys):
-    code, out = plan(tmp_path, "--mem-budget", "100MiB")
+    # below one microbatch's 64 MiB: even zb_auto, which holds as few as the budget allows, cannot
+    code, out = plan(tmp_path, "--mem-budget", "50MiB")
     cap = capsys.readouterr()
     data = json.loads((out / "plan.json").read_text())
     closest = min(data["candidates"], key=lambda c: c["peak_max_bytes"])
@@ -89,8 +89,10 @@ def test_nothing_fits_writes_the_plan_names_the_closest_and_exits_1(tmp_path, ca
     assert not (out / "best.csv").exists() and (out / "plan.md").exists() and (out / "plan.png").exists()
     assert data["best"] is None and not any(c["fits"] for c in data["candidates"])
     err = cap.err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("ppx: error: nothing fits --mem-budget 100MiB per rank")
-    assert f"the closest is {closest['schedule']} p=4 m=8 v={closest['v']} at 256.0 MiB (156.0 MiB over)" in err[0]
+    assert len(err) == 1 and err[0].startswith("ppx: error: nothing fits --mem-budget 50MiB per rank")
+    assert f"the closest is {closest['schedule']} p=4 m=8 v={closest['v']} at 256.0 MiB (206.0 MiB over)" in err[0]
+    (auto,) = [s for s in data["skipped"] if s["schedule"] == AUTO]
+    assert "below one microbatch" in auto["reason"], auto
     assert "| rank | schedule" not in cap.out and "rank  schedule" in cap.out  # the table was printed
 
 
@@ -104,13 +106,16 @@ def test_a_per_layer_plan_searches_p(tmp_path):
     assert (out / "best.csv").exists()
 
 
-def test_zb_auto_is_skipped_as_not_available_until_it_exists(tmp_path):
-    from ppx.plan.builders import auto_available
-
-    code, out = plan(tmp_path, "--schedules", f"1f1b,{AUTO}")
+def test_zb_auto_is_planned_once_per_p_and_m_within_the_budget(tmp_path):
+    """The automatic schedule is one candidate per (p, m), one stage per rank, built for the
+    plan's costs and budget: its predicted peak fits, and its best.csv (asked for alone) is a
+    schedule ppx validates."""
+    code, out = plan(tmp_path, "--schedules", f"1f1b,{AUTO}", "--microbatches", "4,8", "--mem-budget", "200MiB")
     data = json.loads((out / "plan.json").read_text())
     assert code == 0
-    if not auto_available():
-        assert {"schedule": AUTO, "p": None, "m": None, "v": None, "reason": "not available"} in data["skipped"]
-    else:
-        assert any(c["schedule"] == AUTO for c in data["candidates"])
+    autos = [c for c in data["candidates"] if c["schedule"] == AUTO]
+    assert sorted((c["m"], c["v"]) for c in autos) == [(4, 1), (8, 1)]
+    assert all(c["fits"] and c["peak_max_bytes"] <= 200 * 2**20 for c in autos)
+    code, out = plan(tmp_path / "alone", "--schedules", AUTO, "--microbatches", "8", "--mem-budget", "200MiB")
+    sched = from_csv(out / "best.csv")
+    assert code == 0 and sched.num_microbatches == 8 and sched.num_ranks == 4
