@@ -27,6 +27,15 @@ COMM_NAMES = [
 ]
 
 
+def stage_shades(stage_to_rank) -> dict[int, float]:
+    """Each stage's opacity: a rank's first stage 1.0, its later ones lighter, evenly down to
+    above 0.3 however many stages a rank holds (0.65 for the second of two)."""
+    place, owned = {}, Counter()  # stage -> its place among its rank's stages
+    for stage, rank in enumerate(stage_to_rank or ()):
+        place[stage], owned[rank] = owned[rank], owned[rank] + 1
+    return {s: 1.0 - 0.7 * k / max(owned[stage_to_rank[s]], 2) for s, k in place.items()}
+
+
 def legend_entries(spans_by_rank: dict, multi: bool, transfer: bool) -> list[tuple[str, str, float]]:
     """(colour key, name, alpha) for what the picture of these spans shows, in legend order."""
     spans = [sp for r in spans_by_rank for sp in spans_by_rank[r]]
@@ -67,9 +76,7 @@ def draw_step(
             posted[(h.peer, h.wait_start_s)] = h.posted_s
     # several stages per rank (interleaved): cells name their stage, and a rank's later stages are lighter
     multi = stage_to_rank is not None and len(stage_to_rank) > len(set(stage_to_rank))
-    chunk, owned = {}, Counter()  # stage -> its place among its rank's stages
-    for stage, rank in enumerate(stage_to_rank or ()):
-        chunk[stage], owned[rank] = owned[rank], owned[rank] + 1
+    shade = stage_shades(stage_to_rank)
     fig, ax = plt.subplots(figsize=(12, 0.7 * len(ranks) + 1.6))
     for row, r in enumerate(ranks):
         y = len(ranks) - 1 - row
@@ -81,7 +88,7 @@ def draw_step(
             if kind == "compute":
                 a = sp.action
                 color, height = COLORS.get(a.op.value, "#999999"), 0.8
-                alpha = 1.0 - 0.35 * chunk.get(a.stage, 0)
+                alpha = shade.get(a.stage, 1.0)
                 short = label if multi else f"{a.op.value}{a.mb}"
                 if w > span_ms * max(1 / 60, (len(short) + 1) / 200):  # when the text fits (drawn above the cell)
                     ax.text(x + w / 2, y, short, ha="center", va="center", fontsize=7, color="white")

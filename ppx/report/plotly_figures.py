@@ -13,11 +13,9 @@ has no other annotations (step starts are shapes)."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 from ppx.measure.spans import handoffs
 from ppx.report.breakdown import byte_unit, parts_of
-from ppx.report.gantt import COLORS
+from ppx.report.gantt import COLORS, stage_shades
 
 FONT = dict(family="system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", size=12)
 
@@ -37,9 +35,7 @@ def timeline_figure(steps: list[dict], stage_to_rank) -> tuple[object, dict]:
     origin = min(sp.start_s for s in steps for spans in s["ranks"].values() for sp in spans)
     ms = lambda t: (t - origin) * 1e3  # noqa: E731
     multi = len(stage_to_rank) > len(set(stage_to_rank))
-    chunk, owned = {}, Counter()  # stage -> its place among its rank's stages (later: lighter)
-    for stage, rank in enumerate(stage_to_rank):
-        chunk[stage], owned[rank] = owned[rank], owned[rank] + 1
+    shade = stage_shades(stage_to_rank)  # a rank's later stages lighter
     fig = go.Figure()
     shapes = []
     for s in steps:
@@ -70,7 +66,7 @@ def timeline_figure(steps: list[dict], stage_to_rank) -> tuple[object, dict]:
             width=0.8,
             marker=dict(
                 color=[COLORS.get(c[3].op.value, "#999999") for c in compute],
-                opacity=[1.0 - 0.35 * chunk.get(c[3].stage, 0) for c in compute],
+                opacity=[shade.get(c[3].stage, 1.0) for c in compute],
                 line=dict(color="white", width=0.6),
             ),
             text=[c[4] for c in compute],

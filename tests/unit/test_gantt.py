@@ -4,7 +4,7 @@ later-stage shade for interleaved ranks, and no communication entries for a simu
 
 from ppx import schedules
 from ppx.measure.spans import Span
-from ppx.report.gantt import draw_step, legend_entries
+from ppx.report.gantt import draw_step, legend_entries, stage_shades
 from ppx.schedules.action import Action
 
 
@@ -54,3 +54,15 @@ def test_legend_marks_later_stages_and_the_communication_drawn(tmp_path):
     assert alphas[0] == 1.0 and len(alphas) == 2 and 0 < alphas[1] < 1  # the later stage drawn lighter
     draw_step(spans, tmp_path / "g.png", "interleaved", s2r)
     assert (tmp_path / "g.png").stat().st_size > 1000
+
+
+def test_four_stages_per_rank_are_drawn_in_four_shades(tmp_path):
+    # a rank's later stages are lighter; with four of them the last one stays visible
+    # (0.35 less per stage once drew the fourth at a negative alpha, and the report failed)
+    spans, s2r = simulated_spans("interleaved_1f1b", 2, 4, virtual_stages=4)
+    shades = stage_shades(s2r)
+    assert [shades[s] for s in (0, 2, 4, 6)] == sorted((shades[s] for s in (0, 2, 4, 6)), reverse=True)
+    assert shades[0] == 1.0 and min(shades.values()) > 0.3 and len(set(shades.values())) == 4
+    assert stage_shades((0, 1, 0, 1))[2] == 0.65
+    draw_step(spans, tmp_path / "g.png", "interleaved v=4", s2r)
+    assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
