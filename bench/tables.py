@@ -197,6 +197,10 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
         out += every_schedule_rows(results["runs"])
         out += data_parallel_rows(results["runs"])
         out += model_cost_rows(results["runs"])
+    if "plans" in results:
+        from bench.plan_check import plan_rows
+
+        out += plan_rows(results["plans"])
     return out
 
 

@@ -1,0 +1,174 @@
+"""`make bench`'s planner rows: `ppx plan` confirmed by measurement on the known-cost model.
+
+For three cost profiles at p=4, m=8 (equal stages; the last stage 1.5x slower, as a
+vocabulary head makes it; t_w = 0.5 t_b), each cost given per layer (16 layers, so every
+v the planner tries splits the same work):
+
+1. a calibration run (interleaved zero bubble, one layer per stage, F, I and W apart) measures the costs as a run has them: every action's length,
+   the hand-offs, the runtime's overhead and the bytes a microbatch saves;
+2. `ppx plan --from-run` ranks every schedule x v on those costs (no memory budget: the
+   planner's memory model is held against runs by tests/e2e/test_memory_prediction.py);
+3. the top three candidates run (the automatic schedule from its CSV), and their measured
+   steps are held against the predicted ones: the order must be the same, the error <= 3%.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS, P, M = 16, 4, 8
+BASE = [
+    "model.kind=synthetic",
+    "model.hidden=16",
+    "model.cost_per=layer",
+    f"model.layers={LAYERS}",
+    f"pipeline.stages={P}",
+    f"pipeline.microbatches={M}",
+    "train.batch_size=64",
+    "train.steps=8",
+    "logging.wandb.mode=disabled",
+]
+TOP = 3
+# the calibration runs a stage per layer (4 per rank), the finest split the plan tries: a
+# coarser candidate's stage sums its layers' measured costs, where costs measured per stage
+# and cut into v parts would cut each action's fixed cost (the sleep's overshoot) too
+CALIBRATION = ["pipeline.schedule=interleaved_zb", f"pipeline.virtual_stages={LAYERS // P}"]
+
+
+def _ms(values: list[float]) -> str:
+    return "[" + ",".join(f"{v:g}" for v in values) + "]"
+
+
+def _profile(fwd: float, bwd: float, wgrad: float, last: float = 1.0) -> list[str]:
+    """Per-layer costs in ms; the last stage's layers (the last LAYERS // P) ``last`` x."""
+    scale = [last if i >= LAYERS - LAYERS // P else 1.0 for i in range(LAYERS)]
+    return [
+        f"model.fwd_ms={_ms([fwd * s for s in scale])}",
+        f"model.bwd_ms={_ms([bwd * s for s in scale])}",
+        f"model.wgrad_ms={_ms([wgrad * s for s in scale])}",
+    ]
+
+
+# per layer: 4 layers a stage, so a stage's F is 4x these (10 ms at 2.5)
+PROFILES = {
+    "equal stages": _profile(2.5, 2.5, 2.5),
+    "last stage 1.5x": _profile(2.5, 2.5, 2.5, last=1.5),
+    "t_w = 0.5 t_b": _profile(2.5, 2.5, 1.25),
+}
+
+
+def _ppx(args: list[str], what: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ppx.cli", *args],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"bench plan: {what} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def _run(costs: list[str], schedule: list[str], run_dir: Path) -> dict:
+    _ppx(["run", "gpipe_4gpu", *BASE, *costs, *schedule, f"run.dir={run_dir}"], f"run {' '.join(schedule)}")
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _schedule_overrides(cand: dict, plan: dict, tmp: Path) -> list[str]:
+    """How to run a candidate: a family by name (with its v), the automatic schedule by CSV."""
+    from ppx.plan.builders import build
+    from ppx.plan.inputs import PlanInputs
+    from ppx.schedules import registry
+    from ppx.schedules.csv_io import write_csv
+
+    name, v = cand["schedule"], cand["v"]
+    if name in registry.FAMILIES:
+        return [f"pipeline.schedule={name}"] + (
+            [f"pipeline.virtual_stages={v}"] if registry.FAMILIES[name].virtual else []
+        )
+    fields = {k: tuple(x) if isinstance(x, list) else x for k, x in plan["inputs"].items()}
+    csv = tmp / f"{name}.csv"
+    write_csv(build(name, cand["p"], cand["m"], v, PlanInputs(**fields)).compute_only(), csv)
+    return [f"pipeline.schedule={csv}"]
+
+
+def check_profile(name: str, costs: list[str], pictures: Path | None = None) -> dict:
+    """Calibrate, plan, run the top three: predicted and measured step per candidate; the
+    plan's picture copied to ``pictures``/plan_<profile>.png when given."""
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        calib = _run(costs, CALIBRATION, tmp / "calibration")
+        assert calib["measured_costs"], "the calibration run measured no costs"
+        plan_args = ["plan", "--from-run", str(tmp / "calibration"), "--out", str(tmp / "plan"), "--jobs", "1"]
+        printed = _ppx(plan_args, "plan")
+        plan = json.loads((tmp / "plan" / "plan.json").read_text())
+        top = [c for c in plan["candidates"] if c["fits"]][:TOP]
+        if pictures is not None:
+            slug = "".join(ch if ch.isalnum() else "_" for ch in name).strip("_")
+            shutil.copy(tmp / "plan" / "plan.png", pictures / f"plan_{slug}.png")
+        rows = []
+        for k, cand in enumerate(top):
+            s = _run(costs, _schedule_overrides(cand, plan, tmp), tmp / f"top{k}")
+            rows.append(
+                {
+                    "candidate": f"{cand['schedule']} v={cand['v']}",
+                    "predicted_step_s": cand["step_s"],
+                    "measured_step_s": s["step_time_s"],
+                    "error": s["step_time_s"] / cand["step_s"] - 1,
+                    "peak_predicted_bytes": cand["peak_max_bytes"],
+                    "peak_measured_bytes": max(r["peak_activation_bytes"] or 0 for r in s["ranks"]),
+                }
+            )
+    measured_order = sorted(range(len(rows)), key=lambda i: rows[i]["measured_step_s"])
+    out = {
+        "candidates_planned": len(plan["candidates"]),
+        "top": rows,
+        "order_equal": measured_order == list(range(len(rows))),
+        "max_abs_error": max(abs(r["error"]) for r in rows),
+        "plan_table": printed,
+    }
+    summary = ", ".join(
+        f"{r['candidate']} {r['predicted_step_s'] * 1e3:.1f}/{r['measured_step_s'] * 1e3:.1f} ms" for r in rows
+    )
+    print(f"  plan {name}: predicted/measured {summary}", flush=True)
+    return out
+
+
+def check_all(pictures: Path | None = None) -> dict:
+    return {name: check_profile(name, costs, pictures) for name, costs in PROFILES.items()}
+
+
+def plan_rows(plans: dict) -> list[tuple[str, str, str, str]]:
+    """One row per profile: the top three's predicted/measured step, order and worst error."""
+    out = []
+    for name, got in plans.items():
+        cands = "; ".join(
+            f"{r['candidate']} {r['predicted_step_s'] * 1e3:.1f}/{r['measured_step_s'] * 1e3:.1f} ms ({r['error']:+.1%})"
+            for r in got["top"]
+        )
+        ok = got["order_equal"] and got["max_abs_error"] <= 0.03
+        out.append(
+            (
+                f"ppx plan, {name}, known-cost p={P} m={M} no memory budget: top {TOP} of "
+                f"{got['candidates_planned']}, predicted/measured step",
+                f"{cands}; order {'equal' if got['order_equal'] else 'DIFFERS'}",
+                "same order, |error| <= 3%",
+                "pass" if ok else "MISS",
+            )
+        )
+    return out
+
+
+if __name__ == "__main__":  # `python bench/plan_check.py`: these rows alone, printed
+    sys.path.insert(0, str(ROOT))
+    got = check_all()
+    for row in plan_rows(got):
+        print(" | ".join(row))
