@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ppx.plan.evaluate import Result
 from ppx.plan.sizes import format_bytes
+from ppx.report.breakdown import byte_unit
 
 
 def front(results: list[Result]) -> list[Result]:
@@ -30,7 +31,7 @@ def draw(results: list[Result], path: Path, budget_bytes: float | None, title: s
     names = list(dict.fromkeys(r.schedule for r in results))
     colours = plt.get_cmap("tab20" if len(names) > 10 else "tab10")
     top = max([r.peak_max for r in results] + [budget_bytes or 0])
-    unit, scale = ("GiB", 2**30) if top >= 2**30 else ("MiB", 2**20)
+    unit, scale = byte_unit(top)
     for k, name in enumerate(names):
         mine = [r for r in results if r.schedule == name]
         ax.scatter(
