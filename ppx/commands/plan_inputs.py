@@ -125,6 +125,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         lookahead=lookahead,
         source=str(args.from_run),
         microbatch_size=s.batch_size // s.microbatches if s.batch_size else None,
+        samples=s.cost_samples,  # None for a run from before they were kept: the means
     )
     return inputs, [p], ints("--microbatches", args.microbatches) or [s.microbatches], str(run.path / "config.yaml")
 

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from ppx.errors import ScheduleError
 from ppx.plan.builders import build
 from ppx.plan.inputs import PlanInputs
+from ppx.plan.sampled import expected
 from ppx.plan.space import Candidate, Skipped
 from ppx.schedules.memory import peak_held
 from ppx.schedules.simulate import simulate
@@ -52,7 +53,13 @@ def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
     except ScheduleError as e:
         return Skipped(c.schedule, c.p, c.m, c.v, str(e))
     n = sched.num_stages
-    t = simulate(sched, inputs.costs(n), inputs.transport, inputs.lookahead, inputs.reduce_s is not None)
+    reduce = inputs.reduce_s is not None
+    if inputs.samples:  # a run's: the expected step over draws of its measured costs
+        once = lambda costs: simulate(sched, costs, inputs.transport, inputs.lookahead, reduce)  # noqa: E731
+        step, bubble = expected(once, inputs.samples, inputs.units, n)
+    else:
+        t = simulate(sched, inputs.costs(n), inputs.transport, inputs.lookahead, reduce)
+        step, bubble = t.makespan, t.bubble_fraction()
     params = inputs.params(n)
     held = peak_held(sched, inputs.act(n))
     peaks = tuple(
@@ -60,4 +67,4 @@ def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
         for r in range(sched.num_ranks)
     )
     fits = inputs.budget_bytes is None or max(peaks) <= inputs.budget_bytes
-    return Result(c.schedule, c.p, c.m, c.v, t.makespan, t.bubble_fraction(), peaks, fits)
+    return Result(c.schedule, c.p, c.m, c.v, step, bubble, peaks, fits)

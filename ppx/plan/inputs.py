@@ -41,6 +41,7 @@ class PlanInputs:
     lookahead: int = 0
     source: str = "flags"  # "flags", or the run directory the costs come from
     microbatch_size: int | None = None  # samples per microbatch, when known (a run's)
+    samples: dict | None = None  # a run's measured cost samples (`ppx.plan.sampled`), or None: the means
 
     @property
     def units(self) -> int:
@@ -88,4 +89,7 @@ class PlanInputs:
         return self.split(self.param_bytes, num_stages) if self.param_bytes else [0.0] * num_stages
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """Every field but the samples (thousands of numbers); ``sampled`` says whether there were any."""
+        out = asdict(self)
+        out["sampled"] = out.pop("samples") is not None
+        return out

@@ -64,6 +64,7 @@ class Summary:
     losses: tuple = ()
     ranks: tuple[RankSummary, ...] = ()
     measured_costs: dict | None = None  # as `ppx.measure.prediction.mean_costs` gives them
+    cost_samples: dict | None = None  # every sample the means come from (`ppx.measure.prediction.cost_samples`)
     measured_step_time_s: float | None = None  # over the timeline's steps, where the costs come from
     measured_bubble_fraction: float | None = None
     predicted_bubble_fraction: float | None = None

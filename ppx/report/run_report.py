@@ -200,6 +200,15 @@ class RunReport:
         same_steps = statistics.fmean(t["step_time_s"] for t in self.timeline)
         out = {
             "measured_costs": measured,
+            # every sample, rounded to 0.1 us: what `ppx plan --from-run` draws its candidates' costs from
+            "cost_samples": {
+                k: (
+                    {a: [round(x, 7) for x in xs] for a, xs in v.items()}
+                    if isinstance(v, dict)
+                    else [round(x, 7) for x in v]
+                )
+                for k, v in samples.items()
+            },
             "predicted": pred,
             "measured_step_time_s": same_steps,
             "prediction_error": {

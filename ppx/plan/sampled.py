@@ -1,0 +1,73 @@
+"""A candidate's costs drawn from a run's measured samples (summary.json's ``cost_samples``),
+so that a ``--from-run`` plan predicts the expected step, as the run's own report does: the
+step of the mean costs comes out short, since a slow action on the critical path costs all of
+its delay and one off it none.
+
+The run's stages map onto a candidate's as `PlanInputs.split` maps values: a candidate stage
+made of several run stages draws each and adds them; one cut from a run stage into v parts
+draws it and takes 1/v. An op the run did not measure is made of the ones it did: a full
+backward B from an I and a W; an I from a B (the run's W unmeasured is 0), as the means do.
+"""
+
+from __future__ import annotations
+
+import random
+from statistics import fmean
+
+from ppx.schedules.action import Action
+from ppx.schedules.costs import REDUCE
+
+DRAWS = 32  # simulations per candidate; their mean step is the prediction
+
+
+class PlanSamples:
+    """`ppx.schedules.costs.SampledCosts`' interface over a run's samples, for a candidate
+    with ``num_stages`` stages from ``units`` measured ones."""
+
+    def __init__(self, samples: dict, units: int, num_stages: int, seed: int = 0):
+        self._actions = samples["action_s"]
+        if num_stages <= units:
+            k = units // num_stages
+            self._groups, self._scale = [range(j * k, (j + 1) * k) for j in range(num_stages)], 1.0
+        else:
+            v = num_stages // units
+            self._groups, self._scale = [range(j // v, j // v + 1) for j in range(num_stages)], 1.0 / v
+        self._p2p = samples["p2p_s"] or [0.0]
+        self._overhead = samples["overhead_s"] or [0.0]
+        self._send_post = samples.get("send_post_s") or [0.0]
+        self._recv_post = samples.get("recv_post_s") or [0.0]
+        self._rng = random.Random(seed)
+
+    def _draw(self, unit: int, op: str) -> float:
+        got = self._actions.get(f"{unit}{op}")
+        if got:
+            return self._rng.choice(got)
+        if op == "B" and f"{unit}I" in self._actions:
+            return self._draw(unit, "I") + self._draw(unit, "W")
+        if op == "I" and f"{unit}B" in self._actions:
+            return self._draw(unit, "B")
+        return 0.0
+
+    def _of_stage(self, stage: int, op: str) -> float:
+        return self._scale * sum(self._draw(u, op) for u in self._groups[stage])
+
+    def work(self, a: Action) -> float:
+        return self._of_stage(a.stage, a.op.value) if a.op.is_compute else 0.0
+
+    def reduce_cost(self, stage: int) -> float:
+        return self._of_stage(stage, REDUCE)
+
+    def after(self, a: Action) -> float:
+        return self._rng.choice(self._overhead)
+
+    def latency(self) -> float:
+        return self._rng.choice(self._p2p)
+
+    def post_cost(self, a: Action) -> float:
+        return self._rng.choice(self._send_post if a.op.is_send else self._recv_post)
+
+
+def expected(simulate_once, samples: dict, units: int, num_stages: int) -> tuple[float, float]:
+    """(mean step, mean bubble) of ``simulate_once(costs)`` over `DRAWS` draws of the samples."""
+    runs = [simulate_once(PlanSamples(samples, units, num_stages, seed)) for seed in range(DRAWS)]
+    return fmean(t.makespan for t in runs), fmean(t.bubble_fraction() for t in runs)

@@ -1,0 +1,66 @@
+"""A --from-run plan's drawn costs (`ppx.plan.sampled`): with one sample per action they give
+exactly the means' prediction, whatever the candidate's stages against the run's (summed
+groups, cut parts, B from I + W); with spread samples the expected step exceeds the step of
+the mean costs (the critical path pays every slow draw)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppx.plan.inputs import PlanInputs
+from ppx.plan.sampled import PlanSamples, expected
+from ppx.schedules import registry
+from ppx.schedules.simulate import simulate
+
+F, IG, W = [0.010, 0.012, 0.011, 0.015], [0.009, 0.010, 0.013, 0.016], [0.004, 0.005, 0.006, 0.007]
+
+
+def samples(spread: float = 0.0) -> dict:
+    actions = {}
+    for s in range(4):
+        for op, values in (("F", F), ("I", IG), ("W", W)):
+            actions[f"{s}{op}"] = [values[s] * (1 - spread), values[s] * (1 + spread)] if spread else [values[s]]
+    return {
+        "action_s": actions,
+        "p2p_s": [0.0005],
+        "overhead_s": [0.0001],
+        "send_post_s": [2e-5],
+        "recv_post_s": [1e-5],
+    }
+
+
+def inputs() -> PlanInputs:
+    return PlanInputs(
+        fwd_s=tuple(F),
+        bwd_s=tuple(IG),
+        wgrad_s=tuple(W),
+        stages=4,
+        p2p_s=0.0005,
+        overhead_s=0.0001,
+        send_post_s=2e-5,
+        recv_post_s=1e-5,
+        transport="gloo",
+        lookahead=-1,
+    )
+
+
+@pytest.mark.parametrize(
+    "name,p,v",
+    [("1f1b", 4, 1), ("zb_h1", 4, 1), ("interleaved_zb", 4, 2), ("zbv", 4, 2), ("1f1b", 2, 1), ("gpipe", 2, 1)],
+)
+def test_one_sample_each_is_the_means_prediction(name, p, v):
+    # p=2 sums pairs of the run's 4 stages; v=2 cuts each in half; 1f1b's B is drawn as I + W
+    sched = registry.build(name, p, 8, v, "gloo")
+    n = sched.num_stages
+    means = simulate(sched, inputs().costs(n), "gloo", -1)
+    drawn = simulate(sched, PlanSamples(samples(), 4, n), "gloo", -1)
+    assert drawn.makespan == pytest.approx(means.makespan, rel=1e-12)
+    assert drawn.bubble_fraction() == pytest.approx(means.bubble_fraction(), rel=1e-9)
+
+
+def test_spread_samples_predict_a_longer_step_than_their_means():
+    sched = registry.build("1f1b", 4, 8, 1, "gloo")
+    means = simulate(sched, inputs().costs(4), "gloo", -1).makespan
+    step, bubble = expected(lambda c: simulate(sched, c, "gloo", -1), samples(spread=0.3), 4, 4)
+    assert step > means * 1.01, (step, means)
+    assert 0 < bubble < 1
