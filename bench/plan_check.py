@@ -39,7 +39,13 @@ TOP = 3
 # the calibration runs a stage per layer (4 per rank), the finest split the plan tries: a
 # coarser candidate's stage sums its layers' measured costs, where costs measured per stage
 # and cut into v parts would cut each action's fixed cost (the sleep's overshoot) too
-CALIBRATION = ["pipeline.schedule=interleaved_zb", f"pipeline.virtual_stages={LAYERS // P}"]
+# (16 steps, costs from the last 12: enough samples that one disturbed step does not set them)
+CALIBRATION = [
+    "pipeline.schedule=interleaved_zb",
+    f"pipeline.virtual_stages={LAYERS // P}",
+    "train.steps=16",
+    "instrument.timeline_steps=12",
+]
 
 
 def _ms(values: list[float]) -> str:
