@@ -56,16 +56,21 @@ class PlanInputs:
             return f"{num_stages} stages from costs of {self.units}: neither divides the other"
         return None
 
-    def split(self, values, num_stages: int) -> list[float]:
-        """Per-unit ``values`` -> one per stage of ``num_stages`` (see the module's rules; per
-        stage, fewer stages than the values sum groups of them)."""
+    def parts(self, num_stages: int) -> list[tuple[range, int]]:
+        """Per stage of ``num_stages``: the units (layers or measured stages) it is made of, and
+        the number of parts it takes of them (v where a unit is cut into v stages, else 1)."""
         if self.per_layer:
-            return [sum(values[i] for i in r) for r in split_layers(self.units, num_stages)]
+            return [(r, 1) for r in split_layers(self.units, num_stages)]
         if num_stages < self.units:
             k = self.units // num_stages
-            return [sum(values[j * k : (j + 1) * k]) for j in range(num_stages)]
+            return [(range(j * k, (j + 1) * k), 1) for j in range(num_stages)]
         v = num_stages // self.units
-        return [values[j // v] / v for j in range(num_stages)]
+        return [(range(j // v, j // v + 1), v) for j in range(num_stages)]
+
+    def split(self, values, num_stages: int) -> list[float]:
+        """Per-unit ``values`` -> one per stage of ``num_stages`` (`parts`: the module's rules;
+        per stage, fewer stages than the values sum groups of them)."""
+        return [sum(values[i] for i in units) / cut for units, cut in self.parts(num_stages)]
 
     def costs(self, num_stages: int) -> Costs:
         """The simulator's costs of a candidate with ``num_stages`` stages."""

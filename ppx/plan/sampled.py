@@ -3,7 +3,7 @@ so that a ``--from-run`` plan predicts the expected step, as the run's own repor
 step of the mean costs comes out short, since a slow action on the critical path costs all of
 its delay and one off it none.
 
-The run's stages map onto a candidate's as `PlanInputs.split` maps values: a candidate stage
+The run's stages map onto a candidate's as `PlanInputs.parts` maps them: a candidate stage
 made of several run stages draws each and adds them; one cut from a run stage into v parts
 draws it and takes 1/v. An op the run did not measure is made of the ones it did: a full
 backward B from an I and a W; an I from a B (the run's W unmeasured is 0), as the means do.
@@ -22,16 +22,11 @@ DRAWS = 32  # simulations per candidate; their mean step is the prediction
 
 class PlanSamples:
     """`ppx.schedules.costs.SampledCosts`' interface over a run's samples, for a candidate
-    with ``num_stages`` stages from ``units`` measured ones."""
+    whose stages are ``parts`` of the run's (`PlanInputs.parts`)."""
 
-    def __init__(self, samples: dict, units: int, num_stages: int, seed: int = 0):
+    def __init__(self, samples: dict, parts: list[tuple[range, int]], seed: int = 0):
         self._actions = samples["action_s"]
-        if num_stages <= units:
-            k = units // num_stages
-            self._groups, self._scale = [range(j * k, (j + 1) * k) for j in range(num_stages)], 1.0
-        else:
-            v = num_stages // units
-            self._groups, self._scale = [range(j // v, j // v + 1) for j in range(num_stages)], 1.0 / v
+        self._parts = parts  # per candidate stage: (the run's stages it is made of, parts cut)
         self._p2p = samples["p2p_s"] or [0.0]
         self._overhead = samples["overhead_s"] or [0.0]
         self._send_post = samples.get("send_post_s") or [0.0]
@@ -49,7 +44,8 @@ class PlanSamples:
         return 0.0
 
     def _of_stage(self, stage: int, op: str) -> float:
-        return self._scale * sum(self._draw(u, op) for u in self._groups[stage])
+        units, cut = self._parts[stage]
+        return sum(self._draw(u, op) for u in units) / cut
 
     def work(self, a: Action) -> float:
         return self._of_stage(a.stage, a.op.value) if a.op.is_compute else 0.0
@@ -67,7 +63,7 @@ class PlanSamples:
         return self._rng.choice(self._send_post if a.op.is_send else self._recv_post)
 
 
-def expected(simulate_once, samples: dict, units: int, num_stages: int) -> tuple[float, float]:
+def expected(simulate_once, samples: dict, parts: list[tuple[range, int]]) -> tuple[float, float]:
     """(mean step, mean bubble) of ``simulate_once(costs)`` over `DRAWS` draws of the samples."""
-    runs = [simulate_once(PlanSamples(samples, units, num_stages, seed)) for seed in range(DRAWS)]
+    runs = [simulate_once(PlanSamples(samples, parts, seed)) for seed in range(DRAWS)]
     return fmean(t.makespan for t in runs), fmean(t.bubble_fraction() for t in runs)

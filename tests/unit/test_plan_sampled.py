@@ -53,7 +53,7 @@ def test_one_sample_each_is_the_means_prediction(name, p, v):
     sched = registry.build(name, p, 8, v, "gloo")
     n = sched.num_stages
     means = simulate(sched, inputs().costs(n), "gloo", -1)
-    drawn = simulate(sched, PlanSamples(samples(), 4, n), "gloo", -1)
+    drawn = simulate(sched, PlanSamples(samples(), inputs().parts(n)), "gloo", -1)
     assert drawn.makespan == pytest.approx(means.makespan, rel=1e-12)
     assert drawn.bubble_fraction() == pytest.approx(means.bubble_fraction(), rel=1e-9)
 
@@ -61,6 +61,6 @@ def test_one_sample_each_is_the_means_prediction(name, p, v):
 def test_spread_samples_predict_a_longer_step_than_their_means():
     sched = registry.build("1f1b", 4, 8, 1, "gloo")
     means = simulate(sched, inputs().costs(4), "gloo", -1).makespan
-    step, bubble = expected(lambda c: simulate(sched, c, "gloo", -1), samples(spread=0.3), 4, 4)
+    step, bubble = expected(lambda c: simulate(sched, c, "gloo", -1), samples(spread=0.3), inputs().parts(4))
     assert step > means * 1.01, (step, means)
     assert 0 < bubble < 1
