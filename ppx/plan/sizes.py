@@ -6,6 +6,7 @@ import math
 import re
 
 from ppx.errors import UserError
+from ppx.report.breakdown import byte_unit
 
 UNITS = {
     "": 1,
@@ -44,9 +45,8 @@ def parse_sizes(option: str, text: str) -> list[float]:
 
 
 def format_bytes(n: float) -> str:
-    """'512.0 MiB', '1.50 GiB', '64.0 KiB', '12 B'."""
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            digits = 2 if unit in ("GiB", "TiB") else 1
-            return f"{n / scale:.{digits}f} {unit}"
-    return f"{n:.0f} B"
+    """'512.0 MiB', '1.50 GiB', '64.0 KiB', '12 B' (the unit `byte_unit` picks for pictures)."""
+    unit, scale = byte_unit(abs(n))
+    if unit == "B":
+        return f"{n:.0f} B"
+    return f"{n / scale:.{2 if unit in ('GiB', 'TiB') else 1}f} {unit}"

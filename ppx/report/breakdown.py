@@ -36,10 +36,10 @@ def title_of(summary: dict) -> str:
 
 def byte_unit(n: float) -> tuple[str, int]:
     """The unit to show ``n`` bytes in, and its size."""
-    for i, unit in enumerate(("B", "KiB", "MiB")):
+    for i, unit in enumerate(("B", "KiB", "MiB", "GiB")):
         if n < 1024 ** (i + 1):
             return unit, 1024**i
-    return "GiB", 1024**3
+    return "TiB", 1024**4
 
 
 def draw_breakdown(summary: dict, path: Path, title: str | None = None) -> None:
