@@ -71,6 +71,8 @@ def check_runtime(cfg: Config) -> None:
         raise UserError(f"runtime.timeout_s must be > 0, got {rt.timeout_s}")
     if rt.recv_lookahead < -1:
         raise UserError(f"runtime.recv_lookahead must be -1 (all at the first wait) or >= 0, got {rt.recv_lookahead}")
+    if rt.gc_steps < 0:
+        raise UserError(f"runtime.gc_steps must be >= 0 (0: Python's automatic collection), got {rt.gc_steps}")
     if rt.threads_per_rank < 1:
         raise UserError(f"runtime.threads_per_rank must be >= 1, got {rt.threads_per_rank}")
     for item in rt.cpu_fallback:

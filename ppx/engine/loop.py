@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from ppx.engine.comm import P2P
 from ppx.engine.data_parallel import DataParallel, Layout
+from ppx.engine.garbage import StepCollector
 from ppx.engine.precision import step_optimizer
 from ppx.engine.rank import build_rank
 from ppx.engine.records import RecordGatherer
@@ -75,7 +76,7 @@ def train(
     offset = offset_to_rank0(ctrl)
 
     prof = make_profiler(cfg.profile, run_dir, rank, device)  # NO_PROFILER when off: its marks do nothing
-    with prof:
+    with prof, StepCollector(cfg.runtime.gc_steps) as collector:
         for step in range(cfg.train.steps):
             watchdog.phase("step start", step)
             with prof.label("ppx:prepare"):
@@ -115,6 +116,8 @@ def train(
                 with prof.label("ppx:report"):
                     for s, merged in records.ready():
                         report.add_step(s, merge_replicas(merged))
+            with prof.label("ppx:gc"):
+                collector.between_steps(step)  # garbage collected here, not inside a timed step
     watchdog.phase("gathering metrics")
     rest = records.rest()
     if report is not None:
