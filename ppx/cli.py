@@ -176,6 +176,14 @@ def _plan_parser(sub) -> None:
         "--out", metavar="DIR", help="a new folder for plan.md/.json/.png and best.csv (default plans/<UTC time>)"
     )
     pl.add_argument("--top", metavar="N", type=int, default=10, help="rows printed (default 10; the files hold all)")
+    pl.add_argument(
+        "--close-pct",
+        metavar="PCT",
+        type=float,
+        default=2.0,
+        help="candidates predicted within PCT %% of the best's throughput are named as too close to call "
+        "(default 2: the plan's step error measured up to 2%% by make bench)",
+    )
     pl.add_argument("--jobs", metavar="N", type=int, help="processes evaluating candidates (default min(2, CPUs))")
     pl.set_defaults(fn=_command("plan"))
 

@@ -21,18 +21,26 @@ def out_dir(text: str | None) -> Path:
     return out
 
 
+def _names(results, most: int = 4) -> str:
+    """Up to ``most`` labels, then how many more."""
+    shown = ", ".join(r.label() for r in results[:most])
+    return shown + (f" and {len(results) - most} more" if len(results) > most else "")
+
+
 def _check(args) -> None:
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
     if args.top < 1:
         raise UserError(f"--top must be >= 1, got {args.top}")
+    if not args.close_pct >= 0:
+        raise UserError(f"--close-pct must be >= 0, got {args.close_pct}")
 
 
 def cmd_plan(args) -> int:
     from ppx.plan import outputs, pareto, table
     from ppx.plan.howto import command, synthetic_overrides
     from ppx.plan.scale import cluster_note
-    from ppx.plan.search import search
+    from ppx.plan.search import near_best, search
     from ppx.plan.sizes import format_bytes
     from ppx.plan.space import candidates
 
@@ -58,6 +66,12 @@ def cmd_plan(args) -> int:
     notes = [n for n in [cluster_note(max(ps))] if n]
     if args.from_run and inputs.act_bytes is None:
         notes.append(f"note: {args.from_run} measured no saved bytes per microbatch: peaks count params only")
+    close = near_best(results, args.close_pct)
+    if close:
+        notes.append(
+            f"note: {_names(close)} predicted within {args.close_pct:g}% of the best's "
+            "throughput: closer than a prediction can tell apart (--close-pct); measure them before choosing"
+        )
     print(
         f"ppx plan: {len(results)} candidates ({len(skipped)} shapes skipped) in {took:.1f} s, "
         f"costs from {inputs.source}"

@@ -22,6 +22,16 @@ def rank(results: list[Result]) -> list[Result]:
     return sorted(results, key=lambda r: (not r.fits, -float(f"{r.throughput:.9g}"), r.peak_max, r.label()))
 
 
+def near_best(results: list[Result], pct: float) -> list[Result]:
+    """The fitting candidates after the best (ranked ``results``) whose predicted throughput is
+    within ``pct`` % of the best's: too close for a prediction to tell apart."""
+    fitting = [r for r in results if r.fits]
+    if not fitting:
+        return []
+    floor = fitting[0].throughput / (1 + pct / 100)
+    return [r for r in fitting[1:] if r.throughput >= floor]
+
+
 def search(cands: list[Candidate], inputs: PlanInputs, jobs: int | None = None) -> tuple[list[Result], list[Skipped]]:
     """Evaluate ``cands`` on ``jobs`` processes (one: in this one); (ranked results, skipped)."""
     jobs = default_jobs() if jobs is None else jobs

@@ -53,6 +53,13 @@ def test_two_processes_plan_what_one_plans(tmp_path):
     assert one.returncode == two.returncode == 0, one.stderr + two.stderr
     cands = [json.loads((tmp_path / d / "plan.json").read_text())["candidates"] for d in ("one", "two")]
     assert cands[0] == cands[1] and len(cands[0]) == 2 * (3 + 3 + 3)
+    # interleaved and looped BFS at v = 3, 4 come within 2% of the best: the plan names them
+    best = cands[0][0]["microbatches_per_s"]
+    close = [c for c in cands[0][1:] if c["fits"] and best / c["microbatches_per_s"] - 1 <= 0.02]
+    assert close
+    note = next(n for n in json.loads((tmp_path / "one" / "plan.json").read_text())["notes"] if "within 2%" in n)
+    assert note.startswith("note: " + ", ".join(f"{c['schedule']} p={c['p']} m={c['m']} v={c['v']}" for c in close[:4]))
+    assert note in one.stdout and note in (tmp_path / "one" / "plan.md").read_text()
 
 
 def test_a_cluster_sized_plan_says_so(tmp_path):

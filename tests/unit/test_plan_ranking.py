@@ -8,7 +8,7 @@ import pytest
 
 from ppx.plan.evaluate import evaluate
 from ppx.plan.inputs import PlanInputs
-from ppx.plan.search import rank, search
+from ppx.plan.search import near_best, rank, search
 from ppx.plan.space import Candidate, candidates
 
 P, M, MIB = 4, 8, 2**20
@@ -82,3 +82,22 @@ def test_refused_shapes_are_kept_with_their_reason():
 def test_rank_puts_what_fits_first_then_by_throughput_then_memory():
     a, b, c = (evaluate(Candidate(n, P, M, 1), inputs(budget=6 * MIB)) for n in ("gpipe", "1f1b", "naive"))
     assert [r.schedule for r in rank([a, c, b])] == ["1f1b", "naive", "gpipe"]
+
+
+def test_candidates_within_close_pct_of_the_best_are_named():
+    """With t_w > 0 interleaved zero bubble leads and ZB-H1 and 1F1B trail it by more; near_best
+    names exactly the fitting ones within the given share of the best's throughput."""
+    results, _ = plan(["1f1b", "zb_h1", "interleaved_zb"], inputs(wgrad=0.01), vs=(2, 4))
+    fitting = [r for r in results if r.fits]
+    best = fitting[0].throughput
+    for pct in (0.0, 1.0, 5.0, 20.0, 50.0):
+        want = [r for r in fitting[1:] if best / r.throughput - 1 <= pct / 100 + 1e-12]
+        assert near_best(results, pct) == want
+    gaps = sorted(best / r.throughput - 1 for r in fitting[1:])
+    assert near_best(results, 100 * (gaps[0] + gaps[1]) / 2) == [fitting[1]]  # between the two closest
+    assert near_best(results, 100 * gaps[-1] + 1) == fitting[1:]
+
+
+def test_nothing_is_near_when_nothing_fits():
+    results, _ = plan(["gpipe", "1f1b"], inputs(budget=MIB // 2))
+    assert not any(r.fits for r in results) and near_best(results, 50.0) == []
