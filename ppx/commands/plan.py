@@ -33,7 +33,7 @@ def _check(args) -> None:
     if args.top < 1:
         raise UserError(f"--top must be >= 1, got {args.top}")
     if not args.close_pct >= 0:
-        raise UserError(f"--close-pct must be >= 0, got {args.close_pct}")
+        raise UserError(f"--close-pct must be >= 0, got {args.close_pct:g}")
 
 
 def cmd_plan(args) -> int:
