@@ -180,7 +180,7 @@ def _plan_parser(sub) -> None:
         "--close-pct",
         metavar="PCT",
         type=float,
-        default=2.0,
+        default=2.0,  # ppx.plan.search.CLOSE_PCT (not imported: the CLI starts fast)
         help="candidates predicted within PCT %% of the best's throughput are named as too close to call "
         "(default 2: the plan's step error measured up to 2%% by make bench)",
     )

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from ppx.cli import parser
 from ppx.plan.evaluate import evaluate
 from ppx.plan.inputs import PlanInputs
-from ppx.plan.search import near_best, rank, search
+from ppx.plan.search import CLOSE_PCT, near_best, rank, search
 from ppx.plan.space import Candidate, candidates
 
 P, M, MIB = 4, 8, 2**20
@@ -101,3 +102,7 @@ def test_candidates_within_close_pct_of_the_best_are_named():
 def test_nothing_is_near_when_nothing_fits():
     results, _ = plan(["gpipe", "1f1b"], inputs(budget=MIB // 2))
     assert not any(r.fits for r in results) and near_best(results, 50.0) == []
+
+
+def test_the_commands_default_is_the_planners():
+    assert parser().parse_args(["plan", "--fwd-ms", "1", "--bwd-ms", "1"]).close_pct == CLOSE_PCT
