@@ -92,7 +92,7 @@ def cmd_plan(args) -> int:
         outputs.write_best(csv, best, inputs)
         print(f"best: {best.label()}, predicted step {best.step_s * 1e3:.2f} ms; run it with:")
         print("\n".join(how))
-    outputs.write_json(out / "plan.json", inputs, results, skipped, best, notes)
+    outputs.write_json(out / "plan.json", inputs, results, skipped, best, notes, close)
     outputs.write_md(out / "plan.md", inputs, results, skipped, best, how, notes)
     pareto.draw(results, out / "plan.png", inputs.budget_bytes, f"ppx plan: {len(results)} candidates")
     files = ["plan.md", "plan.json", "plan.png"] + (["best.csv"] if best else [])

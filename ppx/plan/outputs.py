@@ -18,13 +18,22 @@ from ppx.schedules.csv_io import write_csv
 
 
 def write_json(
-    path: Path, inputs: PlanInputs, results: list[Result], skipped: list[Skipped], best: Result | None, notes: list[str]
+    path: Path,
+    inputs: PlanInputs,
+    results: list[Result],
+    skipped: list[Skipped],
+    best: Result | None,
+    notes: list[str],
+    close: list[Result],
 ) -> None:
+    """``close``: the candidates named too close to the best to call (their places in
+    "candidates", as "close_to_best")."""
     data = {
         "inputs": inputs.to_json(),
         "candidates": [r.to_json() for r in results],
         "skipped": [asdict(s) for s in skipped],
         "best": best.to_json() if best else None,
+        "close_to_best": [results.index(r) for r in close],
         "notes": notes,
     }
     path.write_text(json.dumps(data, indent=1) + "\n")

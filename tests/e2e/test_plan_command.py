@@ -57,6 +57,8 @@ def test_two_processes_plan_what_one_plans(tmp_path):
     best = cands[0][0]["microbatches_per_s"]
     close = [c for c in cands[0][1:] if c["fits"] and best / c["microbatches_per_s"] - 1 <= 0.02]
     assert close
+    written = json.loads((tmp_path / "one" / "plan.json").read_text())
+    assert [cands[0][k] for k in written["close_to_best"]] == close
     note = next(n for n in json.loads((tmp_path / "one" / "plan.json").read_text())["notes"] if "within 2%" in n)
     assert note.startswith("note: " + ", ".join(f"{c['schedule']} p={c['p']} m={c['m']} v={c['v']}" for c in close[:4]))
     assert note in one.stdout and note in (tmp_path / "one" / "plan.md").read_text()
