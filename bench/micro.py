@@ -13,8 +13,8 @@ from ppx.engine.rank import build_stage_modules
 from ppx.engine.stage import StageRunner
 from ppx.measure.memory import MemoryTracker
 from ppx.measure.timers import WallTimer
-from ppx.schedules.action import Action, Op
-from ppx.schedules.program import Item
+from ppx.schedules.comms.program import Item
+from ppx.schedules.ir.action import Action, Op
 
 
 def timer_cost_s(n: int = 200_000) -> float:

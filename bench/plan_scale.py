@@ -20,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ppx.schedules import Costs, memory, registry, simulate  # noqa: E402
+from ppx.schedules import Costs, registry, simulate  # noqa: E402
+from ppx.schedules.sim import memory
 
 COSTS = Costs(fwd=1, bwd=1, wgrad=0.5, p2p=0.1)
 

@@ -286,7 +286,7 @@ def main() -> None:
     if set(only) == set(CASES):
         from bench.micro import memory_cost_s, timer_cost_s
         from ppx.schedules import build
-        from ppx.schedules.program import compile_program
+        from ppx.schedules.comms.program import compile_program
 
         items = max(len(compile_program(row, (0, 1), -1)) for row in build("1f1b", 2, 8).actions)
         results["micro"] = {

@@ -10,7 +10,7 @@ def _own_order(path: str, sched, costs, transport: str) -> str:
     """For a CSV: the bubble of its compute order with ppx's placement, beside the one of its
     own sends and receives when it has them (early receives can hold a rank back on NCCL)."""
     from ppx import schedules
-    from ppx.schedules.placement import place_comms
+    from ppx.schedules.placing.placement import place_comms
 
     if not any(a.op.is_comm for row in schedules.read_csv(path).actions for a in row):
         return " (a CSV order: no theory; this is its own bubble)"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ppx.errors import UserError
-from ppx.schedules.action import Action
+from ppx.schedules.ir.action import Action
 
 
 def parse_fault(spec: str) -> tuple[str, Action]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ppx import schedules
 from ppx.config.schema import Config
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.schedule import Schedule
 
 
 def resolve_schedule(cfg: Config) -> Schedule:

@@ -9,7 +9,7 @@ from ppx.config.fault_spec import parse_fault
 from ppx.config.resolve import resolve_schedule
 from ppx.config.schema import Config
 from ppx.errors import UserError
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.schedule import Schedule
 
 
 def check(cfg: Config) -> None:

@@ -21,7 +21,7 @@ from ppx.measure.instruments import Instruments
 from ppx.measure.profiler import make_profiler
 from ppx.measure.replicas import merge_replicas
 from ppx.schedules import registry
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.schedule import Schedule
 
 
 def build_share(cfg, schedule: Schedule, layout: Layout, device, backend: str, observers):

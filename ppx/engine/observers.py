@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
-from ppx.schedules.program import Item
+from ppx.schedules.comms.program import Item
 
 T = TypeVar("T")
 

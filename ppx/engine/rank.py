@@ -21,8 +21,8 @@ from ppx.engine.stage import StageRunner
 from ppx.models.action_clock import ActionClock
 from ppx.models.costs import recompute_modes
 from ppx.models.split import split_layers
-from ppx.schedules.action import Op
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.action import Op
+from ppx.schedules.ir.schedule import Schedule
 
 
 def build_stage_modules(

@@ -1,7 +1,7 @@
 """The executor: runs one rank's validated action list, whatever schedule produced it.
 
 The action list is compiled once into a program of post, wait, compute and drain items
-(`ppx.schedules.program`); a batch of sends and receives is posted with batch_isend_irecv
+(`ppx.schedules.comms.program`); a batch of sends and receives is posted with batch_isend_irecv
 on NCCL. Observers (timers, memory counters, profiler labels, the watchdog, fault
 injection) wrap every item through `run_observed`; the runtime itself holds no
 instrumentation. Compute actions run inside the rank's `ActionClock`.
@@ -16,10 +16,10 @@ import torch
 from ppx.engine.observers import run_observed
 from ppx.engine.stage import StageRunner
 from ppx.models.action_clock import PART_OF, ActionClock
-from ppx.schedules.action import Action, Op
-from ppx.schedules.lowering import peer_of
-from ppx.schedules.program import Item, compile_program
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.comms.lowering import peer_of
+from ppx.schedules.comms.program import Item, compile_program
+from ppx.schedules.ir.action import Action, Op
+from ppx.schedules.ir.schedule import Schedule
 
 
 class ActionFailed(RuntimeError):

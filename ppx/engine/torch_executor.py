@@ -23,10 +23,10 @@ from ppx.engine.observers import run_observed
 from ppx.engine.rank import StageShare, build_stage_modules
 from ppx.models.action_clock import PART_OF, ActionClock
 from ppx.schedules import registry
-from ppx.schedules.action import Action, Op
+from ppx.schedules.comms.program import Item
 from ppx.schedules.csv_io import write_csv
-from ppx.schedules.program import Item
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.action import Action, Op
+from ppx.schedules.ir.schedule import Schedule
 
 
 class TorchPipeline(StageShare):

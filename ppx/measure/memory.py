@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
-from ppx.schedules.action import Op
+from ppx.schedules.ir.action import Op
 
 
 def reset_cpu_peak() -> None:

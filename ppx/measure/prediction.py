@@ -8,9 +8,9 @@ from collections import defaultdict
 
 from ppx import schedules
 from ppx.measure.spans import handoffs
-from ppx.schedules.costs import REDUCE
-from ppx.schedules.memory import peak_held
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.schedule import Schedule
+from ppx.schedules.sim.costs import REDUCE
+from ppx.schedules.sim.memory import peak_held
 
 
 def _mean(values) -> float:
@@ -159,7 +159,7 @@ def predict_expected(
 def memory_prediction(steps: list[dict], schedule: Schedule, ranks: list[dict]) -> dict:
     """Each rank's peak saved activations predicted from the bytes one microbatch's forward
     saved on each stage (the most over the run's ``steps``, as the memory counters measured
-    them) by walking its actions (`ppx.schedules.memory.peak_held`), against ``ranks``' measured
+    them) by walking its actions (`ppx.schedules.sim.memory.peak_held`), against ``ranks``' measured
     ``peak_activation_bytes``; {} without the counters or without backwards."""
     per = [0] * schedule.num_stages
     for s in steps:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
-from ppx.schedules.action import Action
-from ppx.schedules.lowering import peer_of
+from ppx.schedules.comms.lowering import peer_of
+from ppx.schedules.ir.action import Action
 
 COMPUTE, COMM, DP_COMM, WAIT = "compute", "comm", "dp_comm", "wait"
 # item kind -> time category; dp_comm: the data-parallel gradient reduction (parallel.data > 1)
@@ -21,7 +21,7 @@ CATEGORY = {"compute": COMPUTE, "post": COMM, "reduce": DP_COMM, "wait": WAIT, "
 @dataclass(frozen=True)
 class Span:
     """One program item's time on one rank: ``kind`` is "post" | "wait" | "compute" | "drain"
-    (as `ppx.schedules.program.Item`), ``actions`` the item's actions (a compute span has one,
+    (as `ppx.schedules.comms.program.Item`), ``actions`` the item's actions (a compute span has one,
     a wait the receive it waits for, a post its batch of sends and receives, a reduce the
     stage's last backward)."""
 

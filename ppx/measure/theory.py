@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ppx import schedules
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.schedule import Schedule
 
 
 @dataclass(frozen=True)

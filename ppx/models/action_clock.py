@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal
 
-from ppx.schedules.action import Op
+from ppx.schedules.ir.action import Op
 
 Part = Literal["full", "input", "weight"]
 PART_OF: dict[Op, Part] = {Op.F: "full", Op.B: "full", Op.I: "input", Op.W: "weight"}  # each compute op's part

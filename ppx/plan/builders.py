@@ -1,14 +1,14 @@
 """How a candidate's schedule is built: a registry family by name, or the automatic
-zero-bubble schedule for the plan's costs and budget (``zb_auto``, `ppx.schedules.auto_zb`:
+zero-bubble schedule for the plan's costs and budget (``zb_auto``, `ppx.schedules.auto.auto_zb`:
 without a budget, within 1F1B's memory on every rank)."""
 
 from __future__ import annotations
 
 from ppx.plan.inputs import PlanInputs
 from ppx.schedules import registry
-from ppx.schedules.auto_zb import auto_zb
-from ppx.schedules.placement import place_comms
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.auto.auto_zb import auto_zb
+from ppx.schedules.ir.schedule import Schedule
+from ppx.schedules.placing.placement import place_comms
 
 AUTO = "zb_auto"
 

@@ -1,5 +1,5 @@
 """One candidate's numbers: its schedule simulated on the plan's costs (step time, bubble)
-and its memory predicted (`ppx.schedules.memory.peak_held` of the saved activations, plus
+and its memory predicted (`ppx.schedules.sim.memory.peak_held` of the saved activations, plus
 the params of the stages each rank holds)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from ppx.plan.builders import build
 from ppx.plan.inputs import PlanInputs
 from ppx.plan.sampled import expected
 from ppx.plan.space import Candidate, Skipped
-from ppx.schedules.memory import peak_held
-from ppx.schedules.simulate import simulate
+from ppx.schedules.sim.memory import peak_held
+from ppx.schedules.sim.simulate import simulate
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ppx.models.split import split_layers
-from ppx.schedules.costs import Costs
+from ppx.schedules.sim.costs import Costs
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,14 @@ from __future__ import annotations
 import random
 from statistics import fmean
 
-from ppx.schedules.action import Action
-from ppx.schedules.costs import REDUCE
+from ppx.schedules.ir.action import Action
+from ppx.schedules.sim.costs import REDUCE
 
 DRAWS = 32  # simulations per candidate; their mean step is the prediction
 
 
 class PlanSamples:
-    """`ppx.schedules.costs.SampledCosts`' interface over a run's samples, for a candidate
+    """`ppx.schedules.sim.costs.SampledCosts`' interface over a run's samples, for a candidate
     whose stages are ``parts`` of the run's (`PlanInputs.parts`)."""
 
     def __init__(self, samples: dict, parts: list[tuple[range, int]], seed: int = 0):

@@ -15,7 +15,7 @@ from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
 from ppx.measure.theory import run_theory
 from ppx.report.run_dir import write_json
 from ppx.report.scalars import step_scalars
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.schedule import Schedule
 
 
 class RunReport:

@@ -7,10 +7,11 @@ resulting `Schedule`. Adding a schedule = one pure function + one entry in `regi
 
 from __future__ import annotations
 
-from ppx.schedules.action import Action, Op
-from ppx.schedules.costs import Costs, SampledCosts
+from ppx.schedules.comms.lowering import add_comms
 from ppx.schedules.csv_io import from_csv, read_csv, write_csv
-from ppx.schedules.lowering import add_comms
+from ppx.schedules.ir.action import Action, Op
+from ppx.schedules.ir.schedule import Schedule
+from ppx.schedules.placing.validate import validate
 from ppx.schedules.registry import (
     FAMILIES,
     TORCH_SCHEDULES,
@@ -25,9 +26,8 @@ from ppx.schedules.registry import (
     runs_on_torch,
     theory_bubble,
 )
-from ppx.schedules.schedule import Schedule
-from ppx.schedules.simulate import Timeline, simulate
-from ppx.schedules.validate import validate
+from ppx.schedules.sim.costs import Costs, SampledCosts
+from ppx.schedules.sim.simulate import Timeline, simulate
 
 __all__ = [
     "Action",

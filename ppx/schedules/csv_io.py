@@ -15,10 +15,10 @@ from collections import Counter
 from pathlib import Path
 
 from ppx.errors import ScheduleError
-from ppx.schedules.action import parse_cell
-from ppx.schedules.placement import place_comms
-from ppx.schedules.schedule import Schedule
-from ppx.schedules.validate import validate
+from ppx.schedules.ir.action import parse_cell
+from ppx.schedules.ir.schedule import Schedule
+from ppx.schedules.placing.placement import place_comms
+from ppx.schedules.placing.validate import validate
 
 TORCH_ONLY = ("REDUCE_GRAD", "UNSHARD", "RESHARD")
 

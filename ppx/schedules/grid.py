@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ppx.schedules.schedule import Schedule
-from ppx.schedules.simulate import Costs, simulate
+from ppx.schedules.ir.schedule import Schedule
+from ppx.schedules.sim.simulate import Costs, simulate
 
 
 def render_grid(schedule: Schedule, costs: Costs | None = None, transport: str = "nccl") -> str:

@@ -8,21 +8,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ppx.errors import ScheduleError
-from ppx.schedules.basic import forward_only, gpipe, naive, one_f_one_b
-from ppx.schedules.costs import Costs
-from ppx.schedules.dualpipev import dualpipev
-from ppx.schedules.dualpipev import shape_error as dualpipev_shape_error
-from ppx.schedules.interleaved import interleaved_1f1b
-from ppx.schedules.interleaved import shape_error as interleaved_shape_error
-from ppx.schedules.interleaved_zb import interleaved_zb
-from ppx.schedules.interleaved_zb import shape_error as interleaved_zb_shape_error
-from ppx.schedules.looped_bfs import looped_bfs
-from ppx.schedules.lowering import add_comms
-from ppx.schedules.placement import place_comms
-from ppx.schedules.schedule import Schedule
-from ppx.schedules.simulate import simulate
-from ppx.schedules.zbv import zbv
-from ppx.schedules.zero_bubble import zb_h1, zb_h2
+from ppx.schedules.comms.lowering import add_comms
+from ppx.schedules.families.basic import forward_only, gpipe, naive, one_f_one_b
+from ppx.schedules.families.dualpipev import dualpipev
+from ppx.schedules.families.dualpipev import shape_error as dualpipev_shape_error
+from ppx.schedules.families.interleaved import interleaved_1f1b
+from ppx.schedules.families.interleaved import shape_error as interleaved_shape_error
+from ppx.schedules.families.interleaved_zb import interleaved_zb
+from ppx.schedules.families.interleaved_zb import shape_error as interleaved_zb_shape_error
+from ppx.schedules.families.looped_bfs import looped_bfs
+from ppx.schedules.families.zbv import zbv
+from ppx.schedules.families.zero_bubble import zb_h1, zb_h2
+from ppx.schedules.ir.schedule import Schedule
+from ppx.schedules.placing.placement import place_comms
+from ppx.schedules.sim.costs import Costs
+from ppx.schedules.sim.simulate import simulate
 
 
 @dataclass(frozen=True)

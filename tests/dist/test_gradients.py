@@ -126,10 +126,10 @@ def auto_csv_overrides(p: int, m: int = 8) -> list[str]:
     import os
     import tempfile
 
-    from ppx.schedules.auto_zb import auto_zb
-    from ppx.schedules.costs import Costs
+    from ppx.schedules.auto.auto_zb import auto_zb
+    from ppx.schedules.sim.costs import Costs
     from ppx.schedules.csv_io import write_csv
-    from ppx.schedules.placement import place_comms
+    from ppx.schedules.placing.placement import place_comms
 
     path = Path(tempfile.gettempdir()) / f"ppx-zb-auto-{os.getuid()}" / f"p{p}_m{m}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)

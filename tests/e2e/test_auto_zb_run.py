@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 
 from helpers import ppx, read_json
-from ppx.schedules.auto_zb import auto_zb
-from ppx.schedules.costs import Costs
+from ppx.schedules.auto.auto_zb import auto_zb
 from ppx.schedules.csv_io import write_csv
-from ppx.schedules.placement import place_comms
+from ppx.schedules.placing.placement import place_comms
+from ppx.schedules.sim.costs import Costs
 
 P, M, T = 4, 8, 10.0  # ranks, microbatches, ms of every F, I and W; the last stage's 1.5 T
 MS = [T] * (P - 1) + [1.5 * T]

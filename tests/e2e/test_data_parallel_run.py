@@ -85,7 +85,7 @@ def test_the_reduction_is_its_own_category_everywhere(runs):
 
 def test_reductions_come_after_each_stage_last_backward_and_its_send():
     from ppx.schedules import registry
-    from ppx.schedules.program import compile_program
+    from ppx.schedules.comms.program import compile_program
 
     s = registry.build("interleaved_1f1b", 2, 4, 2)
     for r in range(2):

@@ -3,10 +3,10 @@ receive posted up front, every request independent) and its peak microbatches in
 
 from __future__ import annotations
 
-from ppx.schedules.action import Op
-from ppx.schedules.costs import Costs
-from ppx.schedules.lowering import add_comms
-from ppx.schedules.simulate import Timeline, simulate
+from ppx.schedules.comms.lowering import add_comms
+from ppx.schedules.ir.action import Op
+from ppx.schedules.sim.costs import Costs
+from ppx.schedules.sim.simulate import Timeline, simulate
 
 UNIT = Costs(fwd=1, bwd=1, wgrad=1)  # t_f = t_b = t_w: the split-backward papers' figures
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ppx.measure.spans import Span
-from ppx.schedules.action import Action
+from ppx.schedules.ir.action import Action
 
 
 def span(kind: str, label: str, actions: list[str], start: float, end: float) -> Span:

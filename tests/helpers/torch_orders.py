@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import types
 
-from ppx.schedules.action import parse_cell
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.action import parse_cell
+from ppx.schedules.ir.schedule import Schedule
 
 V_SHAPED = ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")  # stage s on rank s, then back: 2p-1-s
 TORCH_ONLY = ("REDUCE_GRAD", "UNSHARD", "RESHARD")

@@ -1,4 +1,4 @@
-"""Actions as text (ppx.schedules.action)."""
+"""Actions as text (ppx.schedules.ir.action)."""
 
 from ppx.schedules import Action, Op
 

@@ -9,13 +9,13 @@ import random
 import pytest
 
 from ppx.errors import ScheduleError
-from ppx.schedules.action import Op
-from ppx.schedules.auto_zb import auto_zb
-from ppx.schedules.costs import Costs
-from ppx.schedules.memory import peak_held
-from ppx.schedules.placement import place_comms
+from ppx.schedules.auto.auto_zb import auto_zb
+from ppx.schedules.ir.action import Op
+from ppx.schedules.placing.placement import place_comms
 from ppx.schedules.registry import FAMILIES
-from ppx.schedules.simulate import simulate
+from ppx.schedules.sim.costs import Costs
+from ppx.schedules.sim.memory import peak_held
+from ppx.schedules.sim.simulate import simulate
 
 ONE_STAGE_PER_RANK = ("naive", "gpipe", "1f1b", "zb_h1", "zb_h2")
 

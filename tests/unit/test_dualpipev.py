@@ -13,10 +13,10 @@ from helpers.schedule_checks import own_timeline as timeline
 from helpers.torch_orders import torch_order
 from ppx.errors import ScheduleError
 from ppx.schedules import Costs, Op, registry, simulate
-from ppx.schedules.dualpipev import dualpipev
+from ppx.schedules.families.dualpipev import dualpipev
+from ppx.schedules.families.zbv import v_stage_to_rank
 from ppx.schedules.grid import render_grid
 from ppx.schedules.registry import dualpipe_bubble
-from ppx.schedules.zbv import v_stage_to_rank
 
 CLASS = "ScheduleDualPipeV"
 

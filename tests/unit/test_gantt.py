@@ -5,7 +5,7 @@ later-stage shade for interleaved ranks, and no communication entries for a simu
 from ppx import schedules
 from ppx.measure.spans import Span
 from ppx.report.gantt import draw_step, legend_entries, stage_shades
-from ppx.schedules.action import Action
+from ppx.schedules.ir.action import Action
 
 
 def simulated_spans(name: str, p: int, m: int, **kw) -> tuple[dict, tuple]:

@@ -15,7 +15,7 @@ from ppx.measure.spans import Span, handoffs
 from ppx.report import plotly_figures
 from ppx.report.compare import COLUMNS, bubble_series
 from ppx.report.html_report import write_compare_html, write_run_html
-from ppx.schedules.program import compile_program
+from ppx.schedules.comms.program import compile_program
 
 PLOTLY_BANNER = re.compile(r"\* plotly\.js v\d")
 

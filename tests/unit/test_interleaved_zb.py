@@ -11,8 +11,8 @@ from helpers.schedule_checks import UNIT, own_bubble, peak_in_flight
 from helpers.torch_orders import torch_order
 from ppx.errors import ScheduleError
 from ppx.schedules import registry, simulate
+from ppx.schedules.families.interleaved_zb import interleaved_zb, rounds, shape_error
 from ppx.schedules.grid import render_grid
-from ppx.schedules.interleaved_zb import interleaved_zb, rounds, shape_error
 
 CLASS = "ScheduleInterleavedZeroBubble"
 

@@ -3,7 +3,11 @@ lower one only (imports inside functions count; those under ``if TYPE_CHECKING:`
 no import cycle joins ppx modules at import time, and no file is longer than 400 lines.
 
 Layers, lowest first: ppx/__init__.py, ppx/errors.py and ppx/paths.py < schedules < models < config <
-measure < engine < report < plan < launch < commands < ppx/cli.py."""
+measure < engine < report < plan < launch < commands < ppx/cli.py.
+
+Inside ppx/schedules/ the same rule holds between its rooms, lowest first: ir < families <
+comms < sim < placing < auto < the package's own modules (registry, csv_io, grid and
+__init__.py)."""
 
 from __future__ import annotations
 
@@ -32,6 +36,20 @@ LAYERS = [
 LAYER_OF = {part: k for k, parts in enumerate(LAYERS) for part in parts}
 LAYER_NAME = ["base (ppx, ppx.errors, ppx.paths)"] + [f"ppx.{parts[0]}" for parts in LAYERS[1:]]
 MAX_LINES = 400
+
+# the rooms of ppx/schedules/, lowest first: the name after "ppx.schedules." -> room index;
+# "" is ppx/schedules/__init__.py, and the package's own modules share the top room with it
+ROOMS = [
+    ("ir",),
+    ("families",),
+    ("comms",),
+    ("sim",),
+    ("placing",),
+    ("auto",),
+    ("", "registry", "csv_io", "grid"),
+]
+ROOM_OF = {part: k for k, parts in enumerate(ROOMS) for part in parts}
+ROOM_NAME = [f"ppx.schedules.{parts[0]}" for parts in ROOMS[:-1]] + ["ppx.schedules (registry, csv_io, grid)"]
 
 
 @dataclass(frozen=True)
@@ -108,6 +126,31 @@ def where(imp: Import, root: Path) -> str:
     return f"{imp.file.relative_to(root)}:{imp.line}"
 
 
+def room(module: str) -> int | None:
+    """The room of a module of ppx.schedules (None for one outside ppx.schedules or in no room)."""
+    parts = module.split(".")
+    if parts[:2] != ["ppx", "schedules"]:
+        return None
+    return ROOM_OF.get(parts[2] if len(parts) > 2 else "")
+
+
+def room_violations(root: Path) -> list[str]:
+    """ppx/schedules/'s rooms: a module in no room, and an import from a higher room."""
+    files, imports = scan(root)
+    inside = [m for m in files if m.split(".")[:2] == ["ppx", "schedules"]]
+    out = [
+        f"{files[m].relative_to(root)}: module {m} is in no room of ppx.schedules" for m in inside if room(m) is None
+    ]
+    for imp in imports:
+        own, theirs = room(imp.module), room(imp.target)
+        if own is not None and theirs is not None and theirs > own:
+            out.append(
+                f"{where(imp, root)}: {imp.module} ({ROOM_NAME[own]}) imports {imp.target} "
+                f"from the higher room {ROOM_NAME[theirs]}"
+            )
+    return out
+
+
 def layer_violations(root: Path) -> list[str]:
     files, imports = scan(root)
     out = [f"{files[m].relative_to(root)}: module {m} is in no layer" for m in files if layer(m) is None]
@@ -171,6 +214,18 @@ def long_files(root: Path, folders=("ppx", "bench", "tests")) -> list[str]:
 def test_every_import_is_from_the_same_or_a_lower_layer():
     bad = layer_violations(REPO)
     assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_every_import_inside_schedules_is_from_the_same_or_a_lower_room():
+    bad = room_violations(REPO)
+    assert not bad, "imports against the rooms of ppx/schedules/:\n" + "\n".join(bad)
+
+
+def test_the_rooms_are_the_subpackages_of_schedules():
+    """Every subpackage of ppx/schedules/ is a room and every room but the top one a subpackage,
+    so a new folder cannot sit outside the order."""
+    folders = {p.parent.name for p in (REPO / "ppx/schedules").glob("*/__init__.py")}
+    assert folders == {parts[0] for parts in ROOMS[:-1]}
 
 
 def test_no_import_cycles_between_ppx_modules():
@@ -267,6 +322,60 @@ def test_a_cycle_is_reported_with_each_import(tmp_path):
     # the same imports inside functions are no cycle at import time
     root = write(tmp_path, {"ppx/schedules/grid.py": "def g():\n    from ppx.schedules import basic\n"})
     assert import_cycles(root) == []
+
+
+ROOMY = {
+    "ppx/__init__.py": "",
+    "ppx/schedules/__init__.py": "from ppx.schedules.registry import build\n",
+    "ppx/schedules/registry.py": "from ppx.schedules.sim.simulate import simulate\n",
+    "ppx/schedules/ir/__init__.py": "",
+    "ppx/schedules/ir/action.py": "import os\n",
+    "ppx/schedules/sim/__init__.py": "",
+    "ppx/schedules/sim/simulate.py": "from ppx.schedules.ir.action import Action\nfrom . import costs\n",
+    "ppx/schedules/sim/costs.py": "from ppx.schedules.ir import action\n",
+}
+
+
+def test_the_room_check_passes_rooms_in_order(tmp_path):
+    assert room_violations(write(tmp_path, ROOMY)) == []
+
+
+@pytest.mark.parametrize(
+    "bad,expected",
+    [
+        (
+            "from ppx.schedules.sim.simulate import simulate\n",
+            "ppx/schedules/ir/action.py:2: ppx.schedules.ir.action (ppx.schedules.ir) imports "
+            "ppx.schedules.sim.simulate from the higher room ppx.schedules.sim",
+        ),
+        (
+            "def f():\n    from ..sim import costs\n",
+            "ppx/schedules/ir/action.py:3: ppx.schedules.ir.action (ppx.schedules.ir) imports "
+            "ppx.schedules.sim.costs from the higher room ppx.schedules.sim",
+        ),
+        (
+            "from ppx.schedules import build\n",
+            "ppx/schedules/ir/action.py:2: ppx.schedules.ir.action (ppx.schedules.ir) imports "
+            "ppx.schedules from the higher room ppx.schedules (registry, csv_io, grid)",
+        ),
+        (
+            "import ppx.schedules.registry\n",
+            "ppx/schedules/ir/action.py:2: ppx.schedules.ir.action (ppx.schedules.ir) imports "
+            "ppx.schedules.registry from the higher room ppx.schedules (registry, csv_io, grid)",
+        ),
+    ],
+)
+def test_an_import_from_a_higher_room_is_named_by_file_and_line(tmp_path, bad, expected):
+    root = write(tmp_path, {**ROOMY, "ppx/schedules/ir/action.py": "import os\n" + bad})
+    assert room_violations(root) == [expected]
+
+
+def test_a_module_outside_the_rooms_is_named(tmp_path):
+    root = write(tmp_path, {**ROOMY, "ppx/schedules/extra/__init__.py": "", "ppx/schedules/extra/x.py": ""})
+    assert room_violations(root) == [
+        "ppx/schedules/extra/__init__.py: module ppx.schedules.extra is in no room of ppx.schedules",
+        "ppx/schedules/extra/x.py: module ppx.schedules.extra.x is in no room of ppx.schedules",
+    ]
 
 
 def test_a_long_file_is_named(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from helpers.schedule_checks import own_bubble, peak_in_flight
 from helpers.torch_orders import torch_order
 from ppx.schedules import Costs, registry, simulate
-from ppx.schedules.looped_bfs import looped_bfs
+from ppx.schedules.families.looped_bfs import looped_bfs
 
 
 @pytest.mark.parametrize("v", [2, 3])

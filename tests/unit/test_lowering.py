@@ -1,4 +1,4 @@
-"""Lowering (ppx.schedules.lowering) and the compiled program: where SEND/RECV actions go, and
+"""Lowering (ppx.schedules.comms.lowering) and the compiled program: where SEND/RECV actions go, and
 receives posted early without moving the blocking points."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ppx import schedules
-from ppx.schedules.lowering import comm_batches, receive_early
-from ppx.schedules.program import compile_program
+from ppx.schedules.comms.lowering import comm_batches, receive_early
+from ppx.schedules.comms.program import compile_program
 
 
 def test_comms_pair_1f1b_send_forward_with_receive_backward():

@@ -9,8 +9,8 @@ import pytest
 
 from ppx.engine.observers import run_observed
 from ppx.models.action_clock import ActionClock
-from ppx.schedules.action import Action, Op
-from ppx.schedules.program import Item
+from ppx.schedules.comms.program import Item
+from ppx.schedules.ir.action import Action, Op
 
 ITEM = Item("compute", (Action(0, Op.F, 0),), "0F0")
 

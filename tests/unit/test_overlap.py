@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 
 from ppx.errors import ScheduleError
-from ppx.schedules.action import Action, B, F, parse_cell
-from ppx.schedules.basic import one_f_one_b
-from ppx.schedules.costs import Costs
-from ppx.schedules.lowering import add_comms
-from ppx.schedules.placement import lockstep_comms, place_comms
-from ppx.schedules.program import compile_steps
-from ppx.schedules.simulate import simulate
-from ppx.schedules.validate import validate
+from ppx.schedules.comms.lowering import add_comms
+from ppx.schedules.comms.program import compile_steps
+from ppx.schedules.families.basic import one_f_one_b
+from ppx.schedules.ir.action import Action, B, F, parse_cell
+from ppx.schedules.placing.placement import lockstep_comms, place_comms
+from ppx.schedules.placing.validate import validate
+from ppx.schedules.sim.costs import Costs
+from ppx.schedules.sim.simulate import simulate
 
 
 def overlapped_1f1b(p: int, m: int):

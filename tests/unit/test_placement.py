@@ -1,4 +1,4 @@
-"""Placing sends and receives for any compute order (ppx.schedules.placement): Megatron's
+"""Placing sends and receives for any compute order (ppx.schedules.placing.placement): Megatron's
 placement where it runs, the lockstep one where it would deadlock, and transport-aware checks."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import pytest
 from helpers.schedule_checks import UNIT, own_bubble
 from helpers.torch_orders import torch_order
 from ppx.errors import ScheduleError
-from ppx.schedules.action import Action, B, F, Op
-from ppx.schedules.lowering import add_comms
-from ppx.schedules.placement import lockstep_comms, place_comms
-from ppx.schedules.schedule import Schedule
-from ppx.schedules.simulate import simulate
-from ppx.schedules.validate import validate
+from ppx.schedules.comms.lowering import add_comms
+from ppx.schedules.ir.action import Action, B, F, Op
+from ppx.schedules.ir.schedule import Schedule
+from ppx.schedules.placing.placement import lockstep_comms, place_comms
+from ppx.schedules.placing.validate import validate
+from ppx.schedules.sim.simulate import simulate
 
 SHAPES = [(p, m) for p in (2, 4, 8) for m in (p, 2 * p, 4 * p)]
 
@@ -149,7 +149,7 @@ def test_every_feasible_compute_order_runs_on_both_transports(seed):
 def test_a_receive_is_posted_after_the_unit_its_rank_runs_when_the_send_leaves():
     """`receiving_unit`: the unit running at the send (start < sent < end), else the last
     one ended by then (-1: before the first), found by bisection over the units' ends."""
-    from ppx.schedules.lockstep import receiving_unit
+    from ppx.schedules.comms.lockstep import receiving_unit
 
     times = [(0.0, 1.0), (1.0, 2.0), (3.0, 4.0), (4.0, 4.0)]  # a gap, and a unit of no length
     starts, ends = [s for s, _ in times], [e for _, e in times]

@@ -10,7 +10,7 @@ import pytest
 from ppx.plan.inputs import PlanInputs
 from ppx.plan.sampled import PlanSamples, expected
 from ppx.schedules import registry
-from ppx.schedules.simulate import simulate
+from ppx.schedules.sim.simulate import simulate
 
 F, IG, W = [0.010, 0.012, 0.011, 0.015], [0.009, 0.010, 0.013, 0.016], [0.004, 0.005, 0.006, 0.007]
 

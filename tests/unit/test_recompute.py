@@ -129,8 +129,8 @@ def test_memory_counters_see_a_checkpointed_region_by_its_inputs():
     outer ones, count the region by the inputs it keeps, as ppx's own recomputation is counted."""
     from torch.utils.checkpoint import checkpoint
 
-    from ppx.schedules.action import Action, Op
-    from ppx.schedules.program import Item
+    from ppx.schedules.comms.program import Item
+    from ppx.schedules.ir.action import Action, Op
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))

@@ -8,7 +8,7 @@ import pytest
 from ppx import config, schedules
 from ppx.errors import ScheduleError, UserError
 from ppx.schedules import registry
-from ppx.schedules.basic import one_f_one_b
+from ppx.schedules.families.basic import one_f_one_b
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The predicted activation memory of a schedule (`ppx.schedules.memory.peak_held`) against
+"""The predicted activation memory of a schedule (`ppx.schedules.sim.memory.peak_held`) against
 counts made by hand and the authors' figures."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 
 from helpers.schedule_checks import peak_in_flight
 from ppx.schedules import registry
-from ppx.schedules.action import Op
-from ppx.schedules.memory import peak_held
+from ppx.schedules.ir.action import Op
+from ppx.schedules.sim.memory import peak_held
 
 
 @pytest.mark.parametrize("name", [n for n in registry.FAMILIES if n != "forward_only"])

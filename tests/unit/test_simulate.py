@@ -1,4 +1,4 @@
-"""The simulator (ppx.schedules.simulate): fill-drain step times, and hand-derived timelines on
+"""The simulator (ppx.schedules.sim.simulate): fill-drain step times, and hand-derived timelines on
 each transport with latency, posting costs and runtime overhead."""
 
 from __future__ import annotations

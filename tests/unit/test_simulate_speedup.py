@@ -14,11 +14,12 @@ from helpers.reference_schedules import placement as old_placement
 from helpers.reference_schedules import simulate as old_simulate
 from helpers.reference_schedules import validate as old_validate
 from ppx.errors import ScheduleError
-from ppx.schedules import FAMILIES, Action, Costs, SampledCosts, Schedule, csv_io, memory
-from ppx.schedules.lowering import add_comms
-from ppx.schedules.placement import place_comms
-from ppx.schedules.simulate import simulate
-from ppx.schedules.validate import validate
+from ppx.schedules import FAMILIES, Action, Costs, SampledCosts, Schedule, csv_io
+from ppx.schedules.comms.lowering import add_comms
+from ppx.schedules.placing.placement import place_comms
+from ppx.schedules.placing.validate import validate
+from ppx.schedules.sim import memory
+from ppx.schedules.sim.simulate import simulate
 
 TRANSPORTS = [("nccl", 0), ("gloo", 0), ("gloo", 1), ("gloo", -1)]
 

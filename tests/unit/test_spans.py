@@ -6,7 +6,7 @@ import pickle
 import pytest
 
 from ppx.measure.spans import CATEGORY, COMM, COMPUTE, DP_COMM, WAIT, Span, handoffs
-from ppx.schedules.action import Action, Op
+from ppx.schedules.ir.action import Action, Op
 
 
 def span(kind: str, actions: str, start: float, end: float, label: str = "") -> Span:

@@ -7,7 +7,7 @@ import pytest
 from ppx import schedules
 from ppx.errors import ScheduleError
 from ppx.schedules import Action, Schedule
-from ppx.schedules.lowering import add_comms
+from ppx.schedules.comms.lowering import add_comms
 
 
 def make(rows, m, training=True, s2r=None, comms=True):

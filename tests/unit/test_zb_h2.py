@@ -12,8 +12,8 @@ import pytest
 from helpers.schedule_checks import UNIT
 from helpers.schedule_checks import own_timeline as timeline
 from ppx.schedules import Costs, Op, registry, simulate
+from ppx.schedules.families.zero_bubble import zb_h1, zb_h2
 from ppx.schedules.grid import render_grid
-from ppx.schedules.zero_bubble import zb_h1, zb_h2
 
 SHAPES = [(p, m) for p in range(1, 9) for m in sorted({1, 2, p, 2 * p - 1, 2 * p, 3 * p + 1, 4 * p})]
 

@@ -14,8 +14,8 @@ from helpers.torch_orders import torch_order
 from ppx import config
 from ppx.errors import ScheduleError
 from ppx.schedules import Costs, registry, simulate
+from ppx.schedules.families.zbv import v_stage_to_rank, zbv
 from ppx.schedules.grid import render_grid
-from ppx.schedules.zbv import v_stage_to_rank, zbv
 
 CLASS = "ScheduleZBVZeroBubble"
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ppx.schedules.action import Action, Op
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.action import Action, Op
+from ppx.schedules.ir.schedule import Schedule
 
 
 def add_comms(schedule: Schedule) -> Schedule:

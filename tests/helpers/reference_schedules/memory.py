@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ppx.schedules.action import Op
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.action import Op
+from ppx.schedules.ir.schedule import Schedule
 
 
 def peak_held(

@@ -22,9 +22,9 @@ import heapq
 from helpers.reference_schedules.lowering import add_comms, peer_of, remote_outputs
 from helpers.reference_schedules.validate import check_runs, check_structure
 from ppx.errors import ScheduleError
-from ppx.schedules.action import Action, Op
-from ppx.schedules.costs import Costs
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.action import Action, Op
+from ppx.schedules.ir.schedule import Schedule
+from ppx.schedules.sim.costs import Costs
 
 UNIT = Costs(fwd=1, bwd=1, wgrad=1)  # placements are compared at t_f = t_b = t_w, no communication cost
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from helpers.reference_schedules.lowering import comm_batches, input_receive, peer_of, receive_early
-from ppx.schedules.action import Action, Op
+from ppx.schedules.ir.action import Action, Op
 
 
 @dataclass(frozen=True)

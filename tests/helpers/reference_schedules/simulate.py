@@ -1,8 +1,8 @@
 """Dry-run a schedule: prove it cannot deadlock and predict each rank's timeline.
 
-The simulator executes each rank's compiled program (`ppx.schedules.program`: the post,
+The simulator executes each rank's compiled program (`ppx.schedules.comms.program`: the post,
 wait, compute and drain items the runtime runs) on a unit-free clock. When a posted send or
-receive completes is up to the transport, chosen by name (`ppx.schedules.transports`):
+receive completes is up to the transport, chosen by name (`ppx.schedules.sim.transports`):
 ``nccl`` (the default, and what validation uses) is the strict one, ``gloo`` the looser one
 ppx's runtime runs on gloo; a list that passes on nccl also passes on gloo.
 """
@@ -15,9 +15,9 @@ from helpers.reference_schedules.lowering import peer_of
 from helpers.reference_schedules.program import Step, compile_steps, with_reductions
 from helpers.reference_schedules.transports import Batch, CommOp, Transport, transport_class
 from ppx.errors import ScheduleError
-from ppx.schedules.action import Action
-from ppx.schedules.costs import Costs, SampledCosts
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.action import Action
+from ppx.schedules.ir.schedule import Schedule
+from ppx.schedules.sim.costs import Costs, SampledCosts
 
 
 @dataclass
@@ -70,11 +70,11 @@ def simulate(
     reduce: bool = False,
 ) -> Timeline:
     """Run ``schedule`` (with comm actions) on a unit-free clock; raise ScheduleError on deadlock.
-    ``transport`` = "nccl" | "gloo" (see `ppx.schedules.transports`). ``reduce``: with the
+    ``transport`` = "nccl" | "gloo" (see `ppx.schedules.sim.transports`). ``reduce``: with the
     data-parallel reductions a run with ``parallel.data`` > 1 has (`with_reductions`), each
     costing ``costs.reduce_cost(stage)``.
 
-    Assumes the static checks of `ppx.schedules.validate` passed (every comm op has a match).
+    Assumes the static checks of `ppx.schedules.placing.validate` passed (every comm op has a match).
     """
     kind = transport_class(transport)
     lookahead = recv_lookahead if kind.takes_lookahead else 0

@@ -9,7 +9,7 @@ receives its input. A list that passes here also passes on gloo, which is looser
 actions early (`receive_early`), and a compute action waits only for its own input.
 
 Both see the same posted batches (`Batch`, its `CommOp`s with their posting times) from the
-simulator, which executes the compiled program (`ppx.schedules.program`) and asks its
+simulator, which executes the compiled program (`ppx.schedules.comms.program`) and asks its
 transport: when may a received tensor be used (`ready`), since when did it move (`moving`),
 when is a batch done (`complete`); `advance` moves what the transport moves between
 programs' steps.

@@ -7,9 +7,9 @@ from collections import Counter, defaultdict
 from helpers.reference_schedules.lowering import peer_of
 from helpers.reference_schedules.simulate import Timeline, simulate
 from ppx.errors import ScheduleError
-from ppx.schedules.action import Action, Op
-from ppx.schedules.costs import Costs
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.action import Action, Op
+from ppx.schedules.ir.schedule import Schedule
+from ppx.schedules.sim.costs import Costs
 
 
 def _where(r: int, k: int, a: Action) -> str:

@@ -6,8 +6,8 @@ in which rank r owns stage r.
 
 from __future__ import annotations
 
-from ppx.schedules.action import B, F
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.action import B, F
+from ppx.schedules.ir.schedule import Schedule
 
 
 def _one_stage_per_rank(name: str, m: int, rows, training: bool = True) -> Schedule:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 
-from ppx.schedules.action import Action, Op
+from ppx.schedules.ir.action import Action, Op
 
 OPS: tuple[Op, ...] = (Op.F, Op.B, Op.I, Op.W, Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B)
 F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B = range(8)  # noqa: E741

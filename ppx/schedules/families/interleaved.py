@@ -7,8 +7,8 @@ time, for v times the point-to-point traffic."""
 from __future__ import annotations
 
 from ppx.errors import ScheduleError
-from ppx.schedules.action import B, F
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.action import B, F
+from ppx.schedules.ir.schedule import Schedule
 
 
 def _chunk_and_mb(k: int, p: int, v: int, forward: bool) -> tuple[int, int]:

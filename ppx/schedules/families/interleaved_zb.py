@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ppx.errors import ScheduleError
-from ppx.schedules.action import Action, F, I, W
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.action import Action, F, I, W
+from ppx.schedules.ir.schedule import Schedule
 
 
 def rounds(p: int, m: int) -> tuple[int, int]:

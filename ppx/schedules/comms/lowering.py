@@ -13,9 +13,9 @@ from itertools import chain, repeat
 
 import numpy as np
 
-from ppx.schedules.action import Action, Op
-from ppx.schedules.codes import RECV_B, RECV_F, SEND_B, SEND_F, Rows
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.action import Action, Op
+from ppx.schedules.ir.codes import RECV_B, RECV_F, SEND_B, SEND_F, Rows
+from ppx.schedules.ir.schedule import Schedule
 
 
 def add_comms(schedule: Schedule) -> Schedule:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ppx.schedules.action import Action, overlap_string
+from ppx.schedules.ir.action import Action, overlap_string
 
 
 @dataclass(frozen=True)
@@ -12,7 +12,7 @@ class Schedule:
     """A complete pipeline schedule.
 
     ``actions[r]`` is rank r's ordered action list. A schedule function returns compute
-    actions only (F, B, I, W); `ppx.schedules.lowering.add_comms` inserts the sends and
+    actions only (F, B, I, W); `ppx.schedules.comms.lowering.add_comms` inserts the sends and
     receives they imply. ``stage_to_rank[s]`` is the rank that owns stage s (several stages
     per rank for interleaved schedules).
     """

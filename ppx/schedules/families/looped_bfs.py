@@ -8,8 +8,8 @@ looped over v chunks: all m microbatches are in flight on every stage at the pea
 from __future__ import annotations
 
 from ppx.errors import ScheduleError
-from ppx.schedules.action import B, F
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.action import B, F
+from ppx.schedules.ir.schedule import Schedule
 
 
 def looped_bfs(p: int, m: int, v: int = 2) -> Schedule:

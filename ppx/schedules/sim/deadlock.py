@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ppx.schedules.codes import IS_SEND, text
-from ppx.schedules.compiled import COMPUTE, WAIT, Compiled
-from ppx.schedules.simcore import State
+from ppx.schedules.ir.codes import IS_SEND, text
+from ppx.schedules.sim.compiled import COMPUTE, WAIT, Compiled
+from ppx.schedules.sim.simcore import State
 
 
 def deadlock_message(prog: Compiled, s: State, nccl: bool) -> str:

@@ -1,11 +1,11 @@
 """Dry-run a schedule: prove it cannot deadlock and predict each rank's timeline.
 
 The simulator executes each rank's program (the post, wait, compute, reduce and drain items
-of `ppx.schedules.program` that the runtime runs, compiled to integers by
-`ppx.schedules.compiled`) on a unit-free clock, event-driven (`ppx.schedules.simcore`): a
+of `ppx.schedules.comms.program` that the runtime runs, compiled to integers by
+`ppx.schedules.sim.compiled`) on a unit-free clock, event-driven (`ppx.schedules.sim.simcore`): a
 rank runs until it waits for a tensor or a send not done yet, and the batch or op that
 completes wakes it. When a posted send or receive completes is up to the transport, chosen
-by name (`ppx.schedules.transports`): ``nccl`` (the default, and what validation uses) is
+by name (`ppx.schedules.sim.transports`): ``nccl`` (the default, and what validation uses) is
 the strict one, ``gloo`` the looser one ppx's runtime runs on gloo; a list that passes on
 nccl also passes on gloo. A schedule keeps its compiled program, so simulating it again at
 other costs only runs it.
@@ -23,15 +23,15 @@ from functools import partial
 from typing import NamedTuple
 
 from ppx.errors import ScheduleError
-from ppx.schedules.action import Action
-from ppx.schedules.codes import OPS, encode, gc_paused, rows_of
-from ppx.schedules.compiled import COMPUTE, POST, REDUCE, Compiled, add_reductions, compile_rows, missing_peer
-from ppx.schedules.costs import Costs, SampledCosts
-from ppx.schedules.deadlock import deadlock_message
-from ppx.schedules.lowering import receive_early
-from ppx.schedules.schedule import Schedule
-from ppx.schedules.simcore import State
-from ppx.schedules.transports import Transport, transport_class
+from ppx.schedules.comms.lowering import receive_early
+from ppx.schedules.ir.action import Action
+from ppx.schedules.ir.codes import OPS, encode, gc_paused, rows_of
+from ppx.schedules.ir.schedule import Schedule
+from ppx.schedules.sim.compiled import COMPUTE, POST, REDUCE, Compiled, add_reductions, compile_rows, missing_peer
+from ppx.schedules.sim.costs import Costs, SampledCosts
+from ppx.schedules.sim.deadlock import deadlock_message
+from ppx.schedules.sim.simcore import State
+from ppx.schedules.sim.transports import Transport, transport_class
 
 
 class Event(NamedTuple):
@@ -86,11 +86,11 @@ def simulate(
     reduce: bool = False,
 ) -> Timeline:
     """Run ``schedule`` (with comm actions) on a unit-free clock; raise ScheduleError on deadlock.
-    ``transport`` = "nccl" | "gloo" (see `ppx.schedules.transports`). ``reduce``: with the
+    ``transport`` = "nccl" | "gloo" (see `ppx.schedules.sim.transports`). ``reduce``: with the
     data-parallel reductions a run with ``parallel.data`` > 1 has (`with_reductions`), each
     costing ``costs.reduce_cost(stage)``.
 
-    Assumes the static checks of `ppx.schedules.validate` passed (every comm op has a match).
+    Assumes the static checks of `ppx.schedules.placing.validate` passed (every comm op has a match).
     """
     kind = transport_class(transport)
     lookahead = recv_lookahead if kind.takes_lookahead else 0

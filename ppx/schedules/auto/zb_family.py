@@ -1,4 +1,4 @@
-"""The parametric zero-bubble orders `ppx.schedules.auto_zb` also searches, one stage per rank:
+"""The parametric zero-bubble orders `ppx.schedules.auto.auto_zb` also searches, one stage per rank:
 ZB-H1's and ZB-H2's shape with each rank's warmup forwards and held-back weight passes chosen
 per rank. Their regular steady state (one F, one I, one W per microbatch) suits NCCL's
 in-order batches, where the list-scheduling pass's orders can wait on each other's sends.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ppx.schedules.action import Action, F, I, W
+from ppx.schedules.ir.action import Action, F, I, W
 
 
 def zb_order(p: int, m: int, warmup: Sequence[int], deferred: Sequence[int], w_first: bool) -> list[list[Action]]:

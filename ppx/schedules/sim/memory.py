@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ppx.schedules.codes import B, F, I, W, rows_of
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.codes import B, F, I, W, rows_of
+from ppx.schedules.ir.schedule import Schedule
 
 
 def peak_held(

@@ -1,4 +1,4 @@
-"""A fixed compute order, one stage per rank, timed on the clock of `ppx.schedules.greedy_fill`:
+"""A fixed compute order, one stage per rank, timed on the clock of `ppx.schedules.auto.greedy_fill`:
 every action starts once its rank is free and its input has arrived (an F its previous
 stage's activation, an I or B its next stage's gradient, ``latency`` after the producer's
 end; the last stage's own F at once), and occupies its rank for its cost plus the overhead.
@@ -10,8 +10,8 @@ from collections import deque
 from collections.abc import Sequence
 
 from ppx.errors import ScheduleError
-from ppx.schedules.action import Action, Op
-from ppx.schedules.greedy_fill import INF, StageTimes
+from ppx.schedules.auto.greedy_fill import INF, StageTimes
+from ppx.schedules.ir.action import Action, Op
 
 
 def order_step(rows: Sequence[Sequence[Action]], m: int, t: StageTimes) -> float:

@@ -7,20 +7,20 @@ when no rank can move: every program finished, or a deadlock. With fixed costs t
 are the least fixed point of the transport's rules, whatever order the ranks run in, so
 they equal the old round-by-round simulator's (tests/unit/test_simulate_speedup.py).
 
-Transport rules (`ppx.schedules.transports`):
+Transport rules (`ppx.schedules.sim.transports`):
 ``nccl``: a batch becomes active once posted and its rank's previous batch is complete
 (one stream per rank); an op completes ``p2p`` after both ends' batches are active; a
 received tensor is ready when its whole batch is complete.
 ``gloo``: each op completes ``p2p`` after both ends are posted; a received tensor is ready
 when its own receive is done, having moved since its sender began posting its batch.
 
-Costs come as flat lists (`ppx.schedules.simulate`): per compute its work and the
+Costs come as flat lists (`ppx.schedules.sim.simulate`): per compute its work and the
 overhead after it, per op its posting time and its latency, per reduce its time.
 """
 
 from __future__ import annotations
 
-from ppx.schedules.compiled import COMPUTE, POST, REDUCE, WAIT, Compiled
+from ppx.schedules.sim.compiled import COMPUTE, POST, REDUCE, WAIT, Compiled
 
 
 class State:

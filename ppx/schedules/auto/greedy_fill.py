@@ -1,4 +1,4 @@
-"""One list-scheduling pass of the automatic zero-bubble schedule (`ppx.schedules.auto_zb`):
+"""One list-scheduling pass of the automatic zero-bubble schedule (`ppx.schedules.auto.auto_zb`):
 every rank, whenever it is free, picks its next compute action on a clock of the given
 per-stage costs, one stage per rank (stage r on rank r).
 
@@ -20,7 +20,7 @@ import heapq
 from dataclasses import dataclass
 
 from ppx.errors import ScheduleError
-from ppx.schedules.action import Action, Op
+from ppx.schedules.ir.action import Action, Op
 
 INF = float("inf")
 

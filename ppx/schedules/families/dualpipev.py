@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections import defaultdict, deque
 
 from ppx.errors import ScheduleError
-from ppx.schedules.action import Action, B, F, I, W
-from ppx.schedules.schedule import Schedule
-from ppx.schedules.zbv import v_stage_to_rank
+from ppx.schedules.families.zbv import v_stage_to_rank
+from ppx.schedules.ir.action import Action, B, F, I, W
+from ppx.schedules.ir.schedule import Schedule
 
 
 def shape_error(p: int, m: int, v: int = 2) -> str | None:

@@ -5,11 +5,11 @@ arXiv 2401.10241, section 3.1, automatic scheduling).
 The paper's heuristic, on ppx's clock: each rank runs its warmup forwards, then input-gradient
 passes I as soon as their gradients arrive (the critical path) and forwards while the memory
 limit allows, filling the idle time with the weight passes W it holds
-(`ppx.schedules.greedy_fill`). Refinement: a small family of variants (how many microbatches
+(`ppx.schedules.auto.greedy_fill`). Refinement: a small family of variants (how many microbatches
 each rank keeps awaiting their I, the tie-break between a ready I and F, eager, recycling or
 lazy W's, split or full backwards) ranked by that pass's own clock, and ZB-H1- and ZB-H2-shaped
-orders with per-rank warmups and held-back W's (`ppx.schedules.zb_family`) ranked by the same
-clock for a fixed order (`ppx.schedules.order_clock`); their best few and the handcrafted
+orders with per-rank warmups and held-back W's (`ppx.schedules.auto.zb_family`) ranked by the same
+clock for a fixed order (`ppx.schedules.auto.order_clock`); their best few and the handcrafted
 orders that fit the limit (1F1B, ZB-H1, ZB-H2) go to the simulator (`simulate(place_comms(s,
 "nccl"), costs)`) and the fastest is kept, so zb_auto is never slower than a built-in that
 fits. Above SIMULATE_UP_TO microbatch-stages the simulator is too slow: the regular orders
@@ -17,7 +17,7 @@ alone (handcrafted and zb_family) are compared on the clock, since the pass's or
 sends and receives do not alternate as regularly, lose up to a quarter under NCCL's in-order
 batches there (the clock models gloo's independent requests).
 
-Memory is counted as ppx's runtime holds it (`ppx.schedules.memory.peak_held` with
+Memory is counted as ppx's runtime holds it (`ppx.schedules.sim.memory.peak_held` with
 input_share 0): F adds a microbatch's saved bytes, I frees nothing, W or B frees them all. A
 stage whose W costs nothing runs one B instead (it frees the bytes at once).
 """
@@ -28,17 +28,17 @@ import math
 from collections.abc import Sequence
 
 from ppx.errors import ScheduleError
-from ppx.schedules import zb_family
-from ppx.schedules.action import Action, F, I, Op, W
-from ppx.schedules.basic import one_f_one_b
-from ppx.schedules.costs import Costs
-from ppx.schedules.greedy_fill import Policy, StageTimes, actions, greedy_fill
-from ppx.schedules.memory import peak_held
-from ppx.schedules.order_clock import order_step
-from ppx.schedules.placement import place_comms
-from ppx.schedules.schedule import Schedule
-from ppx.schedules.simulate import simulate
-from ppx.schedules.zero_bubble import zb_h1, zb_h2
+from ppx.schedules.auto import zb_family
+from ppx.schedules.auto.greedy_fill import Policy, StageTimes, actions, greedy_fill
+from ppx.schedules.auto.order_clock import order_step
+from ppx.schedules.families.basic import one_f_one_b
+from ppx.schedules.families.zero_bubble import zb_h1, zb_h2
+from ppx.schedules.ir.action import Action, F, I, Op, W
+from ppx.schedules.ir.schedule import Schedule
+from ppx.schedules.placing.placement import place_comms
+from ppx.schedules.sim.costs import Costs
+from ppx.schedules.sim.memory import peak_held
+from ppx.schedules.sim.simulate import simulate
 
 NAME = "zb_auto"
 PREFER = ("I", "alt", "F")  # tie-breaks between a ready I and a ready F

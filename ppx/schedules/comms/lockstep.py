@@ -1,4 +1,4 @@
-"""The lockstep placement on encoded rows (`ppx.schedules.codes`): the dry run of a compute
+"""The lockstep placement on encoded rows (`ppx.schedules.ir.codes`): the dry run of a compute
 order at zero communication, and the sends and receives placed by its times.
 
 `dry_run`: every rank runs its next unit (one compute, or an overlapped cell's two) as soon
@@ -8,7 +8,7 @@ the order ranks run in; neither does where a deadlock leaves them.
 `lockstep_rows`: a send right after its producer; its receive in the batch the receiver
 posts when the producer ends (after the unit it runs then, or, idle, after its last one);
 each batch's messages by send time, then by (from stage, to stage, kind, microbatch), on
-both ranks. See `ppx.schedules.placement` for why.
+both ranks. See `ppx.schedules.placing.placement` for why.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from itertools import chain
 import numpy as np
 
 from ppx.errors import ScheduleError
-from ppx.schedules.codes import OPS, RECV_B, RECV_F, SEND_B, SEND_F, B, F, I, Rows
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.codes import OPS, RECV_B, RECV_F, SEND_B, SEND_F, B, F, I, Rows
+from ppx.schedules.ir.schedule import Schedule
 
 Times = list[tuple[list[float], list[float]]]  # per rank: its units' starts and ends
 

@@ -1,6 +1,6 @@
 """Every rank's row compiled at once into the integer program the simulator runs.
 
-The items are `ppx.schedules.program`'s (a ``post`` of one batch of consecutive sends and
+The items are `ppx.schedules.comms.program`'s (a ``post`` of one batch of consecutive sends and
 receives, a ``wait`` before each consumer of a received tensor, ``compute``, ``reduce``,
 ``drain``), here as two parallel integer lists per rank: the kind and its argument (a batch,
 an op, a compute, a stage). Sends and receives are numbered once, rank by rank (ops), each
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ppx.schedules.codes import COMM, IS_BACKWARD, KEY_BASE, SEND_B, SPAN, Rows, text
+from ppx.schedules.ir.codes import COMM, IS_BACKWARD, KEY_BASE, SEND_B, SPAN, Rows, text
 
 POST, WAIT, COMPUTE, REDUCE, DRAIN = range(5)
 

@@ -7,7 +7,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ppx.schedules.action import Action, Op
+from ppx.schedules.ir.action import Action, Op
 
 PerStage = float | Sequence[float]
 REDUCE = "REDUCE_GRAD"  # a stage's data-parallel reduction among measured samples: "<stage>REDUCE_GRAD"

@@ -2,7 +2,7 @@
 
 Linear in the actions: each rank's first and last position of every action is looked up
 instead of searched for, and the channels are read from the compiled program
-(`ppx.schedules.compiled`) the dry run then runs."""
+(`ppx.schedules.sim.compiled`) the dry run then runs."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from ppx.errors import ScheduleError
-from ppx.schedules.action import Action, Op
-from ppx.schedules.codes import KEY_BASE, RECV_B, SEND_B, SEND_F, SPAN, text
-from ppx.schedules.compiled import Compiled
-from ppx.schedules.costs import Costs
-from ppx.schedules.schedule import Schedule
-from ppx.schedules.simulate import Timeline, program_of, simulate
+from ppx.schedules.ir.action import Action, Op
+from ppx.schedules.ir.codes import KEY_BASE, RECV_B, SEND_B, SEND_F, SPAN, text
+from ppx.schedules.ir.schedule import Schedule
+from ppx.schedules.sim.compiled import Compiled
+from ppx.schedules.sim.costs import Costs
+from ppx.schedules.sim.simulate import Timeline, program_of, simulate
 
 
 def _where(r: int, k: int, a: Action) -> str:

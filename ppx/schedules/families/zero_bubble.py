@@ -6,8 +6,8 @@ memory; ZB-H2 leaves none inside any rank's span, for 2p-1 microbatches in fligh
 
 from __future__ import annotations
 
-from ppx.schedules.action import F, I, W
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.action import F, I, W
+from ppx.schedules.ir.schedule import Schedule
 
 
 def zb_h1(p: int, m: int) -> Schedule:

@@ -16,8 +16,8 @@ from itertools import chain
 
 import numpy as np
 
-from ppx.schedules.codes import B, F, I, Rows
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.codes import B, F, I, Rows
+from ppx.schedules.ir.schedule import Schedule
 
 
 def compute_order_ok(schedule: Schedule, rows: Rows) -> bool:

@@ -8,8 +8,8 @@ receives its input. A list that passes here also passes on gloo, which is looser
 ``p2p`` after both ends are posted, receives may be posted ``recv_lookahead`` compute
 actions early (`receive_early`), and a compute action waits only for its own input.
 
-Both run the same compiled programs (`ppx.schedules.compiled`); their rules are the two
-event-driven loops of `ppx.schedules.simcore` (`run_nccl`, `run_gloo`).
+Both run the same compiled programs (`ppx.schedules.sim.compiled`); their rules are the two
+event-driven loops of `ppx.schedules.sim.simcore` (`run_nccl`, `run_gloo`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ppx.errors import ScheduleError
-from ppx.schedules.simcore import run_gloo, run_nccl
+from ppx.schedules.sim.simcore import run_gloo, run_nccl
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """A rank's action list compiled into a program of items, the form both the runtime and
-the simulator execute (the simulator the same items as integers, `ppx.schedules.compiled`):
+the simulator execute (the simulator the same items as integers, `ppx.schedules.sim.compiled`):
   ``post``    one batch of consecutive SEND/RECV actions, posted together;
   ``wait``    block until a received tensor has arrived (inserted before its consumer);
   ``compute`` F, B, I or W of one microbatch on one stage (an overlapped cell is two compute
@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ppx.schedules.action import Action, Op
-from ppx.schedules.lowering import comm_batches, input_receive, peer_of, receive_early
+from ppx.schedules.comms.lowering import comm_batches, input_receive, peer_of, receive_early
+from ppx.schedules.ir.action import Action, Op
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ where NCCL's in-order batches hold no rank back. `place_comms` keeps Megatron's 
 wherever it runs as fast (simulated at equal unit costs), and otherwise takes the fastest
 lockstep one that runs.
 
-All of it runs on encoded rows (`ppx.schedules.codes`), and only the placement chosen
+All of it runs on encoded rows (`ppx.schedules.ir.codes`), and only the placement chosen
 becomes actions. A placement is skipped only where it cannot change the choice: the dry run
 timed per action is a lower bound on any placement's simulated step (every placement runs
 the same computes, none sooner than their inputs exist), so Megatron's placement at that
@@ -24,17 +24,17 @@ one.
 
 from __future__ import annotations
 
-from ppx.schedules.action import Op
-from ppx.schedules.codes import COMM, OPS, B, Rows, decode, gc_paused, keep_rows, rows_of
-from ppx.schedules.compiled import Compiled, compile_rows
-from ppx.schedules.costs import Costs
-from ppx.schedules.lockstep import dry_run, lockstep_rows, units_of
-from ppx.schedules.lowering import add_comms, comm_rows
-from ppx.schedules.schedule import Schedule
-from ppx.schedules.simulate import cost_lists
-from ppx.schedules.structure import compute_order_ok
-from ppx.schedules.transports import TRANSPORTS, Transport, transport_class
-from ppx.schedules.validate import channel_mismatch, check_runs, check_structure
+from ppx.schedules.comms.lockstep import dry_run, lockstep_rows, units_of
+from ppx.schedules.comms.lowering import add_comms, comm_rows
+from ppx.schedules.ir.action import Op
+from ppx.schedules.ir.codes import COMM, OPS, B, Rows, decode, gc_paused, keep_rows, rows_of
+from ppx.schedules.ir.schedule import Schedule
+from ppx.schedules.ir.structure import compute_order_ok
+from ppx.schedules.placing.validate import channel_mismatch, check_runs, check_structure
+from ppx.schedules.sim.compiled import Compiled, compile_rows
+from ppx.schedules.sim.costs import Costs
+from ppx.schedules.sim.simulate import cost_lists
+from ppx.schedules.sim.transports import TRANSPORTS, Transport, transport_class
 
 UNIT = Costs(fwd=1, bwd=1, wgrad=1)  # placements are compared at t_f = t_b = t_w, no communication cost
 UNTIMED = (1,) * len(OPS)  # the lockstep dry run's rounds: every compute takes 1

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ppx.schedules.action import Action, F, I, W
-from ppx.schedules.schedule import Schedule
+from ppx.schedules.ir.action import Action, F, I, W
+from ppx.schedules.ir.schedule import Schedule
 
 
 def v_stage_to_rank(p: int) -> tuple[int, ...]:
