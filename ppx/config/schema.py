@@ -136,6 +136,15 @@ class TrainConfig:
         "its I when split) | selective (keeps matmul and attention outputs, recomputes the cheap element-wise ops); "
         "one value or a list, one per stage; ppx's runtime only (not pipeline.executor=torch)",
     )
+    split_backward: Literal["auto", "store", "graph"] = _f(
+        "auto",
+        "how a split backward (I, then W) gets its weight gradients: store (I stores each Linear layer's input "
+        "and output gradient and drops the graph; W does only the weight matmuls; small weights such as norms "
+        "and embeddings take their gradients in I) | graph (I keeps the graph and W walks it again) | auto "
+        "(per stage, store where the stores hold no more bytes than the graph, measured once at build; a stage "
+        "without Linear layers keeps its graph); the choice per stage goes to summary.json (split_backward); "
+        "ppx's runtime only (pipeline.executor=torch splits its own way)",
+    )
 
 
 @dataclass

@@ -67,19 +67,24 @@ class DataParallel:
         self.layout, self.mesh, self.shard = layout, mesh["dp"], shard
         self.modules: dict[int, nn.Module] = {}
 
-    def wrap(self, modules: dict[int, nn.Module]) -> None:
-        """Wrap each stage module (after it is on its device) over the replicas."""
+    def wrap(self, modules: dict[int, nn.Module], param_dtype: torch.dtype | None = None) -> None:
+        """Wrap each stage module (after it is on its device) over the replicas. ``param_dtype``
+        (a mixed ``train.dtype``): FSDP2's mixed-precision policy unshards the parameters in
+        it, once per step (they stay unsharded until the reduction), and reduces in fp32."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
         if self.shard:
             from torch.distributed.fsdp import fully_shard
 
             for m in modules.values():  # unsharded from the first forward to the reduction
-                fully_shard(m, mesh=self.mesh, reshard_after_forward=False)
+                fully_shard(m, mesh=self.mesh, reshard_after_forward=False, mp_policy=policy)
             self._state_of = fully_shard.state
         else:
             from torch.distributed._composable.replicate_with_fsdp import replicate
 
             for m in modules.values():
-                replicate(m, mesh=self.mesh)
+                replicate(m, mesh=self.mesh, mp_policy=policy)
             self._state_of = replicate.state
         self.modules = modules
 

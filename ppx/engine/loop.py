@@ -104,6 +104,8 @@ def train(
                 record.update(rank=layout.pp_rank, loss=loss, start=t0 + offset, end=t1 + offset)
                 if layout.data > 1:
                     record["replica"] = layout.dp_rank
+                if step == 0 and getattr(pipe, "split_backward", None):  # how each split stage runs its W
+                    record["split_backward"] = {str(s): v for s, v in pipe.split_backward.items() if v}
                 if opt is not None and cfg.train.dtype == "fp16":
                     record["optimizer_stepped"] = stepped
                 if (

@@ -14,9 +14,11 @@ from torch import nn
 from ppx import models
 from ppx.config import Config
 from ppx.engine.data_parallel import DataParallel
+from ppx.engine.linears import StepWeights
 from ppx.engine.precision import Precision
 from ppx.engine.recompute import Recompute
 from ppx.engine.runtime import Runtime
+from ppx.engine.split_setup import SampleMicrobatch, set_up_split
 from ppx.engine.stage import StageRunner
 from ppx.models.action_clock import ActionClock
 from ppx.models.costs import recompute_modes
@@ -103,6 +105,7 @@ class RankPipeline(StageShare):
     runtime: Runtime
     data_parallel: DataParallel | None = None  # parallel.data > 1: this replica's place and the reduction
     precision: Precision | None = None  # train.dtype: autocast, boundary dtype, fp16 loss scaling
+    split_backward: dict | None = None  # stage -> how its split backward gets its weight gradients
 
     @property
     def observers(self) -> list:
@@ -110,6 +113,15 @@ class RankPipeline(StageShare):
 
     def in_flight(self) -> int:
         return self.runtime.in_flight()
+
+    def held_after_input(self, stage: int, mb: int) -> list | None:
+        """What ``mb`` holds on ``stage`` from its I to its W (None: its graph, kept whole)."""
+        store = self.runtime.stages[stage].store
+        return None if store is None else store.held(mb)
+
+    def weight_copies(self) -> list[set]:
+        """The storage pointers of each stage's weight copies (sets updated in place)."""
+        return [r.weights.storages for r in self.runtime.stages.values() if r.weights is not None]
 
     def microbatches(self, step: int) -> tuple[list | None, list | None]:
         """This step's inputs (if this rank owns the first stage) and targets (if the last),
@@ -132,6 +144,8 @@ class RankPipeline(StageShare):
         xs, ys = batch if batch is not None else self.microbatches(step)
         if self.data_parallel is not None:
             self.data_parallel.begin_step()
+        for runner in self.runtime.stages.values():
+            runner.new_step()
         return self.runtime.step(step, xs, ys)
 
 
@@ -143,8 +157,6 @@ def build_rank(
     num_stages = schedule.num_stages
     clock = ActionClock()
     modules = build_stage_modules(cfg, num_stages, schedule.stages_of(rank), device, clock)
-    if data_parallel is not None:
-        data_parallel.wrap(modules)
     m = schedule.num_microbatches
     split = {a.stage for a in schedule.actions[rank] if a.op is Op.I}
     precision = Precision(cfg.train.dtype, device)
@@ -163,12 +175,20 @@ def build_rank(
             s in split,
             mixed,
             recompute.get(s),
+            weights=StepWeights(precision.dtype if mixed is not None else None),  # one cast per step
         )
         for s, mod in modules.items()
     }
     mb_size = cfg.train.batch_size // cfg.parallel.data // m
     shape, dtype = kind.boundary(cfg.model, mb_size)
     dtype = precision.boundary_dtype(dtype)  # activations and gradients travel in the compute dtype
+    sample = SampleMicrobatch(cfg, kind, mb_size, (shape, dtype), device)
+    split_report = {s: set_up_split(cfg, r, s in split and schedule.training, sample) for s, r in runners.items()}
+    if data_parallel is not None:  # wrapped after the trials, which run on the stage's own parameters
+        data_parallel.wrap(modules, precision.dtype if mixed is not None else None)
+        for r in runners.values():  # FSDP2's mixed-precision policy makes the one copy per step
+            r.weights.dtype = None
+            r.weights.refresh()
     lookahead = 0 if comm.coalesce else cfg.runtime.recv_lookahead
     runtime = Runtime(
         schedule,
@@ -183,4 +203,6 @@ def build_rank(
         reduce_grads=None if data_parallel is None else data_parallel.reduce,
         global_ranks=None if data_parallel is None else data_parallel.layout.pipeline_ranks,
     )
-    return RankPipeline(cfg, schedule, rank, torch.device(device), kind, modules, runtime, data_parallel, precision)
+    return RankPipeline(
+        cfg, schedule, rank, torch.device(device), kind, modules, runtime, data_parallel, precision, split_report
+    )

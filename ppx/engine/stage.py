@@ -19,7 +19,11 @@ class StageRunner:
     forward under autocast, sends the activation in the compute dtype and, for fp16, multiplies
     the loss by the loss scale (the loss returned for the report is unscaled). ``recompute``
     (`ppx.engine.recompute.Recompute`, None: keep what autograd saves) keeps only what its mode
-    keeps and re-runs the forward, once, at the start of the microbatch's B or I.
+    keeps and re-runs the forward, once, at the start of the microbatch's B or I. ``store``
+    (`ppx.engine.weight_store.WeightStore`, None: the graph's way) makes a split backward's I
+    store what W needs and drop the graph, and W do only the weight matmuls. ``weights``
+    (`ppx.engine.linears.StepWeights`, None: nothing routed) are the stage's compute-dtype
+    weight copies, made anew in the first forward of each step (`new_step`).
     """
 
     def __init__(
@@ -34,6 +38,8 @@ class StageRunner:
         split: bool = False,
         precision=None,
         recompute=None,
+        store=None,
+        weights=None,
     ):
         self.index, self.module = index, module
         self.first, self.last = first, last
@@ -43,6 +49,8 @@ class StageRunner:
         self.grad_outputs: dict[int, torch.Tensor | None] = {}
         self.precision = precision
         self.recompute = recompute
+        self.store = store
+        self.weights, self._stale = weights, True
 
     def _run(self, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
         """The stage's forward (the loss on the last stage), under the precision's autocast."""
@@ -56,11 +64,31 @@ class StageRunner:
                 return self.loss_fn(out, target) * (self.loss_scale * prec.loss_multiplier())
         return out.to(prec.dtype) if out.is_floating_point() else out  # sent in the compute dtype
 
-    def forward(self, mb: int, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
-        """Return the activation for the next stage, or (last stage) the scaled loss, detached."""
+    def new_step(self) -> None:
+        """The weights changed: the next forward casts them again."""
+        self._stale = True
+
+    def _input(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and (not self.first or self.split and x.is_floating_point()):
             # with a split backward the first stage too, so its I pass has an input to differentiate
             x = x.detach().requires_grad_(True)
+        return x
+
+    def trial(self, x: torch.Tensor, target: torch.Tensor | None) -> tuple:
+        """One forward of a sample microbatch with its graph, nothing kept: (input, output, the
+        output's gradient for an I) for `ppx.engine.weight_store.choose`."""
+        if self.weights is not None and self._stale:
+            self.weights.refresh()
+        x = self._input(x)
+        out = self._run(x, target)
+        return x, out, None if self.last else torch.ones_like(out)
+
+    def forward(self, mb: int, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
+        """Return the activation for the next stage, or (last stage) the scaled loss, detached."""
+        if self.weights is not None and self._stale:  # the step's first forward: its weight copies
+            self.weights.refresh()
+            self._stale = False
+        x = self._input(x)
         if self.training and self.recompute is not None:  # keeps x; the graph comes in backward
             out = self.recompute.forward(mb, lambda: self._run(x, target), [x, target])
             self.saved[mb] = (x, None)
@@ -90,8 +118,13 @@ class StageRunner:
         return None if self.first else x.grad
 
     def backward_input(self, mb: int, grad_output: torch.Tensor | None) -> torch.Tensor | None:
-        """I: d(loss)/d(input) only, keeping the graph for the weight pass."""
+        """I: d(loss)/d(input) only, keeping the graph for the weight pass (or, storing: the
+        small weights' gradients too, and each routed layer's input and output gradient)."""
         x, out = self._graph(mb)
+        if self.store is not None:
+            del self.saved[mb]
+            grad_in = self.store.input_pass(mb, out, x, grad_output)
+            return None if self.first else grad_in
         self.grad_outputs[mb] = grad_output
         if not x.requires_grad:  # integer input (token ids): nothing to differentiate
             return None
@@ -100,6 +133,9 @@ class StageRunner:
 
     def backward_weight(self, mb: int) -> None:
         """W: accumulate the parameter gradients of microbatch ``mb``; frees its activations."""
+        if self.store is not None:
+            self.store.weight_pass(mb)
+            return
         x, out = self._graph(mb)  # recomputed already by its I (or here, if the schedule had none)
         del self.saved[mb]
         grad_output = self.grad_outputs.pop(mb)
@@ -110,5 +146,7 @@ class StageRunner:
                 p.grad = g if p.grad is None else p.grad + g
 
     def in_flight(self) -> int:
-        """Microbatches whose activations are held for a backward still to come."""
+        """Microbatches whose activations (or stores) are held for a backward still to come."""
+        if self.store is not None:
+            return len(self.saved.keys() | self.store.pending.keys())
         return len(self.saved)

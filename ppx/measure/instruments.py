@@ -22,9 +22,11 @@ class Instruments:
         self.timer = None
         if ins.timers:
             self.timer = CudaTimer(device) if device.type == "cuda" else WallTimer()
-        self.memory = (
-            MemoryTracker(pipe.modules, pipe.schedule.training, pipe.in_flight, device) if ins.memory else None
-        )
+        self.memory = None
+        if ins.memory:
+            copies = pipe.weight_copies() if hasattr(pipe, "weight_copies") else []
+            held = getattr(pipe, "held_after_input", None)  # ppx's runtime: a storing stage's I frees its graph
+            self.memory = MemoryTracker(pipe.modules, pipe.schedule.training, pipe.in_flight, device, held, copies)
         self.labels = RecordFunctions() if cfg.profile.enabled else None
 
     @property

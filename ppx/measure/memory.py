@@ -6,7 +6,11 @@ counted across microbatches, so one buffer saved by several microbatches counts 
 microbatch's references go when its backward completes. A saved view of data (no grad: an
 input or target microbatch cut from the caller's batch, as torch.distributed.pipelining's
 schedules cut them) counts its own bytes: the batch behind it is the caller's, not
-activation memory, and counting it would hide how many microbatches are in flight. It
+activation memory, and counting it would hide how many microbatches are in flight. A split
+backward that stores (`ppx.engine.weight_store`) drops a microbatch's graph at its I and holds
+only the stores until its W: after the I the microbatch holds those tensors instead. The
+step's compute-dtype copies of the weights (`ppx.engine.linears.StepWeights`) are weights, not
+activations, and are left out like the parameters. It
 reports per step the peak number of microbatches in flight on the rank, the peak of live
 saved-activation bytes, and the peak memory over the step, optimizer step included:
 ``torch.cuda.max_memory_allocated`` on GPU; on CPU the process's peak resident set (Linux's
@@ -20,7 +24,7 @@ import contextlib
 import re
 import resource
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
@@ -59,11 +63,22 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 class MemoryTracker:
     """Observer of one rank: ``modules`` are its stages' modules (their parameters are not
     activations), ``training`` whether backwards come, ``in_flight()`` the microbatches the
-    rank's executor holds for a backward."""
+    rank's executor holds for a backward. ``held_after_input(stage, mb)``: what a storing
+    stage's microbatch holds from its I to its W (None: its graph, kept whole); ``weight_copies``:
+    sets of storage pointers of the step's weight copies (the executor updates them in place)."""
 
-    def __init__(self, modules: dict, training: bool, in_flight: Callable[[], int], device: torch.device):
+    def __init__(
+        self,
+        modules: dict,
+        training: bool,
+        in_flight: Callable[[], int],
+        device: torch.device,
+        held_after_input: Callable[[int, int], list | None] | None = None,
+        weight_copies: Sequence[set] = (),
+    ):
         self.training, self.in_flight, self.device = training, in_flight, device
         self.modules = modules
+        self.held_after_input, self.weight_copies = held_after_input, list(weight_copies)
         self._params = self._param_storages()
         # data parallel (torch's replicate / FSDP2): the parameters a forward uses are unsharded
         # copies made inside it, so their storages are looked up again during each forward
@@ -77,6 +92,7 @@ class MemoryTracker:
         self._refs: dict = {}  # storage pointer or data view -> [nbytes, references]
         self.live_bytes = self.peak_bytes = self.peak_inflight = 0
         self.per_microbatch: dict[int, int] = {}  # stage -> most bytes one microbatch's forward saved
+        self.after_input: dict[int, int] = {}  # stage -> most bytes one microbatch held from its I to its W
         self._seen: dict = {}
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -95,7 +111,7 @@ class MemoryTracker:
         ptr = storage.data_ptr()
         if ptr not in self._params and self._unsharded and not self._looked:
             self._params, self._looked = self._param_storages(), True  # once per forward
-        if ptr in self._params:
+        if ptr in self._params or any(ptr in copies for copies in self.weight_copies):
             return t
         if t._is_view() and not t.requires_grad:
             own = t.numel() * t.element_size()
@@ -118,18 +134,35 @@ class MemoryTracker:
             self._hold(a.stage, a.mb)
             self.peak_inflight = max(self.peak_inflight, self.in_flight())
         elif a.op in (Op.B, Op.W):
-            for ptr in self.held.pop((a.stage, a.mb), ()):
-                ref = self._refs[ptr]
-                ref[1] -= 1
-                if ref[1] == 0:
-                    self.live_bytes -= ref[0]
-                    del self._refs[ptr]
+            self._release(self.held.pop((a.stage, a.mb), ()))
+        elif a.op is Op.I and self.held_after_input is not None and self.training:
+            kept = self.held_after_input(a.stage, a.mb)
+            if kept is not None:  # the graph went at this I: the stores stay until W
+                before = self.held.pop((a.stage, a.mb), ())
+                self._seen = {}
+                for tensor in kept:
+                    ptr = tensor.untyped_storage().data_ptr()
+                    self._seen[ptr] = tensor.untyped_storage().nbytes()
+                nbytes = sum(self._seen.values())
+                self.after_input[a.stage] = max(self.after_input.get(a.stage, 0), nbytes)
+                self._release(before)  # as the accounting has it: the graph gone, then the stores held
+                self._hold(a.stage, a.mb, count=False)
 
-    def _hold(self, stage: int, mb: int) -> None:
-        """The storages just seen stay alive until microbatch ``mb``'s backward on ``stage``."""
+    def _release(self, keys) -> None:
+        for ptr in keys:
+            ref = self._refs[ptr]
+            ref[1] -= 1
+            if ref[1] == 0:
+                self.live_bytes -= ref[0]
+                del self._refs[ptr]
+
+    def _hold(self, stage: int, mb: int, count: bool = True) -> None:
+        """The storages just seen stay alive until microbatch ``mb``'s backward on ``stage``
+        (``count``: they are what its forward saved)."""
         if self.training:
-            mb_bytes = sum(self._seen.values())
-            self.per_microbatch[stage] = max(self.per_microbatch.get(stage, 0), mb_bytes)
+            if count:
+                mb_bytes = sum(self._seen.values())
+                self.per_microbatch[stage] = max(self.per_microbatch.get(stage, 0), mb_bytes)
             self.held.setdefault((stage, mb), []).extend(self._seen)
             for ptr, nbytes in self._seen.items():
                 ref = self._refs.setdefault(ptr, [nbytes, 0])
@@ -158,4 +191,9 @@ class MemoryTracker:
             "peak_activation_bytes": self.peak_bytes,
             "peak_memory_bytes": int(peak),
             "saved_bytes_per_microbatch": {str(s): b for s, b in sorted(self.per_microbatch.items())},
+            **(
+                {"held_after_input_bytes": {str(s): b for s, b in sorted(self.after_input.items())}}
+                if self.after_input
+                else {}
+            ),
         }

@@ -156,19 +156,31 @@ def predict_expected(
     }
 
 
+def input_freed_share(saved: float, held: float | None) -> float:
+    """The share of a microbatch's saved bytes its I frees: 0 where the stage keeps its graph
+    (``held`` None), else 1 - held / saved (a store holding more than the graph frees nothing)."""
+    if held is None or not saved:
+        return 0.0
+    return min(1.0, max(0.0, 1.0 - held / saved))
+
+
 def memory_prediction(steps: list[dict], schedule: Schedule, ranks: list[dict]) -> dict:
     """Each rank's peak saved activations predicted from the bytes one microbatch's forward
     saved on each stage (the most over the run's ``steps``, as the memory counters measured
     them) by walking its actions (`ppx.schedules.sim.memory.peak_held`), against ``ranks``' measured
     ``peak_activation_bytes``; {} without the counters or without backwards."""
     per = [0] * schedule.num_stages
+    held = [None] * schedule.num_stages  # a storing stage's bytes from I to W
     for s in steps:
         for r in s["ranks"]:
             for stage, b in (r.get("saved_bytes_per_microbatch") or {}).items():
                 per[int(stage)] = max(per[int(stage)], b)
+            for stage, b in (r.get("held_after_input_bytes") or {}).items():
+                held[int(stage)] = max(held[int(stage)] or 0, b)
     if not any(per):
         return {}
-    predicted = peak_held(schedule, per)
+    share = [input_freed_share(b, h) for b, h in zip(per, held)]
+    predicted = peak_held(schedule, per, share)
     errors = [
         predicted[r["rank"]] / r["peak_activation_bytes"] - 1
         for r in ranks
@@ -176,6 +188,7 @@ def memory_prediction(steps: list[dict], schedule: Schedule, ranks: list[dict]) 
     ]
     return {
         "saved_bytes_per_microbatch": per,
+        "input_freed_share": share,
         "predicted_peak_activation_bytes": [int(b) for b in predicted],
         "memory_prediction_error": max(errors, key=abs) if errors else None,
     }

@@ -118,6 +118,11 @@ class RunReport:
             summary["optimizer_steps_skipped"] = self.skipped
         if summary["ideal_step_time_s"]:
             summary["step_time_over_ideal"] = summary["step_time_s"] / summary["ideal_step_time_s"]
+        split = {
+            k: v for r in (self.steps[0]["ranks"] if self.steps else []) for k, v in r.get("split_backward", {}).items()
+        }
+        if split:  # stage -> how its split backward got its weight gradients (train.split_backward)
+            summary["split_backward"] = dict(sorted(split.items(), key=lambda kv: int(kv[0])))
         if self.timeline:
             summary.update(self._prediction(summary))
         summary.update(self._memory_prediction(summary))

@@ -1,0 +1,190 @@
+"""A stage's large-weight layers run through ppx: ``nn.Linear``, and Hugging Face's GPT-2
+``Conv1D`` (a Linear with its weight stored transposed, found by its class name and shape,
+without importing transformers).
+
+Two things hang on that routing:
+
+- **One compute-dtype copy of the weights per step** (`StepWeights`): under bf16/fp16
+  autocast, autocast casts every weight again in every microbatch's forward, and each
+  microbatch's graph keeps its own copy. ppx casts each routed layer's weight (and bias) once
+  per step instead, with the cast in the graph (gradients reach the fp32 master weights as
+  autocast's would), and every microbatch uses that copy, as FSDP2's mixed precision and
+  Megatron's bf16 parameters do. The copies are the weights in another dtype, not
+  activations: their storages are listed (`StepWeights.storages`) so the memory counters
+  leave them out of a microbatch's saved bytes.
+- **A split backward's weight gradients without re-walking the graph**
+  (`ppx.engine.weight_store`): in a stage that stores, a routed layer's backward computes its
+  input gradient and hands (input, output gradient) to the stage's store; the W pass computes
+  the weight and bias gradients from them.
+
+The backward formulas are autograd's own for these ops (`torch.mm` in the same operand
+order and layout as `MmBackward`/`AddmmBackward`), so the gradients are bitwise those of a
+plain backward (tests/unit/test_weight_store.py checks every layout)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class LinearKind:
+    """y = x W^T + b (``nn.Linear``: weight (out, in))."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, w, b)
+
+    @staticmethod
+    def input_grad(gy: torch.Tensor, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return gy.reshape(-1, gy.shape[-1]).mm(w).view(x.shape)
+
+    @staticmethod
+    def weight_grad(gy2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+        return gy2.t().mm(x2)
+
+
+class Conv1DKind:
+    """y = x W + b (GPT-2's ``Conv1D``: weight (in, out), computed with addmm)."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        y = torch.addmm(b, x2, w) if b is not None else x2.mm(w)
+        return y.view(*x.shape[:-1], w.shape[1])
+
+    @staticmethod
+    def input_grad(gy: torch.Tensor, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return gy.reshape(-1, gy.shape[-1]).mm(w.t()).view(x.shape)
+
+    @staticmethod
+    def weight_grad(gy2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+        return x2.t().mm(gy2)
+
+
+def kind_of(module: nn.Module) -> type | None:
+    """The routed kind of ``module``, or None for a layer ppx leaves to autograd."""
+    if type(module) is nn.Linear:
+        return LinearKind
+    w = getattr(module, "weight", None)
+    if type(module).__name__ == "Conv1D" and isinstance(w, torch.Tensor) and w.dim() == 2:
+        if getattr(module, "nf", None) == w.shape[1]:  # transformers' Conv1D: weight (nx, nf)
+            return Conv1DKind
+    return None
+
+
+class RoutedLayer:
+    """One routed layer: its module, kind, parameters, the step's weights and, in a storing
+    stage, the store its backward hands (input, output gradient) to."""
+
+    def __init__(self, name: str, module: nn.Module, kind: type, weights: StepWeights):
+        self.name, self.module, self.kind, self.weights = name, module, kind, weights
+        self.store = None  # a `ppx.engine.weight_store.WeightStore` when this layer's W is deferred
+        module.forward = self.forward  # the instance's forward: every call goes through ppx
+
+    def unroute(self) -> None:
+        """Back to the module's own forward (nothing of ppx's left on it)."""
+        if self.module.__dict__.get("forward") == self.forward:
+            del self.module.forward
+        self.store = None
+        if self in self.weights.layers:
+            self.weights.layers.remove(self)
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        """The layer's weight and bias (as the module holds them now: FSDP may swap them)."""
+        b = self.module.bias
+        return [self.module.weight] + ([b] if b is not None else [])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, b = self.weights.of(self)
+        dtype = _autocast_dtype(x)
+        if dtype is not None and x.dtype != dtype and x.is_floating_point():
+            x = x.to(dtype)  # what autocast's cast would do, in the graph the same way
+        if self.store is not None and torch.is_grad_enabled():
+            return _StoringLayer.apply(x, w, b, self)
+        return self.kind.forward(x, w, b)
+
+
+def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+
+
+class _StoringLayer(torch.autograd.Function):
+    """A routed layer whose backward computes only the input gradient and stores (input,
+    output gradient) for the W pass; its weight and bias get their gradients there."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, layer: RoutedLayer):
+        ctx.save_for_backward(x, w)
+        ctx.layer = layer
+        with torch.autocast(x.device.type, enabled=False):  # x, w, b are in the compute dtype already
+            return layer.kind.forward(x, w, b)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w = ctx.saved_tensors
+        layer = ctx.layer
+        gx = layer.kind.input_grad(gy, w, x) if ctx.needs_input_grad[0] else None
+        if layer.store.storing:  # an I: W computes the rest
+            layer.store.put(layer, x.detach(), gy.detach())
+            return gx, None, None, None
+        # a full backward (B) of a storing stage: the weight gradients now, as autograd's
+        gy2 = gy.reshape(-1, gy.shape[-1])
+        gw = layer.kind.weight_grad(gy2, x.reshape(-1, x.shape[-1])) if ctx.needs_input_grad[1] else None
+        gb = gy2.sum(0) if ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None
+
+
+class StepWeights:
+    """The weights a stage's routed layers compute with. In fp32 their own parameters; in a
+    mixed ``dtype``, one copy in that dtype per step (`refresh`, before the step's first
+    forward), cast with grad so the gradients reach the fp32 parameters."""
+
+    def __init__(self, dtype: torch.dtype | None):
+        self.dtype = dtype  # None: the parameters themselves
+        self.copies: dict[int, tuple] = {}
+        self.storages: set[int] = set()  # data pointers of the copies (not activation memory)
+        self.layers: list[RoutedLayer] = []
+
+    def of(self, layer: RoutedLayer) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.dtype is None:
+            return layer.module.weight, layer.module.bias
+        copy = self.copies.get(id(layer))
+        if copy is None:  # outside a step (a reference forward): cast now
+            copy = self.copies[id(layer)] = self._cast(layer)
+        return copy
+
+    def refresh(self) -> None:
+        """New copies from the current weights (call before each step's first forward)."""
+        self.copies.clear()
+        self.storages.clear()
+        if self.dtype is None:
+            return
+        for layer in self.layers:
+            self.copies[id(layer)] = self._cast(layer)
+
+    def _cast(self, layer: RoutedLayer) -> tuple:
+        with torch.enable_grad():  # in the graph even when the forward runs without one (recompute)
+            w = layer.module.weight.to(self.dtype)
+            b = layer.module.bias.to(self.dtype) if layer.module.bias is not None else None
+        for t in (w, b):
+            if t is not None:
+                self.storages.add(t.untyped_storage().data_ptr())
+        return w, b
+
+
+def route_layers(
+    module: nn.Module, weights: StepWeights, keep: Callable[[str, nn.Module], bool] = lambda n, m: True
+) -> list[RoutedLayer]:
+    """Route every Linear-like layer of ``module`` (that ``keep`` accepts) through ppx."""
+    layers = []
+    for name, sub in module.named_modules():
+        kind = kind_of(sub)
+        if kind is not None and keep(name, sub):
+            layers.append(RoutedLayer(name, sub, kind, weights))
+    weights.layers.extend(layers)
+    return layers

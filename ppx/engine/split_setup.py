@@ -1,0 +1,50 @@
+"""How each stage of a rank computes: its Linear layers routed through ppx where it needs them
+(`ppx.engine.linears`: a mixed dtype's weight copies, a split backward's stores) and the way
+its split backward gets its weight gradients (`ppx.engine.weight_store.choose`), decided once,
+when the rank is built, on a sample microbatch."""
+
+from __future__ import annotations
+
+import torch
+
+from ppx.engine.linears import route_layers
+from ppx.engine.stage import StageRunner
+from ppx.engine.weight_store import choose
+
+
+class SampleMicrobatch:
+    """A microbatch of the run's shapes for a trial forward: the data's own on the first and
+    last stages (step 0's), a fixed random activation of the boundary's shape elsewhere."""
+
+    def __init__(self, cfg, kind, mb_size: int, boundary: tuple, device):
+        self.cfg, self.kind, self.mb_size, self.boundary = cfg, kind, mb_size, boundary
+        self.device = torch.device(device)
+
+    def of(self, runner: StageRunner) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x = target = None
+        if runner.first or runner.last:
+            x, target = self.kind.make_batch(self.cfg.model, self.cfg.train.seed, self.mb_size, 0)
+        if not runner.first:
+            shape, dtype = self.boundary
+            x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+        return x.to(self.device), target.to(self.device) if runner.last else None
+
+
+def set_up_split(cfg, runner: StageRunner, split: bool, sample: SampleMicrobatch) -> dict | None:
+    """Route ``runner``'s layers where needed and choose its split backward's way (``split``:
+    its schedule has I and W for it, in training); what summary.json reports of it, or None
+    for a stage without a split backward."""
+    weights = runner.weights
+    copies = weights is not None and weights.dtype is not None
+    mode = cfg.train.split_backward
+    if not (copies or (split and mode != "graph")):
+        return {"mode": "graph", "why": "train.split_backward=graph"} if split else None
+    layers = route_layers(runner.module, weights)
+    if not split:
+        return None
+    store, info = choose(mode, runner.module, layers, lambda: runner.trial(*sample.of(runner)), weights.storages)
+    runner.store = store
+    if store is None and not copies:  # nothing of ppx's needed on the layers: their own forward
+        for layer in layers:
+            layer.unroute()
+    return info
