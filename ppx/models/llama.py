@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ppx.models.llama_shapes import ffn_hidden, kv_heads
+from ppx.models.precision_ops import lean_rms_norm, to_compute_dtype
 from ppx.models.seeding import BLOCK, EMBEDDING, HEAD, seeded
 from ppx.models.transformer import boundary, loss, make_batch
 
@@ -49,8 +50,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        wide = torch.promote_types(x.dtype, torch.float32)  # bf16, fp16 -> fp32; fp64 stays
-        return F.rms_norm(x.to(wide), (x.shape[-1],), self.weight.to(wide), self.eps).to(x.dtype)
+        return lean_rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -126,7 +126,7 @@ class LlamaStage(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
-            x = self.tok(x)
+            x = to_compute_dtype(self.tok(x))  # the residual stream in the compute dtype
         for block in self.blocks:
             x = block(x, self.cos, self.sin)
         if self.last:

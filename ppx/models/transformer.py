@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ppx.models.precision_ops import to_compute_dtype
 from ppx.models.seeding import BLOCK, DATA, EMBEDDING, HEAD, generator, seeded
 
 
@@ -52,7 +53,7 @@ class TransformerStage(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
-            x = self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device))
+            x = to_compute_dtype(self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device)))
         for block in self.blocks:
             x = block(x)
         if self.last:
