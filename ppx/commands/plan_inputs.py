@@ -126,8 +126,15 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         source=str(args.from_run),
         microbatch_size=s.batch_size // s.microbatches if s.batch_size else None,
         samples=s.cost_samples,  # None for a run from before they were kept: the means
+        input_share=_shares(run.raw_summary.get("input_freed_share"), stages),
     )
     return inputs, [p], ints("--microbatches", args.microbatches) or [s.microbatches], str(run.path / "config.yaml")
+
+
+def _shares(values, stages: int) -> tuple[float, ...] | None:
+    """The run's measured share of saved bytes each stage's I frees (a split backward that
+    stores: `ppx.engine.weight_store`), or None (I frees nothing)."""
+    return tuple(float(v) for v in values) if values and len(values) == stages and any(values) else None
 
 
 def budget(args) -> float | None:

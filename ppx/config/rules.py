@@ -156,6 +156,27 @@ def check_precision(cfg: Config, sched: Schedule) -> None:
             )
         if any(mode != "none" for mode in modes):
             raise UserError(f"train.recompute runs in ppx's runtime only, not under {where}; use train.recompute=none")
+    check_split_backward(cfg, sched)
+
+
+def check_split_backward(cfg: Config, sched: Schedule) -> None:
+    """``train.split_backward=store`` where a split backward cannot store: the stores belong to
+    ppx's runtime and to Linear layers, which torch's executor, the tracer's GraphModules and
+    the known-cost model do not have (auto keeps the graph's way there, and says so)."""
+    from ppx.schedules.ir.action import Op
+
+    t, p = cfg.train, cfg.pipeline
+    if t.split_backward != "store" or not any(a.op is Op.I for row in sched.actions for a in row):
+        return
+    why = None
+    if schedules.runs_on_torch(p.schedule, p.executor):
+        why = "torch's executor splits its backward its own way"
+    elif p.split == "tracer":
+        why = "pipeline.split=tracer makes GraphModules without Linear layers to store"
+    elif cfg.model.kind == "synthetic":
+        why = "the known-cost model has no Linear layers (its W costs model.wgrad_ms)"
+    if why:
+        raise UserError(f"train.split_backward=store cannot run here: {why}; use train.split_backward=auto or graph")
 
 
 def check_instrument(cfg: Config) -> None:

@@ -27,6 +27,7 @@ from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
 from ppx.engine.linears import RoutedLayer
+from ppx.errors import UserError
 
 MODES = ("auto", "store", "graph")
 
@@ -128,6 +129,10 @@ def choose(
     if mode == "graph":
         return None, {"mode": "graph", "why": "train.split_backward=graph"}
     if not layers:
+        if mode == "store":
+            raise UserError(
+                "train.split_backward=store: a stage has no Linear layer to store; use train.split_backward=auto"
+            )
         return None, {"mode": "graph", "why": "no Linear layers to store"}
     store = WeightStore(module, layers)
     info = {"mode": "store", "stored_layers": len(store.layers), "small_params": len(store.small_params())}

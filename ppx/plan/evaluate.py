@@ -61,7 +61,7 @@ def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
         t = simulate(sched, inputs.costs(n), inputs.transport, inputs.lookahead, reduce)
         step, bubble = t.makespan, t.bubble_fraction()
     params = inputs.params(n)
-    held = peak_held(sched, inputs.act(n))
+    held = peak_held(sched, inputs.act(n), inputs.shares(n))
     peaks = tuple(
         held[r] + sum(params[s] for s, owner in enumerate(sched.stage_to_rank) if owner == r)
         for r in range(sched.num_ranks)

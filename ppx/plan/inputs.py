@@ -42,6 +42,7 @@ class PlanInputs:
     source: str = "flags"  # "flags", or the run directory the costs come from
     microbatch_size: int | None = None  # samples per microbatch, when known (a run's)
     samples: dict | None = None  # a run's measured cost samples (`ppx.plan.sampled`), or None: the means
+    input_share: tuple[float, ...] | None = None  # per unit, the share of act_bytes an I frees (None: 0)
 
     @property
     def units(self) -> int:
@@ -88,6 +89,14 @@ class PlanInputs:
     def act(self, num_stages: int) -> list[float]:
         """Bytes one microbatch's forward saves per stage (0 where not given)."""
         return self.split(self.act_bytes, num_stages) if self.act_bytes else [0.0] * num_stages
+
+    def shares(self, num_stages: int) -> list[float]:
+        """Per stage, the share of its saved bytes an I frees (a run's split backward that
+        stores): the units' shares weighted by their bytes (0 where not given)."""
+        if not self.input_share or not self.act_bytes:
+            return [0.0] * num_stages
+        freed = self.split([s * b for s, b in zip(self.input_share, self.act_bytes)], num_stages)
+        return [f / b if b else 0.0 for f, b in zip(freed, self.act(num_stages))]
 
     def params(self, num_stages: int) -> list[float]:
         """Weights and optimizer state per stage, bytes (0 where not given)."""

@@ -33,6 +33,14 @@ CASES = {
         "pipeline.split=tracer cannot trace model.kind=synthetic",
     ),
     "unknown executor": (["gpipe_2cpu", "pipeline.executor=deepspeed"], "pipeline.executor: Invalid value 'deepspeed'"),
+    "stores under torch's executor": (
+        ["1f1b_2cpu", "pipeline.schedule=zb_h1", "pipeline.executor=torch", "train.split_backward=store"],
+        "train.split_backward=store cannot run here: torch's executor splits its backward its own way",
+    ),
+    "stores without Linear layers": (
+        ["1f1b_2cpu", "pipeline.schedule=zbv", "model.kind=synthetic", "train.split_backward=store"],
+        "train.split_backward=store cannot run here: the known-cost model has no Linear layers",
+    ),
     "profile window past the run": (
         ["gpipe_2cpu", "profile.enabled=true", "train.steps=3"],
         "profile.enabled: the profiler records steps 2..3",

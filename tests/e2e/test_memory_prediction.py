@@ -19,6 +19,8 @@ RUNS = {
         "pipeline.microbatches=4",
     ],
     "llama-dualpipev-recompute": ["llama_tiny_1f1b_2cpu", "pipeline.schedule=dualpipev", "train.recompute=selective"],
+    # a split backward that stores: each microbatch's graph goes at its I, its stores stay to W
+    "llama-zb_h1-stores-bf16": ["llama_tiny_1f1b_2cpu", "pipeline.schedule=zb_h1", "train.dtype=bf16"],
 }
 
 
@@ -65,3 +67,32 @@ def test_every_schedule_predicts_the_mlps_peak_saved_bytes(tmp_path):
         for row in s["ranks"]:
             assert row["peak_activation_bytes"] > 0, (name, row)
             assert row["predicted_peak_activation_bytes"] == row["peak_activation_bytes"], (name, row)
+
+
+def test_a_storing_split_backward_frees_most_of_a_microbatch_at_its_input_pass(shared_run, tmp_path):
+    """llama-tiny under ZB-H1 stores on both stages (auto): summary.json says so with the bytes
+    that chose it, and the memory model frees at each I the share the run measured; the graph's
+    way frees nothing there and holds more at the peak."""
+    stores = read_json(shared_run(*RUNS["llama-zb_h1-stores-bf16"], "train.steps=2").dir / "summary.json")
+    graph = ppx(
+        "run",
+        *RUNS["llama-zb_h1-stores-bf16"],
+        "train.split_backward=graph",
+        "train.steps=2",
+        "logging.tensorboard=false",
+        "logging.wandb.mode=disabled",
+        f"run.dir={tmp_path / 'graph'}",
+    )
+    assert graph.returncode == 0, graph.stderr[-2000:]
+    graph = read_json(tmp_path / "graph" / "summary.json")
+    for stage in ("0", "1"):
+        info = stores["split_backward"][stage]
+        assert info["mode"] == "store" and info["store_bytes"] < info["graph_bytes"], info
+        assert graph["split_backward"][stage]["mode"] == "graph"
+    assert all(0.1 < share < 1 for share in stores["input_freed_share"]), stores["input_freed_share"]
+    assert graph["input_freed_share"] == [0.0, 0.0]
+    assert stores["saved_bytes_per_microbatch"] == graph["saved_bytes_per_microbatch"]  # the same forwards
+    # ZB-H1's last rank holds p microbatches: with stores, its peak is lower
+    assert stores["ranks"][1]["peak_activation_bytes"] < graph["ranks"][1]["peak_activation_bytes"]
+    for s in (stores, graph):
+        assert abs(s["memory_prediction_error"]) <= 0.05

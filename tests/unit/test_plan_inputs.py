@@ -62,3 +62,25 @@ def test_the_known_cost_overrides_carry_the_candidates_stage_costs():
         "model.bwd_ms=5",
         "model.wgrad_ms=0",
     ]
+
+
+def test_the_share_an_input_pass_frees_follows_the_bytes_onto_any_stage_count():
+    """A run whose split backward stores frees part of each microbatch at I: merged stages free
+    the byte-weighted share of theirs, cut ones their stage's."""
+    inputs = PlanInputs(
+        fwd_s=(1, 1), bwd_s=(1, 1), wgrad_s=(1, 1), stages=2, act_bytes=(100, 300), input_share=(0.5, 0.25)
+    )
+    assert inputs.shares(2) == [0.5, 0.25]
+    assert inputs.shares(1) == [pytest.approx((50 + 75) / 400)]
+    assert inputs.shares(4) == [0.5, 0.5, 0.25, 0.25]
+    assert PlanInputs(fwd_s=(1,), bwd_s=(1,), wgrad_s=(1,), stages=1, act_bytes=(8,)).shares(2) == [0.0, 0.0]
+
+
+def test_a_candidates_peak_counts_what_its_input_passes_free():
+    from ppx.plan.evaluate import evaluate
+    from ppx.plan.space import Candidate
+
+    base = dict(fwd_s=(1e-3,) * 2, bwd_s=(1e-3,) * 2, wgrad_s=(1e-3,) * 2, stages=2, act_bytes=(100.0, 100.0))
+    keep = evaluate(Candidate("zb_h1", 2, 4, 1), PlanInputs(**base))
+    free = evaluate(Candidate("zb_h1", 2, 4, 1), PlanInputs(**base, input_share=(0.75, 0.75)))
+    assert free.peak_max < keep.peak_max
