@@ -13,13 +13,15 @@ Two things hang on that routing:
   activations: their storages are listed (`StepWeights.storages`) so the memory counters
   leave them out of a microbatch's saved bytes.
 - **A split backward's weight gradients without re-walking the graph**
-  (`ppx.engine.weight_store`): in a stage that stores, a routed layer's backward computes its
-  input gradient and hands (input, output gradient) to the stage's store; the W pass computes
-  the weight and bias gradients from them.
+  (`ppx.engine.weight_store`): in a stage that stores, a routed layer's weights enter its
+  forward detached, so autograd's own backward computes only its input gradient; the store
+  keeps the layer's input and its output's gradient edge, I asks autograd for the gradient
+  there too (as torch.distributed.pipelining's I asks for its intermediates'), and the W pass
+  computes the weight and bias gradients from the pair.
 
-The backward formulas are autograd's own for these ops (`torch.mm` in the same operand
-order and layout as `MmBackward`/`AddmmBackward`), so the gradients are bitwise those of a
-plain backward (tests/unit/test_weight_store.py checks every layout)."""
+W's formulas are autograd's own for these ops (`torch.mm` in the same operand order and
+layout as `MmBackward`/`AddmmBackward`), so the gradients are bitwise those of a plain
+backward (tests/unit/test_weight_store.py checks every layout)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.autograd.graph import get_gradient_edge
 from torch.nn import functional as F
 
 
@@ -36,10 +39,6 @@ class LinearKind:
     @staticmethod
     def forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, w, b)
-
-    @staticmethod
-    def input_grad(gy: torch.Tensor, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return gy.reshape(-1, gy.shape[-1]).mm(w).view(x.shape)
 
     @staticmethod
     def weight_grad(gy2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
@@ -54,10 +53,6 @@ class Conv1DKind:
         x2 = x.reshape(-1, x.shape[-1])
         y = torch.addmm(b, x2, w) if b is not None else x2.mm(w)
         return y.view(*x.shape[:-1], w.shape[1])
-
-    @staticmethod
-    def input_grad(gy: torch.Tensor, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return gy.reshape(-1, gy.shape[-1]).mm(w.t()).view(x.shape)
 
     @staticmethod
     def weight_grad(gy2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
@@ -77,7 +72,7 @@ def kind_of(module: nn.Module) -> type | None:
 
 class RoutedLayer:
     """One routed layer: its module, kind, parameters, the step's weights and, in a storing
-    stage, the store its backward hands (input, output gradient) to."""
+    stage, the store that keeps its input and output gradient for W."""
 
     def __init__(self, name: str, module: nn.Module, kind: type, weights: StepWeights):
         self.name, self.module, self.kind, self.weights = name, module, kind, weights
@@ -103,40 +98,22 @@ class RoutedLayer:
         dtype = _autocast_dtype(x)
         if dtype is not None and x.dtype != dtype and x.is_floating_point():
             x = x.to(dtype)  # what autocast's cast would do, in the graph the same way
-        if self.store is not None and torch.is_grad_enabled():
-            return _StoringLayer.apply(x, w, b, self)
-        return self.kind.forward(x, w, b)
+        if self.store is None or not torch.is_grad_enabled():
+            return self.kind.forward(x, w, b)
+        # storing: autograd differentiates the input only (the weights enter detached); the
+        # store keeps the input and where the output's gradient will arrive, for I to collect
+        if not x.requires_grad:
+            raise RuntimeError(
+                f"layer {self.name}: its input needs no gradient, so its weight gradient cannot be stored"
+            )
+        y = self.kind.forward(x, w.detach(), None if b is None else b.detach())
+        self.store.keep(self, x.detach(), get_gradient_edge(y))
+        return y
 
 
 def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
     kind = x.device.type
     return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
-
-
-class _StoringLayer(torch.autograd.Function):
-    """A routed layer whose backward computes only the input gradient and stores (input,
-    output gradient) for the W pass; its weight and bias get their gradients there."""
-
-    @staticmethod
-    def forward(ctx, x, w, b, layer: RoutedLayer):
-        ctx.save_for_backward(x, w)
-        ctx.layer = layer
-        with torch.autocast(x.device.type, enabled=False):  # x, w, b are in the compute dtype already
-            return layer.kind.forward(x, w, b)
-
-    @staticmethod
-    def backward(ctx, gy):
-        x, w = ctx.saved_tensors
-        layer = ctx.layer
-        gx = layer.kind.input_grad(gy, w, x) if ctx.needs_input_grad[0] else None
-        if layer.store.storing:  # an I: W computes the rest
-            layer.store.put(layer, x.detach(), gy.detach())
-            return gx, None, None, None
-        # a full backward (B) of a storing stage: the weight gradients now, as autograd's
-        gy2 = gy.reshape(-1, gy.shape[-1])
-        gw = layer.kind.weight_grad(gy2, x.reshape(-1, x.shape[-1])) if ctx.needs_input_grad[1] else None
-        gb = gy2.sum(0) if ctx.needs_input_grad[2] else None
-        return gx, gw, gb, None
 
 
 class StepWeights:

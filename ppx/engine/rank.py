@@ -114,8 +114,9 @@ class RankPipeline(StageShare):
     def in_flight(self) -> int:
         return self.runtime.in_flight()
 
-    def held_after_input(self, stage: int, mb: int) -> list | None:
-        """What ``mb`` holds on ``stage`` from its I to its W (None: its graph, kept whole)."""
+    def held_by_store(self, stage: int, mb: int) -> list | None:
+        """What a storing ``stage`` holds of ``mb`` outside its graph: the stored layers' inputs
+        from its forward on, their output gradients too from its I (None: not storing)."""
         store = self.runtime.stages[stage].store
         return None if store is None else store.held(mb)
 

@@ -67,6 +67,8 @@ class StageRunner:
     def new_step(self) -> None:
         """The weights changed: the next forward casts them again."""
         self._stale = True
+        if self.store is not None:
+            self.store.new_step()
 
     def _input(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and (not self.first or self.split and x.is_floating_point()):
@@ -89,6 +91,8 @@ class StageRunner:
             self.weights.refresh()
             self._stale = False
         x = self._input(x)
+        if self.store is not None:
+            self.store.forward_mb = mb
         if self.training and self.recompute is not None:  # keeps x; the graph comes in backward
             out = self.recompute.forward(mb, lambda: self._run(x, target), [x, target])
             self.saved[mb] = (x, None)
@@ -106,12 +110,18 @@ class StageRunner:
         kept only its input (B, or I, whose graph W then reuses)."""
         x, out = self.saved[mb]
         if out is None:
+            if self.store is not None:
+                self.store.forward_mb = mb
             out = self.recompute.recompute(mb)
             self.saved[mb] = (x, out)
         return x, out
 
     def backward(self, mb: int, grad_output: torch.Tensor | None) -> torch.Tensor | None:
         """Accumulate parameter gradients; return d(loss)/d(input) for the previous stage."""
+        if self.store is not None:  # a storing stage's weights enter detached: its I, then its W
+            grad_in = self.backward_input(mb, grad_output)
+            self.store.weight_pass(mb)
+            return grad_in
         x, out = self._graph(mb)
         del self.saved[mb]
         torch.autograd.backward(out, grad_output)
@@ -148,5 +158,5 @@ class StageRunner:
     def in_flight(self) -> int:
         """Microbatches whose activations (or stores) are held for a backward still to come."""
         if self.store is not None:
-            return len(self.saved.keys() | self.store.pending.keys())
+            return len(self.saved.keys() | self.store.microbatches())
         return len(self.saved)

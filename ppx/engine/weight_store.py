@@ -43,72 +43,99 @@ class WeightStore:
         self.layers = [layer for layer in layers if not any(id(p) in shared for p in layer.params)]
         for layer in self.layers:
             layer.store = self
-        self._mb: int | None = None  # the microbatch whose I runs
+        self.forward_mb: int | None = None  # the microbatch whose forward runs (or is re-run)
+        self.inputs: dict[int, list] = {}  # mb -> [(layer, input, output's gradient edge), ...] of its forward
         self.pending: dict[int, list] = {}  # mb -> [(layer, input, output gradient), ...] in I's order
+        self._small: list | None = None  # small_params() of this step
 
     def small_params(self) -> list[torch.Tensor]:
         """Every trainable parameter that no stored layer owns (as the module holds them now)."""
         stored = {id(p) for layer in self.layers for p in layer.params}
         return [p for p in self.module.parameters() if p.requires_grad and id(p) not in stored]
 
+    def new_step(self) -> None:
+        """Look the parameters up again at the step's first I (data parallel swaps them between steps)."""
+        self._small = None
+
     def stored_params(self) -> list[torch.Tensor]:
         return [p for layer in self.layers for p in layer.params if p.requires_grad]
 
+    # -- F ---------------------------------------------------------------------------------
+    def keep(self, layer: RoutedLayer, x: torch.Tensor, edge) -> None:
+        """A routed layer's call in the running forward: its input (kept for W) and the edge
+        where its output's gradient arrives (I asks autograd for it)."""
+        self.inputs.setdefault(self.forward_mb, []).append((layer, x, edge))
+
     # -- I ---------------------------------------------------------------------------------
-    @property
-    def storing(self) -> bool:
-        """True inside an I pass (a B of this stage takes every gradient at once)."""
-        return self._mb is not None
-
-    def put(self, layer: RoutedLayer, x: torch.Tensor, gy: torch.Tensor) -> None:
-        if self._mb is None:
-            raise RuntimeError(f"layer {layer.name} stored its gradient outside an I pass")
-        self.pending[self._mb].append((layer, x, gy))
-
     def input_pass(self, mb: int, out: torch.Tensor, x: torch.Tensor, grad_output) -> torch.Tensor | None:
-        """I of ``mb``: the input gradient and the small weights' gradients, stores for W."""
-        self._mb = mb
-        self.pending[mb] = []
-        small = self.small_params()
+        """I of ``mb``: the input gradient, the small weights' gradients, and each stored
+        layer's output gradient, kept with its input for W."""
+        if self._small is None:
+            self._small = self.small_params()
+        small = self._small
+        calls = self.inputs.pop(mb, [])
         wants_x = x.requires_grad
-        inputs = ([x] if wants_x else []) + small
-        if not inputs:  # nothing to differentiate but the stored layers: walk to their weights
-            inputs = self.stored_params()
-        try:
-            grads = torch.autograd.grad(out, inputs, grad_output, allow_unused=True)
-        finally:
-            self._mb = None
-        for p, g in zip(small, grads[int(wants_x) :]):
-            if g is not None:
-                p.grad = g if p.grad is None else p.grad + g
+        inputs = ([x] if wants_x else []) + small + [edge for _, _, edge in calls]
+        grads = torch.autograd.grad(out, inputs, grad_output, allow_unused=True) if inputs else ()
+        k = int(wants_x) + len(small)
+        got = [(p, g) for p, g in zip(small, grads[int(wants_x) : k]) if g is not None]
+        _accumulate([p for p, _ in got], [g for _, g in got])
+        # in the order the backward met them (the last call first), as autograd sums a layer's calls
+        self.pending[mb] = [(layer, xi, gy) for (layer, xi, _), gy in zip(calls, grads[k:]) if gy is not None][::-1]
         return grads[0] if wants_x else None
 
     def held(self, mb: int) -> list[torch.Tensor]:
-        """The tensors ``mb`` holds between its I and its W."""
-        return [t for _, x, gy in self.pending.get(mb, ()) for t in (x, gy)]
+        """The tensors the store holds for ``mb``: the layers' inputs from its forward on, and
+        their output gradients too from its I to its W."""
+        if mb in self.pending:
+            return [t for _, x, gy in self.pending[mb] for t in (x, gy)]
+        return [x for _, x, _ in self.inputs.get(mb, ())]
 
     # -- W ---------------------------------------------------------------------------------
-    @torch.no_grad()
     def weight_pass(self, mb: int) -> None:
         """W of ``mb``: each stored layer's weight and bias gradients, added to its parameters
-        (a layer called several times: its contributions summed in I's order first, in the
-        compute dtype, then cast, as autograd's input buffer and the cast's backward do)."""
-        sums: dict[int, list] = {}
+        (the stored tensors are detached: nothing here is recorded by autograd). A layer called
+        several times has its contributions summed first, in the order the backward met them
+        and in the compute dtype, then added, as autograd's input buffer and the cast's
+        backward do."""
+        params: dict[int, list] = {}  # id(layer) -> [params, summed gradients]
         for layer, x, gy in self.pending.pop(mb):
-            gy2 = gy.reshape(-1, gy.shape[-1])
-            parts = [layer.kind.weight_grad(gy2, x.reshape(-1, x.shape[-1]))]
-            if layer.module.bias is not None:
-                parts.append(gy2.sum(0))
-            got = sums.setdefault(id(layer), [layer, None])
-            got[1] = parts if got[1] is None else [a + b for a, b in zip(got[1], parts)]
-        for layer, parts in sums.values():
-            for p, g in zip(layer.params, parts):
-                if p.requires_grad:
-                    g = g.to(p.dtype)
-                    p.grad = g if p.grad is None else p.grad + g
+            if gy.dim() != 2:
+                gy, x = gy.reshape(-1, gy.shape[-1]), x.reshape(-1, x.shape[-1])
+            parts = [layer.kind.weight_grad(gy, x)]
+            got = params.get(id(layer))
+            if got is None:
+                ps = layer.params
+                if len(ps) == 2:
+                    parts.append(gy.sum(0))
+                params[id(layer)] = [ps, parts]
+            else:
+                if len(got[0]) == 2:
+                    parts.append(gy.sum(0))
+                got[1] = [a + b for a, b in zip(got[1], parts)]
+        _accumulate([p for ps, _ in params.values() for p in ps], [g for _, gs in params.values() for g in gs])
 
-    def in_flight(self) -> int:
-        return len(self.pending)
+    def microbatches(self) -> set[int]:
+        """Microbatches the store holds anything of."""
+        return set(self.pending) | set(self.inputs)
+
+
+def _accumulate(params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+    """p.grad += g for each pair (a first gradient is g itself), g cast to the parameter's dtype
+    first; the additions in one foreach call."""
+    into, adds = [], []
+    for p, g in zip(params, grads):
+        if not p.requires_grad:
+            continue
+        if g.dtype != p.dtype:
+            g = g.to(p.dtype)
+        if p.grad is None:
+            p.grad = g
+        else:
+            into.append(p.grad)
+            adds.append(g)
+    if into:
+        torch._foreach_add_(into, adds)
 
 
 def _shared_params(module: nn.Module) -> set[int]:
@@ -136,21 +163,31 @@ def choose(
         return None, {"mode": "graph", "why": "no Linear layers to store"}
     store = WeightStore(module, layers)
     info = {"mode": "store", "stored_layers": len(store.layers), "small_params": len(store.small_params())}
+    try:
+        graph_bytes, store_bytes = measure(store, trial, exclude)
+    except RuntimeError as e:  # a layer that cannot store (its input needs no gradient)
+        if mode == "store":
+            raise UserError(f"train.split_backward=store: {e}; use train.split_backward=auto") from e
+        return _unstore(layers, {"mode": "graph", "why": str(e)})
+    info.update(graph_bytes=graph_bytes, store_bytes=store_bytes)
     if mode == "store":
         return store, {**info, "why": "train.split_backward=store"}
-    graph_bytes, store_bytes = measure(store, trial, exclude)
-    info.update(graph_bytes=graph_bytes, store_bytes=store_bytes)
     if store_bytes <= graph_bytes:
         return store, {**info, "why": "the stores hold no more than the graph"}
+    return _unstore(layers, {**info, "mode": "graph", "why": "the stores would hold more than the graph"})
+
+
+def _unstore(layers: list[RoutedLayer], info: dict) -> tuple[None, dict]:
     for layer in layers:
         layer.store = None
-    return None, {**info, "mode": "graph", "why": "the stores would hold more than the graph"}
+    return None, info
 
 
 def measure(store: WeightStore, trial: Callable[[], tuple], exclude: set[int]) -> tuple[int, int]:
-    """(bytes one microbatch's forward saves, bytes its stores hold from I to W), by storage,
-    leaving out parameters and ``exclude`` (weight copies); one forward and one I, run under
-    a forked RNG, with every gradient they leave reset."""
+    """(bytes one microbatch's forward saves the graph's way, bytes its stores hold from I to
+    W), by storage, leaving out parameters and ``exclude`` (weight copies): one forward the
+    graph's way, then one forward and I that store, under a forked RNG, every gradient they
+    leave reset."""
     module = store.module
     params = {p.untyped_storage().data_ptr() for p in module.parameters()} | exclude
     saved: dict[int, int] = {}
@@ -162,8 +199,16 @@ def measure(store: WeightStore, trial: Callable[[], tuple], exclude: set[int]) -
         return t
 
     with torch.random.fork_rng(), torch.enable_grad():
-        with saved_tensors_hooks(pack, lambda t: t):
-            x, out, grad_output = trial()
+        for layer in store.layers:
+            layer.store = None
+        try:
+            with saved_tensors_hooks(pack, lambda t: t):
+                trial()
+        finally:
+            for layer in store.layers:
+                layer.store = store
+        store.forward_mb = -1
+        x, out, grad_output = trial()
         store.input_pass(-1, out, x, grad_output)
     held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in store.held(-1)}
     store.pending.pop(-1)

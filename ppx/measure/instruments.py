@@ -25,7 +25,7 @@ class Instruments:
         self.memory = None
         if ins.memory:
             copies = pipe.weight_copies() if hasattr(pipe, "weight_copies") else []
-            held = getattr(pipe, "held_after_input", None)  # ppx's runtime: a storing stage's I frees its graph
+            held = getattr(pipe, "held_by_store", None)  # ppx's runtime: a storing stage's I frees its graph
             self.memory = MemoryTracker(pipe.modules, pipe.schedule.training, pipe.in_flight, device, held, copies)
         self.labels = RecordFunctions() if cfg.profile.enabled else None
 

@@ -63,8 +63,9 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 class MemoryTracker:
     """Observer of one rank: ``modules`` are its stages' modules (their parameters are not
     activations), ``training`` whether backwards come, ``in_flight()`` the microbatches the
-    rank's executor holds for a backward. ``held_after_input(stage, mb)``: what a storing
-    stage's microbatch holds from its I to its W (None: its graph, kept whole); ``weight_copies``:
+    rank's executor holds for a backward. ``held_by_store(stage, mb)``: what a storing stage
+    holds of a microbatch beside its graph (its layers' inputs; from its I to its W, with their
+    output gradients, instead of the graph; None: not storing); ``weight_copies``:
     sets of storage pointers of the step's weight copies (the executor updates them in place)."""
 
     def __init__(
@@ -73,12 +74,12 @@ class MemoryTracker:
         training: bool,
         in_flight: Callable[[], int],
         device: torch.device,
-        held_after_input: Callable[[int, int], list | None] | None = None,
+        held_by_store: Callable[[int, int], list | None] | None = None,
         weight_copies: Sequence[set] = (),
     ):
         self.training, self.in_flight, self.device = training, in_flight, device
         self.modules = modules
-        self.held_after_input, self.weight_copies = held_after_input, list(weight_copies)
+        self.held_by_store, self.weight_copies = held_by_store, list(weight_copies)
         self._params = self._param_storages()
         # data parallel (torch's replicate / FSDP2): the parameters a forward uses are unsharded
         # copies made inside it, so their storages are looked up again during each forward
@@ -131,22 +132,29 @@ class MemoryTracker:
         a = item.actions[0]
         if a.op is Op.F:
             self._hooks.__exit__(None, None, None)
+            self._note(self._stored(a.stage, a.mb) or ())  # a storing stage keeps its layers' inputs itself
             self._hold(a.stage, a.mb)
             self.peak_inflight = max(self.peak_inflight, self.in_flight())
         elif a.op in (Op.B, Op.W):
             self._release(self.held.pop((a.stage, a.mb), ()))
-        elif a.op is Op.I and self.held_after_input is not None and self.training:
-            kept = self.held_after_input(a.stage, a.mb)
+        elif a.op is Op.I and self.training:
+            kept = self._stored(a.stage, a.mb)
             if kept is not None:  # the graph went at this I: the stores stay until W
                 before = self.held.pop((a.stage, a.mb), ())
                 self._seen = {}
-                for tensor in kept:
-                    ptr = tensor.untyped_storage().data_ptr()
-                    self._seen[ptr] = tensor.untyped_storage().nbytes()
+                self._note(kept)
                 nbytes = sum(self._seen.values())
                 self.after_input[a.stage] = max(self.after_input.get(a.stage, 0), nbytes)
                 self._release(before)  # as the accounting has it: the graph gone, then the stores held
                 self._hold(a.stage, a.mb, count=False)
+
+    def _stored(self, stage: int, mb: int) -> list | None:
+        return None if self.held_by_store is None else self.held_by_store(stage, mb)
+
+    def _note(self, tensors) -> None:
+        """Tensors held for backward outside autograd's saved ones, by storage."""
+        for tensor in tensors:
+            self._seen[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
 
     def _release(self, keys) -> None:
         for ptr in keys:
