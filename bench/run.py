@@ -274,12 +274,28 @@ def rerun_plans() -> None:
     print(md)
 
 
+def rerun_split() -> None:
+    """``bench/run.py --split``: the split-backward rows again (bench/split_backward.py), the other results kept."""
+    from bench.split_backward import check_all
+
+    path = ROOT / "bench" / "results.json"
+    results = json.loads(path.read_text())
+    results["split_backward"] = check_all()
+    results["split_backward_measured_on"] = time.strftime("%Y-%m-%d")
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    md = markdown(results, float(os.environ.get("BENCH_SCALE", "1")))
+    write_generated(ROOT / "docs" / "benchmarks.md", md)
+    print(md)
+
+
 def main() -> None:
     scale = float(os.environ.get("BENCH_SCALE", "1"))
     if sys.argv[1:2] == ["--runs"]:
         return rerun(sys.argv[2:])
     if sys.argv[1:2] == ["--plans"]:
         return rerun_plans()
+    if sys.argv[1:2] == ["--split"]:
+        return rerun_split()
     only = sys.argv[1:] or list(CASES)
     print(f"ppx bench: {len(only)} cases")
     results = {name: run_case(name, scale) for name in only}
@@ -299,6 +315,9 @@ def main() -> None:
         from bench.plan_check import check_all
 
         results["plans"] = check_all(ROOT / "docs" / "images")  # ppx plan's top three run (bench/plan_check.py)
+        from bench.split_backward import check_all as check_split
+
+        results["split_backward"] = check_split()  # zero bubble on real models (bench/split_backward.py)
     if set(only) == set(CASES):
         results["measured_on"] = time.strftime("%Y-%m-%d")
         (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -201,6 +201,10 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
         from bench.plan_check import plan_rows
 
         out += plan_rows(results["plans"])
+    if "split_backward" in results:
+        from bench.split_backward import split_rows
+
+        out += split_rows(results["split_backward"])
     return out
 
 

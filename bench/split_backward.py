@@ -1,0 +1,161 @@
+"""`make bench`'s split-backward rows: does a zero-bubble schedule pay for splitting its
+backward on a real model? (`train.split_backward`, ppx/engine/weight_store.py)
+
+For llama-tiny's shapes (8 blocks, so ZB-V fits at p=4) and the transformer experiment's, in
+fp32 and bf16, at p=2 and p=4 (m=8), whole `ppx run`s, each variant `REPEATS` times round robin
+(a slow spell of the machine falls on all alike), a variant held by the median of its runs'
+median steps:
+
+- 1F1B: B per stage, and the step every zero-bubble variant is held against;
+- ZB-H1 and ZB-V with stores (auto: llama and the transformer store on every stage);
+- ZB-H1 the graph's way (``train.split_backward=graph``: I keeps the graph, W walks it again,
+  what ppx did before stores): the "before" of I + W and of the peak saved bytes;
+- fp32 only: the same ZB-H1 and ZB-V lists run by torch.distributed.pipelining's runtime
+  (``pipeline.executor=torch``: its stage_backward_input / stage_backward_weight), which
+  refuses bf16 autocast here.
+
+Rows: (I + W) / B per stage from the runs' measured action costs (target <= 1.10), the ZB-H1
+and ZB-V steps against 1F1B's (target: ZB-H1 faster), and each rank's peak saved bytes with
+stores against the graph's way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REPEATS = 2
+MODELS = {
+    "llama-tiny (8 blocks)": ["llama_tiny_1f1b_2cpu", "model.layers=8"],
+    "transformer (hidden 64, 8 blocks)": ["transformer_1f1b_2cpu", "model.layers=8"],
+}
+COMMON = [
+    "pipeline.microbatches=8",
+    "train.batch_size=32",
+    "train.steps=12",
+    "instrument.timeline_steps=8",
+    "logging.wandb.mode=disabled",
+    "logging.tensorboard=false",
+]
+VARIANTS = {  # name -> (overrides, fp32 only)
+    "1f1b": (["pipeline.schedule=1f1b"], False),
+    "zb_h1": (["pipeline.schedule=zb_h1"], False),
+    "zbv": (["pipeline.schedule=zbv"], False),
+    "zb_h1_graph": (["pipeline.schedule=zb_h1", "train.split_backward=graph"], False),
+    "zb_h1_torch": (["pipeline.schedule=zb_h1", "pipeline.executor=torch"], True),
+    "zbv_torch": (["pipeline.schedule=zbv", "pipeline.executor=torch"], True),
+}
+CONFIGS = [(model, dtype, p) for model in MODELS for dtype in ("fp32", "bf16") for p in (2, 4)]
+
+
+def _run(overrides: list[str], run_dir: Path) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-m", "ppx.cli", "run", *overrides, f"run.dir={run_dir}"],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"bench split: {' '.join(overrides)} failed:\n{proc.stderr[-3000:]}")
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def check_config(model: str, dtype: str, p: int) -> dict:
+    """Every variant of one (model, dtype, p), `REPEATS` runs each round robin."""
+    exp, *model_keys = MODELS[model]
+    base = [exp, *model_keys, *COMMON, f"train.dtype={dtype}", f"pipeline.stages={p}"]
+    names = [n for n, (_, fp32_only) in VARIANTS.items() if dtype == "fp32" or not fp32_only]
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    with tempfile.TemporaryDirectory() as t:
+        for rep in range(REPEATS):
+            for n in names:
+                runs[n].append(_run(base + VARIANTS[n][0], Path(t) / f"{n}_{rep}"))
+    out = {"variants": {}}
+    for n, got in runs.items():
+        steps = sorted(s["step_time_s"] for s in got)
+        costs = {}
+        for a in got[0]["measured_costs"]["action_s"]:  # each action's median over the runs' means
+            costs[a] = statistics.median(s["measured_costs"]["action_s"][a] for s in got)
+        out["variants"][n] = {
+            "step_s": statistics.median(steps),
+            "runs_s": steps,
+            "action_s": costs,
+            "peak_saved_bytes": [max(s["ranks"][r]["peak_activation_bytes"] for s in got) for r in range(p)],
+            "split_backward": got[0].get("split_backward"),
+        }
+    v = out["variants"]
+    out["iw_over_b"] = [_iw(v["zb_h1"], v["1f1b"], s) for s in range(p)]
+    out["iw_over_b_graph"] = [_iw(v["zb_h1_graph"], v["1f1b"], s) for s in range(p)]
+    print(
+        f"  split {model} {dtype} p={p}: (I+W)/B {_fmt(out['iw_over_b'])} (graph's way {_fmt(out['iw_over_b_graph'])});"
+        f" step ms 1f1b {v['1f1b']['step_s'] * 1e3:.1f}, zb_h1 {v['zb_h1']['step_s'] * 1e3:.1f},"
+        f" zbv {v['zbv']['step_s'] * 1e3:.1f}",
+        flush=True,
+    )
+    return out
+
+
+def _iw(split: dict, whole: dict, stage: int) -> float:
+    a, b = split["action_s"], whole["action_s"]
+    return (a[f"{stage}I"] + a[f"{stage}W"]) / b[f"{stage}B"]
+
+
+def _fmt(values: list[float]) -> str:
+    return ", ".join(f"{x:.2f}" for x in values)
+
+
+def check_all() -> dict:
+    return {f"{model} {dtype} p={p}": check_config(model, dtype, p) for model, dtype, p in CONFIGS}
+
+
+def split_rows(results: dict) -> list[tuple[str, str, str, str]]:
+    """Three rows per (model, dtype, p): (I + W)/B, the steps, the peak saved bytes."""
+    out = []
+    for name, got in results.items():
+        v = got["variants"]
+        iw, before = got["iw_over_b"], got["iw_over_b_graph"]
+        out.append(
+            (
+                f"split backward, {name}, m=8: (I + W) / B per stage, zb_h1 with stores against 1F1B's B",
+                f"{_fmt(iw)} (the graph's way: {_fmt(before)})",
+                "<= 1.10",
+                "pass" if max(iw) <= 1.10 else "MISS",
+            )
+        )
+        ms = {n: x["step_s"] * 1e3 for n, x in v.items()}
+        parts = [f"1F1B {ms['1f1b']:.1f}", f"ZB-H1 {ms['zb_h1']:.1f} ({ms['zb_h1'] / ms['1f1b']:.2f}x)"]
+        parts.append(f"ZB-V {ms['zbv']:.1f} ({ms['zbv'] / ms['1f1b']:.2f}x)")
+        parts.append(f"ZB-H1 the graph's way {ms['zb_h1_graph']:.1f}")
+        if "zb_h1_torch" in ms:
+            parts.append(f"torch's runtime: ZB-H1 {ms['zb_h1_torch']:.1f}, ZB-V {ms['zbv_torch']:.1f}")
+        out.append(
+            (
+                f"split backward, {name}, m=8: step ms ({REPEATS} runs each, round robin)",
+                "; ".join(parts),
+                "ZB-H1 < 1F1B",
+                "pass" if ms["zb_h1"] < ms["1f1b"] else "MISS",
+            )
+        )
+        kib = lambda bs: ", ".join(f"{b / 1024:.0f}" for b in bs)  # noqa: E731
+        out.append(
+            (
+                f"split backward, {name}: ZB-H1 peak saved KiB per rank, stores against the graph's way",
+                f"{kib(v['zb_h1']['peak_saved_bytes'])} against {kib(v['zb_h1_graph']['peak_saved_bytes'])}",
+                "(info)",
+                "",
+            )
+        )
+    return out
+
+
+if __name__ == "__main__":  # `python bench/split_backward.py`: these rows alone, printed
+    sys.path.insert(0, str(ROOT))
+    for row in split_rows(check_all()):
+        print(" | ".join(row))
