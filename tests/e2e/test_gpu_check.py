@@ -1,0 +1,152 @@
+"""`ppx gpu-check` as a user runs it: without CUDA, one line and nothing written; under the
+test switch (--on-cpu) the whole machinery on CPU with gloo (real runs, the folder, the
+report, the docs block, the CUDA-only rows skipped); each check's arithmetic on the files
+those runs recorded, with a failing variant of each; bad input; and, on a machine with GPUs,
+the checks that need them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import CUDA_DEVICES, GPU_ENV, ppx
+from ppx.gpucheck import precision, profiler, saved, timers
+from ppx.gpucheck.report import BEGIN, END
+from ppx.gpucheck.traces import load, profiler_traces, timeline_slices
+from ppx.report.run_dir import RunDir
+
+NOTHING = "ppx gpu-check: no CUDA device visible here: nothing to check\n"
+
+
+@pytest.fixture(scope="module")
+def cpu_check(tmp_path_factory):
+    """One `ppx gpu-check --on-cpu` (about 40 s on 2 cores): (its folder, the docs file, the process)."""
+    base = tmp_path_factory.mktemp("gpucheck")
+    doc = base / "benchmarks.md"
+    doc.write_text(f"# Benchmarks\n\n{BEGIN}\nnone has run yet\n{END}\n\nmore\n")
+    r = ppx("gpu-check", "--on-cpu", "--out", str(base / "check"), "--docs", str(doc), timeout=400, cwd=base)
+    return base / "check", doc, r
+
+
+def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(tmp_path):
+    r = ppx("gpu-check", cwd=tmp_path)
+    assert (r.returncode, r.stdout, r.stderr) == (0, NOTHING, "")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_whole_check_on_cpu(cpu_check):
+    out, doc, r = cpu_check
+    data = json.loads((out / "gpu-check.json").read_text())
+    rows = {(c["check"], row["what"]): row for c in data["checks"] for row in c["rows"]}
+    assert r.returncode == (1 if data["verdicts"]["FAIL"] else 0), r.stdout[-3000:]
+    verdicts = {c["check"]: c["verdict"] for c in data["checks"]}
+    assert verdicts["memory"] == verdicts["overlap"] == verdicts["nccl"] == "SKIPPED"
+    assert verdicts["timers"] == verdicts["saved"] == verdicts["bf16"] == verdicts["profiler"] == "PASS", r.stdout
+    assert verdicts["throughput"] in ("PASS", "FAIL")  # ppx against torch: judged, whichever way it came out
+    kernels = rows[("profiler", profiler.CRITERIA[0][0])]
+    assert kernels["verdict"] == "SKIPPED" and kernels["figure"] == "skipped: needs CUDA: a CPU trace has no kernels"
+    assert all(row["threshold"] and row["figure"] for row in rows.values())
+    assert data["machine"]["torch"] and data["machine"]["load_1_5_15"]
+    for c in data["checks"]:
+        for run in c["runs"]:
+            assert run["ok"] and (out / run["run_dir"] / "summary.json").exists() and (out / run["log"]).exists()
+            assert run["command"].startswith(f"ppx run configs/{run['name']}.yaml run.dir=runs/")
+    md = (out / "gpu-check.md").read_text()
+    assert "| check | what | figure | threshold | verdict |" in md and "## timers: Timers on the known-cost model" in md
+    assert f"ppx gpu-check: {data['verdicts']['PASS']} PASS" in r.stdout and str(out / "gpu-check.md") in r.stdout
+    text = doc.read_text()
+    assert "none has run yet" not in text and text.endswith(f"{END}\n\nmore\n")
+    assert "Latest report: " in text and "| timers | each action's timed length" in text
+
+
+def test_timers_arithmetic_on_the_recorded_run(cpu_check):
+    run = RunDir(cpu_check[0] / "runs" / "timers-1f1b")
+    costs = timers.set_costs(run.config, run.raw_summary["stages"])
+    assert costs == {"0F": 0.010, "0B": 0.020, "0I": 0.020, "0W": 0.0}
+    samples = run.raw_summary["cost_samples"]["action_s"]
+    assert timers.judge_actions(timers.action_ratios(samples, costs))[1] is True
+    wrong = {k: v * 1.1 for k, v in costs.items()}  # the actions against costs they were not set
+    assert timers.judge_actions(timers.action_ratios(samples, wrong))[1] is False
+    slices = timeline_slices(load(run.path / "timeline.json"))
+    assert timers.judge_steps(timers.step_ratios(slices, run.metrics))[1] is True
+    late = [{**m, "ranks": [{**r, "step_s": r["step_s"] * 1.05} for r in m["ranks"]]} for m in run.metrics]
+    assert timers.judge_steps(timers.step_ratios(slices, late))[1] is False
+
+
+def test_profiler_arithmetic_on_the_recorded_trace(cpu_check):
+    run = RunDir(cpu_check[0] / "runs" / "profiler")
+    (trace,) = profiler_traces(run.path).values()
+    events = load(trace)["traceEvents"]
+    assert profiler.judge_steps({0: profiler.step_errors(events, run.metrics, 0)})[1] is True
+    short = [{**m, "ranks": [{**r, "step_s": r["step_s"] * 0.9} for r in m["ranks"]]} for m in run.metrics]
+    assert profiler.judge_steps({0: profiler.step_errors(events, short, 0)})[1] is False
+    held, total, _ = profiler.kernels_under_labels(events)
+    assert (held, total) == (0, 2 * 2 * 4 * 2)  # 2 stages x F and B x 4 microbatches x 2 recorded steps, no kernel
+    assert profiler.judge_kernels({0: (held, total, [])})[1] is False
+
+
+def test_saved_and_bf16_arithmetic_on_the_recorded_runs(cpu_check):
+    summary = RunDir(cpu_check[0] / "runs" / "saved-zbv").raw_summary
+    errors = saved.saved_errors(summary)
+    assert errors and saved.judge_saved({"zbv": errors})[1] is True
+    off = {
+        **summary,
+        "ranks": [{**r, "predicted_peak_activation_bytes": r["peak_activation_bytes"] * 0.9} for r in summary["ranks"]],
+    }
+    assert saved.judge_saved({"zbv": saved.saved_errors(off)})[1] is False
+    losses = {
+        n: RunDir(cpu_check[0] / "runs" / f"bf16-{n}").raw_summary["losses"]
+        for n in ("fp32-p1", "fp32-split", "bf16-p1")
+    }
+    assert precision.judge_gap(precision.loss_gap(losses["fp32-split"], losses["fp32-p1"]), 0.0)[1] is True
+    assert precision.judge_gap(precision.loss_gap(losses["bf16-p1"], losses["fp32-p1"]), 0.0)[1] is False
+
+
+def test_runs_that_do_not_fit_the_budget_are_skipped(tmp_path):
+    r = ppx("gpu-check", "--on-cpu", "--only", "timers", "--budget-s", "1", "--out", str(tmp_path / "c"), timeout=120)
+    assert r.returncode == 0, r.stderr
+    (check,) = json.loads((tmp_path / "c" / "gpu-check.json").read_text())["checks"]
+    assert check["verdict"] == "SKIPPED" and not (tmp_path / "c" / "runs" / "timers-1f1b").exists()
+    assert "time budget: 1 s left, the run needs about" in check["rows"][0]["figure"]
+
+
+def test_bad_input_is_one_line_before_any_work(tmp_path):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "plain.md").write_text("no markers\n")
+    cases = [
+        (
+            ["--only", "timers,nope"],
+            "--only timers,nope: choose from timers, memory, saved, profiler, bf16, overlap, nccl, throughput",
+        ),
+        (["--budget-s", "0"], "--budget-s must be positive, got 0"),
+        (["--gpus", "2"], "--gpus is for --dry-run"),
+        (["--on-cpu", "--out", str(tmp_path / "taken")], "already exists (a check never overwrites one)"),
+        (
+            ["--on-cpu", "--out", str(tmp_path / "new"), "--docs", str(tmp_path / "plain.md")],
+            "no <!-- gpu-check:begin -->",
+        ),
+    ]
+    for args, message in cases:
+        r = ppx("gpu-check", *args, cwd=tmp_path)
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and message in r.stderr, (args, r.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.md", "taken"] and not any(
+        (tmp_path / "taken").iterdir()
+    )
+
+
+def test_dry_run_lists_the_runs_of_a_machine_it_has_not(tmp_path):
+    r = ppx("gpu-check", "--dry-run", "--gpus", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (
+        "nccl: 6 runs" in r.stdout and "  nccl-1f1b-cuda: 2 processes, about" in r.stdout and "REFUSED" not in r.stdout
+    )
+    assert r.stdout.splitlines()[-1].startswith("total: about") and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(CUDA_DEVICES == 0, reason="needs a CUDA GPU")
+def test_timers_and_profiler_on_the_gpus(tmp_path):
+    r = ppx("gpu-check", "--only", "timers,profiler", "--out", str(tmp_path / "c"), env=GPU_ENV, timeout=300)
+    data = json.loads((tmp_path / "c" / "gpu-check.json").read_text())
+    assert r.returncode == 0, (tmp_path / "c" / "gpu-check.md").read_text()
+    assert [row["verdict"] for c in data["checks"] for row in c["rows"]] == ["PASS"] * 4
