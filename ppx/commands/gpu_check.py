@@ -108,7 +108,7 @@ def _dry_run(gpus: int, only) -> int:
                 continue
             secs = sum(s.estimate_s for s in specs)
             total += secs
-            print(f"{check.NAME}: {len(specs)} runs, about {secs:.0f} s")
+            print(f"{check.NAME}: {len(specs)} run{'s' if len(specs) != 1 else ''}, about {secs:.0f} s")
             for s in specs:
                 error = runner.check(s)
                 bad += error is not None

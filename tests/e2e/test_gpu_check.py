@@ -7,6 +7,8 @@ the checks that need them."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -33,6 +35,11 @@ def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(tmp_path):
     r = ppx("gpu-check", cwd=tmp_path)
     assert (r.returncode, r.stdout, r.stderr) == (0, NOTHING, "")
     assert list(tmp_path.iterdir()) == []
+    code = (
+        "import sys; from ppx.cli import main; main(['gpu-check']); assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (0, NOTHING), r.stderr  # the answer takes no torch (1.5 s) to give
 
 
 def test_the_whole_check_on_cpu(cpu_check):
