@@ -5,13 +5,15 @@ gradients and the optimizer's state (``param_bytes`` x (2 + state per weight: SG
 bytes``, from the bytes one microbatch saves per stage).
 
 Runs: GPipe (every microbatch in flight at the peak, where the model is plainest) on the
-transformer (hidden 1024, 4 blocks a rank, 8 sequences of 512 tokens a microbatch) and on
-llama-tiny (64 sequences of 256 tokens a microbatch), 8 microbatches, at p = min(GPUs, 4):
-about 12 and 6 GiB a rank, so that what the model leaves out (cuBLAS workspaces, the batch, a
-backward's transient gradients) stays within a few percent; SGD, fp32, 3 steps. (On CPU, with
-the allocator's own count from an outer torch.profiler, the same model held GPipe within
--1.7% and +0.5% on smaller shapes of both, where 1F1B's one microbatch in flight came out
-+3.3% and +8.2%: a backward's transients are about one microbatch's.)"""
+transformer (hidden 1024, 4 blocks a rank, a 2048-token vocabulary, 16 sequences of 512
+tokens a microbatch) and on llama-tiny (64 sequences of 256 tokens a microbatch), 8
+microbatches, at p = min(GPUs, 4); SGD, fp32, 3 steps. About 10 and 6 GiB a rank, so that what
+the model leaves out or adds too early stays within a few percent: cuBLAS's workspaces, the
+batch, a backward's transient gradients (about one microbatch's worth of a layer), and the
+gradients, which the model counts but which GPipe's peak, at its first backward, has not made
+yet (weights are 2% of the transformer's peak). On CPU, with the allocator's count from an
+outer torch.profiler, this model held GPipe within -1.7% and +0.5% on smaller shapes of both,
+where 1F1B's one microbatch in flight came out +3.3% and +8.2%."""
 
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def plan(machine: Machine) -> list[RunSpec] | str:
         return "needs CUDA: on CPU a rank's peak_memory_bytes is its resident set, not allocated bytes"
     p = machine.ranks(4)
     runs = {
-        "memory-transformer": sizes.transformer(1024, 4 * p, 16, 512, 8192, batch=64, steps=3),
+        "memory-transformer": sizes.transformer(1024, 4 * p, 16, 512, 2048, batch=128, steps=3),
         "memory-llama-tiny": sizes.llama_tiny(256, batch=512, steps=3),
     }
     out = []

@@ -103,12 +103,19 @@ def ratios(cell: dict, apart: dict) -> dict[tuple[str, str], float]:
     return {pair: statistics.median(t / apart[pair] for t in ts) for pair, ts in cell.items() if ts and apart.get(pair)}
 
 
+NO_CELL = (float("nan"), False, "no overlapped cell in the run's timeline")
+
+
 def judge_known_cost(r: dict, expected: float) -> tuple[float, bool, str]:
+    if not r:
+        return NO_CELL
     med = statistics.median(r.values())
     return med, abs(med - expected) <= KC_TOL, f"{med:.3f} (cells {min(r.values()):.3f}-{max(r.values()):.3f})"
 
 
 def judge_real(r: dict) -> tuple[float, bool, str]:
+    if not r:
+        return NO_CELL
     med = statistics.median(r.values())
     return med, med < 1.0, f"{med:.3f} (cells {min(r.values()):.3f}-{max(r.values()):.3f})"
 

@@ -37,6 +37,12 @@ def plan(machine: Machine) -> list[RunSpec]:
     return [RunSpec.of("profiler", keys, sizes.startup_s(p) + 10.0 + sizes.model_seconds(keys, p))]
 
 
+def _host(events: list[dict]) -> list[dict]:
+    """The host's ranges: on CUDA the trace repeats each ``record_function`` range on the GPU's
+    rows (``gpu_user_annotation``, from its first kernel to its last), which are not the host's."""
+    return [e for e in events if e.get("ph") == "X" and "name" in e and e.get("cat") != "gpu_user_annotation"]
+
+
 def kernels_under_labels(events: list[dict]) -> tuple[int, int, list[str]]:
     """(compute labels holding a kernel, compute labels, the first few without one)."""
     kernels = {
@@ -47,9 +53,7 @@ def kernels_under_labels(events: list[dict]) -> tuple[int, int, list[str]]:
         for e in events
         if e.get("ph") == "X" and e.get("cat") in LAUNCH_CATS and e.get("args", {}).get("correlation") in kernels
     )
-    labels = [
-        e for e in events if e.get("ph") == "X" and e.get("name", "").startswith("PP:") and COMPUTE.match(e["name"][3:])
-    ]
+    labels = [e for e in _host(events) if e["name"].startswith("PP:") and COMPUTE.match(e["name"][3:])]
     empty = []
     for e in labels:
         start, end = e["ts"], e["ts"] + e["dur"]
@@ -62,8 +66,8 @@ def step_errors(events: list[dict], metrics: list[dict], rank: int) -> dict[int,
     """step N -> ProfilerStep#N's length / the rank's step_s of step N - 1."""
     step_s = {line["step"]: r["step_s"] for line in metrics for r in line["ranks"] if r["rank"] == rank}
     out = {}
-    for e in events:
-        if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#"):
+    for e in _host(events):
+        if e["name"].startswith("ProfilerStep#"):
             n = int(e["name"].split("#")[1])
             out[n] = e["dur"] / 1e6 / step_s[n] - 1
     return out

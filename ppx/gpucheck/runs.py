@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -60,7 +60,6 @@ class RunResult:
     wall_s: float | None = None
     command: str = ""
     log: str = ""
-    extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {
@@ -198,9 +197,6 @@ class Runs:
         if result.dir is None:
             raise Missing(result)
         return result.dir
-
-    def result(self, name: str) -> RunResult:
-        return self.runner.done[name]
 
 
 def _text(value) -> str:

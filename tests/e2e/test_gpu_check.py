@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
 from helpers import CUDA_DEVICES, GPU_ENV, ppx
-from ppx.gpucheck import precision, profiler, saved, timers
+from ppx.gpucheck import memory, nccl, overlap, precision, profiler, saved, sizes, timers
+from ppx.gpucheck.machine import Machine
 from ppx.gpucheck.report import BEGIN, END
+from ppx.gpucheck.runs import Runner, Runs, RunSpec
 from ppx.gpucheck.traces import load, profiler_traces, timeline_slices
 from ppx.report.run_dir import RunDir
 
@@ -108,6 +111,49 @@ def test_saved_and_bf16_arithmetic_on_the_recorded_runs(cpu_check):
     }
     assert precision.judge_gap(precision.loss_gap(losses["fp32-split"], losses["fp32-p1"]), 0.0)[1] is True
     assert precision.judge_gap(precision.loss_gap(losses["bf16-p1"], losses["fp32-p1"]), 0.0)[1] is False
+
+
+def test_overlap_on_cpu_runs_of_its_own_shape(tmp_path):
+    """DualPipeV's cells on CPU run one part after the other: the known-cost cells come out
+    near F + B, not max(F, B), and the check fails; the run of the same order from the CSV
+    without cells computes the same losses as the run with them."""
+    runner = Runner(tmp_path, Machine("cpu", 0, small=True), time.monotonic() + 300)
+    tiny = {**sizes.transformer(32, 4, 2, 16, 64, batch=2 * overlap.M, steps=3)}
+    specs = [
+        RunSpec.of("overlap-kc", sizes.known_cost("dualpipev", 1, overlap.M, 5.0, 5.0, 5.0, steps=3, v=2), 60),
+        RunSpec.of("overlap-cells", {**tiny, **sizes.pipeline("dualpipev", 1, overlap.M, 2)}, 60),
+        RunSpec.of("overlap-apart", {**tiny, **sizes.pipeline("csv", 1, overlap.M)}, 60, csv=overlap.apart_csv()),
+    ]
+    for spec in specs:
+        assert runner.run(spec).dir is not None, (tmp_path / "runs" / f"{spec.name}.log").read_text()[-2000:]
+    out = overlap.judge(Machine("cuda", 1), Runs(runner))
+    known, real = out.rows
+    assert known.verdict == "FAIL" and 0.95 < known.value < 1.1, known
+    assert 0.7 < real.value < 1.4 and len(out.details) == 2 + len(overlap.cells())
+    cells, apart = (RunDir(tmp_path / "runs" / n) for n in ("overlap-cells", "overlap-apart"))
+    assert apart.config.pipeline.schedule.endswith("configs/overlap-apart.csv")
+    assert apart.raw_summary["losses"] == cells.raw_summary["losses"]
+
+
+def test_the_cuda_judges_read_real_run_files(cpu_check):
+    """The memory and NCCL judges on CPU runs standing in for their GPU runs: they read every
+    field they need, and say FAIL (a resident set is no allocated peak; gloo is not NCCL)."""
+    runs = cpu_check[0] / "runs"
+    stand_in = {
+        "memory-transformer": RunDir(runs / "saved-zbv"),
+        "memory-llama-tiny": RunDir(runs / "bf16-fp32-p1"),
+        "nccl-1f1b-cuda": RunDir(runs / "bf16-fp32-split"),
+        "nccl-1f1b-cpu": RunDir(runs / "bf16-fp32-p1"),
+        "nccl-zb_h1-cuda": RunDir(runs / "bf16-fp32-split"),
+        "nccl-zb_h1-cpu": RunDir(runs / "bf16-fp32-p1"),
+        "nccl-kc-1f1b": RunDir(runs / "timers-1f1b"),
+        "nccl-kc-zb_h1": RunDir(runs / "timers-1f1b"),
+    }
+    mem = memory.judge(Machine("cuda", 1), stand_in)
+    assert [r.verdict for r in mem.rows] == ["FAIL", "FAIL"] and any("peak allocated MiB" in x for x in mem.details)
+    out = nccl.judge(Machine("cuda", 2), stand_in)
+    assert [r.verdict for r in out.rows] == ["FAIL", "FAIL", "PASS", "PASS"], out.rows  # gloo vs gloo; the bubble holds
+    assert "(gloo vs gloo)" in out.rows[0].figure
 
 
 def test_runs_that_do_not_fit_the_budget_are_skipped(tmp_path):

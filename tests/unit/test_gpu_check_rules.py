@@ -51,6 +51,7 @@ def test_kernels_are_found_under_the_labels_that_launched_them():
     it, or one whose kernel never ran, does not; comm labels are not compute actions."""
     events = [_label("0F0", 100, 50), _launch(110, 7), KERNEL, _label("0B0", 200, 50), _launch(300, 7)]
     events += [_label("0B1", 400, 50), _launch(410, 99), _label("0SEND_F0", 500, 10)]
+    events.append({**_label("0F0", 140, 40), "cat": "gpu_user_annotation"})  # the GPU's copy of a range: not a label
     held, total, empty = profiler.kernels_under_labels(events)
     assert (held, total, empty) == (1, 3, ["PP:0B0", "PP:0B1"])
     assert profiler.judge_kernels({0: (held, total, empty)})[1] is False
@@ -60,7 +61,8 @@ def test_kernels_are_found_under_the_labels_that_launched_them():
 
 def test_profiler_steps_against_step_s():
     metrics = [{"step": 2, "ranks": [{"rank": 0, "step_s": 0.100}, {"rank": 1, "step_s": 0.200}]}]
-    events = [{"ph": "X", "name": "ProfilerStep#2", "ts": 0, "dur": 104_000}]
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#2", "ts": 0, "dur": 104_000}]
+    events.append({"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#2", "ts": 10, "dur": 50_000})
     errors = profiler.step_errors(events, metrics, 0)
     assert errors == {2: pytest.approx(0.04)}
     assert profiler.judge_steps({0: errors})[1] is True
