@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -154,6 +155,38 @@ def test_the_cuda_judges_read_real_run_files(cpu_check):
     out = nccl.judge(Machine("cuda", 2), stand_in)
     assert [r.verdict for r in out.rows] == ["FAIL", "FAIL", "PASS", "PASS"], out.rows  # gloo vs gloo; the bubble holds
     assert "(gloo vs gloo)" in out.rows[0].figure
+
+
+def test_a_failed_run_fails_its_check_with_the_runs_own_error(tmp_path):
+    """A GPU run on a machine without one: each run exits with ppx run's one line, which
+    becomes the check's figure."""
+    from ppx.gpucheck.orchestrate import run_checks
+
+    (res,) = run_checks(tmp_path, Machine("cuda", 1), 100, only=("timers",), echo=lambda line: None)
+    assert res.outcome.verdict == "FAIL" and [r.dir for r in res.runs] == [None, None]
+    why = "exit 2: ppx: error: runtime.device=cuda needs 1 GPUs on this node, found 0"
+    assert all(r.figure.startswith(f"run timers-1f1b failed: {why}") for r in res.outcome.rows)
+
+
+def test_a_run_past_the_budget_is_stopped_with_its_ranks(tmp_path):
+    """A two-rank run (torchrun and its ranks) that outlives the budget is ended, every process
+    of it, and says so."""
+    name = f"stopme-{tmp_path.name}"
+    keys = sizes.known_cost("1f1b", 2, 4, 1000.0, 1000.0, steps=20)
+    runner = Runner(tmp_path, Machine("cpu", 0, small=True), time.monotonic() + 12)
+    start = time.monotonic()
+    result = runner.run(RunSpec.of(name, keys, 1.0))
+    assert result.dir is None and result.why.startswith("stopped after 1"), result.why
+    assert time.monotonic() - start < 45
+    left = [c for c in Path("/proc").glob("[0-9]*/cmdline") if name in _read(c)]
+    assert left == [], [_read(c) for c in left]
+
+
+def _read(cmdline: Path) -> str:
+    try:
+        return cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:  # the process ended meanwhile
+        return ""
 
 
 def test_runs_that_do_not_fit_the_budget_are_skipped(tmp_path):
