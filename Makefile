@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ppx-installed
 
-.PHONY: setup run test lint format schedule keys clean-runs bench sweep compare tb sbatch
+.PHONY: setup run test lint format schedule keys clean-runs bench gpu-check sweep compare tb sbatch
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ clean-runs:
 # The benchmark matrix: ppx vs torch.distributed.pipelining, known-cost vs ideal, overheads.
 bench: $(STAMP)
 	$(PY) bench/run.py
+
+# Every CUDA path checked on this machine's GPUs, under 10 minutes on one H100: gpu-checks/<time>/gpu-check.md,
+# and the table in docs/benchmarks.md ("On a GPU"). Without CUDA: one line, nothing to check. ARGS="--only timers,nccl"
+gpu-check: $(STAMP)
+	$(VENV)/bin/ppx gpu-check --docs docs/benchmarks.md $(ARGS)
 
 # make sweep EXP=gpipe_4gpu SWEEP="pipeline.schedule=naive,gpipe,1f1b pipeline.microbatches=1,2,4,8,16"
 sweep: $(STAMP)

@@ -20,6 +20,7 @@ MODULES = {
     "sweep": "compare",
     "keys": "keys",
     "plan": "plan",
+    "gpu-check": "gpu_check",
 }
 
 
@@ -27,7 +28,8 @@ def _command(name: str):
     """The function of command ``name``, imported when called."""
 
     def call(args) -> int:
-        return getattr(importlib.import_module(f"ppx.commands.{MODULES[name]}"), f"cmd_{name}")(args)
+        module = importlib.import_module(f"ppx.commands.{MODULES[name]}")
+        return getattr(module, f"cmd_{name.replace('-', '_')}")(args)
 
     return call
 
@@ -119,6 +121,7 @@ def parser() -> argparse.ArgumentParser:
     swp.add_argument("--launcher", choices=["local", "slurm"], default="local", help="slurm: one sbatch job per point")
     swp.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="applied to every point")
     swp.set_defaults(fn=_command("sweep"))
+    _gpu_check_parser(sub)
     keys = sub.add_parser("keys", help="list every config key with its default and meaning")
     keys.add_argument("--markdown", action="store_true", help="as a markdown table (docs/config.md holds it)")
     keys.set_defaults(fn=_command("keys"))
@@ -186,6 +189,42 @@ def _plan_parser(sub) -> None:
     )
     pl.add_argument("--jobs", metavar="N", type=int, help="processes evaluating candidates (default min(2, CPUs))")
     pl.set_defaults(fn=_command("plan"))
+
+
+def _gpu_check_parser(sub) -> None:
+    gc = sub.add_parser(
+        "gpu-check",
+        help="check every CUDA path (timers, memory, profiler, bf16, overlap, NCCL, throughput) on this machine's GPUs",
+    )
+    gc.add_argument(
+        "--out", metavar="DIR", help="a new folder for gpu-check.md/.json and the runs (default gpu-checks/<UTC time>)"
+    )
+    gc.add_argument(
+        "--only",
+        metavar="a,b",
+        help="these checks only: timers, memory, saved, profiler, bf16, overlap, nccl, throughput",
+    )
+    gc.add_argument(
+        "--budget-s",
+        metavar="S",
+        type=float,
+        help="seconds the runs may take; runs that would not fit are skipped (default 540)",
+    )
+    gc.add_argument(
+        "--docs", metavar="FILE", help="also put the table, date and device between FILE's gpu-check markers"
+    )
+    gc.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the runs and their estimated seconds, check their configs; run nothing",
+    )
+    gc.add_argument(
+        "--gpus", metavar="N", type=int, help="with --dry-run: plan for N GPUs (default: this machine's, at least 1)"
+    )
+    gc.add_argument(
+        "--on-cpu", action="store_true", help=argparse.SUPPRESS
+    )  # tests: the whole machinery on CPU with gloo
+    gc.set_defaults(fn=_command("gpu-check"))
 
 
 def main(argv=None) -> int:

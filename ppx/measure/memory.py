@@ -12,7 +12,9 @@ only the stores until its W: after the I the microbatch holds those tensors inst
 step's compute-dtype copies of the weights (`ppx.engine.linears.StepWeights`) are weights, not
 activations, and are left out like the parameters. It
 reports per step the peak number of microbatches in flight on the rank, the peak of live
-saved-activation bytes, and the peak memory over the step, optimizer step included:
+saved-activation bytes, the bytes of the rank's parameters (``param_bytes``: what a memory
+model adds for weights, gradients and optimizer state), and the peak memory over the step,
+optimizer step included:
 ``torch.cuda.max_memory_allocated`` on GPU; on CPU the process's peak resident set (Linux's
 VmHWM, reset at each step's start through /proc/self/clear_refs; where that cannot be reset,
 the peak since the process started).
@@ -60,6 +62,11 @@ def _is_dtensor(t: torch.Tensor) -> bool:
     return isinstance(t, DTensor)
 
 
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """A parameter's own part: a sharded DTensor's local shard, else the parameter."""
+    return p.to_local() if _is_dtensor(p) else p
+
+
 class MemoryTracker:
     """Observer of one rank: ``modules`` are its stages' modules (their parameters are not
     activations), ``training`` whether backwards come, ``in_flight()`` the microbatches the
@@ -81,6 +88,7 @@ class MemoryTracker:
         self.modules = modules
         self.held_by_store, self.weight_copies = held_by_store, list(weight_copies)
         self._params = self._param_storages()
+        self.param_bytes = sum(_local(p).numel() * p.element_size() for m in modules.values() for p in m.parameters())
         # data parallel (torch's replicate / FSDP2): the parameters a forward uses are unsharded
         # copies made inside it, so their storages are looked up again during each forward
         self._unsharded = any(_is_dtensor(p) for mod in modules.values() for p in mod.parameters())
@@ -198,6 +206,7 @@ class MemoryTracker:
             "peak_inflight_microbatches": self.peak_inflight,
             "peak_activation_bytes": self.peak_bytes,
             "peak_memory_bytes": int(peak),
+            "param_bytes": self.param_bytes,
             "saved_bytes_per_microbatch": {str(s): b for s, b in sorted(self.per_microbatch.items())},
             **(
                 {"held_after_input_bytes": {str(s): b for s, b in sorted(self.after_input.items())}}

@@ -35,6 +35,7 @@ RANK_TIMES = (
 )
 RANK_PEAKS = ("peak_inflight_microbatches", "peak_activation_bytes", "peak_memory_bytes")
 PER_RANK = RANK_TIMES + RANK_PEAKS
+RANK_SIZES = ("param_bytes",)  # fixed for a run (not scalars): the summary keeps the largest
 
 
 def over_ideal(bubble_fraction: float | None) -> float | None:
@@ -103,7 +104,7 @@ def run_summary(steps: list[dict]) -> dict:
         for key in RANK_TIMES:
             if first.get(key) is not None:
                 row[key] = med(x[key] for x in rows)
-        for key in RANK_PEAKS:
+        for key in RANK_PEAKS + RANK_SIZES:
             if first.get(key) is not None:
                 row[key] = max(x[key] for x in rows)
         ranks.append(row)

@@ -3,7 +3,7 @@ lower one only (imports inside functions count; those under ``if TYPE_CHECKING:`
 no import cycle joins ppx modules at import time, and no file is longer than 400 lines.
 
 Layers, lowest first: ppx/__init__.py, ppx/errors.py and ppx/paths.py < schedules < models < config <
-measure < engine < report < plan < launch < commands < ppx/cli.py.
+measure < engine < report < plan < launch < gpucheck < commands < ppx/cli.py.
 
 Inside ppx/schedules/ the same rule holds between its rooms, lowest first: ir < families <
 comms < sim < placing < auto < the package's own modules (registry, csv_io, grid and
@@ -30,6 +30,7 @@ LAYERS = [
     ("report",),
     ("plan",),
     ("launch",),
+    ("gpucheck",),
     ("commands",),
     ("cli",),
 ]

@@ -26,3 +26,12 @@ def test_cpu_peak_memory_is_the_steps_own():
     tracker.begin_step(1)
     second = tracker.end_step(1)["peak_memory_bytes"]
     assert first - second > 200 * 2**20, (first, second)
+
+
+def test_param_bytes_are_the_ranks_parameters():
+    """Each step's record holds the bytes of the rank's parameters, every stage's, counted once
+    per parameter (a memory model adds them for weights, gradients and optimizer state)."""
+    stages = {0: torch.nn.Linear(10, 5), 3: torch.nn.Linear(5, 2, bias=False)}
+    tracker = MemoryTracker(stages, True, lambda: 0, torch.device("cpu"))
+    tracker.begin_step(0)
+    assert tracker.end_step(0)["param_bytes"] == ((10 * 5 + 5) + 5 * 2) * 4
