@@ -15,7 +15,7 @@ STAMP := $(VENV)/.ppx-installed
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)"
-	$(PY) -m pip install -e ".[test]"
+	$(PY) -m pip install -e ".[test,hf]"
 	@touch $(STAMP)
 
 setup: $(STAMP)

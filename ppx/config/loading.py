@@ -1,4 +1,5 @@
-"""Loading a config: defaults, then a model preset's keys (``model.preset``), then an
+"""Loading a config: defaults, then a model preset's keys (``model.preset``, or the shapes a
+loaded kind reads from its source: `ppx.models.shape_defaults`), then an
 experiment YAML (a name in experiments/ or a path), then ``key=value`` overrides. Unknown keys and wrong types are rejected in one line; the
 cross-field rules (`ppx.config.rules.check`) run last."""
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ppx import models
 from ppx.config.rules import check
 from ppx.config.schema import Config
 from ppx.errors import UserError
@@ -86,6 +88,8 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
         conf = _layers(None, loaded, overrides)
         if conf.model.preset is not None:
             conf = _with_preset(conf, loaded, overrides)
+        elif conf.model.kind in models.LOADED:  # the shapes of what it loads, under the experiment's keys
+            conf = _layers(models.shape_defaults(conf.model), loaded, overrides)
         cfg: Config = OmegaConf.to_object(conf)
     except OmegaConfBaseException as e:
         raise UserError(_one_line(e)) from None

@@ -4,7 +4,7 @@ named is always the same."""
 
 from __future__ import annotations
 
-from ppx import schedules
+from ppx import models, schedules
 from ppx.config.fault_spec import parse_fault
 from ppx.config.resolve import resolve_schedule
 from ppx.config.schema import Config
@@ -100,6 +100,7 @@ def check_model(cfg: Config) -> None:
             raise UserError("model.seq_len and model.vocab_size must be >= 2")
     if m.kind == "llama":
         check_llama(m)
+    models.check(cfg)  # a loaded kind's own (model.kind=hf, module)
 
 
 def check_llama(m) -> None:
@@ -135,9 +136,13 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
     stage_costs_ms(m, sched.num_stages if m.kind == "synthetic" else None, p.layers_per_stage)
     split_layers(m.layers, sched.num_stages, p.layers_per_stage, models.extra_units(m.kind))
     if p.split == "tracer" and m.kind not in models.TRACEABLE:
+        why = {
+            "synthetic": "its stages sleep inside a custom autograd Function",
+            "hf": "ppx splits a Hugging Face model by its own units",
+        }.get(m.kind, "it names no split points")
         raise UserError(
-            f"pipeline.split=tracer cannot trace model.kind={m.kind} (its stages sleep inside a custom "
-            f"autograd Function); use {' or '.join(models.TRACEABLE)}, or pipeline.split=layers"
+            f"pipeline.split=tracer cannot trace model.kind={m.kind} ({why}); use "
+            f"{' or '.join(models.TRACEABLE)}, or pipeline.split=layers"
         )
 
 

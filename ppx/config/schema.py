@@ -5,7 +5,7 @@ metadata (`describe` lists them all; docs/config.md is generated from it). Loadi
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, List, Literal, Optional
+from typing import Any, Dict, List, Literal, Optional
 
 from ppx.models import kinds_help
 from ppx.schedules.registry import names_help
@@ -14,6 +14,8 @@ from ppx.schedules.registry import names_help
 def _f(default: Any, help: str, **kw):
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={"help": help}, **kw)
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata={"help": help}, **kw)
     return field(default=default, metadata={"help": help}, **kw)
 
 
@@ -106,6 +108,49 @@ class ModelConfig:
         0.0,
         "synthetic: weight-gradient time per microbatch in ms of a stage (or of a layer: model.cost_per); a full "
         "backward costs bwd_ms + wgrad_ms, split or not",
+    )
+    hf_config: Optional[str] = _f(
+        None,
+        "hf: the Hugging Face model's config: a model type transformers knows (llama, qwen2, mistral, gpt2, ...: its "
+        "default config), a config.json, a folder holding one, or a hub id already in the local Hugging Face cache "
+        "(nothing is downloaded); its num_hidden_layers, hidden_size, num_attention_heads and vocab_size fill "
+        "model.layers, hidden, heads and vocab_size unless the experiment or command line sets them (those win)",
+    )
+    hf_overrides: Dict[str, Any] = _f(
+        {},
+        "hf: keys of the Hugging Face config set on top of it, e.g. {intermediate_size: 128, num_key_value_heads: 2, "
+        "tie_word_embeddings: true, resid_pdrop: 0.0}",
+    )
+    module: Optional[str] = _f(
+        None,
+        "module: your model, 'package.module:function'; the function takes this model section (read your own keys "
+        "from model.args) and returns an nn.Module whose forward calls its units (model.units) in turn",
+    )
+    args: Dict[str, Any] = _f({}, "module: your model function's own keys (any), as model.args")
+    units: Optional[List[str]] = _f(
+        None,
+        "module: the submodules (dotted names) your model's forward calls in turn, the split's units: a ModuleList "
+        "or Sequential name stands for its children; null: the model's own children, if it is an nn.Sequential; "
+        "model.layers is set to their number",
+    )
+    split_points: Optional[List[str]] = _f(
+        None,
+        "module: the units where stages 1, 2, ... begin (torch.distributed.pipelining's SplitPoint.BEGINNING), one "
+        "per stage after the first; instead of pipeline.layers_per_stage",
+    )
+    data: Literal["tokens", "regression"] = _f(
+        "tokens",
+        "module: ppx's data and loss when model.batch_fn / model.loss_fn are not given: tokens (token walks of "
+        "model.seq_len over model.vocab_size, next-token cross-entropy) | regression (x ~ N(0, 1) of model.hidden "
+        "features, targets tanh(x T), MSE)",
+    )
+    batch_fn: Optional[str] = _f(
+        None,
+        "module: 'package.module:function' (model section, seed, batch_size, step) -> (inputs, targets), the same "
+        "for a seed on every run; null: model.data's",
+    )
+    loss_fn: Optional[str] = _f(
+        None, "module: 'package.module:function' (output, target) -> a scalar loss (a mean); null: model.data's"
     )
     cost_per: Literal["stage", "layer"] = _f(
         "stage",

@@ -20,6 +20,7 @@ from ppx.engine.recompute import Recompute
 from ppx.engine.runtime import Runtime
 from ppx.engine.split_setup import SampleMicrobatch, set_up_split
 from ppx.engine.stage import StageRunner
+from ppx.engine.tied import TiedGrads
 from ppx.models.action_clock import ActionClock
 from ppx.models.costs import recompute_modes
 from ppx.models.split import split_layers
@@ -106,6 +107,7 @@ class RankPipeline(StageShare):
     data_parallel: DataParallel | None = None  # parallel.data > 1: this replica's place and the reduction
     precision: Precision | None = None  # train.dtype: autocast, boundary dtype, fp16 loss scaling
     split_backward: dict | None = None  # stage -> how its split backward gets its weight gradients
+    tied: TiedGrads | None = None  # weights tied across stages: their gradients summed each step
 
     @property
     def observers(self) -> list:
@@ -147,7 +149,10 @@ class RankPipeline(StageShare):
             self.data_parallel.begin_step()
         for runner in self.runtime.stages.values():
             runner.new_step()
-        return self.runtime.step(step, xs, ys)
+        loss = self.runtime.step(step, xs, ys)
+        if self.tied is not None:  # after the replicas' reductions: the tied copies' sum
+            self.tied.sync(self.modules)
+        return loss
 
 
 def build_rank(
@@ -204,6 +209,8 @@ def build_rank(
         reduce_grads=None if data_parallel is None else data_parallel.reduce,
         global_ranks=None if data_parallel is None else data_parallel.layout.pipeline_ranks,
     )
+    layout = data_parallel.layout if data_parallel is not None else None
+    tied = TiedGrads.build(cfg, kind, schedule, rank, modules, layout) if schedule.training else None
     return RankPipeline(
-        cfg, schedule, rank, torch.device(device), kind, modules, runtime, data_parallel, precision, split_report
+        cfg, schedule, rank, torch.device(device), kind, modules, runtime, data_parallel, precision, split_report, tied
     )

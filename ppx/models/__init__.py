@@ -14,13 +14,19 @@ KINDS = {
     "transformer": "GPT-style decoder, cross-entropy",
     "synthetic": "known costs per stage or per layer",
     "llama": "Llama-style decoder: RMSNorm, GQA + RoPE, SwiGLU; model.preset",
+    "hf": "a Hugging Face causal LM from its config: model.hf_config",
+    "module": "your own nn.Module by import path: model.module, model.units",
 }
 # the kinds that name their blocks (``block_name``) for pipeline.split=tracer
-TRACEABLE = ("mlp", "transformer", "llama")
+TRACEABLE = ("mlp", "transformer", "llama", "module")
 # split units a kind has beside its model.layers blocks (default 0): llama's embedding (the
 # first unit) and head (the last) are split like blocks, so pipeline.layers_per_stage sums to
 # model.layers + 2 and build_stage gets a range of units
-EXTRA_UNITS = {"llama": 2}
+EXTRA_UNITS = {"llama": 2, "hf": 2}
+# kinds whose keys are read from what they load (torch-free modules of this package, imported
+# only for those kinds): ``shape_defaults(model)`` gives model keys under the experiment's (as
+# a preset does) and ``check(cfg)`` checks the config before any process starts
+LOADED = {"hf": "hf_config", "module": "module_spec"}
 
 
 def extra_units(name: str) -> int:
@@ -38,3 +44,16 @@ def kind(name: str) -> ModelKind:
     if name not in KINDS:
         raise UserError(f"unknown model.kind {name!r}; choose from {', '.join(KINDS)}")
     return importlib.import_module(f"ppx.models.{name}")
+
+
+def shape_defaults(model) -> dict:
+    """Model keys a kind reads from what it loads (``LOADED``), set under the experiment's."""
+    if model.kind not in LOADED:
+        return {}
+    return importlib.import_module(f"ppx.models.{LOADED[model.kind]}").shape_defaults(model)
+
+
+def check(cfg) -> None:
+    """A loaded kind's own checks (``LOADED``), one line each, before any process starts."""
+    if cfg.model.kind in LOADED:
+        importlib.import_module(f"ppx.models.{LOADED[cfg.model.kind]}").check(cfg)

@@ -1,0 +1,176 @@
+"""A Hugging Face model's config for ``model.kind=hf``, offline: from a model type
+(``llama``, ``qwen2``, ``mistral``, ``gpt2``, ...: transformers' defaults), a ``config.json``, a
+folder holding one, or a hub id already in the local Hugging Face cache. Nothing is downloaded:
+ppx sets ``HF_HUB_OFFLINE`` and ``TRANSFORMERS_OFFLINE`` before transformers is imported.
+
+``model.hf_overrides`` sets config keys on top, and ppx's own shape keys map onto the config's:
+``model.layers`` -> ``num_hidden_layers``, ``model.hidden`` -> ``hidden_size``, ``model.heads`` ->
+``num_attention_heads``, ``model.vocab_size`` -> ``vocab_size`` (GPT-2's n_layer, n_embd and
+n_head through its attribute map). The config's own values fill those ppx keys first (as a
+preset does), so keys given in the experiment or on the command line win."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+from ppx.errors import UserError
+
+SHAPE_KEYS = {  # ppx's model key -> the Hugging Face config's
+    "layers": "num_hidden_layers",
+    "hidden": "hidden_size",
+    "heads": "num_attention_heads",
+    "vocab_size": "vocab_size",
+}
+INSTALL = "model.kind=hf needs Hugging Face transformers: pip install 'ppx[hf]' (or pip install transformers)"
+
+
+def transformers():
+    """The transformers module, offline; one line when it is not installed."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        import transformers as tf
+    except ImportError:
+        raise UserError(INSTALL) from None
+    return tf
+
+
+def _base(source: str):
+    """The config ``source`` names, before any override."""
+    tf = transformers()
+    path = Path(source).expanduser()
+    if path.is_file() or path.is_dir():
+        folder = path if path.is_dir() else path.parent
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise UserError(f"model.hf_config {source}: the folder holds no config.json")
+        try:
+            data = json.loads((path if path.is_file() else path / "config.json").read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise UserError(f"model.hf_config {source}: not a readable config.json ({e})") from None
+        kind = data.get("model_type")
+        if kind not in tf.CONFIG_MAPPING:
+            raise UserError(f"model.hf_config {source}: model_type {kind!r} is not one transformers knows")
+        return tf.CONFIG_MAPPING[kind].from_dict({k: v for k, v in data.items() if k != "model_type"}), str(folder)
+    if source.endswith(".json") or source.startswith((".", "/", "~")) or source.count("/") > 1:
+        raise UserError(f"model.hf_config {source} does not exist")
+    if source in tf.CONFIG_MAPPING:  # a model type: transformers' default config of it
+        return tf.CONFIG_MAPPING[source](), None
+    try:  # a hub id, from the local cache only
+        return tf.AutoConfig.from_pretrained(source, local_files_only=True), None
+    except Exception:
+        raise UserError(
+            f"model.hf_config {source!r} is not a path, a model type transformers knows, or a hub id in the "
+            "local Hugging Face cache (ppx never downloads; put its config.json in a folder and give the path)"
+        ) from None
+
+
+def _heads(config) -> int | None:
+    return getattr(config, "num_attention_heads", None)
+
+
+def _key(config, ours: str) -> str:
+    name = SHAPE_KEYS[ours]
+    return config.attribute_map.get(name, name)
+
+
+@functools.lru_cache(maxsize=16)
+def _resolved(source: str, overrides: str, shapes: str):
+    """The config with ``overrides`` (a JSON object) and ``shapes`` (ppx's shape keys, JSON)
+    applied; a new config object built from them, so derived keys (head_dim) follow."""
+    base, _ = _base(source)
+    data = base.to_dict()
+    given = json.loads(overrides)
+    for ours, value in json.loads(shapes).items():
+        data[_key(base, ours)] = value
+    shape = json.loads(shapes)
+    if "head_dim" not in given and (shape.get("hidden") != base.hidden_size or shape.get("heads") != _heads(base)):
+        data.pop("head_dim", None)  # derived from hidden / heads unless set
+    if "layer_types" not in given and shape.get("layers") != base.num_hidden_layers:
+        data.pop("layer_types", None)  # one per layer: derived again for the new count unless set
+    translated = {k: _translates(base, k, v) for k, v in given.items() if k not in data and k not in base.attribute_map}
+    unknown = [k for k, sets in translated.items() if not sets]
+    if unknown:
+        hint = ""
+        if any(":" in k and given[k] is None for k in unknown):  # YAML read {key:1} as one key
+            hint = " (write {key: value} with a space after the colon, or model.hf_overrides.key=value)"
+        raise UserError(f"model.hf_overrides: {', '.join(unknown)} is not a key of {type(base).__name__}{hint}")
+    for sets in translated.values():  # a legacy name's value wins over the keys it sets
+        for k in sets:
+            data.pop(k, None)
+    data.update({base.attribute_map.get(k, k): v for k, v in given.items()})
+    data.pop("model_type", None)
+    vocab = data.get(_key(base, "vocab_size"))
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):  # beyond a vocabulary made smaller
+        if key not in given and isinstance(data.get(key), int) and isinstance(vocab, int) and data[key] >= vocab:
+            data[key] = None
+    try:
+        return type(base)(**data)
+    except Exception as e:
+        raise UserError(f"model.hf_config with those keys: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+
+
+def _translates(base, key: str, value) -> set[str]:
+    """The config's keys a key it does not list sets (a legacy name it translates, as Llama's
+    ``rope_theta`` into ``rope_parameters``); none for a typo, which only adds itself."""
+    try:
+        plain, made = type(base)().to_dict(), type(base)(**{key: value}).to_dict()
+    except Exception:
+        return set()
+    return {k for k in made if k != key and made[k] != plain.get(k)}
+
+
+def resolve(model):
+    """``model``'s (the config's model section) Hugging Face config, shape keys applied."""
+    if not model.hf_config:
+        raise UserError("model.kind=hf needs model.hf_config (a model type, a config.json or folder, or a hub id)")
+    overrides = json.dumps(dict(model.hf_overrides or {}), sort_keys=True)
+    shapes = json.dumps({k: getattr(model, k) for k in SHAPE_KEYS}, sort_keys=True)
+    return _resolved(model.hf_config, overrides, shapes)
+
+
+def shape_defaults(model) -> dict:
+    """ppx's shape keys as the config (with ``model.hf_overrides``) has them: the defaults
+    under the experiment's keys, as a preset's are."""
+    if not model.hf_config:
+        return {}
+    base, _ = _base(model.hf_config)
+    given = dict(model.hf_overrides or {})
+    out = {}
+    for ours, name in SHAPE_KEYS.items():
+        value = given.get(name, given.get(base.attribute_map.get(name, name), getattr(base, name, None)))
+        if value is not None:
+            out[ours] = value
+    return out
+
+
+def check(cfg) -> None:
+    """Before any process starts: the config resolves, ppx can split its architecture, the
+    sequence fits its positions, and tied weights sit where ppx sums their gradients."""
+    from ppx.models import hf, hf_parts, hf_verify
+    from ppx.schedules import registry
+
+    config = resolve(cfg.model)
+    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if heads and kv and heads % kv:
+        raise UserError(
+            f"model.heads={heads} is not a multiple of the config's num_key_value_heads={kv}: set "
+            "model.hf_overrides={num_key_value_heads: ...} to one that divides it"
+        )
+    if heads and config.hidden_size % heads and "head_dim" not in (cfg.model.hf_overrides or {}):
+        raise UserError(f"model.hidden={config.hidden_size} is not divisible by model.heads={heads}")
+    hf_parts.find(hf.meta_model(config), config.num_hidden_layers)
+    hf_verify.check(config)  # the wrapper computes what transformers' own forward does
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is not None and cfg.model.seq_len > limit:
+        raise UserError(f"model.seq_len={cfg.model.seq_len} is more than the config's {limit} positions")
+    if getattr(config, "tie_word_embeddings", False) and registry.runs_on_torch(
+        cfg.pipeline.schedule, cfg.pipeline.executor
+    ):
+        raise UserError(
+            "model.kind=hf with tied embeddings: torch's executor does not sum the two stages' gradients; "
+            "use ppx's runtime, or model.hf_overrides={tie_word_embeddings: false}"
+        )

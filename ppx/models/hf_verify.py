@@ -1,0 +1,85 @@
+"""Before any process starts: ppx's stage wrapper computes what transformers' own model does.
+
+An architecture ppx finds the parts of (`ppx.models.hf_parts`) may still do something in its
+own forward that the wrapper does not (a logit scale, ALiBi biases, an embedding multiplier):
+its split would train a different model, silently. So every ``model.kind=hf`` run first builds
+a small copy of its architecture (2 layers, hidden 32, 4 heads, vocabulary 64; the config's
+other keys as given), once with ppx's wrapper and once as transformers' AutoModelForCausalLM
+with the same weights, and compares their logits on a few tokens: an architecture whose logits
+differ, or that the wrapper cannot run, is refused in one line. About 0.1 s."""
+
+from __future__ import annotations
+
+import torch
+
+from ppx.errors import UserError
+
+SMALL = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "vocab_size": 64}
+SHRUNK = ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size", "ffn_hidden_size")
+TOKENS = 8  # positions the check runs
+
+
+def small_copy(config):
+    """``config``'s architecture at a small size (its other keys kept)."""
+    data = {k: v for k, v in config.to_dict().items() if k != "model_type"}
+    data.update(SMALL)
+    if "n_inner" in data:  # GPT-2's MLP width (None: 4 x hidden)
+        data["n_inner"] = None
+    for key in SHRUNK:
+        if isinstance(data.get(key), int):
+            data[key] = 64
+    if isinstance(data.get("num_key_value_heads"), int):
+        data["num_key_value_heads"] = 2 if config.num_key_value_heads < config.num_attention_heads else 4
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if isinstance(data.get(key), int) and data[key] > 4:
+            data[key] = 4
+    if isinstance(data.get("num_experts_per_tok"), int):
+        data["num_experts_per_tok"] = min(data["num_experts_per_tok"], 2)
+    if data.get("head_dim") is not None:
+        data["head_dim"] = 8
+    if isinstance(data.get("layer_types"), list):
+        data["layer_types"] = data["layer_types"][:2]
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if isinstance(data.get(key), int) and data[key] >= SMALL["vocab_size"]:
+            data[key] = None
+    return type(config)(**data)
+
+
+def check(config) -> None:
+    """UserError in one line unless the wrapper's logits equal transformers' on a small copy."""
+    from ppx.models import hf, hf_config
+
+    tf = hf_config.transformers()
+    arch = tf.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].__name__
+
+    def refuse(why: str) -> UserError:
+        return UserError(f"model.kind=hf: ppx cannot split {arch}: {why} (model.kind=module splits any nn.Module)")
+
+    try:
+        small = small_copy(config)
+    except Exception as e:
+        raise refuse(f"no small copy of it to check: {type(e).__name__}: {_first(e)}") from None
+    n = small.num_hidden_layers
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        try:
+            ours = hf.HFStage(small, 0, range(n + 2)).eval()
+            theirs = tf.AutoModelForCausalLM.from_config(small).eval()
+            missing, unexpected = theirs.load_state_dict(ours.state_dict(), strict=False)
+            tokens = torch.randint(0, SMALL["vocab_size"], (2, TOKENS))
+            with torch.no_grad():
+                got, want = ours(tokens), theirs(tokens).logits
+        except UserError:
+            raise
+        except Exception as e:
+            raise refuse(f"its layers do not run in ppx's stage wrapper: {type(e).__name__}: {_first(e)}") from None
+    if unexpected or set(missing) - {f"{ours.names.head_name}.weight"}:
+        raise refuse(f"its weights are not the stages' ({', '.join((unexpected or missing)[:3])})")
+    if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+        diff = (got - want).abs().max().item() if got.shape == want.shape else float("nan")
+        raise refuse(f"its own forward does more than its parts (logits differ by up to {diff:.3g} on a small copy)")
+
+
+def _first(e: Exception) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:200] if lines else ""

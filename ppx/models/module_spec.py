@@ -1,0 +1,163 @@
+"""``model.kind=module``: your own nn.Module by import path, and how it splits, checked before
+any process starts (imports torch: only for this kind).
+
+``model.module=package.module:function`` names a function that takes the config's model
+section and returns the model. Its units (``model.units``: dotted submodule names; a ModuleList
+or Sequential stands for its children; none given: an nn.Sequential's own children) are what
+its forward calls in turn: the split puts whole units on stages, and every parameter must
+belong to exactly one unit, or be shared by units on purpose (a tied weight: its copies'
+gradients are summed across stages, `ppx.engine.tied`). ``model.split_points`` names the units
+where stages begin instead of ``pipeline.layers_per_stage``."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from ppx.errors import UserError
+
+
+def load_function(path: str, key: str = "model.module") -> Callable:
+    """The function ``package.module:function`` names (the current directory importable)."""
+    if not path or path.count(":") != 1 or not all(path.split(":")):
+        raise UserError(f"{key}={path!r} must look like package.module:function")
+    name, attr = path.split(":")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        mod = importlib.import_module(name)
+    except Exception as e:
+        raise UserError(f"{key}={path}: cannot import {name}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    fn = getattr(mod, attr, None)
+    if not callable(fn):
+        raise UserError(f"{key}={path}: {name} has no function {attr}")
+    return fn
+
+
+def build(model):
+    """The user's model (the config's model section in, an nn.Module out)."""
+    from torch import nn
+
+    fn = load_function(model.module)
+    try:
+        got = fn(model)
+    except UserError:
+        raise
+    except Exception as e:
+        raise UserError(f"model.module={model.module} raised {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    if not isinstance(got, nn.Module):
+        raise UserError(f"model.module={model.module} returned {type(got).__name__}, not an nn.Module")
+    return got
+
+
+def units(model, module) -> list[str]:
+    """The unit names of ``module`` (``model.units`` expanded), checked: each a submodule, none
+    inside another, every parameter in one (or shared between units: tied)."""
+    from torch import nn
+
+    given = list(model.units) if model.units else None
+    if given is None:
+        if not isinstance(module, nn.Sequential):
+            raise UserError(
+                f"model.units: {type(module).__name__} is not an nn.Sequential; name the submodules its forward "
+                "calls in turn (e.g. model.units=[embed,blocks,head])"
+            )
+        given = [n for n, _ in module.named_children()]
+    subs = dict(module.named_modules())
+    names = []
+    for name in given:
+        if name not in subs or not name:
+            raise UserError(f"model.units: {name!r} is not a submodule of {type(module).__name__}")
+        m = subs[name]
+        if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m):
+            names += [f"{name}.{child}" for child, _ in m.named_children()]
+        else:
+            names.append(name)
+    for a in names:
+        inner = [b for b in names if b != a and b.startswith(a + ".")]
+        if inner or names.count(a) > 1:
+            raise UserError(f"model.units: {a} is named twice or holds {inner[0] if inner else a}")
+    owner = {}
+    for k, name in enumerate(names):
+        for p in subs[name].parameters():
+            owner.setdefault(id(p), []).append(k)
+    loose = [n for n, p in module.named_parameters() if id(p) not in owner]
+    if loose:
+        raise UserError(f"model.units do not cover the module: {', '.join(loose[:3])} belong to no unit")
+    return names
+
+
+def described(model) -> tuple:
+    """(the model built on the meta device, its unit names): what the checks and the split read."""
+    import torch
+
+    with torch.device("meta"):
+        module = build(model)
+    return module, units(model, module)
+
+
+def shape_defaults(model) -> dict:
+    """model.layers: the number of units (the split counts units as layers)."""
+    if not model.module:
+        return {}
+    _, names = described(model)
+    return {"layers": len(names)}
+
+
+def check(cfg) -> None:
+    """The module imports and builds, its units cover it, model.layers is their count, and
+    model.split_points (if given) become pipeline.layers_per_stage."""
+    from ppx.schedules import registry
+
+    m, p = cfg.model, cfg.pipeline
+    if not m.module:
+        raise UserError("model.kind=module needs model.module (package.module:function)")
+    for key in ("batch_fn", "loss_fn"):
+        if getattr(m, key):
+            load_function(getattr(m, key), f"model.{key}")
+    _, names = described(m)
+    if m.layers != len(names):
+        raise UserError(f"model.layers={m.layers} but model.units are {len(names)}: leave model.layers out")
+    stages = p.stages * (p.virtual_stages or registry.default_virtual(p.schedule))
+    if stages > len(names):
+        raise UserError(
+            f"{stages} stages but the module has {len(names)} units ({', '.join(names)}): every stage needs at "
+            "least one; name smaller units in model.units, or use fewer stages"
+        )
+    if m.split_points:
+        if p.layers_per_stage is not None:
+            raise UserError("give model.split_points or pipeline.layers_per_stage, not both")
+        missing = [s for s in m.split_points if s not in names]
+        if missing:
+            raise UserError(f"model.split_points: {missing[0]!r} is not a unit (units: {', '.join(names)})")
+        starts = [names.index(s) for s in m.split_points]
+        if len(starts) != stages - 1 or starts != sorted(set(starts)) or starts[0] == 0:
+            raise UserError(
+                f"model.split_points: {len(starts)} points for {stages} stages; give {stages - 1} units in forward "
+                "order, the first stage beginning at the first unit"
+            )
+        bounds = [0, *starts, len(names)]
+        p.layers_per_stage = [b - a for a, b in zip(bounds, bounds[1:])]
+    tied = [n for n, k in shared(m) if len(k) > 1]
+    if tied and registry.runs_on_torch(p.schedule, p.executor):
+        raise UserError(f"model.module: {tied[0]} is shared by several units; torch's executor does not sum its copies")
+    if tied and p.split == "tracer":
+        raise UserError(
+            f"model.module: {tied[0]} is shared by several units; torch's tracer split gives each stage its own "
+            "copy with no sum of their gradients: use pipeline.split=layers"
+        )
+
+
+def shared(model) -> list[tuple[str, list[int]]]:
+    """Each parameter's name and the units that hold it."""
+    module, names = described(model)
+    subs = dict(module.named_modules())
+    where: dict[int, tuple[str, list[int]]] = {}
+    for k, name in enumerate(names):
+        for pname, param in subs[name].named_parameters():
+            got = where.setdefault(id(param), (f"{name}.{pname}", []))
+            if k not in got[1]:
+                got[1].append(k)
+    return list(where.values())

@@ -1,0 +1,178 @@
+"""Your own model under every schedule (issue "Your own model"): each Hugging Face architecture
+ppx splits (Llama, Qwen2, Mistral with a sliding window shorter than the sequence, GPT-2 with its
+tied embedding) and a user's module by import path (examples/tiny_gpt.py, tied too), after one
+pipelined step on real gloo processes, give the unsplit model's loss and every parameter's
+gradient, by name: fp32 as tests/dist/test_gradients.py holds the built-in models (rtol 1e-5),
+bf16 within tests/dist/test_precision.py's 3e-2; every training schedule at p=2, 1F1B, ZB-H1
+and interleaved at p=4; with train.recompute=full; and with parallel.data=2 (replicate, and
+FSDP2 for one architecture)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from helpers import REPO, free_port
+from ppx import config, models
+from ppx.config import resolve_schedule
+from ppx.engine.data_parallel import Layout
+from ppx.engine.loop import build_share
+from ppx.engine.rank import build_reference
+from ppx.schedules import registry
+
+pytest.importorskip("transformers")
+
+SMALL = ["model.hidden=32", "model.heads=4", "model.vocab_size=64", "model.seq_len=16"]
+MODELS = {
+    "llama": ["model.kind=hf", "model.hf_config=llama", "model.hf_overrides={intermediate_size: 64, num_key_value_heads: 2}"],
+    "qwen2": ["model.kind=hf", "model.hf_config=qwen2", "model.hf_overrides={intermediate_size: 64, num_key_value_heads: 2}"],
+    # a window shorter than the sequence: the sliding mask is not the causal one
+    "mistral": ["model.kind=hf", "model.hf_config=mistral", "model.hf_overrides={intermediate_size: 64, num_key_value_heads: 2, sliding_window: 6}"],
+    "gpt2": ["model.kind=hf", "model.hf_config=gpt2", "model.hf_overrides={resid_pdrop: 0.0, embd_pdrop: 0.0, attn_pdrop: 0.0}"],
+    "module": ["model.kind=module", "model.module=examples.tiny_gpt:build", "model.units=[embed,blocks,head]"],
+}
+TRAINING = [n for n in registry.FAMILIES if n != "forward_only"]
+EIGHT = {"zb_h2", "zbv", "dualpipev"}  # microbatches 8 (dualpipev needs m >= 2p)
+
+
+def overrides(model: str, sched: str, p: int, *extra: str) -> list[str]:
+    v = registry.default_virtual(sched)
+    depth = 6 if p * v > 4 else 4  # units = depth + 2: every stage gets one
+    size = [f"model.layers={depth}"] if model != "module" else [f"model.args={{depth: {depth}, width: 32, heads: 4}}"]
+    m = 8 if sched in EIGHT else 4
+    return MODELS[model] + SMALL + size + [
+        f"pipeline.schedule={sched}",
+        f"pipeline.stages={p}",
+        f"pipeline.microbatches={m}",
+        "train.batch_size=8",
+        "train.seed=3",
+        *extra,
+    ]
+
+
+def cases(p: int) -> dict[str, list[str]]:
+    if p == 2:
+        out = {f"{mo}-{s}": overrides(mo, s, 2) for mo in MODELS for s in TRAINING}
+        out |= {f"{mo}-zb_h1-recompute_full": overrides(mo, "zb_h1", 2, "train.recompute=full") for mo in MODELS}
+        out |= {f"{mo}-zbv-bf16": overrides(mo, "zbv", 2, "train.dtype=bf16") for mo in MODELS}
+        return out
+    return {f"{mo}-{s}-p4": overrides(mo, s, 4) for mo in MODELS for s in ("1f1b", "zb_h1", "interleaved_1f1b")}
+
+
+DP = {f"{mo}-zb_h1-dp2": overrides(mo, "zb_h1", 2, "parallel.data=2") for mo in MODELS}
+DP["gpt2-1f1b-dp2-shard"] = overrides("gpt2", "1f1b", 2, "parallel.data=2", "parallel.data_shard=true")
+
+
+def _local(t):
+    return None if t is None else (t.to_local() if hasattr(t, "to_local") else t).clone()
+
+
+def _worker(rank: int, world: int, port: int, out: str, which: str) -> None:
+    import os
+
+    os.chdir(REPO)  # examples.tiny_gpt imports from the checkout's root
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    )
+    try:
+        todo = DP if which == "dp" else cases(world)
+        for name, o in todo.items():
+            cfg = config.load(None, o)
+            layout = Layout(cfg.pipeline.stages, cfg.parallel.data, rank)
+            pipe = build_share(cfg, resolve_schedule(cfg), layout, torch.device("cpu"), "gloo", [])
+            loss = pipe.step(0)
+            grads = {s: {n: _local(q.grad) for n, q in mod.named_parameters()} for s, mod in pipe.modules.items()}
+            torch.save({"loss": loss, "grads": grads, "replica": layout.dp_rank}, Path(out) / f"{name}.rank{rank}.pt")
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def pipelined(tmp_path_factory):
+    """("p2" | "p4" | "dp") -> the folder of every case's saved loss and gradients."""
+    done: dict = {}
+
+    def get(which: str) -> Path:
+        if which not in done:
+            out = tmp_path_factory.mktemp(f"own_{which}")
+            world = {"p2": 2, "p4": 4, "dp": 4}[which]
+            try:
+                mp.spawn(_worker, args=(world, free_port(), str(out), which), nprocs=world, join=True)
+                done[which] = out
+            except Exception as e:
+                done[which] = e
+        if isinstance(done[which], BaseException):
+            raise RuntimeError(f"the {which} job failed") from done[which]
+        return done[which]
+
+    return get
+
+
+def reference(o: list[str]):
+    """Loss and gradients by name (tied names included) of the unsplit model, one process."""
+    o = [x for x in o if not x.startswith(("pipeline.", "parallel."))]
+    cfg = config.load(None, o)
+    model = build_reference(cfg)
+    kind = models.kind(cfg.model.kind)
+    x, y = kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, 0)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train.dtype == "bf16"):
+        loss = kind.loss(model(x), y)
+    loss.backward()
+    return loss.item(), {n: q.grad for n, q in model.named_parameters(remove_duplicate=False)}
+
+
+def rel_err(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
+
+
+def check(parts: list[dict], name: str, o: list[str], replicas: int = 1) -> None:
+    ref_loss, ref = reference(o)
+    bf16 = "bf16" in name
+    losses = [x["loss"] for x in parts if x["loss"] is not None]
+    assert len(losses) == replicas, "each replica's last rank reports the loss"
+    assert sum(losses) / replicas == pytest.approx(ref_loss, rel=3e-2 if bf16 else 1e-6)
+    shard = name.endswith("shard")
+    for d in range(replicas):
+        grads = {n: g for x in parts if x["replica"] == d for stage in x["grads"].values() for n, g in stage.items()}
+        assert set(grads) <= set(ref) and {n for n in ref if ref[n] is not None} <= set(grads) | _tied_aliases(ref)
+        for n, g in grads.items():
+            want = ref[n].chunk(replicas)[d] if shard else ref[n]
+            assert g is not None and g.shape == want.shape, n
+            if bf16:
+                assert rel_err(g, want) <= 3e-2, f"{n}: relative error {rel_err(g, want):.2e}"
+            else:
+                torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def _tied_aliases(ref: dict) -> set[str]:
+    """Names of a tied parameter the pipelined stages need not all hold (each is one tensor)."""
+    seen: dict[int, list[str]] = {}
+    for n, g in ref.items():
+        if g is not None:
+            seen.setdefault(id(g), []).append(n)
+    return {n for names in seen.values() if len(names) > 1 for n in names}
+
+
+@pytest.mark.parametrize("name", list(cases(2)))
+def test_every_schedule_at_p2_gives_the_unsplit_models_gradients(pipelined, name):
+    out = pipelined("p2")
+    check([torch.load(out / f"{name}.rank{r}.pt") for r in range(2)], name, cases(2)[name])
+
+
+@pytest.mark.parametrize("name", list(cases(4)))
+def test_p4_gives_the_unsplit_models_gradients(pipelined, name):
+    out = pipelined("p4")
+    check([torch.load(out / f"{name}.rank{r}.pt") for r in range(4)], name, cases(4)[name])
+
+
+@pytest.mark.parametrize("name", list(DP))
+def test_two_replicas_give_the_unsplit_models_gradients(pipelined, name):
+    out = pipelined("dp")
+    check([torch.load(out / f"{name}.rank{r}.pt") for r in range(4)], name, DP[name], replicas=2)

@@ -1,0 +1,63 @@
+"""Your own model through `ppx run` and `ppx plan` as a user runs them (issue "Your own model"):
+a shipped Hugging Face experiment (GPT-2: Conv1D layers, learned positions, a tied head) and
+the example module (examples/tiny_gpt.py) under ZB-H1, each stage storing its layers for W,
+the memory prediction within 5 %; `ppx plan --from-run` of each, whose printed command runs;
+and a machine without transformers told in one line how to install it."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import ppx, read_json
+
+pytest.importorskip("transformers")
+
+RUNS = {
+    "hf_gpt2": ["hf_gpt2_tiny_gpipe_2cpu", "model.layers=2", "model.seq_len=16"],
+    "module": ["examples/tiny_gpt.yaml"],
+}
+SHORT = ["pipeline.schedule=zb_h1", "train.steps=3"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("own")
+    out = {}
+    for name, args in RUNS.items():
+        r = ppx("run", *args, *SHORT, f"run.dir={root / name}")
+        assert r.returncode == 0, r.stderr[-3000:]
+        out[name] = root / name
+    return out
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_a_run_of_your_own_model_stores_its_layers_and_predicts_its_memory(runs, name):
+    s = read_json(runs[name] / "summary.json")
+    assert s["status"] == "completed" and len(s["losses"]) == 3
+    assert s["memory_prediction_error"] is not None and abs(s["memory_prediction_error"]) <= 0.05
+    # every stage's Linear (GPT-2's Conv1D) layers are stored for W, none walks the graph again
+    assert {k: v["mode"] for k, v in s["split_backward"].items()} == {"0": "store", "1": "store"}
+    assert all(v["stored_layers"] >= 2 for v in s["split_backward"].values())
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_a_plan_from_the_run_prints_a_command_that_runs(runs, name, tmp_path):
+    plan = ppx("plan", "--from-run", str(runs[name]), "--out", str(tmp_path / "plan"))
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    command = next(line for line in plan.stdout.splitlines() if line.startswith("ppx run "))
+    args = [a for a in command.split()[2:] if not a.startswith("run.dir=")]
+    r = ppx("run", *args, "train.steps=2", f"run.dir={tmp_path / 'run'}")
+    assert r.returncode == 0, (command, r.stderr[-2000:])
+    assert read_json(tmp_path / "run" / "summary.json")["schedule"] == str(tmp_path / "plan" / "best.csv")
+
+
+def test_without_transformers_one_line_says_how_to_install_it(tmp_path):
+    fake = tmp_path / "transformers"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('No module named transformers')\n")
+    r = ppx("run", "hf_llama_tiny_1f1b_2cpu", f"run.root={tmp_path / 'runs'}", env={"PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [
+        "ppx: error: model.kind=hf needs Hugging Face transformers: pip install 'ppx[hf]' (or pip install transformers)"
+    ]
+    assert not (tmp_path / "runs").exists()
