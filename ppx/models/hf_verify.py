@@ -10,6 +10,8 @@ differ, or that the wrapper cannot run, is refused in one line. About 0.1 s."""
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from ppx.errors import UserError
@@ -46,19 +48,43 @@ def small_copy(config):
 
 
 def check(config) -> None:
-    """UserError in one line unless the wrapper's logits equal transformers' on a small copy."""
-    from ppx.models import hf, hf_config
+    """UserError in one line unless the wrapper's logits equal transformers' on a small copy
+    (once per process for each small copy: configs that differ only in size share it)."""
+    from ppx.models import hf_config
 
     tf = hf_config.transformers()
     arch = tf.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].__name__
-
-    def refuse(why: str) -> UserError:
-        return UserError(f"model.kind=hf: ppx cannot split {arch}: {why} (model.kind=module splits any nn.Module)")
-
     try:
         small = small_copy(config)
     except Exception as e:
-        raise refuse(f"no small copy of it to check: {type(e).__name__}: {_first(e)}") from None
+        raise _refuse(arch, f"no small copy of it to check: {type(e).__name__}: {_first(e)}") from None
+    key = f"{type(small).__name__} {json.dumps(small.to_dict(), sort_keys=True, default=str)}"
+    if key not in _VERDICTS:
+        try:
+            _compare(small)
+            _VERDICTS[key] = None
+        except _Differs as e:
+            _VERDICTS[key] = str(e)
+    if _VERDICTS[key]:
+        raise _refuse(arch, _VERDICTS[key])
+
+
+_VERDICTS: dict[str, str | None] = {}  # a small copy -> why the wrapper differs (None: it does not)
+
+
+def _refuse(arch: str, why: str) -> UserError:
+    return UserError(f"model.kind=hf: ppx cannot split {arch}: {why} (model.kind=module splits any nn.Module)")
+
+
+class _Differs(Exception):
+    pass
+
+
+def _compare(small) -> None:
+    """Raise _Differs saying how ppx's wrapper and transformers' model differ on ``small``."""
+    from ppx.models import hf, hf_config
+
+    tf = hf_config.transformers()
     n = small.num_hidden_layers
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -69,15 +95,15 @@ def check(config) -> None:
             tokens = torch.randint(0, SMALL["vocab_size"], (2, TOKENS))
             with torch.no_grad():
                 got, want = ours(tokens), theirs(tokens).logits
-        except UserError:
-            raise
+        except UserError as e:
+            raise _Differs(str(e).split(": ", 2)[-1]) from None
         except Exception as e:
-            raise refuse(f"its layers do not run in ppx's stage wrapper: {type(e).__name__}: {_first(e)}") from None
+            raise _Differs(f"its layers do not run in ppx's stage wrapper: {type(e).__name__}: {_first(e)}") from None
     if unexpected or set(missing) - {f"{ours.names.head_name}.weight"}:
-        raise refuse(f"its weights are not the stages' ({', '.join((unexpected or missing)[:3])})")
+        raise _Differs(f"its weights are not the stages' ({', '.join((unexpected or missing)[:3])})")
     if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
         diff = (got - want).abs().max().item() if got.shape == want.shape else float("nan")
-        raise refuse(f"its own forward does more than its parts (logits differ by up to {diff:.3g} on a small copy)")
+        raise _Differs(f"its own forward does more than its parts (logits differ by up to {diff:.3g} on a small copy)")
 
 
 def _first(e: Exception) -> str:

@@ -87,63 +87,15 @@ CASES = {
     ),
     "no timeline steps": (["gpipe_2cpu", "instrument.timeline_steps=0"], "instrument.timeline_steps must be >= 1"),
     "negative progress interval": (["gpipe_2cpu", "logging.progress_every=-1"], "logging.progress_every must be >= 0"),
-    # your own model (model.kind=hf, model.kind=module)
+    # your own model (model.kind=hf, module): two through the command; the rest in
+    # tests/unit/test_own_model_errors.py
     "hf architecture ppx cannot split": (
         ["1f1b_2cpu", "model.kind=hf", "model.hf_config=mamba"],
         "ppx cannot split MambaForCausalLM: parts it has beyond embedding, layers and final norm: norm_f",
     ),
-    "hf architecture whose own forward does more than its parts": (
-        ["hf_llama_tiny_1f1b_2cpu", "model.hf_config=cohere"],
-        "ppx cannot split CohereForCausalLM: its own forward does more than its parts (logits differ by up to",
-    ),
-    "hf config of no causal LM": (["1f1b_2cpu", "model.kind=hf", "model.hf_config=t5"], "T5Config has no causal LM"),
-    "hf config path that does not exist": (
-        ["hf_llama_tiny_1f1b_2cpu", "model.hf_config=/no/such/config.json"],
-        "model.hf_config /no/such/config.json does not exist",
-    ),
-    "hf hub id not in the local cache": (
-        ["hf_llama_tiny_1f1b_2cpu", "model.hf_config=no-org/no-model"],
-        "is not a path, a model type transformers knows, or a hub id in the local Hugging Face cache",
-    ),
-    "hf override that is not a config key": (
-        ["hf_llama_tiny_1f1b_2cpu", "model.hf_overrides.n_layers=2"],
-        "model.hf_overrides: n_layers is not a key of LlamaConfig",
-    ),
-    "hf more stages than units": (
-        ["hf_llama_tiny_1f1b_2cpu", "pipeline.stages=8", "model.layers=2"],
-        "8 stages but model.layers + 2 = 4",
-    ),
-    "hf tied weights on torch's executor": (
-        ["hf_gpt2_tiny_gpipe_2cpu", "pipeline.executor=torch"],
-        "torch's executor does not sum the two stages' gradients",
-    ),
     "module that does not import": (
         ["examples/tiny_gpt.yaml", "model.module=no_such_package:build"],
         "model.module=no_such_package:build: cannot import no_such_package: ModuleNotFoundError",
-    ),
-    "module function that returns no module": (
-        ["examples/tiny_gpt.yaml", "model.module=builtins:dict"],
-        "model.module=builtins:dict returned dict, not an nn.Module",
-    ),
-    "module split name that does not exist": (
-        ["examples/tiny_gpt.yaml", "model.split_points=[blocks.9]"],
-        "model.split_points: 'blocks.9' is not a unit (units: embed, blocks.0",
-    ),
-    "module units that do not cover it": (
-        ["examples/tiny_gpt.yaml", "model.units=[embed,head]"],
-        "model.units do not cover the module: blocks.0.norm1.weight",
-    ),
-    "module more stages than units": (
-        ["examples/tiny_gpt.yaml", "pipeline.stages=8"],
-        "8 stages but the module has 6 units",
-    ),
-    "module tied weights on torch's executor": (
-        ["examples/tiny_gpt.yaml", "pipeline.executor=torch"],
-        "embed.tokens.weight is shared by several units; torch's executor does not sum its copies",
-    ),
-    "module tied weights under the tracer": (
-        ["examples/tiny_gpt.yaml", "pipeline.split=tracer"],
-        "torch's tracer split gives each stage its own copy",
     ),
 }
 

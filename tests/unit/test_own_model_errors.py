@@ -1,0 +1,74 @@
+"""Your own model's errors (issue "Your own model"), each one line before any work starts: what
+`ppx run` prints after "ppx: error: " (tests/e2e/test_bad_input.py runs two of them through the
+command: one line, exit 2, no run directory)."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import REPO
+from ppx import config
+from ppx.errors import UserError
+
+pytest.importorskip("transformers")
+
+CASES = {
+    "hf architecture whose own forward does more than its parts": (
+        ["hf_llama_tiny_1f1b_2cpu", "model.hf_config=cohere"],
+        "ppx cannot split CohereForCausalLM: its own forward does more than its parts (logits differ by up to",
+    ),
+    "hf config of no causal LM": (["1f1b_2cpu", "model.kind=hf", "model.hf_config=t5"], "T5Config has no causal LM"),
+    "hf config path that does not exist": (
+        ["hf_llama_tiny_1f1b_2cpu", "model.hf_config=/no/such/config.json"],
+        "model.hf_config /no/such/config.json does not exist",
+    ),
+    "hf hub id not in the local cache": (
+        ["hf_llama_tiny_1f1b_2cpu", "model.hf_config=no-org/no-model"],
+        "is not a path, a model type transformers knows, or a hub id in the local Hugging Face cache",
+    ),
+    "hf override that is not a config key": (
+        ["hf_llama_tiny_1f1b_2cpu", "model.hf_overrides.n_layers=2"],
+        "model.hf_overrides: n_layers is not a key of LlamaConfig",
+    ),
+    "hf more stages than units": (
+        ["hf_llama_tiny_1f1b_2cpu", "pipeline.stages=8", "model.layers=2"],
+        "8 stages but model.layers + 2 = 4",
+    ),
+    "hf tied weights on torch's executor": (
+        ["hf_gpt2_tiny_gpipe_2cpu", "pipeline.executor=torch"],
+        "torch's executor does not sum the two stages' gradients",
+    ),
+    "module function that returns no module": (
+        ["examples/tiny_gpt.yaml", "model.module=builtins:dict"],
+        "model.module=builtins:dict returned dict, not an nn.Module",
+    ),
+    "module split name that does not exist": (
+        ["examples/tiny_gpt.yaml", "model.split_points=[blocks.9]"],
+        "model.split_points: 'blocks.9' is not a unit (units: embed, blocks.0",
+    ),
+    "module units that do not cover it": (
+        ["examples/tiny_gpt.yaml", "model.units=[embed,head]"],
+        "model.units do not cover the module: blocks.0.norm1.weight",
+    ),
+    "module more stages than units": (
+        ["examples/tiny_gpt.yaml", "pipeline.stages=8"],
+        "8 stages but the module has 6 units",
+    ),
+    "module tied weights on torch's executor": (
+        ["examples/tiny_gpt.yaml", "pipeline.executor=torch"],
+        "embed.tokens.weight is shared by several units; torch's executor does not sum its copies",
+    ),
+    "module tied weights under the tracer": (
+        ["examples/tiny_gpt.yaml", "pipeline.split=tracer"],
+        "torch's tracer split gives each stage its own copy",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_mistake_is_one_line_before_any_work(case, monkeypatch):
+    (experiment, *overrides), expected = CASES[case]
+    monkeypatch.chdir(REPO)  # examples/ and the module paths are the checkout's
+    with pytest.raises(UserError) as e:
+        config.load(experiment, overrides)
+    assert expected in str(e.value) and "\n" not in str(e.value), str(e.value)
