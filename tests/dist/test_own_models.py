@@ -5,7 +5,7 @@ pipelined step on real gloo processes, give the unsplit model's loss and every p
 gradient, by name: fp32 as tests/dist/test_gradients.py holds the built-in models (rtol 1e-5),
 bf16 within tests/dist/test_precision.py's 3e-2; every training schedule at p=2, 1F1B, ZB-H1
 and interleaved at p=4; with train.recompute=full; and with parallel.data=2 (replicate, and
-FSDP2 for one architecture)."""
+FSDP2 for one architecture); the module cut by torch's tracer too."""
 
 from __future__ import annotations
 
@@ -60,6 +60,11 @@ def cases(p: int) -> dict[str, list[str]]:
         out = {f"{mo}-{s}": overrides(mo, s, 2) for mo in MODELS for s in TRAINING}
         out |= {f"{mo}-zb_h1-recompute_full": overrides(mo, "zb_h1", 2, "train.recompute=full") for mo in MODELS}
         out |= {f"{mo}-zbv-bf16": overrides(mo, "zbv", 2, "train.dtype=bf16") for mo in MODELS}
+        # torch's tracer cuts the module at the same units (untied: the tracer does not sum copies)
+        out["module-1f1b-tracer"] = overrides("module", "1f1b", 2, "model.args.tied=false", "pipeline.split=tracer")
+        out["module-zb_h1-tracer-split_points"] = overrides(
+            "module", "zb_h1", 2, "model.args.tied=false", "pipeline.split=tracer", "model.split_points=[blocks.1]"
+        )
         return out
     return {f"{mo}-{s}-p4": overrides(mo, s, 4) for mo in MODELS for s in ("1f1b", "zb_h1", "interleaved_1f1b")}
 
