@@ -2,7 +2,11 @@
 every action starts once its rank is free and its input has arrived (an F its previous
 stage's activation, an I or B its next stage's gradient, ``latency`` after the producer's
 end; the last stage's own F at once), and occupies its rank for its cost plus the overhead.
-It ranks handcrafted orders against the pass's own ones where the simulator is too slow."""
+
+Two costs of an order (`order_cost`): ``sync``, every rank starting together (the step a
+`ppx run` measures: the last rank's end), and ``steady``, the longest rank's own span from its
+first action's start to its last one's end (the zero-bubble paper's cost: what consecutive
+steps cost when no rank waits at a step boundary)."""
 
 from __future__ import annotations
 
@@ -13,13 +17,26 @@ from ppx.errors import ScheduleError
 from ppx.schedules.auto.greedy_fill import INF, StageTimes
 from ppx.schedules.ir.action import Action, Op
 
+COSTS = ("sync", "steady")
 
-def order_step(rows: Sequence[Sequence[Action]], m: int, t: StageTimes) -> float:
-    """The step of ``rows`` (rank r's compute actions, on stage r) on the pass's clock."""
+
+def _dur(t: StageTimes, r: int, op: Op) -> float:
+    if op is Op.F:
+        return t.fwd[r]
+    if op is Op.I:
+        return t.bwd[r]
+    if op is Op.W:
+        return t.wgrad[r]
+    return t.bwd[r] + t.wgrad[r]
+
+
+def order_times(rows: Sequence[Sequence[Action]], m: int, t: StageTimes) -> list[list[float]]:
+    """Each action's earliest start (rank r's compute actions, on stage r), on the pass's clock."""
     p = len(rows)
     f_in = [[0.0 if r == 0 else INF] * m for r in range(p)]  # when microbatch k's input reaches rank r
     g_in = [[INF] * m for _ in range(p)]  # when its output gradient does
     free, pos = [0.0] * p, [0] * p
+    starts: list[list[float]] = [[] for _ in range(p)]
     todo = deque(range(p))
     while todo:
         r = todo.popleft()
@@ -30,7 +47,8 @@ def order_step(rows: Sequence[Sequence[Action]], m: int, t: StageTimes) -> float
             if ready == INF:
                 break
             start = max(free[r], ready)
-            d = {Op.F: t.fwd[r], Op.I: t.bwd[r], Op.W: t.wgrad[r], Op.B: t.bwd[r] + t.wgrad[r]}[a.op]
+            d = _dur(t, r, a.op)
+            starts[r].append(start)
             free[r], pos[r] = start + d + t.overhead, pos[r] + 1
             if a.op is Op.F and r + 1 < p:
                 f_in[r + 1][a.mb] = start + d + t.latency
@@ -42,4 +60,22 @@ def order_step(rows: Sequence[Sequence[Action]], m: int, t: StageTimes) -> float
                 todo.append(r - 1)
     if any(pos[r] < len(rows[r]) for r in range(p)):
         raise ScheduleError("order_step: the order cannot run (an action waits for an input never produced)")
-    return max(free)
+    return starts
+
+
+def order_step(rows: Sequence[Sequence[Action]], m: int, t: StageTimes) -> float:
+    """The step of ``rows`` on the pass's clock, every rank starting at 0 (the sync cost)."""
+    starts = order_times(rows, m, t)
+    return max((s[-1] + _dur(t, r, rows[r][-1].op) + t.overhead for r, s in enumerate(starts) if s), default=0.0)
+
+
+def rank_spans(rows, starts, t: StageTimes, cost: str = "steady") -> list[float]:
+    """Each rank's end (``sync``) or span from its first action's start (``steady``)."""
+    ends = [s[-1] + _dur(t, r, rows[r][-1].op) + t.overhead if s else 0.0 for r, s in enumerate(starts)]
+    return ends if cost == "sync" else [e - s[0] if s else 0.0 for e, s in zip(ends, starts)]
+
+
+def order_cost(rows: Sequence[Sequence[Action]], m: int, t: StageTimes, cost: str = "sync") -> float:
+    """``rows``' step on the pass's clock: ``sync`` (`order_step`) or ``steady`` (the longest
+    rank's span from its first action's start to its last one's end, overhead included)."""
+    return max(rank_spans(rows, order_times(rows, m, t), t, cost), default=0.0)
