@@ -27,6 +27,29 @@ def _names(results, most: int = 4) -> str:
     return shown + (f" and {len(results) - most} more" if len(results) > most else "")
 
 
+def config_of(run_dir: str):
+    """The config a run directory ran with."""
+    from ppx.report.run_dir import RunDir
+
+    return RunDir(run_dir).config
+
+
+def assumption_notes(args, inputs, skipped) -> list[str]:
+    """What a plan from flags assumed for the runtime's time per action and the hand-off, and
+    where this machine's figures come from; a run's split candidates it refused, and why."""
+    from ppx.plan.calibrate import calibration_hint, refused_split_note
+
+    out = []
+    if not args.from_run:
+        out.append(
+            f"note: assumed {inputs.overhead_s * 1e3:.4g} ms of runtime overhead per action and "
+            f"{inputs.p2p_s * 1e3:.4g} ms per hand-off ({inputs.source}); "
+            + calibration_hint(inputs, getattr(args, "machine_from", None))
+        )
+    note = refused_split_note(args.from_run, skipped)
+    return out + ([note] if note else [])
+
+
 def _check(args) -> None:
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
@@ -38,7 +61,7 @@ def _check(args) -> None:
 
 def cmd_plan(args) -> int:
     from ppx.plan import outputs, pareto, table
-    from ppx.plan.howto import command, synthetic_overrides
+    from ppx.plan.howto import EXPERIMENT, check, command, from_run_overrides, synthetic_overrides
     from ppx.plan.scale import cluster_note
     from ppx.plan.search import near_best, search
     from ppx.plan.sizes import format_bytes
@@ -51,7 +74,7 @@ def cmd_plan(args) -> int:
         inputs, ps, ms, experiment = from_run(args)
     else:
         inputs, ps, ms = from_flags(args)
-        experiment = "<experiment>"
+        experiment = EXPERIMENT
     out = out_dir(args.out)
     cands, skipped = candidates(names, ps, ms, vs, inputs)
     if not cands:
@@ -63,7 +86,7 @@ def cmd_plan(args) -> int:
     if not results:
         raise UserError("no candidate could be built: " + "; ".join(f"{s.schedule}: {s.reason}" for s in skipped[:3]))
     best = next((r for r in results if r.fits), None)
-    notes = [n for n in [cluster_note(max(ps))] if n]
+    notes = [n for n in [cluster_note(max(ps))] if n] + assumption_notes(args, inputs, skipped)
     if args.from_run and inputs.act_bytes is None:
         notes.append(f"note: {args.from_run} measured no saved bytes per microbatch: peaks count params only")
     close = near_best(results, args.close_pct)
@@ -85,12 +108,22 @@ def cmd_plan(args) -> int:
     csv = out / "best.csv"
     how = []
     if best:
-        # a run's config.yaml names its own run.dir: the new run gets a new one
-        how = [command(best, csv, experiment, ("run.dir=null",) if args.from_run else ())]
-        if not args.from_run:
-            how.append("  on the known-cost model, add: " + " ".join(synthetic_overrides(best, inputs)))
         outputs.write_best(csv, best, inputs)
-        print(f"best: {best.label()}, predicted step {best.step_s * 1e3:.2f} ms; run it with:")
+        if args.from_run:  # the run's config.yaml, with what the candidate's shape changes in it
+            run_cfg = config_of(args.from_run)
+            how = [command(best, csv, experiment, tuple(from_run_overrides(best, run_cfg, inputs)))]
+            what = "run it with"
+        else:  # runs as printed: the known-cost model at the planned costs
+            how = [command(best, csv, experiment, tuple(synthetic_overrides(best, inputs)))]
+            how.append("  on your own experiment: " + command(best, csv, "<experiment>"))
+            what = "run it (the known-cost model at the planned costs) with"
+        failing = check(how[0])
+        if failing:  # never print a command that fails without saying so
+            how.append(f"  note: this command fails its config checks: {failing}")
+        print(
+            f"best: {best.label()}, predicted step {best.step_s * 1e3:.2f} ms (sync), steady-state "
+            f"{best.steady_s * 1e3:.2f} ms; {what}:"
+        )
         print("\n".join(how))
     outputs.write_json(out / "plan.json", inputs, results, skipped, best, notes, close)
     outputs.write_md(out / "plan.md", inputs, results, skipped, best, how, notes)

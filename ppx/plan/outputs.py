@@ -57,7 +57,13 @@ def _inputs_lines(inputs: PlanInputs) -> list[str]:
     if inputs.param_bytes:
         lines.append(f"- params + optimizer bytes: {', '.join(format_bytes(b) for b in inputs.param_bytes)}")
     budget = "none" if inputs.budget_bytes is None else format_bytes(inputs.budget_bytes)
-    return lines + [f"- memory budget per rank: {budget}"]
+    ranked = "steady-state step (the longest rank's own span)" if inputs.rank_by == "steady" else "sync step"
+    return lines + [
+        f"- memory budget per rank: {budget}",
+        f"- ranked by: the {ranked} (--rank-by); both in the table: step = sync (every rank starting together, "
+        "what ppx run measures), steady = the longest rank's own span (consecutive steps, no rank waiting at a "
+        "step boundary)",
+    ]
 
 
 def write_md(
@@ -76,8 +82,8 @@ def write_md(
         parts += [
             "## Best",
             "",
-            f"**{best.label()}**: predicted step {best.step_s * 1e3:.2f} ms, "
-            f"bubble {best.bubble:.1%}, peak {format_bytes(best.peak_max)} per rank.",
+            f"**{best.label()}**: predicted step {best.step_s * 1e3:.2f} ms (sync), steady-state "
+            f"{best.steady_s * 1e3:.2f} ms, bubble {best.bubble:.1%}, peak {format_bytes(best.peak_max)} per rank.",
             "",
         ]
         parts += ["```", *how, "```", ""]

@@ -101,9 +101,7 @@ class Clock:
 def timeline_cost(t: Timeline, cost: str) -> float:
     """A simulated step's ``sync`` cost (its makespan) or ``steady`` cost (the longest rank's
     span from its first compute's start to its end)."""
-    if cost == "sync":
-        return t.makespan
-    return max((end - ev[0].start for end, ev in zip(t.rank_end, t.events) if ev), default=0.0)
+    return t.makespan if cost == "sync" else t.steady()
 
 
 def candidates(p: int, m: int, clock: Clock, mem: Memory) -> list[list[list[Action]]]:
