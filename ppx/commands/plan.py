@@ -27,6 +27,25 @@ def _names(results, most: int = 4) -> str:
     return shown + (f" and {len(results) - most} more" if len(results) > most else "")
 
 
+def candidate_commands(results, out: Path, experiment: str, inputs, run_cfg, best) -> list[str]:
+    """Per candidate, the command that runs it as planned: a family by name (the plan built it
+    as `ppx run` does), the automatic schedule from a CSV of its own in ``out``."""
+    from ppx.plan import outputs
+    from ppx.plan.builders import AUTO
+    from ppx.plan.howto import full_command
+
+    texts = []
+    out.mkdir(parents=True, exist_ok=True)
+    for r in results:
+        schedule = r.schedule
+        if r.schedule == AUTO:
+            schedule = out / ("best.csv" if r is best else f"{AUTO}_p{r.p}_m{r.m}.csv")
+            if r is not best:
+                outputs.write_best(schedule, r, inputs)
+        texts.append(full_command(r, schedule, experiment, inputs, run_cfg))
+    return texts
+
+
 def config_of(run_dir: str):
     """The config a run directory ran with."""
     from ppx.report.run_dir import RunDir
@@ -61,7 +80,7 @@ def _check(args) -> None:
 
 def cmd_plan(args) -> int:
     from ppx.plan import outputs, pareto, table
-    from ppx.plan.howto import EXPERIMENT, check, command, from_run_overrides, synthetic_overrides
+    from ppx.plan.howto import EXPERIMENT, check, command, full_command
     from ppx.plan.scale import cluster_note
     from ppx.plan.search import near_best, search
     from ppx.plan.sizes import format_bytes
@@ -107,14 +126,13 @@ def cmd_plan(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     csv = out / "best.csv"
     how = []
+    run_cfg = config_of(args.from_run) if args.from_run else None
+    commands = candidate_commands(results, out, experiment, inputs, run_cfg, best)
     if best:
         outputs.write_best(csv, best, inputs)
-        if args.from_run:  # the run's config.yaml, with what the candidate's shape changes in it
-            run_cfg = config_of(args.from_run)
-            how = [command(best, csv, experiment, tuple(from_run_overrides(best, run_cfg, inputs)))]
-            what = "run it with"
-        else:  # runs as printed: the known-cost model at the planned costs
-            how = [command(best, csv, experiment, tuple(synthetic_overrides(best, inputs)))]
+        how = [full_command(best, csv, experiment, inputs, run_cfg)]
+        what = "run it with"
+        if not args.from_run:  # runs as printed: the known-cost model at the planned costs
             how.append("  on your own experiment: " + command(best, csv, "<experiment>"))
             what = "run it (the known-cost model at the planned costs) with"
         failing = check(how[0])
@@ -125,7 +143,7 @@ def cmd_plan(args) -> int:
             f"{best.steady_s * 1e3:.2f} ms; {what}:"
         )
         print("\n".join(how))
-    outputs.write_json(out / "plan.json", inputs, results, skipped, best, notes, close)
+    outputs.write_json(out / "plan.json", inputs, results, skipped, best, notes, close, commands)
     outputs.write_md(out / "plan.md", inputs, results, skipped, best, how, notes)
     pareto.draw(results, out / "plan.png", inputs.budget_bytes, f"ppx plan: {len(results)} candidates")
     files = ["plan.md", "plan.json", "plan.png"] + (["best.csv"] if best else [])

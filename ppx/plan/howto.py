@@ -22,8 +22,9 @@ def _ms(values: list[float]) -> str:
     return texts[0] if len(set(texts)) == 1 else "[" + ",".join(texts) + "]"
 
 
-def run_overrides(best: Result, csv: Path) -> list[str]:
-    """``pipeline.*`` overrides running ``csv`` (its stage-to-rank map is in the file)."""
+def run_overrides(best: Result, csv: Path | str) -> list[str]:
+    """``pipeline.*`` overrides running ``csv`` (its stage-to-rank map is in the file), or a
+    family by name."""
     out = [f"pipeline.schedule={csv}", f"pipeline.stages={best.p}", f"pipeline.microbatches={best.m}"]
     return out + ([f"pipeline.virtual_stages={best.v}"] if best.v > 1 else [])
 
@@ -63,9 +64,16 @@ def from_run_overrides(best: Result, cfg, inputs: PlanInputs) -> list[str]:
     return out
 
 
-def command(best: Result, csv: Path, experiment: str, extra: tuple[str, ...] = ()) -> str:
+def command(best: Result, csv: Path | str, experiment: str, extra: tuple[str, ...] = ()) -> str:
     """``ppx run <experiment> <the pipeline overrides> <extra>``."""
     return " ".join(["ppx run", experiment, *run_overrides(best, csv), *extra])
+
+
+def full_command(r: Result, schedule: Path | str, experiment: str, inputs: PlanInputs, run_cfg=None) -> str:
+    """The command that runs candidate ``r`` as planned: on a run's config (``run_cfg``) with what
+    its shape changes there, or on the known-cost model at the planned costs."""
+    extra = from_run_overrides(r, run_cfg, inputs) if run_cfg is not None else synthetic_overrides(r, inputs)
+    return command(r, schedule, experiment, tuple(extra))
 
 
 def check(text: str) -> str | None:

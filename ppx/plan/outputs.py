@@ -25,12 +25,14 @@ def write_json(
     best: Result | None,
     notes: list[str],
     close: list[Result],
+    commands: list[str] | None = None,
 ) -> None:
     """``close``: the candidates named too close to the best to call (their places in
-    "candidates", as "close_to_best")."""
+    "candidates", as "close_to_best"); ``commands``: each candidate's `ppx run` command."""
+    commands = commands or [None] * len(results)
     data = {
         "inputs": inputs.to_json(),
-        "candidates": [r.to_json() for r in results],
+        "candidates": [{**r.to_json(), "command": c} for r, c in zip(results, commands)],
         "skipped": [asdict(s) for s in skipped],
         "best": best.to_json() if best else None,
         "close_to_best": [results.index(r) for r in close],
