@@ -58,7 +58,7 @@ def test_more_memory_never_slower(cost):
     p, m = 4, 16
     costs = Costs(1.0, 1.1, 0.6, p2p=0.03, overhead=0.01)
     steps = []
-    for k in range(p, 6 * p + 1, 2):
+    for k in range(p, 6 * p + 1, 4):
         s = auto_zb(p, m, costs, None, float(k), 0.0, cost)
         steps.append(timeline_cost(simulate(place_comms(s, "nccl"), costs), cost))
     assert all(b <= a * (1 + 1e-12) for a, b in zip(steps, steps[1:])), steps

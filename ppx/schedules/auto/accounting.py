@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from ppx.errors import ScheduleError
 from ppx.schedules.ir.action import Action, Op
@@ -42,12 +43,9 @@ class Memory:
         """Each rank's peak held bytes walking ``rows`` (rank r's actions, on stage r)."""
         out = []
         for r, row in enumerate(rows):
-            held = peak = 0.0
-            for a in row:
-                held += self.change(r, a.op)
-                peak = max(peak, held)
-            out.append(peak)
-        return out
+            delta = {op: self.change(r, op) for op in (Op.F, Op.I, Op.W, Op.B)}
+            out.append(max(accumulate(delta[a[1]] for a in row), default=0.0) if row else 0.0)
+        return [max(0.0, x) for x in out]
 
     def holds(self, rows: Sequence[Sequence[Action]]) -> bool:
         """Whether no rank of ``rows`` ever holds more than its limit."""

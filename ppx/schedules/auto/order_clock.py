@@ -38,26 +38,31 @@ def order_times(rows: Sequence[Sequence[Action]], m: int, t: StageTimes) -> list
     free, pos = [0.0] * p, [0] * p
     starts: list[list[float]] = [[] for _ in range(p)]
     todo = deque(range(p))
-    while todo:
+    fop, iop, bop, over, lat = Op.F, Op.I, Op.B, t.overhead, t.latency
+    durs = [{op: _dur(t, r, op) for op in (Op.F, Op.I, Op.W, Op.B)} for r in range(p)]
+    while todo:  # a rank runs until an input it needs has not arrived; its producer queues it again
         r = todo.popleft()
-        row = rows[r]
-        while pos[r] < len(row):
-            a = row[pos[r]]
-            ready = f_in[r][a.mb] if a.op is Op.F else g_in[r][a.mb] if a.op in (Op.I, Op.B) else 0.0
+        row, at, n, dur, out = rows[r], pos[r], len(rows[r]), durs[r], starts[r]
+        fin, gin, now = f_in[r], g_in[r], free[r]
+        while at < n:
+            _, op, mb = row[at]
+            ready = fin[mb] if op is fop else gin[mb] if op is iop or op is bop else 0.0
             if ready == INF:
                 break
-            start = max(free[r], ready)
-            d = _dur(t, r, a.op)
-            starts[r].append(start)
-            free[r], pos[r] = start + d + t.overhead, pos[r] + 1
-            if a.op is Op.F and r + 1 < p:
-                f_in[r + 1][a.mb] = start + d + t.latency
-                todo.append(r + 1)
-            elif a.op is Op.F:
-                g_in[r][a.mb] = start + d
-            elif a.op in (Op.I, Op.B) and r > 0:
-                g_in[r - 1][a.mb] = start + d + t.latency
+            start = now if now > ready else ready
+            end = start + dur[op]
+            out.append(start)
+            now, at = end + over, at + 1
+            if op is fop:
+                if r + 1 < p:
+                    f_in[r + 1][mb] = end + lat
+                    todo.append(r + 1)
+                else:
+                    gin[mb] = end
+            elif (op is iop or op is bop) and r > 0:
+                g_in[r - 1][mb] = end + lat
                 todo.append(r - 1)
+        pos[r], free[r] = at, now
     if any(pos[r] < len(rows[r]) for r in range(p)):
         raise ScheduleError("order_step: the order cannot run (an action waits for an input never produced)")
     return starts

@@ -11,9 +11,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 
 from ppx.schedules.auto.accounting import Memory
-from ppx.schedules.ir.action import Action, F, I, W
+from ppx.schedules.ir.action import Action, Op
+
+
+@lru_cache(maxsize=256)
+def _actions(r: int, m: int) -> tuple[tuple[Action, ...], ...]:
+    """Rank r's F, I and W actions of every microbatch, made once."""
+    return tuple(tuple(Action(r, op, i) for i in range(m)) for op in (Op.F, Op.I, Op.W))
 
 
 def zb_order(p: int, m: int, warmup: Sequence[int], deferred: Sequence[int], w_first: bool) -> list[list[Action]]:
@@ -24,18 +31,20 @@ def zb_order(p: int, m: int, warmup: Sequence[int], deferred: Sequence[int], w_f
     in ZB-H2's shape, is at least 1."""
     rows = []
     for r in range(p):
+        fs, is_, ws = _actions(r, m)
         wu = min(warmup[r], m)
-        row, w_next = [F(r, i) for i in range(wu)], 0
+        row, w_next = list(fs[:wu]), 0
+        add = row.append
         for k in range(m):
             if not w_first and wu + k < m:
-                row.append(F(r, wu + k))
-            row.append(I(r, k))
+                add(fs[wu + k])
+            add(is_[k])
             if k >= deferred[r]:
-                row.append(W(r, w_next))
+                add(ws[w_next])
                 w_next += 1
             if w_first and wu + k < m:
-                row.append(F(r, wu + k))
-        rows.append(row + [W(r, i) for i in range(w_next, m)])
+                add(fs[wu + k])
+        rows.append(row + list(ws[w_next:]))
     return rows
 
 
