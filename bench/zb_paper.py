@@ -70,8 +70,9 @@ def bubble(s: Setting, rows) -> float:
     return (cost - s.m * (s.t_f + s.t_b + s.t_w)) / cost
 
 
-def zb_auto(s: Setting, microbatches_of_memory: float):
-    """(zb_auto's order at a limit of ``microbatches_of_memory`` M_B per stage, seconds to find it)."""
+def zb_auto(s: Setting, microbatches_of_memory: float, share: float | None = None):
+    """(zb_auto's order at a limit of ``microbatches_of_memory`` M_B per stage, seconds to find
+    it); ``share``: what an I frees (default the paper's (M_B - M_W) / M_B; ppx's runtime: 0)."""
     from ppx.schedules.auto.auto_zb import auto_zb
     from ppx.schedules.sim.costs import Costs
 
@@ -82,7 +83,7 @@ def zb_auto(s: Setting, microbatches_of_memory: float):
         Costs(s.t_f, s.t_b, s.t_w, p2p=s.t_comm),
         act_bytes=[s.m_b] * s.p,
         mem_limit=microbatches_of_memory * s.m_b,
-        input_share=(s.m_b - s.m_w) / s.m_b,
+        input_share=(s.m_b - s.m_w) / s.m_b if share is None else share,
         cost="steady",
         judge="clock",
     )
@@ -98,6 +99,16 @@ def table() -> list[dict]:
             sched, took = zb_auto(s, k * s.p)
             row[name] = {"bubble": bubble(s, sched.actions), "seconds": took}
         out.append(row)
+    return out
+
+
+def curve(s: Setting = SETTINGS[0], share: float = 0.0) -> list[dict]:
+    """zb_auto's bubble from p to 6p M_B per stage (steps of p) with I freeing ``share`` (ppx's
+    runtime: 0, its graph kept until W), under the paper's cost."""
+    out = []
+    for k in range(1, 7):
+        sched, took = zb_auto(s, k * s.p, share)
+        out.append({"microbatches": k * s.p, "bubble": bubble(s, sched.actions), "seconds": took})
     return out
 
 
