@@ -205,6 +205,10 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
         from bench.split_backward import split_rows
 
         out += split_rows(results["split_backward"])
+    if "printed_plans" in results:
+        from bench.plan_printed import rows as printed_rows
+
+        out += printed_rows(results["printed_plans"])
     return out
 
 

@@ -146,6 +146,13 @@ def _plan_parser(sub) -> None:
         "--overhead-ms", metavar="X", type=float, help="the runtime's time around each compute action, ms; default 0"
     )
     pl.add_argument(
+        "--machine-from",
+        metavar="DIR",
+        help="with cost flags: this machine's runtime overhead per action, hand-off and posting times, transport "
+        "and receive lookahead, measured in this run directory (a short calibration run: the plan's header "
+        "prints one); default: the flags (0 unless given)",
+    )
+    pl.add_argument(
         "--act-bytes", metavar="SIZE[,SIZE...]", help="bytes one microbatch's forward saves (e.g. 64MiB), likewise"
     )
     pl.add_argument(
@@ -167,12 +174,23 @@ def _plan_parser(sub) -> None:
     )
     pl.add_argument(
         "--stages",
+        "-p",
         metavar="P[,P...]",
         help="p: one (per-stage costs) or a list 2,4,8 (--per-layer); default 4 or the run's",
     )
-    pl.add_argument("--microbatches", metavar="M[,M...]", help="m: one or a list 8,16,32; default 8, or the run's")
     pl.add_argument(
-        "--virtual", metavar="V[,V...]", help="v for families taking several stages per rank; default 2,3,4"
+        "--microbatches", "-m", metavar="M[,M...]", help="m: one or a list 8,16,32; default 8, or the run's"
+    )
+    pl.add_argument(
+        "--virtual", "-v", metavar="V[,V...]", help="v for families taking several stages per rank; default 2,3,4"
+    )
+    pl.add_argument(
+        "--rank-by",
+        choices=["sync", "steady"],
+        default="sync",
+        help="the step that ranks candidates (and that zb_auto minimises): sync, every rank starting together "
+        "(what ppx run measures; default) | steady, the longest rank's own span (consecutive steps with no rank "
+        "waiting at a step boundary: the zero-bubble paper's cost); both are reported",
     )
     pl.add_argument("--transport", choices=["nccl", "gloo"], help="default nccl, or the run's")
     pl.add_argument(

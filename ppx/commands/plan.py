@@ -27,6 +27,48 @@ def _names(results, most: int = 4) -> str:
     return shown + (f" and {len(results) - most} more" if len(results) > most else "")
 
 
+def candidate_commands(results, out: Path, experiment: str, inputs, run_cfg, best) -> list[str]:
+    """Per candidate, the command that runs it as planned: a family by name (the plan built it
+    as `ppx run` does), the automatic schedule from a CSV of its own in ``out``."""
+    from ppx.plan import outputs
+    from ppx.plan.builders import AUTO
+    from ppx.plan.howto import full_command
+
+    texts = []
+    out.mkdir(parents=True, exist_ok=True)
+    for r in results:
+        schedule = r.schedule
+        if r.schedule == AUTO:
+            schedule = out / ("best.csv" if r is best else f"{AUTO}_p{r.p}_m{r.m}.csv")
+            if r is not best:
+                outputs.write_best(schedule, r, inputs)
+        texts.append(full_command(r, schedule, experiment, inputs, run_cfg))
+    return texts
+
+
+def config_of(run_dir: str):
+    """The config a run directory ran with."""
+    from ppx.report.run_dir import RunDir
+
+    return RunDir(run_dir).config
+
+
+def assumption_notes(args, inputs, skipped) -> list[str]:
+    """What a plan from flags assumed for the runtime's time per action and the hand-off, and
+    where this machine's figures come from; a run's split candidates it refused, and why."""
+    from ppx.plan.calibrate import calibration_hint, refused_split_note
+
+    out = []
+    if not args.from_run:
+        out.append(
+            f"note: assumed {inputs.overhead_s * 1e3:.4g} ms of runtime overhead per action and "
+            f"{inputs.p2p_s * 1e3:.4g} ms per hand-off ({inputs.source}); "
+            + calibration_hint(inputs, getattr(args, "machine_from", None))
+        )
+    note = refused_split_note(args.from_run, skipped)
+    return out + ([note] if note else [])
+
+
 def _check(args) -> None:
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
@@ -38,7 +80,7 @@ def _check(args) -> None:
 
 def cmd_plan(args) -> int:
     from ppx.plan import outputs, pareto, table
-    from ppx.plan.howto import command, synthetic_overrides
+    from ppx.plan.howto import EXPERIMENT, check, command, full_command
     from ppx.plan.scale import cluster_note
     from ppx.plan.search import near_best, search
     from ppx.plan.sizes import format_bytes
@@ -51,7 +93,7 @@ def cmd_plan(args) -> int:
         inputs, ps, ms, experiment = from_run(args)
     else:
         inputs, ps, ms = from_flags(args)
-        experiment = "<experiment>"
+        experiment = EXPERIMENT
     out = out_dir(args.out)
     cands, skipped = candidates(names, ps, ms, vs, inputs)
     if not cands:
@@ -63,7 +105,7 @@ def cmd_plan(args) -> int:
     if not results:
         raise UserError("no candidate could be built: " + "; ".join(f"{s.schedule}: {s.reason}" for s in skipped[:3]))
     best = next((r for r in results if r.fits), None)
-    notes = [n for n in [cluster_note(max(ps))] if n]
+    notes = [n for n in [cluster_note(max(ps))] if n] + assumption_notes(args, inputs, skipped)
     if args.from_run and inputs.act_bytes is None:
         notes.append(f"note: {args.from_run} measured no saved bytes per microbatch: peaks count params only")
     close = near_best(results, args.close_pct)
@@ -84,15 +126,24 @@ def cmd_plan(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     csv = out / "best.csv"
     how = []
+    run_cfg = config_of(args.from_run) if args.from_run else None
+    commands = candidate_commands(results, out, experiment, inputs, run_cfg, best)
     if best:
-        # a run's config.yaml names its own run.dir: the new run gets a new one
-        how = [command(best, csv, experiment, ("run.dir=null",) if args.from_run else ())]
-        if not args.from_run:
-            how.append("  on the known-cost model, add: " + " ".join(synthetic_overrides(best, inputs)))
         outputs.write_best(csv, best, inputs)
-        print(f"best: {best.label()}, predicted step {best.step_s * 1e3:.2f} ms; run it with:")
+        how = [full_command(best, csv, experiment, inputs, run_cfg)]
+        what = "run it with"
+        if not args.from_run:  # runs as printed: the known-cost model at the planned costs
+            how.append("  on your own experiment: " + command(best, csv, "<experiment>"))
+            what = "run it (the known-cost model at the planned costs) with"
+        failing = check(how[0])
+        if failing:  # never print a command that fails without saying so
+            how.append(f"  note: this command fails its config checks: {failing}")
+        print(
+            f"best: {best.label()}, predicted step {best.step_s * 1e3:.2f} ms (sync), steady-state "
+            f"{best.steady_s * 1e3:.2f} ms; {what}:"
+        )
         print("\n".join(how))
-    outputs.write_json(out / "plan.json", inputs, results, skipped, best, notes, close)
+    outputs.write_json(out / "plan.json", inputs, results, skipped, best, notes, close, commands)
     outputs.write_md(out / "plan.md", inputs, results, skipped, best, how, notes)
     pareto.draw(results, out / "plan.png", inputs.budget_bytes, f"ppx plan: {len(results)} candidates")
     files = ["plan.md", "plan.json", "plan.png"] + (["best.csv"] if best else [])

@@ -3,12 +3,14 @@ run directory, sizes, lists of p, m and v; every bad value a one-line UserError.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ppx.commands.common import measured_run, ms_list
 from ppx.errors import UserError
 from ppx.plan.inputs import PlanInputs
 from ppx.plan.sizes import parse_sizes
 
-COST_FLAGS = ("fwd_ms", "bwd_ms", "wgrad_ms", "p2p_ms", "overhead_ms", "act_bytes")
+COST_FLAGS = ("fwd_ms", "bwd_ms", "wgrad_ms", "p2p_ms", "overhead_ms", "act_bytes", "machine_from")
 
 
 def flag(attr: str) -> str:
@@ -72,6 +74,7 @@ def from_flags(args) -> tuple[PlanInputs, list[int], list[int]]:
         raise UserError("give costs: --from-run DIR, or --fwd-ms and --bwd-ms (--wgrad-ms, --p2p-ms optional)")
     n = _units(args)
     per = "layer" if args.per_layer else "stage"
+    machine = _machine(args)
     inputs = PlanInputs(
         fwd_s=tuple(ms_list("--fwd-ms", args.fwd_ms, n)),
         bwd_s=tuple(ms_list("--bwd-ms", args.bwd_ms, n)),
@@ -84,7 +87,10 @@ def from_flags(args) -> tuple[PlanInputs, list[int], list[int]]:
         p2p_s=_ms_float("--p2p-ms", args.p2p_ms),
         overhead_s=_ms_float("--overhead-ms", args.overhead_ms),
         transport=args.transport or "nccl",
+        rank_by=getattr(args, "rank_by", "sync"),
     )
+    if machine:
+        inputs = replace(inputs, **{k: v for k, v in machine.items() if k != "transport" or not args.transport})
     ps = (ints("--stages", args.stages) or [4]) if args.per_layer else [n]
     too_many = [p for p in ps if p > n] if args.per_layer else []
     if too_many:
@@ -106,6 +112,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
     if args.stages is not None and ints("--stages", args.stages) != [p]:
         raise UserError(f"{args.from_run} ran {p} ranks; its costs are per stage, so leave out --stages or give {p}")
     c = costs_from(s.measured_costs, stages)
+    split_known = any(k[-1] in "IW" for k in s.measured_costs["action_s"])
     saved = run.raw_summary.get("saved_bytes_per_microbatch")
     transport, lookahead = transport_of(run.config, (run.env or {}).get("backend", "gloo"))
     inputs = PlanInputs(
@@ -127,8 +134,61 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         microbatch_size=s.batch_size // s.microbatches if s.batch_size else None,
         samples=s.cost_samples,  # None for a run from before they were kept: the means
         input_share=_shares(run.raw_summary.get("input_freed_share"), stages),
+        rank_by=getattr(args, "rank_by", "sync"),
+        split_known=split_known,
+        max_stages=_max_stages(run.config),
+        fixed_stages=stages if run.config.pipeline.layers_per_stage else None,
     )
     return inputs, [p], ints("--microbatches", args.microbatches) or [s.microbatches], str(run.path / "config.yaml")
+
+
+def _max_stages(cfg) -> int | None:
+    """The most stages the run's model splits into (its units), or None for the known-cost
+    model at per-stage costs (a plan's command raises its layers)."""
+    from ppx.models import extra_units
+
+    if cfg.model.kind == "synthetic" and cfg.model.cost_per == "stage":
+        return None
+    return cfg.model.layers + extra_units(cfg.model.kind)
+
+
+def _machine(args) -> dict | None:
+    """This machine's runtime figures measured in ``--machine-from``'s run: its overhead per
+    action, hand-off and posting times, transport and receive lookahead."""
+    if not getattr(args, "machine_from", None):
+        return None
+    from ppx.measure.prediction import costs_from, transport_of
+
+    run, s = measured_run(args.machine_from)
+    c = costs_from(s.measured_costs, s.stages or s.world_size)
+    transport, lookahead = transport_of(run.config, (run.env or {}).get("backend", "gloo"))
+    return {
+        "p2p_s": c.p2p,
+        "overhead_s": c.overhead + _excess(run.config, s),
+        "send_post_s": c.send_post,
+        "recv_post_s": c.recv_post,
+        "transport": transport,
+        "lookahead": lookahead,
+        "source": f"flags; runtime figures from {args.machine_from}",
+    }
+
+
+def _excess(cfg, s) -> float:
+    """On the known-cost model, what an action took beyond its configured cost, on average (its
+    sleep's overshoot on this machine): a plan from flags gives the configured costs, so this
+    is the runtime's time per action too. 0 for other models (their costs are the measured)."""
+    if cfg.model.kind != "synthetic":
+        return 0.0
+    from statistics import fmean
+
+    from ppx.models.costs import stage_costs_ms
+
+    n = s.stages or s.world_size
+    fwd, bwd, wgrad = stage_costs_ms(cfg.model, n, cfg.pipeline.layers_per_stage)
+    a = s.measured_costs["action_s"]
+    want = {"F": fwd, "I": bwd, "W": wgrad, "B": [b + w for b, w in zip(bwd, wgrad)]}
+    over = [a[f"{st}{op}"] - want[op][st] / 1e3 for st in range(n) for op in want if f"{st}{op}" in a]
+    return max(0.0, fmean(over)) if over else 0.0
 
 
 def _shares(values, stages: int) -> tuple[float, ...] | None:

@@ -70,6 +70,10 @@ def cmd_simulate(args) -> int:
     p, m = sched.num_ranks, sched.num_microbatches
     print(f"{sched.name}: {p} ranks, {sched.num_stages} stages, {m} microbatches")
     print(f"predicted step time {t.makespan * 1e3:.2f} ms, bubble {t.bubble_fraction():.1%} (idle / step time)")
+    print(
+        f"steady-state step {t.steady() * 1e3:.2f} ms (the longest rank's own span: consecutive steps with no rank "
+        "waiting at a step boundary; the step above is synchronous, every rank starting together, as ppx run measures)"
+    )
     for r in range(p):
         print(
             f"  rank {r}: compute {t.compute[r] * 1e3:.2f} ms, comm {t.comm[r] * 1e3:.2f} ms"

@@ -22,10 +22,17 @@ def rank_limits(inputs: PlanInputs, p: int, v: int) -> list[float] | None:
     return [inputs.budget_bytes - params[r] for r in range(p)]
 
 
+def _one(limits: list[float] | None) -> float | list[float] | None:
+    """One value where every rank's limit is the same (zb_auto's ladder then never wastes any)."""
+    return limits[0] if limits and len(set(limits)) == 1 else limits
+
+
 def build(name: str, p: int, m: int, v: int, inputs: PlanInputs) -> Schedule:
     """The placed, validated schedule of a candidate; ScheduleError for a shape it refuses."""
     if name == AUTO:
         costs = inputs.costs(p)
-        compute = auto_zb(p, m, costs, inputs.act(p) if inputs.act_bytes else None, rank_limits(inputs, p, 1))
+        act = inputs.act(p) if inputs.act_bytes else None
+        share = inputs.shares(p) if act else 0.0
+        compute = auto_zb(p, m, costs, act, _one(rank_limits(inputs, p, 1)), share, inputs.rank_by)
         return place_comms(compute, inputs.transport)
     return registry.build(name, p, m, v, inputs.transport)

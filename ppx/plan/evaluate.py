@@ -17,8 +17,11 @@ from ppx.schedules.sim.simulate import simulate
 
 @dataclass(frozen=True)
 class Result:
-    """A candidate evaluated: ``step_s`` predicted step (seconds), ``bubble`` idle share,
-    ``peak_bytes`` each rank's predicted peak (activations + params), ``fits`` the budget."""
+    """A candidate evaluated: ``step_s`` predicted synchronous step (seconds: every rank
+    starting together, what `ppx run` measures), ``bubble`` idle share of it, ``peak_bytes``
+    each rank's predicted peak (activations + params), ``fits`` the budget; ``steady_s`` the
+    steady-state step (the longest rank's own span: consecutive steps with no rank waiting at
+    a step boundary, the zero-bubble paper's cost); ``rank_by`` which of the two ranks it."""
 
     schedule: str
     p: int
@@ -28,6 +31,13 @@ class Result:
     bubble: float
     peak_bytes: tuple[float, ...]
     fits: bool
+    steady_s: float = 0.0
+    rank_by: str = "sync"
+
+    @property
+    def ranked_s(self) -> float:
+        """The step the ranking uses: ``step_s`` (sync) or ``steady_s`` (steady)."""
+        return self.steady_s if self.rank_by == "steady" else self.step_s
 
     @property
     def peak_max(self) -> float:
@@ -36,8 +46,8 @@ class Result:
 
     @property
     def throughput(self) -> float:
-        """Microbatches per second."""
-        return self.m / self.step_s
+        """Microbatches per second at the ranked step."""
+        return self.m / self.ranked_s
 
     def label(self) -> str:
         return f"{self.schedule} p={self.p} m={self.m} v={self.v}"
@@ -56,10 +66,10 @@ def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
     reduce = inputs.reduce_s is not None
     if inputs.samples:  # a run's: the expected step over draws of its measured costs
         once = lambda costs: simulate(sched, costs, inputs.transport, inputs.lookahead, reduce)  # noqa: E731
-        step, bubble = expected(once, inputs.samples, inputs.parts(n))
+        step, bubble, steady = expected(once, inputs.samples, inputs.parts(n))
     else:
         t = simulate(sched, inputs.costs(n), inputs.transport, inputs.lookahead, reduce)
-        step, bubble = t.makespan, t.bubble_fraction()
+        step, bubble, steady = t.makespan, t.bubble_fraction(), t.steady()
     params = inputs.params(n)
     held = peak_held(sched, inputs.act(n), inputs.shares(n))
     peaks = tuple(
@@ -67,4 +77,4 @@ def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
         for r in range(sched.num_ranks)
     )
     fits = inputs.budget_bytes is None or max(peaks) <= inputs.budget_bytes
-    return Result(c.schedule, c.p, c.m, c.v, step, bubble, peaks, fits)
+    return Result(c.schedule, c.p, c.m, c.v, step, bubble, peaks, fits, steady, inputs.rank_by)

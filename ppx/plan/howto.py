@@ -1,5 +1,9 @@
-"""How to run a plan's best candidate: the `ppx run` overrides its best.csv needs, and for
-costs given as flags, the known-cost model's overrides that reproduce them."""
+"""How to run a plan's best candidate, as printed: the `ppx run` overrides its best.csv needs;
+for costs given as flags, the known-cost model at the planned costs (a command that runs as
+printed, on the shipped `EXPERIMENT`); for a run's costs, that run's config with what the
+candidate's shape changes in it (the known-cost model's per-stage cost lists for p·v stages,
+a batch that divides into m). `check` loads a command's config as `ppx run` would, so a
+command that would fail is caught before it is printed."""
 
 from __future__ import annotations
 
@@ -8,6 +12,9 @@ from pathlib import Path
 from ppx.plan.evaluate import Result
 from ppx.plan.inputs import PlanInputs
 
+EXPERIMENT = "1f1b_2cpu"  # shipped; CPU, gloo: runs on any machine
+COST_KEYS = ("fwd_ms", "bwd_ms", "wgrad_ms")
+
 
 def _ms(values: list[float]) -> str:
     """One value when every stage's is the same, else the list, in ms."""
@@ -15,25 +22,68 @@ def _ms(values: list[float]) -> str:
     return texts[0] if len(set(texts)) == 1 else "[" + ",".join(texts) + "]"
 
 
-def run_overrides(best: Result, csv: Path) -> list[str]:
-    """``pipeline.*`` overrides running ``csv`` (its stage-to-rank map is in the file)."""
+def run_overrides(best: Result, csv: Path | str) -> list[str]:
+    """``pipeline.*`` overrides running ``csv`` (its stage-to-rank map is in the file), or a
+    family by name."""
     out = [f"pipeline.schedule={csv}", f"pipeline.stages={best.p}", f"pipeline.microbatches={best.m}"]
     return out + ([f"pipeline.virtual_stages={best.v}"] if best.v > 1 else [])
 
 
 def synthetic_overrides(best: Result, inputs: PlanInputs) -> list[str]:
-    """The known-cost model (``model.kind=synthetic``) with the candidate's per-stage costs."""
+    """The known-cost model (``model.kind=synthetic``) with the candidate's per-stage costs, a
+    batch of m samples (one per microbatch) and the plan's transport's placement."""
     n = best.p * best.v
     c = inputs.costs(n)
     return [
         "model.kind=synthetic",
         f"model.layers={n}",
+        "model.cost_per=stage",
         f"model.fwd_ms={_ms(c.fwd)}",
         f"model.bwd_ms={_ms(c.bwd)}",
         f"model.wgrad_ms={_ms(c.wgrad)}",
+        f"train.batch_size={best.m}",
     ]
 
 
-def command(best: Result, csv: Path, experiment: str, extra: tuple[str, ...] = ()) -> str:
+def from_run_overrides(best: Result, cfg, inputs: PlanInputs) -> list[str]:
+    """What a candidate changes in the run's config ``cfg`` besides the schedule: the known-cost
+    model's per-stage cost lists for p·v stages (split as the plan splits the run's costs) and
+    enough layers; a batch that divides into m microbatches (the run's microbatch size)."""
+    out, n, model = ["run.dir=null"], best.p * best.v, cfg.model
+    if model.kind == "synthetic" and model.cost_per == "stage":
+        for key in COST_KEYS:  # every stage costs its value whatever its layers: a cut stage costs its part
+            value = getattr(model, key)
+            values = list(value) if isinstance(value, (list, tuple)) else [value] * inputs.units
+            if n != inputs.units:
+                out.append(f"model.{key}={_ms([x / 1e3 for x in inputs.split(values, n)])}")
+        if n > model.layers:
+            out.append(f"model.layers={n}")
+    replicas = cfg.parallel.data
+    if cfg.train.batch_size % (replicas * best.m):
+        out.append(f"train.batch_size={cfg.train.batch_size // cfg.pipeline.microbatches * best.m}")
+    return out
+
+
+def command(best: Result, csv: Path | str, experiment: str, extra: tuple[str, ...] = ()) -> str:
     """``ppx run <experiment> <the pipeline overrides> <extra>``."""
     return " ".join(["ppx run", experiment, *run_overrides(best, csv), *extra])
+
+
+def full_command(r: Result, schedule: Path | str, experiment: str, inputs: PlanInputs, run_cfg=None) -> str:
+    """The command that runs candidate ``r`` as planned: on a run's config (``run_cfg``) with what
+    its shape changes there, or on the known-cost model at the planned costs."""
+    extra = from_run_overrides(r, run_cfg, inputs) if run_cfg is not None else synthetic_overrides(r, inputs)
+    return command(r, schedule, experiment, tuple(extra))
+
+
+def check(text: str) -> str | None:
+    """Why the printed ``ppx run`` command ``text`` would fail its config checks, or None."""
+    from ppx import config
+    from ppx.errors import UserError
+
+    words = text.split()
+    try:
+        config.load(words[2], [w for w in words[3:] if "=" in w])
+    except UserError as e:
+        return str(e)
+    return None

@@ -43,6 +43,10 @@ class PlanInputs:
     microbatch_size: int | None = None  # samples per microbatch, when known (a run's)
     samples: dict | None = None  # a run's measured cost samples (`ppx.plan.sampled`), or None: the means
     input_share: tuple[float, ...] | None = None  # per unit, the share of act_bytes an I frees (None: 0)
+    rank_by: str = "sync"  # the step that ranks candidates (and that zb_auto minimises): "sync" or "steady"
+    split_known: bool = True  # False: a run's costs of full backwards only (no I, W apart)
+    max_stages: int | None = None  # a run's model holds no more stages (its layers), or None
+    fixed_stages: int | None = None  # a run's explicit layers per stage allow only its own stage count
 
     @property
     def units(self) -> int:
@@ -51,6 +55,10 @@ class PlanInputs:
 
     def why_not(self, num_stages: int) -> str | None:
         """Why the values cannot be split into ``num_stages`` stages, or None."""
+        if self.max_stages is not None and num_stages > self.max_stages:
+            return f"{num_stages} stages but the run's model has {self.max_stages} layers to split: it cannot run"
+        if self.fixed_stages is not None and num_stages != self.fixed_stages:
+            return f"the run sets pipeline.layers_per_stage for {self.fixed_stages} stages: {num_stages} cannot run"
         if self.per_layer and num_stages > self.units:
             return f"{num_stages} stages but {self.units} layers: every stage needs at least one"
         if not self.per_layer and num_stages % self.units and self.units % num_stages:

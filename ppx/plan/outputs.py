@@ -25,12 +25,14 @@ def write_json(
     best: Result | None,
     notes: list[str],
     close: list[Result],
+    commands: list[str] | None = None,
 ) -> None:
     """``close``: the candidates named too close to the best to call (their places in
-    "candidates", as "close_to_best")."""
+    "candidates", as "close_to_best"); ``commands``: each candidate's `ppx run` command."""
+    commands = commands or [None] * len(results)
     data = {
         "inputs": inputs.to_json(),
-        "candidates": [r.to_json() for r in results],
+        "candidates": [{**r.to_json(), "command": c} for r, c in zip(results, commands)],
         "skipped": [asdict(s) for s in skipped],
         "best": best.to_json() if best else None,
         "close_to_best": [results.index(r) for r in close],
@@ -57,7 +59,13 @@ def _inputs_lines(inputs: PlanInputs) -> list[str]:
     if inputs.param_bytes:
         lines.append(f"- params + optimizer bytes: {', '.join(format_bytes(b) for b in inputs.param_bytes)}")
     budget = "none" if inputs.budget_bytes is None else format_bytes(inputs.budget_bytes)
-    return lines + [f"- memory budget per rank: {budget}"]
+    ranked = "steady-state step (the longest rank's own span)" if inputs.rank_by == "steady" else "sync step"
+    return lines + [
+        f"- memory budget per rank: {budget}",
+        f"- ranked by: the {ranked} (--rank-by); both in the table: step = sync (every rank starting together, "
+        "what ppx run measures), steady = the longest rank's own span (consecutive steps, no rank waiting at a "
+        "step boundary)",
+    ]
 
 
 def write_md(
@@ -76,8 +84,8 @@ def write_md(
         parts += [
             "## Best",
             "",
-            f"**{best.label()}**: predicted step {best.step_s * 1e3:.2f} ms, "
-            f"bubble {best.bubble:.1%}, peak {format_bytes(best.peak_max)} per rank.",
+            f"**{best.label()}**: predicted step {best.step_s * 1e3:.2f} ms (sync), steady-state "
+            f"{best.steady_s * 1e3:.2f} ms, bubble {best.bubble:.1%}, peak {format_bytes(best.peak_max)} per rank.",
             "",
         ]
         parts += ["```", *how, "```", ""]

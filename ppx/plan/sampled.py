@@ -63,7 +63,8 @@ class PlanSamples:
         return self._rng.choice(self._send_post if a.op.is_send else self._recv_post)
 
 
-def expected(simulate_once, samples: dict, parts: list[tuple[range, int]]) -> tuple[float, float]:
-    """(mean step, mean bubble) of ``simulate_once(costs)`` over `DRAWS` draws of the samples."""
+def expected(simulate_once, samples: dict, parts: list[tuple[range, int]]) -> tuple[float, float, float]:
+    """(mean step, mean bubble, mean steady-state step) of ``simulate_once(costs)`` over `DRAWS`
+    draws of the samples."""
     runs = [simulate_once(PlanSamples(samples, parts, seed)) for seed in range(DRAWS)]
-    return fmean(t.makespan for t in runs), fmean(t.bubble_fraction() for t in runs)
+    return fmean(t.makespan for t in runs), fmean(t.bubble_fraction() for t in runs), fmean(t.steady() for t in runs)

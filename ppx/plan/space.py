@@ -9,7 +9,10 @@ from dataclasses import dataclass
 from ppx.errors import UserError
 from ppx.plan.builders import AUTO
 from ppx.plan.inputs import PlanInputs
+from ppx.schedules.ir.action import Op
 from ppx.schedules.registry import FAMILIES
+
+SPLIT_REASON = "the run measured full backwards only (B), not I and W apart"  # a skipped shape's reason
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,15 @@ def schedule_names(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def splits(name: str) -> bool:
+    """Whether a schedule splits its backward into I and W (zb_auto does where W costs time)."""
+    if name == AUTO:
+        return True
+    fam = FAMILIES[name]
+    sched = fam.make(2, 4, fam.default_virtual if not fam.virtual else 2)
+    return any(a.op is Op.I for row in sched.actions for a in row)
+
+
 def shapes(name: str, vs: list[int]) -> list[int]:
     """The v values a schedule is tried at."""
     if name == AUTO:
@@ -72,6 +84,8 @@ def candidates(
                 for v in shapes(name, vs):
                     why = None if name == AUTO else FAMILIES[name].shape_error(p, m, v)
                     why = why or inputs.why_not(p * v)
+                    if not why and not inputs.split_known and splits(name):
+                        why = SPLIT_REASON + ": its I and W costs are unknown"
                     if why:
                         skipped.append(Skipped(name, p, m, v, why))
                     else:

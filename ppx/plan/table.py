@@ -8,7 +8,7 @@ from ppx.plan.sizes import format_bytes
 
 def header(microbatch_size: int | None) -> list[str]:
     rate = "samples/s" if microbatch_size else "microbatches/s"
-    return ["rank", "schedule", "p", "m", "v", "step (ms)", rate, "bubble (%)", "peak/rank", "fits"]
+    return ["rank", "schedule", "p", "m", "v", "step (ms)", "steady (ms)", rate, "bubble (%)", "peak/rank", "fits"]
 
 
 def rows(results: list[Result], microbatch_size: int | None) -> list[list[str]]:
@@ -24,6 +24,7 @@ def rows(results: list[Result], microbatch_size: int | None) -> list[list[str]]:
                 str(r.m),
                 str(r.v),
                 f"{r.step_s * 1e3:.2f}",
+                f"{r.steady_s * 1e3:.2f}",
                 f"{rate:.1f}",
                 f"{r.bubble * 100:.1f}",
                 format_bytes(r.peak_max),
@@ -37,7 +38,7 @@ def text(results: list[Result], microbatch_size: int | None) -> str:
     """Aligned columns: names left, numbers right."""
     grid = [header(microbatch_size)] + rows(results, microbatch_size)
     widths = [max(len(row[k]) for row in grid) for k in range(len(grid[0]))]
-    left = {1, 9}
+    left = {1, 10}
     return "\n".join(
         "  ".join(c.ljust(w) if k in left else c.rjust(w) for k, (c, w) in enumerate(zip(row, widths))).rstrip()
         for row in grid

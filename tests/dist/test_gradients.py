@@ -116,13 +116,16 @@ def cases(p: int) -> list[tuple[str, list[str]]]:
         for mo, s in [("mlp", "1f1b"), ("mlp", "zb_h1"), ("transformer", "interleaved")]
     ]
     out.append(("mlp-zb_auto-csv", auto_csv_overrides(p)))
+    # the memory-using orders: 2p microbatches with the paper's accounting (I frees 0.6), steady cost
+    out.append(("mlp-zb_auto-2p-steady-csv", auto_csv_overrides(p, limit=2 * p, share=0.6, cost="steady")))
     return out + torch_order_cases(p)
 
 
-def auto_csv_overrides(p: int, m: int = 8) -> list[str]:
+def auto_csv_overrides(p: int, m: int = 8, limit: float = 2, share: float = 0.0, cost: str = "sync") -> list[str]:
     """Overrides running ppx's automatic schedule for unequal stages (the last 1.5x slower,
-    its W cheaper) under a tight limit (two microbatches per rank), placed for NCCL and written
-    to a CSV (atomically: every spawned process writes the same file)."""
+    its W cheaper) under a limit (default tight: two microbatches per rank; ``share``: what
+    an I frees; ``cost``: what it minimises), placed for NCCL and written to a CSV
+    (atomically: every spawned process writes the same file)."""
     import os
     import tempfile
 
@@ -131,11 +134,12 @@ def auto_csv_overrides(p: int, m: int = 8) -> list[str]:
     from ppx.schedules.csv_io import write_csv
     from ppx.schedules.placing.placement import place_comms
 
-    path = Path(tempfile.gettempdir()) / f"ppx-zb-auto-{os.getuid()}" / f"p{p}_m{m}.csv"
+    path = Path(tempfile.gettempdir()) / f"ppx-zb-auto-{os.getuid()}" / f"p{p}_m{m}_{limit:g}_{share:g}_{cost}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     slow = [1.0] * (p - 1) + [1.5]
-    write_csv(place_comms(auto_zb(p, m, Costs(slow, slow, [0.5] * p), mem_limit=2), "nccl"), tmp)
+    costs = Costs(slow, slow, [0.5] * p, p2p=0.05)
+    write_csv(place_comms(auto_zb(p, m, costs, mem_limit=limit, input_share=share, cost=cost), "nccl"), tmp)
     os.replace(tmp, path)
     return MODELS["mlp"] + [
         f"pipeline.schedule={path}",

@@ -19,11 +19,11 @@ RUN = ["model.hidden=16", "train.steps=4"]
 
 
 def printed_command(stdout: str) -> tuple[list[str], list[str]]:
-    """The printed `ppx run` overrides, and the known-cost model's (flags plans only)."""
-    lines = stdout.splitlines()
-    run = next(line for line in lines if line.startswith("ppx run "))
-    model = [line.split("add: ", 1)[1] for line in lines if "on the known-cost model, add: " in line]
-    return run.split()[3:], model[0].split() if model else []
+    """The printed `ppx run` command's pipeline overrides and the rest (a flags plan's: the
+    known-cost model at the planned costs)."""
+    run = next(line for line in stdout.splitlines() if line.startswith("ppx run "))
+    words = run.split()[3:]
+    return [w for w in words if w.startswith("pipeline.")], [w for w in words if not w.startswith("pipeline.")]
 
 
 @pytest.fixture(scope="module")

@@ -58,9 +58,11 @@ def test_the_known_cost_overrides_carry_the_candidates_stage_costs():
     assert synthetic_overrides(best, inputs) == [
         "model.kind=synthetic",
         "model.layers=4",
+        "model.cost_per=stage",
         "model.fwd_ms=[5,5,10,10]",
         "model.bwd_ms=5",
         "model.wgrad_ms=0",
+        "train.batch_size=4",
     ]
 
 

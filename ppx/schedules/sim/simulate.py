@@ -68,6 +68,13 @@ class Timeline:
         reduce = self.dp_comm[rank] if self.dp_comm else 0.0
         return max(self.makespan - self.compute[rank] - self.comm[rank] - reduce, 0.0)
 
+    def steady(self) -> float:
+        """The steady-state step: the longest rank's own span, from its first compute's start to
+        its end (what consecutive steps cost when no rank waits at a step boundary: the
+        zero-bubble paper's cost). ``makespan`` is the synchronous step: every rank starting
+        together, what `ppx run` measures."""
+        return max((end - row[0].start for end, row in zip(self.rank_end, self.events) if row), default=0.0)
+
     def bubble_fraction(self) -> float:
         """Idle time over all ranks as a share of (ranks x makespan): a run's ``bubble_fraction``."""
         if self.makespan <= 0:

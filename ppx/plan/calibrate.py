@@ -1,0 +1,45 @@
+"""Where a plan's figures for this machine come from, and what it refuses without them: the
+calibration run a plan from flags points to (its runtime overhead per action and hand-off
+time, taken with ``--machine-from``), and the split-backward candidates a ``--from-run`` plan
+refuses when the run never split its backward (its I and W costs are unknown, not 0)."""
+
+from __future__ import annotations
+
+from ppx.plan.inputs import PlanInputs
+from ppx.plan.space import SPLIT_REASON
+
+
+def calibration_command(p: int) -> str:
+    """A short known-cost run at p ranks that measures this machine's overhead and hand-offs."""
+    return (
+        f"ppx run 1f1b_2cpu model.kind=synthetic pipeline.stages={p} pipeline.microbatches=8 "
+        "train.batch_size=8 train.steps=8 model.fwd_ms=5 model.bwd_ms=5 model.wgrad_ms=5"
+    )
+
+
+def calibration_hint(inputs: PlanInputs, machine_from: str | None) -> str:
+    if machine_from:
+        return "measured with --machine-from"
+    p = inputs.stages or 4
+    return (
+        "a run spends more on this machine: measure its figures with `"
+        + calibration_command(p)
+        + "` and plan again with --machine-from <its run directory>"
+    )
+
+
+def split_calibration(config_yaml: str) -> str:
+    """The run that measures I and W apart: the same config under ZB-H1 (it splits every backward)."""
+    return f"ppx run {config_yaml} pipeline.schedule=zb_h1 pipeline.virtual_stages=null run.dir=null"
+
+
+def refused_split_note(from_run: str | None, skipped) -> str | None:
+    """The note naming the split-backward schedules a plan refused for want of I and W costs."""
+    refused = sorted({s.schedule for s in skipped if s.reason.startswith(SPLIT_REASON)})
+    if not from_run or not refused:
+        return None
+    return (
+        f"note: {from_run} never split its backward, so its I and W costs are unknown: "
+        f"{', '.join(refused)} not planned (costing W at 0 would rank them falsely first); measure them with "
+        f"`{split_calibration(from_run + '/config.yaml')}` and plan --from-run that run"
+    )

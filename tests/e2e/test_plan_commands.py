@@ -1,0 +1,88 @@
+"""Every `ppx run` command `ppx plan` prints runs as printed: per model kind, a short 1F1B
+calibration run, a plan from it (v = 2 and 3) whose every candidate's command (plan.json)
+passes `ppx run`'s config checks and whose best's printed command runs to completion; the
+known-cost model with per-stage cost lists, split by a ZB-H1 run, at v = 3 (p·v = 6 cost
+lists); a plan from flags, its printed command run as printed. A run that never split its
+backward gets its split-backward candidates refused, with the run that measures them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import ppx, read_json
+from ppx.plan.howto import check
+
+SHORT = ["train.steps=3", "train.batch_size=8"]
+KINDS = {
+    "mlp": ["1f1b_2cpu", "model.hidden=16"],
+    "transformer": ["transformer_1f1b_2cpu", "model.hidden=32", "model.seq_len=16"],
+    "llama": ["llama_tiny_1f1b_2cpu"],
+    "synthetic": ["1f1b_2cpu", "model.kind=synthetic", "model.fwd_ms=[4,6]", "model.bwd_ms=4", "model.wgrad_ms=[2,3]"],
+}
+
+
+def printed(stdout: str) -> list[str]:
+    return next(line for line in stdout.splitlines() if line.startswith("ppx run ")).split()
+
+
+def plan_and_run(tmp_path, calibration: list[str], *plan_args: str):
+    run = ppx("run", *calibration, *SHORT, f"run.dir={tmp_path / 'calib'}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    r = ppx("plan", "--from-run", str(tmp_path / "calib"), *plan_args, "--out", str(tmp_path / "plan"))
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    for c in plan["candidates"]:
+        assert check(c["command"]) is None, c["command"]
+    words = printed(r.stdout)
+    again = ppx("run", *words[2:], "train.steps=2", f"run.dir={tmp_path / 'best'}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    s = read_json(tmp_path / "best" / "summary.json")
+    assert s["status"] == "completed" and s["microbatches"] == plan["best"]["m"]
+    return r, plan, s
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_every_command_of_a_plan_from_a_1f1b_run_runs(tmp_path, kind):
+    r, plan, s = plan_and_run(tmp_path, KINDS[kind], "-v", "2,3", "-m", "4,8")
+    refused = {x["schedule"] for x in plan["skipped"] if "full backwards only" in x["reason"]}
+    assert {"zb_h1", "zbv", "zb_auto"} <= refused and "pipeline.schedule=zb_h1" in r.stdout
+    assert not any(c["schedule"] in refused for c in plan["candidates"])
+    if kind in ("mlp", "transformer"):  # 4 blocks: 3 stages per rank (6) cannot each hold one
+        assert any("cannot run" in x["reason"] for x in plan["skipped"])
+
+
+def test_known_cost_lists_at_three_stages_per_rank(tmp_path):
+    calib = KINDS["synthetic"] + ["pipeline.schedule=zb_h1"]
+    r, plan, s = plan_and_run(tmp_path, calib, "-v", "3", "--schedules", "interleaved_zb", "-m", "4")
+    assert plan["best"]["v"] == 3 and s["stages"] == 6
+    assert "model.fwd_ms=[1.33333,1.33333,1.33333,2,2,2]" in printed(r.stdout)
+
+
+def test_a_flags_plan_runs_as_printed(tmp_path):
+    r = ppx(
+        "plan",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "--fwd-ms",
+        "4,6",
+        "--bwd-ms",
+        "4",
+        "--wgrad-ms",
+        "2",
+        "-v",
+        "3",
+        "--schedules",
+        "interleaved_zb,zb_auto",
+        "--out",
+        str(tmp_path / "plan"),
+    )
+    assert r.returncode == 0, r.stderr
+    assert "note: assumed 0 ms of runtime overhead per action and 0 ms per hand-off" in r.stdout
+    words = printed(r.stdout)
+    assert words[2] == "1f1b_2cpu"
+    run = ppx("run", *words[2:], "train.steps=2", f"run.dir={tmp_path / 'run'}")
+    assert run.returncode == 0, run.stderr[-3000:]
