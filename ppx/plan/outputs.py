@@ -34,7 +34,7 @@ def write_json(
         "inputs": inputs.to_json(),
         "candidates": [{**r.to_json(), "command": c} for r, c in zip(results, commands)],
         "skipped": [asdict(s) for s in skipped],
-        "best": best.to_json() if best else None,
+        "best": {**best.to_json(), "command": commands[results.index(best)]} if best else None,
         "close_to_best": [results.index(r) for r in close],
         "notes": notes,
     }

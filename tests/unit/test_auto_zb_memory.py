@@ -70,3 +70,25 @@ def test_steady_cost_never_above_sync():
     t = simulate(place_comms(auto_zb(4, 8, costs, None, 8.0, 0.0, "steady"), "nccl"), costs)
     assert timeline_cost(t, "steady") <= timeline_cost(t, "sync")
     assert timeline_cost(t, "steady") < timeline_cost(t, "sync")  # the later ranks start later
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_valid_under_both_transports_with_a_share_and_either_cost(seed):
+    """Random shapes, costs and limits, I freeing 0.6 of a microbatch, both costs: the order
+    places and simulates under NCCL and gloo (the validator runs in place_comms) and holds
+    every microbatch's F, I and W once, within the limit."""
+    import random
+
+    from ppx.schedules.ir.action import Op
+
+    rng = random.Random(seed)
+    p, m = rng.randint(2, 5), rng.randint(2, 10)
+    costs = Costs([rng.uniform(0.5, 2) for _ in range(p)], 1.0, [rng.uniform(0.3, 1) for _ in range(p)], p2p=0.05)
+    limit = rng.uniform(1, 2 * p)
+    s = auto_zb(p, m, costs, None, limit, 0.6, "steady" if seed % 2 else "sync")
+    for transport in ("nccl", "gloo"):
+        simulate(place_comms(s, transport), costs, transport)
+    for row in s.actions:
+        for op in (Op.F, Op.I, Op.W):
+            assert sorted(a.mb for a in row if a.op is op) == list(range(m))
+    assert max(peak_held(s, [1.0] * p, 0.6)) <= limit * (1 + 1e-9)
