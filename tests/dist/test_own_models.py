@@ -29,11 +29,27 @@ pytest.importorskip("transformers")
 
 SMALL = ["model.hidden=32", "model.heads=4", "model.vocab_size=64", "model.seq_len=16"]
 MODELS = {
-    "llama": ["model.kind=hf", "model.hf_config=llama", "model.hf_overrides={intermediate_size: 64, num_key_value_heads: 2}"],
-    "qwen2": ["model.kind=hf", "model.hf_config=qwen2", "model.hf_overrides={intermediate_size: 64, num_key_value_heads: 2}"],
+    "llama": [
+        "model.kind=hf",
+        "model.hf_config=llama",
+        "model.hf_overrides={intermediate_size: 64, num_key_value_heads: 2}",
+    ],
+    "qwen2": [
+        "model.kind=hf",
+        "model.hf_config=qwen2",
+        "model.hf_overrides={intermediate_size: 64, num_key_value_heads: 2}",
+    ],
     # a window shorter than the sequence: the sliding mask is not the causal one
-    "mistral": ["model.kind=hf", "model.hf_config=mistral", "model.hf_overrides={intermediate_size: 64, num_key_value_heads: 2, sliding_window: 6}"],
-    "gpt2": ["model.kind=hf", "model.hf_config=gpt2", "model.hf_overrides={resid_pdrop: 0.0, embd_pdrop: 0.0, attn_pdrop: 0.0}"],
+    "mistral": [
+        "model.kind=hf",
+        "model.hf_config=mistral",
+        "model.hf_overrides={intermediate_size: 64, num_key_value_heads: 2, sliding_window: 6}",
+    ],
+    "gpt2": [
+        "model.kind=hf",
+        "model.hf_config=gpt2",
+        "model.hf_overrides={resid_pdrop: 0.0, embd_pdrop: 0.0, attn_pdrop: 0.0}",
+    ],
     "module": ["model.kind=module", "model.module=examples.tiny_gpt:build", "model.units=[embed,blocks,head]"],
 }
 TRAINING = [n for n in registry.FAMILIES if n != "forward_only"]
@@ -45,14 +61,19 @@ def overrides(model: str, sched: str, p: int, *extra: str) -> list[str]:
     depth = 6 if p * v > 4 else 4  # units = depth + 2: every stage gets one
     size = [f"model.layers={depth}"] if model != "module" else [f"model.args={{depth: {depth}, width: 32, heads: 4}}"]
     m = 8 if sched in EIGHT else 4
-    return MODELS[model] + SMALL + size + [
-        f"pipeline.schedule={sched}",
-        f"pipeline.stages={p}",
-        f"pipeline.microbatches={m}",
-        "train.batch_size=8",
-        "train.seed=3",
-        *extra,
-    ]
+    return (
+        MODELS[model]
+        + SMALL
+        + size
+        + [
+            f"pipeline.schedule={sched}",
+            f"pipeline.stages={p}",
+            f"pipeline.microbatches={m}",
+            "train.batch_size=8",
+            "train.seed=3",
+            *extra,
+        ]
+    )
 
 
 def cases(p: int) -> dict[str, list[str]]:
@@ -61,6 +82,31 @@ def cases(p: int) -> dict[str, list[str]]:
         out |= {f"{mo}-zb_h1-recompute_full": overrides(mo, "zb_h1", 2, "train.recompute=full") for mo in MODELS}
         out |= {f"{mo}-zbv-bf16": overrides(mo, "zbv", 2, "train.dtype=bf16") for mo in MODELS}
         # torch's tracer cuts the module at the same units (untied: the tracer does not sum copies)
+        # an nn.Sequential without model.units, the user's batch and loss functions
+        out["sequential-zb_h1-own_batch_and_loss"] = [
+            "model.kind=module",
+            "model.module=helpers.own_module:build",
+            "model.batch_fn=helpers.own_module:batch",
+            "model.loss_fn=helpers.own_module:loss",
+            "model.args={width: 16, depth: 4}",
+            "pipeline.schedule=zb_h1",
+            "pipeline.stages=2",
+            "pipeline.microbatches=4",
+            "train.batch_size=8",
+            "train.seed=3",
+        ]
+        out["sequential-1f1b-regression"] = [
+            "model.kind=module",
+            "model.module=helpers.own_module:build",
+            "model.data=regression",  # ppx's: the MLP kind's teacher targets and MSE
+            "model.hidden=16",
+            "model.args={width: 16, depth: 4}",
+            "pipeline.schedule=1f1b",
+            "pipeline.stages=2",
+            "pipeline.microbatches=4",
+            "train.batch_size=8",
+            "train.seed=3",
+        ]
         out["module-1f1b-tracer"] = overrides("module", "1f1b", 2, "model.args.tied=false", "pipeline.split=tracer")
         out["module-zb_h1-tracer-split_points"] = overrides(
             "module", "zb_h1", 2, "model.args.tied=false", "pipeline.split=tracer", "model.split_points=[blocks.1]"

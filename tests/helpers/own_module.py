@@ -1,0 +1,26 @@
+"""A user's model of the plainest kind, for model.kind=module tests: an nn.Sequential (its
+children are its units, no model.units needed) with the user's own batch and loss functions."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def build(model) -> nn.Module:
+    width = model.args.get("width", 16)
+    return nn.Sequential(
+        *[nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(model.args.get("depth", 4))]
+    )
+
+
+def batch(model, seed: int, batch_size: int, step: int):
+    """Inputs and targets from the seed and step only: the same on every rank and run."""
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    width = model.args.get("width", 16)
+    x = torch.randn(batch_size, width, generator=g)
+    return x, x.flip(-1).sin()
+
+
+def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return (output - target).abs().mean()  # L1: not ppx's own MSE or cross-entropy
