@@ -264,28 +264,14 @@ def rerun_plans() -> None:
     """``bench/run.py --plans``: the planner rows again (bench/plan_check.py), the other results kept."""
     from bench.plan_check import check_all
 
-    path = ROOT / "bench" / "results.json"
-    results = json.loads(path.read_text())
-    results["plans"] = check_all(ROOT / "docs" / "images")
-    results["plans_measured_on"] = time.strftime("%Y-%m-%d")
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    md = markdown(results, float(os.environ.get("BENCH_SCALE", "1")))
-    write_generated(ROOT / "docs" / "benchmarks.md", md)
-    print(md)
+    _rerun_rows("plans", lambda: check_all(ROOT / "docs" / "images"))
 
 
 def rerun_split() -> None:
     """``bench/run.py --split``: the split-backward rows again (bench/split_backward.py), the other results kept."""
     from bench.split_backward import check_all
 
-    path = ROOT / "bench" / "results.json"
-    results = json.loads(path.read_text())
-    results["split_backward"] = check_all()
-    results["split_backward_measured_on"] = time.strftime("%Y-%m-%d")
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    md = markdown(results, float(os.environ.get("BENCH_SCALE", "1")))
-    write_generated(ROOT / "docs" / "benchmarks.md", md)
-    print(md)
+    _rerun_rows("split_backward", check_all)
 
 
 def rerun_printed() -> None:
@@ -293,10 +279,18 @@ def rerun_printed() -> None:
     printed, zb_auto against the paper's table), the other results kept."""
     from bench.plan_printed import check_all
 
+    _rerun_rows("printed_plans", check_all)
+
+
+def _rerun_rows(key: str, measure) -> None:
+    """``results[key]`` measured again by ``measure()`` (with its date), the other results kept;
+    bench/results.json and docs/benchmarks.md rewritten. The file is read after the measuring,
+    so a change to it meanwhile (a merge) is kept."""
+    rows = measure()
     path = ROOT / "bench" / "results.json"
     results = json.loads(path.read_text())
-    results["printed_plans"] = check_all()
-    results["printed_plans_measured_on"] = time.strftime("%Y-%m-%d")
+    results[key] = rows
+    results[f"{key}_measured_on"] = time.strftime("%Y-%m-%d")
     path.write_text(json.dumps(results, indent=2) + "\n")
     md = markdown(results, float(os.environ.get("BENCH_SCALE", "1")))
     write_generated(ROOT / "docs" / "benchmarks.md", md)
