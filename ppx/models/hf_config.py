@@ -103,10 +103,7 @@ def _resolved(source: str, overrides: str, shapes: str):
             data.pop(k, None)
     data.update({base.attribute_map.get(k, k): v for k, v in given.items()})
     data.pop("model_type", None)
-    vocab = data.get(_key(base, "vocab_size"))
-    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):  # beyond a vocabulary made smaller
-        if key not in given and isinstance(data.get(key), int) and isinstance(vocab, int) and data[key] >= vocab:
-            data[key] = None
+    clear_token_ids(data, data.get(_key(base, "vocab_size")), keep=given)
     try:
         return type(base)(**data)
     except Exception as e:
@@ -121,6 +118,14 @@ def _translates(base, key: str, value) -> set[str]:
     except Exception:
         return set()
     return {k for k in made if k != key and made[k] != plain.get(k)}
+
+
+def clear_token_ids(data: dict, vocab, keep=()) -> None:
+    """Pad, bos and eos ids of config ``data`` past a vocabulary of ``vocab`` (one made
+    smaller) set to None, but those in ``keep`` (given by the user)."""
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if key not in keep and isinstance(data.get(key), int) and isinstance(vocab, int) and data[key] >= vocab:
+            data[key] = None
 
 
 def resolve(model):

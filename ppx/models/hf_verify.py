@@ -15,6 +15,7 @@ import json
 import torch
 
 from ppx.errors import UserError
+from ppx.models import hf_config
 
 SMALL = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "vocab_size": 64}
 SHRUNK = ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size", "ffn_hidden_size")
@@ -41,17 +42,13 @@ def small_copy(config):
         data["head_dim"] = 8
     if isinstance(data.get("layer_types"), list):
         data["layer_types"] = data["layer_types"][:2]
-    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
-        if isinstance(data.get(key), int) and data[key] >= SMALL["vocab_size"]:
-            data[key] = None
+    hf_config.clear_token_ids(data, SMALL["vocab_size"])
     return type(config)(**data)
 
 
 def check(config) -> None:
     """UserError in one line unless the wrapper's logits equal transformers' on a small copy
     (once per process for each small copy: configs that differ only in size share it)."""
-    from ppx.models import hf_config
-
     tf = hf_config.transformers()
     arch = tf.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].__name__
     try:
@@ -82,7 +79,7 @@ class _Differs(Exception):
 
 def _compare(small) -> None:
     """Raise _Differs saying how ppx's wrapper and transformers' model differ on ``small``."""
-    from ppx.models import hf, hf_config
+    from ppx.models import hf
 
     tf = hf_config.transformers()
     n = small.num_hidden_layers

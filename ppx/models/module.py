@@ -71,7 +71,7 @@ def build_stage(cfg, seed: int, stage: int, num_stages: int, blocks: range, cloc
     model, names = _whole(cfg, seed)
     mine = [names[u] for u in blocks]
     held = {id(p) for n in mine for p in model.get_submodule(n).parameters()}
-    tied = {key: model.get_parameter(key) for key in tied_units(cfg)}
+    tied = {key: model.get_parameter(key) for key, units in module_spec.shared_in(model, names) if len(units) > 1}
     return UnitStage(model, mine, {k: p for k, p in tied.items() if id(p) in held})
 
 

@@ -117,7 +117,7 @@ def check(cfg) -> None:
     for key in ("batch_fn", "loss_fn"):
         if getattr(m, key):
             load_function(getattr(m, key), f"model.{key}")
-    _, names = described(m)
+    module, names = described(m)
     if m.layers != len(names):
         raise UserError(f"model.layers={m.layers} but model.units are {len(names)}: leave model.layers out")
     stages = p.stages * (p.virtual_stages or registry.default_virtual(p.schedule))
@@ -140,7 +140,7 @@ def check(cfg) -> None:
             )
         bounds = [0, *starts, len(names)]
         p.layers_per_stage = [b - a for a, b in zip(bounds, bounds[1:])]
-    tied = [n for n, k in shared(m) if len(k) > 1]
+    tied = [n for n, k in shared_in(module, names) if len(k) > 1]
     if tied and registry.runs_on_torch(p.schedule, p.executor):
         raise UserError(f"model.module: {tied[0]} is shared by several units; torch's executor does not sum its copies")
     if tied and p.split == "tracer":
@@ -151,8 +151,12 @@ def check(cfg) -> None:
 
 
 def shared(model) -> list[tuple[str, list[int]]]:
-    """Each parameter's name and the units that hold it."""
-    module, names = described(model)
+    """Each parameter's name and the units that hold it (the model built on the meta device)."""
+    return shared_in(*described(model))
+
+
+def shared_in(module, names: list[str]) -> list[tuple[str, list[int]]]:
+    """Each parameter of ``module`` by name, and the units (indices into ``names``) that hold it."""
     subs = dict(module.named_modules())
     where: dict[int, tuple[str, list[int]]] = {}
     for k, name in enumerate(names):
