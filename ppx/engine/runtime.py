@@ -101,9 +101,15 @@ class Runtime:
             "reduce": self._reduce,
             "drain": self._drain,
         }
-        # overlapped cells on CUDA: the forward runs on a second stream beside the backward
+        # overlapped cells on CUDA: the forward and the backward on two streams (`_overlapped`)
         cells = device.type == "cuda" and any(it.overlap for it in self.program)
         self._side = torch.cuda.Stream(device) if cells else None
+        # a cell's forward item -> its backward's action (the next item)
+        self._cell_backward = {
+            id(it): nxt.actions[0] for it, nxt in zip(self.program, self.program[1:]) if it.overlap == 1
+        }
+        self._on_side: set = set()  # (stage, mb) whose forward ran on the side stream this step
+        self._backward_stream = None
         self.step_index = -1
 
     # -- one step -------------------------------------------------------------------------
@@ -118,6 +124,7 @@ class Runtime:
         self._outbox: dict = {}
         self._requests: list[_Request] = []
         self._loss = None
+        self._on_side = set()
         observers, handlers = self.observers, self._handlers
         item = None
         try:
@@ -175,18 +182,29 @@ class Runtime:
         self.reduce_grads(item.actions[0].stage)
 
     def _overlapped(self, item: Item) -> None:
-        """One part of an overlapped cell on CUDA: the forward (part 1) on the side stream,
-        after everything queued on the compute stream so far (its inputs among them); the
-        backward (part 2) on the compute stream, which then waits for the forward. The two
-        overlap on the GPU; observers (CUDA-event timers) record on each part's own stream."""
-        main = torch.cuda.current_stream(self.device)
+        """One part of an overlapped cell on CUDA, its forward (part 1) and its backward (part 2)
+        on two streams. Autograd runs a backward's kernels on the stream its forward ran on, so
+        a backward whose forward ran in an earlier cell's side stream runs there again: then
+        this cell's forward takes the compute stream, else the side one. Both streams first
+        wait for everything queued so far (the forward's input among it); after the backward,
+        the compute stream waits for both. Observers (CUDA-event timers) record on each part's
+        own stream."""
+        main, side = torch.cuda.current_stream(self.device), self._side
+        a = item.actions[0]
         if item.overlap == 1:
-            self._side.wait_stream(main)
-            with torch.cuda.stream(self._side):
+            b = self._cell_backward[id(item)]
+            side.wait_stream(main)
+            main.wait_stream(side)
+            backward_on_side = (b.stage, b.mb) in self._on_side
+            forward, self._backward_stream = (main, side) if backward_on_side else (side, main)
+            if forward is side:
+                self._on_side.add((a.stage, a.mb))
+            with torch.cuda.stream(forward):
                 run_observed(self.observers, item, self._compute, item)
         else:
-            run_observed(self.observers, item, self._compute, item)
-            main.wait_stream(self._side)
+            with torch.cuda.stream(self._backward_stream):
+                run_observed(self.observers, item, self._compute, item)
+            main.wait_stream(side)
 
     def in_flight(self) -> int:
         """Microbatches whose activations this rank holds for a backward still to come."""

@@ -54,9 +54,11 @@ try:
     out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
 except Exception:
     out["nccl"] = None
-try:
-    v = torch._C._cuda_getDriverVersion()
-    out["cuda_driver_api"] = f"{v // 1000}.{v % 1000 // 10}"
+try:  # the CUDA version the driver supports (cuDriverGetVersion), not torch's build
+    import ctypes
+    v = ctypes.c_int()
+    ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(v))
+    out["cuda_driver_api"] = f"{v.value // 1000}.{v.value % 1000 // 10}"
 except Exception:
     out["cuda_driver_api"] = None
 for i in range(torch.cuda.device_count()):

@@ -41,11 +41,13 @@ class CudaTimer:
         self.device = device
         self._events: list = []  # (start, end) per item position
         self._items: list = []  # this step's items, in order
+        self._ended = 0
         self._origin = torch.cuda.Event(enable_timing=True)
         self._host_origin = 0.0
 
     def begin_step(self, step: int) -> None:
         self._items = []
+        self._ended = 0  # items whose end event is recorded (the host has queued all of them)
         torch.cuda.synchronize(self.device)  # the stream is idle: the origin event fires now
         self._origin.record()
         self._host_origin = time.perf_counter()
@@ -59,6 +61,7 @@ class CudaTimer:
 
     def after(self, item) -> None:
         self._events[len(self._items) - 1][1].record()
+        self._ended = len(self._items)
 
     def end_step(self, step: int) -> list[Span]:
         """Resolve the events (the caller has synchronized the device)."""
@@ -71,10 +74,13 @@ class CudaTimer:
     def device_position(self) -> str | None:
         """The label of this step's first item the GPU has not finished, or None. Safe from
         another thread (the watchdog's): the host queues a step ahead of the GPU, so where the
-        host waits (the step's final synchronize) says little about where a hang is."""
-        items = list(self._items)
+        host waits (the step's final synchronize) says little about where a hang is. An item
+        the host is still inside (its end event not recorded) is unfinished too: the host can
+        wait there on the GPU's earlier work (a kernel's first launch loads its module, which
+        waits for the device)."""
+        items, ended = list(self._items), self._ended
         with torch.cuda.device(self.device):
-            for item, (_, end) in zip(items, self._events):
-                if not end.query():
+            for k, (item, (_, end)) in enumerate(zip(items, self._events)):
+                if k >= ended or not end.query():
                     return item.label
         return None
