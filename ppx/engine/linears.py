@@ -77,6 +77,7 @@ class RoutedLayer:
     def __init__(self, name: str, module: nn.Module, kind: type, weights: StepWeights):
         self.name, self.module, self.kind, self.weights = name, module, kind, weights
         self.store = None  # a `ppx.engine.weight_store.WeightStore` when this layer's W is deferred
+        self.has_bias = getattr(module, "bias", None) is not None
         module.forward = self.forward  # the instance's forward: every call goes through ppx
 
     def unroute(self) -> None:

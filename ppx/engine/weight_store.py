@@ -47,6 +47,7 @@ class WeightStore:
         self.inputs: dict[int, list] = {}  # mb -> [(layer, input, output's gradient edge), ...] of its forward
         self.pending: dict[int, list] = {}  # mb -> [(layer, input, output gradient), ...] in I's order
         self._small: list | None = None  # small_params() of this step
+        self._params: dict = {}  # layer -> its params of this step, looked up at its first W
 
     def small_params(self) -> list[torch.Tensor]:
         """Every trainable parameter that no stored layer owns (as the module holds them now)."""
@@ -54,8 +55,10 @@ class WeightStore:
         return [p for p in self.module.parameters() if p.requires_grad and id(p) not in stored]
 
     def new_step(self) -> None:
-        """Look the parameters up again at the step's first I (data parallel swaps them between steps)."""
+        """Look the parameters up again at the step's first I and W (data parallel swaps them
+        between steps)."""
         self._small = None
+        self._params = {}
 
     def stored_params(self) -> list[torch.Tensor]:
         return [p for layer in self.layers for p in layer.params if p.requires_grad]
@@ -97,23 +100,32 @@ class WeightStore:
         (the stored tensors are detached: nothing here is recorded by autograd). A layer called
         several times has its contributions summed first, in the order the backward met them
         and in the compute dtype, then added, as autograd's input buffer and the cast's
-        backward do."""
-        params: dict[int, list] = {}  # id(layer) -> [params, summed gradients]
+        backward do. Per layer: two matmul-class calls and no more Python than it takes (on a
+        small model W's dispatch is most of its cost)."""
+        sums: dict = {}  # layer -> [weight gradient, bias gradient or None]
         for layer, x, gy in self.pending.pop(mb):
             if gy.dim() != 2:
                 gy, x = gy.reshape(-1, gy.shape[-1]), x.reshape(-1, x.shape[-1])
-            parts = [layer.kind.weight_grad(gy, x)]
-            got = params.get(id(layer))
+            gw = layer.kind.weight_grad(gy, x)
+            gb = gy.sum(0) if layer.has_bias else None
+            got = sums.get(layer)
             if got is None:
-                ps = layer.params
-                if len(ps) == 2:
-                    parts.append(gy.sum(0))
-                params[id(layer)] = [ps, parts]
+                sums[layer] = [gw, gb]
             else:
-                if len(got[0]) == 2:
-                    parts.append(gy.sum(0))
-                got[1] = [a + b for a, b in zip(got[1], parts)]
-        _accumulate([p for ps, _ in params.values() for p in ps], [g for _, gs in params.values() for g in gs])
+                got[0] = got[0] + gw
+                if gb is not None:
+                    got[1] = got[1] + gb
+        params, grads, cached = [], [], self._params
+        for layer, (gw, gb) in sums.items():
+            ps = cached.get(layer)
+            if ps is None:
+                ps = cached[layer] = layer.params
+            params.append(ps[0])
+            grads.append(gw)
+            if gb is not None:
+                params.append(ps[1])
+                grads.append(gb)
+        _accumulate(params, grads)
 
     def microbatches(self) -> set[int]:
         """Microbatches the store holds anything of."""
