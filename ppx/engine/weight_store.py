@@ -100,36 +100,48 @@ class WeightStore:
         (the stored tensors are detached: nothing here is recorded by autograd). A layer called
         several times has its contributions summed first, in the order the backward met them
         and in the compute dtype, then added, as autograd's input buffer and the cast's
-        backward do. Per layer: two matmul-class calls and no more Python than it takes (on a
-        small model W's dispatch is most of its cost)."""
-        sums: dict = {}  # layer -> [weight gradient, bias gradient or None]
-        for layer, x, gy in self.pending.pop(mb):
+        backward do. Each layer's gradients are added as soon as its last call is summed, so
+        W holds one layer's new gradients at a time, not the stage's (as autograd's
+        AccumulateGrad does); per layer, no more Python than it takes (on a small model W's
+        dispatch is most of its cost)."""
+        pending = self.pending.pop(mb)
+        last = {layer: k for k, (layer, _, _) in enumerate(pending)}
+        sums: dict = {}  # layer -> [weight gradient, bias gradient or None], for layers called again
+        cached = self._params
+        for k, (layer, x, gy) in enumerate(pending):
             if gy.dim() != 2:
                 gy, x = gy.reshape(-1, gy.shape[-1]), x.reshape(-1, x.shape[-1])
             gw = layer.kind.weight_grad(gy, x)
             gb = gy.sum(0) if layer.has_bias else None
-            got = sums.get(layer)
-            if got is None:
+            got = sums.pop(layer, None)
+            if got is not None:
+                gw = got[0] + gw
+                gb = None if gb is None else got[1] + gb
+            if last[layer] != k:
                 sums[layer] = [gw, gb]
-            else:
-                got[0] = got[0] + gw
-                if gb is not None:
-                    got[1] = got[1] + gb
-        params, grads, cached = [], [], self._params
-        for layer, (gw, gb) in sums.items():
+                continue
             ps = cached.get(layer)
             if ps is None:
                 ps = cached[layer] = layer.params
-            params.append(ps[0])
-            grads.append(gw)
+            _add_grad(ps[0], gw)
             if gb is not None:
-                params.append(ps[1])
-                grads.append(gb)
-        _accumulate(params, grads)
+                _add_grad(ps[1], gb)
 
     def microbatches(self) -> set[int]:
         """Microbatches the store holds anything of."""
         return set(self.pending) | set(self.inputs)
+
+
+def _add_grad(p: torch.Tensor, g: torch.Tensor) -> None:
+    """p.grad += g (a first gradient is g itself), g cast to the parameter's dtype first."""
+    if not p.requires_grad:
+        return
+    if g.dtype != p.dtype:
+        g = g.to(p.dtype)
+    if p.grad is None:
+        p.grad = g
+    else:
+        p.grad.add_(g)
 
 
 def _accumulate(params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
