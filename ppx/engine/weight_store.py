@@ -134,32 +134,34 @@ class WeightStore:
 
 def _add_grad(p: torch.Tensor, g: torch.Tensor) -> None:
     """p.grad += g (a first gradient is g itself), g cast to the parameter's dtype first."""
-    if not p.requires_grad:
-        return
-    if g.dtype != p.dtype:
-        g = g.to(p.dtype)
-    if p.grad is None:
-        p.grad = g
-    else:
+    g = _to_add(p, g)
+    if g is not None:
         p.grad.add_(g)
 
 
 def _accumulate(params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
-    """p.grad += g for each pair (a first gradient is g itself), g cast to the parameter's dtype
-    first; the additions in one foreach call."""
+    """`_add_grad` for each pair, the additions in one foreach call."""
     into, adds = [], []
     for p, g in zip(params, grads):
-        if not p.requires_grad:
-            continue
-        if g.dtype != p.dtype:
-            g = g.to(p.dtype)
-        if p.grad is None:
-            p.grad = g
-        else:
+        g = _to_add(p, g)
+        if g is not None:
             into.append(p.grad)
             adds.append(g)
     if into:
         torch._foreach_add_(into, adds)
+
+
+def _to_add(p: torch.Tensor, g: torch.Tensor) -> torch.Tensor | None:
+    """``g`` in ``p``'s dtype, to add to ``p.grad``; None when there is nothing to add (``p``
+    takes no gradient, or ``g`` became its first one)."""
+    if not p.requires_grad:
+        return None
+    if g.dtype != p.dtype:
+        g = g.to(p.dtype)
+    if p.grad is None:
+        p.grad = g
+        return None
+    return g
 
 
 def _shared_params(module: nn.Module) -> set[int]:
