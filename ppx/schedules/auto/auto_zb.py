@@ -10,9 +10,10 @@ nothing runs one B instead.
 The candidates: the handcrafted orders that fit (1F1B, ZB-H1, ZB-H2: zb_auto is never slower
 than they are); ZB-H1- and ZB-H2-shaped orders with per-rank warmups that fill each rank's
 wait for its first gradient and W's held back on the later ranks (`ppx.schedules.auto.zb_family`);
-below SIMULATE_UP_TO microbatch-stages, the paper's list-scheduling heuristic too
-(`ppx.schedules.auto.greedy_fill`: I as soon as its gradient arrives, forwards while the
-memory allows, W's filling the idle time; a family of variants). Each is built at the limit
+the paper's list-scheduling heuristic (`ppx.schedules.auto.greedy_fill`: I as soon as its
+gradient arrives, forwards while the memory allows, W's filling the idle time) seeded with
+the best ZB-shaped orders' warmups and held-back W's (`seeded_pass`), and below GREEDY_UP_TO
+microbatch-stages a family of its variants. Each is built at the limit
 given and at every limit below it on a ladder (`ladder`): k microbatches on every rank, so that
 more memory never gives a slower order (the best over all of them). They are ranked by
 ``cost``: ``sync`` (every rank starting together: what `ppx run` measures) or ``steady`` (the
@@ -116,7 +117,10 @@ def candidates(p: int, m: int, clock: Clock, mem: Memory) -> list[list[list[Acti
         members = zb_family.family(p, m, trips(p, t), point, p * m <= GREEDY_UP_TO)
         found += [_whole(rows, t) for _, rows in members]
         ranked = sorted(members, key=lambda x: clock(x[1]))[:REFINED]
-        found += [_whole(refine(p, m, shape, t, point, clock.cost, REFINE_TRIES)[0], t) for shape, _ in ranked]
+        refined = [refine(p, m, shape, t, point, clock.cost, REFINE_TRIES) for shape, _ in ranked]
+        found += [_whole(rows, t) for rows, _, _ in refined]
+        for shape in dict.fromkeys([s for s, _ in ranked] + [s for _, _, s in refined]):
+            found += seeded_pass(p, m, t, shape, point)
         if p * m <= GREEDY_UP_TO:
             for policy in policies(p, m, t, point):
                 if policy not in free:  # the same order as at a lower limit that never held it back
@@ -129,6 +133,22 @@ def candidates(p: int, m: int, clock: Clock, mem: Memory) -> list[list[list[Acti
         if key not in out and mem.holds(rows):
             out[key] = [list(r) for r in rows]
     return list(out.values())
+
+
+def seeded_pass(p: int, m: int, t: StageTimes, shape: zb_family.Shape, mem: Memory) -> list:
+    """The list-scheduling pass run with a ZB-shaped order's own warmups as its in-flight caps
+    and its held-back W's as its reserve: the same steady state, but each rank takes an I as
+    soon as its gradient arrives and fills the waits with W's, which the fixed shape cannot do
+    where the ranks' warmups end at different microbatches (the drain). One pass, cheap at any
+    size (p=32, m=256: 0.06 s). [] where the pass cannot finish."""
+    warmup, deferred, w_first = shape
+    caps = tuple(max(1, w + (0 if w_first else 1)) for w in warmup)
+    policy = Policy(caps, tuple(w > 0 for w in t.wgrad), reserve=tuple(deferred))
+    try:
+        rows, _, _ = greedy_fill(p, m, t, policy, mem)
+    except ScheduleError:
+        return []
+    return [actions(rows)]
 
 
 def ladder(p: int, m: int, mem: Memory) -> list[Memory]:

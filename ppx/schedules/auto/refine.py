@@ -13,8 +13,8 @@ from ppx.schedules.auto.zb_family import Shape, zb_order
 
 
 def refine(p: int, m: int, start: Shape, t: StageTimes, mem: Memory, cost: str, tries: int):
-    """(the best rows found from ``start`` within ``tries`` orders timed, its cost): a count,
-    not seconds, so that the same inputs give the same order."""
+    """(the best rows found from ``start`` within ``tries`` orders timed, its cost, its shape):
+    a count, not seconds, so that the same inputs give the same order."""
     best, rows = start, zb_order(p, m, *start)
     best_cost = order_cost(rows, m, t, cost)
     tried = {start}
@@ -38,7 +38,7 @@ def refine(p: int, m: int, start: Shape, t: StageTimes, mem: Memory, cost: str, 
                     break
             if improved:
                 break
-    return rows, best_cost
+    return rows, best_cost, best
 
 
 def _moves(s: Shape, r: int, p: int, m: int) -> list[Shape]:
