@@ -109,7 +109,6 @@ class Runtime:
             id(it): nxt.actions[0] for it, nxt in zip(self.program, self.program[1:]) if it.overlap == 1
         }
         self._on_side: set = set()  # (stage, mb) whose forward ran on the side stream this step
-        self._backward_stream = None
         self.step_index = -1
 
     # -- one step -------------------------------------------------------------------------
@@ -195,14 +194,13 @@ class Runtime:
             b = self._cell_backward[id(item)]
             side.wait_stream(main)
             main.wait_stream(side)
-            backward_on_side = (b.stage, b.mb) in self._on_side
-            forward, self._backward_stream = (main, side) if backward_on_side else (side, main)
+            forward = main if (b.stage, b.mb) in self._on_side else side
             if forward is side:
                 self._on_side.add((a.stage, a.mb))
             with torch.cuda.stream(forward):
                 run_observed(self.observers, item, self._compute, item)
-        else:
-            with torch.cuda.stream(self._backward_stream):
+        else:  # the stream its forward ran on, the other one than this cell's forward
+            with torch.cuda.stream(side if (a.stage, a.mb) in self._on_side else main):
                 run_observed(self.observers, item, self._compute, item)
             main.wait_stream(side)
 
