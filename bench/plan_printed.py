@@ -2,7 +2,8 @@
 
 (a) The profile a new user tried (p=4, m=8, F = I = 10 ms, W 10 ms and 15 on the last stage,
 1 MiB saved per microbatch, 6 MiB per rank): a plan from flags alone, one with this machine's
-figures from the calibration run its header points to (``--machine-from``), and a plan from a
+figures measured by the calibration run its header points to (``--calibrate``: ppx makes
+that run itself), and a plan from a
 1F1B calibration run of the known-cost model at those costs (``--from-run``: its split
 candidates refused). Each best's printed command runs as printed (``train.steps`` raised for
 steadier medians); its measured step is held against the predicted one: within 5%.
@@ -59,10 +60,11 @@ def check_printed() -> dict:
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         out = {"flags": _plan_and_run(tmp, "flags", *PROFILE, *MEMORY)}
-        _ppx("run", *_calibration(4), *STEPS, f"run.dir={tmp / 'calibration'}")
-        out["machine_from"] = _plan_and_run(
-            tmp, "machine", *PROFILE, *MEMORY, "--machine-from", str(tmp / "calibration")
-        )
+        os.environ["PPX_CACHE_DIR"] = str(tmp / "cache")  # a calibration of its own, measured now
+        try:
+            out["calibrate"] = _plan_and_run(tmp, "calibrate", *PROFILE, *MEMORY, "--calibrate")
+        finally:
+            del os.environ["PPX_CACHE_DIR"]
         known = ["model.fwd_ms=10", "model.bwd_ms=10", "model.wgrad_ms=[10,10,10,15]"]
         base = [w for w in _calibration(4) if not w.startswith(("model.fwd_ms", "model.bwd_ms", "model.wgrad_ms"))]
         _ppx("run", *base, *known, *STEPS, f"run.dir={tmp / 'onef1b'}")
@@ -80,7 +82,7 @@ def rows(got: dict) -> list[tuple[str, str, str, str]]:
     out = []
     labels = {
         "flags": "flags only (0 overhead, 0 hand-off assumed)",
-        "machine_from": "flags + --machine-from a calibration run",
+        "calibrate": "flags + --calibrate (ppx measures this machine's overhead and hand-off itself)",
         "from_1f1b_run": "--from-run a 1F1B known-cost run (split candidates refused)",
     }
     for key, r in got.get("printed", {}).items():

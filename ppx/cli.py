@@ -153,6 +153,15 @@ def _plan_parser(sub) -> None:
         "prints one); default: the flags (0 unless given)",
     )
     pl.add_argument(
+        "--calibrate",
+        nargs="?",
+        const="reuse",
+        choices=["reuse", "new"],
+        help="with cost flags: this machine's figures (as --machine-from) from a short known-cost run ppx makes "
+        "at the plan's p and keeps in ~/.cache/ppx ($PPX_CACHE_DIR): the newest one there, or a new one "
+        "(--calibrate new)",
+    )
+    pl.add_argument(
         "--act-bytes", metavar="SIZE[,SIZE...]", help="bytes one microbatch's forward saves (e.g. 64MiB), likewise"
     )
     pl.add_argument(

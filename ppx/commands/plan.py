@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from ppx.commands.plan_inputs import from_flags, from_run, ints
+from ppx.commands.plan_inputs import calibrated, from_flags, from_run, ints
 from ppx.errors import UserError
 from ppx.plan.space import schedule_names
 
@@ -60,10 +60,11 @@ def assumption_notes(args, inputs, skipped) -> list[str]:
 
     out = []
     if not args.from_run:
+        measured = bool(getattr(args, "machine_from", None) or getattr(args, "calibrate", None))
         out.append(
             f"note: assumed {inputs.overhead_s * 1e3:.4g} ms of runtime overhead per action and "
-            f"{inputs.p2p_s * 1e3:.4g} ms per hand-off ({inputs.source}); "
-            + calibration_hint(inputs, getattr(args, "machine_from", None))
+            f"{inputs.p2p_s * 1e3:.4g} ms per hand-off ({inputs.source})"
+            + ("" if measured else "; " + calibration_hint(inputs))
         )
     note = refused_split_note(args.from_run, skipped)
     return out + ([note] if note else [])
@@ -95,6 +96,8 @@ def cmd_plan(args) -> int:
         inputs, ps, ms = from_flags(args)
         experiment = EXPERIMENT
     out = out_dir(args.out)
+    if not args.from_run:
+        inputs = calibrated(args, inputs, ps)
     cands, skipped = candidates(names, ps, ms, vs, inputs)
     if not cands:
         raise UserError("no candidate to plan: " + "; ".join(f"{s.schedule}: {s.reason}" for s in skipped[:3]))

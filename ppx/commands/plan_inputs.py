@@ -10,7 +10,7 @@ from ppx.errors import UserError
 from ppx.plan.inputs import PlanInputs
 from ppx.plan.sizes import parse_sizes
 
-COST_FLAGS = ("fwd_ms", "bwd_ms", "wgrad_ms", "p2p_ms", "overhead_ms", "act_bytes", "machine_from")
+COST_FLAGS = ("fwd_ms", "bwd_ms", "wgrad_ms", "p2p_ms", "overhead_ms", "act_bytes", "machine_from", "calibrate")
 
 
 def flag(attr: str) -> str:
@@ -74,7 +74,8 @@ def from_flags(args) -> tuple[PlanInputs, list[int], list[int]]:
         raise UserError("give costs: --from-run DIR, or --fwd-ms and --bwd-ms (--wgrad-ms, --p2p-ms optional)")
     n = _units(args)
     per = "layer" if args.per_layer else "stage"
-    machine = _machine(args)
+    ps = (ints("--stages", args.stages) or [4]) if args.per_layer else [n]
+    _check_machine_flags(args, max(ps))
     inputs = PlanInputs(
         fwd_s=tuple(ms_list("--fwd-ms", args.fwd_ms, n)),
         bwd_s=tuple(ms_list("--bwd-ms", args.bwd_ms, n)),
@@ -89,9 +90,8 @@ def from_flags(args) -> tuple[PlanInputs, list[int], list[int]]:
         transport=args.transport or "nccl",
         rank_by=getattr(args, "rank_by", "sync"),
     )
-    if machine:
-        inputs = replace(inputs, **{k: v for k, v in machine.items() if k != "transport" or not args.transport})
-    ps = (ints("--stages", args.stages) or [4]) if args.per_layer else [n]
+    if args.machine_from:
+        inputs = _with_machine(args, inputs, args.machine_from, args.machine_from)
     too_many = [p for p in ps if p > n] if args.per_layer else []
     if too_many:
         raise UserError(f"--stages {too_many[0]} but the costs are of {n} layers: every stage needs at least one")
@@ -152,25 +152,59 @@ def _max_stages(cfg) -> int | None:
     return cfg.model.layers + extra_units(cfg.model.kind)
 
 
-def _machine(args) -> dict | None:
-    """This machine's runtime figures measured in ``--machine-from``'s run: its overhead per
-    action, hand-off and posting times, transport and receive lookahead."""
-    if not getattr(args, "machine_from", None):
-        return None
+def _check_machine_flags(args, p: int) -> None:
+    """``--machine-from`` and ``--calibrate`` each give this machine's overhead and hand-off:
+    neither with the other, nor with the flags for them; a calibration runs p ranks here."""
+    calibrate = getattr(args, "calibrate", None)
+    given = getattr(args, "machine_from", None)
+    if not calibrate and not given:
+        return
+    clash = [flag(a) for a in ("p2p_ms", "overhead_ms") if getattr(args, a) is not None]
+    clash += ["--machine-from"] if calibrate and given else []
+    which = "--calibrate" if calibrate else "--machine-from"
+    if clash:
+        raise UserError(f"{which} gives this machine's overhead and hand-off; leave out {', '.join(clash)}")
+    if calibrate:
+        from ppx.commands.calibration import MAX_RANKS
+
+        if p > MAX_RANKS:
+            raise UserError(
+                f"--calibrate measures this machine with p CPU ranks; p={p} is a cluster's: give "
+                "--machine-from a run directory of that cluster instead"
+            )
+
+
+def calibrated(args, inputs: PlanInputs, ps: list[int]) -> PlanInputs:
+    """With ``--calibrate``, ``inputs`` with this machine's figures from its calibration run at
+    the largest p (the newest kept, or one run now): called after every other check."""
+    if not getattr(args, "calibrate", None):
+        return inputs
+    from ppx.commands.calibration import calibrated_run, measured_at
+
+    run_dir, now = calibrated_run(max(ps), args.calibrate)
+    when = f"{'measured now' if now else 'measured'} {measured_at(run_dir)}"
+    return _with_machine(args, inputs, str(run_dir), f"this machine's calibration {run_dir}, {when}")
+
+
+def _with_machine(args, inputs: PlanInputs, run_dir: str, source: str) -> PlanInputs:
+    """``inputs`` with this machine's runtime figures measured in the run ``run_dir``: its
+    overhead per action, hand-off and posting times, transport (unless --transport) and
+    receive lookahead."""
     from ppx.measure.prediction import costs_from, transport_of
 
-    run, s = measured_run(args.machine_from)
+    run, s = measured_run(run_dir)
     c = costs_from(s.measured_costs, s.stages or s.world_size)
     transport, lookahead = transport_of(run.config, (run.env or {}).get("backend", "gloo"))
-    return {
-        "p2p_s": c.p2p,
-        "overhead_s": c.overhead + _excess(run.config, s),
-        "send_post_s": c.send_post,
-        "recv_post_s": c.recv_post,
-        "transport": transport,
-        "lookahead": lookahead,
-        "source": f"flags; runtime figures from {args.machine_from}",
-    }
+    return replace(
+        inputs,
+        p2p_s=c.p2p,
+        overhead_s=c.overhead + _excess(run.config, s),
+        send_post_s=c.send_post,
+        recv_post_s=c.recv_post,
+        transport=args.transport or transport,
+        lookahead=lookahead,
+        source=f"flags; runtime figures from {source}",
+    )
 
 
 def _excess(cfg, s) -> float:

@@ -17,14 +17,13 @@ def calibration_command(p: int) -> str:
     )
 
 
-def calibration_hint(inputs: PlanInputs, machine_from: str | None) -> str:
-    if machine_from:
-        return "measured with --machine-from"
+def calibration_hint(inputs: PlanInputs) -> str:
+    """How to give a plan from flags this machine's figures."""
     p = inputs.stages or 4
     return (
-        "a run spends more on this machine: measure its figures with `"
+        "a run spends more on this machine: plan again with --calibrate (ppx measures its figures once, with `"
         + calibration_command(p)
-        + "` and plan again with --machine-from <its run directory>"
+        + "`, and keeps them), or --machine-from <a run directory of that command>"
     )
 
 

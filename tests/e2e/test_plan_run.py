@@ -87,3 +87,23 @@ def test_an_interleaved_best_csv_runs_with_its_stage_map(tmp_path):
     }
     assert ran == {(stage, stage % 2) for stage in range(4)}
     assert ran == set(enumerate(read_csv(tmp_path / "plan" / "best.csv").stage_to_rank))
+
+
+def test_calibrate_measures_this_machine_once_and_keeps_it(tmp_path):
+    env = {"PPX_CACHE_DIR": str(tmp_path / "cache")}
+    plan = ["plan", *COSTS, "--schedules", "1f1b,zb_h1"]
+    r = ppx(*plan, "--calibrate", "--out", str(tmp_path / "first"), env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = sorted((tmp_path / "cache" / "calibration").glob("*/p2/*/summary.json"))
+    assert len(runs) == 1 and read_json(runs[0])["status"] == "completed"
+    assert "ppx plan: calibrating this machine: ppx run 1f1b_2cpu model.kind=synthetic pipeline.stages=2" in r.stdout
+    assert f"runtime figures from this machine's calibration {runs[0].parent}, measured now" in r.stdout
+    first = read_json(tmp_path / "first" / "plan.json")["inputs"]
+    # this machine's figures, not the flags' zeros; the calibration ran gloo on CPU
+    assert first["overhead_s"] > 0 and first["p2p_s"] > 0 and first["transport"] == "gloo"
+    again = ppx(*plan, "--calibrate", "--out", str(tmp_path / "again"), env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "calibrating" not in again.stdout and f"{runs[0].parent}, measured 20" in again.stdout
+    kept = read_json(tmp_path / "again" / "plan.json")["inputs"]
+    assert (kept["overhead_s"], kept["p2p_s"]) == (first["overhead_s"], first["p2p_s"])
+    assert len(list((tmp_path / "cache").rglob("summary.json"))) == 1

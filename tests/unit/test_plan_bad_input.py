@@ -41,6 +41,23 @@ CASES = {
     "negative close": (COSTS + ["--close-pct", "-1"], "--close-pct must be >= 0, got -1"),
     "zero top": (COSTS + ["--top", "0"], "--top must be >= 1"),
     "negative p2p": (COSTS + ["--p2p-ms", "-2"], "--p2p-ms must be >= 0"),
+    "calibrate and machine-from": (
+        COSTS + ["--calibrate", "--machine-from", "."],
+        "--calibrate gives this machine's overhead and hand-off; leave out --machine-from",
+    ),
+    "calibrate and overhead": (
+        COSTS + ["--overhead-ms", "1", "--calibrate", "new"],
+        "--calibrate gives this machine's overhead and hand-off; leave out --overhead-ms",
+    ),
+    "machine-from and p2p": (
+        COSTS + ["--machine-from", ".", "--p2p-ms", "1"],
+        "--machine-from gives this machine's overhead and hand-off; leave out --p2p-ms",
+    ),
+    "calibrate a cluster's p": (
+        ["--per-layer", "--fwd-ms", ",".join(["1"] * 16), "--bwd-ms", "1", "--stages", "16", "--calibrate"],
+        "--calibrate measures this machine with p CPU ranks; p=16 is a cluster's",
+    ),
+    "from-run and calibrate": (["--from-run", ".", "--calibrate"], "leave out --calibrate"),
 }
 
 
