@@ -8,7 +8,9 @@ tests/e2e:  the ``ppx`` command as a user runs it (run, sweep, failures, logging
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,10 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 import helpers  # noqa: E402, F401  counts the GPUs, then hides them from the processes tests start
+
+# what ppx keeps of this machine (`ppx plan --calibrate`'s runs) goes to a folder of the test
+# session's own: a test neither reads the user's ~/.cache/ppx nor writes there
+os.environ["PPX_CACHE_DIR"] = tempfile.mkdtemp(prefix="ppx-cache-")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -60,7 +60,7 @@ def assumption_notes(args, inputs, skipped) -> list[str]:
 
     out = []
     if not args.from_run:
-        measured = bool(getattr(args, "machine_from", None) or getattr(args, "calibrate", None))
+        measured = inputs.source != "flags"  # this machine's figures: --machine-from, --calibrate or kept
         out.append(
             f"note: assumed {inputs.overhead_s * 1e3:.4g} ms of runtime overhead per action and "
             f"{inputs.p2p_s * 1e3:.4g} ms per hand-off ({inputs.source})"

@@ -175,15 +175,27 @@ def _check_machine_flags(args, p: int) -> None:
 
 
 def calibrated(args, inputs: PlanInputs, ps: list[int]) -> PlanInputs:
-    """With ``--calibrate``, ``inputs`` with this machine's figures from its calibration run at
-    the largest p (the newest kept, or one run now): called after every other check."""
-    if not getattr(args, "calibrate", None):
-        return inputs
-    from ppx.commands.calibration import calibrated_run, measured_at
+    """``inputs`` with this machine's figures from its calibration run at the largest p: with
+    ``--calibrate``, the newest kept or one run now; without it, and without any other source
+    of those figures (``--machine-from``, ``--p2p-ms``, ``--overhead-ms``, ``--transport``: a
+    plan for another machine), the newest one an earlier ``--calibrate`` kept, if any.
+    Called after every other check."""
+    from ppx.commands.calibration import MAX_RANKS, calibrated_run, completed, measured_at
 
-    run_dir, now = calibrated_run(max(ps), args.calibrate)
-    when = f"{'measured now' if now else 'measured'} {measured_at(run_dir)}"
-    return _with_machine(args, inputs, str(run_dir), f"this machine's calibration {run_dir}, {when}")
+    p = max(ps)
+    if getattr(args, "calibrate", None):
+        run_dir, now = calibrated_run(p, args.calibrate)
+        when = f"{'measured now' if now else 'measured'} {measured_at(run_dir)}"
+        return _with_machine(args, inputs, str(run_dir), f"this machine's calibration {run_dir}, {when}")
+    given = [args.machine_from, args.p2p_ms, args.overhead_ms, args.transport]
+    kept = completed(p) if p <= MAX_RANKS and all(x is None for x in given) else None
+    if kept is None:
+        return inputs
+    source = (
+        f"this machine's calibration {kept}, measured {measured_at(kept)}, kept by an earlier --calibrate "
+        "(--overhead-ms 0 --p2p-ms 0 to plan without)"
+    )
+    return _with_machine(args, inputs, str(kept), source)
 
 
 def _with_machine(args, inputs: PlanInputs, run_dir: str, source: str) -> PlanInputs:

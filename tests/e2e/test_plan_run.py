@@ -89,7 +89,7 @@ def test_an_interleaved_best_csv_runs_with_its_stage_map(tmp_path):
     assert ran == set(enumerate(read_csv(tmp_path / "plan" / "best.csv").stage_to_rank))
 
 
-def test_calibrate_measures_this_machine_once_and_keeps_it(tmp_path):
+def test_calibrate_measures_this_machine_once_and_later_plans_take_it(tmp_path):
     env = {"PPX_CACHE_DIR": str(tmp_path / "cache")}
     plan = ["plan", *COSTS, "--schedules", "1f1b,zb_h1"]
     r = ppx(*plan, "--calibrate", "--out", str(tmp_path / "first"), env=env)
@@ -106,4 +106,11 @@ def test_calibrate_measures_this_machine_once_and_keeps_it(tmp_path):
     assert "calibrating" not in again.stdout and f"{runs[0].parent}, measured 20" in again.stdout
     kept = read_json(tmp_path / "again" / "plan.json")["inputs"]
     assert (kept["overhead_s"], kept["p2p_s"]) == (first["overhead_s"], first["p2p_s"])
+    # later plans from flags alone take the kept calibration too, and say so; given figures win
+    plain = ppx(*plan, "--out", str(tmp_path / "plain"), env=env)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert f"{runs[0].parent}, measured 20" in plain.stdout and "kept by an earlier --calibrate" in plain.stdout
+    assert read_json(tmp_path / "plain" / "plan.json")["inputs"]["overhead_s"] == first["overhead_s"]
+    ideal = ppx(*plan, "--overhead-ms", "0", "--p2p-ms", "0", "--out", str(tmp_path / "ideal"), env=env)
+    assert "note: assumed 0 ms of runtime overhead per action and 0 ms per hand-off (flags)" in ideal.stdout
     assert len(list((tmp_path / "cache").rglob("summary.json"))) == 1
