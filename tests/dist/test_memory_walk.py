@@ -1,0 +1,88 @@
+"""Every schedule with a backward, on the MLP at p = 2 (two stages a rank where the schedule
+takes several): each rank's peak saved bytes, measured by the memory counters around the
+runtime's actions (real gloo processes), equal the memory model's walk of the schedule from
+the bytes one microbatch saved per stage (`ppx.measure.prediction.memory_prediction`, what
+`ppx run` reports next to the measured peak). The MLP's layers each save their own
+activations, so the walk is exact. One process group runs every schedule; `ppx run`'s own
+report of the same figures is checked on the transformer and llama in
+tests/e2e/test_memory_prediction.py and at p = 4 in tests/e2e/test_instrumentation.py."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from helpers import free_port
+from ppx import config
+from ppx.config import resolve_schedule
+from ppx.engine.comm import P2P
+from ppx.engine.rank import build_rank
+from ppx.measure.instruments import Instruments
+from ppx.measure.prediction import memory_prediction
+from ppx.schedules.registry import FAMILIES
+
+P = 2
+EVERY = [name for name in FAMILIES if name != "forward_only"]  # forward_only saves nothing to free
+SEVERAL = ("interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv", "dualpipev")  # 2 stages a rank
+
+
+def overrides(name: str) -> list[str]:
+    m = 2 * P if name == "dualpipev" else 4  # DualPipeV needs m >= 2p
+    layers = 2 * P if name in SEVERAL else 4
+    return [
+        "model.kind=mlp",
+        "model.hidden=32",
+        f"model.layers={layers}",
+        f"pipeline.schedule={name}",
+        f"pipeline.stages={P}",
+        f"pipeline.microbatches={m}",
+        "train.batch_size=8",
+    ] + (["pipeline.virtual_stages=2"] if name in SEVERAL else [])
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    )
+    try:
+        for name in EVERY:
+            cfg = config.load(None, overrides(name))
+            schedule = resolve_schedule(cfg)
+            pipe = build_rank(cfg, schedule, rank, "cpu", P2P.for_backend("gloo"))
+            inst = Instruments(cfg, pipe, torch.device("cpu"))
+            pipe.observers.extend(inst.observers)
+            inst.begin_step(0)
+            pipe.step(0)
+            record, _ = inst.end_step(0)
+            ranks = [None] * world
+            dist.all_gather_object(ranks, {"rank": rank, **record})
+            if rank == 0:
+                predicted = memory_prediction([{"ranks": ranks}], schedule, ranks)
+                torch.save({"ranks": ranks, "predicted": predicted}, Path(out) / f"{name}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def walked(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("memory_walk")
+    mp.spawn(_worker, args=(P, free_port(), str(out)), nprocs=P, join=True)
+    return out
+
+
+@pytest.mark.parametrize("name", EVERY)
+def test_the_walk_predicts_each_ranks_measured_peak(walked, name):
+    got = torch.load(walked / f"{name}.pt")
+    ranks, predicted = got["ranks"], got["predicted"]
+    assert predicted, "the counters measured saved bytes"
+    assert len(predicted["saved_bytes_per_microbatch"]) == (2 * P if name in SEVERAL else P)
+    for r in ranks:
+        assert r["peak_activation_bytes"] > 0, (name, r)
+        assert predicted["predicted_peak_activation_bytes"][r["rank"]] == r["peak_activation_bytes"], (name, r)
+    assert predicted["memory_prediction_error"] == 0
