@@ -274,6 +274,14 @@ def rerun_split() -> None:
     _rerun_rows("split_backward", check_all)
 
 
+def rerun_split_large() -> None:
+    """``bench/run.py --split-large``: the split-backward rows where matmuls dominate again
+    (bench/split_backward.py's `check_large`), the other results kept."""
+    from bench.split_backward import check_large
+
+    _rerun_rows("split_large", check_large)
+
+
 def rerun_printed() -> None:
     """``bench/run.py --printed``: issue 25's rows again (bench/plan_printed.py: plans run as
     printed, zb_auto against the paper's table), the other results kept."""
@@ -307,6 +315,8 @@ def main() -> None:
         return rerun_split()
     if sys.argv[1:2] == ["--printed"]:
         return rerun_printed()
+    if sys.argv[1:2] == ["--split-large"]:
+        return rerun_split_large()
     only = sys.argv[1:] or list(CASES)
     print(f"ppx bench: {len(only)} cases")
     results = {name: run_case(name, scale) for name in only}
@@ -329,6 +339,9 @@ def main() -> None:
         from bench.split_backward import check_all as check_split
 
         results["split_backward"] = check_split()  # zero bubble on real models (bench/split_backward.py)
+        from bench.split_backward import check_large
+
+        results["split_large"] = check_large()  # the same where matmuls dominate (llama-1b shapes)
         from bench.plan_printed import check_all as check_printed
 
         results["printed_plans"] = check_printed()  # plans run as printed; zb_auto vs the paper (issue 25)

@@ -52,6 +52,22 @@ VARIANTS = {  # name -> (overrides, fp32 only)
     "zbv_torch": (["pipeline.schedule=zbv", "pipeline.executor=torch"], True),
 }
 CONFIGS = [(model, dtype, p) for model in MODELS for dtype in ("fp32", "bf16") for p in (2, 4)]
+# where the matmuls dominate the dispatch: llama-1b's shapes (hidden 2048, ffn 8192, vocab
+# 128256), 6 of its 16 blocks and 64 tokens, balanced over p=2 (the embedding and 5 blocks;
+# 1 block and the vocabulary head, which costs about 4 blocks), fp32, m=4
+LARGE_NAME = "llama-1b shapes (6 blocks, 64 tokens) fp32 p=2"
+LARGE = ["gpipe_4gpu", "model.kind=llama", "model.preset=llama-1b", "model.layers=6", "model.seq_len=64"]
+LARGE_COMMON = [
+    "pipeline.stages=2",
+    "pipeline.layers_per_stage=[6,2]",
+    "pipeline.microbatches=4",
+    "train.batch_size=4",
+    "train.steps=5",
+    "instrument.timeline_steps=4",
+    "logging.wandb.mode=disabled",
+    "logging.tensorboard=false",
+]
+LARGE_REPEATS = 3
 
 
 def _run(overrides: list[str], run_dir: Path) -> dict:
@@ -72,9 +88,39 @@ def check_config(model: str, dtype: str, p: int) -> dict:
     exp, *model_keys = MODELS[model]
     base = [exp, *model_keys, *COMMON, f"train.dtype={dtype}", f"pipeline.stages={p}"]
     names = [n for n, (_, fp32_only) in VARIANTS.items() if dtype == "fp32" or not fp32_only]
+    out = _measure(base, names, REPEATS, p)
+    v = out["variants"]
+    out["iw_over_b_graph"] = [_iw(v["zb_h1_graph"], v["1f1b"], s) for s in range(p)]
+    print(
+        f"  split {model} {dtype} p={p}: (I+W)/B {_fmt(out['iw_over_b'])} (graph's way {_fmt(out['iw_over_b_graph'])});"
+        f" step ms 1f1b {v['1f1b']['step_s'] * 1e3:.1f}, zb_h1 {v['zb_h1']['step_s'] * 1e3:.1f},"
+        f" zbv {v['zbv']['step_s'] * 1e3:.1f}",
+        flush=True,
+    )
+    return out
+
+
+def check_large() -> dict:
+    """1F1B against ZB-H1 where the matmuls dominate (`LARGE`), `LARGE_REPEATS` runs each
+    round robin."""
+    exp, *keys = LARGE
+    out = _measure([exp, *keys, *LARGE_COMMON], ["1f1b", "zb_h1"], LARGE_REPEATS, 2)
+    v = out["variants"]
+    print(
+        f"  split {LARGE_NAME}: (I+W)/B {_fmt(out['iw_over_b'])}; step ms 1f1b {_fmt_ms(v['1f1b']['runs_s'])},"
+        f" zb_h1 {_fmt_ms(v['zb_h1']['runs_s'])}",
+        flush=True,
+    )
+    return out
+
+
+def _measure(base: list[str], names: list[str], repeats: int, p: int) -> dict:
+    """``names``' variants on ``base``, ``repeats`` runs each round robin: per variant the
+    median step, each action's median cost, the peak saved bytes per rank; (I + W) / B of
+    ZB-H1 against 1F1B per stage."""
     runs: dict[str, list[dict]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory() as t:
-        for rep in range(REPEATS):
+        for rep in range(repeats):
             for n in names:
                 runs[n].append(_run(base + VARIANTS[n][0], Path(t) / f"{n}_{rep}"))
     out = {"variants": {}}
@@ -89,16 +135,10 @@ def check_config(model: str, dtype: str, p: int) -> dict:
             "action_s": costs,
             "peak_saved_bytes": [max(s["ranks"][r]["peak_activation_bytes"] for s in got) for r in range(p)],
             "split_backward": got[0].get("split_backward"),
+            "bubble": statistics.median(s["bubble_fraction"] for s in got),
         }
     v = out["variants"]
     out["iw_over_b"] = [_iw(v["zb_h1"], v["1f1b"], s) for s in range(p)]
-    out["iw_over_b_graph"] = [_iw(v["zb_h1_graph"], v["1f1b"], s) for s in range(p)]
-    print(
-        f"  split {model} {dtype} p={p}: (I+W)/B {_fmt(out['iw_over_b'])} (graph's way {_fmt(out['iw_over_b_graph'])});"
-        f" step ms 1f1b {v['1f1b']['step_s'] * 1e3:.1f}, zb_h1 {v['zb_h1']['step_s'] * 1e3:.1f},"
-        f" zbv {v['zbv']['step_s'] * 1e3:.1f}",
-        flush=True,
-    )
     return out
 
 
@@ -109,6 +149,10 @@ def _iw(split: dict, whole: dict, stage: int) -> float:
 
 def _fmt(values: list[float]) -> str:
     return ", ".join(f"{x:.2f}" for x in values)
+
+
+def _fmt_ms(seconds: list[float]) -> str:
+    return "/".join(f"{x * 1e3:.0f}" for x in seconds)
 
 
 def check_all() -> dict:
@@ -153,6 +197,28 @@ def split_rows(results: dict) -> list[tuple[str, str, str, str]]:
             )
         )
     return out
+
+
+def large_rows(got: dict) -> list[tuple[str, str, str, str]]:
+    """`check_large`'s two rows: (I + W) / B per stage, and the steps."""
+    v = got["variants"]
+    one, zb = v["1f1b"], v["zb_h1"]
+    bubble = ", ".join(f"{n} {x['bubble']:.1%}" for n, x in (("1F1B", one), ("ZB-H1", zb)) if "bubble" in x)
+    return [
+        (
+            f"split backward where matmuls dominate, {LARGE_NAME}, m=4: (I + W) / B per stage, zb_h1 against 1F1B's B",
+            _fmt(got["iw_over_b"]),
+            "<= 1.10",
+            "pass" if max(got["iw_over_b"]) <= 1.10 else "MISS",
+        ),
+        (
+            f"split backward where matmuls dominate, {LARGE_NAME}, m=4: step ms ({LARGE_REPEATS} runs each, round robin)",
+            f"1F1B {one['step_s'] * 1e3:.0f} (runs {_fmt_ms(one['runs_s'])}); ZB-H1 {zb['step_s'] * 1e3:.0f} "
+            f"({zb['step_s'] / one['step_s']:.2f}x; runs {_fmt_ms(zb['runs_s'])}); median bubble {bubble}",
+            "ZB-H1 < 1F1B",
+            "pass" if zb["step_s"] < one["step_s"] else "MISS",
+        ),
+    ]
 
 
 if __name__ == "__main__":  # `python bench/split_backward.py`: these rows alone, printed

@@ -205,6 +205,10 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
         from bench.split_backward import split_rows
 
         out += split_rows(results["split_backward"])
+    if "split_large" in results:
+        from bench.split_backward import large_rows
+
+        out += large_rows(results["split_large"])
     if "printed_plans" in results:
         from bench.plan_printed import rows as printed_rows
 
