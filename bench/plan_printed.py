@@ -63,13 +63,17 @@ def check_printed() -> dict:
     given (the ideal: the gap they leave), and a plan from a 1F1B run."""
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
+        before = os.environ.get("PPX_CACHE_DIR")
         os.environ["PPX_CACHE_DIR"] = str(tmp / "cache")
         try:
             out = {"calibrate": _plan_and_run(tmp, "calibrate", *PROFILE, *MEMORY, "--calibrate")}
             out["flags"] = _plan_and_run(tmp, "flags", *PROFILE, *MEMORY)
             out["ideal"] = _plan_and_run(tmp, "ideal", *PROFILE, *MEMORY, "--overhead-ms", "0", "--p2p-ms", "0")
         finally:
-            del os.environ["PPX_CACHE_DIR"]
+            if before is None:
+                del os.environ["PPX_CACHE_DIR"]
+            else:
+                os.environ["PPX_CACHE_DIR"] = before
         known = ["model.fwd_ms=10", "model.bwd_ms=10", "model.wgrad_ms=[10,10,10,15]"]
         base = [w for w in _calibration(4) if not w.startswith(("model.fwd_ms", "model.bwd_ms", "model.wgrad_ms"))]
         _ppx("run", *base, *known, *STEPS, f"run.dir={tmp / 'onef1b'}")
@@ -89,11 +93,10 @@ def rows(got: dict) -> list[tuple[str, str, str, str]]:
         "calibrate": "flags + --calibrate (ppx measures this machine's overhead and hand-off, and keeps them)",
         "flags": "flags only, on this machine once calibrated (the plan takes the kept calibration)",
         "ideal": "flags + --overhead-ms 0 --p2p-ms 0 (no runtime cost assumed)",
-        "machine_from": "flags + --machine-from a calibration run",
         "from_1f1b_run": "--from-run a 1F1B known-cost run (split candidates refused)",
     }
     for key, r in got.get("printed", {}).items():
-        info = key == "ideal" or (key == "flags" and "calibrate" not in got["printed"])  # before kept calibrations
+        info = key == "ideal"
         out.append(
             (
                 f"ppx plan -p 4 -m 8, W 10/10/10/15 ms, 6 MiB per rank, {labels[key]}: best run as printed, "

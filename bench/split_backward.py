@@ -56,9 +56,17 @@ CONFIGS = [(model, dtype, p) for model in MODELS for dtype in ("fp32", "bf16") f
 # 128256), 6 of its 16 blocks and 64 tokens, balanced over p=2 (the embedding and 5 blocks;
 # 1 block and the vocabulary head, which costs about 4 blocks), fp32, m=4
 LARGE_NAME = "llama-1b shapes (6 blocks, 64 tokens) fp32 p=2"
-LARGE = ["gpipe_4gpu", "model.kind=llama", "model.preset=llama-1b", "model.layers=6", "model.seq_len=64"]
+LARGE = [
+    "gpipe_4gpu",
+    "runtime.device=cpu",
+    "model.kind=llama",
+    "model.preset=llama-1b",
+    "model.layers=6",
+    "model.seq_len=64",
+]
+LARGE_P = 2
 LARGE_COMMON = [
-    "pipeline.stages=2",
+    f"pipeline.stages={LARGE_P}",
     "pipeline.layers_per_stage=[6,2]",
     "pipeline.microbatches=4",
     "train.batch_size=4",
@@ -104,7 +112,7 @@ def check_large() -> dict:
     """1F1B against ZB-H1 where the matmuls dominate (`LARGE`), `LARGE_REPEATS` runs each
     round robin."""
     exp, *keys = LARGE
-    out = _measure([exp, *keys, *LARGE_COMMON], ["1f1b", "zb_h1"], LARGE_REPEATS, 2)
+    out = _measure([exp, *keys, *LARGE_COMMON], ["1f1b", "zb_h1"], LARGE_REPEATS, LARGE_P)
     v = out["variants"]
     print(
         f"  split {LARGE_NAME}: (I+W)/B {_fmt(out['iw_over_b'])}; step ms 1f1b {_fmt_ms(v['1f1b']['runs_s'])},"
@@ -135,7 +143,7 @@ def _measure(base: list[str], names: list[str], repeats: int, p: int) -> dict:
             "action_s": costs,
             "peak_saved_bytes": [max(s["ranks"][r]["peak_activation_bytes"] for s in got) for r in range(p)],
             "split_backward": got[0].get("split_backward"),
-            "bubble": statistics.median(s["bubble_fraction"] for s in got),
+            "bubble": statistics.median(s.get("bubble_fraction") or 0.0 for s in got),
         }
     v = out["variants"]
     out["iw_over_b"] = [_iw(v["zb_h1"], v["1f1b"], s) for s in range(p)]

@@ -141,16 +141,22 @@ def _plan_parser(sub) -> None:
     pl.add_argument(
         "--wgrad-ms", metavar="X", help="weight-gradient ms, likewise (a full B costs bwd + wgrad); default 0"
     )
-    pl.add_argument("--p2p-ms", metavar="X", type=float, help="latency of one hand-off between ranks, ms; default 0")
+    kept = "this machine's kept calibration (--calibrate) if any, else 0"
     pl.add_argument(
-        "--overhead-ms", metavar="X", type=float, help="the runtime's time around each compute action, ms; default 0"
+        "--p2p-ms", metavar="X", type=float, help=f"latency of one hand-off between ranks, ms; default {kept}"
+    )
+    pl.add_argument(
+        "--overhead-ms",
+        metavar="X",
+        type=float,
+        help=f"the runtime's time around each compute action, ms; default {kept}",
     )
     pl.add_argument(
         "--machine-from",
         metavar="DIR",
         help="with cost flags: this machine's runtime overhead per action, hand-off and posting times, transport "
         "and receive lookahead, measured in this run directory (a short calibration run: the plan's header "
-        "prints one); default: the flags (0 unless given)",
+        "prints one); default: the flags, else this machine's newest kept calibration (--calibrate), else 0",
     )
     pl.add_argument(
         "--calibrate",
@@ -201,7 +207,7 @@ def _plan_parser(sub) -> None:
         "(what ppx run measures; default) | steady, the longest rank's own span (consecutive steps with no rank "
         "waiting at a step boundary: the zero-bubble paper's cost); both are reported",
     )
-    pl.add_argument("--transport", choices=["nccl", "gloo"], help="default nccl, or the run's")
+    pl.add_argument("--transport", choices=["nccl", "gloo"], help="default nccl, or the run's (a calibration's: gloo)")
     pl.add_argument(
         "--out", metavar="DIR", help="a new folder for plan.md/.json/.png and best.csv (default plans/<UTC time>)"
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -18,20 +19,23 @@ from pathlib import Path
 
 from ppx.errors import UserError
 
-MAX_RANKS = 8  # a calibration runs p CPU ranks on this machine: more is a cluster's p
-
 
 def cache_root() -> Path:
-    """Where ppx keeps what it measures of this machine."""
+    """Where ppx keeps what it measures of this machine (an absolute path)."""
     if os.environ.get("PPX_CACHE_DIR"):
-        return Path(os.environ["PPX_CACHE_DIR"])
+        return Path(os.environ["PPX_CACHE_DIR"]).expanduser().resolve()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "ppx"
+    return (Path(base).expanduser() / "ppx").resolve()
+
+
+def host() -> str:
+    """This host's name as one folder name."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()).strip(".") or "unknown"
 
 
 def folder(p: int) -> Path:
     """This host's calibrations at ``p`` ranks."""
-    return cache_root() / "calibration" / socket.gethostname() / f"p{p}"
+    return cache_root() / "calibration" / host() / f"p{p}"
 
 
 def completed(p: int) -> Path | None:
@@ -48,7 +52,9 @@ def completed(p: int) -> Path | None:
 
 def calibrated_run(p: int, mode: str) -> tuple[Path, bool]:
     """A calibration run directory at ``p`` ranks (``mode``: "reuse" the newest, or "new"), and
-    whether it was measured now. Runs ``ppx run`` (torchrun, gloo on CPU) when there is none."""
+    whether it was measured now. Runs ``ppx run`` (torchrun, gloo on CPU) on the shipped
+    experiment when there is none; Ctrl-C ends it as it ends any ``ppx run``."""
+    from ppx.paths import shipped
     from ppx.plan.calibrate import calibration_command
 
     if mode == "reuse":
@@ -60,11 +66,22 @@ def calibrated_run(p: int, mode: str) -> tuple[Path, bool]:
         raise UserError(f"--calibrate: {run_dir} exists; try again in a second")
     words = calibration_command(p).split()[2:]
     print(f"ppx plan: calibrating this machine: ppx run {' '.join(words)} run.dir={run_dir}", flush=True)
-    cmd = [sys.executable, "-m", "ppx.cli", "run", *words, f"run.dir={run_dir}", "logging.wandb.mode=disabled"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise UserError(f"--calibrate: the calibration run failed ({tail}); see {run_dir}")
+    experiment = shipped("experiments") / f"{words[0]}.yaml"  # not a same-named file of the user's
+    cmd = [sys.executable, "-m", "ppx.cli", "run", str(experiment), *words[1:], f"run.dir={run_dir}"]
+    proc = subprocess.Popen([*cmd, "logging.wandb.mode=disabled"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _, err = proc.communicate()
+    except KeyboardInterrupt:  # the run got the SIGINT too: let it end its ranks
+        try:
+            proc.wait(timeout=30)
+        finally:
+            proc.kill()
+        raise
+    if proc.returncode != 0:
+        lines = err.decode(errors="replace").strip().splitlines()
+        why = next((x for x in reversed(lines) if x.startswith("ppx: error: ")), lines[-1] if lines else "no output")
+        where = f"; see {run_dir}" if run_dir.exists() else ""
+        raise UserError(f"--calibrate: the calibration run failed: {why.removeprefix('ppx: error: ')}{where}")
     return run_dir, True
 
 

@@ -53,9 +53,10 @@ def config_of(run_dir: str):
     return RunDir(run_dir).config
 
 
-def assumption_notes(args, inputs, skipped) -> list[str]:
+def assumption_notes(args, inputs, skipped, p: int) -> list[str]:
     """What a plan from flags assumed for the runtime's time per action and the hand-off, and
-    where this machine's figures come from; a run's split candidates it refused, and why."""
+    where this machine's figures come from (at the plan's largest ``p``); a run's split
+    candidates it refused, and why."""
     from ppx.plan.calibrate import calibration_hint, refused_split_note
 
     out = []
@@ -64,7 +65,7 @@ def assumption_notes(args, inputs, skipped) -> list[str]:
         out.append(
             f"note: assumed {inputs.overhead_s * 1e3:.4g} ms of runtime overhead per action and "
             f"{inputs.p2p_s * 1e3:.4g} ms per hand-off ({inputs.source})"
-            + ("" if measured else "; " + calibration_hint(inputs))
+            + ("" if measured else "; " + calibration_hint(p))
         )
     note = refused_split_note(args.from_run, skipped)
     return out + ([note] if note else [])
@@ -96,11 +97,12 @@ def cmd_plan(args) -> int:
         inputs, ps, ms = from_flags(args)
         experiment = EXPERIMENT
     out = out_dir(args.out)
-    if not args.from_run:
-        inputs = calibrated(args, inputs, ps)
-    cands, skipped = candidates(names, ps, ms, vs, inputs)
+    cands, skipped = candidates(names, ps, ms, vs, inputs)  # shapes only: before any calibration runs
     if not cands:
         raise UserError("no candidate to plan: " + "; ".join(f"{s.schedule}: {s.reason}" for s in skipped[:3]))
+    unread = None
+    if not args.from_run:
+        inputs, unread = calibrated(args, inputs, ps)
     start = time.perf_counter()
     results, refused = search(cands, inputs, args.jobs)
     skipped += refused
@@ -108,7 +110,7 @@ def cmd_plan(args) -> int:
     if not results:
         raise UserError("no candidate could be built: " + "; ".join(f"{s.schedule}: {s.reason}" for s in skipped[:3]))
     best = next((r for r in results if r.fits), None)
-    notes = [n for n in [cluster_note(max(ps))] if n] + assumption_notes(args, inputs, skipped)
+    notes = [n for n in [cluster_note(max(ps)), unread] if n] + assumption_notes(args, inputs, skipped, max(ps))
     if args.from_run and inputs.act_bytes is None:
         notes.append(f"note: {args.from_run} measured no saved bytes per microbatch: peaks count params only")
     close = near_best(results, args.close_pct)

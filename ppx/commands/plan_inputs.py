@@ -165,7 +165,7 @@ def _check_machine_flags(args, p: int) -> None:
     if clash:
         raise UserError(f"{which} gives this machine's overhead and hand-off; leave out {', '.join(clash)}")
     if calibrate:
-        from ppx.commands.calibration import MAX_RANKS
+        from ppx.plan.calibrate import MAX_RANKS
 
         if p > MAX_RANKS:
             raise UserError(
@@ -174,28 +174,53 @@ def _check_machine_flags(args, p: int) -> None:
             )
 
 
-def calibrated(args, inputs: PlanInputs, ps: list[int]) -> PlanInputs:
+def calibrated(args, inputs: PlanInputs, ps: list[int]) -> tuple[PlanInputs, str | None]:
     """``inputs`` with this machine's figures from its calibration run at the largest p: with
     ``--calibrate``, the newest kept or one run now; without it, and without any other source
     of those figures (``--machine-from``, ``--p2p-ms``, ``--overhead-ms``, ``--transport``: a
-    plan for another machine), the newest one an earlier ``--calibrate`` kept, if any.
-    Called after every other check."""
-    from ppx.commands.calibration import MAX_RANKS, calibrated_run, completed, measured_at
+    plan for another machine), the newest one an earlier ``--calibrate`` kept, if any; and a
+    note when a kept one could not be read (then passed over). Called after every other check."""
+    from ppx.commands.calibration import calibrated_run, completed, measured_at
+    from ppx.plan.calibrate import MAX_RANKS
 
     p = max(ps)
     if getattr(args, "calibrate", None):
         run_dir, now = calibrated_run(p, args.calibrate)
         when = f"{'measured now' if now else 'measured'} {measured_at(run_dir)}"
-        return _with_machine(args, inputs, str(run_dir), f"this machine's calibration {run_dir}, {when}")
+        try:
+            return _with_machine(args, inputs, str(run_dir), f"this machine's calibration {run_dir}, {when}"), None
+        except _UNREADABLE as e:
+            raise UserError(
+                f"--calibrate: {run_dir} cannot be read ({_first_line(e)}); measure again: --calibrate new"
+            ) from e
     given = [args.machine_from, args.p2p_ms, args.overhead_ms, args.transport]
     kept = completed(p) if p <= MAX_RANKS and all(x is None for x in given) else None
     if kept is None:
-        return inputs
+        return inputs, None
     source = (
         f"this machine's calibration {kept}, measured {measured_at(kept)}, kept by an earlier --calibrate "
         "(--overhead-ms 0 --p2p-ms 0 to plan without)"
     )
-    return _with_machine(args, inputs, str(kept), source)
+    try:
+        return _with_machine(args, inputs, str(kept), source), None
+    except _UNREADABLE as e:  # a kept run of an older ppx, say: planned without it, and said so
+        return (
+            inputs,
+            f"note: the kept calibration {kept} cannot be read ({_first_line(e)}); measure again: --calibrate new",
+        )
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _unreadable() -> tuple[type[BaseException], ...]:
+    from omegaconf.errors import OmegaConfBaseException
+
+    return (UserError, OmegaConfBaseException, OSError, KeyError, ValueError, TypeError)
+
+
+_UNREADABLE = _unreadable()
 
 
 def _with_machine(args, inputs: PlanInputs, run_dir: str, source: str) -> PlanInputs:

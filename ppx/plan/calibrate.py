@@ -1,12 +1,14 @@
 """Where a plan's figures for this machine come from, and what it refuses without them: the
 calibration run a plan from flags points to (its runtime overhead per action and hand-off
-time, taken with ``--machine-from``), and the split-backward candidates a ``--from-run`` plan
-refuses when the run never split its backward (its I and W costs are unknown, not 0)."""
+time, which ``--calibrate`` runs and keeps, and ``--machine-from`` reads from any run), and
+the split-backward candidates a ``--from-run`` plan refuses when the run never split its
+backward (its I and W costs are unknown, not 0)."""
 
 from __future__ import annotations
 
-from ppx.plan.inputs import PlanInputs
 from ppx.plan.space import SPLIT_REASON
+
+MAX_RANKS = 8  # a calibration runs p CPU ranks on this machine: more is a cluster's p
 
 
 def calibration_command(p: int) -> str:
@@ -17,9 +19,14 @@ def calibration_command(p: int) -> str:
     )
 
 
-def calibration_hint(inputs: PlanInputs) -> str:
-    """How to give a plan from flags this machine's figures."""
-    p = inputs.stages or 4
+def calibration_hint(p: int) -> str:
+    """How to give a plan from flags at (largest) ``p`` ranks this machine's figures: up to
+    ``MAX_RANKS`` ppx measures them itself; a cluster's p needs a run of that cluster."""
+    if p > MAX_RANKS:
+        return (
+            f"a run spends more: give the figures of the machine it runs on with --machine-from <a run directory "
+            f"of {p} ranks there> (or --overhead-ms and --p2p-ms)"
+        )
     return (
         "a run spends more on this machine: plan again with --calibrate (ppx measures its figures once, with `"
         + calibration_command(p)

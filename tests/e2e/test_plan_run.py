@@ -113,4 +113,21 @@ def test_calibrate_measures_this_machine_once_and_later_plans_take_it(tmp_path):
     assert read_json(tmp_path / "plain" / "plan.json")["inputs"]["overhead_s"] == first["overhead_s"]
     ideal = ppx(*plan, "--overhead-ms", "0", "--p2p-ms", "0", "--out", str(tmp_path / "ideal"), env=env)
     assert "note: assumed 0 ms of runtime overhead per action and 0 ms per hand-off (flags)" in ideal.stdout
+    other = ppx(*plan, "--transport", "nccl", "--out", str(tmp_path / "nccl"), env=env)  # another machine's plan
+    assert "note: assumed 0 ms of runtime overhead per action and 0 ms per hand-off (flags)" in other.stdout
+    named = ppx(*plan, "--machine-from", str(runs[0].parent), "--out", str(tmp_path / "named"), env=env)
+    assert named.returncode == 0, named.stderr[-3000:]
+    got = read_json(tmp_path / "named" / "plan.json")["inputs"]
+    assert (got["overhead_s"], got["p2p_s"], got["transport"]) == (first["overhead_s"], first["p2p_s"], "gloo")
     assert len(list((tmp_path / "cache").rglob("summary.json"))) == 1
+
+
+def test_a_calibration_that_fails_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    r = ppx(
+        "plan", *COSTS, "--calibrate", "--out", str(tmp_path / "plan"), env={"PPX_CACHE_DIR": str(tmp_path / "file")}
+    )
+    assert r.returncode == 2
+    err = r.stderr.strip()
+    assert err.startswith("ppx: error: --calibrate: the calibration run failed: ") and "\n" not in err, err
+    assert "ppx: error: ppx: error:" not in err and not (tmp_path / "plan").exists()
