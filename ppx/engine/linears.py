@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.autograd.graph import get_gradient_edge
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.nn import functional as F
 
 
@@ -108,8 +108,18 @@ class RoutedLayer:
                 f"layer {self.name}: its input needs no gradient, so its weight gradient cannot be stored"
             )
         y = self.kind.forward(x, w.detach(), None if b is None else b.detach())
-        self.store.keep(self, x.detach(), get_gradient_edge(y))
+        self.store.keep(self, x.detach(), _edge(y))
         return y
+
+
+def _edge(y: torch.Tensor) -> GradientEdge:
+    """Where ``y``'s gradient arrives: `get_gradient_edge`'s edge, built directly for a node of
+    autograd's own (what these layers' ops make; a custom Function's node needs the ownership
+    token that `get_gradient_edge` adds), a third of its cost."""
+    fn = y.grad_fn
+    if fn is None or isinstance(fn, torch._C._FunctionBase):
+        return get_gradient_edge(y)
+    return GradientEdge(fn, y.output_nr)
 
 
 def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
