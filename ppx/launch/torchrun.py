@@ -68,4 +68,10 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    # the job is over (its workers reaped, the rendezvous closed): exit without the
+    # interpreter's teardown of torch, about 0.3 s of every run's end
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
