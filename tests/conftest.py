@@ -8,7 +8,9 @@ tests/e2e:  the ``ppx`` command as a user runs it (run, sweep, failures, logging
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +26,7 @@ import helpers  # noqa: E402, F401  counts the GPUs, then hides them from the pr
 # what ppx keeps of this machine (`ppx plan --calibrate`'s runs) goes to a folder of the test
 # session's own: a test neither reads the user's ~/.cache/ppx nor writes there
 os.environ["PPX_CACHE_DIR"] = tempfile.mkdtemp(prefix="ppx-cache-")
+atexit.register(shutil.rmtree, os.environ["PPX_CACHE_DIR"], True)
 
 
 @pytest.hookimpl(tryfirst=True)
