@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from omegaconf.errors import OmegaConfBaseException
+
 from ppx.commands.common import measured_run, ms_list
 from ppx.errors import UserError
 from ppx.plan.inputs import PlanInputs
@@ -214,13 +216,8 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
-def _unreadable() -> tuple[type[BaseException], ...]:
-    from omegaconf.errors import OmegaConfBaseException
-
-    return (UserError, OmegaConfBaseException, OSError, KeyError, ValueError, TypeError)
-
-
-_UNREADABLE = _unreadable()
+# what reading a kept calibration run can raise: a missing file, a config of another ppx
+_UNREADABLE = (UserError, OmegaConfBaseException, OSError, KeyError, ValueError, TypeError)
 
 
 def _with_machine(args, inputs: PlanInputs, run_dir: str, source: str) -> PlanInputs:

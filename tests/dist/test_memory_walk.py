@@ -24,25 +24,25 @@ from ppx.engine.comm import P2P
 from ppx.engine.rank import build_rank
 from ppx.measure.instruments import Instruments
 from ppx.measure.prediction import memory_prediction
-from ppx.schedules.registry import FAMILIES
+from ppx.schedules.registry import FAMILIES, default_virtual
 
 P = 2
 EVERY = [name for name in FAMILIES if name != "forward_only"]  # forward_only saves nothing to free
-SEVERAL = ("interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv", "dualpipev")  # 2 stages a rank
 
 
 def overrides(name: str) -> list[str]:
+    """The MLP at p=2 under ``name``, with its default stages per rank (4 layers: one a stage
+    at v=2)."""
     m = 2 * P if name == "dualpipev" else 4  # DualPipeV needs m >= 2p
-    layers = 2 * P if name in SEVERAL else 4
     return [
         "model.kind=mlp",
         "model.hidden=32",
-        f"model.layers={layers}",
+        "model.layers=4",
         f"pipeline.schedule={name}",
         f"pipeline.stages={P}",
         f"pipeline.microbatches={m}",
         "train.batch_size=8",
-    ] + (["pipeline.virtual_stages=2"] if name in SEVERAL else [])
+    ]
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -81,7 +81,7 @@ def test_the_walk_predicts_each_ranks_measured_peak(walked, name):
     got = torch.load(walked / f"{name}.pt")
     ranks, predicted = got["ranks"], got["predicted"]
     assert predicted, "the counters measured saved bytes"
-    assert len(predicted["saved_bytes_per_microbatch"]) == (2 * P if name in SEVERAL else P)
+    assert len(predicted["saved_bytes_per_microbatch"]) == default_virtual(name) * P
     for r in ranks:
         assert r["peak_activation_bytes"] > 0, (name, r)
         assert predicted["predicted_peak_activation_bytes"][r["rank"]] == r["peak_activation_bytes"], (name, r)
