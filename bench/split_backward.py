@@ -16,7 +16,16 @@ median steps:
 
 Rows: (I + W) / B per stage from the runs' measured action costs (target <= 1.10), the ZB-H1
 and ZB-V steps against 1F1B's (target: ZB-H1 faster), and each rank's peak saved bytes with
-stores against the graph's way.
+stores against the graph's way. Next to the measured steps, two figures that read them:
+
+- the *ceiling*: ZB-H1's (ZB-V's) step over 1F1B's with the zero-bubble runs' own F, I and W,
+  both lists simulated with no runtime overhead and instant hand-offs, 1F1B's B costing I + W.
+  It is what the schedule can gain on this model whatever the runtime (on these tiny models W
+  is a quarter of B, not the third or half the schedules' theory assumes, so there is little
+  to fill the bubble with);
+- each variant's step as the simulator predicts it from its own runs' measured costs (the
+  runs' summary.json ``predicted``): where measured and predicted agree, the verdict is the
+  costs', not the runtime's.
 """
 
 from __future__ import annotations
@@ -35,8 +44,9 @@ MODELS = {
     "llama-tiny (8 blocks)": ["llama_tiny_1f1b_2cpu", "model.layers=8"],
     "transformer (hidden 64, 8 blocks)": ["transformer_1f1b_2cpu", "model.layers=8"],
 }
+M = 8
 COMMON = [
-    "pipeline.microbatches=8",
+    f"pipeline.microbatches={M}",
     "train.batch_size=32",
     "train.steps=12",
     "instrument.timeline_steps=8",
@@ -64,11 +74,11 @@ LARGE = [
     "model.layers=6",
     "model.seq_len=64",
 ]
-LARGE_P = 2
+LARGE_P, LARGE_M = 2, 4
 LARGE_COMMON = [
     f"pipeline.stages={LARGE_P}",
     "pipeline.layers_per_stage=[6,2]",
-    "pipeline.microbatches=4",
+    f"pipeline.microbatches={LARGE_M}",
     "train.batch_size=4",
     "train.steps=5",
     "instrument.timeline_steps=4",
@@ -144,10 +154,36 @@ def _measure(base: list[str], names: list[str], repeats: int, p: int) -> dict:
             "peak_saved_bytes": [max(s["ranks"][r]["peak_activation_bytes"] for s in got) for r in range(p)],
             "split_backward": got[0].get("split_backward"),
             "bubble": statistics.median(s.get("bubble_fraction") or 0.0 for s in got),
+            "predicted_s": statistics.median(s["predicted"]["step_time_s"] for s in got if s.get("predicted")),
         }
     v = out["variants"]
     out["iw_over_b"] = [_iw(v["zb_h1"], v["1f1b"], s) for s in range(p)]
     return out
+
+
+def ceiling(variants: dict, name: str, p: int, m: int) -> float:
+    """``name``'s step over 1F1B's, both simulated from ``name``'s measured per-stage F, I and
+    W with no runtime overhead and instant hand-offs (1F1B's rank: the same stages' work, B
+    costing I + W): the most the schedule can gain with these costs."""
+    from ppx import schedules
+
+    a = variants[name]["action_s"]
+    zb = schedules.build(name, p, m)
+    stages = range(zb.num_stages)
+    split = schedules.Costs(**{k: [a[f"{s}{op}"] for s in stages] for k, op in _COST_OPS})
+    one = schedules.Costs(**{k: [sum(a[f"{s}{op}"] for s in zb.stages_of(r)) for r in range(p)] for k, op in _COST_OPS})
+    return schedules.simulate(zb, split).makespan / schedules.simulate(schedules.build("1f1b", p, m), one).makespan
+
+
+_COST_OPS = (("fwd", "F"), ("bwd", "I"), ("wgrad", "W"))
+
+
+def _predicted(v: dict, names: tuple[str, ...]) -> str:
+    """The variants' steps as predicted from their runs' own costs (results of older benches
+    have none)."""
+    if not all(v[n].get("predicted_s") for n in names):
+        return ""
+    return "; predicted from the runs' costs " + ", ".join(f"{n} {v[n]['predicted_s'] * 1e3:.1f}" for n in names)
 
 
 def _iw(split: dict, whole: dict, stage: int) -> float:
@@ -191,6 +227,11 @@ def split_rows(results: dict) -> list[tuple[str, str, str, str]]:
         parts.append(f"ZB-H1 the graph's way {ms['zb_h1_graph']:.1f}")
         if "zb_h1_torch" in ms:
             parts.append(f"torch's runtime: ZB-H1 {ms['zb_h1_torch']:.1f}, ZB-V {ms['zbv_torch']:.1f}")
+        p = int(name.rsplit("p=", 1)[1])
+        parts.append(
+            f"ceiling with these costs: ZB-H1 {ceiling(v, 'zb_h1', p, M):.2f}x, ZB-V {ceiling(v, 'zbv', p, M):.2f}x"
+            + _predicted(v, ("1f1b", "zb_h1", "zbv"))
+        )
         out.append(
             (
                 f"split backward, {name}, m=8: step ms ({len(v['1f1b']['runs_s'])} runs each, round robin)",
@@ -226,7 +267,8 @@ def large_rows(got: dict) -> list[tuple[str, str, str, str]]:
         (
             f"split backward where matmuls dominate, {LARGE_NAME}, m=4: step ms ({LARGE_REPEATS} runs each, round robin)",
             f"1F1B {one['step_s'] * 1e3:.0f} (runs {_fmt_ms(one['runs_s'])}); ZB-H1 {zb['step_s'] * 1e3:.0f} "
-            f"({zb['step_s'] / one['step_s']:.2f}x; runs {_fmt_ms(zb['runs_s'])}); median bubble {bubble}",
+            f"({zb['step_s'] / one['step_s']:.2f}x; runs {_fmt_ms(zb['runs_s'])}); median bubble {bubble}; "
+            f"ceiling with these costs {ceiling(v, 'zb_h1', LARGE_P, LARGE_M):.2f}x" + _predicted(v, ("1f1b", "zb_h1")),
             "ZB-H1 < 1F1B",
             "pass" if zb["step_s"] < one["step_s"] else "MISS",
         ),

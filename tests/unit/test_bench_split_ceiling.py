@@ -1,0 +1,30 @@
+"""bench/split_backward.py's ceiling: what a zero-bubble schedule can gain over 1F1B with given costs."""
+
+import pytest
+
+from bench.split_backward import ceiling
+
+
+def _variants(p: int, w: float) -> dict:
+    costs = {}
+    for s in range(2 * p):  # ZB-V's 2p stages; ZB-H1 reads the first p
+        costs.update({f"{s}F": 1.0, f"{s}I": 1.0, f"{s}W": w})
+    return {"zb_h1": {"action_s": costs}, "zbv": {"action_s": costs}}
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_zb_h1_ceiling_is_the_closed_form_with_equal_costs(p):
+    # F = I = W: 1F1B takes (m + p - 1) * 3, ZB-H1 m * 3 + (p - 1) * (F + I - W)
+    m = 8
+    assert ceiling(_variants(p, 1.0), "zb_h1", p, m) == pytest.approx((3 * m + p - 1) / (3 * (m + p - 1)))
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_no_weight_pass_leaves_zb_h1_nothing_to_gain(p):
+    assert ceiling(_variants(p, 0.0), "zb_h1", p, 8) == pytest.approx(1.0)
+
+
+def test_zbv_sums_a_ranks_two_stages_for_1f1b():
+    # each ZB-V rank holds two half stages; with W = I its ceiling beats ZB-H1's
+    v = _variants(4, 1.0)
+    assert ceiling(v, "zbv", 4, 8) < ceiling(v, "zb_h1", 4, 8) < 1.0
