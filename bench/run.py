@@ -267,11 +267,24 @@ def rerun_plans() -> None:
     _rerun_rows("plans", lambda: check_all(ROOT / "docs" / "images"))
 
 
-def rerun_split() -> None:
-    """``bench/run.py --split``: the split-backward rows again (bench/split_backward.py), the other results kept."""
-    from bench.split_backward import check_all
+def rerun_split(only: str | None = None) -> None:
+    """``bench/run.py --split [TEXT]``: the split-backward rows again (bench/split_backward.py),
+    the other results kept; with TEXT, only the configurations whose name holds it (``"fp32
+    p=2"``: both models' fp32 rows at p=2), the others' rows kept."""
+    from bench.split_backward import CONFIGS, check_all
 
-    _rerun_rows("split_backward", check_all)
+    names = [f"{model} {dtype} p={p}" for model, dtype, p in CONFIGS]
+    if only is not None and not any(only in n for n in names):
+        raise SystemExit(f"bench/run.py --split {only!r}: no configuration's name holds it: {', '.join(names)}")
+
+    def measure() -> dict:
+        got = check_all(only)
+        if only is None:
+            return got
+        kept = json.loads((ROOT / "bench" / "results.json").read_text()).get("split_backward", {})
+        return {n: got.get(n, kept.get(n)) for n in names if n in got or n in kept}
+
+    _rerun_rows("split_backward", measure)
 
 
 def rerun_split_large() -> None:
@@ -312,7 +325,7 @@ def main() -> None:
     if sys.argv[1:2] == ["--plans"]:
         return rerun_plans()
     if sys.argv[1:2] == ["--split"]:
-        return rerun_split()
+        return rerun_split(sys.argv[2] if len(sys.argv) > 2 else None)
     if sys.argv[1:2] == ["--printed"]:
         return rerun_printed()
     if sys.argv[1:2] == ["--split-large"]:

@@ -199,8 +199,10 @@ def _fmt_ms(seconds: list[float]) -> str:
     return "/".join(f"{x * 1e3:.0f}" for x in seconds)
 
 
-def check_all() -> dict:
-    return {f"{model} {dtype} p={p}": check_config(model, dtype, p) for model, dtype, p in CONFIGS}
+def check_all(only: str | None = None) -> dict:
+    """Every configuration's variants, or those whose name ("<model> <dtype> p=<p>") holds ``only``."""
+    names = {f"{model} {dtype} p={p}": (model, dtype, p) for model, dtype, p in CONFIGS}
+    return {n: check_config(*c) for n, c in names.items() if only is None or only in n}
 
 
 def split_rows(results: dict) -> list[tuple[str, str, str, str]]:
