@@ -28,3 +28,19 @@ def test_zbv_sums_a_ranks_two_stages_for_1f1b():
     # each ZB-V rank holds two half stages; with W = I its ceiling beats ZB-H1's
     v = _variants(4, 1.0)
     assert ceiling(v, "zbv", 4, 8) < ceiling(v, "zb_h1", 4, 8) < 1.0
+
+
+def test_a_rerun_of_no_configuration_is_refused_in_one_line_before_any_run():
+    from bench.run import rerun_split
+
+    with pytest.raises(SystemExit, match=r"--split 'fp64': no configuration's name holds it: llama-tiny"):
+        rerun_split("fp64")
+
+
+def test_check_all_takes_the_configurations_whose_name_holds_the_text(monkeypatch):
+    import bench.split_backward as sb
+
+    ran = []
+    monkeypatch.setattr(sb, "check_config", lambda model, dtype, p: ran.append((model, dtype, p)) or {})
+    assert sorted(sb.check_all("fp32 p=2")) == sorted(f"{m} fp32 p=2" for m in sb.MODELS)
+    assert ran == [(m, "fp32", 2) for m in sb.MODELS]
