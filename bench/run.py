@@ -47,9 +47,9 @@ CASES = {
 }
 
 
-def run_case(name: str, scale: float) -> dict:
-    nproc, variants, overrides, reps = CASES[name]
-    reps = max(3, int(reps * scale))
+def run_worker(nproc: int, variants: list[str], overrides: list[str], reps: int, name: str, experiment=None) -> dict:
+    """One torchrun job of bench/worker.py: ``variants`` side by side, alternating step by step,
+    ``reps`` measured steps each; its JSON (``name`` names the case in a failure)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [
@@ -59,6 +59,7 @@ def run_case(name: str, scale: float) -> dict:
             "--standalone",
             f"--nproc-per-node={nproc}",
             str(ROOT / "bench" / "worker.py"),
+            *(["--experiment", experiment] if experiment else []),
             "--variants",
             *variants,
             "--reps",
@@ -69,11 +70,18 @@ def run_case(name: str, scale: float) -> dict:
             *overrides,
         ]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-        t = time.time()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"bench case {name} failed:\n{proc.stderr[-3000:]}")
-        result = json.loads(out.read_text())
+        return json.loads(out.read_text())
+
+
+def run_case(name: str, scale: float) -> dict:
+    nproc, variants, overrides, reps = CASES[name]
+    reps = max(3, int(reps * scale))
+    t = time.time()
+    result = run_worker(nproc, variants, overrides, reps, name)
+    result.pop("steps_s", None)  # the medians are the case's figures
     result.update(name=name, processes=nproc, wall_s=round(time.time() - t, 1))
     print(f"  {name}: {json.dumps(result['median_step_s'])}", flush=True)
     return result
@@ -295,6 +303,19 @@ def rerun_split_large() -> None:
     _rerun_rows("split_large", check_large)
 
 
+def rerun_split_paired(only: str | None = None) -> None:
+    """``bench/run.py --split-paired [TEXT]``: 1F1B against ZB-H1 and ZB-V step by step in one
+    job (bench/split_backward.py's `check_paired`), for every model and dtype or those whose
+    name holds TEXT; the other results kept."""
+    from bench.split_backward import check_paired_all
+
+    def measure() -> dict:
+        kept = json.loads((ROOT / "bench" / "results.json").read_text()).get("split_paired", {})
+        return {**kept, **check_paired_all(only)} if only is not None else check_paired_all()
+
+    _rerun_rows("split_paired", measure)
+
+
 def rerun_printed() -> None:
     """``bench/run.py --printed``: issue 25's rows again (bench/plan_printed.py: plans run as
     printed, zb_auto against the paper's table), the other results kept."""
@@ -330,6 +351,8 @@ def main() -> None:
         return rerun_printed()
     if sys.argv[1:2] == ["--split-large"]:
         return rerun_split_large()
+    if sys.argv[1:2] == ["--split-paired"]:
+        return rerun_split_paired(sys.argv[2] if len(sys.argv) > 2 else None)
     only = sys.argv[1:] or list(CASES)
     print(f"ppx bench: {len(only)} cases")
     results = {name: run_case(name, scale) for name in only}
@@ -355,6 +378,9 @@ def main() -> None:
         from bench.split_backward import check_large
 
         results["split_large"] = check_large()  # the same where matmuls dominate (llama-1b shapes)
+        from bench.split_backward import check_paired_all
+
+        results["split_paired"] = check_paired_all()  # 1F1B and ZB-H1 step by step in one job
         from bench.plan_printed import check_all as check_printed
 
         results["printed_plans"] = check_printed()  # plans run as printed; zb_auto vs the paper (issue 25)

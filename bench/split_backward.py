@@ -14,6 +14,13 @@ median steps:
   (``pipeline.executor=torch``: its stage_backward_input / stage_backward_weight), which
   refuses bf16 autocast here.
 
+`check_paired` (`bench/run.py --split-paired`) settles the step comparison where whole runs
+cannot (a slow spell of this VM moves a run's step by 30-50%): 1F1B, ZB-H1 and ZB-V of one
+configuration in one torchrun job (bench/worker.py), alternating step by step on pipelines
+built from the same config and seed, each zero-bubble step held against the 1F1B step run
+beside it; the runtime alone and with ``ppx run``'s timers and memory counters, at p=2 (at
+p=4 two cores cannot show a bubble: docs/benchmarks.md).
+
 Rows: (I + W) / B per stage from the runs' measured action costs (target <= 1.10), the ZB-H1
 and ZB-V steps against 1F1B's (target: ZB-H1 faster), and each rank's peak saved bytes with
 stores against the graph's way. Next to the measured steps, two figures that read them:
@@ -197,6 +204,57 @@ def _fmt(values: list[float]) -> str:
 
 def _fmt_ms(seconds: list[float]) -> str:
     return "/".join(f"{x * 1e3:.0f}" for x in seconds)
+
+
+PAIRED_P, PAIRED_REPS = 2, 60
+PAIRED = [f"{kind}@{name}" for kind in ("ppx", "ppx_all") for name in ("1f1b", "zb_h1", "zbv")]
+
+
+def check_paired(model: str, dtype: str) -> dict:
+    """1F1B, ZB-H1 and ZB-V of (``model``, ``dtype``) at p=2 in one job, alternating step by
+    step: their median steps and, per zero-bubble schedule and observer set, the median over
+    the pairs of its step over the 1F1B step beside it."""
+    from bench.run import run_worker
+
+    exp, *keys = MODELS[model]
+    overrides = [*keys, f"pipeline.microbatches={M}", "train.batch_size=32", f"train.dtype={dtype}"]
+    got = run_worker(PAIRED_P, PAIRED, overrides, PAIRED_REPS, f"split paired {model} {dtype}", experiment=exp)
+    steps = got["steps_s"]
+    ratios = {}
+    for kind in ("ppx", "ppx_all"):
+        one = steps[f"{kind}@1f1b"]
+        for name in ("zb_h1", "zbv"):
+            ratios[f"{kind}@{name}"] = statistics.median(a / b for a, b in zip(steps[f"{kind}@{name}"], one))
+    out = {"median_step_s": got["median_step_s"], "pairs": len(steps[PAIRED[0]]), "ratio": ratios}
+    print(f"  split paired {model} {dtype} p={PAIRED_P}: {json.dumps({k: round(r, 3) for k, r in ratios.items()})}")
+    return out
+
+
+def check_paired_all(only: str | None = None) -> dict:
+    """`check_paired` for every model and dtype, or those whose name holds ``only``."""
+    names = {f"{model} {dtype} p={PAIRED_P}": (model, dtype) for model in MODELS for dtype in ("fp32", "bf16")}
+    return {n: check_paired(*c) for n, c in names.items() if only is None or only in n}
+
+
+def paired_rows(results: dict) -> list[tuple[str, str, str, str]]:
+    """One row per (model, dtype): each zero-bubble step over the 1F1B step beside it."""
+    out = []
+    for name, got in results.items():
+        r, ms = got["ratio"], got["median_step_s"]
+        alone = f"ZB-H1 {r['ppx@zb_h1']:.3f}x, ZB-V {r['ppx@zbv']:.3f}x (1F1B {ms['ppx@1f1b'] * 1e3:.1f} ms)"
+        timed = (
+            f"ZB-H1 {r['ppx_all@zb_h1']:.3f}x, ZB-V {r['ppx_all@zbv']:.3f}x (1F1B {ms['ppx_all@1f1b'] * 1e3:.1f} ms)"
+        )
+        out.append(
+            (
+                f"split backward, steps side by side, {name}, m={M}: each zero-bubble step over the 1F1B step "
+                f"beside it, median of {got['pairs']} pairs in one job",
+                f"runtime alone: {alone}; with ppx run's timers and memory counters: {timed}",
+                "ZB-H1 < 1F1B",
+                "pass" if r["ppx@zb_h1"] < 1 and r["ppx_all@zb_h1"] < 1 else "MISS",
+            )
+        )
+    return out
 
 
 def check_all(only: str | None = None) -> dict:

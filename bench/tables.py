@@ -209,6 +209,10 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
         from bench.split_backward import large_rows
 
         out += large_rows(results["split_large"])
+    if "split_paired" in results:
+        from bench.split_backward import paired_rows
+
+        out += paired_rows(results["split_paired"])
     if "printed_plans" in results:
         from bench.plan_printed import rows as printed_rows
 

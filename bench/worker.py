@@ -4,8 +4,11 @@ Measures, side by side in one process group and alternating step by step, the va
 case names: ``ppx`` (timers off), ``ppx_timers``, ``ppx_all`` (timers + memory counters),
 and ``torch`` (torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B on the very same
 stage modules and data, made before the step as a prefetching loader has it), in processes
-pinned as `ppx run` pins them. Each step starts on every rank at the same instant; its time is the last rank's end minus the first
-rank's start. Rank 0 writes the medians as JSON.
+pinned as `ppx run` pins them. A ppx variant may name another schedule after an ``@``
+(``ppx_all@zb_h1``): it runs that schedule on a pipeline of its own, built from the same
+config and seed, so two schedules are compared step by step on the same machine state.
+Each step starts on every rank at the same instant; its time is the last rank's end minus
+the first rank's start. Rank 0 writes the medians, and every measured step, as JSON.
 """
 
 from __future__ import annotations
@@ -76,11 +79,12 @@ _shared: dict = {}
 
 
 def ppx_variant(cfg, schedule, rank, observers_of):
-    """The ppx variants share one pipeline and differ only in the observers switched on."""
-    if not _shared:
-        _shared["pipe"] = pipe = build_rank(cfg, schedule, rank, "cpu", P2P.for_backend("gloo"))
-        _shared["inst"] = Instruments(cfg, pipe, torch.device("cpu"))
-    pipe, inst = _shared["pipe"], _shared["inst"]
+    """The ppx variants of one schedule share one pipeline and differ only in the observers
+    switched on."""
+    if schedule.name not in _shared:
+        pipe = build_rank(cfg, schedule, rank, "cpu", P2P.for_backend("gloo"))
+        _shared[schedule.name] = pipe, Instruments(cfg, pipe, torch.device("cpu"))
+    pipe, inst = _shared[schedule.name]
     observers = observers_of(inst)
     params = pipe.parameters()
 
@@ -98,6 +102,7 @@ def ppx_variant(cfg, schedule, rank, observers_of):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--experiment", default=None, help="an experiment the overrides apply to (default: none)")
     ap.add_argument("--overrides", nargs="*", default=[])
     ap.add_argument("--variants", nargs="+", required=True)
     ap.add_argument("--warmup", type=int, default=3)
@@ -109,15 +114,20 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = config.load(None, args.overrides + [f"pipeline.stages={world}"])
+    cfg = config.load(args.experiment, args.overrides + [f"pipeline.stages={world}"])
     schedule = resolve_schedule(cfg)
-    makers = {
-        "ppx": lambda: ppx_variant(cfg, schedule, rank, lambda inst: []),
-        "ppx_timers": lambda: ppx_variant(cfg, schedule, rank, lambda inst: [inst.timer]),
-        "ppx_all": lambda: ppx_variant(cfg, schedule, rank, lambda inst: inst.observers),
-        "torch": lambda: torch_variant(cfg, schedule, rank, world),
-    }
-    steps = {v: makers[v]() for v in args.variants}
+    observed = {"ppx": lambda inst: [], "ppx_timers": lambda inst: [inst.timer], "ppx_all": lambda inst: inst.observers}
+
+    def make(variant: str):
+        if variant == "torch":
+            return torch_variant(cfg, schedule, rank, world)
+        kind, _, other = variant.partition("@")
+        if not other:
+            return ppx_variant(cfg, schedule, rank, observed[kind])
+        c = config.load(args.experiment, [*args.overrides, f"pipeline.stages={world}", f"pipeline.schedule={other}"])
+        return ppx_variant(c, resolve_schedule(c), rank, observed[kind])
+
+    steps = {v: make(v) for v in args.variants}
     offset = offset_to_rank0()
     times = {v: [] for v in args.variants}
     for rep in range(args.warmup + args.reps):
@@ -140,6 +150,7 @@ def main() -> None:
             "world_size": world,
             "reps": args.reps,
             "median_step_s": {v: statistics.median(t) for v, t in times.items()},
+            "steps_s": times,  # every measured step, in order: pairs of variants ran side by side
             "ideal_step_s": ideal.makespan if ideal is not None else None,
         }
         with open(args.out, "w") as f:
