@@ -22,6 +22,7 @@ from bench.tables import markdown, write_generated  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ["model.kind=mlp", "model.hidden=256", "model.layers=8", "train.batch_size=64", "pipeline.microbatches=8"]
 MLP_LARGE = ["model.kind=mlp", "model.hidden=1024", "model.layers=8", "train.batch_size=64", "pipeline.microbatches=8"]
+LLAMA_TINY = ["model.preset=llama-tiny", "model.layers=8", "train.batch_size=32", "pipeline.microbatches=8"]
 KNOWN = [
     "model.kind=synthetic",
     "model.fwd_ms=10",
@@ -44,6 +45,8 @@ CASES = {
     "overhead_known_1f1b_p4": (4, ["ppx", "ppx_timers", "ppx_all"], KNOWN + ["pipeline.schedule=1f1b"], 20),
     "overhead_mlp_1f1b_p2": (2, ["ppx", "ppx_timers", "ppx_all"], MLP + ["pipeline.schedule=1f1b"], 300),
     "overhead_mlp_large_1f1b_p2": (2, ["ppx", "ppx_timers", "ppx_all"], MLP_LARGE + ["pipeline.schedule=1f1b"], 30),
+    # a real model's many saved tensors (169 a forward on a stage of 4 blocks): the memory counters' cost
+    "overhead_llama_tiny_1f1b_p2": (2, ["ppx", "ppx_timers", "ppx_all"], LLAMA_TINY + ["pipeline.schedule=1f1b"], 60),
 }
 
 
@@ -268,6 +271,26 @@ def rerun(prefixes: list[str]) -> None:
     print(md)
 
 
+def rerun_cases(names: list[str], scale: float) -> None:
+    """``bench/run.py --cases NAME ...``: run again only these cases (`CASES`), keep the other
+    results of bench/results.json, and regenerate docs/benchmarks.md."""
+    unknown = [n for n in names if n not in CASES]
+    if unknown or not names:
+        raise SystemExit(
+            f"bench/run.py --cases: no case {', '.join(unknown) or '(none given)'}; cases: {', '.join(CASES)}"
+        )
+
+    path = ROOT / "bench" / "results.json"
+    got = {name: run_case(name, scale) for name in names}
+    results = json.loads(path.read_text())  # read after the measuring: a change meanwhile is kept
+    results.update(got)
+    results["cases_rerun"] = {"date": time.strftime("%Y-%m-%d"), "cases": names}
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    md = markdown(results, scale)
+    write_generated(ROOT / "docs" / "benchmarks.md", md)
+    print(md)
+
+
 def rerun_plans() -> None:
     """``bench/run.py --plans``: the planner rows again (bench/plan_check.py), the other results kept."""
     from bench.plan_check import check_all
@@ -343,6 +366,8 @@ def main() -> None:
     scale = float(os.environ.get("BENCH_SCALE", "1"))
     if sys.argv[1:2] == ["--runs"]:
         return rerun(sys.argv[2:])
+    if sys.argv[1:2] == ["--cases"]:
+        return rerun_cases(sys.argv[2:], scale)
     if sys.argv[1:2] == ["--plans"]:
         return rerun_plans()
     if sys.argv[1:2] == ["--split"]:

@@ -150,13 +150,16 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
                 "pass" if ratio <= 1.03 else "MISS",
             )
         )
-    for name in ("overhead_known_1f1b_p4", "overhead_mlp_1f1b_p2", "overhead_mlp_large_1f1b_p2"):
+    sizes = {
+        "overhead_known_1f1b_p4": "known-cost model, p=4",
+        "overhead_mlp_1f1b_p2": "MLP hidden 256, p=2",
+        "overhead_mlp_large_1f1b_p2": "MLP hidden 1024, p=2",
+        "overhead_llama_tiny_1f1b_p2": "llama-tiny (8 blocks), p=2, m=8",
+    }
+    for name, size in sizes.items():
+        if name not in results:  # a case added after the results were measured
+            continue
         r = results[name]["median_step_s"]
-        size = {
-            "overhead_known_1f1b_p4": "known-cost model, p=4",
-            "overhead_mlp_1f1b_p2": "MLP hidden 256, p=2",
-            "overhead_mlp_large_1f1b_p2": "MLP hidden 1024, p=2",
-        }[name]
         t = r["ppx_timers"] / r["ppx"] - 1
         a = r["ppx_all"] / r["ppx"] - 1
         if "known" in name:
@@ -267,12 +270,13 @@ def model_cost_rows(runs: dict) -> list[tuple[str, str, str, str]]:
 
 def markdown(results: dict, scale: float) -> str:
     measured = results.get("measured_on") or time.strftime("%Y-%m-%d")
-    again = results.get("rerun")
+    again, cases = results.get("rerun"), results.get("cases_rerun")
     head = [
         "# Benchmarks",
         "",
         f"Measured by `make bench` on {measured}"
         + (f" (runs {', '.join(again['runs'])} on {again['date']}, by `bench/run.py --runs`)" if again else "")
+        + (f" (cases {', '.join(cases['cases'])} on {cases['date']}, by `bench/run.py --cases`)" if cases else "")
         + f": {platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, torch {torch.__version__}, CPU + gloo, 1 thread per process, "
         "each process pinned as `ppx run` pins CPU ranks (`runtime.pin_cpus`: its own block of CPUs; with more "

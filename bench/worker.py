@@ -26,6 +26,7 @@ import torch.distributed as dist
 from ppx import config, models
 from ppx.config import resolve_schedule
 from ppx.engine.comm import P2P
+from ppx.engine.garbage import StepCollector
 from ppx.engine.rank import build_rank, build_stage_modules
 from ppx.launch.affinity import pin_local_rank
 from ppx.measure.clock import offset_to_rank0, start_together
@@ -130,19 +131,24 @@ def main() -> None:
     steps = {v: make(v) for v in args.variants}
     offset = offset_to_rank0()
     times = {v: [] for v in args.variants}
-    for rep in range(args.warmup + args.reps):
-        order = args.variants if rep % 2 == 0 else args.variants[::-1]
-        for v in order:
-            prepare, run = steps[v]
-            batch = prepare(rep)  # data is ready before the step, as in ppx's training loop
-            start_together(offset)
-            t0 = time.perf_counter()
-            run(batch)
-            t1 = time.perf_counter()
-            windows = [None] * world if rank == 0 else None  # every rank's (start, end) of the step
-            dist.gather_object((t0 + offset, t1 + offset), windows, dst=0)
-            if rank == 0 and rep >= args.warmup:
-                times[v].append(max(e for _, e in windows) - min(s for s, _ in windows))
+    # Python's collector kept out of the timed steps, as ppx run's loop keeps it
+    # (runtime.gc_steps): left automatic, the Python objects the memory counters' hooks make
+    # start collections inside the steps of the variants that count
+    with StepCollector(cfg.runtime.gc_steps) as collector:
+        for rep in range(args.warmup + args.reps):
+            order = args.variants if rep % 2 == 0 else args.variants[::-1]
+            for v in order:
+                prepare, run = steps[v]
+                batch = prepare(rep)  # data is ready before the step, as in ppx's training loop
+                start_together(offset)
+                t0 = time.perf_counter()
+                run(batch)
+                t1 = time.perf_counter()
+                windows = [None] * world if rank == 0 else None  # every rank's (start, end) of the step
+                dist.gather_object((t0 + offset, t1 + offset), windows, dst=0)
+                if rank == 0 and rep >= args.warmup:
+                    times[v].append(max(e for _, e in windows) - min(s for s, _ in windows))
+                collector.between_steps(rep)
     if rank == 0:
         ideal = known_cost_timeline(cfg, schedule, transport_of(cfg, "gloo"))  # None for the MLP
         result = {

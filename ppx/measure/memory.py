@@ -117,17 +117,24 @@ class MemoryTracker:
         }
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        """Autograd's pack hook: note the storage ``t`` keeps alive. Called for every tensor a
+        forward saves (169 in a forward of 4 llama blocks), so it does no more than it must."""
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
-        if ptr not in self._params and self._unsharded and not self._looked:
-            self._params, self._looked = self._param_storages(), True  # once per forward
-        if ptr in self._params or any(ptr in copies for copies in self.weight_copies):
+        if ptr in self._params:
             return t
-        if t._is_view() and not t.requires_grad:
+        if self._unsharded and not self._looked:  # once per forward: the unsharded copies' storages
+            self._params, self._looked = self._param_storages(), True
+            if ptr in self._params:
+                return t
+        for copies in self.weight_copies:
+            if ptr in copies:
+                return t
+        if t.requires_grad or not t._is_view():
+            self._seen[ptr] = storage.nbytes()
+        else:  # a saved view of data: its own bytes
             own = t.numel() * t.element_size()
             self._seen[(ptr, t.storage_offset(), own)] = own
-        else:
-            self._seen[ptr] = storage.nbytes()
         return t
 
     def before(self, item) -> None:
