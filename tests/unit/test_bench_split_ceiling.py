@@ -44,3 +44,25 @@ def test_check_all_takes_the_configurations_whose_name_holds_the_text(monkeypatc
     monkeypatch.setattr(sb, "check_config", lambda model, dtype, p: ran.append((model, dtype, p)) or {})
     assert sorted(sb.check_all("fp32 p=2")) == sorted(f"{m} fp32 p=2" for m in sb.MODELS)
     assert ran == [(m, "fp32", 2) for m in sb.MODELS]
+
+
+def _paired(alone_zb: float, timed_zb: float) -> dict:
+    ms = {f"{k}@{n}": 0.1 for k in ("ppx", "ppx_all") for n in ("1f1b", "zb_h1", "zbv")}
+    ratio = {"ppx@zb_h1": alone_zb, "ppx@zbv": 1.1, "ppx_all@zb_h1": timed_zb, "ppx_all@zbv": 1.1}
+    return {"m fp32 p=2": {"median_step_s": ms, "pairs": 60, "ratio": ratio}}
+
+
+@pytest.mark.parametrize("alone, timed, verdict", [(0.98, 0.99, "pass"), (0.98, 1.01, "MISS"), (1.02, 0.97, "MISS")])
+def test_paired_rows_pass_only_where_zb_h1_is_faster_alone_and_with_instruments(alone, timed, verdict):
+    from bench.split_backward import paired_rows
+
+    (row,) = paired_rows(_paired(alone, timed))
+    assert row[3] == verdict and f"ZB-H1 {alone:.3f}x" in row[1] and f"ZB-H1 {timed:.3f}x" in row[1]
+    assert "median of 60 pairs in one job" in row[0]
+
+
+def test_a_rerun_of_an_unknown_case_is_refused_in_one_line():
+    from bench.run import rerun_cases
+
+    with pytest.raises(SystemExit, match=r"--cases: no case nope; cases: mlp_gpipe_p4"):
+        rerun_cases(["nope"], 1.0)
