@@ -230,10 +230,23 @@ def check_paired(model: str, dtype: str) -> dict:
     return out
 
 
+PAIRED_CONFIGS = {f"{model} {dtype} p={PAIRED_P}": (model, dtype) for model in MODELS for dtype in ("fp32", "bf16")}
+
+
 def check_paired_all(only: str | None = None) -> dict:
     """`check_paired` for every model and dtype, or those whose name holds ``only``."""
-    names = {f"{model} {dtype} p={PAIRED_P}": (model, dtype) for model in MODELS for dtype in ("fp32", "bf16")}
-    return {n: check_paired(*c) for n, c in names.items() if only is None or only in n}
+    return {n: check_paired(*PAIRED_CONFIGS[n]) for n in matching(PAIRED_CONFIGS, only, "--split-paired")}
+
+
+def matching(names, only: str | None, flag: str) -> list[str]:
+    """The configuration ``names`` that hold ``only`` (all of them for None); none is refused
+    in one line, before anything runs."""
+    if only is None:
+        return list(names)
+    got = [n for n in names if only in n]
+    if not got:
+        raise SystemExit(f"bench/run.py {flag} {only!r}: no configuration's name holds it: {', '.join(names)}")
+    return got
 
 
 def paired_rows(results: dict) -> list[tuple[str, str, str, str]]:
@@ -260,7 +273,7 @@ def paired_rows(results: dict) -> list[tuple[str, str, str, str]]:
 def check_all(only: str | None = None) -> dict:
     """Every configuration's variants, or those whose name ("<model> <dtype> p=<p>") holds ``only``."""
     names = {f"{model} {dtype} p={p}": (model, dtype, p) for model, dtype, p in CONFIGS}
-    return {n: check_config(*c) for n, c in names.items() if only is None or only in n}
+    return {n: check_config(*names[n]) for n in matching(names, only, "--split")}
 
 
 def split_rows(results: dict) -> list[tuple[str, str, str, str]]:

@@ -285,7 +285,8 @@ def markdown(results: dict, scale: float) -> str:
         f"steps per variant{'' if scale == 1 else f', scaled by {scale}'}, after 3 warm-up steps); every step starts on "
         "all ranks at the same instant (its data made before, as a prefetching loader has it) and lasts until the "
         "last rank finishes; the table shows medians. Reproduce "
-        "with `make bench` (about 6 minutes; `BENCH_SCALE=2 make bench` measures twice as many steps).",
+        "with `make bench` (these cases about 7 minutes, with the whole runs, plans and split-backward rows below "
+        "about an hour; `BENCH_SCALE=2 make bench` measures twice as many steps).",
         "",
         "| benchmark | measured | target | |",
         "| --- | --- | --- | --- |",

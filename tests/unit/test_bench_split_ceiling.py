@@ -31,7 +31,7 @@ def test_zbv_sums_a_ranks_two_stages_for_1f1b():
 
 
 def test_a_rerun_of_no_configuration_is_refused_in_one_line_before_any_run():
-    from bench.run import rerun_split
+    from bench.reruns import rerun_split
 
     with pytest.raises(SystemExit, match=r"--split 'fp64': no configuration's name holds it: llama-tiny"):
         rerun_split("fp64")
@@ -62,7 +62,7 @@ def test_paired_rows_pass_only_where_zb_h1_is_faster_alone_and_with_instruments(
 
 
 def test_a_rerun_of_an_unknown_case_is_refused_in_one_line():
-    from bench.run import rerun_cases
+    from bench.reruns import rerun_cases
 
     with pytest.raises(SystemExit, match=r"--cases: no case nope; cases: mlp_gpipe_p4"):
         rerun_cases(["nope"], 1.0)
