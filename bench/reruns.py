@@ -10,23 +10,20 @@ import time
 from bench.run import CASES, ROOT, RUNS, run_case, run_summary
 from bench.tables import markdown, write_generated
 
+RESULTS = ROOT / "bench" / "results.json"
+
 
 def rerun(prefixes: list[str]) -> None:
     """``bench/run.py --runs PREFIX ...``: run again only the whole runs whose names start with
     a prefix, keep the other results of bench/results.json, and regenerate docs/benchmarks.md."""
-    path = ROOT / "bench" / "results.json"
-    results = json.loads(path.read_text())
+    results = json.loads(RESULTS.read_text())
     names = [n for n in RUNS if any(n.startswith(p) for p in prefixes)]
     if not names:
         raise SystemExit(f"no run starts with {' or '.join(prefixes)}; runs: {', '.join(RUNS)}")
     print(f"ppx bench: {len(names)} runs again")
     results.setdefault("runs", {}).update({name: run_summary(name) for name in names})
-    results.setdefault("measured_on", "2026-11-23")  # the last full `make bench` before dates were kept
     results["rerun"] = {"date": time.strftime("%Y-%m-%d"), "runs": names}
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    md = markdown(results, float(os.environ.get("BENCH_SCALE", "1")))
-    write_generated(ROOT / "docs" / "benchmarks.md", md)
-    print(md)
+    _save(results)
 
 
 def rerun_cases(names: list[str], scale: float) -> None:
@@ -38,16 +35,11 @@ def rerun_cases(names: list[str], scale: float) -> None:
             f"bench/run.py --cases: no case {', '.join(unknown) or '(none given)'}; cases: {', '.join(CASES)}"
         )
 
-    path = ROOT / "bench" / "results.json"
     got = {name: run_case(name, scale) for name in names}
-    results = json.loads(path.read_text())  # read after the measuring: a change meanwhile is kept
-    results.setdefault("measured_on", "2026-11-23")  # the last full `make bench` before dates were kept
+    results = json.loads(RESULTS.read_text())  # read after the measuring: a change meanwhile is kept
     results.update(got)
     results["cases_rerun"] = {"date": time.strftime("%Y-%m-%d"), "cases": names}
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    md = markdown(results, scale)
-    write_generated(ROOT / "docs" / "benchmarks.md", md)
-    print(md)
+    _save(results)
 
 
 def rerun_plans() -> None:
@@ -65,15 +57,7 @@ def rerun_split(only: str | None = None) -> None:
 
     names = [f"{model} {dtype} p={p}" for model, dtype, p in CONFIGS]
     matching(names, only, "--split")  # refused before anything runs
-
-    def measure() -> dict:
-        got = check_all(only)
-        if only is None:
-            return got
-        kept = json.loads((ROOT / "bench" / "results.json").read_text()).get("split_backward", {})
-        return {n: got.get(n, kept.get(n)) for n in names if n in got or n in kept}
-
-    _rerun_rows("split_backward", measure)
+    _rerun_rows("split_backward", lambda: check_all(only), keep_others=only is not None)
 
 
 def rerun_split_large() -> None:
@@ -91,12 +75,7 @@ def rerun_split_paired(only: str | None = None) -> None:
     from bench.split_backward import PAIRED_CONFIGS, check_paired_all, matching
 
     matching(PAIRED_CONFIGS, only, "--split-paired")  # refused before anything runs
-
-    def measure() -> dict:
-        kept = json.loads((ROOT / "bench" / "results.json").read_text()).get("split_paired", {})
-        return {**kept, **check_paired_all(only)} if only is not None else check_paired_all()
-
-    _rerun_rows("split_paired", measure)
+    _rerun_rows("split_paired", lambda: check_paired_all(only), keep_others=only is not None)
 
 
 def rerun_printed() -> None:
@@ -107,16 +86,22 @@ def rerun_printed() -> None:
     _rerun_rows("printed_plans", check_all)
 
 
-def _rerun_rows(key: str, measure) -> None:
-    """``results[key]`` measured again by ``measure()`` (with its date), the other results kept;
+def _rerun_rows(key: str, measure, keep_others: bool = False) -> None:
+    """``results[key]`` measured again by ``measure()`` (with its date), the other results kept
+    (``keep_others``: the configurations of ``results[key]`` that ``measure`` left out too);
     bench/results.json and docs/benchmarks.md rewritten. The file is read after the measuring,
     so a change to it meanwhile (a merge) is kept."""
     rows = measure()
-    path = ROOT / "bench" / "results.json"
-    results = json.loads(path.read_text())
-    results[key] = rows
+    results = json.loads(RESULTS.read_text())
+    results[key] = {**results.get(key, {}), **rows} if keep_others else rows
     results[f"{key}_measured_on"] = time.strftime("%Y-%m-%d")
-    path.write_text(json.dumps(results, indent=2) + "\n")
+    _save(results)
+
+
+def _save(results: dict) -> None:
+    """bench/results.json and the generated part of docs/benchmarks.md from ``results``."""
+    results.setdefault("measured_on", "2026-11-23")  # the last full `make bench` before dates were kept
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     md = markdown(results, float(os.environ.get("BENCH_SCALE", "1")))
     write_generated(ROOT / "docs" / "benchmarks.md", md)
     print(md)

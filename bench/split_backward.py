@@ -52,9 +52,9 @@ MODELS = {
     "transformer (hidden 64, 8 blocks)": ["transformer_1f1b_2cpu", "model.layers=8"],
 }
 M = 8
+SHAPE = [f"pipeline.microbatches={M}", "train.batch_size=32"]
 COMMON = [
-    f"pipeline.microbatches={M}",
-    "train.batch_size=32",
+    *SHAPE,
     "train.steps=12",
     "instrument.timeline_steps=8",
     "logging.wandb.mode=disabled",
@@ -173,16 +173,16 @@ def ceiling(variants: dict, name: str, p: int, m: int) -> float:
     W with no runtime overhead and instant hand-offs (1F1B's rank: the same stages' work, B
     costing I + W): the most the schedule can gain with these costs."""
     from ppx import schedules
+    from ppx.measure.prediction import costs_from
 
-    a = variants[name]["action_s"]
     zb = schedules.build(name, p, m)
-    stages = range(zb.num_stages)
-    split = schedules.Costs(**{k: [a[f"{s}{op}"] for s in stages] for k, op in _COST_OPS})
-    one = schedules.Costs(**{k: [sum(a[f"{s}{op}"] for s in zb.stages_of(r)) for r in range(p)] for k, op in _COST_OPS})
+    split = costs_from({"action_s": variants[name]["action_s"], "p2p_s": 0.0}, zb.num_stages)
+
+    def per_rank(costs: list[float]) -> list[float]:
+        return [sum(costs[s] for s in zb.stages_of(r)) for r in range(p)]
+
+    one = schedules.Costs(fwd=per_rank(split.fwd), bwd=per_rank(split.bwd), wgrad=per_rank(split.wgrad))
     return schedules.simulate(zb, split).makespan / schedules.simulate(schedules.build("1f1b", p, m), one).makespan
-
-
-_COST_OPS = (("fwd", "F"), ("bwd", "I"), ("wgrad", "W"))
 
 
 def _predicted(v: dict, names: tuple[str, ...]) -> str:
@@ -207,7 +207,8 @@ def _fmt_ms(seconds: list[float]) -> str:
 
 
 PAIRED_P, PAIRED_REPS = 2, 60
-PAIRED = [f"{kind}@{name}" for kind in ("ppx", "ppx_all") for name in ("1f1b", "zb_h1", "zbv")]
+PAIRED_KINDS, PAIRED_ZB = ("ppx", "ppx_all"), ("zb_h1", "zbv")  # the runtime alone, with ppx run's instruments
+PAIRED = [f"{kind}@{name}" for kind in PAIRED_KINDS for name in ("1f1b", *PAIRED_ZB)]
 
 
 def check_paired(model: str, dtype: str) -> dict:
@@ -217,13 +218,13 @@ def check_paired(model: str, dtype: str) -> dict:
     from bench.run import run_worker
 
     exp, *keys = MODELS[model]
-    overrides = [*keys, f"pipeline.microbatches={M}", "train.batch_size=32", f"train.dtype={dtype}"]
+    overrides = [*keys, *SHAPE, f"train.dtype={dtype}"]
     got = run_worker(PAIRED_P, PAIRED, overrides, PAIRED_REPS, f"split paired {model} {dtype}", experiment=exp)
     steps = got["steps_s"]
     ratios = {}
-    for kind in ("ppx", "ppx_all"):
+    for kind in PAIRED_KINDS:
         one = steps[f"{kind}@1f1b"]
-        for name in ("zb_h1", "zbv"):
+        for name in PAIRED_ZB:
             ratios[f"{kind}@{name}"] = statistics.median(a / b for a, b in zip(steps[f"{kind}@{name}"], one))
     out = {"median_step_s": got["median_step_s"], "pairs": len(steps[PAIRED[0]]), "ratio": ratios}
     print(f"  split paired {model} {dtype} p={PAIRED_P}: {json.dumps({k: round(r, 3) for k, r in ratios.items()})}")
