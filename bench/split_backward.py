@@ -206,20 +206,20 @@ def _fmt_ms(seconds: list[float]) -> str:
     return "/".join(f"{x * 1e3:.0f}" for x in seconds)
 
 
-PAIRED_P, PAIRED_REPS = 2, 60
+PAIRED_PS, PAIRED_REPS = (2, 4), 60
 PAIRED_KINDS, PAIRED_ZB = ("ppx", "ppx_all"), ("zb_h1", "zbv")  # the runtime alone, with ppx run's instruments
 PAIRED = [f"{kind}@{name}" for kind in PAIRED_KINDS for name in ("1f1b", *PAIRED_ZB)]
 
 
-def check_paired(model: str, dtype: str) -> dict:
-    """1F1B, ZB-H1 and ZB-V of (``model``, ``dtype``) at p=2 in one job, alternating step by
-    step: their median steps and, per zero-bubble schedule and observer set, the median over
-    the pairs of its step over the 1F1B step beside it."""
+def check_paired(model: str, dtype: str, p: int, reps: int = PAIRED_REPS) -> dict:
+    """1F1B, ZB-H1 and ZB-V of (``model``, ``dtype``) over ``p`` stages in one job, alternating
+    step by step: their median steps and, per zero-bubble schedule and observer set, the median
+    over the ``reps`` pairs of its step over the 1F1B step beside it."""
     from bench.run import run_worker
 
     exp, *keys = MODELS[model]
-    overrides = [*keys, *SHAPE, f"train.dtype={dtype}"]
-    got = run_worker(PAIRED_P, PAIRED, overrides, PAIRED_REPS, f"split paired {model} {dtype}", experiment=exp)
+    overrides = [*keys, *SHAPE, f"train.dtype={dtype}", f"pipeline.stages={p}"]
+    got = run_worker(p, PAIRED, overrides, reps, f"split paired {model} {dtype} p={p}", experiment=exp)
     steps = got["steps_s"]
     ratios = {}
     for kind in PAIRED_KINDS:
@@ -227,16 +227,30 @@ def check_paired(model: str, dtype: str) -> dict:
         for name in PAIRED_ZB:
             ratios[f"{kind}@{name}"] = statistics.median(a / b for a, b in zip(steps[f"{kind}@{name}"], one))
     out = {"median_step_s": got["median_step_s"], "pairs": len(steps[PAIRED[0]]), "ratio": ratios}
-    print(f"  split paired {model} {dtype} p={PAIRED_P}: {json.dumps({k: round(r, 3) for k, r in ratios.items()})}")
+    print(f"  split paired {model} {dtype} p={p}: {json.dumps({k: round(r, 3) for k, r in ratios.items()})}")
     return out
 
 
-PAIRED_CONFIGS = {f"{model} {dtype} p={PAIRED_P}": (model, dtype) for model in MODELS for dtype in ("fp32", "bf16")}
+PAIRED_CONFIGS = {
+    f"{model} {dtype} p={p}": (model, dtype, p) for p in PAIRED_PS for model in MODELS for dtype in ("fp32", "bf16")
+}
 
 
-def check_paired_all(only: str | None = None) -> dict:
-    """`check_paired` for every model and dtype, or those whose name holds ``only``."""
-    return {n: check_paired(*PAIRED_CONFIGS[n]) for n in matching(PAIRED_CONFIGS, only, "--split-paired")}
+def check_paired_all(only: str | None = None, cores: int | None = None) -> dict:
+    """`check_paired` for every model, dtype and p, or those whose name holds ``only``. A
+    configuration with more ranks than this machine has cores (``cores``, default its own) is
+    not measured: ranks that share a core share its time, and no schedule gains from its bubble
+    there (docs/benchmarks.md, "At p=4")."""
+    cores = cores or len(os.sched_getaffinity(0))
+    out = {}
+    for name in matching(PAIRED_CONFIGS, only, "--split-paired"):
+        model, dtype, p = PAIRED_CONFIGS[name]
+        if p > cores:
+            out[name] = {"skipped": f"needs a core per rank ({p}); this machine has {cores}"}
+            print(f"  split paired {name}: skipped, {out[name]['skipped']}")
+        else:
+            out[name] = check_paired(model, dtype, p)
+    return out
 
 
 def matching(names, only: str | None, flag: str) -> list[str]:
@@ -251,9 +265,13 @@ def matching(names, only: str | None, flag: str) -> list[str]:
 
 
 def paired_rows(results: dict) -> list[tuple[str, str, str, str]]:
-    """One row per (model, dtype): each zero-bubble step over the 1F1B step beside it."""
+    """One row per (model, dtype, p): each zero-bubble step over the 1F1B step beside it."""
     out = []
     for name, got in results.items():
+        what = f"split backward, steps side by side, {name}, m={M}: each zero-bubble step over the 1F1B step beside it"
+        if "skipped" in got:
+            out.append((what, f"not measured: {got['skipped']}", "ZB-H1 < 1F1B", "skipped"))
+            continue
         r, ms = got["ratio"], got["median_step_s"]
         alone = f"ZB-H1 {r['ppx@zb_h1']:.3f}x, ZB-V {r['ppx@zbv']:.3f}x (1F1B {ms['ppx@1f1b'] * 1e3:.1f} ms)"
         timed = (
@@ -261,8 +279,7 @@ def paired_rows(results: dict) -> list[tuple[str, str, str, str]]:
         )
         out.append(
             (
-                f"split backward, steps side by side, {name}, m={M}: each zero-bubble step over the 1F1B step "
-                f"beside it, median of {got['pairs']} pairs in one job",
+                f"{what}, median of {got['pairs']} pairs in one job",
                 f"runtime alone: {alone}; with ppx run's timers and memory counters: {timed}",
                 "ZB-H1 < 1F1B",
                 "pass" if r["ppx@zb_h1"] < 1 and r["ppx_all@zb_h1"] < 1 else "MISS",

@@ -66,3 +66,17 @@ def test_a_rerun_of_an_unknown_case_is_refused_in_one_line():
 
     with pytest.raises(SystemExit, match=r"--cases: no case nope; cases: mlp_gpipe_p4"):
         rerun_cases(["nope"], 1.0)
+
+
+def test_paired_configurations_with_more_ranks_than_cores_are_not_measured(monkeypatch):
+    import bench.split_backward as sb
+
+    ran = []
+    monkeypatch.setattr(sb, "check_paired", lambda model, dtype, p: ran.append((model, dtype, p)) or _paired(1, 1))
+    got = sb.check_paired_all("fp32", cores=2)
+    assert ran == [(m, "fp32", 2) for m in sb.MODELS]
+    assert sorted(got) == sorted(f"{m} fp32 p={p}" for m in sb.MODELS for p in (2, 4))
+    skipped = [got[f"{m} fp32 p=4"] for m in sb.MODELS]
+    assert all(s == {"skipped": "needs a core per rank (4); this machine has 2"} for s in skipped)
+    rows = sb.paired_rows({"x p=4": skipped[0]})
+    assert rows[0][1:] == ("not measured: needs a core per rank (4); this machine has 2", "ZB-H1 < 1F1B", "skipped")
