@@ -71,7 +71,9 @@ def train(
     report = start_report() if start_report is not None else None
     records = RecordGatherer(rank, world, cfg.train.steps, max(cfg.runtime.timeout_s, 30.0))
     if backend == "nccl":
-        dist.barrier()  # a first collective on every rank before any partial P2P batch
+        # a first collective on every rank before any partial P2P batch, on the rank's own GPU
+        # (named: torch otherwise warns on every rank that it guesses the device)
+        dist.barrier(device_ids=[device.index])
     watchdog.phase("aligning clocks")
     offset = offset_to_rank0(ctrl)
 
