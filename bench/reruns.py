@@ -53,10 +53,8 @@ def rerun_split(only: str | None = None) -> None:
     """``bench/run.py --split [TEXT]``: the split-backward rows again (bench/split_backward.py),
     the other results kept; with TEXT, only the configurations whose name holds it (``"fp32
     p=2"``: both models' fp32 rows at p=2), the others' rows kept."""
-    from bench.split_backward import CONFIGS, check_all, matching
+    from bench.split_backward import check_all
 
-    names = [f"{model} {dtype} p={p}" for model, dtype, p in CONFIGS]
-    matching(names, only, "--split")  # refused before anything runs
     _rerun_rows("split_backward", lambda: check_all(only), keep_others=only is not None)
 
 
@@ -70,11 +68,10 @@ def rerun_split_large() -> None:
 
 def rerun_split_paired(only: str | None = None) -> None:
     """``bench/run.py --split-paired [TEXT]``: 1F1B against ZB-H1 and ZB-V step by step in one
-    job (bench/split_backward.py's `check_paired`), for every model and dtype or those whose
+    job (bench/split_backward.py's `check_paired`), for every model, dtype and p or those whose
     name holds TEXT; the other results kept."""
-    from bench.split_backward import PAIRED_CONFIGS, check_paired_all, matching
+    from bench.split_backward import check_paired_all
 
-    matching(PAIRED_CONFIGS, only, "--split-paired")  # refused before anything runs
     _rerun_rows("split_paired", lambda: check_paired_all(only), keep_others=only is not None)
 
 

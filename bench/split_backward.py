@@ -68,7 +68,9 @@ VARIANTS = {  # name -> (overrides, fp32 only)
     "zb_h1_torch": (["pipeline.schedule=zb_h1", "pipeline.executor=torch"], True),
     "zbv_torch": (["pipeline.schedule=zbv", "pipeline.executor=torch"], True),
 }
-CONFIGS = [(model, dtype, p) for model in MODELS for dtype in ("fp32", "bf16") for p in (2, 4)]
+CONFIGS = {  # "<model> <dtype> p=<p>" -> (model, dtype, p)
+    f"{model} {dtype} p={p}": (model, dtype, p) for model in MODELS for dtype in ("fp32", "bf16") for p in (2, 4)
+}
 # where the matmuls dominate the dispatch: llama-1b's shapes (hidden 2048, ffn 8192, vocab
 # 128256), 6 of its 16 blocks and 64 tokens, balanced over p=2 (the embedding and 5 blocks;
 # 1 block and the vocabulary head, which costs about 4 blocks), fp32, m=4
@@ -290,8 +292,7 @@ def paired_rows(results: dict) -> list[tuple[str, str, str, str]]:
 
 def check_all(only: str | None = None) -> dict:
     """Every configuration's variants, or those whose name ("<model> <dtype> p=<p>") holds ``only``."""
-    names = {f"{model} {dtype} p={p}": (model, dtype, p) for model, dtype, p in CONFIGS}
-    return {n: check_config(*names[n]) for n in matching(names, only, "--split")}
+    return {n: check_config(*CONFIGS[n]) for n in matching(CONFIGS, only, "--split")}
 
 
 def split_rows(results: dict) -> list[tuple[str, str, str, str]]:
