@@ -217,20 +217,29 @@ def measure(store: WeightStore, trial: Callable[[], tuple], exclude: set[int]) -
     module = store.module
     params = {p.untyped_storage().data_ptr() for p in module.parameters()} | exclude
     saved: dict[int, int] = {}
+    kept: list[torch.Tensor] = []  # alive until the trial ends: no address counted twice
 
-    def pack(t: torch.Tensor):
+    def pack(t: torch.Tensor) -> int:
         ptr = t.untyped_storage().data_ptr()
         if ptr not in params:
             saved[ptr] = t.untyped_storage().nbytes()
-        return t
+        kept.append(t)
+        # not the tensor: a node saving its own output would then hold itself, a cycle through
+        # autograd's C++ graph that Python's collector never frees, and this graph never runs
+        # the backward that would release it (it kept a whole forward alive for the run)
+        return len(kept) - 1
+
+    def unpack(i: int):
+        raise RuntimeError("the trial forward's graph is weighed, never differentiated")
 
     with torch.random.fork_rng(), torch.enable_grad():
         for layer in store.layers:
             layer.store = None
         try:
-            with saved_tensors_hooks(pack, lambda t: t):
+            with saved_tensors_hooks(pack, unpack):
                 trial()
         finally:
+            kept.clear()
             for layer in store.layers:
                 layer.store = store
         store.forward_mb = -1

@@ -295,3 +295,28 @@ def test_a_layer_whose_input_needs_no_gradient_keeps_the_graphs_way(monkeypatch)
 
     with pytest.raises(UserError, match="train.split_backward=store: layer gate: its input needs no gradient"):
         _stage("mlp", "store", 1)
+
+
+@pytest.mark.parametrize("model,stage", [("llama", 1), ("llama", 2), ("transformer", 2), ("mlp", 2)])
+def test_the_trial_forwards_leave_nothing_alive(model, stage):
+    """auto weighs the stores against the graph with two trial forwards when the rank is
+    built; neither may outlive the choice (a graph that saved its own output, as attention
+    and log-softmax do, once held itself and so a whole forward's activations for the run)."""
+    import gc
+    import weakref
+
+    outputs = []
+
+    def note(module, args, out):
+        if isinstance(out, torch.Tensor):
+            outputs.append(weakref.ref(out))
+
+    handle = nn.modules.module.register_module_forward_hook(note)
+    try:
+        _, _, runner, info = _stage(model, "auto", stage)
+    finally:
+        handle.remove()
+    assert info["mode"] == "store" and len(outputs) > 4, info
+    gc.collect()
+    alive = [r() for r in outputs if r() is not None]
+    assert not alive, f"{len(alive)} of the trials' {len(outputs)} module outputs still alive"
