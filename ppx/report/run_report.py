@@ -1,5 +1,6 @@
 """Rank 0's report of a run: metrics.jsonl as steps come in, progress lines, TensorBoard and
-W&B scalars, then summary.json, timeline.json, timeline.png, breakdown.png and report.html."""
+W&B scalars, then summary.json, timeline.json and (``logging.report``) timeline.png,
+breakdown.png and report.html."""
 
 from __future__ import annotations
 
@@ -127,21 +128,26 @@ class RunReport:
             summary.update(self._prediction(summary))
         summary.update(self._memory_prediction(summary))
         write_json(self.run_dir / "summary.json", summary)
+        pictures = cfg.logging.report
         if self.timeline:
-            self._write_timeline()
-        from ppx.report.breakdown import draw_breakdown, has_breakdown, title_of
-
-        median = None
-        if has_breakdown(summary):  # the timers were on
-            median = self._median_step(summary)
-            title = f"{title_of(summary)}: step {median[0]}, the median step"
-            draw_breakdown(median[1], self.run_dir / "breakdown.png", title)
-        report = self._write_html(summary, median)
+            self._write_timeline(pictures)
+        report = self._draw(summary) if pictures else None
         for sink in self.sinks:
             sink.finish(summary, self.run_dir)
         if report is not None:
             print(f"ppx: report: {report}", flush=True)
         print(f"ppx: run directory: {self.run_dir}", flush=True)
+
+    def _draw(self, summary: dict) -> Path | None:
+        """breakdown.png (the timers were on) and report.html; the page's path, or None."""
+        from ppx.report.breakdown import draw_breakdown, has_breakdown, title_of
+
+        median = None
+        if has_breakdown(summary):
+            median = self._median_step(summary)
+            title = f"{title_of(summary)}: step {median[0]}, the median step"
+            draw_breakdown(median[1], self.run_dir / "breakdown.png", title)
+        return self._write_html(summary, median)
 
     def _memory_prediction(self, summary: dict) -> dict:
         """Each rank's peak saved activations predicted from the measured bytes per microbatch
@@ -234,14 +240,18 @@ class RunReport:
         )
         return out
 
-    def _write_timeline(self) -> None:
-        from ppx.report.gantt import draw_step
+    def _write_timeline(self, picture: bool) -> None:
+        """timeline.json, and (``picture``) timeline.png of the last timed step."""
         from ppx.report.timeline import chrome_trace
 
         cfg, sched = self.cfg, self.schedule
         title = f"{cfg.run.name}: {cfg.pipeline.schedule}, p={sched.num_ranks}, m={sched.num_microbatches}"
         trace = chrome_trace(self.timeline, sched.stage_to_rank, title)
         (self.run_dir / "timeline.json").write_text(json.dumps(trace))
+        if not picture:
+            return
+        from ppx.report.gantt import draw_step
+
         last = self.timeline[-1]
         m = self.steps[last["step"]]
         sub = f"{title}, step {last['step']}: {m['step_time_s'] * 1e3:.1f} ms"

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers import DATA, REPO, ppx
+from helpers import DATA, PICTURED_1F1B, REPO, ppx
 
 CASES = {
     "unknown key": (["gpipe_2cpu", "pipeline.stagse=4"], "Did you mean: 'stages'?"),
@@ -210,7 +210,7 @@ def test_other_commands_fail_fast_with_one_line(case, tmp_path):
 
 
 def test_simulate_from_a_run_takes_its_shape(shared_run):
-    run = shared_run("1f1b_2cpu", "train.steps=3").dir  # read only: shared with other files
+    run = shared_run(*PICTURED_1F1B).dir  # read only: shared with other files
     r = ppx("simulate", "1f1b", "--from-run", str(run))
     assert r.returncode == 0 and "1f1b: 2 ranks, 2 stages, 4 microbatches" in r.stdout, r.stdout + r.stderr
     s = json.loads((run / "summary.json").read_text())  # held against the steps its costs come from

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import ppx, read_json
+from helpers import PICTURED_1F1B, ppx, read_json
 
 P, M, T = 4, 8, 40  # ranks, microbatches, ms per forward / input-grad / weight-grad pass
 BASE = [
@@ -110,7 +110,7 @@ def test_simulate_from_a_run(runs):
 
 
 def test_torch_backend_runs_in_the_harness_with_the_same_losses(shared_run, tmp_path):
-    a = shared_run("1f1b_2cpu", "train.steps=3")  # the experiment's schedule: 1f1b
+    a = shared_run(*PICTURED_1F1B)  # the experiment's schedule: 1f1b
     b = ppx("run", "1f1b_2cpu", "train.steps=3", "pipeline.schedule=torch_1f1b", f"run.dir={tmp_path / 'torch'}")
     assert b.returncode == 0, b.stderr[-3000:]
     sa, sb = read_json(a.dir / "summary.json"), read_json(tmp_path / "torch" / "summary.json")

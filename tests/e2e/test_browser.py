@@ -12,17 +12,17 @@ import urllib.request
 
 import pytest
 
-from helpers import free_port, read_json
+from helpers import PICTURED_1F1B, free_port, read_json
 from helpers.browser import blocked_page, chromium
 from ppx.config import from_yaml, resolve_schedule
 
-STEPS = 3
+STEPS = 3  # PICTURED_1F1B's train.steps
 
 
 @pytest.fixture(scope="module")
 def run(shared_run):
     """Read only: the run other files read too (helpers.SharedRun); screenshots go to `shots`."""
-    return shared_run("1f1b_2cpu", f"train.steps={STEPS}").dir
+    return shared_run(*PICTURED_1F1B).dir
 
 
 @pytest.fixture(scope="module")

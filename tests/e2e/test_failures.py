@@ -113,6 +113,7 @@ LONG_RUN = (
     "train.steps=1000",
     "runtime.device=cpu",
     "logging.wandb.mode=disabled",
+    "logging.report=false",
 )
 
 

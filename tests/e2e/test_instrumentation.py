@@ -83,7 +83,11 @@ CASES = [("naive", 2, 1), ("gpipe", 4, 8), ("1f1b", 4, 8)]
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return {case: known_cost_run(tmp_path_factory, *case) for case in CASES}
+    pictured = ("1f1b", 4, 8)  # test_timeline_is_chrome_trace_with_a_track_per_rank_and_flows reads its PNG
+    return {
+        case: known_cost_run(tmp_path_factory, *case, *(["logging.report=true"] if case == pictured else []))
+        for case in CASES
+    }
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{s}-p{p}" for s, p, _ in CASES])

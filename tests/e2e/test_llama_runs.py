@@ -47,7 +47,7 @@ def test_cpu_fallback_under_torchrun_changes_the_stage_count_on_every_rank(tmp_p
         "runtime: {cpu_fallback: [pipeline.stages=2, model.preset=llama-tiny]}\n"
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "ppx.cli"]
-    cmd += ["run", str(exp), f"run.root={tmp_path / 'runs'}", "logging.wandb.mode=disabled"]
+    cmd += ["run", str(exp), f"run.root={tmp_path / 'runs'}", "logging.wandb.mode=disabled", "logging.report=false"]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     notices = [line for line in r.stderr.splitlines() if "runtime.cpu_fallback" in line]

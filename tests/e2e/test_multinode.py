@@ -13,7 +13,13 @@ import pytest
 from helpers import REPO, free_port, read_json
 from helpers.slurm_cluster import Cluster, why_unavailable
 
-ARGS = ["model.hidden=32", "train.steps=3", "train.batch_size=16", "logging.wandb.mode=disabled"]
+ARGS = [
+    "model.hidden=32",
+    "train.steps=3",
+    "train.batch_size=16",
+    "logging.wandb.mode=disabled",
+    "logging.report=false",
+]
 
 
 def local_losses(shared_run, experiment: str) -> list[float]:
@@ -173,6 +179,7 @@ def test_sweep_on_slurm_submits_a_job_per_point_and_a_comparison(cluster, tmp_pa
             "train.steps=2",
             "parallel.data=2",
             "logging.wandb.mode=disabled",
+            "logging.report=false",
             f"run.root={tmp_path}",
         ],
         cwd=REPO,

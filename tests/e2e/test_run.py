@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from helpers import DATA, ppx, read_json, read_jsonl
+from helpers import DATA, PICTURED_1F1B, ppx, read_json, read_jsonl
 
 SMALL = ["model.hidden=32", "train.steps=3", "train.batch_size=16"]
 
@@ -58,6 +58,19 @@ def test_four_stage_run_directory_is_complete(four_stage_runs, exp, schedule):
     assert s["bubble_fraction_theory"] == pytest.approx(3 / 11)
     assert "running on CPU with gloo" in r.stderr  # auto fell back with a one-line notice
     assert r.stdout.count("step 0 (1/3)") == 1  # only rank 0 reports progress
+
+
+def test_without_the_report_a_run_writes_its_json_files_only(four_stage_runs, shared_run):
+    """logging.report=false (the tests' default, helpers.quiet): summary, metrics and
+    timeline.json, no pictures and no page; with it on (the default), all three."""
+    d, r = four_stage_runs["gpipe_4gpu"]
+    assert "report: false" in (d / "config.yaml").read_text()
+    assert all((d / f).stat().st_size > 0 for f in ("summary.json", "metrics.jsonl", "timeline.json"))
+    assert not [f for f in ("report.html", "breakdown.png", "timeline.png") if (d / f).exists()]
+    assert "ppx: report:" not in r.stdout
+    pictured = shared_run(*PICTURED_1F1B)
+    assert all((pictured.dir / f).stat().st_size > 0 for f in ("report.html", "breakdown.png", "timeline.png"))
+    assert f"ppx: report: {pictured.dir / 'report.html'}" in pictured.result.stdout
 
 
 def test_losses_equal_across_schedules_stage_counts_and_repeats(four_stage_runs, tmp_path):
@@ -120,7 +133,7 @@ def test_two_stage_transformer_repeats_exactly_and_learns(tmp_path):
 
 
 def test_default_run_directory_lives_under_runs_root(shared_run):
-    s = shared_run("1f1b_2cpu", "train.steps=3")  # no run.dir: <run.root>/<experiment>/<timestamp>
+    s = shared_run(*PICTURED_1F1B)  # no run.dir: <run.root>/<experiment>/<timestamp>
     (d,) = (s.root / "1f1b_2cpu").iterdir()
     assert f"ppx: run directory: {d}" in s.result.stdout
     assert (d / "summary.json").exists()

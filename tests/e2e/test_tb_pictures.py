@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from helpers import ppx, read_json
+from helpers import PICTURED_1F1B, ppx, read_json
 
 
 def events(tb) -> EventAccumulator:
@@ -18,7 +18,7 @@ def events(tb) -> EventAccumulator:
 
 @pytest.fixture(scope="module")
 def run(shared_run):
-    return shared_run("1f1b_2cpu", "train.steps=3").dir  # read only: shared with other files
+    return shared_run(*PICTURED_1F1B).dir  # read only: shared with other files
 
 
 def test_run_logs_pictures_and_a_text_summary(run):

@@ -3,6 +3,17 @@ on sys.path). Importing this package hides the GPUs from the processes tests sta
 (helpers/gpus.py); helpers.wandb_file and helpers.slurm_cluster are imported by name."""
 
 from helpers.gpus import CUDA_DEVICES, GPU_ENV
-from helpers.run import DATA, REPO, SharedRun, free_port, ppx, read_json, read_jsonl
+from helpers.run import DATA, PICTURED_1F1B, REPO, SharedRun, free_port, ppx, read_json, read_jsonl
 
-__all__ = ["CUDA_DEVICES", "GPU_ENV", "DATA", "REPO", "SharedRun", "free_port", "ppx", "read_json", "read_jsonl"]
+__all__ = [
+    "CUDA_DEVICES",
+    "GPU_ENV",
+    "DATA",
+    "PICTURED_1F1B",
+    "REPO",
+    "SharedRun",
+    "free_port",
+    "ppx",
+    "read_json",
+    "read_jsonl",
+]

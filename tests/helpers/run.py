@@ -20,12 +20,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def quiet(args: tuple[str, ...]) -> tuple[str, ...]:
+    """A ``ppx run``'s arguments without what no test reads unless it names it: W&B (about 2 s
+    a run) and the pictures and report.html (about 1.5 s). The tests of W&B, the pictures and
+    the page name the key (``logging.wandb.mode=offline``, ``logging.report=true``)."""
+    for key, off in (("logging.wandb.mode", "disabled"), ("logging.report", "false")):
+        if not any(a.startswith(f"{key}=") for a in args):
+            args = (*args, f"{key}={off}")
+    return args
+
+
 def ppx(*args: str, timeout: float = 240, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """Run ``python -m ppx.cli <args>`` as a user would, and capture its output. A ``ppx run``
-    that does not name ``logging.wandb.mode`` runs without W&B (about 2 s a run); the tests
-    of W&B name the mode, the default (offline) included."""
-    if args[:1] == ("run",) and not any(a.startswith("logging.wandb.mode=") for a in args):
-        args = (*args, "logging.wandb.mode=disabled")
+    """Run ``python -m ppx.cli <args>`` as a user would, and capture its output (a ``ppx run``
+    and a sweep's points `quiet` unless the test names the keys)."""
+    if args[:1] in (("run",), ("sweep",)):
+        args = quiet(args)
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run(
         [sys.executable, "-m", "ppx.cli", *args],
@@ -45,6 +54,11 @@ def read_jsonl(path: Path) -> list:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+# 1F1B on 2 ranks, 3 steps, with its pictures and report.html: test_tb_pictures, test_browser,
+# test_beyond_1f1b's ppx-vs-torch 1F1B comparison, test_run's default run directory and
+# test_bad_input's simulate --from-run read this one run (shared_run)
+PICTURED_1F1B = ("1f1b_2cpu", "train.steps=3", "logging.report=true")
+
 # 1F1B on 2 ranks profiled at steps 2 and 3 of 5 (wait 1, warmup 1, active 2), logged to W&B
 # offline (the default mode): tests/e2e/test_logging.py's TensorBoard and W&B tests and
 # tests/e2e/test_instrumentation.py's profiler traces read this one run (shared_run). The
@@ -62,6 +76,7 @@ PROFILED_1F1B = (
     "profile.warmup=1",
     "profile.active=2",
     "logging.wandb.mode=offline",
+    "logging.report=true",
 )
 
 
@@ -86,8 +101,7 @@ class SharedRuns:
         self.done: dict[tuple[str, ...], SharedRun | str] = {}
 
     def __call__(self, experiment: str, *overrides: str) -> SharedRun:
-        if not any(a.startswith("logging.wandb.mode=") for a in overrides):
-            overrides = (*overrides, "logging.wandb.mode=disabled")  # as ppx() adds it: one key
+        overrides = quiet(overrides)  # as ppx() would: one key for the same run
         key = (experiment, *overrides)
         if key not in self.done:
             root = self.folder / f"root{len(self.done)}"
