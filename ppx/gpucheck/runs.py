@@ -23,9 +23,14 @@ from ppx.errors import UserError
 from ppx.gpucheck.machine import Machine
 from ppx.report.run_dir import RunDir
 
-# every run: no W&B, no TensorBoard (nothing reads them here), a watchdog that allows a GPU's
-# first steps their cuBLAS and NCCL set-up
-COMMON = {"logging.wandb.mode": "disabled", "logging.tensorboard": False, "runtime.timeout_s": 120}
+# every run: no W&B, no TensorBoard, no pictures or report.html (nothing reads them here), a
+# watchdog that allows a GPU's first steps their cuBLAS and NCCL set-up
+COMMON = {
+    "logging.wandb.mode": "disabled",
+    "logging.tensorboard": False,
+    "logging.report": False,
+    "runtime.timeout_s": 120,
+}
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Estimates (docs/benchmarks.md, "On a GPU", gives the per-check table `ppx gpu-check --dry-run`
 prints): a run's wall time is its start-up (Python and torch imported, CUDA context, model
-built, report written; torchrun and NCCL's set-up for several processes) plus its steps. The
+built, summary written; torchrun and NCCL's set-up for several processes) plus its steps. The
 start-up figures are this project's 2-core CPU machine's (3.5 s for one process, 6.5 s for two
 under torchrun) with room for CUDA's and NCCL's initialisation; a step of a real model is its
 training FLOPs (6 x parameters x tokens, plus attention's) at an fp32 rate well below an
