@@ -68,7 +68,8 @@ def calibrated_run(p: int, mode: str) -> tuple[Path, bool]:
     print(f"ppx plan: calibrating this machine: ppx run {' '.join(words)} run.dir={run_dir}", flush=True)
     experiment = shipped("experiments") / f"{words[0]}.yaml"  # not a same-named file of the user's
     cmd = [sys.executable, "-m", "ppx.cli", "run", str(experiment), *words[1:], f"run.dir={run_dir}"]
-    proc = subprocess.Popen([*cmd, "logging.wandb.mode=disabled"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    quiet = ["logging.wandb.mode=disabled", "logging.report=false"]  # only its summary.json is read
+    proc = subprocess.Popen([*cmd, *quiet], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _, err = proc.communicate()
     except KeyboardInterrupt:  # the run got the SIGINT too: let it end its ranks

@@ -147,6 +147,7 @@ def test_wandb_online_without_a_key_warns_once_and_goes_offline(tmp_path):
             "1f1b_2cpu",
             "train.steps=2",
             "logging.wandb.mode=online",
+            "logging.report=false",
             f"run.dir={d}",
         ],
         cwd=REPO,
