@@ -41,6 +41,7 @@ BASE = [
     "train.batch_size=64",
     "train.steps=16",  # medians over 16 steps: one disturbed step moves them little
     "logging.wandb.mode=disabled",
+    "logging.report=false",
 ]
 TOP = 3
 REPEATS = 3  # runs per candidate: the spread between runs of one schedule is about 1% here

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ["-p", "4", "-m", "8", "--fwd-ms", "10", "--bwd-ms", "10", "--wgrad-ms", "10,10,10,15"]
 MEMORY = ["--act-bytes", "1MiB", "--mem-budget", "6MiB"]
-STEPS = ["train.steps=12", "logging.wandb.mode=disabled"]
+STEPS = ["train.steps=12", "logging.wandb.mode=disabled", "logging.report=false"]
 
 
 def _ppx(*args: str) -> subprocess.CompletedProcess:

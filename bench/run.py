@@ -226,7 +226,17 @@ def run_summary(name: str) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "ppx.cli", "run", "gpipe_4gpu", *RUNS[name], f"run.dir={d}"]
+        # only the run's JSON files are read: no pictures or report.html
+        cmd = [
+            sys.executable,
+            "-m",
+            "ppx.cli",
+            "run",
+            "gpipe_4gpu",
+            *RUNS[name],
+            "logging.report=false",
+            f"run.dir={d}",
+        ]
         proc = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, cwd=ROOT)
         if proc.returncode != 0:
             raise SystemExit(f"bench run {name} failed:\n{proc.stderr[-3000:]}")

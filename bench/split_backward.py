@@ -99,7 +99,7 @@ LARGE_REPEATS = 3
 
 def _run(overrides: list[str], run_dir: Path) -> dict:
     proc = subprocess.run(
-        [sys.executable, "-m", "ppx.cli", "run", *overrides, f"run.dir={run_dir}"],
+        [sys.executable, "-m", "ppx.cli", "run", *overrides, "logging.report=false", f"run.dir={run_dir}"],
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
         capture_output=True,
         text=True,

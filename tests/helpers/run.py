@@ -21,9 +21,10 @@ def free_port() -> int:
 
 
 def quiet(args: tuple[str, ...]) -> tuple[str, ...]:
-    """A ``ppx run``'s (or ``ppx sweep``'s) arguments without what no test reads unless it names it: W&B (about 2 s
-    a run) and the pictures and report.html (about 1.5 s). The tests of W&B, the pictures and
-    the page name the key (``logging.wandb.mode=offline``, ``logging.report=true``)."""
+    """A ``ppx run``'s (or ``ppx sweep``'s) arguments without what no test reads unless it
+    names it: W&B (about 2 s a run) and the pictures and report.html (about 1.5 s). The tests of
+    W&B, the pictures and the page name the key (``logging.wandb.mode=offline``,
+    ``logging.report=true``)."""
     for key, off in (("logging.wandb.mode", "disabled"), ("logging.report", "false")):
         if not any(a.startswith(f"{key}=") for a in args):
             args = (*args, f"{key}={off}")
