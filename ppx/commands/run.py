@@ -55,7 +55,9 @@ def cmd_run(args) -> int:
     # watched to its end: a frozen rank, a killed one, a SIGTERM to us each end it and are explained
     from ppx.launch.supervisor import supervise
 
-    return supervise(processes.torchrun_command(world, run_dir), env, run_dir, world, cfg.runtime.timeout_s)
+    fork = device == "cpu" and cfg.runtime.fork_ranks and sys.platform.startswith("linux")  # CUDA cannot fork
+    command = processes.torchrun_command(world, run_dir, fork)
+    return supervise(command, env, run_dir, world, cfg.runtime.timeout_s)
 
 
 def _processes(cfg) -> tuple[int, int]:

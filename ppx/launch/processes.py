@@ -17,9 +17,14 @@ def launched_by(env=os.environ) -> str | None:
     return None
 
 
-def torchrun_command(nproc: int, run_dir: Path) -> list[str]:
+def torchrun_command(nproc: int, run_dir: Path, fork: bool = False) -> list[str]:
+    """torchrun on this machine, ``nproc`` workers of ``run_dir``'s run. ``fork`` (CPU runs):
+    the workers are forked from torchrun's agent, which imported torch and the worker's
+    modules once (`ppx.launch.forked_worker`), not started as ``python -m ppx.launch.worker``,
+    each importing them again."""
     # torchrun stops the other workers at its first look after one fails; every 0.5 s (not
     # its 0.1 s) leaves the survivors time to name the dead peer and exit on their own
+    start = ["--run-path", "--start-method=fork", forked_worker_path()] if fork else ["-m", "ppx.launch.worker"]
     return [
         sys.executable,
         "-m",
@@ -28,10 +33,14 @@ def torchrun_command(nproc: int, run_dir: Path) -> list[str]:
         "--nnodes=1",
         "--monitor-interval=0.5",
         f"--nproc-per-node={nproc}",
-        "-m",
-        "ppx.launch.worker",
+        *start,
         str(run_dir),
     ]
+
+
+def forked_worker_path() -> str:
+    """The file torchrun runs in each forked worker (its command line is the agent's)."""
+    return str(Path(__file__).with_name("forked_worker.py"))
 
 
 def worker_env(device: str, threads: int, command: str) -> dict:

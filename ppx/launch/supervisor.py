@@ -13,9 +13,11 @@ until the job ends,
   action its status file names; otherwise where each rank was.
 
 Every way the job ends without completing leaves ``<run>/incomplete.txt`` saying why, and a
-last line naming the run directory. The workers run in sessions of their own (torchrun starts
-them so), so each one is signalled as its process group; they are found in /proc by their
-command line (``ppx.launch.worker <run dir>``), orphans included.
+last line naming the run directory. Started workers run in sessions of their own (torchrun
+starts them so), so each one is signalled as its process group; forked ones (CPU runs) share
+torchrun's and are signalled alone. They are found in /proc by their command line, orphans
+included: ``ppx.launch.worker <run dir>``, or torchrun's own with the forked worker's file
+(`ppx.launch.forked_worker`) in any process but torchrun.
 """
 
 from __future__ import annotations
@@ -29,11 +31,13 @@ import time
 from pathlib import Path
 
 from ppx.launch.heartbeat import INTERVAL_S, read_beats, stopped_responding
+from ppx.launch.processes import forked_worker_path
 from ppx.launch.watchdog import read_status, status_path
 
 GRACE_S = 2.0  # between SIGTERM and SIGKILL when the launcher ends a job
 POLL_S = 0.25
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+FORKED = forked_worker_path().encode()
 
 
 def supervise(command: list[str], env: dict, run_dir: Path, world: int, timeout_s: float) -> int:
@@ -166,8 +170,11 @@ class Supervisor:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             return False
-        worker = b"ppx.launch.worker" in cmdline and b"ppx.launch.torchrun" not in cmdline  # not torchrun itself
-        return worker and str(self.run_dir).encode() in cmdline
+        if str(self.run_dir).encode() not in cmdline:
+            return False
+        if b"ppx.launch.torchrun" not in cmdline:
+            return b"ppx.launch.worker" in cmdline
+        return FORKED in cmdline and pid != self.proc.pid  # torchrun's forked workers, not torchrun
 
     def _workers(self) -> set[int]:
         """This run's live workers, wherever they are in the process tree (orphans included)."""

@@ -7,6 +7,10 @@ that file as JSON for the launcher to explain (``ppx.launch.supervisor``), inste
 of their own; torchrun's own warnings are left out, and it ends quietly when the launcher
 ends the job (SIGTERM). It also asks the kernel for a SIGTERM if the launcher dies first
 (PR_SET_PDEATHSIG), so that even a ``kill -9`` of ``ppx run`` leaves no job behind.
+
+When it forks its workers (``--start-method=fork``: CPU runs, `ppx.launch.processes`), it
+imports what every worker needs first, once, so that the workers inherit it
+(`ppx.launch.forked_worker`).
 """
 
 from __future__ import annotations
@@ -38,7 +42,39 @@ def _follow_the_launcher() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _import_for_the_workers() -> None:
+    """What each rank would import at its start, here where the forked ranks inherit it:
+    the worker's modules, and ``torch._dynamo``, which torch.optim imports at the first step
+    (about 1.3 s a rank on a laptop-class CPU, where torch itself takes about 2)."""
+    import torch._dynamo  # noqa: F401
+
+    import ppx.launch.worker  # noqa: F401
+
+
+def _report_every_failed_fork() -> None:
+    """torchrun's forked workers (``MultiprocessContext``) report only the first rank that
+    failed, where started ones report every one: add the others' exit codes, as the launcher
+    names a killed rank by its signal whichever rank torchrun saw first."""
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    first_only = MultiprocessContext._poll
+
+    def poll(self):
+        result = first_only(self)
+        if result is not None and result.failures and self._pc is not None:
+            for rank, proc in enumerate(self._pc.processes):
+                if rank not in result.failures and proc.exitcode not in (None, 0):
+                    result.failures[rank] = ProcessFailure(rank, proc.pid, proc.exitcode, self.error_files[rank])
+        return result
+
+    MultiprocessContext._poll = poll
+
+
 def main(argv: list[str]) -> int:
+    if "--start-method=fork" in argv:
+        _import_for_the_workers()
+        _report_every_failed_fork()
     exits = os.environ.get("PPX_TORCHRUN_EXITS")
     if exits:
         _follow_the_launcher()

@@ -14,6 +14,7 @@ import pytest
 
 from helpers import REPO, ppx
 from ppx.launch.heartbeat import read_beat
+from ppx.launch.processes import forked_worker_path
 from ppx.launch.watchdog import read_status
 
 
@@ -211,13 +212,44 @@ def test_rank_killed_from_outside_is_named_with_the_signal(run_dir, tmp_path):
     assert "(step " in where and left == []
 
 
+def test_a_cpu_rank_is_forked_from_torchrun_and_ends_on_sigterm_as_a_started_one(run_dir, tmp_path):
+    """On CPU torchrun forks the ranks from its agent (ppx/launch/forked_worker.py), whose
+    SIGTERM handler raises torchrun's SignalException: a rank SIGTERMed from outside ends by
+    the signal's default action, as a started process would, with no error line of its own
+    (with the agent's handler it would name itself: "rank 1 failed on ...: SignalException")."""
+    proc, log = start_run("1f1b_2cpu", run_dir, tmp_path, "runtime.timeout_s=30")
+    seen = {}
+
+    def term() -> None:
+        pid = read_beat(run_dir / "status" / "rank1.beat", 1).pid
+        parent = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
+        seen["rank"] = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        seen["parent"] = open(f"/proc/{parent}/cmdline", "rb").read().split(b"\0")
+        os.kill(pid, signal.SIGTERM)
+
+    _, left = signal_mid_run(proc, run_dir, 2, term, timeout=60)
+    out = read_log(log)
+    assert forked_worker_path().encode() in seen["rank"]
+    assert seen["rank"] == seen["parent"] and b"ppx.launch.torchrun" in seen["parent"]  # forked: the agent's
+    assert proc.returncode == 1, out[-3000:]
+    assert "SignalException" not in out and "rank 1 failed" not in out, out[-3000:]
+    assert left == []
+
+
 @pytest.mark.parametrize(
-    "sig,experiment,world", [(signal.SIGTERM, "gpipe_4gpu", 4), (signal.SIGINT, "1f1b_2cpu", 2)], ids=["TERM", "INT"]
+    "sig,experiment,world,fork",
+    [
+        (signal.SIGTERM, "gpipe_4gpu", 4, True),
+        (signal.SIGINT, "1f1b_2cpu", 2, True),
+        (signal.SIGTERM, "1f1b_2cpu", 2, False),
+    ],
+    ids=["TERM", "INT", "TERM-started-ranks"],
 )
-def test_stopping_ppx_run_ends_its_whole_job(run_dir, tmp_path, sig, experiment, world):
+def test_stopping_ppx_run_ends_its_whole_job(run_dir, tmp_path, sig, experiment, world, fork):
     """`kill -TERM` (a `timeout`, a job manager) or Ctrl-C on `ppx run`: forwarded to the job,
-    every worker gone within seconds, exit 128 + the signal, the run folder says it stopped."""
-    proc, log = start_run(experiment, run_dir, tmp_path)
+    every worker gone within seconds, exit 128 + the signal, the run folder says it stopped;
+    with the ranks forked from torchrun (CPU) or started as their own processes (as on CUDA)."""
+    proc, log = start_run(experiment, run_dir, tmp_path, f"runtime.fork_ranks={str(fork).lower()}")
     took, left = signal_mid_run(proc, run_dir, world, lambda: proc.send_signal(sig), timeout=60)
     out = read_log(log)
     print(f"ppx run ended {took:.1f} s after {sig.name}")

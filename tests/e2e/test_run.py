@@ -88,6 +88,8 @@ CSV_1F1B = str(DATA / "1f1b_p2_m4.csv")  # `ppx schedule 1f1b -p 2 -m 4 --csv`
 SAME_LOSSES = {
     "schedule from a CSV": ["pipeline.stages=2", "pipeline.microbatches=4", f"pipeline.schedule={CSV_1F1B}"],
     "torch's GPipe": ["pipeline.stages=2", "pipeline.schedule=torch_gpipe"],
+    # started as their own processes, as on CUDA, not forked from torchrun
+    "ranks started, not forked": ["runtime.fork_ranks=false"],
     "torch's interleaved 1F1B": ["pipeline.stages=2", "pipeline.schedule=torch_interleaved1f1b"],
     "two stages on one rank (local hand-offs)": [
         "pipeline.stages=1",
