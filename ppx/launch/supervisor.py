@@ -184,14 +184,21 @@ class Supervisor:
         """End torchrun and every worker: torchrun stopped first (it starts no worker more and
         restarts none), SIGKILL to ``first`` (frozen: a stopped process ignores SIGTERM),
         SIGTERM to the other workers and SIGKILL to those left after GRACE_S, then SIGKILL to
-        torchrun, which has nothing left to do (the launcher explains the job's end)."""
+        torchrun, which has nothing left to do (the launcher explains the job's end). Every
+        worker is stopped (SIGSTOP) before any is ended, so none runs on to find a peer gone and
+        print that as its own failure; each then has SIGTERM pending when SIGCONT wakes it,
+        and dies of it before it runs again."""
         self.proc.send_signal(signal.SIGSTOP)  # (Popen signals only a child it has not reaped)
+        workers = self._workers()
+        for pid in workers:
+            _kill_group(pid, signal.SIGSTOP)
         for pid in first:
             if self._ours(pid):
                 _kill_group(pid, signal.SIGKILL)
-        workers = self._workers()
         for pid in workers - set(first):
             _kill_group(pid, signal.SIGTERM)
+        for pid in workers - set(first):
+            _kill_group(pid, signal.SIGCONT)
         _wait(lambda: not any(self._ours(p) for p in workers), GRACE_S)
         for pid in self._workers():
             _kill_group(pid, signal.SIGKILL)
