@@ -4,28 +4,60 @@ worker's modules there once, so a rank starts without importing them again (docs
 
 A forked worker differs from a started one in what it inherits, and this file puts that back:
 
-- the agent's signal handlers, which turn SIGTERM into torchrun's SignalException: a worker
-  takes the default actions again (SIGTERM ends it; SIGINT raises KeyboardInterrupt);
-- torchrun's way of ending a forked worker: it returns from this script when its rank
-  succeeded (torchrun waits for every rank's return), and exits with its rank's code
-  otherwise.
+- the agent's signal handlers, which turn SIGTERM (and whatever else torchrun handles) into
+  torchrun's SignalException: the rank takes the default actions again (SIGTERM ends it;
+  SIGINT raises KeyboardInterrupt, and a KeyboardInterrupt that reaches here ends the rank
+  by SIGINT, as it ends a started Python, not with the 0 torch's fork wrapper would give);
+- how a rank ends: it returns from this script when it succeeded (torchrun waits for every
+  rank's return), and otherwise exits with its code at once, an error that escaped the
+  worker printed with its traceback (torch's fork wrapper would keep it in a file nobody
+  reads).
 
 CUDA runs keep ``python -m ppx.launch.worker``: a process that has touched CUDA cannot fork.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import traceback
+
+from torch.distributed.elastic.multiprocessing.api import _terminate_process_handler
 
 from ppx.launch.worker import main
 
-if __name__ == "__main__":  # runpy.run_path(..., run_name="__main__"), in the forked child
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    code = main(sys.argv[1:])
+
+def _default_signals() -> None:
+    """Each signal torchrun's agent handles back to what a new Python has."""
+    for sig in signal.valid_signals():
+        try:
+            if signal.getsignal(sig) is _terminate_process_handler:
+                signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        except (OSError, ValueError):
+            continue
+
+
+def _end(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
+    os._exit(code)  # as worker.py's own end: no interpreter teardown
+
+
+if __name__ == "__main__":  # runpy.run_path(..., run_name="__main__"), in the forked child
+    _default_signals()
+    try:
+        code = main(sys.argv[1:])
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        _end(128 + signal.SIGINT)  # not reached
+    except Exception:
+        traceback.print_exc()
+        _end(1)
     if code:
-        sys.exit(code)
+        _end(code)
+    sys.stdout.flush()
+    sys.stderr.flush()

@@ -4,8 +4,9 @@ until the job ends,
 - watches every rank's heartbeat (`ppx.launch.heartbeat`): a rank whose process is still
   there but whose heartbeat has not moved for ``runtime.timeout_s`` is frozen (SIGSTOP, a
   stuck machine). It prints one line naming the rank and where it was, and ends the job:
-  SIGKILL to the frozen rank, SIGTERM to torchrun and every worker, SIGKILL to what is left
-  after ``GRACE_S`` (torchrun's own grace is 30 s and a stopped process ignores SIGTERM);
+  torchrun stopped, every worker stopped, SIGKILL to the frozen rank, SIGTERM then SIGCONT
+  to the others, SIGKILL to what is left after ``GRACE_S`` (torchrun's own grace is 30 s),
+  then to torchrun's process group;
 - forwards SIGTERM, SIGINT and SIGHUP sent to ``ppx run`` (a ``timeout``, a job manager,
   Ctrl-C) the same way, then exits 128 + the signal (143 for SIGTERM, 130 for SIGINT);
 - once torchrun has ended on its own with an error, explains it: a rank killed by a signal
@@ -203,6 +204,7 @@ class Supervisor:
         for pid in self._workers():
             _kill_group(pid, signal.SIGKILL)
         self.proc.send_signal(signal.SIGKILL)
+        _kill_group(self.proc.pid, signal.SIGKILL)  # and what forked ranks started: torchrun's group
         self.proc.wait()
         _wait(lambda: not self._workers(), GRACE_S)  # orphans of torchrun now: init reaps them
 
@@ -237,8 +239,8 @@ def _pids() -> list[int]:
 
 
 def _kill_group(pid: int, sig: int) -> None:
-    """``sig`` to the process group ``pid`` leads (torchrun and its workers each lead one),
-    or to the process alone if it leads none."""
+    """``sig`` to the process group ``pid`` leads (torchrun and each started worker lead one),
+    or to the process alone if it leads none (a forked worker, in torchrun's group)."""
     try:
         os.killpg(pid, sig)
     except ProcessLookupError:

@@ -212,11 +212,13 @@ def test_rank_killed_from_outside_is_named_with_the_signal(run_dir, tmp_path):
     assert "(step " in where and left == []
 
 
-def test_a_cpu_rank_is_forked_from_torchrun_and_ends_on_sigterm_as_a_started_one(run_dir, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_a_cpu_rank_is_forked_from_torchrun_and_ends_on_a_signal_as_a_started_one(run_dir, tmp_path, sig):
     """On CPU torchrun forks the ranks from its agent (ppx/launch/forked_worker.py), whose
     SIGTERM handler raises torchrun's SignalException: a rank SIGTERMed from outside ends by
     the signal's default action, as a started process would, with no error line of its own
-    (with the agent's handler it would name itself: "rank 1 failed on ...: SignalException")."""
+    (with the agent's handler it would name itself: "rank 1 failed on ...: SignalException").
+    A SIGINT ends it by SIGINT, named as such (torch's fork wrapper would make it exit 0)."""
     proc, log = start_run("1f1b_2cpu", run_dir, tmp_path, "runtime.timeout_s=30")
     seen = {}
 
@@ -225,7 +227,7 @@ def test_a_cpu_rank_is_forked_from_torchrun_and_ends_on_sigterm_as_a_started_one
         parent = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
         seen["rank"] = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
         seen["parent"] = open(f"/proc/{parent}/cmdline", "rb").read().split(b"\0")
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, sig)
 
     _, left = signal_mid_run(proc, run_dir, 2, term, timeout=60)
     out = read_log(log)
@@ -233,6 +235,8 @@ def test_a_cpu_rank_is_forked_from_torchrun_and_ends_on_sigterm_as_a_started_one
     assert seen["rank"] == seen["parent"] and b"ppx.launch.torchrun" in seen["parent"]  # forked: the agent's
     assert proc.returncode == 1, out[-3000:]
     assert "SignalException" not in out and "rank 1 failed" not in out, out[-3000:]
+    if sig == signal.SIGINT:
+        assert "ppx: error: rank 1 died: killed by signal SIGINT (2) on " in out, out[-3000:]
     assert left == []
 
 
