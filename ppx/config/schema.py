@@ -209,8 +209,8 @@ class RuntimeConfig:
         True,
         "CPU runs on Linux: torchrun forks the ranks from its own process, which imported torch and the worker's "
         "modules once (a 1-step run on a 2-core machine: 4.8 s against 9.1 s with 4 ranks, 4.0 against 5.1 with 2); "
-        "false starts each rank "
-        "as python -m ppx.launch.worker, as CUDA runs always do (a process that has touched CUDA cannot fork)",
+        "false starts each rank as python -m ppx.launch.worker, as CUDA runs always do (a process that has touched "
+        "CUDA cannot fork)",
     )
     gc_steps: int = _f(
         1,
