@@ -38,9 +38,13 @@ def _default_signals() -> None:
             continue
 
 
-def _end(code: int) -> None:
+def _flush() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def _end(code: int) -> None:
+    _flush()
     os._exit(code)  # as worker.py's own end: no interpreter teardown
 
 
@@ -49,8 +53,7 @@ if __name__ == "__main__":  # runpy.run_path(..., run_name="__main__"), in the f
     try:
         code = main(sys.argv[1:])
     except KeyboardInterrupt:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _flush()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
         _end(128 + signal.SIGINT)  # not reached
@@ -59,5 +62,4 @@ if __name__ == "__main__":  # runpy.run_path(..., run_name="__main__"), in the f
         _end(1)
     if code:
         _end(code)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flush()  # and return: torchrun waits for each rank's return

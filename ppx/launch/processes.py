@@ -17,6 +17,9 @@ def launched_by(env=os.environ) -> str | None:
     return None
 
 
+FORK = "--start-method=fork"  # torchrun's argument for forked workers (`ppx.launch.torchrun` looks for it)
+
+
 def torchrun_command(nproc: int, run_dir: Path, fork: bool = False) -> list[str]:
     """torchrun on this machine, ``nproc`` workers of ``run_dir``'s run. ``fork`` (CPU runs):
     the workers are forked from torchrun's agent, which imported torch and the worker's
@@ -24,7 +27,7 @@ def torchrun_command(nproc: int, run_dir: Path, fork: bool = False) -> list[str]
     each importing them again."""
     # torchrun stops the other workers at its first look after one fails; every 0.5 s (not
     # its 0.1 s) leaves the survivors time to name the dead peer and exit on their own
-    start = ["--run-path", "--start-method=fork", forked_worker_path()] if fork else ["-m", "ppx.launch.worker"]
+    start = ["--run-path", FORK, forked_worker_path()] if fork else ["-m", "ppx.launch.worker"]
     return [
         sys.executable,
         "-m",

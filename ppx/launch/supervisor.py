@@ -185,10 +185,11 @@ class Supervisor:
         """End torchrun and every worker: torchrun stopped first (it starts no worker more and
         restarts none), SIGKILL to ``first`` (frozen: a stopped process ignores SIGTERM),
         SIGTERM to the other workers and SIGKILL to those left after GRACE_S, then SIGKILL to
-        torchrun, which has nothing left to do (the launcher explains the job's end). Every
-        worker is stopped (SIGSTOP) before any is ended, so none runs on to find a peer gone and
-        print that as its own failure; each then has SIGTERM pending when SIGCONT wakes it,
-        and dies of it before it runs again."""
+        torchrun's process group (torchrun, which has nothing left to do, and what forked ranks
+        started; the launcher explains the job's end). Every worker is stopped (SIGSTOP) before
+        any is ended, so none runs on to find a peer gone and print that as its own failure;
+        each then has SIGTERM pending when SIGCONT wakes it, and dies of it before it runs
+        again."""
         self.proc.send_signal(signal.SIGSTOP)  # (Popen signals only a child it has not reaped)
         workers = self._workers()
         for pid in workers:
@@ -196,15 +197,15 @@ class Supervisor:
         for pid in first:
             if self._ours(pid):
                 _kill_group(pid, signal.SIGKILL)
-        for pid in workers - set(first):
+        rest = workers - set(first)
+        for pid in rest:
             _kill_group(pid, signal.SIGTERM)
-        for pid in workers - set(first):
+        for pid in rest:
             _kill_group(pid, signal.SIGCONT)
         _wait(lambda: not any(self._ours(p) for p in workers), GRACE_S)
         for pid in self._workers():
             _kill_group(pid, signal.SIGKILL)
-        self.proc.send_signal(signal.SIGKILL)
-        _kill_group(self.proc.pid, signal.SIGKILL)  # and what forked ranks started: torchrun's group
+        _kill_group(self.proc.pid, signal.SIGKILL)  # torchrun leads its group; not reaped yet
         self.proc.wait()
         _wait(lambda: not self._workers(), GRACE_S)  # orphans of torchrun now: init reaps them
 

@@ -26,6 +26,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun_main
 
+from ppx.launch.processes import FORK
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -72,7 +74,7 @@ def _report_every_failed_fork() -> None:
 
 
 def main(argv: list[str]) -> int:
-    if "--start-method=fork" in argv:
+    if FORK in argv:
         _import_for_the_workers()
         _report_every_failed_fork()
     exits = os.environ.get("PPX_TORCHRUN_EXITS")
