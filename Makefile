@@ -6,6 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 EXP ?= gpipe_4gpu
 ARGS ?=
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 2
 
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ppx-installed
@@ -23,8 +24,10 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/ppx run $(EXP) $(ARGS)
 
+# two test files at a time (pytest-xdist; TEST_WORKERS=0: one process), a test marked `timing`
+# alone (tests/helpers/machine.py)
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # ruff: lint and formatting, as CI checks them (make format rewrites the files)
 lint: $(STAMP)

@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 import helpers  # noqa: E402, F401  counts the GPUs, then hides them from the processes tests start
+from helpers import machine  # noqa: E402
 
 # what ppx keeps of this machine (`ppx plan --calibrate`'s runs) goes to a folder of the test
 # session's own: a test neither reads the user's ~/.cache/ppx nor writes there
@@ -36,6 +38,31 @@ def pytest_ignore_collect(collection_path: Path, config):
     if collection_path == TESTS / "dist":
         return False
     return None
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", "") is None:
+        config.option.testrunuid = uuid.uuid4().hex  # xdist's controller: its workers' lock files' name
+    config.addinivalue_line(
+        "markers",
+        f"{machine.MARK}: holds a measured time against theory or a bound; under pytest -n (make test) "
+        "it runs with no other test beside it (tests/helpers/machine.py)",
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test, with its fixtures' set-up and tear-down, holds the machine: alone if marked."""
+    with machine.held(alone=item.get_closest_marker(machine.MARK) is not None):
+        yield
+
+
+def pytest_sessionfinish(session):
+    """xdist's controller, which ends last, removes its workers' lock files."""
+    run = getattr(session.config.option, "testrunuid", None)
+    if run and not hasattr(session.config, "workerinput"):
+        for path in machine.lock_files(run):
+            path.unlink(missing_ok=True)
 
 
 @pytest.fixture

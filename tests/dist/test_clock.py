@@ -6,12 +6,15 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from helpers import free_port
 from ppx.measure.clock import offset_to_rank0
+
+pytestmark = pytest.mark.timing  # clock offsets measured by round trips
 
 
 def _worker(rank: int, world: int, port: int, out) -> None:

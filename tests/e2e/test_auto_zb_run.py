@@ -17,6 +17,8 @@ from ppx.schedules.csv_io import write_csv
 from ppx.schedules.placing.placement import place_comms
 from ppx.schedules.sim.costs import Costs
 
+pytestmark = pytest.mark.timing  # ZB-auto's step against 1F1B's and its prediction
+
 P, M, T = 4, 8, 10.0  # ranks, microbatches, ms of every F, I and W; the last stage's 1.5 T
 MS = [T] * (P - 1) + [1.5 * T]
 COSTS = Costs(MS, MS, MS, p2p=0.5, overhead=0.1)  # ms

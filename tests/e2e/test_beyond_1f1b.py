@@ -7,6 +7,8 @@ import pytest
 
 from helpers import PICTURED_1F1B, ppx, read_json
 
+pytestmark = pytest.mark.timing  # measured idle time and the simulator's prediction of the runs' steps
+
 P, M, T = 4, 8, 40  # ranks, microbatches, ms per forward / input-grad / weight-grad pass
 BASE = [
     "model.kind=synthetic",

@@ -18,6 +18,7 @@ from ppx.launch.processes import forked_worker_path
 from ppx.launch.watchdog import read_status
 
 
+@pytest.mark.timing
 def test_hung_rank_ends_the_job_within_the_timeout(run_dir):
     start = time.monotonic()
     # 6 s: rank 0, waiting on the hung rank, allows itself 1.5 s more, so rank 1 names itself first
@@ -65,6 +66,7 @@ time.sleep(30)
 """
 
 
+@pytest.mark.timing
 def test_watchdog_follows_the_gpu_and_names_where_it_hangs(tmp_path):
     # on a GPU, the host waits at the end of a step it queued ahead: the GPU moving on is
     # progress, and a hang is named by the action the GPU is stuck on (the CUDA timer's events)
@@ -80,6 +82,7 @@ def test_watchdog_follows_the_gpu_and_names_where_it_hangs(tmp_path):
     assert read_status(tmp_path / "rank0.txt") == "wait sends (step 3); the GPU is on 0B5"
 
 
+@pytest.mark.timing
 def test_a_sweep_with_a_failed_point_compares_the_rest_and_exits_1(tmp_path):
     """One point's forward (12 s) outlives runtime.timeout_s=5: the watchdog ends that run, the
     sweep goes on, compares what completed, names the failure and exits 1."""
@@ -180,6 +183,7 @@ def end(proc: subprocess.Popen, run_dir) -> None:
     proc.wait()
 
 
+@pytest.mark.timing
 def test_frozen_rank_is_named_and_the_job_ends_within_the_timeout(run_dir, tmp_path):
     """SIGSTOP on rank 2 of 4: the launcher sees its heartbeat stop, names it with its action
     and ends the job (SIGKILL after a 2 s grace, not torchrun's 30 s) within timeout_s + 5 s."""
@@ -283,6 +287,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("launcher", [False, True], ids=["alone", "under-ppx-run"])
 def test_watchdog_names_a_frozen_peer_instead_of_itself(tmp_path, launcher):
     """A rank stalled in a wait reads its peers' heartbeats: one that has stopped is named as the

@@ -22,6 +22,8 @@ from ppx.gpucheck.runs import Runner, Runs, RunSpec
 from ppx.gpucheck.traces import load, profiler_traces, timeline_slices
 from ppx.report.run_dir import RunDir
 
+pytestmark = pytest.mark.timing  # the timers', profiler's and bubble checks' thresholds (1-3%)
+
 NOTHING = "ppx gpu-check: no CUDA device visible here: nothing to check\n"
 
 

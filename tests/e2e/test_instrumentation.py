@@ -10,6 +10,8 @@ import pytest
 from helpers import CUDA_DEVICES, GPU_ENV, ppx, read_json, read_jsonl
 from helpers.run import PROFILED_1F1B
 
+pytestmark = pytest.mark.timing  # measured bubble, step and compute times against theory, and the runs they read
+
 # 60/120 ms: the hand-offs between ranks (0.3-3 ms each on loopback gloo on a shared 2-core
 # machine whose caches go cold while the ranks wait) stay small next to them
 T_F, T_B = 0.060, 0.120

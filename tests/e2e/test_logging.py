@@ -17,6 +17,8 @@ import pytest
 from helpers import REPO, free_port, ppx, read_json, wandb_file
 from helpers.run import PROFILED_1F1B
 
+pytestmark = pytest.mark.timing  # profiler steps against step times, a sweep's bubbles against theory
+
 
 @pytest.fixture(scope="module")
 def profiled_run(shared_run):

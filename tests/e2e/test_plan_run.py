@@ -12,6 +12,8 @@ import pytest
 from helpers import ppx, read_json
 from ppx.schedules.csv_io import read_csv
 
+pytestmark = pytest.mark.timing  # a plan's predicted step against the run's measured one
+
 F, B, W = 50, 50, 25  # ms per microbatch per stage: forward, input-gradient, weight-gradient
 SCHEDULES = "1f1b,zb_h1,interleaved_1f1b,zbv,zb_auto"
 COSTS = ["--fwd-ms", str(F), "--bwd-ms", str(B), "--wgrad-ms", str(W), "--stages", "2", "--microbatches", "4"]

@@ -9,6 +9,8 @@ import pytest
 
 from helpers import ppx, read_json
 
+pytestmark = pytest.mark.timing  # actions' measured lengths against their set costs
+
 F, B, W = 60, 30, 10  # ms per forward, input-gradient and weight-gradient pass: F well above the noise
 P, M = 2, 4
 BASE = [

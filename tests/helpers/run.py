@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from helpers import machine
+
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data"  # schedule CSVs the tests read
 
@@ -92,28 +94,31 @@ class SharedRun:
 
 
 class SharedRuns:
-    """``ppx run <experiment> <overrides>`` once per session for every test that only reads
-    the run (conftest.py's ``shared_run`` fixture): the same arguments, the same run. Each run
-    goes to the default run directory under a ``run.root`` of its own. A run that fails fails
-    every test that asks for it, with its error, without running again."""
+    """``ppx run <experiment> <overrides>`` once per session (per xdist worker) for every test
+    that only reads the run (conftest.py's ``shared_run`` fixture): the same arguments, the same
+    run. Each run goes to the default run directory under a ``run.root`` of its own. A run that
+    fails fails every test that asks for it, with its error, without running again. A run made
+    beside another test does not serve a ``timing`` test, which runs its own, alone
+    (tests/helpers/machine.py)."""
 
     def __init__(self, folder: Path):
         self.folder = folder
-        self.done: dict[tuple[str, ...], SharedRun | str] = {}
+        self.done: dict[tuple[str, ...], tuple[SharedRun | str, bool]] = {}  # key -> (run, made alone)
+        self.made = 0
 
     def __call__(self, experiment: str, *overrides: str) -> SharedRun:
         overrides = quiet(overrides)  # as ppx() would: one key for the same run
         key = (experiment, *overrides)
-        if key not in self.done:
-            root = self.folder / f"root{len(self.done)}"
+        if key not in self.done or (machine.alone() and not self.done[key][1]):
+            root = self.folder / f"root{self.made}"
+            self.made += 1
             r = ppx("run", experiment, *overrides, f"run.root={root}")
             runs = list((root / experiment).iterdir()) if r.returncode == 0 else []
             if len(runs) == 1:
-                self.done[key] = SharedRun(runs[0], root, r)
+                done = SharedRun(runs[0], root, r)
             else:
-                self.done[key] = (
-                    f"ppx run {' '.join(key)}: exit {r.returncode}, run directories {runs}\n{r.stderr[-3000:]}"
-                )
-        done = self.done[key]
+                done = f"ppx run {' '.join(key)}: exit {r.returncode}, run directories {runs}\n{r.stderr[-3000:]}"
+            self.done[key] = (done, machine.alone())
+        done = self.done[key][0]
         assert isinstance(done, SharedRun), done
         return done

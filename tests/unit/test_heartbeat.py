@@ -8,10 +8,13 @@ import json
 import os
 import time
 
+import pytest
+
 from ppx.launch.heartbeat import Heartbeat, beat_path, read_beat, read_beats, stale_peers, stopped_responding
 from ppx.launch.supervisor import Supervisor
 
 
+@pytest.mark.timing
 def test_a_heartbeat_moves_until_stopped_then_says_done(tmp_path):
     beat = Heartbeat(tmp_path, 3, interval_s=0.05).start()
     first = read_beat(beat_path(tmp_path, 3), 3)
@@ -25,6 +28,7 @@ def test_a_heartbeat_moves_until_stopped_then_says_done(tmp_path):
     assert len(beat_path(tmp_path, 3).read_bytes()) == 128  # rewritten in place, one padded line
 
 
+@pytest.mark.timing
 def test_stale_peers_are_the_silent_live_ones_other_than_me(tmp_path):
     live = Heartbeat(tmp_path, 0, interval_s=0.05).start()
     for rank in (1, 3):  # beats once and no more: frozen; rank 3 is the reader itself

@@ -44,6 +44,7 @@ def test_an_item_that_raises_skips_the_afters():
     assert out == ["a.before(0F0)"]
 
 
+@pytest.mark.timing
 def test_the_clock_makes_an_action_last_its_charge():
     clock = ActionClock()
     assert not clock.charge(0.01)  # no action runs: the caller waits in place

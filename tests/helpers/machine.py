@@ -1,0 +1,48 @@
+"""The machine shared by pytest-xdist's workers (``make test`` runs two test files at a time):
+a test marked ``timing`` (it holds a measured time against theory or a bound) runs alone, with
+no other test beside it; the others share the machine. A readers-writer lock on two files that
+every worker of one test session opens: ``gate`` (held by a timing test from its wait to its
+end, so that no shared test starts while it waits) and ``room`` (shared, or exclusive for a
+timing test). One process (plain ``pytest``): every test is alone, and nothing is locked."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+MARK = "timing"
+_alone = False  # whether the running test has the machine to itself
+
+
+def lock_files(run: str) -> list[Path]:
+    """The two files of test session ``run`` (xdist's ``PYTEST_XDIST_TESTRUNUID``)."""
+    return [Path(tempfile.gettempdir()) / f"ppx-tests-{run}.{name}" for name in ("gate", "room")]
+
+
+@contextlib.contextmanager
+def held(alone: bool) -> Iterator[None]:
+    """The machine for one test: to itself if ``alone``, else shared with other shared tests."""
+    global _alone
+    before = _alone
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    with contextlib.ExitStack() as files:  # closing them unlocks
+        if run is not None:
+            gate, room = (files.enter_context(open(path, "a")) for path in lock_files(run))
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            if not alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        _alone = alone or run is None
+        try:
+            yield
+        finally:
+            _alone = before
+
+
+def alone() -> bool:
+    """Whether the running test has the machine to itself (what it measures is its own)."""
+    return _alone
