@@ -9,9 +9,9 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from helpers import free_port
+from helpers.spawn import spawn
 from ppx.measure.clock import offset_to_rank0
 
 pytestmark = pytest.mark.timing  # clock offsets measured by round trips
@@ -31,7 +31,7 @@ def _worker(rank: int, world: int, port: int, out) -> None:
 
 def test_offset_is_zero_on_one_host_and_measured_across_hosts(tmp_path):
     world = 3
-    mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
+    spawn(_worker, (world, free_port(), str(tmp_path)), world)
     for rank in range(world):
         same, measured = torch.load(tmp_path / f"{rank}.pt")
         assert same == 0.0

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from test_gradients import reference
 
 from helpers import free_port
+from helpers.spawn import spawn
 from ppx import config
 from ppx.config import resolve_schedule
 from ppx.engine.data_parallel import Layout
@@ -82,7 +82,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 @pytest.fixture(scope="module")
 def replicated(tmp_path_factory):
     out = tmp_path_factory.mktemp("grads_dp")
-    mp.spawn(_worker, args=(P * D, free_port(), str(out)), nprocs=P * D, join=True)
+    spawn(_worker, (P * D, free_port(), str(out)), P * D)
     return out
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from helpers import free_port
+from helpers.spawn import spawn
 from ppx import config, models
 from ppx.config import resolve_schedule
 from ppx.engine.comm import P2P
@@ -231,7 +231,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def pipelined(tmp_path_factory):
-    """p -> the folder of every case's saved loss and gradients for p ranks: one mp.spawn per
+    """p -> the folder of every case's saved loss and gradients for p ranks: one job per
     p (one process group runs all of its cases), started by the first test that needs it."""
     done: dict[int, Path | BaseException] = {}
 
@@ -239,7 +239,7 @@ def pipelined(tmp_path_factory):
         if p not in done:
             out = tmp_path_factory.mktemp(f"grads_p{p}")
             try:
-                mp.spawn(_worker, args=(p, free_port(), str(out)), nprocs=p, join=True)
+                spawn(_worker, (p, free_port(), str(out)), p)
                 done[p] = out
             except Exception as e:  # every case of this p fails with it, without spawning again
                 done[p] = e

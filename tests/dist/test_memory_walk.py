@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from helpers import free_port
+from helpers.spawn import spawn
 from ppx import config
 from ppx.config import resolve_schedule
 from ppx.engine.comm import P2P
@@ -72,7 +72,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 @pytest.fixture(scope="module")
 def walked(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("memory_walk")
-    mp.spawn(_worker, args=(P, free_port(), str(out)), nprocs=P, join=True)
+    spawn(_worker, (P, free_port(), str(out)), P)
     return out
 
 

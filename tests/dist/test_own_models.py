@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from helpers import REPO, free_port
+from helpers.spawn import spawn
 from ppx import config, models
 from ppx.config import resolve_schedule
 from ppx.engine.data_parallel import Layout
@@ -155,7 +155,7 @@ def pipelined(tmp_path_factory):
             out = tmp_path_factory.mktemp(f"own_{which}")
             world = {"p2": 2, "p4": 4, "dp": 4}[which]
             try:
-                mp.spawn(_worker, args=(world, free_port(), str(out), which), nprocs=world, join=True)
+                spawn(_worker, (world, free_port(), str(out), which), world)
                 done[which] = out
             except Exception as e:
                 done[which] = e

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from helpers import free_port
+from helpers.spawn import spawn
 from ppx import config, models
 from ppx.config import resolve_schedule
 from ppx.engine.comm import P2P
@@ -160,7 +160,7 @@ def _overflow(rank: int, out: str) -> None:
 @pytest.fixture(scope="module")
 def pipelined(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("precision")
-    mp.spawn(_worker, args=(2, free_port(), str(out)), nprocs=2, join=True)
+    spawn(_worker, (2, free_port(), str(out)), 2)
     return out
 
 
