@@ -16,6 +16,19 @@ from pathlib import Path
 
 MARK = "timing"
 _alone = False  # whether the running test has the machine to itself
+_open: list = []  # the lock files this process holds open
+
+
+def _forget_in_child() -> None:
+    """A forked child (no exec) shares its parent's locks until every copy of the files closes:
+    it closes its copies, so one that outlives its test holds nothing (no LOCK_UN: that would
+    unlock the parent too)."""
+    for f in _open:
+        f.close()
+    _open.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def lock_files(run: str) -> list[Path]:
@@ -32,6 +45,7 @@ def held(alone: bool) -> Iterator[None]:
     with contextlib.ExitStack() as files:  # closing them unlocks
         if run is not None:
             gate, room = (files.enter_context(open(path, "a")) for path in lock_files(run))
+            _open[:] = [gate, room]
             fcntl.flock(gate, fcntl.LOCK_EX)
             fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
             if not alone:
@@ -41,6 +55,7 @@ def held(alone: bool) -> Iterator[None]:
             yield
         finally:
             _alone = before
+            _open.clear()
 
 
 def alone() -> bool:

@@ -1,7 +1,8 @@
 """The jobs of tests/dist: torch.multiprocessing's processes, forked from one server process
 that imported torch and ppx once (multiprocessing's forkserver), not each started afresh to
 import them again (``mp.spawn``: about 2 s of CPU a process). The server computes nothing, so
-its forks inherit no OpenMP or CUDA state."""
+its forks inherit no OpenMP or CUDA state. They inherit the environment the server started
+with (at a process's first job): what a job needs that a test sets later goes in its args."""
 
 from __future__ import annotations
 

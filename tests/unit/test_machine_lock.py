@@ -3,6 +3,9 @@ shared tests run side by side, and a timing test that waits lets no shared test 
 
 from __future__ import annotations
 
+import fcntl
+import os
+import signal
 import threading
 import time
 import uuid
@@ -55,3 +58,26 @@ def test_without_xdist_every_test_is_alone_and_nothing_is_locked(monkeypatch):
     with machine.held(alone=False):
         assert machine.alone()
     assert machine.alone() == before
+
+
+def test_a_forked_child_that_outlives_its_test_holds_no_lock(monkeypatch):
+    run = uuid.uuid4().hex
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", run)
+    with machine.held(alone=True):
+        ready, started = os.pipe()
+        child = os.fork()
+        if child == 0:  # outlives the hold (its fork handlers have run by its first line)
+            os.write(started, b"1")
+            time.sleep(3)
+            os._exit(0)
+        os.read(ready, 1)
+        os.close(ready)
+        os.close(started)
+    try:
+        with open(machine.lock_files(run)[1], "a") as room:
+            fcntl.flock(room, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while the child holds it
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        for path in machine.lock_files(run):
+            path.unlink(missing_ok=True)
