@@ -40,7 +40,7 @@ def lock_files(run: str) -> list[Path]:
 def held(alone: bool) -> Iterator[None]:
     """The machine for one test: to itself if ``alone``, else shared with other shared tests."""
     global _alone
-    before = _alone
+    before, opened_before = _alone, list(_open)
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     with contextlib.ExitStack() as files:  # closing them unlocks
         if run is not None:
@@ -55,7 +55,7 @@ def held(alone: bool) -> Iterator[None]:
             yield
         finally:
             _alone = before
-            _open.clear()
+            _open[:] = opened_before
 
 
 def alone() -> bool:
