@@ -7,8 +7,6 @@ import pytest
 
 from helpers import PICTURED_1F1B, ppx, read_json
 
-pytestmark = pytest.mark.timing  # measured idle time and the simulator's prediction of the runs' steps
-
 P, M, T = 4, 8, 40  # ranks, microbatches, ms per forward / input-grad / weight-grad pass
 BASE = [
     "model.kind=synthetic",
@@ -39,6 +37,8 @@ VARIANTS = {
 PPX_EXECUTED = [name for name in VARIANTS if not name.endswith("_torch")]
 
 
+# every test that reads these runs is marked timing (the fixture runs in its first
+# requester's set-up): measured idle time and the simulator's prediction of the steps
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = {}
@@ -56,12 +56,14 @@ def idle(s) -> float:
     return sum(r["idle_s"] for r in s["ranks"])
 
 
+@pytest.mark.timing
 def test_theory_values(runs):
     assert runs["1f1b"]["bubble_fraction_theory"] == pytest.approx((P - 1) / (M + P - 1))
     assert runs["zb_h1"]["bubble_fraction_theory"] == pytest.approx((P - 1) / (3 * M + P - 1))
     assert runs["interleaved"]["bubble_fraction_theory"] == pytest.approx((P - 1) / (2 * M + P - 1))
 
 
+@pytest.mark.timing
 def test_zb_h1_cuts_the_bubble_at_1f1b_peak_memory(runs):
     zb, ref = runs["zb_h1"], runs["1f1b"]
     # theory: a third of 1F1B's idle time; measured here with 0.2-0.5 ms hand-offs per action
@@ -71,11 +73,13 @@ def test_zb_h1_cuts_the_bubble_at_1f1b_peak_memory(runs):
     assert zb["losses"] == pytest.approx(ref["losses"], rel=1e-6)
 
 
+@pytest.mark.timing
 def test_interleaved_about_halves_the_bubble(runs):
     assert idle(runs["interleaved"]) < 0.75 * idle(runs["1f1b"])
     assert runs["interleaved"]["losses"] == pytest.approx(runs["1f1b"]["losses"], rel=1e-6)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("name", PPX_EXECUTED)
 def test_simulator_predicts_the_measured_step(runs, name):
     # the 5% target is a benchmark row (make bench); here only a margin a broken simulator
@@ -89,6 +93,7 @@ def test_simulator_predicts_the_measured_step(runs, name):
         assert {"0I", "0W", "3I", "3W"} <= set(costs["action_s"])
 
 
+@pytest.mark.timing
 def test_ppx_schedule_runs_in_torchs_runtime(runs):
     """The exported list runs in torch's runtime: same losses, same memory, I and W timed."""
     mine, ref = runs["zb_h1_torch"], runs["zb_h1"]
@@ -101,6 +106,7 @@ def test_ppx_schedule_runs_in_torchs_runtime(runs):
     assert mine["bubble_fraction_theory"] == pytest.approx(ref["bubble_fraction_theory"])
 
 
+@pytest.mark.timing
 def test_simulate_from_a_run(runs):
     d = runs["zb_h1"]["dir"]
     r = ppx("simulate", "zb_h1", "-p", str(P), "-m", str(M), "--from-run", str(d))

@@ -22,11 +22,11 @@ from ppx.gpucheck.runs import Runner, Runs, RunSpec
 from ppx.gpucheck.traces import load, profiler_traces, timeline_slices
 from ppx.report.run_dir import RunDir
 
-pytestmark = pytest.mark.timing  # the timers', profiler's and bubble checks' thresholds (1-3%)
-
 NOTHING = "ppx gpu-check: no CUDA device visible here: nothing to check\n"
 
 
+# every test that reads these runs is marked timing (the fixture runs in its first
+# requester's set-up): the timers', profiler's and bubble checks' thresholds, 1-3%
 @pytest.fixture(scope="module")
 def cpu_check(tmp_path_factory):
     """One `ppx gpu-check --on-cpu` (about 40 s on 2 cores): (its folder, the docs file, the process)."""
@@ -48,6 +48,7 @@ def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(tmp_path):
     assert (r.returncode, r.stdout) == (0, NOTHING), r.stderr  # the answer takes no torch (1.5 s) to give
 
 
+@pytest.mark.timing
 def test_the_whole_check_on_cpu(cpu_check):
     out, doc, r = cpu_check
     data = json.loads((out / "gpu-check.json").read_text())
@@ -73,6 +74,7 @@ def test_the_whole_check_on_cpu(cpu_check):
     assert "Latest report: " in text and "| timers | each action's timed length" in text
 
 
+@pytest.mark.timing
 def test_timers_arithmetic_on_the_recorded_run(cpu_check):
     run = RunDir(cpu_check[0] / "runs" / "timers-1f1b")
     costs = timers.set_costs(run.config, run.raw_summary["stages"])
@@ -87,6 +89,7 @@ def test_timers_arithmetic_on_the_recorded_run(cpu_check):
     assert timers.judge_steps(timers.step_ratios(slices, late))[1] is False
 
 
+@pytest.mark.timing
 def test_profiler_arithmetic_on_the_recorded_trace(cpu_check):
     run = RunDir(cpu_check[0] / "runs" / "profiler")
     (trace,) = profiler_traces(run.path).values()
@@ -99,6 +102,7 @@ def test_profiler_arithmetic_on_the_recorded_trace(cpu_check):
     assert profiler.judge_kernels({0: (held, total, [])})[1] is False
 
 
+@pytest.mark.timing
 def test_saved_and_bf16_arithmetic_on_the_recorded_runs(cpu_check):
     summary = RunDir(cpu_check[0] / "runs" / "saved-zbv").raw_summary
     errors = saved.saved_errors(summary)
@@ -116,6 +120,7 @@ def test_saved_and_bf16_arithmetic_on_the_recorded_runs(cpu_check):
     assert precision.judge_gap(precision.loss_gap(losses["bf16-p1"], losses["fp32-p1"]), 0.0)[1] is False
 
 
+@pytest.mark.timing
 def test_overlap_on_cpu_runs_of_its_own_shape(tmp_path):
     """DualPipeV's cells on CPU run one part after the other: the known-cost cells come out
     near F + B, not max(F, B), and the check fails; the run of the same order from the CSV
@@ -139,6 +144,7 @@ def test_overlap_on_cpu_runs_of_its_own_shape(tmp_path):
     assert apart.raw_summary["losses"] == cells.raw_summary["losses"]
 
 
+@pytest.mark.timing
 def test_the_cuda_judges_read_real_run_files(cpu_check):
     """The memory and NCCL judges on CPU runs standing in for their GPU runs: they read every
     field they need, and say FAIL (a resident set is no allocated peak; gloo is not NCCL)."""
@@ -233,6 +239,7 @@ def test_dry_run_lists_the_runs_of_a_machine_it_has_not(tmp_path):
     assert r.stdout.splitlines()[-1].startswith("total: about") and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.timing
 @pytest.mark.skipif(CUDA_DEVICES == 0, reason="needs a CUDA GPU")
 def test_timers_and_profiler_on_the_gpus(tmp_path):
     r = ppx("gpu-check", "--only", "timers,profiler", "--out", str(tmp_path / "c"), env=GPU_ENV, timeout=300)

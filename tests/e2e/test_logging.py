@@ -17,9 +17,9 @@ import pytest
 from helpers import REPO, free_port, ppx, read_json, wandb_file
 from helpers.run import PROFILED_1F1B
 
-pytestmark = pytest.mark.timing  # profiler steps against step times, a sweep's bubbles against theory
 
-
+# every test that reads these runs is marked timing (the fixture runs in its first
+# requester's set-up): profiler steps against step times
 @pytest.fixture(scope="module")
 def profiled_run(shared_run):
     """Read only: test_instrumentation.py reads its profiler traces too (PROFILED_1F1B)."""
@@ -47,6 +47,7 @@ def _poll(fn, timeout_s: float = 90):
     raise AssertionError(f"TensorBoard did not answer in {timeout_s} s ({last})")
 
 
+@pytest.mark.timing
 def test_tensorboard_serves_scalars_and_profiler_workers(profiled_run):
     root, run, _ = profiled_run
     port = free_port()
@@ -107,6 +108,7 @@ def test_tensorboard_serves_scalars_and_profiler_workers(profiled_run):
         server.wait(timeout=30)
 
 
+@pytest.mark.timing
 def test_wandb_offline_run_holds_the_logged_history(profiled_run):
     root, run, r = profiled_run
     (offline,) = (run / "wandb").glob("offline-run-*")
@@ -165,6 +167,7 @@ def test_wandb_online_without_a_key_warns_once_and_goes_offline(tmp_path):
     assert read_json(d / "summary.json")["status"] == "completed"
 
 
+@pytest.mark.timing
 def test_small_sweep_and_compare(tmp_path):
     # costs far above a loaded CI machine's 0.5-2 ms hand-offs, so each point's bubble is the
     # schedule's; a sweep across schedules charges them per layer: 2 layers a stage, 20 and 40 ms

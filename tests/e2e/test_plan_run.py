@@ -12,8 +12,6 @@ import pytest
 from helpers import ppx, read_json
 from ppx.schedules.csv_io import read_csv
 
-pytestmark = pytest.mark.timing  # a plan's predicted step against the run's measured one
-
 F, B, W = 50, 50, 25  # ms per microbatch per stage: forward, input-gradient, weight-gradient
 SCHEDULES = "1f1b,zb_h1,interleaved_1f1b,zbv,zb_auto"
 COSTS = ["--fwd-ms", str(F), "--bwd-ms", str(B), "--wgrad-ms", str(W), "--stages", "2", "--microbatches", "4"]
@@ -28,6 +26,8 @@ def printed_command(stdout: str) -> tuple[list[str], list[str]]:
     return [w for w in words if w.startswith("pipeline.")], [w for w in words if not w.startswith("pipeline.")]
 
 
+# every test that reads these runs is marked timing (the fixture runs in its first
+# requester's set-up): a plan's predicted step against the run's measured one
 @pytest.fixture(scope="module")
 def planned_and_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("plan")
@@ -41,6 +41,7 @@ def planned_and_run(tmp_path_factory):
     return root, read_json(root / "plan" / "plan.json"), read_json(root / "run" / "summary.json")
 
 
+@pytest.mark.timing
 def test_the_best_plan_runs_with_its_schedule(planned_and_run):
     root, plan, summary = planned_and_run
     best = plan["best"]
@@ -49,6 +50,7 @@ def test_the_best_plan_runs_with_its_schedule(planned_and_run):
     assert summary["status"] == "completed" and len(summary["losses"]) == 4
 
 
+@pytest.mark.timing
 def test_the_measured_step_is_near_the_prediction(planned_and_run):
     # the flags hold no hand-off or overhead cost: the run pays ~1 ms an action beyond them;
     # figures on a shared 2-core machine
@@ -57,6 +59,7 @@ def test_the_measured_step_is_near_the_prediction(planned_and_run):
     assert measured == pytest.approx(predicted, rel=0.10), (measured, predicted)
 
 
+@pytest.mark.timing
 def test_a_plan_from_the_run_predicts_its_step(planned_and_run):
     root, plan, summary = planned_and_run
     best = plan["best"]
