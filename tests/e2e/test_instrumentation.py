@@ -10,7 +10,11 @@ import pytest
 from helpers import CUDA_DEVICES, GPU_ENV, ppx, read_json, read_jsonl
 from helpers.run import PROFILED_1F1B
 
-pytestmark = pytest.mark.timing  # measured bubble, step and compute times against theory, and the runs they read
+# The known-cost runs here are measured against theory beside other tests: their costs are
+# slept, and a woken rank takes its CPU back from a busy neighbour (2026-11-27, beside a loop of
+# the suite's own multi-process tests: bubbles within 0.002 of theory, compute within 0.7%,
+# step/ideal 1.009). Marked `timing` (run alone): what a neighbour did move, the ranks' common
+# start in the profiler test, and the GPU tests, never measured beside one.
 
 # 60/120 ms: the hand-offs between ranks (0.3-3 ms each on loopback gloo on a shared 2-core
 # machine whose caches go cold while the ranks wait) stay small next to them
@@ -178,6 +182,7 @@ def test_profiler_off_writes_no_trace(runs):
     assert not list((runs[("gpipe", 4, 8)] / "tb").glob("*.pt.trace.json"))
 
 
+@pytest.mark.timing  # ranks start each step together within 1%: not beside a busy neighbour
 def test_profiler_traces_per_rank(shared_run):
     d = shared_run(*PROFILED_1F1B).dir  # read only: test_logging.py's TensorBoard and W&B tests read it too
     traces = sorted((d / "tb").glob("*.pt.trace.json"))
@@ -217,6 +222,7 @@ def test_timers_off_still_measures_step_time(tmp_path_factory):
     assert not (d / "timeline.json").exists()
 
 
+@pytest.mark.timing
 @pytest.mark.skipif(CUDA_DEVICES == 0, reason="needs a CUDA GPU")
 def test_cuda_event_timers(tmp_path_factory):
     d = known_cost_run(
@@ -242,6 +248,7 @@ def test_cuda_event_timers(tmp_path_factory):
     assert any(e.get("name") == "PP:0F0" for e in events)
 
 
+@pytest.mark.timing
 @pytest.mark.skipif(CUDA_DEVICES == 0, reason="needs a CUDA GPU")
 def test_watchdog_follows_a_real_gpu(tmp_path_factory):
     """The host queues the step and waits at its end while the GPU spins: each 3 s forward
