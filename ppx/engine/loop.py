@@ -85,9 +85,9 @@ def train(
                 batch = pipe.microbatches(step)  # data is ready before the step, as a prefetching loader has it
                 if opt is not None:
                     opt.zero_grad(set_to_none=True)
+            inst.begin_step(step)  # peaks reset (a page-table walk on CPU) before the common start, not after it
             with prof.label("ppx:align_start"):
                 start_together(offset, ctrl)
-            inst.begin_step(step)
             with prof.step(step):  # ProfilerStep#<step>: the timed pipeline step and nothing else
                 t0 = time.perf_counter()
                 loss = pipe.step(step, batch)

@@ -53,12 +53,14 @@ def offset_to_rank0(group=None, rounds: int = 8, clock_id: str | None = None, no
     return best[1] if rank != 0 else 0.0
 
 
-def start_together(offset: float, group=None, margin_s: float = 0.005) -> None:
-    """Begin the next step on every rank at the same instant: rank 0 picks a start time
-    ``margin_s`` ahead on its clock, and each rank sleeps until then on its own clock.
-    Also a barrier: rank 0 reaches it only after every rank has reported its last step."""
-    box = torch.zeros(1, dtype=torch.float64)
-    if dist.get_rank() == 0:
-        box[0] = time.perf_counter() + margin_s
-    dist.broadcast(box, src=0, group=group)
-    sleep_until(float(box[0]) - offset)
+def start_together(offset: float, group=None, margin_s: float = 0.005) -> float:
+    """Begin the next step on every rank at the same instant, a barrier too: each rank proposes
+    ``margin_s`` after its arrival (on rank 0's clock), the latest proposal wins, and each rank
+    sleeps until it on its own clock. A rank that arrives late (a first step's set-up, a busy
+    core) moves every rank's start, so no rank starts before the last one could. Returns the
+    start on rank 0's clock (seconds)."""
+    box = torch.tensor([time.perf_counter() + offset + margin_s], dtype=torch.float64)
+    dist.all_reduce(box, op=dist.ReduceOp.MAX, group=group)
+    start = float(box[0])
+    sleep_until(start - offset)
+    return start

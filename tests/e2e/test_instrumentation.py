@@ -4,6 +4,7 @@ merged timeline (real torchrun runs on gloo)."""
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -206,13 +207,16 @@ def test_profiler_traces_per_rank(shared_run):
                 if x["tid"] == e["tid"] and e["ts"] <= x["ts"] < e["ts"] + e["dur"] and x["name"].startswith("c10d::")
             }
             assert inside <= {"c10d::send", "c10d::recv_"}, inside  # the pipeline's own hand-offs only
-        # the step: from the earliest start to the latest end; ranks start together within microseconds
-        assert lines[0]["step_time_s"] == pytest.approx(max(r["step_s"] for r in lines[0]["ranks"]), rel=0.01)
         # what ppx does between steps is named, and the records' gather runs in a thread of its own
         assert {"ppx:prepare", "ppx:align_start", "ppx:optimizer", "ppx:step_metrics"} <= labels
         gathers = [e for e in events if e["name"] == "ppx:gather_records"]
         assert gathers and {e["tid"] for e in gathers}.isdisjoint({e["tid"] for e in steps.values()})
         assert ("ppx:report" in labels) == (rank == 0)
+    # the step: from the earliest start to the latest end; ranks start together (the first step
+    # too: its start waits for the last rank's set-up), so it is the longest rank's own step, to
+    # 1% in the median (one step may catch a busy core's wake-up, 0.2-1 ms on 2 cores)
+    late = [x["step_time_s"] - max(r["step_s"] for r in x["ranks"]) for x in lines]
+    assert min(late) >= 0 and statistics.median(late) <= 0.01 * statistics.median(x["step_time_s"] for x in lines)
 
 
 def test_timers_off_still_measures_step_time(tmp_path_factory):
