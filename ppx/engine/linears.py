@@ -36,9 +36,7 @@ from torch.nn import functional as F
 class LinearKind:
     """y = x W^T + b (``nn.Linear``: weight (out, in))."""
 
-    @staticmethod
-    def forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, w, b)
+    forward = staticmethod(F.linear)  # (x, w, b)
 
     @staticmethod
     def weight_grad(gy2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
@@ -60,7 +58,10 @@ class Conv1DKind:
 
 
 def kind_of(module: nn.Module) -> type | None:
-    """The routed kind of ``module``, or None for a layer ppx leaves to autograd."""
+    """The routed kind of ``module``, or None for a layer ppx leaves to autograd (one whose
+    weight is not a parameter of its own)."""
+    if not isinstance(module._parameters.get("weight"), torch.Tensor):
+        return None
     if type(module) is nn.Linear:
         return LinearKind
     w = getattr(module, "weight", None)
@@ -78,13 +79,16 @@ class RoutedLayer:
         self.name, self.module, self.kind, self.weights = name, module, kind, weights
         self.store = None  # a `ppx.engine.weight_store.WeightStore` when this layer's W is deferred
         self.has_bias = getattr(module, "bias", None) is not None
+        self.own = module._parameters  # the module's own parameter slots (read by name: no __getattr__)
+        self.op = kind.forward
+        self.device_type: str | None = None  # its inputs' device type ("cpu", "cuda"), from its first call
         module.forward = self.forward  # the instance's forward: every call goes through ppx
 
     def unroute(self) -> None:
         """Back to the module's own forward (nothing of ppx's left on it)."""
         if self.module.__dict__.get("forward") == self.forward:
             del self.module.forward
-        self.store = None
+        self.store = self.device_type = None
         if self in self.weights.layers:
             self.weights.layers.remove(self)
 
@@ -95,20 +99,32 @@ class RoutedLayer:
         return [self.module.weight] + ([b] if b is not None else [])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w, b = self.weights.of(self)
-        dtype = _autocast_dtype(x)
-        if dtype is not None and x.dtype != dtype and x.is_floating_point():
-            x = x.to(dtype)  # what autocast's cast would do, in the graph the same way
-        if self.store is None or not torch.is_grad_enabled():
-            return self.kind.forward(x, w, b)
+        # every microbatch's forward calls this once per layer (29 times a stage of llama-tiny):
+        # no more Python than it takes, on a small model it is a tenth of the forward
+        weights = self.weights
+        if weights.dtype is None:  # the parameters as the module holds them now (FSDP swaps them there)
+            own = self.own
+            w, b = own["weight"], own.get("bias")
+        else:
+            w, b = weights.of(self)
+        device = self.device_type  # x.device costs more than the rest of this forward's Python
+        if device is None:
+            device = self.device_type = x.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            if x.dtype != dtype and x.is_floating_point():
+                x = x.to(dtype)  # what autocast's cast would do, in the graph the same way
+        store = self.store
+        if store is None or not torch.is_grad_enabled():
+            return self.op(x, w, b)
         # storing: autograd differentiates the input only (the weights enter detached); the
         # store keeps the input and where the output's gradient will arrive, for I to collect
         if not x.requires_grad:
             raise RuntimeError(
                 f"layer {self.name}: its input needs no gradient, so its weight gradient cannot be stored"
             )
-        y = self.kind.forward(x, w.detach(), None if b is None else b.detach())
-        self.store.keep(self, x.detach(), _edge(y))
+        y = self.op(x, w.detach(), None if b is None else b.detach())
+        store.keep(self, x.detach(), _edge(y))
         return y
 
 
@@ -120,11 +136,6 @@ def _edge(y: torch.Tensor) -> GradientEdge:
     if fn is None or isinstance(fn, torch._C._FunctionBase):
         return get_gradient_edge(y)
     return GradientEdge(fn, y.output_nr)
-
-
-def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
-    kind = x.device.type
-    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
 
 
 class StepWeights:
