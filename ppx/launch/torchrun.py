@@ -60,14 +60,18 @@ def _report_every_failed_fork() -> None:
     from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-    first_only = MultiprocessContext._poll
+    first_only = getattr(MultiprocessContext, "_poll", None)
+    if first_only is None:  # a torch whose private poll is gone: its own report (the first rank) stands
+        return
 
     def poll(self):
         result = first_only(self)
-        if result is not None and result.failures and self._pc is not None:
-            for rank, proc in enumerate(self._pc.processes):
+        context = getattr(self, "_pc", None)  # torch's private fields: read only where they are
+        procs, error_files = getattr(context, "processes", None), getattr(self, "error_files", None)
+        if result is not None and result.failures and procs is not None and error_files is not None:
+            for rank, proc in enumerate(procs):
                 if rank not in result.failures and proc.exitcode not in (None, 0):
-                    result.failures[rank] = ProcessFailure(rank, proc.pid, proc.exitcode, self.error_files[rank])
+                    result.failures[rank] = ProcessFailure(rank, proc.pid, proc.exitcode, error_files[rank])
         return result
 
     MultiprocessContext._poll = poll
