@@ -81,7 +81,9 @@ class RoutedLayer:
         self.has_bias = getattr(module, "bias", None) is not None
         self.own = module._parameters  # the module's own parameter slots (read by name: no __getattr__)
         self.op = kind.forward
-        self.device_type: str | None = None  # its inputs' device type ("cpu", "cuda"), from its first call
+        # its inputs' device type ("cpu", "cuda"), from its first call: layers are routed after
+        # the stage's module is on its device (ppx.engine.split_setup), and never move after
+        self.device_type: str | None = None
         module.forward = self.forward  # the instance's forward: every call goes through ppx
 
     def unroute(self) -> None:

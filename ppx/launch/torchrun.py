@@ -60,7 +60,7 @@ def _report_every_failed_fork() -> None:
     from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-    first_only = getattr(MultiprocessContext, "_poll", None)
+    first_only = MultiprocessContext.__dict__.get("_poll")  # its own, not PContext's abstract one
     if first_only is None:  # a torch whose private poll is gone: its own report (the first rank) stands
         return
 
