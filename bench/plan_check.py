@@ -29,6 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ppx.config import SUMMARY_ONLY, as_overrides
+
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS, P, M = 16, 4, 8
 BASE = [
@@ -40,8 +42,7 @@ BASE = [
     f"pipeline.microbatches={M}",
     "train.batch_size=64",
     "train.steps=16",  # medians over 16 steps: one disturbed step moves them little
-    "logging.wandb.mode=disabled",
-    "logging.report=false",
+    *as_overrides(SUMMARY_ONLY),
 ]
 TOP = 3
 REPEATS = 3  # runs per candidate: the spread between runs of one schedule is about 1% here

@@ -20,10 +20,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ppx.config import SUMMARY_ONLY, as_overrides
+
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ["-p", "4", "-m", "8", "--fwd-ms", "10", "--bwd-ms", "10", "--wgrad-ms", "10,10,10,15"]
 MEMORY = ["--act-bytes", "1MiB", "--mem-budget", "6MiB"]
-STEPS = ["train.steps=12", "logging.wandb.mode=disabled", "logging.report=false"]
+STEPS = ["train.steps=12", *as_overrides(SUMMARY_ONLY)]
 
 
 def _ppx(*args: str) -> subprocess.CompletedProcess:

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from ppx.config import SUMMARY_ONLY, as_overrides
 from ppx.errors import UserError
 
 
@@ -68,7 +69,7 @@ def calibrated_run(p: int, mode: str) -> tuple[Path, bool]:
     print(f"ppx plan: calibrating this machine: ppx run {' '.join(words)} run.dir={run_dir}", flush=True)
     experiment = shipped("experiments") / f"{words[0]}.yaml"  # not a same-named file of the user's
     cmd = [sys.executable, "-m", "ppx.cli", "run", str(experiment), *words[1:], f"run.dir={run_dir}"]
-    quiet = ["logging.wandb.mode=disabled", "logging.report=false"]  # only its summary.json is read
+    quiet = as_overrides(SUMMARY_ONLY)  # only its summary.json is read
     proc = subprocess.Popen([*cmd, *quiet], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _, err = proc.communicate()

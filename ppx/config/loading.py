@@ -114,3 +114,23 @@ def to_yaml(cfg: Config) -> str:
 
 def from_yaml(path: str | Path) -> Config:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path)))
+
+
+# The sinks a run read only through its files (summary.json, metrics.jsonl) goes without: W&B
+# (about 2 s a run) and the pictures and report.html (about 1.5 s). A calibration, gpu-check's
+# runs, make bench's and the tests' (dotted key -> value).
+SUMMARY_ONLY = {"logging.wandb.mode": "disabled", "logging.report": False}
+
+
+def as_overrides(keys: dict) -> list[str]:
+    """``key=value`` overrides that read back as ``keys``' values (booleans lower case, lists
+    in brackets, None as null)."""
+    return [f"{k}={_text(v)}" for k, v in keys.items()]
+
+
+def _text(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_text(v) for v in value) + "]"
+    return "null" if value is None else str(value)

@@ -19,18 +19,14 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ppx.config import SUMMARY_ONLY, as_overrides
 from ppx.errors import UserError
 from ppx.gpucheck.machine import Machine
 from ppx.report.run_dir import RunDir
 
 # every run: no W&B, no TensorBoard, no pictures or report.html (nothing reads them here), a
 # watchdog that allows a GPU's first steps their cuBLAS and NCCL set-up
-COMMON = {
-    "logging.wandb.mode": "disabled",
-    "logging.tensorboard": False,
-    "logging.report": False,
-    "runtime.timeout_s": 120,
-}
+COMMON = {**SUMMARY_ONLY, "logging.tensorboard": False, "runtime.timeout_s": 120}
 
 
 @dataclass(frozen=True)
@@ -103,9 +99,7 @@ class Runner:
         if spec.csv is not None:
             self.path(spec, ".csv").write_text(spec.csv)
         yaml = self.path(spec, ".yaml")
-        yaml.write_text(
-            OmegaConf.to_yaml(OmegaConf.from_dotlist([f"{k}={_text(v)}" for k, v in self.keys(spec).items()]))
-        )
+        yaml.write_text(OmegaConf.to_yaml(OmegaConf.from_dotlist(as_overrides(self.keys(spec)))))
         return yaml
 
     def check(self, spec: RunSpec) -> str | None:
@@ -202,15 +196,6 @@ class Runs:
         if result.dir is None:
             raise Missing(result)
         return result.dir
-
-
-def _text(value) -> str:
-    """A value as the dotlist reads it back (booleans lower case, lists in brackets)."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_text(v) for v in value) + "]"
-    return "null" if value is None else str(value)
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import machine
+from ppx.config import SUMMARY_ONLY, as_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data"  # schedule CSVs the tests read
@@ -27,9 +28,10 @@ def quiet(args: tuple[str, ...]) -> tuple[str, ...]:
     names it: W&B (about 2 s a run) and the pictures and report.html (about 1.5 s). The tests of
     W&B, the pictures and the page name the key (``logging.wandb.mode=offline``,
     ``logging.report=true``)."""
-    for key, off in (("logging.wandb.mode", "disabled"), ("logging.report", "false")):
+    for override in as_overrides(SUMMARY_ONLY):
+        key = override.split("=", 1)[0]
         if not any(a.startswith(f"{key}=") for a in args):
-            args = (*args, f"{key}={off}")
+            args = (*args, override)
     return args
 
 

@@ -49,3 +49,20 @@ def test_schedule_csv_must_match_stages(tmp_path):
     assert cfg.pipeline.schedule == str(path)
     with pytest.raises(UserError, match="is for 2 ranks and 4 microbatches"):
         config.load(None, [f"pipeline.schedule={path}", "pipeline.stages=3"])
+
+
+def test_overrides_read_back_as_their_values_and_summary_only_is_valid_config():
+    from omegaconf import OmegaConf
+
+    from ppx.config import SUMMARY_ONLY, as_overrides
+
+    keys = {"a.b": True, "a.c": False, "d": None, "e": [1, 2], "f": 0.5, "g": "disabled"}
+    assert OmegaConf.to_container(OmegaConf.from_dotlist(as_overrides(keys))) == {
+        "a": {"b": True, "c": False},
+        "d": None,
+        "e": [1, 2],
+        "f": 0.5,
+        "g": "disabled",
+    }
+    cfg = config.load("1f1b_2cpu", as_overrides(SUMMARY_ONLY))
+    assert cfg.logging.wandb.mode == "disabled" and cfg.logging.report is False
