@@ -64,8 +64,8 @@ def kind_of(module: nn.Module) -> type | None:
         return None
     if type(module) is nn.Linear:
         return LinearKind
-    w = getattr(module, "weight", None)
-    if type(module).__name__ == "Conv1D" and isinstance(w, torch.Tensor) and w.dim() == 2:
+    w = module._parameters["weight"]
+    if type(module).__name__ == "Conv1D" and w.dim() == 2:
         if getattr(module, "nf", None) == w.shape[1]:  # transformers' Conv1D: weight (nx, nf)
             return Conv1DKind
     return None
@@ -103,12 +103,7 @@ class RoutedLayer:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # every microbatch's forward calls this once per layer (29 times a stage of llama-tiny):
         # no more Python than it takes, on a small model it is a tenth of the forward
-        weights = self.weights
-        if weights.dtype is None:  # the parameters as the module holds them now (FSDP swaps them there)
-            own = self.own
-            w, b = own["weight"], own.get("bias")
-        else:
-            w, b = weights.of(self)
+        w, b = self.weights.of(self)
         device = self.device_type  # x.device costs more than the rest of this forward's Python
         if device is None:
             device = self.device_type = x.device.type
@@ -152,8 +147,9 @@ class StepWeights:
         self.layers: list[RoutedLayer] = []
 
     def of(self, layer: RoutedLayer) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self.dtype is None:
-            return layer.module.weight, layer.module.bias
+        if self.dtype is None:  # the parameters as the module holds them now (FSDP swaps them there)
+            own = layer.own
+            return own["weight"], own.get("bias")
         copy = self.copies.get(id(layer))
         if copy is None:  # outside a step (a reference forward): cast now
             copy = self.copies[id(layer)] = self._cast(layer)
