@@ -4,6 +4,7 @@ verdict), its details and its runs; and the table block docs/benchmarks.md keeps
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -90,16 +91,71 @@ def check_doc(path: Path) -> None:
 
 
 def update_doc(path: Path, facts: dict, results, date: str, report: Path) -> None:
-    """Replace the block between the markers with this report's headline and table."""
+    """Put this report's rows into the block between the markers, keeping the rows of the
+    checks it did not run (``--only``) or could not judge at all (every row SKIPPED: the time
+    budget, too few GPUs) from the report that last did, so that partial runs add up to one
+    table. Each row names its report's date; the block lists those reports, newest first."""
     text = path.read_text()
-    c = counts(results)
+    head, rest = text.split(BEGIN, 1)
+    old_block, tail = rest.split(END, 1)
+    old_rows, old_reports = _read_block(old_block)
+    rows = {}  # check -> its table lines
+    ran = []
+    for res in results:
+        judged_here = any(r.verdict != SKIPPED for r in res.outcome.rows)
+        if not judged_here and res.name in old_rows and not old_rows[res.name][1]:
+            continue  # the earlier report judged it: keep that
+        cells = ((res.name, r.what, r.figure, r.threshold, f"**{r.verdict}**", date) for r in res.outcome.rows)
+        rows[res.name] = table(COLUMNS, list(map(list, cells)))[2:]
+        ran.append(res.name)
+    for name, (lines, _) in old_rows.items():
+        rows.setdefault(name, lines)
+    c, git = counts(results), facts.get("ppx_git") or {}
+    commit = f"ppx {(git.get('commit') or '-')[:7]}{' (uncommitted changes)' if git.get('dirty') else ''}"
+    reports = {
+        date: f"- {date}: {', '.join(ran) or 'no check'}; {describe(facts)}; {commit}; {c[PASS]} PASS, {c[FAIL]} FAIL, "
+        f"{c[SKIPPED]} SKIPPED (`ppx gpu-check`, its folder {report.name})"
+    }
+    for when, line in old_reports.items():
+        reports.setdefault(when, line)
+    used = {line.rsplit(" | ", 1)[1].rstrip(" |") for lines in rows.values() for line in lines}
     block = [
         BEGIN,
-        f"Latest report: {headline(facts, date)}; {c[PASS]} PASS, {c[FAIL]} FAIL, {c[SKIPPED]} SKIPPED "
-        f"(`ppx gpu-check`, its folder {report.name}).",
+        "Reports, newest first; each row comes from the newest report that judged its check (`--only` and the time",
+        "budget leave the other checks' rows as they were):",
         "",
-        *rows_table(results),
+        *[reports[d] for d in sorted(reports, reverse=True) if d in used],
+        "",
+        *table(COLUMNS, [])[:2],
+        *[line for name in _ordered(rows) for line in rows[name]],
         END,
     ]
-    head, rest = text.split(BEGIN, 1)
-    path.write_text(head + "\n".join(block) + rest.split(END, 1)[1])
+    path.write_text(head + "\n".join(block) + tail)
+
+
+COLUMNS = ["check", "what", "figure", "threshold", "verdict", "report"]
+_REPORT = re.compile(r"^- (\d{4}-\d\d-\d\d \d\d:\d\d UTC): ")
+
+
+def _read_block(block: str) -> tuple[dict[str, tuple[list[str], bool]], dict[str, str]]:
+    """The block's table lines per check (with whether every one is SKIPPED) and its report
+    lines per date. Rows without a report column (an older block) are not kept."""
+    rows: dict[str, tuple[list[str], bool]] = {}
+    reports = {}
+    for line in block.splitlines():
+        if m := _REPORT.match(line):
+            reports[m.group(1)] = line
+            continue
+        cells = line.strip().strip("|").split(" | ")
+        if not line.startswith("| ") or len(cells) != len(COLUMNS) or cells[0].strip() in ("check", "---"):
+            continue
+        name = cells[0].strip()
+        lines, skipped_all = rows.get(name, ([], True))
+        rows[name] = (lines + [line], skipped_all and SKIPPED in cells[4])
+    return rows, reports
+
+
+def _ordered(rows: dict) -> list[str]:
+    from ppx.gpucheck.orchestrate import NAMES
+
+    return sorted(rows, key=lambda n: (NAMES.index(n) if n in NAMES else len(NAMES), n))

@@ -71,7 +71,8 @@ def test_the_whole_check_on_cpu(cpu_check):
     assert f"ppx gpu-check: {data['verdicts']['PASS']} PASS" in r.stdout and str(out / "gpu-check.md") in r.stdout
     text = doc.read_text()
     assert "none has run yet" not in text and text.endswith(f"{END}\n\nmore\n")
-    assert "Latest report: " in text and "| timers | each action's timed length" in text
+    assert f"- {data['date']}: timers, " in text and "| timers | each action's timed length" in text
+    assert f"| **PASS** | {data['date']} |" in text
 
 
 @pytest.mark.timing

@@ -223,22 +223,70 @@ def test_every_check_has_a_name_title_and_criteria():
         assert isinstance(check.plan(Machine("cuda", 2)), (list, str))
 
 
+def _result(name: str, *rows):
+    class Res:
+        title, runs, seconds = "T", [], 1.0
+
+    Res.name, Res.outcome = name, Outcome(list(rows))
+    return Res()
+
+
+FACTS = {"devices": [{"name": "GPU X", "memory_gib": 80, "capability": "sm_90"}], "torch": "2.13", "python": "3.11"}
+
+
 def test_the_docs_block_is_replaced_and_a_file_without_one_refused(tmp_path):
     doc = tmp_path / "b.md"
     doc.write_text(f"before\n{report.BEGIN}\nold table\n{report.END}\nafter\n")
     report.check_doc(doc)
-
-    class Res:
-        name, title, runs, seconds = "timers", "T", [], 1.0
-        outcome = Outcome([judged("what", 0.0, True, "0.1%", "within 2%")])
-
-    facts = {"devices": [{"name": "GPU X", "memory_gib": 80, "capability": "sm_90"}], "torch": "2.13", "python": "3.11"}
-    report.update_doc(doc, facts, [Res()], "2026-11-25 10:00 UTC", tmp_path / "20261125-100000")
+    timers = _result("timers", judged("what", 0.0, True, "0.1%", "within 2%"))
+    report.update_doc(doc, FACTS, [timers], "2026-11-25 10:00 UTC", tmp_path / "20261125-100000")
     text = doc.read_text()
     assert "old table" not in text and text.startswith("before\n") and text.endswith("after\n")
-    assert (
-        "Latest report: 2026-11-25 10:00 UTC, 1 x GPU X (80 GiB, sm_90)" in text and "| timers | what | 0.1% |" in text
-    )
+    assert "- 2026-11-25 10:00 UTC: timers; 1 x GPU X (80 GiB, sm_90)" in text
+    assert "| timers | what | 0.1% | within 2% | **PASS** | 2026-11-25 10:00 UTC |" in text
     (tmp_path / "plain.md").write_text("no markers\n")
     with pytest.raises(UserError, match="no <!-- gpu-check:begin -->"):
         report.check_doc(tmp_path / "plain.md")
+
+
+def test_partial_reports_add_up_to_one_table(tmp_path):
+    """`--only` and the time budget: a later report replaces the rows of the checks it judged
+    and keeps the others (and a check it only skipped) with their own report's line."""
+    doc = tmp_path / "b.md"
+    doc.write_text(f"{report.BEGIN}\n{report.END}\n")
+    first = [
+        _result("timers", judged("t", 1.0, True, "0.2%", "within 2%")),
+        _result("memory", judged("m", 1.0, True, "+3%", "within 5%")),
+        _result("overlap", skipped("o", "time budget", "0.667")),
+    ]
+    report.update_doc(doc, FACTS, first, "2026-11-25 10:00 UTC", tmp_path / "a")
+    later = [
+        _result("overlap", judged("o", 0.66, True, "0.665", "0.667")),
+        _result("memory", skipped("m", "time budget", "within 5%")),
+        _result("timers", judged("t", 3.0, False, "3%", "within 2%")),
+    ]
+    report.update_doc(doc, FACTS, later, "2026-11-25 11:00 UTC", tmp_path / "b")
+    lines = doc.read_text().splitlines()
+    rows = [line for line in lines if line.startswith("| ") and "---" not in line][1:]
+    assert rows == [
+        "| timers | t | 3% | within 2% | **FAIL** | 2026-11-25 11:00 UTC |",
+        "| memory | m | +3% | within 5% | **PASS** | 2026-11-25 10:00 UTC |",
+        "| overlap | o | 0.665 | 0.667 | **PASS** | 2026-11-25 11:00 UTC |",
+    ]
+    reports = [line for line in lines if line.startswith("- ")]
+    assert [r.split(";")[0] for r in reports] == [
+        "- 2026-11-25 11:00 UTC: overlap, timers",
+        "- 2026-11-25 10:00 UTC: timers, memory, overlap",
+    ]
+    report.update_doc(
+        doc,
+        FACTS,
+        [_result("memory", judged("m", 1.0, True, "+1%", "within 5%"))],
+        "2026-11-25 12:00 UTC",
+        tmp_path / "c",
+    )
+    reports = [line.split(";")[0] for line in doc.read_text().splitlines() if line.startswith("- ")]
+    assert reports == [
+        "- 2026-11-25 12:00 UTC: memory",
+        "- 2026-11-25 11:00 UTC: overlap, timers",
+    ]  # 10:00's rows all gone
