@@ -27,10 +27,6 @@ def rows_table(results) -> list[str]:
     )
 
 
-def headline(facts: dict, date: str) -> str:
-    return f"{date}, {describe(facts)}"
-
-
 def write(out: Path, facts: dict, results, date: str, elapsed_s: float, budget_s: float) -> None:
     c = counts(results)
     runs = [r for res in results for r in res.runs]
