@@ -100,16 +100,23 @@ def _dry_run(gpus: int, only) -> int:
 
     m = Machine("cuda", gpus)
     total, bad = 0.0, 0
+    first: dict[str, str] = {}  # run name -> the check that makes it (a later check reads it too)
     with tempfile.TemporaryDirectory() as tmp:
         runner = Runner(Path(tmp), m, deadline=0.0)
         for check, specs in plans(m, only):
             if isinstance(specs, str):
                 print(f"{check.NAME}: skipped: {specs}")
                 continue
-            secs = sum(s.estimate_s for s in specs)
+            own = [s for s in specs if s.name not in first]
+            secs = sum(s.estimate_s for s in own)
             total += secs
-            print(f"{check.NAME}: {len(specs)} run{'s' if len(specs) != 1 else ''}, about {secs:.0f} s")
+            shared = f" (and {len(specs) - len(own)} of earlier checks')" if len(own) < len(specs) else ""
+            print(f"{check.NAME}: {len(own)} run{'s' if len(own) != 1 else ''}, about {secs:.0f} s{shared}")
             for s in specs:
+                if s.name in first:
+                    print(f"  {s.name}: {first[s.name]}'s run")
+                    continue
+                first[s.name] = check.NAME
                 error = runner.check(s)
                 bad += error is not None
                 state = f"  REFUSED: {error}" if error else ""

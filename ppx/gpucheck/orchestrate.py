@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ppx.gpucheck import memory, nccl, overlap, precision, profiler, saved, throughput, timers
+from ppx.gpucheck import memory, nccl, overlap, precision, profiler, saved, split, throughput, timers
 from ppx.gpucheck.machine import Machine
 from ppx.gpucheck.runs import Missing, Runner, RunResult, Runs, RunSpec
 from ppx.gpucheck.verdict import Outcome, failed, skipped
 
-CHECKS = (timers, memory, saved, profiler, precision, overlap, nccl, throughput)
+CHECKS = (timers, memory, saved, profiler, precision, overlap, nccl, throughput, split)  # split reads throughput's runs
 NAMES = tuple(c.NAME for c in CHECKS)
 
 
@@ -49,7 +49,7 @@ def run_checks(
             errors = [e for e in map(runner.check, specs) if e]
             if errors:
                 invalid[check.NAME] = "; ".join(errors)
-    total = sum(len(s) for _, s in planned if not isinstance(s, str))
+    total = len({spec.name for _, s in planned if not isinstance(s, str) for spec in s})  # a shared run once
     echo(f"ppx gpu-check: {machine.where}; {len(planned)} checks, {total} runs, budget {budget_s:.0f} s; folder {out}")
     results = []
     for check, specs in planned:

@@ -41,7 +41,7 @@ def write(out: Path, facts: dict, results, date: str, elapsed_s: float, budget_s
         f"- machine: {describe(facts)}",
         f"- host: {facts['hostname']}, {facts['cpus']} CPUs, {facts['platform']}; load (1/5/15 min) {load} before, {after} after",
         f"- ppx: commit {commit}",
-        f"- took {elapsed_s:.0f} s of a {budget_s:.0f} s budget, {sum(r.wall_s is not None for r in runs)} runs",
+        f"- took {elapsed_s:.0f} s of a {budget_s:.0f} s budget, {len({r.spec.name for r in runs if r.wall_s is not None})} runs",
         f"- verdicts: {c[PASS]} PASS, {c[FAIL]} FAIL, {c[SKIPPED]} SKIPPED",
         "",
         *rows_table(results),

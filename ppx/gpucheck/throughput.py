@@ -34,6 +34,7 @@ SCHEDULES = {  # training schedule -> stages per rank
     "zbv": 2,
     "dualpipev": 2,
 }
+TIMED = ("1f1b", "zb_h1")  # runs whose timelines (each action's cost) the split check reads
 CRITERIA = [
     (
         "ppx / torch.distributed.pipelining step time, same schedule and model, worst of GPipe, 1F1B, interleaved 1F1B",
@@ -54,17 +55,23 @@ def order(machine: Machine) -> list[tuple[str, int | None]]:
 
 
 def plan(machine: Machine) -> list[RunSpec]:
+    return [spec(machine, name, v) for name, v in order(machine)]
+
+
+def spec(machine: Machine, name: str, v: int | None = None) -> RunSpec:
+    """The run of schedule ``name`` (``v`` stages per rank) on this machine's model. 1F1B's
+    and ZB-H1's keep their timelines, whose action costs the split check reads (the timeline
+    is written after the last step: the steps are the same)."""
     p = machine.ranks(8)
     m = max(8, 2 * p) if not machine.small else 4
     if machine.small:
         model = sizes.llama_tiny(32, batch=2 * m, steps=WARMUP + 2)
     else:
         model = sizes.llama(1024, max(8, 4 * p), 16, 4, 512, 32000, batch=4 * m, steps=8)
-    out = []
-    for name, v in order(machine):
-        keys = {**model, **sizes.pipeline(name, p, m, v), "instrument.timeline": False}
-        out.append(RunSpec.of(f"throughput-{name}", keys, sizes.startup_s(p) + sizes.model_seconds(keys, p)))
-    return out
+    keys = {**model, **sizes.pipeline(name, p, m, v), "instrument.timeline": name in TIMED}
+    if name in TIMED:  # the costs of the steps after the warm-up
+        keys["instrument.timeline_steps"] = model["train.steps"] - WARMUP
+    return RunSpec.of(f"throughput-{name}", keys, sizes.startup_s(p) + sizes.model_seconds(keys, p))
 
 
 def steady(metrics: list[dict], tokens_per_step: int) -> dict:

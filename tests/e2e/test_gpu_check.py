@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CUDA_DEVICES, GPU_ENV, ppx
+from helpers import CUDA_DEVICES, GPU_ENV, ppx, read_json
 from ppx.gpucheck import memory, nccl, overlap, precision, profiler, saved, sizes, timers
 from ppx.gpucheck.machine import Machine
 from ppx.gpucheck.report import BEGIN, END
@@ -58,6 +58,14 @@ def test_the_whole_check_on_cpu(cpu_check):
     assert verdicts["memory"] == verdicts["overlap"] == verdicts["nccl"] == "SKIPPED"
     assert verdicts["timers"] == verdicts["saved"] == verdicts["bf16"] == verdicts["profiler"] == "PASS", r.stdout
     assert verdicts["throughput"] in ("PASS", "FAIL")  # ppx against torch: judged, whichever way it came out
+    split = next(c for c in data["checks"] if c["check"] == "split")  # read from throughput's 1F1B and ZB-H1 runs
+    costs = [
+        read_json(out / "runs" / f"throughput-{n}" / "summary.json")["measured_costs"]["action_s"]
+        for n in ("zb_h1", "1f1b")
+    ]
+    assert split["data"]["iw_over_b"] == [(costs[0]["0I"] + costs[0]["0W"]) / costs[1]["0B"]]
+    assert [row["verdict"] for row in split["rows"]][1] == "SKIPPED" and "one rank" in split["rows"][1]["figure"]
+    assert sorted(run["name"] for run in split["runs"]) == ["throughput-1f1b", "throughput-zb_h1"]
     kernels = rows[("profiler", profiler.CRITERIA[0][0])]
     assert kernels["verdict"] == "SKIPPED" and kernels["figure"] == "skipped: needs CUDA: a CPU trace has no kernels"
     assert all(row["threshold"] and row["figure"] for row in rows.values())
@@ -238,6 +246,7 @@ def test_dry_run_lists_the_runs_of_a_machine_it_has_not(tmp_path):
         "nccl: 6 runs" in r.stdout and "  nccl-1f1b-cuda: 2 processes, about" in r.stdout and "REFUSED" not in r.stdout
     )
     assert r.stdout.splitlines()[-1].startswith("total: about") and list(tmp_path.iterdir()) == []
+    assert "split: 0 runs, about 0 s (and 2 of earlier checks')\n  throughput-1f1b: throughput's run" in r.stdout
 
 
 @pytest.mark.timing

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from ppx.errors import UserError
-from ppx.gpucheck import memory, nccl, overlap, precision, profiler, report, throughput
+from ppx.gpucheck import memory, nccl, overlap, precision, profiler, report, split, throughput
 from ppx.gpucheck.machine import Machine
 from ppx.gpucheck.orchestrate import CHECKS, _judge, plans
 from ppx.gpucheck.runs import Missing, Runner, RunResult, RunSpec
@@ -158,9 +158,9 @@ class _Runs:
 
 
 class _Run:
-    def __init__(self, step_s):
+    def __init__(self, step_s, action_s=None):
         self.metrics = [{"step": k, "step_time_s": step_s, "bubble_fraction": 0.1} for k in range(8)]
-        self.raw_summary = {"device": "cuda"}
+        self.raw_summary = {"device": "cuda", "measured_costs": {"action_s": action_s or {}}}
         self.config = type("C", (), {"model": type("M", (), {"seq_len": 512})})()
 
 
@@ -178,6 +178,26 @@ def test_throughput_pairs_and_runs_that_did_not_happen():
     out = throughput.judge(m, _Runs(runs, {"throughput-zbv": "exit 1: boom"}))
     assert out.verdict == FAIL and "zbv failed: exit 1: boom" in out.rows[0].figure
     assert throughput.steady(runs["throughput-gpipe"].metrics, 1000)["tokens_per_s"] == pytest.approx(10_000)
+
+
+def test_split_reads_throughputs_1f1b_and_zb_h1_runs():
+    one, two = Machine("cuda", 1), Machine("cuda", 2)
+    assert [s.name for s in split.plan(one)] == ["throughput-1f1b", "throughput-zb_h1"]
+    assert all(s in throughput.plan(two) for s in split.plan(two))  # the same runs: made once
+    whole = {"0F": 0.010, "0B": 0.020, "1F": 0.010, "1B": 0.020}
+    cheap = {"0F": 0.010, "0I": 0.012, "0W": 0.008, "1F": 0.010, "1I": 0.012, "1W": 0.009}  # 1.00, 1.05
+    runs = {"throughput-1f1b": _Run(0.100, whole), "throughput-zb_h1": _Run(0.095, cheap)}
+    out = split.judge(two, _Runs(runs, {}))
+    assert [r.verdict for r in out.rows] == [PASS, PASS] and out.data["iw_over_b"] == pytest.approx([1.0, 1.05])
+    assert out.rows[0].figure == "1.050 (per stage 1.000, 1.050)" and out.rows[1].figure.startswith(
+        "0.950 (95.0 / 100.0 ms"
+    )
+    runs["throughput-zb_h1"] = _Run(0.101, {**cheap, "1W": 0.012})  # 1.20 on stage 1, and slower than 1F1B
+    out = split.judge(two, _Runs(runs, {}))
+    assert [r.verdict for r in out.rows] == [FAIL, FAIL] and out.rows[0].value == pytest.approx(1.2)
+    runs = {"throughput-1f1b": _Run(0.100, whole), "throughput-zb_h1": _Run(0.103, cheap)}
+    out = split.judge(one, _Runs(runs, {}))  # one rank: the step is told, not judged
+    assert [r.verdict for r in out.rows] == [PASS, SKIPPED] and "1.030 (103.0 / 100.0 ms, p=1)" in out.rows[1].figure
 
 
 def test_a_missing_run_or_a_broken_check_becomes_rows():
@@ -205,7 +225,7 @@ def test_every_planned_run_has_a_config_ppx_run_accepts(tmp_path, gpus):
     m = Machine("cuda", gpus)
     runner = Runner(tmp_path, m, deadline=0.0)
     specs = [s for _, p in plans(m) if not isinstance(p, str) for s in p]
-    assert len({s.name for s in specs}) == len(specs)
+    assert len({s.name for s in specs}) == len(set(specs))  # a name two checks plan is one run, the same spec
     assert [e for e in map(runner.check, specs) if e] == []
     assert {c.NAME for c, p in plans(m) if isinstance(p, str)} == ({"nccl"} if gpus == 1 else set())
 
@@ -213,7 +233,7 @@ def test_every_planned_run_has_a_config_ppx_run_accepts(tmp_path, gpus):
 def test_one_gpus_runs_fit_the_budget_by_their_estimates():
     from ppx.commands.gpu_check import DEFAULT_BUDGET_S
 
-    total = sum(s.estimate_s for _, p in plans(Machine("cuda", 1)) if not isinstance(p, str) for s in p)
+    total = sum(s.estimate_s for s in {s for _, p in plans(Machine("cuda", 1)) if not isinstance(p, str) for s in p})
     assert 0 < total < DEFAULT_BUDGET_S
 
 
