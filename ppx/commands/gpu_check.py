@@ -45,7 +45,7 @@ def _check(out: Path, gpus: int, on_cpu: bool, budget_s: float, only, docs: Path
     from ppx.gpucheck.orchestrate import run_checks
 
     m = machine.Machine("cpu" if on_cpu else "cuda", gpus, small=on_cpu)
-    date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")  # names its rows in the docs block
     start = time.monotonic()
     facts = machine.facts(m)
     print(f"ppx gpu-check: {machine.describe(facts)}", flush=True)

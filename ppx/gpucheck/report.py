@@ -87,71 +87,72 @@ def check_doc(path: Path) -> None:
 
 
 def update_doc(path: Path, facts: dict, results, date: str, report: Path) -> None:
-    """Put this report's rows into the block between the markers, keeping the rows of the
-    checks it did not run (``--only``) or could not judge at all (every row SKIPPED: the time
-    budget, too few GPUs) from the report that last did, so that partial runs add up to one
-    table. Each row names its report's date; the block lists those reports, newest first."""
+    """Put this report's rows into the block between the markers, row by row: a row it judged
+    replaces the block's row of the same check and figure; a row it could only skip (the time
+    budget, too few GPUs) keeps a judged one from an earlier report; the checks it did not run
+    (``--only``) keep theirs. So partial runs add up to one table. Each row names its report
+    (its date); the block lists the reports that still own a row, newest first."""
+    from ppx.gpucheck.orchestrate import NAMES
+
     text = path.read_text()
     head, rest = text.split(BEGIN, 1)
     old_block, tail = rest.split(END, 1)
-    old_rows, old_reports = _read_block(old_block)
-    rows = {}  # check -> its table lines
+    old, old_reports = _read_block(old_block)
+    rows: dict[str, list[tuple[str, str]]] = {}  # check -> [(its report's date, table line)]
     ran = []
     for res in results:
-        judged_here = any(r.verdict != SKIPPED for r in res.outcome.rows)
-        if not judged_here and res.name in old_rows and not old_rows[res.name][1]:
-            continue  # the earlier report judged it: keep that
-        cells = ((res.name, r.what, r.figure, r.threshold, f"**{r.verdict}**", date) for r in res.outcome.rows)
-        rows[res.name] = table(COLUMNS, list(map(list, cells)))[2:]
-        ran.append(res.name)
-    for name, (lines, _) in old_rows.items():
-        rows.setdefault(name, lines)
+        mine = []
+        for r in res.outcome.rows:
+            earlier = old.get((res.name, r.what))
+            if r.verdict == SKIPPED and earlier is not None and earlier[2] != SKIPPED:
+                mine.append(earlier[:2])  # the earlier report judged it: keep that
+            else:
+                cells = [res.name, r.what, r.figure, r.threshold, f"**{r.verdict}**", date]
+                mine.append((date, table(COLUMNS, [cells])[2]))
+        rows[res.name] = mine
+        if any(when == date for when, _ in mine):
+            ran.append(res.name)
+    for (name, _), (when, line, _) in old.items():  # checks this report did not run, if ppx still has them
+        if name in NAMES and name not in {res.name for res in results}:
+            rows.setdefault(name, []).append((when, line))
     c, git = counts(results), facts.get("ppx_git") or {}
     commit = f"ppx {(git.get('commit') or '-')[:7]}{' (uncommitted changes)' if git.get('dirty') else ''}"
     reports = {
-        date: f"- {date}: {', '.join(ran) or 'no check'}; {describe(facts)}; {commit}; {c[PASS]} PASS, {c[FAIL]} FAIL, "
-        f"{c[SKIPPED]} SKIPPED (`ppx gpu-check`, its folder {report.name})"
+        date: f"- {date}: {', '.join(ran)}; {describe(facts)}; {commit}; the report's verdicts {c[PASS]} PASS, "
+        f"{c[FAIL]} FAIL, {c[SKIPPED]} SKIPPED (`ppx gpu-check`, its folder {report.name})",
+        **{when: line for when, line in old_reports.items() if when != date},
     }
-    for when, line in old_reports.items():
-        reports.setdefault(when, line)
-    used = {line.rsplit(" | ", 1)[1].rstrip(" |") for lines in rows.values() for line in lines}
+    used = {when for lines in rows.values() for when, _ in lines}
+    order = sorted(rows, key=lambda n: NAMES.index(n) if n in NAMES else len(NAMES))
     block = [
         BEGIN,
-        "Reports, newest first; each row comes from the newest report that judged its check (`--only` and the time",
-        "budget leave the other checks' rows as they were):",
+        "Reports, newest first. Each row comes from the newest report that judged it: a row a report could only",
+        "skip keeps an earlier verdict, and the checks a report did not run (`--only`) keep their rows.",
         "",
         *[reports[d] for d in sorted(reports, reverse=True) if d in used],
         "",
         *table(COLUMNS, [])[:2],
-        *[line for name in _ordered(rows) for line in rows[name]],
+        *[line for name in order for _, line in rows[name]],
         END,
     ]
     path.write_text(head + "\n".join(block) + tail)
 
 
 COLUMNS = ["check", "what", "figure", "threshold", "verdict", "report"]
-_REPORT = re.compile(r"^- (\d{4}-\d\d-\d\d \d\d:\d\d UTC): ")
+_REPORT = re.compile(r"^- (\d{4}-\d\d-\d\d \d\d:\d\d(?::\d\d)? UTC): ")
+_CELL = re.compile(r"(?<!\\)\|")  # a cell border: a | that table() did not escape
 
 
-def _read_block(block: str) -> tuple[dict[str, tuple[list[str], bool]], dict[str, str]]:
-    """The block's table lines per check (with whether every one is SKIPPED) and its report
-    lines per date. Rows without a report column (an older block) are not kept."""
-    rows: dict[str, tuple[list[str], bool]] = {}
-    reports = {}
+def _read_block(block: str) -> tuple[dict[tuple[str, str], tuple[str, str, str]], dict[str, str]]:
+    """The block's rows by (check, what) as (report date, table line, verdict), and its report
+    lines by date. Rows without a report column (an older block) are not kept."""
+    rows, reports = {}, {}
     for line in block.splitlines():
         if m := _REPORT.match(line):
             reports[m.group(1)] = line
             continue
-        cells = line.strip().strip("|").split(" | ")
-        if not line.startswith("| ") or len(cells) != len(COLUMNS) or cells[0].strip() in ("check", "---"):
+        cells = [c.strip() for c in _CELL.split(line.strip())[1:-1]]
+        if not line.startswith("| ") or len(cells) != len(COLUMNS) or cells[0] in ("check", "---"):
             continue
-        name = cells[0].strip()
-        lines, skipped_all = rows.get(name, ([], True))
-        rows[name] = (lines + [line], skipped_all and SKIPPED in cells[4])
+        rows[(cells[0], cells[1])] = (cells[5], line, cells[4].strip("*"))
     return rows, reports
-
-
-def _ordered(rows: dict) -> list[str]:
-    from ppx.gpucheck.orchestrate import NAMES
-
-    return sorted(rows, key=lambda n: (NAMES.index(n) if n in NAMES else len(NAMES), n))

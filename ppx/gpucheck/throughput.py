@@ -23,12 +23,12 @@ TITLE = "Throughput per schedule, ppx against torch.distributed.pipelining"
 RATIO_MAX = 1.02
 WARMUP = 3  # steps left out: allocator, cuBLAS and NCCL warm-up
 TORCH = {"gpipe": "torch_gpipe", "1f1b": "torch_1f1b", "interleaved_1f1b": "torch_interleaved1f1b"}
-SCHEDULES = {  # training schedule -> stages per rank
+SCHEDULES = {  # training schedule -> stages per rank (ZB-H1 early: the split check reads it beside 1F1B)
     "gpipe": None,
     "1f1b": None,
+    "zb_h1": None,
     "interleaved_1f1b": 2,
     "looped_bfs": 2,
-    "zb_h1": None,
     "zb_h2": None,
     "interleaved_zb": 2,
     "zbv": 2,

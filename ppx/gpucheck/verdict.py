@@ -66,10 +66,15 @@ def pct(x: float) -> str:
 
 
 def table(header: list[str], rows: list[list]) -> list[str]:
-    """A markdown table as lines."""
+    """A markdown table as lines (a cell's | escaped, its line breaks made spaces: a failed
+    run's message can hold either)."""
     out = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
     return out
+
+
+def _cell(value) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
 
 
 def mib(n: float | None) -> str:

@@ -14,7 +14,7 @@ from ppx.gpucheck import memory, nccl, overlap, precision, profiler, report, spl
 from ppx.gpucheck.machine import Machine
 from ppx.gpucheck.orchestrate import CHECKS, _judge, plans
 from ppx.gpucheck.runs import Missing, Runner, RunResult, RunSpec
-from ppx.gpucheck.verdict import FAIL, PASS, SKIPPED, Outcome, judged, overall, skipped
+from ppx.gpucheck.verdict import FAIL, PASS, SKIPPED, Outcome, failed, judged, overall, skipped
 
 
 def test_ranks_are_a_power_of_two_of_the_gpus():
@@ -310,3 +310,27 @@ def test_partial_reports_add_up_to_one_table(tmp_path):
         "- 2026-11-25 12:00 UTC: memory",
         "- 2026-11-25 11:00 UTC: overlap, timers",
     ]  # 10:00's rows all gone
+
+
+def test_a_skipped_row_keeps_an_earlier_verdict_and_a_cell_keeps_its_pipes(tmp_path):
+    """Row by row: one GPU's report skips what two GPUs judged (split's step row) and keeps it;
+    a failed run's message with | and a line break stays one row through later updates; a
+    check ppx no longer has leaves the table."""
+    doc = tmp_path / "b.md"
+    gone = "| gone | g | 1 | 1 | **PASS** | 2026-11-25 09:00 UTC |"
+    doc.write_text(f"{report.BEGIN}\n- 2026-11-25 09:00 UTC: gone; old\n\n{gone}\n{report.END}\n")
+    two_gpus = [
+        _result("split", judged("iw", 1.05, True, "1.050", "<= 1.1"), judged("step", 0.95, True, "0.950", "< 1")),
+        _result("nccl", failed("losses", "exit 1: a | b\nTraceback", "within 1e-05")),
+    ]
+    report.update_doc(doc, FACTS, two_gpus, "2026-11-25 10:00:00 UTC", tmp_path / "a")
+    one_gpu = [_result("split", judged("iw", 0.99, True, "0.990", "<= 1.1"), skipped("step", "one rank", "< 1"))]
+    report.update_doc(doc, FACTS, one_gpu, "2026-11-25 10:00:30 UTC", tmp_path / "b")
+    rows = [line for line in doc.read_text().splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert rows == [
+        "| nccl | losses | exit 1: a \\| b Traceback | within 1e-05 | **FAIL** | 2026-11-25 10:00:00 UTC |",
+        "| split | iw | 0.990 | <= 1.1 | **PASS** | 2026-11-25 10:00:30 UTC |",
+        "| split | step | 0.950 | < 1 | **PASS** | 2026-11-25 10:00:00 UTC |",
+    ]
+    reports = [line.split(";")[0] for line in doc.read_text().splitlines() if line.startswith("- ")]
+    assert reports == ["- 2026-11-25 10:00:30 UTC: split", "- 2026-11-25 10:00:00 UTC: split, nccl"]
