@@ -33,9 +33,14 @@ def stages(spec: RunSpec) -> int:
     return spec.key("pipeline.stages") * (spec.key("pipeline.virtual_stages") or 1)
 
 
-def iw_over_b(split_costs: dict, whole_costs: dict, stages: int) -> list[float]:
-    """(I + W) / B per stage from two runs' measured action costs (seconds by "<stage><kind>")."""
-    return [(split_costs[f"{s}I"] + split_costs[f"{s}W"]) / whole_costs[f"{s}B"] for s in range(stages)]
+def iw_over_b(split_costs: dict, whole_costs: dict, count: int) -> list[float]:
+    """(I + W) / B of stages 0..count-1 from two runs' measured action costs (seconds by
+    "<stage><kind>")."""
+    return [(split_costs[f"{s}I"] + split_costs[f"{s}W"]) / whole_costs[f"{s}B"] for s in range(count)]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}"
 
 
 def judge(machine: Machine, runs) -> Outcome:
@@ -58,7 +63,6 @@ def judge(machine: Machine, runs) -> Outcome:
     else:
         rows.append(judged(CRITERIA[1][0], ratio, ratio < 1.0, figure, CRITERIA[1][1]))
     ways = split.raw_summary.get("split_backward") or {}
-    ms = lambda x: f"{x * 1e3:.2f}"  # noqa: E731
     lines = [
         f"{whole_spec.key('model.kind')} model, m={whole_spec.key('pipeline.microbatches')}; each action's mean over the steps after the warm-up."
     ]
@@ -67,11 +71,11 @@ def judge(machine: Machine, runs) -> Outcome:
         [
             [
                 s,
-                ms(b[f"{s}F"]),
-                ms(b[f"{s}B"]),
-                ms(a[f"{s}F"]),
-                ms(a[f"{s}I"]),
-                ms(a[f"{s}W"]),
+                _ms(b[f"{s}F"]),
+                _ms(b[f"{s}B"]),
+                _ms(a[f"{s}F"]),
+                _ms(a[f"{s}I"]),
+                _ms(a[f"{s}W"]),
                 f"{r:.3f}",
                 (ways.get(str(s)) or {}).get("mode", "-"),
             ]
