@@ -45,6 +45,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ppx.gpucheck.split import iw_over_b
+
 ROOT = Path(__file__).resolve().parent.parent
 REPEATS = {2: 4, 4: 2}  # per p: at p=2 the steps of ZB-H1 and 1F1B lie within a few % of each other
 MODELS = {
@@ -117,7 +119,7 @@ def check_config(model: str, dtype: str, p: int) -> dict:
     names = [n for n, (_, fp32_only) in VARIANTS.items() if dtype == "fp32" or not fp32_only]
     out = _measure(base, names, REPEATS[p], p)
     v = out["variants"]
-    out["iw_over_b_graph"] = [_iw(v["zb_h1_graph"], v["1f1b"], s) for s in range(p)]
+    out["iw_over_b_graph"] = iw_over_b(v["zb_h1_graph"]["action_s"], v["1f1b"]["action_s"], p)
     print(
         f"  split {model} {dtype} p={p}: (I+W)/B {_fmt(out['iw_over_b'])} (graph's way {_fmt(out['iw_over_b_graph'])});"
         f" step ms 1f1b {v['1f1b']['step_s'] * 1e3:.1f}, zb_h1 {v['zb_h1']['step_s'] * 1e3:.1f},"
@@ -166,7 +168,7 @@ def _measure(base: list[str], names: list[str], repeats: int, p: int) -> dict:
             "predicted_s": statistics.median(s["predicted"]["step_time_s"] for s in got if s.get("predicted")),
         }
     v = out["variants"]
-    out["iw_over_b"] = [_iw(v["zb_h1"], v["1f1b"], s) for s in range(p)]
+    out["iw_over_b"] = iw_over_b(v["zb_h1"]["action_s"], v["1f1b"]["action_s"], p)
     return out
 
 
@@ -193,11 +195,6 @@ def _predicted(v: dict, names: tuple[str, ...]) -> str:
     if not all(v[n].get("predicted_s") for n in names):
         return ""
     return "; predicted from the runs' costs " + ", ".join(f"{n} {v[n]['predicted_s'] * 1e3:.1f}" for n in names)
-
-
-def _iw(split: dict, whole: dict, stage: int) -> float:
-    a, b = split["action_s"], whole["action_s"]
-    return (a[f"{stage}I"] + a[f"{stage}W"]) / b[f"{stage}B"]
 
 
 def _fmt(values: list[float]) -> str:

@@ -26,7 +26,7 @@ CRITERIA = [
 
 
 def plan(machine: Machine) -> list[RunSpec]:
-    return [throughput.spec(machine, n, throughput.SCHEDULES[n]) for n in ("1f1b", "zb_h1")]
+    return [throughput.spec(machine, n, throughput.SCHEDULES[n]) for n in throughput.TIMED]  # 1F1B, then ZB-H1
 
 
 def stages(spec: RunSpec) -> int:
