@@ -8,7 +8,9 @@ input or target microbatch cut from the caller's batch, as torch.distributed.pip
 schedules cut them) counts its own bytes: the batch behind it is the caller's, not
 activation memory, and counting it would hide how many microbatches are in flight. A split
 backward that stores (`ppx.engine.weight_store`) drops a microbatch's graph at its I and holds
-only the stores until its W: after the I the microbatch holds those tensors instead. The
+only the stores until its W: after the I the microbatch holds those tensors instead. Under
+``train.recompute`` an I re-runs the forward: the hooks watch the I too, and a stage that keeps
+its graph holds what that forward saved until the W. The
 step's compute-dtype copies of the weights (`ppx.engine.linears.StepWeights`) are weights, not
 activations, and are left out like the parameters. It
 reports per step the peak number of microbatches in flight on the rank, the peak of live
@@ -138,7 +140,9 @@ class MemoryTracker:
         return t
 
     def before(self, item) -> None:
-        if item.kind == "compute" and item.actions[0].op is Op.F:
+        # an I too: under train.recompute it re-runs the forward, whose graph a stage that
+        # keeps its graph holds until the W (an I that recomputes nothing saves nothing)
+        if item.kind == "compute" and (item.actions[0].op is Op.F or item.actions[0].op is Op.I and self.training):
             self._seen, self._looked = {}, False
             self._hooks.__enter__()
 
@@ -154,15 +158,24 @@ class MemoryTracker:
         elif a.op in (Op.B, Op.W):
             self._release(self.held.pop((a.stage, a.mb), ()))
         elif a.op is Op.I and self.training:
+            self._hooks.__exit__(None, None, None)
+            key = (a.stage, a.mb)
             kept = self._stored(a.stage, a.mb)
-            if kept is not None:  # the graph went at this I: the stores stay until W
-                before = self.held.pop((a.stage, a.mb), ())
+            if kept is not None:  # the graph went at this I (a recomputed one too): the stores stay until W
+                before = self.held.pop(key, ())
                 self._seen = {}
                 self._note(kept)
-                nbytes = sum(self._seen.values())
-                self.after_input[a.stage] = max(self.after_input.get(a.stage, 0), nbytes)
+                self._input_held(a.stage, self._seen.values())
                 self._release(before)  # as the accounting has it: the graph gone, then the stores held
                 self._hold(a.stage, a.mb, count=False)
+            elif self._seen:  # the forward re-run (train.recompute): its graph stays until W, beside what F kept
+                kept_by_f = {k: self._refs[k][0] for k in self.held.get(key, ())}
+                self._input_held(a.stage, {**kept_by_f, **self._seen}.values())
+                self._hold(a.stage, a.mb, count=False)
+
+    def _input_held(self, stage: int, nbytes) -> None:
+        """A microbatch holds ``nbytes`` (one per storage) from its I on ``stage`` to its W."""
+        self.after_input[stage] = max(self.after_input.get(stage, 0), sum(nbytes))
 
     def _stored(self, stage: int, mb: int) -> list | None:
         return None if self.held_by_store is None else self.held_by_store(stage, mb)
@@ -203,7 +216,10 @@ class MemoryTracker:
         self._seen = {}
         with self._hooks:
             yield
-        self._hold(stage, mb)
+        self._hold(stage, mb, count=False)
+        if self.training:  # the microbatch's bytes: its forward's and these, each storage once
+            nbytes = sum(self._refs[k][0] for k in set(self.held[(stage, mb)]))
+            self.per_microbatch[stage] = max(self.per_microbatch.get(stage, 0), nbytes)
 
     def end_step(self, step: int) -> dict:
         if self.device.type == "cuda":

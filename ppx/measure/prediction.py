@@ -158,10 +158,12 @@ def predict_expected(
 
 def input_freed_share(saved: float, held: float | None) -> float:
     """The share of a microbatch's saved bytes its I frees: 0 where the stage keeps its graph
-    (``held`` None), else 1 - held / saved (a store holding more than the graph frees nothing)."""
+    as its forward saved it (``held`` None), else 1 - held / saved, below 0 where the stage
+    holds more from its I to its W than its forward saved (stores larger than the graph; under
+    ``train.recompute`` the graph or the stores of the forward the I re-ran)."""
     if held is None or not saved:
         return 0.0
-    return min(1.0, max(0.0, 1.0 - held / saved))
+    return min(1.0, 1.0 - held / saved)
 
 
 def memory_prediction(steps: list[dict], schedule: Schedule, ranks: list[dict]) -> dict:

@@ -32,7 +32,9 @@ def build(name: str, p: int, m: int, v: int, inputs: PlanInputs) -> Schedule:
     if name == AUTO:
         costs = inputs.costs(p)
         act = inputs.act(p) if inputs.act_bytes else None
-        share = inputs.shares(p) if act else 0.0
+        # zb_auto's accounting has no I that adds (a negative share: recomputation): it places
+        # as if that I held nothing more, and the plan's walk (evaluate) counts what it holds
+        share = [max(0.0, s) for s in inputs.shares(p)] if act else 0.0
         compute = auto_zb(p, m, costs, act, _one(rank_limits(inputs, p, 1)), share, inputs.rank_by)
         return place_comms(compute, inputs.transport)
     return registry.build(name, p, m, v, inputs.transport)

@@ -132,6 +132,9 @@ def test_torch_backend_runs_in_the_harness_with_the_same_losses(shared_run, tmp_
     # batch under torch's split) by its own bytes, and the loss torch computes after the last
     # stage's forward as part of that forward
     assert [r["peak_activation_bytes"] for r in sb["ranks"]] == [r["peak_activation_bytes"] for r in sa["ranks"]]
+    # and so do a microbatch's bytes, the loss's added to its forward's: the prediction holds
+    assert sb["saved_bytes_per_microbatch"] == sa["saved_bytes_per_microbatch"]
+    assert sb["memory_prediction_error"] == pytest.approx(0.0, abs=0.05)
 
 
 def test_overlapped_cells_show_both_parts_in_the_timeline(shared_run):

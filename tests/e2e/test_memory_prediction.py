@@ -21,6 +21,14 @@ RUNS = {
     "llama-dualpipev-recompute": ["llama_tiny_1f1b_2cpu", "pipeline.schedule=dualpipev", "train.recompute=selective"],
     # a split backward that stores: each microbatch's graph goes at its I, its stores stay to W
     "llama-zb_h1-stores-bf16": ["llama_tiny_1f1b_2cpu", "pipeline.schedule=zb_h1", "train.dtype=bf16"],
+    # recomputed: the forward keeps its input, the I re-runs it and holds its stores or graph to W
+    "transformer-zb_h1-recompute-stores": ["transformer_1f1b_2cpu", "pipeline.schedule=zb_h1", "train.recompute=full"],
+    "transformer-zb_h1-recompute-graph": [
+        "transformer_1f1b_2cpu",
+        "pipeline.schedule=zb_h1",
+        "train.recompute=full",
+        "train.split_backward=graph",
+    ],
 }
 
 
@@ -64,3 +72,19 @@ def test_a_storing_split_backward_frees_most_of_a_microbatch_at_its_input_pass(s
     assert stores["ranks"][1]["peak_activation_bytes"] < graph["ranks"][1]["peak_activation_bytes"]
     for s in (stores, graph):
         assert abs(s["memory_prediction_error"]) <= 0.05
+
+
+@pytest.mark.parametrize("way", ["stores", "graph"])
+def test_a_recomputing_split_backward_holds_from_its_input_pass_to_its_weight_pass(shared_run, way):
+    """Under train.recompute=full a forward keeps only its input; the I re-runs it, and the
+    stage holds that forward's stores (or its graph) until the W: the counters see those bytes
+    (the re-run forward's saved tensors, counted at the I), the share an I frees is negative,
+    and the walk holds them to the W as the run did."""
+    s = read_json(shared_run(*RUNS[f"transformer-zb_h1-recompute-{way}"], "train.steps=2").dir / "summary.json")
+    assert {v["mode"] for v in s["split_backward"].values()} == {"store" if way == "stores" else "graph"}
+    kept = s["saved_bytes_per_microbatch"]
+    assert all(share < -10 for share in s["input_freed_share"]), (kept, s["input_freed_share"])
+    for row in s["ranks"]:  # a rank holds at least one microbatch from its I to its W
+        held = (1 - s["input_freed_share"][row["rank"]]) * kept[row["rank"]]
+        assert row["peak_activation_bytes"] >= held, row
+        assert row["predicted_peak_activation_bytes"] == pytest.approx(row["peak_activation_bytes"], rel=0.05), row

@@ -87,3 +87,21 @@ def test_a_candidates_peak_counts_what_its_input_passes_free():
     free = evaluate(Candidate("zb_h1", 2, 4, 1), PlanInputs(**base, input_share=(0.75, 0.75)))
     assert all(f <= k for f, k in zip(free.peak_bytes, keep.peak_bytes))
     assert sum(free.peak_bytes) < sum(keep.peak_bytes)
+
+
+def test_an_input_pass_that_adds_is_counted_and_zb_auto_still_builds():
+    """Under train.recompute a run's I re-runs the forward and holds more than the forward
+    saved until W (a negative share): a candidate's walk holds it, and zb_auto, whose own
+    accounting has no I that adds, still builds (placing as if the I held nothing more)."""
+    from ppx.plan.builders import build
+    from ppx.plan.evaluate import evaluate
+    from ppx.plan.space import AUTO, Candidate
+    from ppx.schedules.sim.memory import peak_held
+
+    base = dict(fwd_s=(1e-3,) * 2, bwd_s=(1e-3,) * 2, wgrad_s=(1e-3,) * 2, stages=2, act_bytes=(100.0, 100.0))
+    keep = evaluate(Candidate("zb_h1", 2, 4, 1), PlanInputs(**base))
+    adds = evaluate(Candidate("zb_h1", 2, 4, 1), PlanInputs(**base, input_share=(-9.0, -9.0)))
+    assert all(a >= 1000 > k for a, k in zip(adds.peak_bytes, keep.peak_bytes))  # an I holds 10x what F saved
+    inputs = PlanInputs(**base, input_share=(-9.0, -9.0))
+    auto = evaluate(Candidate(AUTO, 2, 4, 1), inputs)
+    assert auto.peak_bytes == tuple(peak_held(build(AUTO, 2, 4, 1, inputs), [100.0, 100.0], [-9.0, -9.0]))

@@ -5,7 +5,9 @@ Walking a rank's actions in order: F adds the stage's bytes of one microbatch; I
 share only the input gradient needed (``input_share``); W frees the rest; B frees all. The
 peak of that running sum is the rank's peak saved activations. ppx's runtime keeps a split
 backward's whole graph from I until W (W differentiates the same graph), so its I frees
-nothing: ``input_share`` = 0, the default.
+nothing: ``input_share`` = 0, the default. A negative share is an I that adds: under
+recomputation the forward saved only its input, and the I re-runs it and holds its graph (or
+its stores) until the W.
 """
 
 from __future__ import annotations
