@@ -86,10 +86,16 @@ def cmd_simulate(args) -> int:
     if measured is not None:  # over the steps the costs come from, as the run's own report
         step = measured.step_time_of_costs_s
         bubble = float("nan") if measured.bubble_of_costs is None else measured.bubble_of_costs
-        print(
-            f"measured in {args.from_run}: step {step * 1e3:.2f} ms ({step / t.makespan - 1:+.1%} against the prediction), "
-            f"bubble {bubble:.1%}"
-        )
+        if _ran(run, sched):
+            print(
+                f"measured in {args.from_run}: step {step * 1e3:.2f} ms ({step / t.makespan - 1:+.1%} against the "
+                f"prediction), bubble {bubble:.1%}"
+            )
+        else:  # what-if: the run's costs under another order; its own step is not this one's
+            print(
+                f"measured in {args.from_run} ({measured.schedule} at m={measured.microbatches}, another order than "
+                f"this one's): step {step * 1e3:.2f} ms, bubble {bubble:.1%}"
+            )
     if args.png:
         from ppx.measure.spans import Span
         from ppx.report.gantt import draw_step
@@ -107,3 +113,15 @@ def cmd_simulate(args) -> int:
         )
         print(f"wrote {args.png}")
     return 0
+
+
+def _ran(run, sched) -> bool:
+    """Whether ``run`` ran ``sched``'s compute order (its schedule as its config resolves it;
+    where that cannot be rebuilt, a CSV moved, by name and microbatches)."""
+    from ppx.config import resolve_schedule
+
+    try:
+        ran = resolve_schedule(run.config)
+    except (UserError, OSError, ValueError):  # ScheduleError is a UserError
+        return run.summary.schedule == sched.name and run.summary.microbatches == sched.num_microbatches
+    return ran.compute_only().actions == sched.compute_only().actions

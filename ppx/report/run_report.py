@@ -11,7 +11,6 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ppx.config import virtual_stages
 from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
 from ppx.measure.theory import run_theory
 from ppx.report.run_dir import write_json
@@ -104,7 +103,7 @@ class RunReport:
             "model": cfg.model.kind,
             "dtype": cfg.train.dtype,
             "recompute": cfg.train.recompute,  # full: each B (or I) re-runs its stage's forward first
-            "virtual_stages": virtual_stages(cfg),
+            "virtual_stages": sched.stages_per_rank,  # a CSV's own, which the config does not say
             "losses": self.losses,
             "step_times_s": [s["step_time_s"] for s in self.steps],
             **run_summary(self.steps),

@@ -222,6 +222,25 @@ def test_simulate_from_a_run_takes_its_shape(shared_run):
     assert r.returncode == 2 and "its costs are per stage" in r.stderr
     r = ppx("simulate", str(DATA / "1f1b_p2_m4.csv"), "--from-run", str(run))  # the CSV's shape
     assert r.returncode == 0 and "1f1b_p2_m4: 2 ranks, 2 stages, 4 microbatches" in r.stdout, r.stdout + r.stderr
+    assert "against the prediction" in r.stdout  # the order the run ran
+    for other in (["gpipe"], ["1f1b", "-m", "8"]):  # the run's costs in another order: its step is not this one's
+        r = ppx("simulate", *other, "--from-run", str(run))
+        assert r.returncode == 0 and "against the prediction" not in r.stdout, r.stdout + r.stderr
+        assert f"measured in {run} (1f1b at m=4, another order than this one's): step" in r.stdout
+
+
+def test_a_csv_run_records_its_stages_per_rank_and_simulates_from_them(tmp_path):
+    """A CSV says its stages per rank, the config does not: summary.json records the CSV's, so
+    `ppx simulate` of that CSV (or the schedule it came from) takes the run's costs."""
+    csv = tmp_path / "zbv.csv"
+    assert ppx("schedule", "zbv", "-p", "2", "-m", "4", "--csv", str(csv)).returncode == 0
+    r = ppx("run", "1f1b_2cpu", f"pipeline.schedule={csv}", "train.steps=2", f"run.dir={tmp_path / 'run'}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (s["stages"], s["virtual_stages"], s["world_size"]) == (4, 2, 2)
+    for name in (str(csv), "zbv"):
+        r = ppx("simulate", name, "--from-run", str(tmp_path / "run"))
+        assert r.returncode == 0 and "against the prediction" in r.stdout, r.stdout + r.stderr
 
 
 def test_simulate_from_a_run_without_a_timeline_says_why(tmp_path):
