@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 import time
@@ -35,7 +36,7 @@ def _command(name: str):
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="ppx", description="pipeline-parallel experiment harness")
+    ap = _Parser(prog="ppx", description="pipeline-parallel experiment harness")
     sub = ap.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run an experiment: ppx run <name or yaml> [key=value ...]")
     run.add_argument("experiment", help="a name in experiments/ (e.g. gpipe_4gpu) or a YAML path")
@@ -87,12 +88,12 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--wgrad-ms", default="0", help="weight-gradient ms, likewise (a full B costs bwd + wgrad); default 0"
     )
-    sim.add_argument("--p2p-ms", type=float, default=0.0, help="latency of one hand-off between ranks, ms; default 0")
+    sim.add_argument("--p2p-ms", type=_number, default=0.0, help="latency of one hand-off between ranks, ms; default 0")
     sim.add_argument(
-        "--send-post-ms", type=float, default=0.0, help="time the runtime takes to post one send, ms; default 0"
+        "--send-post-ms", type=_number, default=0.0, help="time the runtime takes to post one send, ms; default 0"
     )
     sim.add_argument(
-        "--recv-post-ms", type=float, default=0.0, help="time the runtime takes to post one receive, ms; default 0"
+        "--recv-post-ms", type=_number, default=0.0, help="time the runtime takes to post one receive, ms; default 0"
     )
     sim.add_argument(
         "--transport",
@@ -143,12 +144,12 @@ def _plan_parser(sub) -> None:
     )
     kept = "this machine's kept calibration (--calibrate) if any, else 0"
     pl.add_argument(
-        "--p2p-ms", metavar="X", type=float, help=f"latency of one hand-off between ranks, ms; default {kept}"
+        "--p2p-ms", metavar="X", type=_number, help=f"latency of one hand-off between ranks, ms; default {kept}"
     )
     pl.add_argument(
         "--overhead-ms",
         metavar="X",
-        type=float,
+        type=_number,
         help=f"the runtime's time around each compute action, ms; default {kept}",
     )
     pl.add_argument(
@@ -215,7 +216,7 @@ def _plan_parser(sub) -> None:
     pl.add_argument(
         "--close-pct",
         metavar="PCT",
-        type=float,
+        type=_number,
         default=2.0,  # ppx.plan.search.CLOSE_PCT (not imported: the CLI starts fast)
         help="candidates predicted within PCT %% of the best's throughput are named as too close to call "
         "(default 2: the plan's step error measured up to 2%% by make bench)",
@@ -240,7 +241,7 @@ def _gpu_check_parser(sub) -> None:
     gc.add_argument(
         "--budget-s",
         metavar="S",
-        type=float,
+        type=_number,
         help="seconds the runs may take; runs that would not fit are skipped (default 540)",
     )
     gc.add_argument(
@@ -258,6 +259,24 @@ def _gpu_check_parser(sub) -> None:
         "--on-cpu", action="store_true", help=argparse.SUPPRESS
     )  # tests: the whole machinery on CPU with gloo
     gc.set_defaults(fn=_command("gpu-check"))
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its errors one line (the usage is a -h away); sub-commands' too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} -h)\n")
+
+
+def _number(text: str) -> float:
+    """A finite number (argparse's type for numeric options: no nan, no inf)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
 
 
 def main(argv=None) -> int:

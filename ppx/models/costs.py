@@ -10,6 +10,7 @@ stages: 1F1B on p ranks and interleaved 1F1B with v stages per rank do equal wor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from numbers import Real
 
@@ -38,6 +39,8 @@ def per_stage_ms(name: str, value, num_stages: int | None, per: str = "stage") -
         values = [float(v) for v in values]
     else:
         raise UserError(f"{name} must be a number of milliseconds or a list of them, got {value!r}")
+    if not all(map(math.isfinite, values)):
+        raise UserError(f"{name} must be finite milliseconds, got {value}")
     if any(v < 0 for v in values):
         raise UserError(f"{name} must not be negative, got {values}")
     return values

@@ -156,6 +156,7 @@ def test_stages_not_matching_the_process_count(tmp_path):
 OTHER_COMMANDS = {
     "simulate: not a number": (["simulate", "1f1b", "-p", "2", "--fwd-ms", "abc"], "--fwd-ms abc: give milliseconds"),
     "simulate: negative latency": (["simulate", "1f1b", "--p2p-ms", "-1"], "--p2p-ms must be >= 0"),
+    "simulate: nan ms": (["simulate", "1f1b", "--fwd-ms", "nan"], "--fwd-ms must be finite milliseconds"),
     "simulate: costs for 3 stages of 2": (
         ["simulate", "1f1b", "-p", "2", "--fwd-ms", "10,12,14"],
         "one number or 2 numbers",

@@ -15,6 +15,8 @@ CASES = {
     "two budgets": (COSTS + ["--mem-budget", "1GiB,2GiB"], "--mem-budget 1GiB,2GiB: give one size per rank"),
     "malformed ms": (["--fwd-ms", "ten", "--bwd-ms", "20"], "--fwd-ms ten: give milliseconds"),
     "negative ms": (["--fwd-ms", "-1", "--bwd-ms", "20"], "--fwd-ms must not be negative"),
+    "nan ms": (["--fwd-ms", "10", "--bwd-ms", "nan"], "--bwd-ms must be finite milliseconds, got nan"),
+    "infinite ms in a list": (["--fwd-ms", "1,inf", "--bwd-ms", "2"], "--fwd-ms must be finite milliseconds"),
     "lists of two lengths": (["--fwd-ms", "1,2,3", "--bwd-ms", "1,2"], "cost lists of different lengths"),
     "list against --stages": (COSTS[:1] + ["1,2,3"] + COSTS[2:] + ["--stages", "4"], "--stages 4 but the cost lists"),
     "bytes of another length": (
@@ -71,6 +73,17 @@ def test_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, capsys, name
     assert err.startswith("ppx: error: ") and "\n" not in err, err
     assert want in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("option", [["--p2p-ms", "nan"], ["--close-pct", "inf"], ["--overhead-ms", "x"]])
+def test_a_numeric_option_that_is_no_finite_number_is_one_line(tmp_path, capsys, option):
+    """argparse's own errors are one line too (the usage is a -h away)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", *COSTS, *option, "--out", str(tmp_path / "plan")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"ppx plan: error: argument {option[0]}: not a ") and err.endswith("(usage: ppx plan -h)\n")
+    assert not (tmp_path / "plan").exists()
 
 
 def test_a_run_without_measured_costs_is_one_line(tmp_path, capsys):
