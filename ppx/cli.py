@@ -58,7 +58,9 @@ def parser() -> argparse.ArgumentParser:
     sch.add_argument("--fwd", type=int, default=1, help="forward cost in grid slots (default 1)")
     sch.add_argument("--bwd", type=int, default=1, help="backward (input-gradient) cost in grid slots (default 1)")
     sch.add_argument(
-        "--wgrad", type=int, default=0, help="weight-gradient cost in grid slots, B = bwd + wgrad (default 0)"
+        "--wgrad",
+        type=int,
+        help="weight-gradient cost in grid slots, B = bwd + wgrad (default: 1 for a schedule with W actions, else 0)",
     )
     sch.add_argument(
         "--transport",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ppx.commands.common import output_path, schedule_from
 from ppx.errors import UserError
+from ppx.schedules.ir.action import Op
 
 
 def _own_order(path: str, sched, costs, transport: str) -> str:
@@ -29,11 +30,13 @@ def cmd_schedule(args) -> int:
     if args.with_comms and not args.csv:
         raise UserError("--with-comms only shapes the --csv file; add --csv FILE (or use --actions to print comms)")
 
-    if args.fwd < 1 or args.bwd < 1 or args.wgrad < 0:
+    if args.fwd < 1 or args.bwd < 1 or args.wgrad is not None and args.wgrad < 0:
         raise UserError(
             f"--fwd and --bwd must be >= 1 grid slot and --wgrad >= 0 (got {args.fwd}, {args.bwd}, {args.wgrad})"
         )
     sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual, args.transport)
+    if args.wgrad is None:  # a split backward's W shows in the grid, as the theory (t_f = t_b = t_w) counts it
+        args.wgrad = int(any(a.op is Op.W for row in sched.actions for a in row))
     args.virtual = sched.stages_per_rank
     costs = schedules.Costs(fwd=args.fwd, bwd=args.bwd, wgrad=args.wgrad)
     p, m = sched.num_ranks, sched.num_microbatches

@@ -150,7 +150,7 @@ FAMILIES: dict[str, Family] = {
             "zb_h1",
             lambda p, m, v: zb_h1(p, m),
             _zb_h1_bubble,
-            "(p-1)/(3m+p-1) for m >= p, t_f = t_b = t_w",
+            "(p-1)/(3m+p-1) for m >= p, t_f = t_b = t_w (simulated)",
             "1F1B with the backward split into I and W, W deferred into the bubbles",
         ),
         Family(

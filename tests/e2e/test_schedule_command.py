@@ -42,3 +42,19 @@ def test_torchs_deferred_receives_for_zbv_are_refused_with_the_way_out(tmp_path)
     assert err.startswith("ppx: error: rank 0 step ") and "are in a different order" in err, err
     assert err.endswith("drop its SEND/RECV cells and ppx places its own, which run)"), err
     assert len(err.splitlines()) == 1
+
+
+def test_a_split_backwards_grid_shows_its_ws_by_default():
+    """Without --wgrad a schedule with W actions draws them one slot each (the theory's t_f =
+    t_b = t_w), so the grid, the simulated bubble and the theory agree; one without W keeps a
+    whole B; an explicit --wgrad 0 still drops the W's."""
+    r = ppx("schedule", "zb_h1", "-p", "4", "-m", "8")
+    head, *grid, last = r.stdout.strip().splitlines()
+    assert head == "zb_h1: 4 ranks, 4 stages, 8 microbatches (F = 1 slot, B = 2 slots, I = 1, W = 1)", head
+    assert all("W7" in row for row in grid if row.startswith("rank "))
+    assert last.startswith("bubble (idle share of the step): simulated 11.1%, theory (p-1)/(3m+p-1)"), last
+    r = ppx("schedule", "1f1b", "-p", "4", "-m", "8")
+    assert "(F = 1 slot, B = 1 slot)" in r.stdout and "simulated 27.3%" in r.stdout
+    r = ppx("schedule", "zb_h1", "-p", "4", "-m", "8", "--wgrad", "0")
+    rows = [line for line in r.stdout.splitlines() if line.startswith("rank ")]
+    assert len(rows) == 4 and not any(" W" in row for row in rows) and "simulated 27.3%" in r.stdout
