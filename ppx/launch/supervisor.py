@@ -11,7 +11,9 @@ until the job ends,
   Ctrl-C) the same way, then exits 128 + the signal (143 for SIGTERM, 130 for SIGINT);
 - once torchrun has ended on its own with an error, explains it: a rank killed by a signal
   (torchrun's exit codes, `ppx.launch.torchrun`) "died: killed by signal SIGKILL (9)" on the
-  action its status file names; otherwise where each rank was.
+  action its status file names; otherwise the rank that failed first has said why in its own
+  line (``status/cause.txt``), and incomplete.txt keeps that line and where each rank was
+  (printed only where no rank said anything).
 
 Every way the job ends without completing leaves ``<run>/incomplete.txt`` saying why, and a
 last line naming the run directory. Started workers run in sessions of their own (torchrun
@@ -33,7 +35,7 @@ from pathlib import Path
 
 from ppx.launch.heartbeat import INTERVAL_S, read_beats, stopped_responding
 from ppx.launch.processes import forked_worker_path
-from ppx.launch.watchdog import read_status, status_path
+from ppx.launch.watchdog import cause_path, read_status, status_path
 
 GRACE_S = 2.0  # between SIGTERM and SIGKILL when the launcher ends a job
 POLL_S = 0.25
@@ -129,11 +131,16 @@ class Supervisor:
             if exitcode < 0:
                 sig = -exitcode
                 lines.append(f"rank {rank} died: killed by signal {_signal_name(sig)} ({sig}) on {self._where(rank)}")
+        code = code if code > 0 else 128 - code
         if not lines:
-            lines.append(f"the job failed (exit {code}); {self._where_each()}")
+            where = f"the job failed (exit {code}); {self._where_each()}"
+            cause = read_status(cause_path(self.status))
+            if cause:  # the rank that failed first said why, in its line: the run keeps both
+                return self._incomplete([cause, where], code)
+            lines.append(where)
         for line in lines:
             print(f"ppx: error: {line}", file=sys.stderr, flush=True)
-        return self._incomplete(lines, code if code > 0 else 128 - code)
+        return self._incomplete(lines, code)
 
     def _incomplete(self, lines: list[str], code: int) -> int:
         self._write_incomplete(lines)

@@ -4,7 +4,9 @@ It follows what the rank is doing (every program item, plus phases such as the o
 step) and mirrors it into ``<run>/status/rank<r>.txt`` through a shared memory map, so the
 file names the exact action even when the process is killed (the launcher reads it to
 explain a failed job). Past the timeout it prints one line naming the rank and the action
-and exits the process, which makes torchrun end the other ranks.
+and exits the process, which makes torchrun end the other ranks. The job's first failure
+keeps its line in ``<run>/status/cause.txt`` (`claim_cause`): a rank that fails after it,
+its peer gone from under a wait, is a consequence and says nothing more.
 
 It also keeps the rank's heartbeat (`ppx.launch.heartbeat`). A rank stalled in a wait first
 reads its peers' heartbeats: a peer whose heartbeat has stopped is frozen, and the wait is
@@ -52,6 +54,31 @@ def read_status(path: Path) -> str:
         return path.read_bytes().rstrip(b"\0 \n").decode(errors="replace")
     except OSError:
         return ""
+
+
+def cause_path(status_dir: Path) -> Path:
+    """Where the job's first failure is kept: the line of the rank that failed first."""
+    return Path(status_dir) / "cause.txt"
+
+
+def claim_cause(status_dir: Path | None, line: str) -> bool:
+    """Keep ``line`` as why the job failed, unless a rank already did (the file is created
+    once, O_EXCL, on a filesystem the ranks share): True for the job's first failure, whose
+    line is the cause, False for one after it (a peer gone from under a wait: a consequence).
+    True too where there is no status folder to tell by."""
+    if status_dir is None:
+        return True
+    try:
+        fd = os.open(cause_path(status_dir), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    try:
+        os.write(fd, f"{line}\n".encode())
+    finally:
+        os.close(fd)
+    return True
 
 
 class Watchdog:
@@ -131,10 +158,12 @@ class Watchdog:
                 stalled = time.monotonic() - self.since
                 if stalled <= self.limit_s:
                     continue  # progress while the peers were read
-                sys.stderr.write(
-                    f"ppx: error: rank {self.rank} made no progress for {stalled:.1f} s on {self.where()}; "
-                    f"ending the job (runtime.timeout_s={self.timeout_s:g})\n"
+                line = (
+                    f"rank {self.rank} made no progress for {stalled:.1f} s on {self.where()}; "
+                    f"ending the job (runtime.timeout_s={self.timeout_s:g})"
                 )
+                claim_cause(self.status_dir, line)
+                sys.stderr.write(f"ppx: error: {line}\n")
                 self._exit()
 
     def _blame_a_frozen_peer(self) -> bool:
@@ -153,10 +182,9 @@ class Watchdog:
         for beat in frozen:
             where = read_status(status_path(self.status_dir, beat.rank))
             line = stopped_responding(beat.rank, max(0.0, time.time() - beat.wall), where)
-            sys.stderr.write(
-                f"ppx: error: {line} (seen by rank {self.rank}, which ends its process; "
-                f"runtime.timeout_s={self.timeout_s:g})\n"
-            )
+            line += f" (seen by rank {self.rank}, which ends its process; runtime.timeout_s={self.timeout_s:g})"
+            claim_cause(self.status_dir, line)
+            sys.stderr.write(f"ppx: error: {line}\n")
         self._exit()
 
     def _exit(self) -> None:

@@ -22,7 +22,7 @@ from ppx.errors import UserError
 from ppx.launch import claim, environment
 from ppx.launch.affinity import pin_local_rank
 from ppx.launch.faults import FaultInjector
-from ppx.launch.watchdog import Watchdog
+from ppx.launch.watchdog import Watchdog, claim_cause
 from ppx.report.run_dir import write_json
 from ppx.report.run_report import RunReport
 
@@ -94,8 +94,12 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
 
 
 def _report(watchdog: Watchdog | None, message: str) -> None:
-    sys.stderr.write(f"ppx: error: {message}\n")
-    sys.stderr.flush()
+    """This rank's failure in one line, unless another rank failed first (its line is the
+    job's cause; this one, a peer gone from under a wait, its consequence): the status file
+    says where this rank failed either way."""
+    if claim_cause(watchdog.status_dir if watchdog else None, message):
+        sys.stderr.write(f"ppx: error: {message}\n")
+        sys.stderr.flush()
     if watchdog is not None:
         watchdog.phase(f"failed on {watchdog.label}")
 

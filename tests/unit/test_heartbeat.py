@@ -82,3 +82,25 @@ def test_a_failure_without_a_signal_says_where_each_rank_was(tmp_path, capsys):
         "ppx: error: the job failed (exit 1); where each rank was: rank 0: wait 0RECV_F2 from rank 1 (step 0); "
         "rank 1: not started\n"
     )
+
+
+def test_the_first_failure_is_the_cause_and_the_launcher_keeps_it_with_where_each_rank_was(tmp_path, capsys):
+    """The first rank to fail keeps its line (and prints it); a rank failing after it, its
+    peer gone, does not; the launcher then prints nothing more than the run directory and
+    keeps the cause and where each rank was in incomplete.txt."""
+    from ppx.launch.watchdog import claim_cause
+
+    sup = supervisor(tmp_path)
+    status = tmp_path / "status"
+    assert claim_cause(status, "rank 1 made no progress for 6.1 s on 1F2 (step 0)") is True
+    assert claim_cause(status, "rank 0 failed at step 0 on wait 0RECV_B0 from rank 1: RuntimeError: closed") is False
+    assert claim_cause(None, "no status folder: every failure speaks") is True
+    (status / "rank0.txt").write_text("failed on wait 0RECV_B0 from rank 1 (step 0)\n")
+    (status / "rank1.txt").write_text("1F2 (step 0)\n")
+    assert sup._failed(1) == 1
+    assert capsys.readouterr().err == f"ppx: run directory (incomplete): {tmp_path}\n"
+    assert (tmp_path / "incomplete.txt").read_text().splitlines() == [
+        "rank 1 made no progress for 6.1 s on 1F2 (step 0)",
+        "the job failed (exit 1); where each rank was: rank 0: failed on wait 0RECV_B0 from rank 1 (step 0); "
+        "rank 1: 1F2 (step 0)",
+    ]
