@@ -96,6 +96,11 @@ def cmd_plan(args) -> int:
     else:
         inputs, ps, ms = from_flags(args)
         experiment = EXPERIMENT
+    if inputs.budget_bytes is not None and not (inputs.act_bytes or inputs.param_bytes):
+        raise UserError(
+            f"--mem-budget {args.mem_budget}: nothing to hold against it; give --act-bytes (what one microbatch's "
+            "forward saves) and --param-bytes, or --from-run a run with the memory counters"
+        )
     out = out_dir(args.out)
     cands, skipped = candidates(names, ps, ms, vs, inputs)  # shapes only: before any calibration runs
     if not cands:

@@ -13,6 +13,7 @@ CASES = {
     "malformed size": (COSTS + ["--mem-budget", "40GiBs"], "--mem-budget '40GiBs': give a size in bytes"),
     "malformed act bytes": (COSTS + ["--act-bytes", "lots"], "--act-bytes 'lots': give a size"),
     "two budgets": (COSTS + ["--mem-budget", "1GiB,2GiB"], "--mem-budget 1GiB,2GiB: give one size per rank"),
+    "a budget with no bytes": (COSTS + ["--mem-budget", "40GiB"], "--mem-budget 40GiB: nothing to hold against it"),
     "malformed ms": (["--fwd-ms", "ten", "--bwd-ms", "20"], "--fwd-ms ten: give milliseconds"),
     "negative ms": (["--fwd-ms", "-1", "--bwd-ms", "20"], "--fwd-ms must not be negative"),
     "nan ms": (["--fwd-ms", "10", "--bwd-ms", "nan"], "--bwd-ms must be finite milliseconds, got nan"),
