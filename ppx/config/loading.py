@@ -96,7 +96,7 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
     except Exception as e:  # YAML syntax errors and the like
         if isinstance(e, UserError):
             raise
-        raise UserError(f"{exp}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        raise UserError(f"{exp}: {_yaml_error(e)}") from None
     if cfg.run.name is None:
         cfg.run.name = name or "default"
     check(cfg)
@@ -106,6 +106,15 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
         except OmegaConfBaseException as e:
             raise UserError(f"runtime.cpu_fallback: {_one_line(e)}") from None
     return cfg
+
+
+def _yaml_error(e: Exception) -> str:
+    """A YAML error in one line: where (line and column, 1-based) and what, as the parser says."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is None or not problem:
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    context = getattr(e, "context", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
 
 
 def to_yaml(cfg: Config) -> str:

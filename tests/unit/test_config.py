@@ -66,3 +66,18 @@ def test_overrides_read_back_as_their_values_and_summary_only_is_valid_config():
     }
     cfg = config.load("1f1b_2cpu", as_overrides(SUMMARY_ONLY))
     assert cfg.logging.wandb.mode == "disabled" and cfg.logging.report is False
+
+
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("pipeline:\n  schedule: [1f1b\n  stages: 2\n", "line 3, column 9: did not find expected ',' or ']'"),
+        ("train:\n\tsteps: 2\n", "line 2, column 1: found character that cannot start any token"),
+    ],
+)
+def test_a_yaml_syntax_error_names_its_line_and_column(tmp_path, text, where):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError) as e:
+        config.load(str(path), [])
+    assert str(e.value).startswith(f"{path}: {where}") and "\n" not in str(e.value), str(e.value)
