@@ -74,7 +74,9 @@ def step_breakdown(records: list[dict], stage_to_rank=None) -> dict:
     ranks = []
     for r in sorted(records, key=lambda r: r["rank"]):
         row = {k: v for k, v in r.items() if k not in ("start", "end", "loss", "spans")}
-        row["step_s"] = r["end"] - r["start"]  # this rank's own timed step (its ProfilerStep); step_time_s: the longest
+        # this rank's own timed step (its ProfilerStep); step_time_s, from the first rank's start,
+        # is the longest or a little more (a rank woken late from the common start: its idle)
+        row["step_s"] = r["end"] - r["start"]
         if timed:
             row["post_s"] = r["comm_s"]
             row["transfer_s"] = transfer.get(r["rank"], 0.0)
