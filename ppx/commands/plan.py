@@ -97,10 +97,12 @@ def cmd_plan(args) -> int:
         inputs, ps, ms = from_flags(args)
         experiment = EXPERIMENT
     if inputs.budget_bytes is not None and not (inputs.act_bytes or inputs.param_bytes):
-        raise UserError(
-            f"--mem-budget {args.mem_budget}: nothing to hold against it; give --act-bytes (what one microbatch's "
-            "forward saves) and --param-bytes, or --from-run a run with the memory counters"
+        how = (
+            f"{args.from_run} has no saved bytes per stage (run it with instrument.memory on); or give --param-bytes"
+            if args.from_run
+            else "give --act-bytes (what one microbatch's forward saves) and --param-bytes, or --from-run a run"
         )
+        raise UserError(f"--mem-budget {args.mem_budget}: nothing to hold against it; {how}")
     out = out_dir(args.out)
     cands, skipped = candidates(names, ps, ms, vs, inputs)  # shapes only: before any calibration runs
     if not cands:

@@ -261,7 +261,8 @@ def _excess(cfg, s) -> float:
 
 def _shares(values, stages: int) -> tuple[float, ...] | None:
     """The run's measured share of saved bytes each stage's I frees (a split backward that
-    stores: `ppx.engine.weight_store`), or None (I frees nothing)."""
+    stores: `ppx.engine.weight_store`; below 0 where the I adds, re-running a recomputed
+    forward), or None (I frees nothing)."""
     return tuple(float(v) for v in values) if values and len(values) == stages and any(values) else None
 
 

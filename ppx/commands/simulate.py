@@ -118,10 +118,13 @@ def cmd_simulate(args) -> int:
 def _ran(run, sched) -> bool:
     """Whether ``run`` ran ``sched``'s compute order (its schedule as its config resolves it;
     where that cannot be rebuilt, a CSV moved, by name and microbatches)."""
+    from ppx import schedules
     from ppx.config import resolve_schedule
 
     try:
         ran = resolve_schedule(run.config)
     except (UserError, OSError, ValueError):  # ScheduleError is a UserError
-        return run.summary.schedule == sched.name and run.summary.microbatches == sched.num_microbatches
+        name = run.summary.schedule
+        name = Path(name).stem if schedules.is_csv(name) else name  # a CSV's schedule is named by its file
+        return name == sched.name and run.summary.microbatches == sched.num_microbatches
     return ran.compute_only().actions == sched.compute_only().actions

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -96,7 +97,7 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
     except Exception as e:  # YAML syntax errors and the like
         if isinstance(e, UserError):
             raise
-        raise UserError(f"{exp}: {_yaml_error(e)}") from None
+        raise UserError(_yaml_error(e, exp, overrides)) from None
     if cfg.run.name is None:
         cfg.run.name = name or "default"
     check(cfg)
@@ -108,13 +109,21 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
     return cfg
 
 
-def _yaml_error(e: Exception) -> str:
-    """A YAML error in one line: where (line and column, 1-based) and what, as the parser says."""
+def _yaml_error(e: Exception, exp: str | None, overrides: list[str]) -> str:
+    """A YAML error in one line: in the experiment file, where (line and column, 1-based) and
+    what, as the parser says; in an override's value (the parser read a string), which one."""
     mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
     if mark is None or not problem:
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    context = getattr(e, "context", None)
-    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
+        return f"{exp}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    what = problem + (f" ({e.context})" if getattr(e, "context", None) else "")
+    if not str(mark.name).startswith("<"):  # the file it read
+        return f"{mark.name}: line {mark.line + 1}, column {mark.column + 1}: {what}"
+    for item in overrides:
+        try:
+            yaml.safe_load(item.partition("=")[2])
+        except yaml.YAMLError:
+            return f"override {item!r}: its value is not YAML: {what}"
+    return f"an override's value is not YAML: {what}"
 
 
 def to_yaml(cfg: Config) -> str:

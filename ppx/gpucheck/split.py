@@ -52,9 +52,10 @@ def judge(machine: Machine, runs) -> Outcome:
     a = split.raw_summary["measured_costs"]["action_s"]
     p = whole_spec.key("pipeline.stages")
     whole_stages, split_stages = stages(b, "B"), stages(a, "I")
-    if not whole_stages or whole_stages != split_stages:
+    if not whole_stages or whole_stages != split_stages or stages(a, "W") != split_stages:
         raise ValueError(
-            f"1F1B's run measured B on stages {whole_stages}, ZB-H1's I on {split_stages}: no stage to pair"
+            f"1F1B's run measured B on stages {whole_stages}, ZB-H1's I on {split_stages} and W on "
+            f"{stages(a, 'W')}: no stage to pair"
         )
     ratios = iw_over_b(a, b, len(whole_stages))
     worst = max(ratios)

@@ -162,8 +162,8 @@ class Watchdog:
                     f"rank {self.rank} made no progress for {stalled:.1f} s on {self.where()}; "
                     f"ending the job (runtime.timeout_s={self.timeout_s:g})"
                 )
-                claim_cause(self.status_dir, line)
-                sys.stderr.write(f"ppx: error: {line}\n")
+                if claim_cause(self.status_dir, line):  # else a rank failed first: its line says it
+                    sys.stderr.write(f"ppx: error: {line}\n")
                 self._exit()
 
     def _blame_a_frozen_peer(self) -> bool:
@@ -183,8 +183,8 @@ class Watchdog:
             where = read_status(status_path(self.status_dir, beat.rank))
             line = stopped_responding(beat.rank, max(0.0, time.time() - beat.wall), where)
             line += f" (seen by rank {self.rank}, which ends its process; runtime.timeout_s={self.timeout_s:g})"
-            claim_cause(self.status_dir, line)
-            sys.stderr.write(f"ppx: error: {line}\n")
+            if claim_cause(self.status_dir, line):  # one line, whoever saw the frozen peer first
+                sys.stderr.write(f"ppx: error: {line}\n")
         self._exit()
 
     def _exit(self) -> None:

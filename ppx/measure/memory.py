@@ -168,9 +168,10 @@ class MemoryTracker:
                 self._input_held(a.stage, self._seen.values())
                 self._release(before)  # as the accounting has it: the graph gone, then the stores held
                 self._hold(a.stage, a.mb, count=False)
-            elif self._seen:  # the forward re-run (train.recompute): its graph stays until W, beside what F kept
-                kept_by_f = {k: self._refs[k][0] for k in self.held.get(key, ())}
-                self._input_held(a.stage, {**kept_by_f, **self._seen}.values())
+            elif self._seen:  # the forward re-run (train.recompute): its graph, not what F kept, stays until W
+                before = self.held.pop(key, ())
+                self._input_held(a.stage, self._seen.values())
+                self._release(before)  # as the accounting has it: F's bytes gone, the graph's held
                 self._hold(a.stage, a.mb, count=False)
 
     def _input_held(self, stage: int, nbytes) -> None:

@@ -172,7 +172,7 @@ def memory_prediction(steps: list[dict], schedule: Schedule, ranks: list[dict]) 
     them) by walking its actions (`ppx.schedules.sim.memory.peak_held`), against ``ranks``' measured
     ``peak_activation_bytes``; {} without the counters or without backwards."""
     per = [0] * schedule.num_stages
-    held = [None] * schedule.num_stages  # a storing stage's bytes from I to W
+    held = [None] * schedule.num_stages  # a stage's bytes from I to W where not its forward's (stores, recompute)
     for s in steps:
         for r in s["ranks"]:
             for stage, b in (r.get("saved_bytes_per_microbatch") or {}).items():

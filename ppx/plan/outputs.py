@@ -55,7 +55,10 @@ def _inputs_lines(inputs: PlanInputs) -> list[str]:
     if inputs.act_bytes:
         lines.append(f"- saved bytes per microbatch: {', '.join(format_bytes(b) for b in inputs.act_bytes)}")
     if inputs.input_share:
-        lines.append(f"- share of them an I frees (stores to W): {', '.join(f'{s:.2f}' for s in inputs.input_share)}")
+        lines.append(
+            f"- share of them an I frees (stores to W; below 0: adds, recomputed): "
+            f"{', '.join(f'{s:.2f}' for s in inputs.input_share)}"
+        )
     if inputs.param_bytes:
         lines.append(f"- params + optimizer bytes: {', '.join(format_bytes(b) for b in inputs.param_bytes)}")
     budget = "none" if inputs.budget_bytes is None else format_bytes(inputs.budget_bytes)

@@ -239,7 +239,11 @@ def test_a_csv_run_records_its_stages_per_rank_and_simulates_from_them(tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (s["stages"], s["virtual_stages"], s["world_size"]) == (4, 2, 2)
-    for name in (str(csv), "zbv"):
+    moved = tmp_path / "elsewhere" / "zbv.csv"  # the run's CSV no longer where it ran: told by its name
+    for name in (str(csv), "zbv", str(moved)):
+        if name == str(moved):
+            moved.parent.mkdir()
+            csv.rename(moved)
         r = ppx("simulate", name, "--from-run", str(tmp_path / "run"))
         assert r.returncode == 0 and "against the prediction" in r.stdout, r.stdout + r.stderr
 

@@ -81,3 +81,9 @@ def test_a_yaml_syntax_error_names_its_line_and_column(tmp_path, text, where):
     with pytest.raises(UserError) as e:
         config.load(str(path), [])
     assert str(e.value).startswith(f"{path}: {where}") and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_yaml_error_in_an_override_names_the_override():
+    with pytest.raises(UserError) as e:
+        config.load(None, ["train.steps=2", "pipeline.schedule=[1f1b"])
+    assert str(e.value).startswith("override 'pipeline.schedule=[1f1b': its value is not YAML: "), str(e.value)

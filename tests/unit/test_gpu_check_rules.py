@@ -200,7 +200,7 @@ def test_split_reads_throughputs_1f1b_and_zb_h1_runs():
     assert [r.verdict for r in out.rows] == [PASS, SKIPPED] and "1.030 (103.0 / 100.0 ms, p=1)" in out.rows[1].figure
     # the stages paired are those the runs measured, not those the specs asked for
     runs["throughput-zb_h1"] = _Run(0.095, {k: v for k, v in cheap.items() if k != "1I"})
-    with pytest.raises(ValueError, match=r"B on stages \[0, 1\], ZB-H1's I on \[0\]"):
+    with pytest.raises(ValueError, match=r"B on stages \[0, 1\], ZB-H1's I on \[0\] and W on \[0, 1\]"):
         split.judge(two, _Runs(runs, {}))
 
 

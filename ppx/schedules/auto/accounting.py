@@ -1,7 +1,8 @@
 """The memory accounting the automatic zero-bubble schedule searches under: per stage the bytes
 one microbatch's F saves and the share of them its I frees (W frees the rest, B all of them),
 per rank the most bytes it may hold. ppx's runtime frees nothing at I unless a split backward
-stores (summary.json's ``input_freed_share``); the zero-bubble paper counts M_B = 34h + 5as
+stores (summary.json's ``input_freed_share``; a negative share, an I that re-runs a recomputed
+forward and so adds, is placed here as 0 by `ppx.plan.builders`); the zero-bubble paper counts M_B = 34h + 5as
 per F and M_W = 32h freed by W, so its I frees (M_B - M_W) / M_B."""
 
 from __future__ import annotations
