@@ -87,7 +87,10 @@ class Summary:
 
     @property
     def virtual(self) -> int:
-        """Stages per rank (1 unless interleaved)."""
+        """Stages per rank (1 unless interleaved): the stages over the ranks where both are
+        known (a CSV run's summary from before it recorded its own said 1)."""
+        if self.stages and self.world_size and self.stages % self.world_size == 0:
+            return self.stages // self.world_size
         return self.virtual_stages or 1
 
     @property

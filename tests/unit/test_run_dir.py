@@ -128,3 +128,12 @@ def test_simulate_from_run_reads_summary_config_and_env(run, capsys):
     (run / "summary.json").unlink()
     assert main(["simulate", "1f1b", "--from-run", str(run)]) == 2
     assert capsys.readouterr().err.strip() == f"ppx: error: {run} has no summary.json (the run did not complete)"
+
+
+def test_stages_per_rank_come_from_the_stages_over_the_ranks():
+    """A CSV run's summary from before it recorded its own stages per rank said 1: the
+    stages over the ranks tell; a summary without stages keeps its field."""
+    base = {"schedule": "zbv.csv", "world_size": 2, "microbatches": 4, "step_time_s": 0.1}
+    assert Summary.from_dict({**base, "stages": 4, "virtual_stages": 1}).virtual == 2
+    assert Summary.from_dict({**base, "stages": 2, "virtual_stages": 1}).virtual == 1
+    assert Summary.from_dict({**base, "virtual_stages": 3}).virtual == 3
