@@ -82,6 +82,7 @@ class Runner:
     def __init__(self, out: Path, machine: Machine, deadline: float, echo: Callable[[str], None] = print):
         self.out, self.machine, self.deadline, self.echo = out, machine, deadline, echo
         self.done: dict[str, RunResult] = {}
+        self.checked: dict[RunSpec, str | None] = {}  # a run two checks plan alike is checked once
         self.count = 0
 
     def keys(self, spec: RunSpec) -> dict:
@@ -107,11 +108,13 @@ class Runner:
         from ppx import config
         from ppx.config import resolve_schedule
 
-        try:
-            resolve_schedule(config.load(str(self.prepare(spec))))
-        except UserError as e:
-            return f"{spec.name}: {e}"
-        return None
+        if spec not in self.checked:
+            try:
+                resolve_schedule(config.load(str(self.prepare(spec))))
+                self.checked[spec] = None
+            except UserError as e:
+                self.checked[spec] = f"{spec.name}: {e}"
+        return self.checked[spec]
 
     def run(self, spec: RunSpec) -> RunResult:
         if spec.name in self.done:
