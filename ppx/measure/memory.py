@@ -159,24 +159,16 @@ class MemoryTracker:
             self._release(self.held.pop((a.stage, a.mb), ()))
         elif a.op is Op.I and self.training:
             self._hooks.__exit__(None, None, None)
-            key = (a.stage, a.mb)
             kept = self._stored(a.stage, a.mb)
             if kept is not None:  # the graph went at this I (a recomputed one too): the stores stay until W
-                before = self.held.pop(key, ())
                 self._seen = {}
                 self._note(kept)
-                self._input_held(a.stage, self._seen.values())
-                self._release(before)  # as the accounting has it: the graph gone, then the stores held
+            if kept is not None or self._seen:  # the stores, or the forward the I re-ran (recompute), to W
+                after = sum(self._seen.values())
+                self.after_input[a.stage] = max(self.after_input.get(a.stage, 0), after)
+                # as the accounting has it: what F saved gone, then what the I holds
+                self._release(self.held.pop((a.stage, a.mb), ()))
                 self._hold(a.stage, a.mb, count=False)
-            elif self._seen:  # the forward re-run (train.recompute): its graph, not what F kept, stays until W
-                before = self.held.pop(key, ())
-                self._input_held(a.stage, self._seen.values())
-                self._release(before)  # as the accounting has it: F's bytes gone, the graph's held
-                self._hold(a.stage, a.mb, count=False)
-
-    def _input_held(self, stage: int, nbytes) -> None:
-        """A microbatch holds ``nbytes`` (one per storage) from its I on ``stage`` to its W."""
-        self.after_input[stage] = max(self.after_input.get(stage, 0), sum(nbytes))
 
     def _stored(self, stage: int, mb: int) -> list | None:
         return None if self.held_by_store is None else self.held_by_store(stage, mb)
