@@ -33,6 +33,9 @@ KNOWN = [
     "pipeline.microbatches=8",
 ]
 
+# the instruments' cost: none, timers, timers + memory counters as ppx run has them, counting every step
+OVERHEAD = ["ppx", "ppx_timers", "ppx_all", "ppx_all_steps"]
+
 # name -> (processes, variants, overrides, measured steps per variant at BENCH_SCALE=1)
 CASES = {
     "mlp_gpipe_p4": (4, ["ppx", "torch"], MLP + ["pipeline.schedule=gpipe"], 100),
@@ -42,11 +45,11 @@ CASES = {
     "known_gpipe_p4": (4, ["ppx", "torch"], KNOWN + ["pipeline.schedule=gpipe"], 30),
     "known_1f1b_p4": (4, ["ppx", "torch"], KNOWN + ["pipeline.schedule=1f1b"], 30),
     "known_1f1b_p2": (2, ["ppx", "torch"], KNOWN + ["pipeline.schedule=1f1b"], 30),
-    "overhead_known_1f1b_p4": (4, ["ppx", "ppx_timers", "ppx_all"], KNOWN + ["pipeline.schedule=1f1b"], 20),
-    "overhead_mlp_1f1b_p2": (2, ["ppx", "ppx_timers", "ppx_all"], MLP + ["pipeline.schedule=1f1b"], 300),
-    "overhead_mlp_large_1f1b_p2": (2, ["ppx", "ppx_timers", "ppx_all"], MLP_LARGE + ["pipeline.schedule=1f1b"], 30),
+    "overhead_known_1f1b_p4": (4, OVERHEAD, KNOWN + ["pipeline.schedule=1f1b"], 20),
+    "overhead_mlp_1f1b_p2": (2, OVERHEAD, MLP + ["pipeline.schedule=1f1b"], 300),
+    "overhead_mlp_large_1f1b_p2": (2, OVERHEAD, MLP_LARGE + ["pipeline.schedule=1f1b"], 30),
     # a real model's many saved tensors (169 a forward on a stage of 4 blocks): the memory counters' cost
-    "overhead_llama_tiny_1f1b_p2": (2, ["ppx", "ppx_timers", "ppx_all"], LLAMA_TINY + ["pipeline.schedule=1f1b"], 60),
+    "overhead_llama_tiny_1f1b_p2": (2, OVERHEAD, LLAMA_TINY + ["pipeline.schedule=1f1b"], 60),
 }
 
 

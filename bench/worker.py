@@ -1,8 +1,9 @@
 """One benchmark case, run under torchrun (one process per stage, gloo on CPU).
 
 Measures, side by side in one process group and alternating step by step, the variants a
-case names: ``ppx`` (timers off), ``ppx_timers``, ``ppx_all`` (timers + memory counters),
-and ``torch`` (torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B on the very same
+case names: ``ppx`` (timers off), ``ppx_timers``, ``ppx_all`` (timers + memory counters as
+`ppx run` has them: saved bytes counted in the first ``instrument.memory_steps`` steps),
+``ppx_all_steps`` (the counters counting every step: ``instrument.memory_steps=0``), and ``torch`` (torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B on the very same
 stage modules and data, made before the step as a prefetching loader has it), in processes
 pinned as `ppx run` pins them. A ppx variant may name another schedule after an ``@``
 (``ppx_all@zb_h1``): it runs that schedule on a pipeline of its own, built from the same
@@ -79,9 +80,10 @@ def torch_variant(cfg, schedule, rank, world):
 _shared: dict = {}
 
 
-def ppx_variant(cfg, schedule, rank, observers_of):
+def ppx_variant(cfg, schedule, rank, observers_of, count_steps=None):
     """The ppx variants of one schedule share one pipeline and differ only in the observers
-    switched on."""
+    switched on (``count_steps``: the memory counters' ``instrument.memory_steps``, None: the
+    config's)."""
     if schedule.name not in _shared:
         pipe = build_rank(cfg, schedule, rank, "cpu", P2P.for_backend("gloo"))
         _shared[schedule.name] = pipe, Instruments(cfg, pipe, torch.device("cpu"))
@@ -94,6 +96,8 @@ def ppx_variant(cfg, schedule, rank, observers_of):
         for q in params:
             q.grad = None
         pipe.runtime.observers = observers
+        if inst.memory is not None:
+            inst.memory.count_steps = cfg.instrument.memory_steps if count_steps is None else count_steps
         inst.begin_step(i)
         pipe.step(i, batch)
         inst.end_step(i)
@@ -117,16 +121,19 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = config.load(args.experiment, args.overrides + [f"pipeline.stages={world}"])
     schedule = resolve_schedule(cfg)
-    observed = {"ppx": lambda inst: [], "ppx_timers": lambda inst: [inst.timer], "ppx_all": lambda inst: inst.observers}
+    everything = lambda inst: inst.observers  # noqa: E731
+    observed = {"ppx": lambda inst: [], "ppx_timers": lambda inst: [inst.timer], "ppx_all": everything}
+    observed["ppx_all_steps"] = everything
 
     def make(variant: str):
         if variant == "torch":
             return torch_variant(cfg, schedule, rank, world)
         kind, _, other = variant.partition("@")
+        count = 0 if kind == "ppx_all_steps" else None
         if not other:
-            return ppx_variant(cfg, schedule, rank, observed[kind])
+            return ppx_variant(cfg, schedule, rank, observed[kind], count)
         c = config.load(args.experiment, [*args.overrides, f"pipeline.stages={world}", f"pipeline.schedule={other}"])
-        return ppx_variant(c, resolve_schedule(c), rank, observed[kind])
+        return ppx_variant(c, resolve_schedule(c), rank, observed[kind], count)
 
     steps = {v: make(v) for v in args.variants}
     offset = offset_to_rank0()

@@ -187,6 +187,8 @@ def check_split_backward(cfg: Config, sched: Schedule) -> None:
 def check_instrument(cfg: Config) -> None:
     if cfg.instrument.timeline_steps < 1:
         raise UserError(f"instrument.timeline_steps must be >= 1, got {cfg.instrument.timeline_steps}")
+    if cfg.instrument.memory_steps < 0:
+        raise UserError(f"instrument.memory_steps must be >= 0 (0: every step), got {cfg.instrument.memory_steps}")
     if cfg.logging.progress_every < 0:
         raise UserError(f"logging.progress_every must be >= 0, got {cfg.logging.progress_every}")
 

@@ -26,7 +26,9 @@ class Instruments:
         if ins.memory:
             copies = pipe.weight_copies() if hasattr(pipe, "weight_copies") else []
             held = getattr(pipe, "held_by_store", None)  # ppx's runtime: a storing stage's I frees its graph
-            self.memory = MemoryTracker(pipe.modules, pipe.schedule.training, pipe.in_flight, device, held, copies)
+            self.memory = MemoryTracker(
+                pipe.modules, pipe.schedule.training, pipe.in_flight, device, held, copies, ins.memory_steps
+            )
         self.labels = RecordFunctions() if cfg.profile.enabled else None
 
     @property

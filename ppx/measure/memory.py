@@ -20,6 +20,11 @@ optimizer step included:
 ``torch.cuda.max_memory_allocated`` on GPU; on CPU the process's peak resident set (Linux's
 VmHWM, reset at each step's start through /proc/self/clear_refs; where that cannot be reset,
 the peak since the process started).
+
+The saved bytes are counted in the first ``instrument.memory_steps`` steps only (0: every
+step): with fixed shapes they repeat step to step, and the hooks cost about 3 us per saved
+tensor, which on a small model is a tenth of its step. The other steps record the device peak
+and the microbatches in flight, which cost nothing measurable.
 """
 
 from __future__ import annotations
@@ -76,7 +81,8 @@ class MemoryTracker:
     rank's executor holds for a backward. ``held_by_store(stage, mb)``: what a storing stage
     holds of a microbatch beside its graph (its layers' inputs; from its I to its W, with their
     output gradients, instead of the graph; None: not storing); ``weight_copies``:
-    sets of storage pointers of the step's weight copies (the executor updates them in place)."""
+    sets of storage pointers of the step's weight copies (the executor updates them in place);
+    ``count_steps``: the saved bytes are counted in steps 0 .. count_steps - 1 (0: every step)."""
 
     def __init__(
         self,
@@ -86,10 +92,12 @@ class MemoryTracker:
         device: torch.device,
         held_by_store: Callable[[int, int], list | None] | None = None,
         weight_copies: Sequence[set] = (),
+        count_steps: int = 0,
     ):
         self.training, self.in_flight, self.device = training, in_flight, device
         self.modules = modules
         self.held_by_store, self.weight_copies = held_by_store, list(weight_copies)
+        self.count_steps = count_steps
         self._params = self._param_storages()
         self.param_bytes = sum(_local(p).numel() * p.element_size() for m in modules.values() for p in m.parameters())
         # data parallel (torch's replicate / FSDP2): the parameters a forward uses are unsharded
@@ -100,6 +108,8 @@ class MemoryTracker:
         self.begin_step(-1)
 
     def begin_step(self, step: int) -> None:
+        # a step outside the run's (-1: before the first) counts, as every step does with 0
+        self.counting = self.count_steps == 0 or step < self.count_steps
         self.held: dict = {}  # (stage, mb) -> keys of the storages (or data views) it keeps alive
         self._refs: dict = {}  # storage pointer or data view -> [nbytes, references]
         self.live_bytes = self.peak_bytes = self.peak_inflight = 0
@@ -140,6 +150,8 @@ class MemoryTracker:
         return t
 
     def before(self, item) -> None:
+        if not self.counting:
+            return
         # an I too: under train.recompute it re-runs the forward, whose graph a stage that
         # keeps its graph holds until the W (an I that recomputes nothing saves nothing)
         if item.kind == "compute" and (item.actions[0].op is Op.F or item.actions[0].op is Op.I and self.training):
@@ -150,6 +162,10 @@ class MemoryTracker:
         if item.kind != "compute":
             return
         a = item.actions[0]
+        if not self.counting:
+            if a.op is Op.F:
+                self.peak_inflight = max(self.peak_inflight, self.in_flight())
+            return
         if a.op is Op.F:
             self._hooks.__exit__(None, None, None)
             self._note(self._stored(a.stage, a.mb) or ())  # a storing stage keeps its layers' inputs itself
@@ -206,6 +222,9 @@ class MemoryTracker:
         """Count what autograd saves inside this block as microbatch ``mb``'s forward on
         ``stage``: torch's executor computes the loss after the stage's forward, where ppx's
         own runtime computes it inside."""
+        if not self.counting:
+            yield
+            return
         self._seen = {}
         with self._hooks:
             yield
@@ -219,11 +238,16 @@ class MemoryTracker:
             peak = torch.cuda.max_memory_allocated(self.device)
         else:
             peak = cpu_peak_bytes()
-        return {
+        out = {
             "peak_inflight_microbatches": self.peak_inflight,
-            "peak_activation_bytes": self.peak_bytes,
             "peak_memory_bytes": int(peak),
             "param_bytes": self.param_bytes,
+        }
+        if not self.counting:  # saved bytes not counted this step: absent, not 0
+            return out
+        return {
+            **out,
+            "peak_activation_bytes": self.peak_bytes,
             "saved_bytes_per_microbatch": {str(s): b for s, b in sorted(self.per_microbatch.items())},
             **(
                 {"held_after_input_bytes": {str(s): b for s, b in sorted(self.after_input.items())}}

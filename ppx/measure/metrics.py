@@ -93,7 +93,7 @@ def step_breakdown(records: list[dict], stage_to_rank=None) -> dict:
 
 
 def run_summary(steps: list[dict]) -> dict:
-    """Medians over steps (max for peaks) of the per-step metrics."""
+    """Medians over steps (max for peaks, over the steps that have them) of the per-step metrics."""
     med = statistics.median
     out = {"step_time_s": med(s["step_time_s"] for s in steps)}
     if "bubble_fraction" in steps[0]:
@@ -106,9 +106,10 @@ def run_summary(steps: list[dict]) -> dict:
         for key in RANK_TIMES:
             if first.get(key) is not None:
                 row[key] = med(x[key] for x in rows)
-        for key in RANK_PEAKS + RANK_SIZES:
-            if first.get(key) is not None:
-                row[key] = max(x[key] for x in rows)
+        for key in RANK_PEAKS + RANK_SIZES:  # over the steps that measured it (saved bytes: instrument.memory_steps)
+            got = [x[key] for x in rows if x.get(key) is not None]
+            if got:
+                row[key] = max(got)
         ranks.append(row)
     out["ranks"] = ranks
     return out

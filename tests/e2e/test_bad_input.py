@@ -86,6 +86,7 @@ CASES = {
         "model.hidden=30 is not divisible by model.heads",
     ),
     "no timeline steps": (["gpipe_2cpu", "instrument.timeline_steps=0"], "instrument.timeline_steps must be >= 1"),
+    "negative memory steps": (["gpipe_2cpu", "instrument.memory_steps=-1"], "instrument.memory_steps must be >= 0"),
     "negative progress interval": (["gpipe_2cpu", "logging.progress_every=-1"], "logging.progress_every must be >= 0"),
     # your own model (model.kind=hf, module): two through the command; the rest in
     # tests/unit/test_own_model_errors.py

@@ -86,15 +86,14 @@ def test_a_sweep_across_schedules_compares_them_at_equal_work(tmp_path):
 # one case per schedule family: naive on 2 ranks (m = 1, a first and a last stage), GPipe and
 # 1F1B on 4 (first, middle and last stages; the tests below read these two runs too)
 CASES = [("naive", 2, 1), ("gpipe", 4, 8), ("1f1b", 4, 8)]
+COUNTED_EVERY_STEP = ("gpipe", 4, 8)  # its saved bytes counted in every step; the others' in the first only
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     pictured = ("1f1b", 4, 8)  # test_timeline_is_chrome_trace_with_a_track_per_rank_and_flows reads its PNG
-    return {
-        case: known_cost_run(tmp_path_factory, *case, *(["logging.report=true"] if case == pictured else []))
-        for case in CASES
-    }
+    extra = {pictured: ["logging.report=true"], COUNTED_EVERY_STEP: ["instrument.memory_steps=0"]}
+    return {case: known_cost_run(tmp_path_factory, *case, *extra.get(case, [])) for case in CASES}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{s}-p{p}" for s, p, _ in CASES])
@@ -117,7 +116,7 @@ def test_measured_bubble_matches_theory_on_known_costs(runs, case):
         assert r["transfer_s"] <= r["wait_s"]
     per_step = read_jsonl(runs[case] / "metrics.jsonl")
     assert len(per_step) == 3
-    for line in per_step:
+    for k, line in enumerate(per_step):
         assert len(line["ranks"]) == p
         assert {
             "compute_s",
@@ -128,9 +127,11 @@ def test_measured_bubble_matches_theory_on_known_costs(runs, case):
             "idle_s",
             "bubble_fraction",
             "peak_inflight_microbatches",
-            "peak_activation_bytes",
             "peak_memory_bytes",
         } <= set(line["ranks"][0])
+        # saved bytes: counted in the first step (instrument.memory_steps=1), or in every one
+        counted = k == 0 or case == COUNTED_EVERY_STEP
+        assert ("peak_activation_bytes" in line["ranks"][0]) == counted
         assert line["bubble_fraction_theory"] == pytest.approx(theory)
         assert line["bubble_over_ideal_theory"] == pytest.approx(theory / (1 - theory))
 
@@ -147,6 +148,21 @@ def test_microbatches_in_flight_and_saved_bytes(runs, schedule):
             assert r["peak_activation_bytes"] == expect * mb_bytes
         assert r["predicted_peak_activation_bytes"] == r["peak_activation_bytes"]  # the schedule walked
         assert r["peak_memory_bytes"] > 50 * 2**20  # a resident set: torch alone is more
+
+
+def test_saved_bytes_counted_in_every_step_are_the_first_steps_again(runs):
+    """With fixed shapes a step saves what the first saved: the run counting every step has
+    the same bytes in each, and the microbatches in flight are counted in every step either way."""
+    for case in (COUNTED_EVERY_STEP, ("1f1b", 4, 8)):
+        lines = read_jsonl(runs[case] / "metrics.jsonl")
+        for r in range(4):
+            assert len({line["ranks"][r]["peak_inflight_microbatches"] for line in lines}) == 1
+            counted = [line["ranks"][r].get("peak_activation_bytes") for line in lines]
+            if case == COUNTED_EVERY_STEP:
+                assert counted[0] > 0 and counted == [counted[0]] * 3
+                assert len({str(line["ranks"][r]["saved_bytes_per_microbatch"]) for line in lines}) == 1
+            else:
+                assert counted[0] > 0 and counted[1:] == [None, None]
 
 
 def test_saved_bytes_on_the_last_stage_follow_microbatches_in_flight(runs):
