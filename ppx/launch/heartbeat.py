@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ppx.launch.processes import process_alive
+
 BEAT_BYTES = 128
 INTERVAL_S = 1.0
 CHECK_WINDOW_S = 2.5  # longer than two beats: a live rank's count moves within it
@@ -50,7 +52,7 @@ class Heartbeat:
         self.path = beat_path(status_dir, rank)
         self.interval_s = interval_s
         self.count = 0
-        self._prefix = f"{os.getpid()} {socket.gethostname().split('.')[0] or '-'}"
+        self._prefix = f"{os.getpid()} {this_host()}"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ppx-heartbeat", daemon=True)
 
@@ -115,6 +117,29 @@ def stale_peers(status_dir: Path, me: int, window_s: float = CHECK_WINDOW_S) -> 
     return [
         b for r, b in sorted(second.items()) if r != me and b.state == "alive" and r in first and first[r].key == b.key
     ]
+
+
+def this_host() -> str:
+    """The host name a beat carries (its first label)."""
+    return socket.gethostname().split(".")[0] or "-"
+
+
+def gone_peers(status_dir: Path, me: int, wait_s: float = 0.5) -> list[Beat]:
+    """The other ranks of this machine whose process ended without saying 'done' (killed),
+    looked for until one is found or ``wait_s`` passed: a killed process closes its sockets
+    (its peers' waits fail) a moment before /proc shows it a zombie. A peer on another machine
+    cannot be looked up here and is never listed."""
+    host, end = this_host(), time.monotonic() + wait_s
+    while True:
+        beats = read_beats(status_dir)
+        gone = [
+            b
+            for r, b in sorted(beats.items())
+            if r != me and b.state == "alive" and b.host == host and not process_alive(b.pid)
+        ]
+        if gone or time.monotonic() >= end or not any(b.host == host for r, b in beats.items() if r != me):
+            return gone
+        time.sleep(0.01)
 
 
 def stopped_responding(rank: int, silent_s: float, where: str) -> str:

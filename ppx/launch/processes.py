@@ -50,3 +50,17 @@ def worker_env(device: str, threads: int, command: str) -> dict:
     env = dict(os.environ)
     env.update(PPX_DEVICE=device, PPX_COMMAND=command, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     return env
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of ``pid`` in /proc (R, S, T for stopped, Z for zombie), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()[0]
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process of this machine (not gone, not a zombie)."""
+    return process_state(pid) not in (None, "Z", "X")

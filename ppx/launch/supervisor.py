@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from ppx.launch.heartbeat import INTERVAL_S, read_beats, stopped_responding
-from ppx.launch.processes import forked_worker_path
+from ppx.launch.processes import forked_worker_path, process_alive
 from ppx.launch.watchdog import cause_path, read_status, status_path
 
 GRACE_S = 2.0  # between SIGTERM and SIGKILL when the launcher ends a job
@@ -172,7 +172,7 @@ class Supervisor:
     # -- ending the job
     def _ours(self, pid: int) -> bool:
         """Whether ``pid`` is a live (not zombie) worker of this run."""
-        if _state(pid) in (None, "Z", "X"):
+        if not process_alive(pid):
             return False
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -228,15 +228,6 @@ def _signal_name(sig: int) -> str:
         return signal.Signals(sig).name
     except ValueError:
         return f"signal {sig}"
-
-
-def _state(pid: int) -> str | None:
-    """The one-letter state of ``pid`` in /proc (R, S, T for stopped, Z for zombie), None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2 :].split()[0]
 
 
 def _pids() -> list[int]:

@@ -22,7 +22,8 @@ from ppx.errors import UserError
 from ppx.launch import claim, environment
 from ppx.launch.affinity import pin_local_rank
 from ppx.launch.faults import FaultInjector
-from ppx.launch.watchdog import Watchdog, claim_cause
+from ppx.launch.heartbeat import gone_peers
+from ppx.launch.watchdog import Watchdog, cause_path, claim_cause, read_status, status_path
 from ppx.report.run_dir import write_json
 from ppx.report.run_report import RunReport
 
@@ -95,9 +96,20 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
 
 def _report(watchdog: Watchdog | None, message: str) -> None:
     """This rank's failure in one line, unless another rank failed first (its line is the
-    job's cause; this one, a peer gone from under a wait, its consequence): the status file
-    says where this rank failed either way."""
-    if claim_cause(watchdog.status_dir if watchdog else None, message):
+    job's cause; this one, a peer gone from under a wait, its consequence) or a peer of this
+    machine was killed (it had no time to say so: `ppx run` names it with its signal, from
+    torchrun's exit codes; a job without it, as under srun, gets this rank's line naming the
+    peer): the status file says where this rank failed either way."""
+    status = watchdog.status_dir if watchdog else None
+    if status is not None and not cause_path(status).exists():
+        gone = gone_peers(status, watchdog.rank)
+        if gone and os.environ.get("PPX_LAUNCHER_PID"):
+            watchdog.phase(f"failed on {watchdog.label}")
+            return
+        if gone:
+            where = read_status(status_path(status, gone[0].rank)) or "start-up"
+            message = f"rank {gone[0].rank} died on {where}: its process ended (rank {watchdog.rank} was on {watchdog.where()})"
+    if claim_cause(status, message):
         sys.stderr.write(f"ppx: error: {message}\n")
         sys.stderr.flush()
     if watchdog is not None:

@@ -49,12 +49,42 @@ def test_killed_rank_ends_the_job_and_is_named(run_dir):
     # the rank's status file); the survivor, unless torchrun stopped it first, names its own
     # rank and action and the peer it waited on ("rank 0 failed at step 0 on wait 0RECV_B1")
     assert "ppx: error: rank 1 died: killed by signal SIGKILL (9) on 1B1 (step 0)\n" in r.stderr, r.stderr
+    # one line: the survivor, its wait failed by the closed connection, finds its peer's
+    # process gone and leaves the naming to the launcher
+    assert [line for line in r.stderr.splitlines() if line.startswith("ppx: error:")] == [
+        "ppx: error: rank 1 died: killed by signal SIGKILL (9) on 1B1 (step 0)"
+    ], r.stderr
+    assert re.fullmatch(
+        r"failed on wait 0RECV_B\d from rank 1 \(step 0\)", read_status(run_dir / "status" / "rank0.txt")
+    )
     assert "rank 0 died" not in r.stderr and "stopped responding" not in r.stderr  # the survivor is not blamed
     assert "where each rank was" not in r.stderr  # the died line says what it would
     assert "torchrun:" not in r.stderr and "Traceback" not in r.stderr
     assert (run_dir / "incomplete.txt").read_text() == "rank 1 died: killed by signal SIGKILL (9) on 1B1 (step 0)\n"
     assert read_status(run_dir / "status" / "rank1.txt") == "1B1 (step 0)"
     assert (run_dir / "status" / "rank1.txt").read_text().rstrip() == "1B1 (step 0)"  # a plain text line
+
+
+def test_killed_rank_is_named_by_its_peer_without_ppx_run(run_dir):
+    """Started by torchrun itself (as under srun), with no `ppx run` to read torchrun's exit
+    codes: the survivor finds the killed peer's process gone and names it, in one line."""
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "ppx.cli"]
+        + ["run", "1f1b_2cpu", "runtime.timeout_s=30", "runtime.inject_fault=die@1B1", f"run.dir={run_dir}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode != 0
+    ours = [line for line in r.stderr.splitlines() if line.startswith("ppx: error:")]
+    assert len(ours) == 1, r.stderr[-3000:]
+    # rank 0 waits on one of rank 1's gradients (which, the killed send's timing decides)
+    assert re.fullmatch(
+        r"ppx: error: rank 1 died on 1B1 \(step 0\): its process ended \(rank 0 was on wait 0RECV_B\d from rank 1 \(step 0\)\)",
+        ours[0],
+    ), ours
+    assert (run_dir / "status" / "cause.txt").read_text() == ours[0].removeprefix("ppx: error: ") + "\n"
 
 
 WATCHDOG_ON_A_GPU = """
