@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from helpers import DATA, PICTURED_1F1B, REPO, ppx
+from helpers import DATA, PICTURED_1F1B, ppx, torchrun_ppx
 
 CASES = {
     "unknown key": (["gpipe_2cpu", "pipeline.stagse=4"], "Did you mean: 'stages'?"),
@@ -128,24 +126,7 @@ def test_existing_run_directory_is_never_overwritten(tmp_path):
 def test_stages_not_matching_the_process_count(tmp_path):
     """Started by torchrun with 2 processes for a 4-stage experiment: rank 0 says so in one
     line and every rank exits before any process group starts."""
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            "-m",
-            "ppx.cli",
-            "run",
-            "gpipe_4gpu",
-            f"run.root={tmp_path}",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = torchrun_ppx(2, "run", "gpipe_4gpu", f"run.root={tmp_path}", timeout=120)
     assert r.returncode != 0
     ours = [line for line in r.stderr.splitlines() if line.startswith("ppx: error:")]
     assert ours == [

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from helpers import REPO, ppx
+from helpers import REPO, ppx, torchrun_ppx
 from ppx.launch.heartbeat import read_beat
 from ppx.launch.processes import forked_worker_path
 from ppx.launch.watchdog import read_status
@@ -68,13 +68,8 @@ def test_killed_rank_ends_the_job_and_is_named(run_dir):
 def test_killed_rank_is_named_by_its_peer_without_ppx_run(run_dir):
     """Started by torchrun itself (as under srun), with no `ppx run` to read torchrun's exit
     codes: the survivor finds the killed peer's process gone and names it, in one line."""
-    r = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "ppx.cli"]
-        + ["run", "1f1b_2cpu", "runtime.timeout_s=30", "runtime.inject_fault=die@1B1", f"run.dir={run_dir}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    r = torchrun_ppx(
+        2, "run", "1f1b_2cpu", "runtime.timeout_s=30", "runtime.inject_fault=die@1B1", f"run.dir={run_dir}"
     )
     assert r.returncode != 0
     ours = [line for line in r.stderr.splitlines() if line.startswith("ppx: error:")]

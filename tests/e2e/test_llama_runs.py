@@ -3,12 +3,9 @@ when a run falls back to CPU, under ppx's launcher and under torchrun (every ran
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from omegaconf import OmegaConf
 
-from helpers import REPO, ppx, read_json
+from helpers import ppx, read_json, torchrun_ppx
 
 
 def test_llama_tiny_runs_end_to_end(tmp_path):
@@ -46,9 +43,8 @@ def test_cpu_fallback_under_torchrun_changes_the_stage_count_on_every_rank(tmp_p
         "train: {batch_size: 8, steps: 2}\n"
         "runtime: {cpu_fallback: [pipeline.stages=2, model.preset=llama-tiny]}\n"
     )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "ppx.cli"]
-    cmd += ["run", str(exp), f"run.root={tmp_path / 'runs'}", "logging.wandb.mode=disabled", "logging.report=false"]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    args = ["run", str(exp), f"run.root={tmp_path / 'runs'}", "logging.wandb.mode=disabled", "logging.report=false"]
+    r = torchrun_ppx(2, *args)
     assert r.returncode == 0, r.stderr[-3000:]
     notices = [line for line in r.stderr.splitlines() if "runtime.cpu_fallback" in line]
     assert notices == ["ppx: on CPU, runtime.cpu_fallback applies: pipeline.stages=2 model.preset=llama-tiny"]

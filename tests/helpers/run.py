@@ -51,6 +51,13 @@ def ppx(*args: str, timeout: float = 240, env: dict | None = None, cwd: Path = R
     )
 
 
+def torchrun_ppx(nproc: int, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``ppx <args>`` in each of ``nproc`` processes started by torchrun itself (as under srun or
+    a user's own torchrun: no `ppx run` launcher around them), its output captured."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "ppx.cli"]
+    return subprocess.run([*cmd, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
 def read_json(path: Path):
     return json.loads(Path(path).read_text())
 
