@@ -112,8 +112,8 @@ class RoutedLayer:
             if x.dtype != dtype and x.is_floating_point():
                 x = x.to(dtype)  # what autocast's cast would do, in the graph the same way
         store = self.store
-        if store is None or not torch.is_grad_enabled():
-            return self.op(x, w, b)
+        if store is None or store.forward_mb is None or not torch.is_grad_enabled():
+            return self.op(x, w, b)  # (no microbatch: a forward whose graph is never differentiated)
         # storing: autograd differentiates the input only (the weights enter detached); the
         # store keeps the input and where the output's gradient will arrive, for I to collect
         if not x.requires_grad:

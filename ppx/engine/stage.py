@@ -91,9 +91,10 @@ class StageRunner:
             self.weights.refresh()
             self._stale = False
         x = self._input(x)
-        if self.store is not None:
-            self.store.forward_mb = mb
-        if self.training and self.recompute is not None:  # keeps x; the graph comes in backward
+        recomputed = self.training and self.recompute is not None
+        if self.store is not None:  # a forward re-run in the I stores, not the one it re-runs
+            self.store.forward_mb = None if recomputed else mb
+        if recomputed:  # keeps x; the graph comes in backward
             out = self.recompute.forward(mb, lambda: self._run(x, target), [x, target])
             self.saved[mb] = (x, None)
         else:

@@ -43,7 +43,9 @@ class WeightStore:
         self.layers = [layer for layer in layers if not any(id(p) in shared for p in layer.params)]
         for layer in self.layers:
             layer.store = self
-        self.forward_mb: int | None = None  # the microbatch whose forward runs (or is re-run)
+        # the microbatch whose forward runs (or is re-run) and stores; None: a forward that
+        # stores nothing (under train.recompute the first forward, whose I re-runs it)
+        self.forward_mb: int | None = None
         self.inputs: dict[int, list] = {}  # mb -> [(layer, input, output's gradient edge), ...] of its forward
         self.pending: dict[int, list] = {}  # mb -> [(layer, input, output gradient), ...] in I's order
         self._small: list | None = None  # small_params() of this step
