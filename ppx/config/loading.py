@@ -84,7 +84,7 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
             if not isinstance(loaded, DictConfig) and loaded is not None:
                 raise UserError(f"experiment file {path} must hold a mapping of keys")
         for item in overrides:
-            if "=" not in item:
+            if "=" not in item or not item.partition("=")[0].strip():
                 raise UserError(f"override {item!r} must look like key=value")
         conf = _layers(None, loaded, overrides)
         if conf.model.preset is not None:

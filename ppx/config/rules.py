@@ -89,6 +89,13 @@ def check_model(cfg: Config) -> None:
         raise UserError(f"model.kind: Invalid value {m.kind!r}; choose from {', '.join(KINDS)}")
     if m.hidden < 1 or m.layers < 1:
         raise UserError("model.hidden and model.layers must be >= 1")
+    if m.kind == "hf":  # llama's own keys: a Hugging Face model reads these from its config
+        for ours, theirs in (("kv_heads", "num_key_value_heads"), ("ffn_hidden", "intermediate_size")):
+            if getattr(m, ours) is not None:
+                raise UserError(
+                    f"model.{ours} is llama's key; model.kind=hf reads it from its config: give "
+                    f"model.hf_overrides.{theirs}={getattr(m, ours)}"
+                )
     if m.kind in ("transformer", "llama"):  # the decoders: attention heads over tokens of a vocabulary
         if m.kind == "transformer" and (m.heads < 1 or m.ffn_mult < 1):
             raise UserError(f"model.heads and model.ffn_mult must be >= 1, got {m.heads} and {m.ffn_mult}")

@@ -119,8 +119,12 @@ def equal_work(experiment: str, axes, overrides: list[str]) -> str | None:
 
 def run_sweep(experiment: str, spec: str, overrides: list[str], launcher: str = "local") -> Path:
     axes = parse_spec(spec)
-    if "run.dir" in [k for k, _ in axes] + [o.split("=", 1)[0].strip() for o in overrides]:
+    fixed = [o.split("=", 1)[0].strip() for o in overrides]
+    if "run.dir" in [k for k, _ in axes] + fixed:
         raise UserError("run.dir names one run; a sweep writes its runs under <run.root>/<run.name>/sweep-<time>/")
+    both = next((k for k, _ in axes if k in fixed), None)
+    if both is not None:  # the swept values would win, the fixed one silently lost
+        raise UserError(f"{both} is swept and also given as an override; give it in --sweep only")
     grid = points(axes)
     names = [point_name(p) for p in grid]
     twice = next((n for n in names if names.count(n) > 1), None)

@@ -87,6 +87,8 @@ def main(argv: list[str]) -> int:
         for name, logger in list(logging.Logger.manager.loggerDict.items()):  # each sets its own level
             if name.startswith("torch.distributed.elastic") and isinstance(logger, logging.Logger):
                 logger.setLevel(logging.CRITICAL)
+        # its "Terminating process ... via signal SIGTERM" when a survivor outlives torchrun's grace
+        logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.CRITICAL)
     try:
         torchrun_main(argv)
     except ChildFailedError as e:

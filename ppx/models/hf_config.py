@@ -97,7 +97,8 @@ def _resolved(source: str, overrides: str, shapes: str):
         hint = ""
         if any(":" in k and given[k] is None for k in unknown):  # YAML read {key:1} as one key
             hint = " (write {key: value} with a space after the colon, or model.hf_overrides.key=value)"
-        raise UserError(f"model.hf_overrides: {', '.join(unknown)} is not a key of {type(base).__name__}{hint}")
+        what = "is not a key" if len(unknown) == 1 else "are not keys"
+        raise UserError(f"model.hf_overrides: {', '.join(unknown)} {what} of {type(base).__name__}{hint}")
     for sets in translated.values():  # a legacy name's value wins over the keys it sets
         for k in sets:
             data.pop(k, None)
@@ -107,7 +108,15 @@ def _resolved(source: str, overrides: str, shapes: str):
     try:
         return type(base)(**data)
     except Exception as e:
-        raise UserError(f"model.hf_config with those keys: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        raise UserError(f"model.hf_config with those keys: {type(e).__name__}: {_first_lines(e)}") from None
+
+
+def _first_lines(e: Exception) -> str:
+    """``e``'s first line, with the next one where the first only announces it (ends in ':')."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[1]}"
+    return lines[0] if lines else ""
 
 
 def _translates(base, key: str, value) -> set[str]:

@@ -104,8 +104,17 @@ def boundary(cfg, microbatch_size: int):
     x, _ = make_batch(cfg, 0, microbatch_size, 0)
     h, shapes = x.to("meta"), []
     with torch.no_grad():
-        for name in names[:-1]:
-            h = model.get_submodule(name)(h)
+        for name in names[:-1]:  # (not the last: its output stays on its stage, and it may do what meta cannot)
+            try:
+                h = model.get_submodule(name)(h)
+            except Exception as e:  # the units as named do not chain: say where, before any process starts
+                first = str(e).splitlines()[0] if str(e) else ""
+                raise UserError(
+                    f"model.kind=module: unit {name} fails on its input "
+                    f"(shape {tuple(h.shape)}, {h.dtype}): {type(e).__name__}: {first}"
+                ) from None
+            if not isinstance(h, torch.Tensor):
+                raise UserError(f"model.kind=module: unit {name} returns {type(h).__name__}; ppx sends one tensor")
             shapes.append((name, tuple(h.shape), h.dtype))
     if len({(s, d) for _, s, d in shapes}) > 1:
         detail = ", ".join(f"{n} {s}" for n, s, _ in shapes)

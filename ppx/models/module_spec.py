@@ -37,12 +37,17 @@ def load_function(path: str, key: str = "model.module") -> Callable:
 
 
 def build(model):
-    """The user's model (the config's model section in, an nn.Module out)."""
+    """The user's model (the config's model section in, an nn.Module out). The function gets
+    the section as an OmegaConf DictConfig, whatever holds it here (the loading config, or the
+    resolved dataclass): ``model.args.width`` and ``model.args.get("width", 32)`` both read
+    its own keys."""
+    from omegaconf import DictConfig, OmegaConf
     from torch import nn
 
     fn = load_function(model.module)
+    section = model if isinstance(model, DictConfig) else OmegaConf.structured(model)
     try:
-        got = fn(model)
+        got = fn(section)
     except UserError:
         raise
     except Exception as e:
@@ -107,7 +112,8 @@ def shape_defaults(model) -> dict:
 
 
 def check(cfg) -> None:
-    """The module imports and builds, its units cover it, model.layers is their count, and
+    """The module imports and builds, its units cover it and chain (one forward on the meta
+    device, handing one shape from unit to unit), model.layers is their count, and
     model.split_points (if given) become pipeline.layers_per_stage."""
     from ppx.schedules import registry
 
@@ -135,11 +141,14 @@ def check(cfg) -> None:
         starts = [names.index(s) for s in m.split_points]
         if len(starts) != stages - 1 or starts != sorted(set(starts)) or starts[0] == 0:
             raise UserError(
-                f"model.split_points: {len(starts)} points for {stages} stages; give {stages - 1} units in forward "
-                "order, the first stage beginning at the first unit"
+                f"model.split_points: {len(starts)} points for {stages} stages; give {stages - 1} "
+                f"unit{'s' if stages != 2 else ''} in forward order, the first stage beginning at the first unit"
             )
         bounds = [0, *starts, len(names)]
         p.layers_per_stage = [b - a for a, b in zip(bounds, bounds[1:])]
+    from ppx.models.module import boundary
+
+    boundary(m, max(cfg.train.batch_size // p.microbatches, 1))  # the units chain, one shape between them
     tied = [n for n, k in shared_in(module, names) if len(k) > 1]
     if tied and registry.runs_on_torch(p.schedule, p.executor):
         raise UserError(f"model.module: {tied[0]} is shared by several units; torch's executor does not sum its copies")

@@ -17,6 +17,7 @@ class WandbSink:
     def __init__(self, cfg, run_dir: Path, config_dict: dict):
         self.run = None
         self.run_dir = run_dir
+        self.last_step: int | None = None  # the run's last step: the pictures and report log there
         w = cfg.logging.wandb
         # ppx prints its own W&B line; Settings(silent=True) leaves artifact uploads chatty
         os.environ.setdefault("WANDB_SILENT", "true")
@@ -59,10 +60,12 @@ class WandbSink:
             self.run = None
 
     def step(self, step: int, scalars: dict[str, float]) -> None:
+        self.last_step = step
         self._guard("log", lambda: self.run.log(scalars, step=step))
 
     def finish(self, summary: dict, run_dir: Path) -> None:
         wandb = self.wandb if self.run is not None else None
+        at = {} if self.last_step is None else {"step": self.last_step}  # not a step after the run's last
 
         def final():
             keys = (
@@ -79,14 +82,14 @@ class WandbSink:
             ranks = summary.get("ranks", [])
             if ranks:
                 cols = sorted({k for r in ranks for k in r}, key=lambda k: (k != "rank", k))
-                self.run.log({"ranks": wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in ranks])})
+                self.run.log({"ranks": wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in ranks])}, **at)
             pictures = {k: run_dir / f"{k}.png" for k in ("timeline", "breakdown")}
             pictures = {k: wandb.Image(str(p)) for k, p in pictures.items() if p.exists()}
             if pictures:
-                self.run.log(pictures)
+                self.run.log(pictures, **at)
             page = run_dir / "report.html"
             if page.exists():  # the file as it is (inject=False: no W&B stylesheet link added)
-                self.run.log({"report": wandb.Html(str(page), inject=False)})
+                self.run.log({"report": wandb.Html(str(page), inject=False)}, **at)
             traces = sorted((run_dir / "tb").glob("*.pt.trace.json"))  # profile.enabled: torch.profiler's
             extra = [p for p in (run_dir / "timeline.json",) if p.exists()]
             if extra or traces:

@@ -25,6 +25,7 @@ CASES = {
     "unknown model": (["gpipe_2cpu", "model.kind=rnn"], "model.kind: Invalid value 'rnn'"),
     "unknown experiment": (["no_such_experiment"], "unknown experiment 'no_such_experiment'; choose from"),
     "malformed override": (["gpipe_2cpu", "pipeline.stages"], "override 'pipeline.stages' must look like key=value"),
+    "override without a key": (["gpipe_2cpu", "=3"], "override '=3' must look like key=value"),
     "bad fault spec": (["gpipe_2cpu", "runtime.inject_fault=explode"], "must look like hang@<action>"),
     "untraceable model": (
         ["gpipe_2cpu", "model.kind=synthetic", "pipeline.split=tracer"],
@@ -166,6 +167,10 @@ OTHER_COMMANDS = {
     "sweep: a key twice": (
         ["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2 pipeline.microbatches=8"],
         "sweep key pipeline.microbatches is given twice",
+    ),
+    "sweep: a key swept and fixed": (
+        ["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2,4", "pipeline.microbatches=8"],
+        "pipeline.microbatches is swept and also given as an override; give it in --sweep only",
     ),
     "sweep: a value twice": (
         ["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=4,4"],

@@ -115,6 +115,8 @@ def test_wandb_offline_run_holds_the_logged_history(profiled_run):
     rows = [row for row in wandb_file.history(wb) if "loss" in row]
     assert [row["loss"] for row in rows] == pytest.approx(summary["losses"], rel=1e-6)
     assert [row["_step"] for row in rows] == [0, 1, 2, 3, 4]
+    # the pictures, the ranks' table and the report log at the last step, not at steps after it
+    assert max(row["_step"] for row in wandb_file.history(wb)) == 4
     assert all("bubble/measured" in row and "compute_s/rank1" in row for row in rows)
     final = wandb_file.summary(wb)
     assert final["bubble_fraction"] == pytest.approx(summary["bubble_fraction"])

@@ -24,3 +24,14 @@ def batch(model, seed: int, batch_size: int, step: int):
 
 def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (output - target).abs().mean()  # L1: not ppx's own MSE or cross-entropy
+
+
+def build_by_attribute(model) -> nn.Module:
+    """docs/running.md's way: ``model.args.width``, as attributes."""
+    a = model.args
+    return nn.Sequential(*[nn.Sequential(nn.Linear(a.width, a.width), nn.Tanh()) for _ in range(a.depth)])
+
+
+def uneven(model) -> nn.Module:
+    """Units that hand on tensors of two shapes (32, then 16): ppx sends one."""
+    return nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 16), nn.Linear(16, 16))

@@ -12,6 +12,10 @@ from ppx.errors import UserError
 
 pytest.importorskip("transformers")
 
+# helpers/own_module.py's: 4 x (Linear, Tanh), 8 units (a Sequential stands for its children)
+SEQUENTIAL = ["1f1b_2cpu", "model.kind=module", "model.data=regression", "model.args={width: 16, depth: 4}"]
+
+
 CASES = {
     "hf architecture whose own forward does more than its parts": (
         ["hf_llama_tiny_1f1b_2cpu", "model.hf_config=cohere"],
@@ -29,6 +33,18 @@ CASES = {
     "hf override that is not a config key": (
         ["hf_llama_tiny_1f1b_2cpu", "model.hf_overrides.n_layers=2"],
         "model.hf_overrides: n_layers is not a key of LlamaConfig",
+    ),
+    "hf overrides that are not config keys": (
+        ["hf_llama_tiny_1f1b_2cpu", "model.hf_overrides.foo=1", "model.hf_overrides.bar=2"],
+        "model.hf_overrides: bar, foo are not keys of LlamaConfig",
+    ),
+    "hf heads that do not divide the width": (  # the validator's reason, not only its name
+        ["hf_llama_tiny_1f1b_2cpu", "model.heads=3"],
+        "validate_architecture': ValueError: The hidden size (64) is not a multiple of the number of attention heads",
+    ),
+    "hf with llama's kv_heads": (
+        ["hf_llama_tiny_1f1b_2cpu", "model.kv_heads=1"],
+        "model.kv_heads is llama's key; model.kind=hf reads it from its config: give model.hf_overrides.num_key_value_heads=1",
     ),
     "hf more stages than units": (
         ["hf_llama_tiny_1f1b_2cpu", "pipeline.stages=8", "model.layers=2"],
@@ -58,6 +74,14 @@ CASES = {
         ["examples/tiny_gpt.yaml", "pipeline.executor=torch"],
         "embed.tokens.weight is shared by several units; torch's executor does not sum its copies",
     ),
+    "module units that do not chain": (
+        [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.layers=8", "model.hidden=64"],
+        "model.kind=module: unit 0.0 fails on its input (shape (8, 64), torch.float32): RuntimeError: ",
+    ),
+    "module units of different shapes": (
+        [*SEQUENTIAL, "model.module=helpers.own_module:uneven", "model.layers=3", "model.hidden=16"],
+        "the units hand on tensors of different shapes (0 (8, 32), 1 (8, 16)); ppx sends one",
+    ),
     "module tied weights under the tracer": (
         ["examples/tiny_gpt.yaml", "pipeline.split=tracer"],
         "torch's tracer split gives each stage its own copy",
@@ -69,6 +93,22 @@ CASES = {
 def test_a_mistake_is_one_line_before_any_work(case, monkeypatch):
     (experiment, *overrides), expected = CASES[case]
     monkeypatch.chdir(REPO)  # examples/ and the module paths are the checkout's
+    monkeypatch.syspath_prepend(str(REPO / "tests"))  # helpers.own_module
     with pytest.raises(UserError) as e:
         config.load(experiment, overrides)
     assert expected in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_model_function_reads_its_args_as_attributes_wherever_it_is_called(monkeypatch):
+    """docs/running.md's `a = model.args; a.width`: the function gets the model section as a
+    DictConfig both while the config loads and where the ranks build their stages."""
+    from ppx.models import module, module_spec
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    own = "model.module=helpers.own_module:build_by_attribute"
+    cfg = config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], own, "model.layers=8", "model.hidden=16"])
+    assert isinstance(cfg.model.args, dict)  # the resolved config's: a plain dict
+    assert len(module_spec.build(cfg.model)) == 4
+    stage = module.build_stage(cfg.model, 0, 1, 2, range(4, 8))
+    assert [n for n, _ in stage.named_parameters()] == ["2.0.weight", "2.0.bias", "3.0.weight", "3.0.bias"]
