@@ -7,6 +7,8 @@ from __future__ import annotations
 import glob
 import json
 import math
+import sys
+import textwrap
 from pathlib import Path
 
 from ppx import schedules
@@ -35,8 +37,10 @@ COLUMNS = [  # (header, key, format)
 
 def find_runs(patterns: list[str]) -> list[RunDir]:
     """Completed run directories (holding summary.json) named by paths or globs; a folder
-    without a summary.json contributes every run below it."""
+    without a summary.json contributes every run below it. Runs that did not complete
+    (incomplete.txt, no summary.json) are left out, in one line on stderr saying which."""
     found: list[Path] = []
+    left: list[Path] = []
     for pat in patterns:
         matches = sorted(glob.glob(pat)) or []
         if not matches:
@@ -46,9 +50,16 @@ def find_runs(patterns: list[str]) -> list[RunDir]:
                 found.append(m)
             elif m.is_dir():  # in the order the runs finished (a sweep's order)
                 found += [p.parent for p in sorted(m.rglob("summary.json"), key=lambda p: p.stat().st_mtime)]
+                left += [
+                    p.parent for p in sorted(m.rglob("incomplete.txt")) if not (p.parent / "summary.json").exists()
+                ]
     unique = list(dict.fromkeys(found))
     if not unique:
         raise UserError(f"no completed run (summary.json) under {' '.join(patterns)}")
+    left = list(dict.fromkeys(left))
+    if left:
+        names = ", ".join(map(str, left[:3])) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+        print(f"ppx compare: left out {len(left)} run(s) that did not complete: {names}", file=sys.stderr)
     return [RunDir(p) for p in unique]
 
 
@@ -116,13 +127,18 @@ def plot_runs(rows: list[dict], path: Path, title: str = "") -> None:
     import matplotlib.pyplot as plt
 
     x = list(range(len(rows)))
-    labels = [r.get("label") or r["name"] for r in rows]
     width = max(11.0, 0.5 * len(rows) + 8)
-    longest = max(len(t) for t in labels)
-    # a label wider than its bar's share of a panel is drawn slanted; the figure grows by what
-    # the slanted labels need under each row of panels
+    # a label wider than its bar's share of a panel (in characters of the 8-point tick font,
+    # about 0.075 inch each) is wrapped at its spaces, and drawn slanted if a line is still wider;
+    # the figure grows by what the labels need under each row of panels
+    fits = max(int(0.85 * width / 3 / len(rows) / 0.075), 12)
+    labels = [
+        textwrap.fill(r.get("label") or r["name"], fits, break_long_words=False, break_on_hyphens=False) for r in rows
+    ]
+    lines = max(t.count("\n") + 1 for t in labels)
+    longest = max(len(line) for t in labels for line in t.splitlines())
     rotate = longest * 0.075 > 0.85 * width / 3 / len(rows)
-    grow = 2 * longest * 0.075 * math.sin(math.radians(35)) if rotate else 0.0
+    grow = 2 * (lines - 1) * 0.14 + (2 * longest * 0.075 * math.sin(math.radians(35)) if rotate else 0.0)
     fig, axes = plt.subplots(2, 3, figsize=(width, 7 + grow))
     panels = [
         (axes[0][0], "step time (ms)", [r["step_ms"] for r in rows]),

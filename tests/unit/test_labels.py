@@ -122,3 +122,19 @@ def test_an_interleaved_run_is_labelled_by_its_ranks(tmp_path):
     (tmp_path / "il" / "summary.json").write_text(json.dumps(summary))
     flat = flat_config(RunDir(tmp_path / "il"))
     assert flat["pipeline.stages"] == 2 and flat["pipeline.virtual_stages"] == 2
+
+
+def test_long_labels_are_wrapped_and_every_panel_keeps_its_room(tmp_path, recwarn):
+    """Five runs labelled by three long keys each: compare.png wraps them at their spaces, and
+    matplotlib lays the panels out with room for them (it warned "Tight layout not applied" and
+    drew them over the panels below when they were single slanted lines)."""
+    from ppx.report.compare import plot_runs
+
+    keys = "recompute=selective split_backward=graph dtype=bf16 executor=torch"
+    rows = [
+        {"name": f"r{k}", "label": f"zb_h1 v={k} {keys}", "step_ms": 10.0 + k, "throughput": 100.0}
+        | {"peak_mem_mib": 200.0, "peak_act_kib": 3000.0, "bubble": 0.2, "predicted": 0.2, "theory": 0.1}
+        for k in range(5)
+    ]
+    plot_runs(rows, tmp_path / "compare.png", "5 runs")
+    assert not [w for w in recwarn if "ight layout" in str(w.message)], [str(w.message) for w in recwarn]

@@ -118,6 +118,17 @@ def test_compare_rows_come_from_the_run_dir(run):
     assert (row["peak_act_kib"], row["peak_mem_mib"], row["final_loss"]) == (4.0, 2.0, 0.25)
 
 
+def test_compare_leaves_out_a_run_that_did_not_complete_and_says_so(run, capsys):
+    from ppx.report.compare import find_runs
+
+    failed = run.parent / "failed"
+    failed.mkdir()
+    (failed / "incomplete.txt").write_text("rank 1 died: killed by signal SIGKILL (9) on 1B1 (step 0)\n")
+    (found,) = find_runs([str(run.parent / "*")])
+    assert found.path == run
+    assert capsys.readouterr().err == f"ppx compare: left out 1 run(s) that did not complete: {failed}\n"
+
+
 def test_simulate_from_run_reads_summary_config_and_env(run, capsys):
     from ppx.cli import main
 
