@@ -3,12 +3,15 @@ thread of its own, so a rank whose process is frozen (SIGSTOP, a stuck node) is 
 from one that is merely waiting on a peer: a waiting rank's thread still beats, a stopped
 process's threads all stop.
 
-The file is one fixed-size text line, ``<pid> <host> <count> <unix time> <state>``, rewritten
+The file is one fixed-size text line, ``<pid> <host> <count> <unix time> <state> <pid
+namespace>``, rewritten
 in place and closed after each beat (on a shared filesystem, close is what publishes it to
 other nodes). Readers open it anew each time and compare counts, so they need no clock in
 common with the writer: a beat that has not moved across a window is stale, whatever the
 clocks say. The launcher (`ppx.launch.supervisor`) watches them; the in-rank watchdog reads
-them when it fires, to name a frozen peer instead of blaming itself for waiting on it.
+them when it fires, to name a frozen peer instead of blaming itself for waiting on it; a rank
+that fails looks up its peers' pids (`gone_peers`), where it can see them (the same host and
+pid namespace), to tell a peer killed from under it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Beat:
     count: int
     wall: float  # the writer's time.time() at the beat (for messages only)
     state: str  # "alive", or "done" once the rank has ended on its own
+    pidns: str = "-"  # the writer's pid namespace ("-": unknown): where its pid means that process
 
     @property
     def key(self) -> tuple:
@@ -53,6 +57,7 @@ class Heartbeat:
         self.interval_s = interval_s
         self.count = 0
         self._prefix = f"{os.getpid()} {this_host()}"
+        self._suffix = pid_namespace()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ppx-heartbeat", daemon=True)
 
@@ -74,7 +79,7 @@ class Heartbeat:
 
     def _write(self, state: str) -> None:
         self.count += 1
-        line = f"{self._prefix} {self.count} {time.time():.1f} {state}".encode()
+        line = f"{self._prefix} {self.count} {time.time():.1f} {state} {self._suffix}".encode()
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
             try:
@@ -88,7 +93,8 @@ class Heartbeat:
 def read_beat(path: Path, rank: int) -> Beat | None:
     try:
         fields = Path(path).read_text(errors="replace").split()
-        return Beat(rank, int(fields[0]), fields[1], int(fields[2]), float(fields[3]), fields[4])
+        ns = fields[5] if len(fields) > 5 else "-"
+        return Beat(rank, int(fields[0]), fields[1], int(fields[2]), float(fields[3]), fields[4], ns)
     except (OSError, ValueError, IndexError):  # absent, or caught mid-write: no news
         return None
 
@@ -124,20 +130,26 @@ def this_host() -> str:
     return socket.gethostname().split(".")[0] or "-"
 
 
-def gone_peers(status_dir: Path, me: int, wait_s: float = 0.5) -> list[Beat]:
-    """The other ranks of this machine whose process ended without saying 'done' (killed),
-    looked for until one is found or ``wait_s`` passed: a killed process closes its sockets
-    (its peers' waits fail) a moment before /proc shows it a zombie. A peer on another machine
-    cannot be looked up here and is never listed."""
-    host, end = this_host(), time.monotonic() + wait_s
+def pid_namespace() -> str:
+    """This process's pid namespace (its /proc/self/ns/pid inode), "-" where there is none to read."""
+    try:
+        return os.readlink("/proc/self/ns/pid").rsplit("[", 1)[-1].rstrip("]")
+    except OSError:
+        return "-"
+
+
+def gone_peers(status_dir: Path, me: int, wait_s: float = 1.0) -> list[Beat]:
+    """The other ranks whose process ended without saying 'done' (killed), among those whose
+    pid this process can look up (the same host and pid namespace: a peer elsewhere is never
+    listed), looked for until one is found or ``wait_s`` passed: a killed process closes its
+    sockets (its peers' waits fail) a moment before /proc shows it a zombie."""
+    host, ns, end = this_host(), pid_namespace(), time.monotonic() + wait_s
+    if ns == "-":
+        return []
     while True:
-        beats = read_beats(status_dir)
-        gone = [
-            b
-            for r, b in sorted(beats.items())
-            if r != me and b.state == "alive" and b.host == host and not process_alive(b.pid)
-        ]
-        if gone or time.monotonic() >= end or not any(b.host == host for r, b in beats.items() if r != me):
+        mine = [b for r, b in sorted(read_beats(status_dir).items()) if r != me and b.host == host and b.pidns == ns]
+        gone = [b for b in mine if b.state == "alive" and not process_alive(b.pid)]
+        if gone or not mine or time.monotonic() >= end:
             return gone
         time.sleep(0.01)
 

@@ -175,7 +175,7 @@ class Watchdog:
         frozen = stale_peers(self.status_dir, self.rank)
         if not frozen:
             return False
-        if not self._deferred and _launcher_alive():
+        if not self._deferred and launcher_alive():
             self._deferred = True
             self.since = time.monotonic()
             return True
@@ -194,7 +194,7 @@ class Watchdog:
         os._exit(EXIT_TIMEOUT)
 
 
-def _launcher_alive() -> bool:
+def launcher_alive() -> bool:
     """Whether the ``ppx run`` that started this job (PPX_LAUNCHER_PID) is still there."""
     try:
         pid = int(os.environ.get("PPX_LAUNCHER_PID", ""))

@@ -23,7 +23,7 @@ from ppx.launch import claim, environment
 from ppx.launch.affinity import pin_local_rank
 from ppx.launch.faults import FaultInjector
 from ppx.launch.heartbeat import gone_peers
-from ppx.launch.watchdog import Watchdog, cause_path, claim_cause, read_status, status_path
+from ppx.launch.watchdog import Watchdog, cause_path, claim_cause, launcher_alive, read_status, status_path
 from ppx.report.run_dir import write_json
 from ppx.report.run_report import RunReport
 
@@ -77,7 +77,7 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
         watchdog.phase("done")
         return code
     except (ActionFailed, UserError) as e:
-        _report(watchdog, str(e))
+        _report(watchdog, str(e), own=not isinstance(e, ActionFailed))
         return 2 if isinstance(e, UserError) and not isinstance(e, ActionFailed) else 1
     except Exception as e:
         if os.environ.get("PPX_TRACEBACK"):  # for ppx's developers: the whole story, not one line
@@ -94,16 +94,17 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
             dist.destroy_process_group()
 
 
-def _report(watchdog: Watchdog | None, message: str) -> None:
+def _report(watchdog: Watchdog | None, message: str, own: bool = False) -> None:
     """This rank's failure in one line, unless another rank failed first (its line is the
     job's cause; this one, a peer gone from under a wait, its consequence) or a peer of this
     machine was killed (it had no time to say so: `ppx run` names it with its signal, from
     torchrun's exit codes; a job without it, as under srun, gets this rank's line naming the
-    peer): the status file says where this rank failed either way."""
+    peer): the status file says where this rank failed either way. ``own``: a mistake of this
+    rank's own input (a UserError), which no peer's death explains."""
     status = watchdog.status_dir if watchdog else None
-    if status is not None and not cause_path(status).exists():
+    if status is not None and not own and not cause_path(status).exists():
         gone = gone_peers(status, watchdog.rank)
-        if gone and os.environ.get("PPX_LAUNCHER_PID"):
+        if gone and launcher_alive():
             watchdog.phase(f"failed on {watchdog.label}")
             return
         if gone:

@@ -86,8 +86,9 @@ def block_name(cfg, block: int) -> str:
 
 
 def make_batch(cfg, seed: int, batch_size: int, step: int):
-    if cfg.batch_fn:
-        return module_spec.load_function(cfg.batch_fn, "model.batch_fn")(cfg, seed, batch_size, step)
+    if cfg.batch_fn:  # your function gets the model section as your model function does
+        fn = module_spec.load_function(cfg.batch_fn, "model.batch_fn")
+        return fn(module_spec.section(cfg), seed, batch_size, step)
     return (transformer if cfg.data == "tokens" else mlp).make_batch(cfg, seed, batch_size, step)
 
 
@@ -97,12 +98,21 @@ def loss(output, target):
     return _LOSS["fn"](output, target)
 
 
-def boundary(cfg, microbatch_size: int):
-    """The activation's shape between units (every unit's output but the last's must share
-    one: ppx sends one shape), from one run on the meta device."""
+def unit_shapes(cfg, microbatch_size: int) -> list[tuple[str, tuple, torch.dtype]]:
+    """Each unit's output (name, shape, dtype) but the last's, from one run of a first
+    microbatch on the meta device (no memory, no compute); a unit that fails on what it is
+    handed, or a batch function that fails, is one line."""
     model, names = module_spec.described(cfg)
-    x, _ = make_batch(cfg, 0, microbatch_size, 0)
-    h, shapes = x.to("meta"), []
+    try:
+        x, _ = make_batch(cfg, 0, microbatch_size, 0)
+        h = x.to("meta")
+    except UserError:
+        raise
+    except Exception as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        where = f"model.batch_fn={cfg.batch_fn}" if cfg.batch_fn else f"model.data={cfg.data}"
+        raise UserError(f"{where}: a first microbatch's inputs failed: {type(e).__name__}: {first}") from None
+    shapes = []
     with torch.no_grad():
         for name in names[:-1]:  # (not the last: its output stays on its stage, and it may do what meta cannot)
             try:
@@ -116,6 +126,13 @@ def boundary(cfg, microbatch_size: int):
             if not isinstance(h, torch.Tensor):
                 raise UserError(f"model.kind=module: unit {name} returns {type(h).__name__}; ppx sends one tensor")
             shapes.append((name, tuple(h.shape), h.dtype))
+    return shapes
+
+
+def boundary(cfg, microbatch_size: int):
+    """The activation's shape between units (every unit's output but the last's must share
+    one: ppx sends one shape), from `unit_shapes`."""
+    shapes = unit_shapes(cfg, microbatch_size)
     if len({(s, d) for _, s, d in shapes}) > 1:
         detail = ", ".join(f"{n} {s}" for n, s, _ in shapes)
         raise UserError(f"model.kind=module: the units hand on tensors of different shapes ({detail}); ppx sends one")

@@ -36,18 +36,37 @@ def load_function(path: str, key: str = "model.module") -> Callable:
     return fn
 
 
+_SECTIONS: dict = {}  # id(model) -> (model, its repr, its DictConfig): one per resolved config
+
+
+def section(model):
+    """The model section as your functions get it: an OmegaConf DictConfig (``model.args.width``
+    and ``model.args.get("width", 32)`` both read your keys), whether ppx holds the loading
+    config (a DictConfig already) or the resolved dataclass (made once per config object)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(model, DictConfig):
+        return model
+    now = repr(model)  # (its values: a section changed since is made again)
+    got = _SECTIONS.get(id(model))
+    if got is None or got[0] is not model or got[1] != now:
+        try:
+            got = _SECTIONS[id(model)] = (model, now, OmegaConf.structured(model))
+        except Exception as e:  # a value OmegaConf cannot hold (a config made in code)
+            raise UserError(f"model: cannot hand the model section to model.module: {type(e).__name__}: {e}") from None
+    return got[2]
+
+
 def build(model):
     """The user's model (the config's model section in, an nn.Module out). The function gets
     the section as an OmegaConf DictConfig, whatever holds it here (the loading config, or the
     resolved dataclass): ``model.args.width`` and ``model.args.get("width", 32)`` both read
     its own keys."""
-    from omegaconf import DictConfig, OmegaConf
     from torch import nn
 
     fn = load_function(model.module)
-    section = model if isinstance(model, DictConfig) else OmegaConf.structured(model)
     try:
-        got = fn(section)
+        got = fn(section(model))
     except UserError:
         raise
     except Exception as e:
@@ -146,9 +165,12 @@ def check(cfg) -> None:
             )
         bounds = [0, *starts, len(names)]
         p.layers_per_stage = [b - a for a, b in zip(bounds, bounds[1:])]
-    from ppx.models.module import boundary
+    from ppx.models.module import boundary, unit_shapes
 
-    boundary(m, max(cfg.train.batch_size // p.microbatches, 1))  # the units chain, one shape between them
+    # the units chain on a rank's microbatch, handing on one shape (torch's executor finds each
+    # stage's shapes itself: there they only chain)
+    mbs = max(cfg.train.batch_size // max(cfg.parallel.data, 1) // p.microbatches, 1)
+    (unit_shapes if registry.runs_on_torch(p.schedule, p.executor) else boundary)(m, mbs)
     tied = [n for n, k in shared_in(module, names) if len(k) > 1]
     if tied and registry.runs_on_torch(p.schedule, p.executor):
         raise UserError(f"model.module: {tied[0]} is shared by several units; torch's executor does not sum its copies")

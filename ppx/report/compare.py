@@ -53,12 +53,12 @@ def find_runs(patterns: list[str]) -> list[RunDir]:
                 left += [
                     p.parent for p in sorted(m.rglob("incomplete.txt")) if not (p.parent / "summary.json").exists()
                 ]
-    unique = list(dict.fromkeys(found))
+    unique, left = list(dict.fromkeys(found)), list(dict.fromkeys(left))
+    names = ", ".join(map(str, left[:3])) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
     if not unique:
-        raise UserError(f"no completed run (summary.json) under {' '.join(patterns)}")
-    left = list(dict.fromkeys(left))
+        failed = f" ({len(left)} that did not complete: {names})" if left else ""
+        raise UserError(f"no completed run (summary.json) under {' '.join(patterns)}{failed}")
     if left:
-        names = ", ".join(map(str, left[:3])) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
         print(f"ppx compare: left out {len(left)} run(s) that did not complete: {names}", file=sys.stderr)
     return [RunDir(p) for p in unique]
 

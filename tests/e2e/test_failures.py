@@ -46,8 +46,7 @@ def test_killed_rank_ends_the_job_and_is_named(run_dir):
     )
     assert r.returncode != 0
     # the launcher names the killed rank, the signal and its action (torchrun's exit codes and
-    # the rank's status file); the survivor, unless torchrun stopped it first, names its own
-    # rank and action and the peer it waited on ("rank 0 failed at step 0 on wait 0RECV_B1")
+    # the rank's status file)
     assert "ppx: error: rank 1 died: killed by signal SIGKILL (9) on 1B1 (step 0)\n" in r.stderr, r.stderr
     # one line: the survivor, its wait failed by the closed connection, finds its peer's
     # process gone and leaves the naming to the launcher

@@ -35,3 +35,14 @@ def build_by_attribute(model) -> nn.Module:
 def uneven(model) -> nn.Module:
     """Units that hand on tensors of two shapes (32, then 16): ppx sends one."""
     return nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 16), nn.Linear(16, 16))
+
+
+def batch_by_attribute(model, seed: int, batch_size: int, step: int):
+    """`batch`, reading ``model.args.width`` as an attribute (as docs/running.md's functions do)."""
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    x = torch.randn(batch_size, model.args.width, generator=g)
+    return x, x.flip(-1).sin()
+
+
+def batch_that_fails(model, seed: int, batch_size: int, step: int):
+    raise RuntimeError("no dataset here")

@@ -78,9 +78,23 @@ CASES = {
         [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.layers=8", "model.hidden=64"],
         "model.kind=module: unit 0.0 fails on its input (shape (8, 64), torch.float32): RuntimeError: ",
     ),
+    "module batch function that fails": (
+        [
+            *SEQUENTIAL,
+            "model.module=helpers.own_module:build",
+            "model.layers=8",
+            "model.batch_fn=helpers.own_module:batch_that_fails",
+        ],
+        "model.batch_fn=helpers.own_module:batch_that_fails: a first microbatch's inputs failed: RuntimeError: no dataset here",
+    ),
     "module units of different shapes": (
         [*SEQUENTIAL, "model.module=helpers.own_module:uneven", "model.layers=3", "model.hidden=16"],
         "the units hand on tensors of different shapes (0 (8, 32), 1 (8, 16)); ppx sends one",
+    ),
+    "module units that do not chain under torch's executor": (
+        [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.layers=8", "model.hidden=64"]
+        + ["pipeline.executor=torch"],
+        "model.kind=module: unit 0.0 fails on its input (shape (8, 64), torch.float32): RuntimeError: ",
     ),
     "module tied weights under the tracer": (
         ["examples/tiny_gpt.yaml", "pipeline.split=tracer"],
@@ -100,15 +114,29 @@ def test_a_mistake_is_one_line_before_any_work(case, monkeypatch):
 
 
 def test_a_model_function_reads_its_args_as_attributes_wherever_it_is_called(monkeypatch):
-    """docs/running.md's `a = model.args; a.width`: the function gets the model section as a
-    DictConfig both while the config loads and where the ranks build their stages."""
+    """docs/running.md's `a = model.args; a.width`: the model and batch functions get the model
+    section as a DictConfig both while the config loads and where the ranks build their stages."""
     from ppx.models import module, module_spec
 
     monkeypatch.chdir(REPO)
     monkeypatch.syspath_prepend(str(REPO / "tests"))
-    own = "model.module=helpers.own_module:build_by_attribute"
-    cfg = config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], own, "model.layers=8", "model.hidden=16"])
+    own = ["model.module=helpers.own_module:build_by_attribute", "model.batch_fn=helpers.own_module:batch_by_attribute"]
+    cfg = config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], *own, "model.layers=8", "model.hidden=16"])
     assert isinstance(cfg.model.args, dict)  # the resolved config's: a plain dict
     assert len(module_spec.build(cfg.model)) == 4
+    x, y = module.make_batch(cfg.model, 0, 8, 0)  # the batch function too
+    assert x.shape == y.shape == (8, 16)
     stage = module.build_stage(cfg.model, 0, 1, 2, range(4, 8))
     assert [n for n, _ in stage.named_parameters()] == ["2.0.weight", "2.0.bias", "3.0.weight", "3.0.bias"]
+
+
+def test_units_of_different_shapes_run_on_torchs_executor(monkeypatch):
+    """torch's executor finds each stage's shapes itself: units handing on two shapes load
+    there, where the only stage boundary hands on one."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    own = ["model.module=helpers.own_module:uneven", "model.layers=3", "model.hidden=16"]
+    cfg = config.load(
+        SEQUENTIAL[0], [*SEQUENTIAL[1:], *own, "pipeline.executor=torch", "pipeline.layers_per_stage=[2,1]"]
+    )
+    assert cfg.pipeline.executor == "torch"

@@ -127,6 +127,8 @@ def test_compare_leaves_out_a_run_that_did_not_complete_and_says_so(run, capsys)
     (found,) = find_runs([str(run.parent / "*")])
     assert found.path == run
     assert capsys.readouterr().err == f"ppx compare: left out 1 run(s) that did not complete: {failed}\n"
+    with pytest.raises(UserError, match=f"no completed run .* \\(1 that did not complete: {failed}\\)"):
+        find_runs([str(failed)])
 
 
 def test_simulate_from_run_reads_summary_config_and_env(run, capsys):
