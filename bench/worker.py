@@ -3,7 +3,8 @@
 Measures, side by side in one process group and alternating step by step, the variants a
 case names: ``ppx`` (timers off), ``ppx_timers``, ``ppx_all`` (timers + memory counters as
 `ppx run` has them: saved bytes counted in the first ``instrument.memory_steps`` steps),
-``ppx_all_steps`` (the counters counting every step: ``instrument.memory_steps=0``), and ``torch`` (torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B on the very same
+``ppx_all_steps`` (the counters counting every step: ``instrument.memory_steps=0``), and
+``torch`` (torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B on the very same
 stage modules and data, made before the step as a prefetching loader has it), in processes
 pinned as `ppx run` pins them. A ppx variant may name another schedule after an ``@``
 (``ppx_all@zb_h1``): it runs that schedule on a pipeline of its own, built from the same
@@ -121,9 +122,12 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = config.load(args.experiment, args.overrides + [f"pipeline.stages={world}"])
     schedule = resolve_schedule(cfg)
-    everything = lambda inst: inst.observers  # noqa: E731
-    observed = {"ppx": lambda inst: [], "ppx_timers": lambda inst: [inst.timer], "ppx_all": everything}
-    observed["ppx_all_steps"] = everything
+    observed = {
+        "ppx": lambda inst: [],
+        "ppx_timers": lambda inst: [inst.timer],
+        "ppx_all": lambda inst: inst.observers,
+        "ppx_all_steps": lambda inst: inst.observers,
+    }
 
     def make(variant: str):
         if variant == "torch":

@@ -162,15 +162,14 @@ class MemoryTracker:
         if item.kind != "compute":
             return
         a = item.actions[0]
+        if a.op is Op.F:  # every step: the executor's count, no hooks
+            self.peak_inflight = max(self.peak_inflight, self.in_flight())
         if not self.counting:
-            if a.op is Op.F:
-                self.peak_inflight = max(self.peak_inflight, self.in_flight())
             return
         if a.op is Op.F:
             self._hooks.__exit__(None, None, None)
             self._note(self._stored(a.stage, a.mb) or ())  # a storing stage keeps its layers' inputs itself
             self._hold(a.stage, a.mb)
-            self.peak_inflight = max(self.peak_inflight, self.in_flight())
         elif a.op in (Op.B, Op.W):
             self._release(self.held.pop((a.stage, a.mb), ()))
         elif a.op is Op.I and self.training:

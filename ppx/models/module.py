@@ -98,30 +98,33 @@ def loss(output, target):
     return _LOSS["fn"](output, target)
 
 
-def unit_shapes(cfg, microbatch_size: int) -> list[tuple[str, tuple, torch.dtype]]:
+def _said(e: Exception) -> str:
+    """``Type: its first line``, for one-line errors."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def unit_shapes(cfg, microbatch_size: int, described: tuple | None = None) -> list[tuple[str, tuple, torch.dtype]]:
     """Each unit's output (name, shape, dtype) but the last's, from one run of a first
-    microbatch on the meta device (no memory, no compute); a unit that fails on what it is
-    handed, or a batch function that fails, is one line."""
-    model, names = module_spec.described(cfg)
+    microbatch on the meta device (no memory, no compute) through ``described`` (the model
+    built on meta and its unit names, `module_spec.described`: built here when None); a unit
+    that fails on what it is handed, or a batch function that fails, is one line."""
+    model, names = described or module_spec.described(cfg)
     try:
         x, _ = make_batch(cfg, 0, microbatch_size, 0)
         h = x.to("meta")
     except UserError:
         raise
     except Exception as e:
-        first = str(e).splitlines()[0] if str(e) else ""
         where = f"model.batch_fn={cfg.batch_fn}" if cfg.batch_fn else f"model.data={cfg.data}"
-        raise UserError(f"{where}: a first microbatch's inputs failed: {type(e).__name__}: {first}") from None
+        raise UserError(f"{where}: a first microbatch's inputs failed: {_said(e)}") from None
     shapes = []
     with torch.no_grad():
         for name in names[:-1]:  # (not the last: its output stays on its stage, and it may do what meta cannot)
             try:
                 h = model.get_submodule(name)(h)
             except Exception as e:  # the units as named do not chain: say where, before any process starts
-                first = str(e).splitlines()[0] if str(e) else ""
                 raise UserError(
-                    f"model.kind=module: unit {name} fails on its input "
-                    f"(shape {tuple(h.shape)}, {h.dtype}): {type(e).__name__}: {first}"
+                    f"model.kind=module: unit {name} fails on its input (shape {tuple(h.shape)}, {h.dtype}): {_said(e)}"
                 ) from None
             if not isinstance(h, torch.Tensor):
                 raise UserError(f"model.kind=module: unit {name} returns {type(h).__name__}; ppx sends one tensor")
@@ -129,10 +132,10 @@ def unit_shapes(cfg, microbatch_size: int) -> list[tuple[str, tuple, torch.dtype
     return shapes
 
 
-def boundary(cfg, microbatch_size: int):
+def boundary(cfg, microbatch_size: int, described: tuple | None = None):
     """The activation's shape between units (every unit's output but the last's must share
     one: ppx sends one shape), from `unit_shapes`."""
-    shapes = unit_shapes(cfg, microbatch_size)
+    shapes = unit_shapes(cfg, microbatch_size, described)
     if len({(s, d) for _, s, d in shapes}) > 1:
         detail = ", ".join(f"{n} {s}" for n, s, _ in shapes)
         raise UserError(f"model.kind=module: the units hand on tensors of different shapes ({detail}); ppx sends one")

@@ -169,10 +169,11 @@ def check(cfg) -> None:
 
     # the units chain on a rank's microbatch, handing on one shape (torch's executor finds each
     # stage's shapes itself: there they only chain)
+    on_torch = registry.runs_on_torch(p.schedule, p.executor)
     mbs = max(cfg.train.batch_size // max(cfg.parallel.data, 1) // p.microbatches, 1)
-    (unit_shapes if registry.runs_on_torch(p.schedule, p.executor) else boundary)(m, mbs)
+    (unit_shapes if on_torch else boundary)(m, mbs, (module, names))
     tied = [n for n, k in shared_in(module, names) if len(k) > 1]
-    if tied and registry.runs_on_torch(p.schedule, p.executor):
+    if tied and on_torch:
         raise UserError(f"model.module: {tied[0]} is shared by several units; torch's executor does not sum its copies")
     if tied and p.split == "tracer":
         raise UserError(
