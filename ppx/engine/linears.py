@@ -125,13 +125,27 @@ class RoutedLayer:
         return y
 
 
+# the matrix products a layer's op ends in; a gradient arriving there is 2-D (tokens, out)
+_PRODUCTS = frozenset({"MmBackward0", "AddmmBackward0"})
+# what the op folds a many-dimensional input's product back with (``matmul``, ``linear``)
+_UNFOLDS = frozenset({"UnsafeViewBackward0", "ViewBackward0"})
+
+
 def _edge(y: torch.Tensor) -> GradientEdge:
-    """Where ``y``'s gradient arrives: `get_gradient_edge`'s edge, built directly for a node of
-    autograd's own (what these layers' ops make; a custom Function's node needs the ownership
-    token that `get_gradient_edge` adds), a third of its cost."""
+    """Where ``y``'s gradient arrives, for I to collect: for an input of more than two
+    dimensions, the op folds it to 2-D, multiplies, and views the product back; the edge is then
+    the product's own, where autograd's view backward has already made the gradient 2-D, as W's
+    matmul takes it (W need not reshape it again, a copy where the gradient is not contiguous).
+    Built directly for a node of autograd's own (what these layers' ops make; a custom
+    Function's node needs the ownership token that `get_gradient_edge` adds), a third of its
+    cost."""
     fn = y.grad_fn
     if fn is None or isinstance(fn, torch._C._FunctionBase):
         return get_gradient_edge(y)
+    if type(fn).__name__ in _UNFOLDS:
+        product = fn.next_functions[0][0]
+        if product is not None and type(product).__name__ in _PRODUCTS:
+            return GradientEdge(product, 0)
     return GradientEdge(fn, y.output_nr)
 
 

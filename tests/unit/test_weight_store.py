@@ -274,6 +274,42 @@ def test_a_layer_called_twice_stores_both_calls_and_sums_them_as_autograd(monkey
         assert torch.equal(a, b)
 
 
+class _Folded(nn.Module):
+    """A Linear of a 3-D input (``linear`` folds it to 2-D, multiplies, views back), and one of a
+    transposed input (it multiplies batched instead: no 2-D product to take the gradient at)."""
+
+    def __init__(self, hidden):
+        super().__init__()
+        self.folded = nn.Linear(hidden, hidden)
+        self.batched = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x):
+        x = x.view(2, -1, x.shape[-1])
+        y = self.batched(torch.tanh(self.folded(x)).transpose(0, 1)).transpose(0, 1)
+        return y.reshape(-1, y.shape[-1])
+
+
+def test_a_folded_input_stores_the_products_2d_gradient_and_w_stays_bitwise(monkeypatch):
+    """I collects a folded layer's output gradient where the product received it, already 2-D
+    (W need not reshape it again); a batched product's stays as the output's. Either way the
+    gradients equal a plain backward's bit for bit."""
+    import ppx.models.mlp as mlp
+
+    monkeypatch.setattr(mlp, "build_stage", lambda cfg, seed, stage, n, blocks, clock=None: _Folded(cfg.hidden))
+    _, _, runner, _ = _stage("mlp", "store", 1)
+    runner.forward(0, torch.randn(8, 32), None)
+    runner.backward_input(0, torch.randn(8, 32))
+    dims = {layer.name: gy.dim() for layer, _, gy in runner.store.pending[0]}
+    assert dims == {"folded": 2, "batched": 3}
+    torch.manual_seed(0)
+    plain = _run("mlp", "plain", 1)
+    torch.manual_seed(0)
+    store = _run("mlp", "store", 1)
+    assert store[3]["mode"] == "store" and store[3]["stored_layers"] == 2
+    for a, b in zip(plain[0] + plain[1], store[0] + store[1]):
+        assert torch.equal(a, b)
+
+
 def test_a_layer_whose_input_needs_no_gradient_keeps_the_graphs_way(monkeypatch):
     """A Linear fed by a constant (no gradient flows into its input): auto keeps the graph's way
     and says why; store is refused in one line before any step."""
