@@ -8,7 +8,7 @@ from dataclasses import replace
 from omegaconf.errors import OmegaConfBaseException
 
 from ppx.commands.common import measured_run, ms_list
-from ppx.errors import UserError
+from ppx.errors import UserError, said
 from ppx.plan.inputs import PlanInputs
 from ppx.plan.sizes import parse_sizes
 
@@ -192,9 +192,7 @@ def calibrated(args, inputs: PlanInputs, ps: list[int]) -> tuple[PlanInputs, str
         try:
             return _with_machine(args, inputs, str(run_dir), f"this machine's calibration {run_dir}, {when}"), None
         except _UNREADABLE as e:
-            raise UserError(
-                f"--calibrate: {run_dir} cannot be read ({_first_line(e)}); measure again: --calibrate new"
-            ) from e
+            raise UserError(f"--calibrate: {run_dir} cannot be read ({said(e)}); measure again: --calibrate new") from e
     given = [args.machine_from, args.p2p_ms, args.overhead_ms, args.transport]
     kept = completed(p) if p <= MAX_RANKS and all(x is None for x in given) else None
     if kept is None:
@@ -208,12 +206,8 @@ def calibrated(args, inputs: PlanInputs, ps: list[int]) -> tuple[PlanInputs, str
     except _UNREADABLE as e:  # a kept run of an older ppx, say: planned without it, and said so
         return (
             inputs,
-            f"note: the kept calibration {kept} cannot be read ({_first_line(e)}); measure again: --calibrate new",
+            f"note: the kept calibration {kept} cannot be read ({said(e)}); measure again: --calibrate new",
         )
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 # what reading a kept calibration run can raise: a missing file, a config of another ppx

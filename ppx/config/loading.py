@@ -15,7 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ppx import models
 from ppx.config.rules import check
 from ppx.config.schema import Config
-from ppx.errors import UserError
+from ppx.errors import UserError, first_line, said
 from ppx.models.llama_shapes import preset
 from ppx.paths import shipped
 
@@ -42,7 +42,7 @@ def find_experiment(exp: str) -> Path:
 
 
 def _one_line(e: OmegaConfBaseException) -> str:
-    msg = (getattr(e, "msg", None) or str(e)).splitlines()[0]
+    msg = first_line(getattr(e, "msg", None) or str(e))
     key = getattr(e, "full_key", None)
     return f"{key}: {msg}" if key else msg
 
@@ -114,7 +114,7 @@ def _yaml_error(e: Exception, exp: str | None, overrides: list[str]) -> str:
     what, as the parser says; in an override's value (the parser read a string), which one."""
     mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
     if mark is None or not problem:
-        return f"{exp}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return f"{exp}: {said(e)}"
     what = problem + (f" ({e.context})" if getattr(e, "context", None) else "")
     if not str(mark.name).startswith("<"):  # the file it read
         return f"{mark.name}: line {mark.line + 1}, column {mark.column + 1}: {what}"

@@ -15,6 +15,7 @@ import torch
 
 from ppx.engine.observers import run_observed
 from ppx.engine.stage import StageRunner
+from ppx.errors import said
 from ppx.models.action_clock import PART_OF, ActionClock
 from ppx.schedules.comms.lowering import peer_of
 from ppx.schedules.comms.program import Item, compile_program
@@ -26,8 +27,7 @@ class ActionFailed(RuntimeError):
     """An item raised; carries the rank, step and item label for the one-line report."""
 
     def __init__(self, rank: int, step: int, label: str, cause: BaseException):
-        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-        super().__init__(f"rank {rank} failed at step {step} on {label}: {type(cause).__name__}: {first}")
+        super().__init__(f"rank {rank} failed at step {step} on {label}: {said(cause)}")
         self.rank, self.step, self.label = rank, step, label
 
 

@@ -18,7 +18,7 @@ from ppx.config import Config, resolve_schedule
 from ppx.config.fault_spec import parse_fault
 from ppx.engine.loop import train
 from ppx.engine.runtime import ActionFailed
-from ppx.errors import UserError
+from ppx.errors import UserError, said
 from ppx.launch import claim, environment
 from ppx.launch.affinity import pin_local_rank
 from ppx.launch.faults import FaultInjector
@@ -83,9 +83,7 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
         if os.environ.get("PPX_TRACEBACK"):  # for ppx's developers: the whole story, not one line
             traceback.print_exc()
         where = watchdog.where() if watchdog else "start-up"
-        _report(
-            watchdog, f"rank {rank} failed on {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        )
+        _report(watchdog, f"rank {rank} failed on {where}: {said(e)}")
         return 1
     finally:
         if watchdog is not None:

@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from ppx.errors import UserError
+from ppx.errors import UserError, said
 
 SHAPE_KEYS = {  # ppx's model key -> the Hugging Face config's
     "layers": "num_hidden_layers",
@@ -108,15 +108,7 @@ def _resolved(source: str, overrides: str, shapes: str):
     try:
         return type(base)(**data)
     except Exception as e:
-        raise UserError(f"model.hf_config with those keys: {type(e).__name__}: {_first_lines(e)}") from None
-
-
-def _first_lines(e: Exception) -> str:
-    """``e``'s first line, with the next one where the first only announces it (ends in ':')."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    if len(lines) > 1 and lines[0].endswith(":"):
-        return f"{lines[0]} {lines[1]}"
-    return lines[0] if lines else ""
+        raise UserError(f"model.hf_config with those keys: {said(e)}") from None
 
 
 def _translates(base, key: str, value) -> set[str]:

@@ -14,7 +14,7 @@ import json
 
 import torch
 
-from ppx.errors import UserError
+from ppx.errors import UserError, said
 from ppx.models import hf_config
 
 SMALL = {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "vocab_size": 64}
@@ -54,7 +54,7 @@ def check(config) -> None:
     try:
         small = small_copy(config)
     except Exception as e:
-        raise _refuse(arch, f"no small copy of it to check: {type(e).__name__}: {_first(e)}") from None
+        raise _refuse(arch, f"no small copy of it to check: {said(e)[:200]}") from None
     key = f"{type(small).__name__} {json.dumps(small.to_dict(), sort_keys=True, default=str)}"
     if key not in _VERDICTS:
         try:
@@ -95,14 +95,9 @@ def _compare(small) -> None:
         except UserError as e:
             raise _Differs(str(e).split(": ", 2)[-1]) from None
         except Exception as e:
-            raise _Differs(f"its layers do not run in ppx's stage wrapper: {type(e).__name__}: {_first(e)}") from None
+            raise _Differs(f"its layers do not run in ppx's stage wrapper: {said(e)[:200]}") from None
     if unexpected or set(missing) - {f"{ours.names.head_name}.weight"}:
         raise _Differs(f"its weights are not the stages' ({', '.join((unexpected or missing)[:3])})")
     if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
         diff = (got - want).abs().max().item() if got.shape == want.shape else float("nan")
         raise _Differs(f"its own forward does more than its parts (logits differ by up to {diff:.3g} on a small copy)")
-
-
-def _first(e: Exception) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0][:200] if lines else ""

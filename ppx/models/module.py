@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ppx.errors import UserError
+from ppx.errors import UserError, said
 from ppx.models import mlp, module_spec, transformer
 from ppx.models.seeding import mix
 
@@ -98,11 +98,6 @@ def loss(output, target):
     return _LOSS["fn"](output, target)
 
 
-def _said(e: Exception) -> str:
-    """``Type: its first line``, for one-line errors."""
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-
-
 def unit_shapes(cfg, microbatch_size: int, described: tuple | None = None) -> list[tuple[str, tuple, torch.dtype]]:
     """Each unit's output (name, shape, dtype) but the last's, from one run of a first
     microbatch on the meta device (no memory, no compute) through ``described`` (the model
@@ -116,7 +111,7 @@ def unit_shapes(cfg, microbatch_size: int, described: tuple | None = None) -> li
         raise
     except Exception as e:
         where = f"model.batch_fn={cfg.batch_fn}" if cfg.batch_fn else f"model.data={cfg.data}"
-        raise UserError(f"{where}: a first microbatch's inputs failed: {_said(e)}") from None
+        raise UserError(f"{where}: a first microbatch's inputs failed: {said(e)}") from None
     shapes = []
     with torch.no_grad():
         for name in names[:-1]:  # (not the last: its output stays on its stage, and it may do what meta cannot)
@@ -124,7 +119,7 @@ def unit_shapes(cfg, microbatch_size: int, described: tuple | None = None) -> li
                 h = model.get_submodule(name)(h)
             except Exception as e:  # the units as named do not chain: say where, before any process starts
                 raise UserError(
-                    f"model.kind=module: unit {name} fails on its input (shape {tuple(h.shape)}, {h.dtype}): {_said(e)}"
+                    f"model.kind=module: unit {name} fails on its input (shape {tuple(h.shape)}, {h.dtype}): {said(e)}"
                 ) from None
             if not isinstance(h, torch.Tensor):
                 raise UserError(f"model.kind=module: unit {name} returns {type(h).__name__}; ppx sends one tensor")

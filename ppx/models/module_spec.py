@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ppx.errors import UserError
+from ppx.errors import UserError, said
 
 
 def load_function(path: str, key: str = "model.module") -> Callable:
@@ -29,7 +29,7 @@ def load_function(path: str, key: str = "model.module") -> Callable:
     try:
         mod = importlib.import_module(name)
     except Exception as e:
-        raise UserError(f"{key}={path}: cannot import {name}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        raise UserError(f"{key}={path}: cannot import {name}: {said(e)}") from None
     fn = getattr(mod, attr, None)
     if not callable(fn):
         raise UserError(f"{key}={path}: {name} has no function {attr}")
@@ -70,7 +70,7 @@ def build(model):
     except UserError:
         raise
     except Exception as e:
-        raise UserError(f"model.module={model.module} raised {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        raise UserError(f"model.module={model.module} raised {said(e)}") from None
     if not isinstance(got, nn.Module):
         raise UserError(f"model.module={model.module} returned {type(got).__name__}, not an nn.Module")
     return got

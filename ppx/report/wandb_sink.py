@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from ppx.errors import said
+
 
 def _warn(msg: str) -> None:
     print(f"ppx: warning: {msg}", file=sys.stderr, flush=True)
@@ -40,7 +42,7 @@ class WandbSink:
         try:
             self.run = wandb.init(mode=w.mode, **kwargs)
         except Exception as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            first = said(e)
             if w.mode == "online":
                 _warn(f"W&B online failed ({first}); logging offline instead")
                 try:

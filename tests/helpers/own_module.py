@@ -46,3 +46,7 @@ def batch_by_attribute(model, seed: int, batch_size: int, step: int):
 
 def batch_that_fails(model, seed: int, batch_size: int, step: int):
     raise RuntimeError("no dataset here")
+
+
+def build_that_says_nothing(model) -> nn.Module:
+    raise ValueError()  # an exception without a message: its type is the one line

@@ -87,6 +87,10 @@ CASES = {
         ],
         "model.batch_fn=helpers.own_module:batch_that_fails: a first microbatch's inputs failed: RuntimeError: no dataset here",
     ),
+    "module function that raises without a message": (
+        [*SEQUENTIAL, "model.module=helpers.own_module:build_that_says_nothing"],
+        "model.module=helpers.own_module:build_that_says_nothing raised ValueError",
+    ),
     "module units of different shapes": (
         [*SEQUENTIAL, "model.module=helpers.own_module:uneven", "model.layers=3", "model.hidden=16"],
         "the units hand on tensors of different shapes (0 (8, 32), 1 (8, 16)); ppx sends one",
