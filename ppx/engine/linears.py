@@ -39,6 +39,18 @@ class LinearKind:
     forward = staticmethod(F.linear)  # (x, w, b)
 
     @staticmethod
+    def stored(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """The forward with ``w`` (and ``b``) detached, computed as with weights that need a
+        gradient: ``matmul`` folds an input of more than two dimensions that is not contiguous
+        to 2-D (a copy) only when its weight needs a gradient, and multiplies it batched
+        otherwise, which may round differently; here it is folded the same way (and a bias added
+        after the product, as ``linear`` adds it to a product it did not fuse)."""
+        if x.dim() > 2 and not x.is_contiguous():
+            y = x.reshape(-1, x.shape[-1]).mm(w.t())
+            return (y if b is None else y + b).view(*x.shape[:-1], w.shape[0])
+        return F.linear(x, w, b)
+
+    @staticmethod
     def weight_grad(gy2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
         return gy2.t().mm(x2)
 
@@ -51,6 +63,8 @@ class Conv1DKind:
         x2 = x.reshape(-1, x.shape[-1])
         y = torch.addmm(b, x2, w) if b is not None else x2.mm(w)
         return y.view(*x.shape[:-1], w.shape[1])
+
+    stored = forward  # (it multiplies in 2-D whether or not its weight needs a gradient)
 
     @staticmethod
     def weight_grad(gy2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
@@ -80,7 +94,7 @@ class RoutedLayer:
         self.store = None  # a `ppx.engine.weight_store.WeightStore` when this layer's W is deferred
         self.has_bias = getattr(module, "bias", None) is not None
         self.own = module._parameters  # the module's own parameter slots (read by name: no __getattr__)
-        self.op = kind.forward
+        self.op, self.stored_op = kind.forward, kind.stored
         # its inputs' device type ("cpu", "cuda"), from its first call: layers are routed after
         # the stage's module is on its device (ppx.engine.split_setup), and never move after
         self.device_type: str | None = None
@@ -120,22 +134,21 @@ class RoutedLayer:
             raise RuntimeError(
                 f"layer {self.name}: its input needs no gradient, so its weight gradient cannot be stored"
             )
-        y = self.op(x, w.detach(), None if b is None else b.detach())
+        y = self.stored_op(x, w.detach(), None if b is None else b.detach())
         store.keep(self, x.detach(), _edge(y))
         return y
 
 
-# the matrix products a layer's op ends in; a gradient arriving there is 2-D (tokens, out)
-_PRODUCTS = frozenset({"MmBackward0", "AddmmBackward0"})
-# what the op folds a many-dimensional input's product back with (``matmul``, ``linear``)
+# what an op views a folded input's 2-D product back with (``matmul``, ``linear``, Conv1D)
 _UNFOLDS = frozenset({"UnsafeViewBackward0", "ViewBackward0"})
 
 
 def _edge(y: torch.Tensor) -> GradientEdge:
-    """Where ``y``'s gradient arrives, for I to collect: for an input of more than two
-    dimensions, the op folds it to 2-D, multiplies, and views the product back; the edge is then
-    the product's own, where autograd's view backward has already made the gradient 2-D, as W's
-    matmul takes it (W need not reshape it again, a copy where the gradient is not contiguous).
+    """Where ``y``'s gradient arrives, for I to collect. Where the op folded an input of more
+    than two dimensions to 2-D, multiplied, and viewed the product back (``y`` a view of it,
+    the whole of it), the edge is the product's own: autograd's view backward has made the
+    gradient 2-D there, as W's matmul takes it, so W need not reshape it again. (Anywhere else,
+    ``y``'s own: W reshapes what it gets.)
     Built directly for a node of autograd's own (what these layers' ops make; a custom
     Function's node needs the ownership token that `get_gradient_edge` adds), a third of its
     cost."""
@@ -143,9 +156,9 @@ def _edge(y: torch.Tensor) -> GradientEdge:
     if fn is None or isinstance(fn, torch._C._FunctionBase):
         return get_gradient_edge(y)
     if type(fn).__name__ in _UNFOLDS:
-        product = fn.next_functions[0][0]
-        if product is not None and type(product).__name__ in _PRODUCTS:
-            return GradientEdge(product, 0)
+        product, nr = fn.next_functions[0]
+        if product is not None:
+            return GradientEdge(product, nr)
     return GradientEdge(fn, y.output_nr)
 
 

@@ -30,7 +30,7 @@ from ppx.engine.linears import RoutedLayer
 from ppx.errors import UserError
 
 MODES = ("auto", "store", "graph")
-ADD_BATCH_BYTES = 8 << 20  # W adds its new gradients to the parameters' in batches of this many bytes
+ADD_BATCH_BYTES = 8 << 20  # W adds its new gradients to the parameters' once this many bytes of them are made
 
 
 class WeightStore:
@@ -103,10 +103,10 @@ class WeightStore:
         (the stored tensors are detached: nothing here is recorded by autograd). A layer called
         several times has its contributions summed first, in the order the backward met them
         and in the compute dtype, then added, as autograd's input buffer and the cast's
-        backward do. The additions go in batches of up to `ADD_BATCH_BYTES` of new gradients,
-        one ``foreach`` call each: on a small model, where W's dispatch is most of its cost, one
-        call for the stage; on a large one, a layer at a time, as autograd's AccumulateGrad adds
-        them (W never holds much more than one layer's new gradients)."""
+        backward do. The additions go in batches, one ``foreach`` call each, a batch added once
+        its new gradients reach `ADD_BATCH_BYTES`: on a small model, where W's dispatch is most
+        of its cost, one call for the stage; on a large one, a layer at a time, as autograd's
+        AccumulateGrad adds them (W holds at most that many bytes and one layer's new gradients)."""
         pending = self.pending.pop(mb)
         last = {layer: k for k, (layer, _, _) in enumerate(pending)}
         sums: dict = {}  # layer -> [weight gradient, bias gradient or None], for layers called again

@@ -53,7 +53,7 @@ def section(model):
         try:
             got = _SECTIONS[id(model)] = (model, now, OmegaConf.structured(model))
         except Exception as e:  # a value OmegaConf cannot hold (a config made in code)
-            raise UserError(f"model: cannot hand the model section to model.module: {type(e).__name__}: {e}") from None
+            raise UserError(f"model: cannot hand the model section to model.module: {said(e)}") from None
     return got[2]
 
 

@@ -48,7 +48,7 @@ class WandbSink:
                 try:
                     self.run = wandb.init(mode="offline", **kwargs)
                 except Exception as e2:
-                    _warn(f"W&B offline failed too ({e2}); not logging to W&B")
+                    _warn(f"W&B offline failed too ({said(e2)}); not logging to W&B")
             else:
                 _warn(f"W&B failed ({first}); not logging to W&B")
 
@@ -58,7 +58,7 @@ class WandbSink:
         try:
             fn()
         except Exception as e:
-            _warn(f"W&B {what} failed ({e}); not logging to W&B any more")
+            _warn(f"W&B {what} failed ({said(e)}); not logging to W&B any more")
             self.run = None
 
     def step(self, step: int, scalars: dict[str, float]) -> None:

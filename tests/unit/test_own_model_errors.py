@@ -87,10 +87,6 @@ CASES = {
         ],
         "model.batch_fn=helpers.own_module:batch_that_fails: a first microbatch's inputs failed: RuntimeError: no dataset here",
     ),
-    "module function that raises without a message": (
-        [*SEQUENTIAL, "model.module=helpers.own_module:build_that_says_nothing"],
-        "model.module=helpers.own_module:build_that_says_nothing raised ValueError",
-    ),
     "module units of different shapes": (
         [*SEQUENTIAL, "model.module=helpers.own_module:uneven", "model.layers=3", "model.hidden=16"],
         "the units hand on tensors of different shapes (0 (8, 32), 1 (8, 16)); ppx sends one",
@@ -115,6 +111,15 @@ def test_a_mistake_is_one_line_before_any_work(case, monkeypatch):
     with pytest.raises(UserError) as e:
         config.load(experiment, overrides)
     assert expected in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_function_that_raises_without_a_message_is_named_by_its_type(monkeypatch):
+    """(It crashed the check with an IndexError, blamed on the experiment file.)"""
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    with pytest.raises(UserError) as e:
+        config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], "model.module=helpers.own_module:build_that_says_nothing"])
+    assert str(e.value) == "model.module=helpers.own_module:build_that_says_nothing raised ValueError"
 
 
 def test_a_model_function_reads_its_args_as_attributes_wherever_it_is_called(monkeypatch):

@@ -5,6 +5,7 @@ once, and the per-stage choice, the weight copies and the held bytes are what th
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import pytest
@@ -274,39 +275,49 @@ def test_a_layer_called_twice_stores_both_calls_and_sums_them_as_autograd(monkey
         assert torch.equal(a, b)
 
 
-class _Folded(nn.Module):
-    """A Linear of a 3-D input (``linear`` folds it to 2-D, multiplies, views back), and one of a
-    transposed input (it multiplies batched instead: no 2-D product to take the gradient at)."""
-
-    def __init__(self, hidden):
-        super().__init__()
-        self.folded = nn.Linear(hidden, hidden)
-        self.batched = nn.Linear(hidden, hidden, bias=False)
-
-    def forward(self, x):
-        x = x.view(2, -1, x.shape[-1])
-        y = self.batched(torch.tanh(self.folded(x)).transpose(0, 1)).transpose(0, 1)
-        return y.reshape(-1, y.shape[-1])
-
-
-def test_a_folded_input_stores_the_products_2d_gradient_and_w_stays_bitwise(monkeypatch):
-    """I collects a folded layer's output gradient where the product received it, already 2-D
-    (W need not reshape it again); a batched product's stays as the output's. Either way the
-    gradients equal a plain backward's bit for bit."""
-    import ppx.models.mlp as mlp
-
-    monkeypatch.setattr(mlp, "build_stage", lambda cfg, seed, stage, n, blocks, clock=None: _Folded(cfg.hidden))
-    _, _, runner, _ = _stage("mlp", "store", 1)
-    runner.forward(0, torch.randn(8, 32), None)
-    runner.backward_input(0, torch.randn(8, 32))
-    dims = {layer.name: gy.dim() for layer, _, gy in runner.store.pending[0]}
-    assert dims == {"folded": 2, "batched": 3}
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize(
+    "shape,contiguous",
+    [((7, 16), True), ((7, 16), False), ((4, 8, 16), True), ((4, 8, 16), False)]
+    + [((2, 3, 5, 16), True), ((2, 3, 5, 16), False), ((16,), True)],
+)
+def test_a_stored_linear_is_autograds_to_the_bit_on_every_layout(shape, contiguous, bias):
+    """A routed Linear's storing forward, I and W against a plain forward and backward on each
+    input layout: the same output and input, weight and bias gradients bit for bit (an input of
+    more than two dimensions that is not contiguous is folded to 2-D as autograd's own forward
+    folds it, not multiplied batched), and the output gradient kept 2-D wherever the input had
+    two dimensions or more (for a folded one, taken where its product received it)."""
     torch.manual_seed(0)
-    plain = _run("mlp", "plain", 1)
+    plain = nn.Linear(16, 32, bias=bias)
+    routed = copy.deepcopy(plain)
+    store = WeightStore(routed, route_layers(routed, StepWeights(None)))
+    x = _layout(shape, contiguous, torch.float32)
+    gy = torch.randn(*shape[:-1], 32)
+    y_ref = plain(x)
+    ref = torch.autograd.grad(y_ref, [x, *plain.parameters()], gy)
+    xs = x.detach().requires_grad_(True)
+    store.forward_mb = 0
+    y = routed(xs)
+    assert torch.equal(y, y_ref)
+    gx = store.input_pass(0, y, xs, gy)
+    ((_, _, kept),) = store.pending[0]
+    assert kept.dim() == 2 if len(shape) > 1 else kept.dim() <= 2  # (a 1-D input: as linear multiplies it)
+    store.weight_pass(0)
+    for r, got in zip(ref, [gx, *(p.grad for p in routed.parameters())], strict=True):
+        assert torch.equal(r, got)
+
+
+def test_w_adds_in_batches_as_it_adds_at_once(monkeypatch):
+    """W's additions flushed after every layer (a batch of 1 byte) give the same gradients, bit
+    for bit, as one batch for the stage."""
+    import ppx.engine.weight_store as weight_store
+
     torch.manual_seed(0)
-    store = _run("mlp", "store", 1)
-    assert store[3]["mode"] == "store" and store[3]["stored_layers"] == 2
-    for a, b in zip(plain[0] + plain[1], store[0] + store[1]):
+    _, whole, _, _ = _run("llama", "store", 1)
+    monkeypatch.setattr(weight_store, "ADD_BATCH_BYTES", 1)
+    torch.manual_seed(0)
+    _, batched, _, _ = _run("llama", "store", 1)
+    for a, b in zip(whole, batched, strict=True):
         assert torch.equal(a, b)
 
 
