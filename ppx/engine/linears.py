@@ -139,26 +139,13 @@ class RoutedLayer:
         return y
 
 
-# what an op views a folded input's 2-D product back with (``matmul``, ``linear``, Conv1D)
-_UNFOLDS = frozenset({"UnsafeViewBackward0", "ViewBackward0"})
-
-
 def _edge(y: torch.Tensor) -> GradientEdge:
-    """Where ``y``'s gradient arrives, for I to collect. Where the op folded an input of more
-    than two dimensions to 2-D, multiplied, and viewed the product back (``y`` a view of it,
-    the whole of it), the edge is the product's own: autograd's view backward has made the
-    gradient 2-D there, as W's matmul takes it, so W need not reshape it again. (Anywhere else,
-    ``y``'s own: W reshapes what it gets.)
-    Built directly for a node of autograd's own (what these layers' ops make; a custom
-    Function's node needs the ownership token that `get_gradient_edge` adds), a third of its
-    cost."""
+    """Where ``y``'s gradient arrives: `get_gradient_edge`'s edge, built directly for a node of
+    autograd's own (what these layers' ops make; a custom Function's node needs the ownership
+    token that `get_gradient_edge` adds), a third of its cost."""
     fn = y.grad_fn
     if fn is None or isinstance(fn, torch._C._FunctionBase):
         return get_gradient_edge(y)
-    if type(fn).__name__ in _UNFOLDS:
-        product, nr = fn.next_functions[0]
-        if product is not None:
-            return GradientEdge(product, nr)
     return GradientEdge(fn, y.output_nr)
 
 

@@ -30,7 +30,6 @@ from ppx.engine.linears import RoutedLayer
 from ppx.errors import UserError
 
 MODES = ("auto", "store", "graph")
-ADD_BATCH_BYTES = 8 << 20  # W adds its new gradients to the parameters' once this many bytes of them are made
 
 
 class WeightStore:
@@ -103,20 +102,17 @@ class WeightStore:
         (the stored tensors are detached: nothing here is recorded by autograd). A layer called
         several times has its contributions summed first, in the order the backward met them
         and in the compute dtype, then added, as autograd's input buffer and the cast's
-        backward do. The additions go in batches, one ``foreach`` call each, a batch added once
-        its new gradients reach `ADD_BATCH_BYTES`: on a small model, where W's dispatch is most
-        of its cost, one call for the stage; on a large one, a layer at a time, as autograd's
-        AccumulateGrad adds them (W holds at most that many bytes and one layer's new gradients)."""
+        backward do. Each layer's gradients are added as soon as its last call is summed, so
+        W holds one layer's new gradients at a time, not the stage's (as autograd's
+        AccumulateGrad does); per layer, no more Python than it takes (on a small model W's
+        dispatch is most of its cost)."""
         pending = self.pending.pop(mb)
         last = {layer: k for k, (layer, _, _) in enumerate(pending)}
         sums: dict = {}  # layer -> [weight gradient, bias gradient or None], for layers called again
         cached = self._params
-        into, adds, size = [], [], 0
         for k, (layer, x, gy) in enumerate(pending):
-            if x.dim() != 2:
-                x = x.reshape(-1, x.shape[-1])
-            if gy.dim() != 2:  # (an input the op did not fold to 2-D: `ppx.engine.linears._edge`)
-                gy = gy.reshape(-1, gy.shape[-1])
+            if gy.dim() != 2:
+                gy, x = gy.reshape(-1, gy.shape[-1]), x.reshape(-1, x.shape[-1])
             gw = layer.kind.weight_grad(gy, x)
             gb = gy.sum(0) if layer.has_bias else None
             got = sums.pop(layer, None)
@@ -129,25 +125,24 @@ class WeightStore:
             ps = cached.get(layer)
             if ps is None:
                 ps = cached[layer] = layer.params
-            for p, g in zip(ps, (gw, gb)):
-                g = _to_add(p, g)
-                if g is not None:
-                    into.append(p.grad)
-                    adds.append(g)
-                    size += g.nbytes
-            if size >= ADD_BATCH_BYTES:
-                torch._foreach_add_(into, adds)
-                into, adds, size = [], [], 0
-        if into:
-            torch._foreach_add_(into, adds)
+            _add_grad(ps[0], gw)
+            if gb is not None:
+                _add_grad(ps[1], gb)
 
     def microbatches(self) -> set[int]:
         """Microbatches the store holds anything of."""
         return set(self.pending) | set(self.inputs)
 
 
+def _add_grad(p: torch.Tensor, g: torch.Tensor) -> None:
+    """p.grad += g (a first gradient is g itself), g cast to the parameter's dtype first."""
+    g = _to_add(p, g)
+    if g is not None:
+        p.grad.add_(g)
+
+
 def _accumulate(params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
-    """p.grad += g for each pair (a first gradient is g itself), the additions in one foreach call."""
+    """`_add_grad` for each pair, the additions in one foreach call."""
     into, adds = [], []
     for p, g in zip(params, grads):
         g = _to_add(p, g)
