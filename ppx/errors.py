@@ -13,8 +13,9 @@ class ScheduleError(UserError):
 
 
 def first_line(e: BaseException | str) -> str:
-    """``e``'s message (or a text) in one line: its first non-blank line, with the next one where the first
-    only announces it (ends in ':'); "" for an exception raised without a message."""
+    """``e``'s message (or a text) in one line: its first non-blank line, with the next one
+    where the first only announces it (ends in ':'); "" for an exception raised without a
+    message."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     if len(lines) > 1 and lines[0].endswith(":"):
         return f"{lines[0]} {lines[1]}"
