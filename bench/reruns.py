@@ -75,6 +75,14 @@ def rerun_split_paired(only: str | None = None) -> None:
     _rerun_rows("split_paired", lambda: check_paired_all(only), keep_others=only is not None)
 
 
+def rerun_split_costs(only: str | None = None) -> None:
+    """``bench/run.py --split-costs [TEXT]``: (I + W) / B in one process (bench/split_costs.py)
+    for every configuration or those whose name holds TEXT; the other results kept."""
+    from bench.split_costs import check_all
+
+    _rerun_rows("split_costs", lambda: check_all(only), keep_others=only is not None)
+
+
 def rerun_printed() -> None:
     """``bench/run.py --printed``: issue 25's rows again (bench/plan_printed.py: plans run as
     printed, zb_auto against the paper's table), the other results kept."""
@@ -111,6 +119,7 @@ FLAGS = {  # flag -> what it reruns, given the arguments after it and BENCH_SCAL
     "--split": lambda args, scale: rerun_split(args[0] if args else None),
     "--split-large": lambda args, scale: rerun_split_large(),
     "--split-paired": lambda args, scale: rerun_split_paired(args[0] if args else None),
+    "--split-costs": lambda args, scale: rerun_split_costs(args[0] if args else None),
     "--printed": lambda args, scale: rerun_printed(),
 }
 

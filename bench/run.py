@@ -300,6 +300,9 @@ def main() -> None:
         from bench.split_backward import check_paired_all
 
         results["split_paired"] = check_paired_all()  # 1F1B and ZB-H1 step by step in one job
+        from bench.split_costs import check_all as check_split_costs
+
+        results["split_costs"] = check_split_costs()  # (I + W) / B in one process, without runs' noise
         from bench.plan_printed import check_all as check_printed
 
         results["printed_plans"] = check_printed()  # plans run as printed; zb_auto vs the paper (issue 25)

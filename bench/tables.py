@@ -235,6 +235,10 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
         from bench.split_backward import paired_rows
 
         out += paired_rows(results["split_paired"])
+    if "split_costs" in results:
+        from bench.split_costs import rows as split_cost_rows
+
+        out += split_cost_rows(results["split_costs"])
     if "printed_plans" in results:
         from bench.plan_printed import rows as printed_rows
 

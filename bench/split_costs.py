@@ -1,0 +1,147 @@
+"""`make bench`'s split costs in one process: what splitting a stage's backward costs, without
+the noise of whole runs (`bench/run.py --split-costs`).
+
+The whole-run rows (bench/split_backward.py) read (I + W) / B from two different runs (1F1B's
+B, ZB-H1's I and W), and on this VM one run's actions move 10-30% against another's: the same
+configuration read 1.03, 1.06 and an hour later 1.14, 1.34. Here one process builds a stage
+twice from the same config and seed, once as 1F1B runs it (F, then B) and once as a storing
+split backward runs it (its storing F, then I, then W), and times both on the same microbatch
+`REPS` times, one thread. Which of the two goes first alternates from microbatch to
+microbatch: the one that runs first after the other pays for the caches the other left
+(measured: the same code in both places read 1.13 against 1.06 when one always went first,
+1.085 against 1.091 alternated). Rows: (I + W) / B per stage (the issue's target, 1.10) and
+the whole microbatch, (F + I + W) / (F + B), the storing forward included.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+
+import torch
+
+from bench.split_backward import MODELS, SHAPE
+
+P = 2  # the stages of each configuration (as the p=2 rows of bench/split_backward.py)
+REPS = 200  # microbatches timed per variant and stage (after `WARMUP`)
+WARMUP = 20
+CONFIGS = {f"{model} {dtype}": (model, dtype) for model in MODELS for dtype in ("fp32", "bf16")}
+
+
+def _runners(cfg, stage: int):
+    """(1F1B's runner, a storing split runner) of ``stage``, the same weights, and a sample
+    microbatch (input, target, output gradient)."""
+    from ppx import models
+    from ppx.engine.linears import StepWeights
+    from ppx.engine.precision import Precision
+    from ppx.engine.rank import build_stage_modules
+    from ppx.engine.split_setup import SampleMicrobatch, set_up_split
+    from ppx.engine.stage import StageRunner
+
+    kind = models.kind(cfg.model.kind)
+    m = cfg.pipeline.microbatches
+    mb_size = cfg.train.batch_size // m
+    precision = Precision(cfg.train.dtype, "cpu")
+    mixed = precision if precision.mixed else None
+    shape, dtype = kind.boundary(cfg.model, mb_size)
+    sample = SampleMicrobatch(cfg, kind, mb_size, (shape, precision.boundary_dtype(dtype)), "cpu")
+    runners = []
+    for split in (False, True):
+        module = build_stage_modules(cfg, P, [stage], "cpu")[stage]
+        weights = StepWeights(precision.dtype if mixed is not None else None)
+        runner = StageRunner(
+            stage, module, stage == 0, stage == P - 1, kind.loss, 1.0 / m, True, split, mixed, None, weights=weights
+        )
+        info = set_up_split(cfg, runner, split, sample)
+        if split and (info or {}).get("mode") != "store":
+            raise SystemExit(f"bench split costs: stage {stage} does not store ({info})")
+        runners.append(runner)
+    x, target = sample.of(runners[0])
+    out = runners[0].trial(x, target)[1]
+    grad = None if stage == P - 1 else torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
+    return runners, (x, target, grad)
+
+
+def measure(model: str, dtype: str, stage: int, reps: int = REPS, warmup: int = WARMUP) -> dict:
+    """Median seconds of F and B (1F1B's way) and of the storing F, I and W on ``stage`` of
+    (``model``, ``dtype``) over ``P`` stages, the two ways alternating which goes first."""
+    from ppx import config
+
+    exp, *keys = MODELS[model]
+    cfg = config.load(
+        exp, [*keys, *SHAPE, f"train.dtype={dtype}", f"pipeline.stages={P}", "train.split_backward=store"]
+    )
+    (plain, split), (x, target, grad) = _runners(cfg, stage)
+    torch.set_num_threads(1)
+    times: dict[str, list[float]] = {k: [] for k in ("F", "B", "Fs", "I", "W")}
+
+    def timed(key: str, fn) -> None:
+        start = time.perf_counter()
+        fn()
+        times[key].append(time.perf_counter() - start)
+
+    def whole() -> None:
+        plain.new_step()
+        timed("F", lambda: plain.forward(0, x, target))
+        timed("B", lambda: plain.backward(0, grad))
+
+    def storing() -> None:
+        split.new_step()
+        timed("Fs", lambda: split.forward(0, x, target))
+        timed("I", lambda: split.backward_input(0, grad))
+        timed("W", lambda: split.backward_weight(0))
+
+    gc.collect()
+    gc.disable()  # as a run keeps Python's collector out of its steps (ppx/engine/garbage.py)
+    try:
+        for rep in range(warmup + reps):
+            for fn in (whole, storing) if rep % 2 == 0 else (storing, whole):
+                fn()
+    finally:
+        gc.enable()
+    med = {k: statistics.median(v[warmup:]) for k, v in times.items()}
+    return {
+        "median_s": med,
+        "iw_over_b": (med["I"] + med["W"]) / med["B"],
+        "microbatch_ratio": (med["Fs"] + med["I"] + med["W"]) / (med["F"] + med["B"]),
+        "reps": reps,
+    }
+
+
+def check_all(only: str | None = None) -> dict:
+    """`measure` for every configuration's stages (or those whose name holds ``only``)."""
+    from bench.split_backward import matching
+
+    out = {}
+    for name in matching(CONFIGS, only, "--split-costs"):
+        model, dtype = CONFIGS[name]
+        out[name] = {str(s): measure(model, dtype, s) for s in range(P)}
+        got = ", ".join(f"{v['iw_over_b']:.3f}" for v in out[name].values())
+        print(f"  split costs {name} p={P}: (I+W)/B {got}", flush=True)
+    return out
+
+
+def rows(results: dict) -> list[tuple[str, str, str, str]]:
+    """One row per configuration: (I + W) / B per stage and (F + I + W) / (F + B)."""
+    out = []
+    for name, stages in results.items():
+        iw = [stages[s]["iw_over_b"] for s in sorted(stages)]
+        whole = [stages[s]["microbatch_ratio"] for s in sorted(stages)]
+        ms = [stages[s]["median_s"] for s in sorted(stages)]
+        costs = "; ".join(
+            f"stage {s}: F {m['F'] * 1e3:.2f}, B {m['B'] * 1e3:.2f} | F {m['Fs'] * 1e3:.2f}, I {m['I'] * 1e3:.2f}, "
+            f"W {m['W'] * 1e3:.2f} ms"
+            for s, m in enumerate(ms)
+        )
+        out.append(
+            (
+                f"split backward in one process, {name} p={P}, m=8's microbatch: (I + W) / B per stage, a storing stage "
+                f"against 1F1B's, order alternated, median of {stages['0']['reps']}",
+                f"{', '.join(f'{r:.3f}' for r in iw)} (whole microbatch, storing F included: "
+                f"{', '.join(f'{r:.3f}' for r in whole)}; {costs})",
+                "<= 1.10",
+                "pass" if max(iw) <= 1.10 else "MISS",
+            )
+        )
+    return out
