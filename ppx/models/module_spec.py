@@ -170,7 +170,7 @@ def check(cfg) -> None:
     # the units chain on a rank's microbatch, handing on one shape (torch's executor finds each
     # stage's shapes itself: there they only chain)
     on_torch = registry.runs_on_torch(p.schedule, p.executor)
-    mbs = max(cfg.train.batch_size // max(cfg.parallel.data, 1) // p.microbatches, 1)
+    mbs = cfg.train.batch_size // cfg.parallel.data // p.microbatches  # (>= 1: rules.check_parallel ran first)
     (unit_shapes if on_torch else boundary)(m, mbs, (module, names))
     tied = [n for n, k in shared_in(module, names) if len(k) > 1]
     if tied and on_torch:

@@ -131,13 +131,14 @@ def plot_runs(rows: list[dict], path: Path, title: str = "") -> None:
     # a label wider than its bar's share of a panel (in characters of the 8-point tick font,
     # about 0.075 inch each) is wrapped at its spaces, and drawn slanted if a line is still wider;
     # the figure grows by what the labels need under each row of panels
-    fits = max(int(0.85 * width / 3 / len(rows) / 0.075), 12)
+    room = 0.85 * width / 3 / len(rows)  # inches of panel width per bar
+    fits = max(int(room / 0.075), 12)
     labels = [
         textwrap.fill(r.get("label") or r["name"], fits, break_long_words=False, break_on_hyphens=False) for r in rows
     ]
     lines = max(t.count("\n") + 1 for t in labels)
     longest = max(len(line) for t in labels for line in t.splitlines())
-    rotate = longest * 0.075 > 0.85 * width / 3 / len(rows)
+    rotate = longest * 0.075 > room
     grow = 2 * (lines - 1) * 0.14 + (2 * longest * 0.075 * math.sin(math.radians(35)) if rotate else 0.0)
     fig, axes = plt.subplots(2, 3, figsize=(width, 7 + grow))
     panels = [
