@@ -67,8 +67,6 @@ class StageRunner:
     def new_step(self) -> None:
         """The weights changed: the next forward casts them again."""
         self._stale = True
-        if self.store is not None:
-            self.store.new_step()
 
     def _input(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and (not self.first or self.split and x.is_floating_point()):

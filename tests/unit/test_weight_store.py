@@ -306,6 +306,34 @@ def test_a_stored_linear_is_autograds_to_the_bit_on_every_layout(shape, contiguo
         assert torch.equal(r, got)
 
 
+def test_parameters_swapped_in_their_slots_between_steps_take_the_next_steps_gradients():
+    """Data parallel (FSDP) puts other parameter objects in a module's slots between steps: I
+    and W give each step's gradients to the parameters the module holds in that step, small
+    (a norm's) and stored (a Linear's) alike, and none to the ones it held before."""
+    torch.manual_seed(0)
+    mod = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 4))
+    store = WeightStore(mod, route_layers(mod, StepWeights(None)))
+    x = torch.randn(3, 8, requires_grad=True)
+
+    def step(mb: int) -> None:
+        store.forward_mb = mb
+        store.input_pass(mb, mod(x), x, torch.ones(3, 4))
+        store.weight_pass(mb)
+
+    step(0)
+    before = dict(mod.named_parameters())
+    kept = mod[0].weight.grad.clone()
+    for sub in (mod[1], mod[2]):
+        for name, p in list(sub._parameters.items()):
+            setattr(sub, name, nn.Parameter(p.detach().clone()))
+    step(1)
+    after = dict(mod.named_parameters())
+    for name in ("1.weight", "1.bias", "2.weight", "2.bias"):
+        assert after[name] is not before[name] and after[name].grad is not None, name
+        assert torch.equal(after[name].grad, before[name].grad), name  # each step's gradient once, where it was held
+    assert torch.equal(mod[0].weight.grad, 2 * kept)  # the one not swapped: both steps'
+
+
 def test_a_layer_whose_input_needs_no_gradient_keeps_the_graphs_way(monkeypatch):
     """A Linear fed by a constant (no gradient flows into its input): auto keeps the graph's way
     and says why; store is refused in one line before any step."""
