@@ -5,8 +5,9 @@ The whole-run rows (bench/split_backward.py) read (I + W) / B from two different
 B, ZB-H1's I and W), and on this VM one run's actions move 10-30% against another's: the same
 configuration read 1.03, 1.06 and an hour later 1.14, 1.34. Here one process builds a stage
 twice from the same config and seed, once as 1F1B runs it (F, then B) and once as a storing
-split backward runs it (its storing F, then I, then W), and times both on the same microbatch
-`REPS` times, one thread. Which of the two goes first alternates from microbatch to
+split backward runs it (its storing F, then I, then W), and times both on the same microbatch,
+`STEPS` steps of M microbatches (a step's lookups and casts once in its M, as in a run), one
+thread. Which of the two goes first alternates from microbatch to
 microbatch: the one that runs first after the other pays for the caches the other left
 (measured: the same code in both places read 1.13 against 1.06 when one always went first,
 1.085 against 1.091 alternated). Rows: (I + W) / B per stage (the issue's target, 1.10) and
@@ -21,11 +22,11 @@ import time
 
 import torch
 
-from bench.split_backward import MODELS, SHAPE
+from bench.split_backward import MODELS, SHAPE, M
 
 P = 2  # the stages of each configuration (as the p=2 rows of bench/split_backward.py)
-REPS = 200  # microbatches timed per variant and stage (after `WARMUP`)
-WARMUP = 20
+STEPS = 25  # steps of M microbatches timed per variant and stage (after `WARMUP_STEPS`)
+WARMUP_STEPS = 3
 CONFIGS = {f"{model} {dtype}": (model, dtype) for model in MODELS for dtype in ("fp32", "bf16")}
 
 
@@ -63,9 +64,11 @@ def _runners(cfg, stage: int):
     return runners, (x, target, grad)
 
 
-def measure(model: str, dtype: str, stage: int, reps: int = REPS, warmup: int = WARMUP) -> dict:
-    """Median seconds of F and B (1F1B's way) and of the storing F, I and W on ``stage`` of
-    (``model``, ``dtype``) over ``P`` stages, the two ways alternating which goes first."""
+def measure(model: str, dtype: str, stage: int, steps: int = STEPS, warmup_steps: int = WARMUP_STEPS) -> dict:
+    """Seconds a microbatch of F and B (1F1B's way) and of the storing F, I and W take on
+    ``stage`` of (``model``, ``dtype``) over ``P`` stages, the two ways alternating which goes
+    first: the median step's M microbatches over M (a step's lookups and casts come once in
+    its M, as in a run)."""
     from ppx import config
 
     exp, *keys = MODELS[model]
@@ -81,13 +84,15 @@ def measure(model: str, dtype: str, stage: int, reps: int = REPS, warmup: int = 
         fn()
         times[key].append(time.perf_counter() - start)
 
-    def whole() -> None:
-        plain.new_step()
+    def whole(rep: int) -> None:
+        if rep % M == 0:  # a step's first microbatch: the step's lookups and casts, once per M
+            plain.new_step()
         timed("F", lambda: plain.forward(0, x, target))
         timed("B", lambda: plain.backward(0, grad))
 
-    def storing() -> None:
-        split.new_step()
+    def storing(rep: int) -> None:
+        if rep % M == 0:
+            split.new_step()
         timed("Fs", lambda: split.forward(0, x, target))
         timed("I", lambda: split.backward_input(0, grad))
         timed("W", lambda: split.backward_weight(0))
@@ -95,18 +100,23 @@ def measure(model: str, dtype: str, stage: int, reps: int = REPS, warmup: int = 
     gc.collect()
     gc.disable()  # as a run keeps Python's collector out of its steps (ppx/engine/garbage.py)
     try:
-        for rep in range(warmup + reps):
+        for rep in range((warmup_steps + steps) * M):
             for fn in (whole, storing) if rep % 2 == 0 else (storing, whole):
-                fn()
+                fn(rep)
     finally:
         gc.enable()
-    med = {k: statistics.median(v[warmup:]) for k, v in times.items()}
+    med = {k: statistics.median(_steps(v[warmup_steps * M :])) / M for k, v in times.items()}
     return {
         "median_s": med,
         "iw_over_b": (med["I"] + med["W"]) / med["B"],
         "microbatch_ratio": (med["Fs"] + med["I"] + med["W"]) / (med["F"] + med["B"]),
-        "reps": reps,
+        "steps": steps,
     }
+
+
+def _steps(seconds: list[float]) -> list[float]:
+    """Per-microbatch times summed step by step (M to a step)."""
+    return [sum(seconds[i : i + M]) for i in range(0, len(seconds) - M + 1, M)]
 
 
 def check_all(only: str | None = None) -> dict:
@@ -137,7 +147,7 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
         out.append(
             (
                 f"split backward in one process, {name} p={P}, m=8's microbatch: (I + W) / B per stage, a storing stage "
-                f"against 1F1B's, order alternated, median of {stages['0']['reps']}",
+                f"against 1F1B's, order alternated, median of {stages['0']['steps']} steps",
                 f"{', '.join(f'{r:.3f}' for r in iw)} (whole microbatch, storing F included: "
                 f"{', '.join(f'{r:.3f}' for r in whole)}; {costs})",
                 "<= 1.10",
