@@ -33,27 +33,17 @@ CONFIGS = {f"{model} {dtype}": (model, dtype) for model in MODELS for dtype in (
 def _runners(cfg, stage: int):
     """(1F1B's runner, a storing split runner) of ``stage``, the same weights, and a sample
     microbatch (input, target, output gradient)."""
-    from ppx import models
-    from ppx.engine.linears import StepWeights
     from ppx.engine.precision import Precision
-    from ppx.engine.rank import build_stage_modules
-    from ppx.engine.split_setup import SampleMicrobatch, set_up_split
-    from ppx.engine.stage import StageRunner
+    from ppx.engine.rank import build_runners, build_stage_modules, sample_microbatch
+    from ppx.engine.split_setup import set_up_split
 
-    kind = models.kind(cfg.model.kind)
     m = cfg.pipeline.microbatches
-    mb_size = cfg.train.batch_size // m
     precision = Precision(cfg.train.dtype, "cpu")
-    mixed = precision if precision.mixed else None
-    shape, dtype = kind.boundary(cfg.model, mb_size)
-    sample = SampleMicrobatch(cfg, kind, mb_size, (shape, precision.boundary_dtype(dtype)), "cpu")
+    sample = sample_microbatch(cfg, precision, m, "cpu")
     runners = []
     for split in (False, True):
-        module = build_stage_modules(cfg, P, [stage], "cpu")[stage]
-        weights = StepWeights(precision.dtype if mixed is not None else None)
-        runner = StageRunner(
-            stage, module, stage == 0, stage == P - 1, kind.loss, 1.0 / m, True, split, mixed, None, weights=weights
-        )
+        modules = build_stage_modules(cfg, P, [stage], "cpu")
+        (runner,) = build_runners(cfg, modules, P, m, precision, {stage} if split else set()).values()
         info = set_up_split(cfg, runner, split, sample)
         if split and (info or {}).get("mode") != "store":
             raise SystemExit(f"bench split costs: stage {stage} does not store ({info})")

@@ -52,7 +52,7 @@ def traced_stage_modules(cfg: Config, ranges: Sequence[range], stages: Sequence[
     kind = models.kind(cfg.model.kind)
     whole = build_reference(cfg)
     x, _ = kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, 0)
-    example = x[: cfg.train.batch_size // cfg.parallel.data // cfg.pipeline.microbatches]
+    example = x[: microbatch_size(cfg, cfg.pipeline.microbatches)]
     spec = {kind.block_name(cfg.model, r.start): SplitPoint.BEGINNING for r in ranges[1:]}
     with warnings.catch_warnings():  # torch's own deprecation notices from inside the tracer
         warnings.simplefilter("ignore", FutureWarning)
@@ -155,6 +155,55 @@ class RankPipeline(StageShare):
         return loss
 
 
+def microbatch_size(cfg: Config, microbatches: int) -> int:
+    """Samples in one microbatch of one data-parallel replica."""
+    return cfg.train.batch_size // cfg.parallel.data // microbatches
+
+
+def build_runners(
+    cfg: Config,
+    modules: dict[int, nn.Module],
+    num_stages: int,
+    microbatches: int,
+    precision: Precision,
+    split: set[int],
+    training: bool = True,
+    recompute: dict[int, Recompute] | None = None,
+) -> dict[int, StageRunner]:
+    """A `StageRunner` for each stage module, as a run builds them: the stages in ``split`` have
+    a split backward (I and W), ``recompute`` the stages that recompute, and each its own
+    `StepWeights` (one cast of its weights a step in a mixed dtype); the rank's ``precision``
+    is shared by its stages (one loss scale)."""
+    loss = models.kind(cfg.model.kind).loss
+    mixed = precision if precision.mixed else None
+    recompute = recompute or {}
+    return {
+        s: StageRunner(
+            s,
+            mod,
+            s == 0,
+            s == num_stages - 1,
+            loss,
+            1.0 / microbatches,
+            training,
+            s in split,
+            mixed,
+            recompute.get(s),
+            weights=StepWeights(precision.dtype if mixed is not None else None),
+        )
+        for s, mod in modules.items()
+    }
+
+
+def sample_microbatch(cfg: Config, precision: Precision, microbatches: int, device) -> SampleMicrobatch:
+    """A microbatch of the run's shapes, for the split backward's trial forward; its
+    ``boundary`` is what travels between stages (shape, in the compute dtype)."""
+    kind = models.kind(cfg.model.kind)
+    mb_size = microbatch_size(cfg, microbatches)
+    shape, dtype = kind.boundary(cfg.model, mb_size)
+    return SampleMicrobatch(cfg, kind, mb_size, (shape, precision.boundary_dtype(dtype)), device)
+
+
 def build_rank(
     cfg: Config, schedule: Schedule, rank: int, device, comm, observers=(), data_parallel: DataParallel | None = None
 ) -> RankPipeline:
@@ -166,32 +215,14 @@ def build_rank(
     m = schedule.num_microbatches
     split = {a.stage for a in schedule.actions[rank] if a.op is Op.I}
     precision = Precision(cfg.train.dtype, device)
-    mixed = precision if precision.mixed else None
     modes = recompute_modes(cfg.train.recompute, num_stages)
     recompute = {s: Recompute(modes[s], clock) for s in modules if modes[s] != "none" and schedule.training}
-    runners = {
-        s: StageRunner(
-            s,
-            mod,
-            s == 0,
-            s == num_stages - 1,
-            kind.loss,
-            1.0 / m,
-            schedule.training,
-            s in split,
-            mixed,
-            recompute.get(s),
-            weights=StepWeights(precision.dtype if mixed is not None else None),  # one cast per step
-        )
-        for s, mod in modules.items()
-    }
-    mb_size = cfg.train.batch_size // cfg.parallel.data // m
-    shape, dtype = kind.boundary(cfg.model, mb_size)
-    dtype = precision.boundary_dtype(dtype)  # activations and gradients travel in the compute dtype
-    sample = SampleMicrobatch(cfg, kind, mb_size, (shape, dtype), device)
+    runners = build_runners(cfg, modules, num_stages, m, precision, split, schedule.training, recompute)
+    sample = sample_microbatch(cfg, precision, m, device)
+    shape, dtype = sample.boundary  # activations and gradients travel in the compute dtype
     split_report = {s: set_up_split(cfg, r, s in split and schedule.training, sample) for s, r in runners.items()}
     if data_parallel is not None:  # wrapped after the trials, which run on the stage's own parameters
-        data_parallel.wrap(modules, precision.dtype if mixed is not None else None)
+        data_parallel.wrap(modules, precision.dtype if precision.mixed else None)
         for r in runners.values():  # FSDP2's mixed-precision policy makes the one copy per step
             r.weights.dtype = None
             r.weights.refresh()

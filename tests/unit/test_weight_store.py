@@ -16,9 +16,9 @@ from torch.nn import functional as F
 from ppx import config, models
 from ppx.engine.linears import Conv1DKind, LinearKind, StepWeights, kind_of, route_layers
 from ppx.engine.precision import Precision
-from ppx.engine.rank import build_stage_modules
-from ppx.engine.split_setup import SampleMicrobatch, set_up_split
-from ppx.engine.stage import StageRunner
+from ppx.engine.rank import build_runners, build_stage_modules, sample_microbatch
+from ppx.engine.recompute import Recompute
+from ppx.engine.split_setup import set_up_split
 from ppx.engine.weight_store import WeightStore
 
 
@@ -99,26 +99,12 @@ def _stage(model: str, way: str, stage: int, dtype: str = "fp32", recompute: boo
         + [f"train.split_backward={way if way != 'plain' else 'graph'}", "train.seed=5"],
     )
     kind = models.kind(cfg.model.kind)
-    module = build_stage_modules(cfg, 3, [stage], "cpu")[stage]
+    modules = build_stage_modules(cfg, 3, [stage], "cpu")
     precision = Precision(dtype, "cpu")
-    mixed = precision if precision.mixed else None
-    from ppx.engine.recompute import Recompute
-
-    runner = StageRunner(
-        stage,
-        module,
-        stage == 0,
-        stage == 2,
-        kind.loss,
-        1.0 / M,
-        True,
-        way != "plain",
-        mixed,
-        Recompute("full") if recompute else None,
-        weights=StepWeights(precision.dtype if mixed else None),
-    )
-    shape, bdtype = kind.boundary(cfg.model, 2)
-    sample = SampleMicrobatch(cfg, kind, 2, (shape, precision.boundary_dtype(bdtype)), "cpu")
+    split = {stage} if way != "plain" else set()
+    recompute = {stage: Recompute("full")} if recompute else None
+    (runner,) = build_runners(cfg, modules, 3, M, precision, split, recompute=recompute).values()
+    sample = sample_microbatch(cfg, precision, M, "cpu")
     info = set_up_split(cfg, runner, way != "plain", sample)
     return cfg, kind, runner, info
 
