@@ -11,7 +11,8 @@ common with the writer: a beat that has not moved across a window is stale, what
 clocks say. The launcher (`ppx.launch.supervisor`) watches them; the in-rank watchdog reads
 them when it fires, to name a frozen peer instead of blaming itself for waiting on it; a rank
 that fails looks up its peers' pids (`gone_peers`), where it can see them (the same host and
-pid namespace), to tell a peer killed from under it.
+pid namespace), to tell a peer killed from under it, and watches the others' beats
+(`silent_peers_elsewhere`) where it cannot.
 """
 
 from __future__ import annotations
@@ -152,6 +153,21 @@ def gone_peers(status_dir: Path, me: int, wait_s: float = 1.0) -> list[Beat]:
         if gone or not mine or time.monotonic() >= end:
             return gone
         time.sleep(0.01)
+
+
+def silent_peers_elsewhere(status_dir: Path, me: int, window_s: float = CHECK_WINDOW_S) -> list[Beat]:
+    """The other ranks this process cannot look up (another host or pid namespace) whose
+    heartbeat says 'alive' and did not move in ``window_s``: for a rank whose wait on a peer
+    failed (its connection closed, which a frozen process keeps open), a peer whose process
+    ended. Returns at once when no such peer keeps a heartbeat."""
+    host, ns = this_host(), pid_namespace()
+
+    def elsewhere(b: Beat) -> bool:
+        return b.rank != me and b.state == "alive" and (b.host != host or b.pidns != ns or ns == "-")
+
+    if not any(elsewhere(b) for b in read_beats(status_dir).values()):
+        return []
+    return [b for b in stale_peers(status_dir, me, window_s) if elsewhere(b)]
 
 
 def stopped_responding(rank: int, silent_s: float, where: str) -> str:

@@ -22,7 +22,7 @@ from ppx.errors import UserError, said
 from ppx.launch import claim, environment
 from ppx.launch.affinity import pin_local_rank
 from ppx.launch.faults import FaultInjector
-from ppx.launch.heartbeat import gone_peers
+from ppx.launch.heartbeat import gone_peers, silent_peers_elsewhere
 from ppx.launch.watchdog import Watchdog, cause_path, claim_cause, launcher_alive, read_status, status_path
 from ppx.report.run_dir import write_json
 from ppx.report.run_report import RunReport
@@ -97,17 +97,20 @@ def _report(watchdog: Watchdog | None, message: str, own: bool = False) -> None:
     job's cause; this one, a peer gone from under a wait, its consequence) or a peer of this
     machine was killed (it had no time to say so: `ppx run` names it with its signal, from
     torchrun's exit codes; a job without it, as under srun, gets this rank's line naming the
-    peer): the status file says where this rank failed either way. ``own``: a mistake of this
+    peer), or a peer on another node whose heartbeat stopped (named the same way, 2.5 s
+    later): the status file says where this rank failed either way. ``own``: a mistake of this
     rank's own input (a UserError), which no peer's death explains."""
     status = watchdog.status_dir if watchdog else None
     if status is not None and not own and not cause_path(status).exists():
-        gone = gone_peers(status, watchdog.rank)
+        gone, how = gone_peers(status, watchdog.rank), "its process ended"
         if gone and launcher_alive():
             watchdog.phase(f"failed on {watchdog.label}")
             return
+        if not gone:  # a peer on another node: its pid cannot be looked up here, its heartbeat can
+            gone, how = silent_peers_elsewhere(status, watchdog.rank), "its heartbeat stopped"
         if gone:
             where = read_status(status_path(status, gone[0].rank)) or "start-up"
-            message = f"rank {gone[0].rank} died on {where}: its process ended (rank {watchdog.rank} was on {watchdog.where()})"
+            message = f"rank {gone[0].rank} died on {where}: {how} (rank {watchdog.rank} was on {watchdog.where()})"
     if claim_cause(status, message):
         sys.stderr.write(f"ppx: error: {message}\n")
         sys.stderr.flush()

@@ -4,13 +4,25 @@ and stop real ones."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import threading
 import time
 
 import pytest
 
-from ppx.launch.heartbeat import Heartbeat, beat_path, read_beat, read_beats, stale_peers, stopped_responding
+from ppx.launch.heartbeat import (
+    Heartbeat,
+    beat_path,
+    pid_namespace,
+    read_beat,
+    read_beats,
+    silent_peers_elsewhere,
+    stale_peers,
+    stopped_responding,
+    this_host,
+)
 from ppx.launch.supervisor import Supervisor
 
 
@@ -44,6 +56,63 @@ def test_stale_peers_are_the_silent_live_ones_other_than_me(tmp_path):
     assert [b.rank for b in stale] == [1]
     assert sorted(read_beats(tmp_path)) == [0, 1, 2, 3]
     assert stale_peers(tmp_path / "absent", me=0, window_s=0.01) == []
+
+
+def _beat_from(tmp_path, rank: int, host: str, state: str = "alive", count: int = 7) -> None:
+    """A beat of a rank on ``host`` (in this pid namespace), as its Heartbeat writes it."""
+    line = f"4242 {host} {count} {time.time():.1f} {state} {pid_namespace()}"
+    beat_path(tmp_path, rank).write_text(line.ljust(127) + "\n")
+
+
+@pytest.mark.timing
+def test_silent_peers_elsewhere_are_the_live_ones_on_other_nodes_whose_beat_stopped(tmp_path):
+    _beat_from(tmp_path, 1, "node-b")  # another node, silent: its process ended
+    _beat_from(tmp_path, 2, this_host())  # this node, silent: frozen (its pid can be looked up)
+    _beat_from(tmp_path, 3, "node-b", "done")  # another node, ended on its own
+    stop = threading.Event()
+
+    def beating() -> None:  # another node, beating
+        for count in itertools.count():
+            _beat_from(tmp_path, 4, "node-c", count=count)
+            if stop.wait(0.05):
+                return
+
+    thread = threading.Thread(target=beating)
+    thread.start()
+    try:
+        assert [b.rank for b in silent_peers_elsewhere(tmp_path, me=0, window_s=0.3)] == [1]
+        assert silent_peers_elsewhere(tmp_path, me=1, window_s=0.3) == []  # (rank 1 reading: itself)
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_with_no_peer_on_another_node_nothing_is_waited_for(tmp_path):
+    _beat_from(tmp_path, 1, this_host())
+    start = time.monotonic()
+    assert silent_peers_elsewhere(tmp_path, me=0, window_s=5.0) == []
+    assert time.monotonic() - start < 1.0
+
+
+@pytest.mark.timing
+def test_a_peer_killed_on_another_node_is_named_by_the_rank_whose_wait_failed(tmp_path, capsys, monkeypatch):
+    """Under srun (no `ppx run`): rank 1 on node-b was killed on 1B1, rank 0's wait on it failed
+    on the closed connection. Its pid cannot be looked up from here, its heartbeat can."""
+    from ppx.launch.watchdog import Watchdog, cause_path, read_status, status_path
+    from ppx.launch.worker import _report
+
+    monkeypatch.delenv("PPX_LAUNCHER_PID", raising=False)
+    status = tmp_path / "status"
+    dog1 = Watchdog(1, 30.0, status)
+    dog1.phase("1B1", 0)
+    _beat_from(status, 1, "node-b")
+    dog0 = Watchdog(0, 30.0, status)
+    dog0.phase("wait 0RECV_B1 from rank 1", 0)
+    _report(dog0, "rank 0 failed at step 0 on wait 0RECV_B1 from rank 1: Connection closed by peer")
+    line = "rank 1 died on 1B1 (step 0): its heartbeat stopped (rank 0 was on wait 0RECV_B1 from rank 1 (step 0))"
+    assert capsys.readouterr().err == f"ppx: error: {line}\n"
+    assert cause_path(status).read_text() == line + "\n"
+    assert read_status(status_path(status, 0)) == "failed on wait 0RECV_B1 from rank 1 (step 0)"
 
 
 def test_the_line_naming_a_frozen_rank():
