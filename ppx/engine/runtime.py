@@ -24,11 +24,12 @@ from ppx.schedules.ir.schedule import Schedule
 
 
 class ActionFailed(RuntimeError):
-    """An item raised; carries the rank, step and item label for the one-line report."""
+    """An item raised; carries the rank, step and item label for the one-line report, and
+    ``peer``: the process rank a failed wait was waiting for (None for any other item)."""
 
-    def __init__(self, rank: int, step: int, label: str, cause: BaseException):
+    def __init__(self, rank: int, step: int, label: str, cause: BaseException, peer: int | None = None):
         super().__init__(f"rank {rank} failed at step {step} on {label}: {said(cause)}")
-        self.rank, self.step, self.label = rank, step, label
+        self.rank, self.step, self.label, self.peer = rank, step, label, peer
 
 
 class _Request:
@@ -135,10 +136,18 @@ class Runtime:
         except ActionFailed:
             raise
         except Exception as e:
-            raise ActionFailed(self.names[self.rank], step, item.label if item else "start", e) from e
+            raise ActionFailed(
+                self.names[self.rank], step, item.label if item else "start", e, self._waited_on(item)
+            ) from e
         finally:
             self._inputs = self._targets = None
         return None if self._loss is None else float(self._loss)
+
+    def _waited_on(self, item: Item | None) -> int | None:
+        """The process rank a wait item waits for; None for any other item."""
+        if item is None or item.kind != "wait":
+            return None
+        return self.names[peer_of(item.actions[0], self.schedule.stage_to_rank)[0]]
 
     # -- handlers --------------------------------------------------------------------------
     def _post(self, item: Item) -> None:

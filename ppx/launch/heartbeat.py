@@ -29,6 +29,9 @@ from ppx.launch.processes import process_alive
 BEAT_BYTES = 128
 INTERVAL_S = 1.0
 CHECK_WINDOW_S = 2.5  # longer than two beats: a live rank's count moves within it
+# a silent peer whose last beat is younger than this when a wait on it failed died then; a
+# frozen one's is as old as the failed wait's timeout (30 s or more); clocks a few seconds apart
+DIED_WITHIN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -157,9 +160,9 @@ def gone_peers(status_dir: Path, me: int, wait_s: float = 1.0) -> list[Beat]:
 
 def silent_peers_elsewhere(status_dir: Path, me: int, window_s: float = CHECK_WINDOW_S) -> list[Beat]:
     """The other ranks this process cannot look up (another host or pid namespace) whose
-    heartbeat says 'alive' and did not move in ``window_s``: for a rank whose wait on a peer
-    failed (its connection closed, which a frozen process keeps open), a peer whose process
-    ended. Returns at once when no such peer keeps a heartbeat."""
+    heartbeat says 'alive' and did not move in ``window_s``: ended (killed) or frozen, which
+    the age of their last beat tells apart (`DIED_WITHIN_S`). Returns at once when no such
+    peer keeps a heartbeat."""
     host, ns = this_host(), pid_namespace()
 
     def elsewhere(b: Beat) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import threading
 import time
 
@@ -58,9 +59,10 @@ def test_stale_peers_are_the_silent_live_ones_other_than_me(tmp_path):
     assert stale_peers(tmp_path / "absent", me=0, window_s=0.01) == []
 
 
-def _beat_from(tmp_path, rank: int, host: str, state: str = "alive", count: int = 7) -> None:
-    """A beat of a rank on ``host`` (in this pid namespace), as its Heartbeat writes it."""
-    line = f"4242 {host} {count} {time.time():.1f} {state} {pid_namespace()}"
+def _beat_from(tmp_path, rank: int, host: str, state: str = "alive", count: int = 7, age_s: float = 0.0) -> None:
+    """A beat of a rank on ``host`` (in this pid namespace), as its Heartbeat writes it,
+    ``age_s`` seconds ago."""
+    line = f"4242 {host} {count} {time.time() - age_s:.1f} {state} {pid_namespace()}"
     beat_path(tmp_path, rank).write_text(line.ljust(127) + "\n")
 
 
@@ -108,11 +110,53 @@ def test_a_peer_killed_on_another_node_is_named_by_the_rank_whose_wait_failed(tm
     _beat_from(status, 1, "node-b")
     dog0 = Watchdog(0, 30.0, status)
     dog0.phase("wait 0RECV_B1 from rank 1", 0)
-    _report(dog0, "rank 0 failed at step 0 on wait 0RECV_B1 from rank 1: Connection closed by peer")
+    _report(dog0, "rank 0 failed at step 0 on wait 0RECV_B1 from rank 1: Connection closed by peer", peer=1)
     line = "rank 1 died on 1B1 (step 0): its heartbeat stopped (rank 0 was on wait 0RECV_B1 from rank 1 (step 0))"
     assert capsys.readouterr().err == f"ppx: error: {line}\n"
     assert cause_path(status).read_text() == line + "\n"
     assert read_status(status_path(status, 0)) == "failed on wait 0RECV_B1 from rank 1 (step 0)"
+
+
+def _failed_wait_reported(tmp_path, peers: dict[int, tuple[str, float]], waited_on: int | None) -> str:
+    """Rank 0's line when its wait on ``waited_on`` failed, with ``peers`` (rank -> (its
+    action, how long ago its last beat)) silent on node-b."""
+    from ppx.launch.watchdog import Watchdog
+    from ppx.launch.worker import _report
+
+    status = tmp_path / "status"
+    for rank, (action, age_s) in peers.items():
+        Watchdog(rank, 30.0, status).phase(action, 0)
+        _beat_from(status, rank, "node-b", age_s=age_s)
+    dog0 = Watchdog(0, 30.0, status)
+    dog0.phase(f"wait 0RECV_B1 from rank {waited_on}", 0)
+    own = f"rank 0 failed at step 0 on wait 0RECV_B1 from rank {waited_on}: RuntimeError: gloo"
+    _report(dog0, own, peer=waited_on)
+    return (status / "cause.txt").read_text().rstrip("\n")
+
+
+@pytest.mark.timing
+def test_a_peer_on_another_node_frozen_long_before_the_wait_failed_is_named_as_frozen(tmp_path, monkeypatch):
+    """gloo's timeout (30 s or more) can end a wait on a frozen peer before the watchdog does:
+    a silent beat that old is a freeze, not a death at the failure."""
+    monkeypatch.delenv("PPX_LAUNCHER_PID", raising=False)
+    got = _failed_wait_reported(tmp_path, {1: ("1B1", 62.0)}, 1)
+    assert re.fullmatch(
+        r"rank 1 stopped responding \(no heartbeat for 6\d\.\d s\); it was on 1B1 \(step 0\) "
+        r"\(seen by rank 0, failed on wait 0RECV_B1 from rank 1 \(step 0\)\)",
+        got,
+    ), got
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("waited_on,named", [(3, 3), (None, 2)])
+def test_of_several_silent_peers_the_one_waited_on_is_named_else_the_first_silent(
+    tmp_path, monkeypatch, waited_on, named
+):
+    """A launcher ends a killed rank's neighbours after it: the rank the failed wait was on is
+    the cause; without one, the peer whose beat stopped first."""
+    monkeypatch.delenv("PPX_LAUNCHER_PID", raising=False)
+    got = _failed_wait_reported(tmp_path, {2: ("2F3", 1.5), 3: ("3B1", 0.5)}, waited_on)
+    assert got.startswith(f"rank {named} died on {named}"), got
 
 
 def test_the_line_naming_a_frozen_rank():
