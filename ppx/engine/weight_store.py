@@ -48,6 +48,8 @@ class WeightStore:
         self.forward_mb: int | None = None
         self.inputs: dict[int, list] = {}  # mb -> [(layer, input, output's gradient edge), ...] of its forward
         self.pending: dict[int, list] = {}  # mb -> [(layer, input, output gradient), ...] in I's order
+        # where the small parameters sit, found once: data parallel puts other parameter objects
+        # in these slots, never new slots (a weight tied after this would be counted twice)
         self._small_slots = _slots(module, skip={id(layer.module) for layer in self.layers})
 
     def small_params(self) -> list[torch.Tensor]:
