@@ -101,7 +101,6 @@ TW = [
     "train.steps=6",
     "pipeline.stages=4",
     "pipeline.microbatches=8",
-    "logging.wandb.mode=disabled",
 ]
 RUNS = {
     "tw_1f1b": TW + ["pipeline.schedule=1f1b", "model.fwd_ms=10", "model.bwd_ms=10", "model.wgrad_ms=10"],
@@ -141,7 +140,6 @@ RUNS = {
         "train.batch_size=64",
         "train.steps=40",
         "instrument.timeline_steps=30",
-        "logging.wandb.mode=disabled",
     ],
     "mlp1024_1f1b_p2_run": [
         "pipeline.schedule=1f1b",
@@ -153,7 +151,6 @@ RUNS = {
         "train.batch_size=64",
         "train.steps=30",
         "instrument.timeline_steps=20",
-        "logging.wandb.mode=disabled",
     ],
 }
 
@@ -187,7 +184,6 @@ DP = [
     "pipeline.stages=2",
     "pipeline.microbatches=8",
     "train.steps=8",
-    "logging.wandb.mode=disabled",
 ]
 RUNS["dp_base_1f1b_p2"] = DP + ["train.batch_size=32"]
 RUNS["dp_1f1b_p2x2"] = DP + ["train.batch_size=64", "parallel.data=2"]
@@ -199,7 +195,6 @@ MODEL_COSTS = [
     "pipeline.stages=2",
     "train.steps=4",
     "instrument.timeline_steps=2",
-    "logging.wandb.mode=disabled",
 ]
 RUNS["cost_mlp256_zb_h1_p2"] = MODEL_COSTS + [
     "model.kind=mlp",
@@ -225,11 +220,11 @@ RUNS["cost_llama1b_2blocks_zb_h1_p2"] = MODEL_COSTS + [
 
 
 def run_summary(name: str) -> dict:
+    from ppx.config import SUMMARY_ONLY, as_overrides
     from ppx.report.run_dir import RunDir
 
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp) / "run"
-        # only the run's JSON files are read: no pictures or report.html
         cmd = [
             sys.executable,
             "-m",
@@ -237,7 +232,7 @@ def run_summary(name: str) -> dict:
             "run",
             "gpipe_4gpu",
             *RUNS[name],
-            "logging.report=false",
+            *as_overrides(SUMMARY_ONLY),  # only the run's JSON files are read
             f"run.dir={d}",
         ]
         proc = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, cwd=ROOT)

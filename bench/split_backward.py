@@ -45,6 +45,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ppx.config import SUMMARY_ONLY, as_overrides
 from ppx.gpucheck.split import iw_over_b
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +60,6 @@ COMMON = [
     *SHAPE,
     "train.steps=12",
     "instrument.timeline_steps=8",
-    "logging.wandb.mode=disabled",
     "logging.tensorboard=false",
 ]
 VARIANTS = {  # name -> (overrides, fp32 only)
@@ -93,7 +93,6 @@ LARGE_COMMON = [
     "train.batch_size=4",
     "train.steps=5",
     "instrument.timeline_steps=4",
-    "logging.wandb.mode=disabled",
     "logging.tensorboard=false",
 ]
 LARGE_REPEATS = 3
@@ -101,7 +100,7 @@ LARGE_REPEATS = 3
 
 def _run(overrides: list[str], run_dir: Path) -> dict:
     proc = subprocess.run(
-        [sys.executable, "-m", "ppx.cli", "run", *overrides, "logging.report=false", f"run.dir={run_dir}"],
+        [sys.executable, "-m", "ppx.cli", "run", *overrides, *as_overrides(SUMMARY_ONLY), f"run.dir={run_dir}"],
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
         capture_output=True,
         text=True,
