@@ -103,7 +103,7 @@ class Supervisor:
         return frozen
 
     def _end_frozen(self, frozen: list[tuple[int, int, float]]) -> int:
-        lines = [stopped_responding(rank, silent, self._where(rank)) for rank, _, silent in frozen]
+        lines = [stopped_responding(rank, silent, where(self.status, rank)) for rank, _, silent in frozen]
         for line in lines:
             print(f"ppx: error: {line}", file=sys.stderr, flush=True)
         self._end_job(first=[pid for _, pid, _ in frozen])
@@ -123,14 +123,7 @@ class Supervisor:
         return 128 + signum
 
     def _failed(self, code: int) -> int:
-        lines = []
-        failures = self._failures()
-        # torchrun SIGTERMs the other workers once one has failed: those are not causes
-        causes = [f for f in failures if f[1] != -signal.SIGTERM] or failures
-        for rank, exitcode in causes:
-            if exitcode < 0:
-                sig = -exitcode
-                lines.append(f"rank {rank} died: killed by signal {_signal_name(sig)} ({sig}) on {self._where(rank)}")
+        lines = killed(self._failures(), self.status)
         code = code if code > 0 else 128 - code
         if not lines:
             where = f"the job failed (exit {code}); {self._where_each()}"
@@ -154,9 +147,6 @@ class Supervisor:
             pass
 
     # -- where the ranks were
-    def _where(self, rank: int) -> str:
-        return read_status(status_path(self.status, rank)) or "start-up (before its first status)"
-
     def _where_each(self) -> str:
         states = [f"rank {r}: {read_status(status_path(self.status, r)) or 'not started'}" for r in range(self.world)]
         return "where each rank was: " + "; ".join(states)
@@ -221,6 +211,23 @@ def _wait(done, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not done() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def killed(failures: list[tuple[int, int]], status: Path) -> list[str]:
+    """A line for each rank a signal killed, of the (rank, exit code) pairs torchrun saw fail,
+    naming the action its status file (in ``status``) says it was on. torchrun SIGTERMs the
+    other workers once one has failed: those are not causes, unless every one was."""
+    causes = [f for f in failures if f[1] != -signal.SIGTERM] or failures
+    return [
+        f"rank {rank} died: killed by signal {_signal_name(-code)} ({-code}) on {where(status, rank)}"
+        for rank, code in causes
+        if code < 0
+    ]
+
+
+def where(status: Path, rank: int) -> str:
+    """Where rank ``rank`` was, by its status file in ``status``."""
+    return read_status(status_path(status, rank)) or "start-up (before its first status)"
 
 
 def _signal_name(sig: int) -> str:

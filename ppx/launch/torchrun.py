@@ -8,6 +8,11 @@ of their own; torchrun's own warnings are left out, and it ends quietly when the
 ends the job (SIGTERM). It also asks the kernel for a SIGTERM if the launcher dies first
 (PR_SET_PDEATHSIG), so that even a ``kill -9`` of ``ppx run`` leaves no job behind.
 
+Under srun (``slurm/pp.sbatch``, where ``PPX_RUN_DIR`` names the run directory), a rank of
+this node killed by a signal is named here, with its action, as ``ppx run`` names it: its
+peers may not live to (when this launcher holds the c10d rendezvous, the other nodes'
+launchers end their ranks as soon as it exits).
+
 When it forks its workers (``--start-method=fork``: CPU runs, `ppx.launch.processes`), it
 imports what every worker needs first, once, so that the workers inherit it
 (`ppx.launch.forked_worker`).
@@ -15,18 +20,23 @@ imports what every worker needs first, once, so that the workers inherit it
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from torch.distributed.run import main as torchrun_main
 
 from ppx.launch.processes import FORK
+from ppx.launch.supervisor import killed
+from ppx.launch.watchdog import claim_cause
 
 PR_SET_PDEATHSIG = 1
 
@@ -98,6 +108,9 @@ def main(argv: list[str]) -> int:
             with open(exits, "w") as f:
                 json.dump(failed, f)
             return 1
+        run_dir = os.environ.get("PPX_RUN_DIR")
+        if run_dir and _explain(Path(run_dir), [(rank, f.exitcode) for rank, f in failures]):
+            return 1
         lines = [
             f"rank {rank}: exit code {f.exitcode}" + (f" ({f.signal_name()})" if f.exitcode < 0 else "")
             for rank, f in failures
@@ -108,7 +121,29 @@ def main(argv: list[str]) -> int:
         if not exits:
             raise
         return 128 + int(e.sigval)  # ended by the launcher, which says why
+    except RendezvousConnectionError as e:
+        if exits:
+            raise
+        # another node's launcher held the rendezvous and ended (its line says why), or is unreachable
+        print(f"torchrun: {e} (the launcher holding it ended or cannot be reached)", file=sys.stderr, flush=True)
+        return 1
     return 0
+
+
+def _explain(run_dir: Path, failures: list[tuple[int, int]]) -> bool:
+    """Name each rank of this node that a signal killed, with the action its status file says
+    it was on: in ``<run>/incomplete.txt``, and printed as the job's cause unless a peer
+    elsewhere named it first (`claim_cause`). False when no rank was killed (a rank that
+    raised has printed its own line)."""
+    lines = killed(failures, run_dir / "status")
+    if not lines:
+        return False
+    with contextlib.suppress(OSError):
+        (run_dir / "incomplete.txt").write_text("".join(line + "\n" for line in lines))
+    if claim_cause(run_dir / "status", lines[0]):
+        for line in lines:
+            print(f"ppx: error: {line}", file=sys.stderr, flush=True)
+    return True
 
 
 if __name__ == "__main__":
