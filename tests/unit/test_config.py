@@ -17,6 +17,23 @@ def test_layering_defaults_experiment_overrides():
     assert cfg.run.name == "gpipe_4gpu"
 
 
+def test_a_load_leaves_the_next_loads_defaults_as_they_were(tmp_path):
+    """The schema's defaults are built once and every load starts from them: no load's
+    preset, experiment, overrides, fallback or file may change them for the next."""
+    from ppx.config.schema import Config
+
+    before = config.load(None, [])
+    (tmp_path / "c.yaml").write_text(config.to_yaml(config.load("1f1b_2cpu", ["model.hidden=8"])))
+    config.from_yaml(tmp_path / "c.yaml")
+    config.load(None, ["model.hidden=12", "train.steps=9"])
+    config.load("llama_tiny_1f1b_2cpu", ["train.steps=7", "runtime.cpu_fallback=[pipeline.stages=1]"])
+    with pytest.raises(UserError):
+        config.load("1f1b_2cpu", ["train.steps=2", "nope=1"])
+    after = config.load(None, [])
+    assert after == before == Config(run=before.run)  # the schema's own defaults (run.name set by load)
+    assert after.train.steps == Config().train.steps and after.model.hidden == Config().model.hidden
+
+
 def test_experiment_by_path_and_round_trip(tmp_path):
     exp = tmp_path / "mine.yaml"
     exp.write_text("pipeline:\n  stages: 3\nmodel:\n  layers: 6\n")
