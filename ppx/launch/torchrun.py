@@ -11,7 +11,8 @@ ends the job (SIGTERM). It also asks the kernel for a SIGTERM if the launcher di
 Under srun (``slurm/pp.sbatch``, where ``PPX_RUN_DIR`` names the run directory), a rank of
 this node killed by a signal is named here, with its action, as ``ppx run`` names it: its
 peers may not live to (when this launcher holds the c10d rendezvous, the other nodes'
-launchers end their ranks as soon as it exits).
+launchers end their ranks as soon as it exits). A launcher that srun (or anyone) stops says
+so in one line, not torch's traceback.
 
 When it forks its workers (``--start-method=fork``: CPU runs, `ppx.launch.processes`), it
 imports what every worker needs first, once, so that the workers inherit it
@@ -118,9 +119,10 @@ def main(argv: list[str]) -> int:
         print(f"torchrun: {e.name} failed: " + "; ".join(lines), file=sys.stderr, flush=True)
         return 1
     except SignalException as e:
-        if not exits:
-            raise
-        return 128 + int(e.sigval)  # ended by the launcher, which says why
+        if not exits:  # srun ending the job's other nodes once one failed (that one said why)
+            name = signal.Signals(e.sigval).name
+            print(f"torchrun: stopped by {name}: its ranks were ended", file=sys.stderr, flush=True)
+        return 128 + int(e.sigval)  # (under ppx run: ended by the launcher, which says why)
     except RendezvousConnectionError as e:
         if exits:
             raise

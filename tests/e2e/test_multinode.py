@@ -129,6 +129,34 @@ def test_sbatch_trains_pipeline_by_data_parallel_across_two_slurm_nodes(cluster,
 
 
 @skip_without_slurm
+def test_sbatch_names_a_killed_rank_and_its_action_in_one_line(cluster, tmp_path):
+    """Rank 1 of a two-node job dies on 1F1 (SIGKILL): the job fails, and its output names
+    the rank and the action once (its node's launcher, or its peer, whichever sees it first),
+    with no traceback from the launchers srun ends after it."""
+    job = cluster.sbatch(
+        "--nodes",
+        "2",
+        str(REPO / "slurm" / "pp.sbatch"),
+        cwd=tmp_path,
+        env={
+            "EXP": "1f1b_2cpu",
+            "ARGS": " ".join([*ARGS, "runtime.inject_fault=die@1F1"]),
+            "NPROC_PER_NODE": "1",
+            "PPX_DIR": str(REPO),
+            "PYTHON": sys.executable,
+        },
+    )
+    assert cluster.wait(job, timeout_s=300) == "FAILED"
+    log = (tmp_path / f"slurm-{job}.out").read_text()
+    ours = [line for line in log.splitlines() if line.startswith("ppx: error:")]
+    assert len(ours) == 1 and ours[0].startswith("ppx: error: rank 1 died"), log[-3000:]
+    assert " on 1F1 (step 0)" in ours[0], ours
+    assert "Traceback" not in log, log[-3000:]
+    run = tmp_path / "runs" / "1f1b_2cpu" / f"slurm-{job}"
+    assert (run / "status" / "cause.txt").read_text() == ours[0].removeprefix("ppx: error: ") + "\n"
+
+
+@skip_without_slurm
 def test_srun_started_ranks_run_in_place(cluster, tmp_path, single_node_losses):
     """`srun ... ppx run` (no torchrun): each task takes its rank from SLURM's variables and
     the rendezvous address from the first node's NodeAddr. Two stages, one per node (a test
