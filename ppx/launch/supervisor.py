@@ -111,10 +111,12 @@ class Supervisor:
 
     def _stopped(self, signum: int) -> int:
         name = signal.Signals(signum).name
-        where = self._where_each()
+        states = self._where_each()
         self._end_job()
         after = time.monotonic() - self.started
-        self._write_incomplete([f"stopped: ppx run received {name} after {after:.1f} s and ended the job; {where}"])
+        write_incomplete(
+            self.run_dir, [f"stopped: ppx run received {name} after {after:.1f} s and ended the job; {states}"]
+        )
         print(
             f"ppx: stopped by {name}: the job was ended; run directory (incomplete): {self.run_dir}",
             file=sys.stderr,
@@ -126,25 +128,19 @@ class Supervisor:
         lines = killed(self._failures(), self.status)
         code = code if code > 0 else 128 - code
         if not lines:
-            where = f"the job failed (exit {code}); {self._where_each()}"
+            failed = f"the job failed (exit {code}); {self._where_each()}"
             cause = read_status(cause_path(self.status))
             if cause:  # the rank that failed first said why, in its line: the run keeps both
-                return self._incomplete([cause, where], code)
-            lines.append(where)
+                return self._incomplete([cause, failed], code)
+            lines.append(failed)
         for line in lines:
             print(f"ppx: error: {line}", file=sys.stderr, flush=True)
         return self._incomplete(lines, code)
 
     def _incomplete(self, lines: list[str], code: int) -> int:
-        self._write_incomplete(lines)
+        write_incomplete(self.run_dir, lines)
         print(f"ppx: run directory (incomplete): {self.run_dir}", file=sys.stderr, flush=True)
         return code
-
-    def _write_incomplete(self, lines: list[str]) -> None:
-        try:
-            (self.run_dir / "incomplete.txt").write_text("".join(line + "\n" for line in lines))
-        except OSError:
-            pass
 
     # -- where the ranks were
     def _where_each(self) -> str:
@@ -223,6 +219,17 @@ def killed(failures: list[tuple[int, int]], status: Path) -> list[str]:
         for rank, code in causes
         if code < 0
     ]
+
+
+def write_incomplete(run_dir: Path, lines: list[str], append: bool = False) -> None:
+    """``<run>/incomplete.txt``: why the run did not complete, a line each (``append``: under
+    srun each node's launcher adds what it saw). A run directory that cannot take it is left
+    as it is."""
+    try:
+        with open(run_dir / "incomplete.txt", "a" if append else "w") as f:
+            f.write("".join(line + "\n" for line in lines))
+    except OSError:
+        pass
 
 
 def where(status: Path, rank: int) -> str:

@@ -1,6 +1,7 @@
 """torchrun (``torch.distributed.run``), minus the Python traceback it prints when a worker
 fails: ``ppx run`` follows a failed job with its own line naming each rank and the action it
-was on, and the workers have already printed theirs. Exit codes are torchrun's.
+was on, and the workers have already printed theirs. Exit codes are torchrun's, but for a
+launcher stopped by a signal: 128 + the signal, with a line saying so.
 
 Under ``ppx run`` (``PPX_TORCHRUN_EXITS`` names a file), the failed ranks' exit codes go to
 that file as JSON for the launcher to explain (``ppx.launch.supervisor``), instead of a line
@@ -21,7 +22,6 @@ imports what every worker needs first, once, so that the workers inherit it
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import logging
@@ -35,9 +35,10 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from torch.distributed.run import main as torchrun_main
 
+from ppx.errors import first_line
 from ppx.launch.processes import FORK
-from ppx.launch.supervisor import killed
-from ppx.launch.watchdog import claim_cause
+from ppx.launch.supervisor import killed, write_incomplete
+from ppx.launch.watchdog import cause_path, claim_cause, read_status
 
 PR_SET_PDEATHSIG = 1
 
@@ -109,14 +110,15 @@ def main(argv: list[str]) -> int:
             with open(exits, "w") as f:
                 json.dump(failed, f)
             return 1
-        run_dir = os.environ.get("PPX_RUN_DIR")
-        if run_dir and _explain(Path(run_dir), [(rank, f.exitcode) for rank, f in failures]):
-            return 1
-        lines = [
+        summary = f"torchrun: {e.name} failed: " + "; ".join(
             f"rank {rank}: exit code {f.exitcode}" + (f" ({f.signal_name()})" if f.exitcode < 0 else "")
             for rank, f in failures
-        ]
-        print(f"torchrun: {e.name} failed: " + "; ".join(lines), file=sys.stderr, flush=True)
+        )
+        run_dir = os.environ.get("PPX_RUN_DIR")
+        if run_dir:
+            _explain(Path(run_dir), [(rank, f.exitcode) for rank, f in failures], summary)
+        else:
+            print(summary, file=sys.stderr, flush=True)
         return 1
     except SignalException as e:
         if not exits:  # srun ending the job's other nodes once one failed (that one said why)
@@ -126,26 +128,26 @@ def main(argv: list[str]) -> int:
     except RendezvousConnectionError as e:
         if exits:
             raise
-        # another node's launcher held the rendezvous and ended (its line says why), or is unreachable
-        print(f"torchrun: {e} (the launcher holding it ended or cannot be reached)", file=sys.stderr, flush=True)
+        inner = f" ({first_line(str(e.__cause__))})" if e.__cause__ is not None else ""
+        hint = "if the launcher holding it ended, its node's output says why"
+        print(f"torchrun: {e}{inner}; {hint}", file=sys.stderr, flush=True)
         return 1
     return 0
 
 
-def _explain(run_dir: Path, failures: list[tuple[int, int]]) -> bool:
-    """Name each rank of this node that a signal killed, with the action its status file says
-    it was on: in ``<run>/incomplete.txt``, and printed as the job's cause unless a peer
-    elsewhere named it first (`claim_cause`). False when no rank was killed (a rank that
-    raised has printed its own line)."""
-    lines = killed(failures, run_dir / "status")
-    if not lines:
-        return False
-    with contextlib.suppress(OSError):
-        (run_dir / "incomplete.txt").write_text("".join(line + "\n" for line in lines))
-    if claim_cause(run_dir / "status", lines[0]):
+def _explain(run_dir: Path, failures: list[tuple[int, int]], summary: str) -> None:
+    """A failed job under srun: each rank of this node that a signal killed is named with the
+    action its status file says it was on, as the job's cause unless a peer named it first
+    (`claim_cause`); else ``summary`` (a rank that raised has printed its own line). Either
+    way ``<run>/incomplete.txt`` gets what this launcher saw."""
+    status = run_dir / "status"
+    lines = killed(failures, status)
+    if lines and claim_cause(status, lines[0]):
         for line in lines:
             print(f"ppx: error: {line}", file=sys.stderr, flush=True)
-    return True
+    elif not lines:
+        print(summary, file=sys.stderr, flush=True)
+    write_incomplete(run_dir, lines or [read_status(cause_path(status)) or summary], append=True)
 
 
 if __name__ == "__main__":

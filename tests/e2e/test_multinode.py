@@ -154,6 +154,8 @@ def test_sbatch_names_a_killed_rank_and_its_action_in_one_line(cluster, tmp_path
     assert "Traceback" not in log, log[-3000:]
     run = tmp_path / "runs" / "1f1b_2cpu" / f"slurm-{job}"
     assert (run / "status" / "cause.txt").read_text() == ours[0].removeprefix("ppx: error: ") + "\n"
+    # its node's launcher saw the signal: the run keeps that too, whoever named it first
+    assert "rank 1 died: killed by signal SIGKILL (9) on 1F1 (step 0)\n" in (run / "incomplete.txt").read_text()
 
 
 @skip_without_slurm
