@@ -90,25 +90,25 @@ def one_pipeline_losses(shared_run):
     return local_losses(shared_run, "gpipe_2cpu")
 
 
+def sbatch_two_nodes(cluster: Cluster, submit, experiment: str, args: list[str], nproc_per_node: int) -> str:
+    """``sbatch --nodes 2 slurm/pp.sbatch`` from ``submit`` with ``experiment`` and ``args``: the job id."""
+    env = {
+        "EXP": experiment,
+        "ARGS": " ".join(args),
+        "NPROC_PER_NODE": str(nproc_per_node),
+        "PPX_DIR": str(REPO),
+        "PYTHON": sys.executable,
+    }
+    return cluster.sbatch("--nodes", "2", str(REPO / "slurm" / "pp.sbatch"), cwd=submit, env=env)
+
+
 @skip_without_slurm
 def test_sbatch_trains_pipeline_by_data_parallel_across_two_slurm_nodes(cluster, tmp_path, one_pipeline_losses):
     """pp=2 x dp=2 on two nodes of two processes: each node holds one pipeline rank's two
     replicas (their reduction stays on the node), the pipeline's hand-offs cross nodes."""
     submit = tmp_path / "submit"
     submit.mkdir()  # no runs/ in it: the job's output must not depend on one
-    job = cluster.sbatch(
-        "--nodes",
-        "2",
-        str(REPO / "slurm" / "pp.sbatch"),
-        cwd=submit,
-        env={
-            "EXP": "gpipe_2cpu",
-            "ARGS": " ".join([*ARGS, "parallel.data=2"]),
-            "NPROC_PER_NODE": "2",
-            "PPX_DIR": str(REPO),
-            "PYTHON": sys.executable,
-        },
-    )
+    job = sbatch_two_nodes(cluster, submit, "gpipe_2cpu", [*ARGS, "parallel.data=2"], nproc_per_node=2)
     state = cluster.wait(job, timeout_s=300)
     log = (submit / f"slurm-{job}.out").read_text()
     assert state == "COMPLETED", log[-3000:]
@@ -133,19 +133,7 @@ def test_sbatch_names_a_killed_rank_and_its_action_in_one_line(cluster, tmp_path
     """Rank 1 of a two-node job dies on 1F1 (SIGKILL): the job fails, and its output names
     the rank and the action once (its node's launcher, or its peer, whichever sees it first),
     with no traceback from the launchers srun ends after it."""
-    job = cluster.sbatch(
-        "--nodes",
-        "2",
-        str(REPO / "slurm" / "pp.sbatch"),
-        cwd=tmp_path,
-        env={
-            "EXP": "1f1b_2cpu",
-            "ARGS": " ".join([*ARGS, "runtime.inject_fault=die@1F1"]),
-            "NPROC_PER_NODE": "1",
-            "PPX_DIR": str(REPO),
-            "PYTHON": sys.executable,
-        },
-    )
+    job = sbatch_two_nodes(cluster, tmp_path, "1f1b_2cpu", [*ARGS, "runtime.inject_fault=die@1F1"], nproc_per_node=1)
     assert cluster.wait(job, timeout_s=300) == "FAILED"
     log = (tmp_path / f"slurm-{job}.out").read_text()
     ours = [line for line in log.splitlines() if line.startswith("ppx: error:")]
