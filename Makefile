@@ -24,10 +24,15 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/ppx run $(EXP) $(ARGS)
 
-# two test files at a time (pytest-xdist; TEST_WORKERS=0: one process), a test marked `timing`
-# alone (tests/helpers/machine.py)
+# two test files at a time (pytest-xdist; TEST_WORKERS=0: one process), then the tests marked
+# `timing` one at a time in one process (tests/helpers/machine.py): each runs alone, and none
+# waits in the middle of the others for the running ones to finish. Both parts run; the exit
+# status is the first failing one's (a part that selects no test passes, unless both select none)
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	@status=0; none=0; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not timing" $(PYTEST_ARGS) || { s=$$?; if [ $$s -eq 5 ]; then none=1; else status=$$s; fi; }; \
+	$(PY) -m pytest -p no:xdist -m timing $(PYTEST_ARGS) || { s=$$?; if [ $$s -ne 5 ]; then [ $$status -ne 0 ] || status=$$s; elif [ $$none -eq 1 ] && [ $$status -eq 0 ]; then status=5; fi; }; \
+	exit $$status
 
 # ruff: lint and formatting, as CI checks them (make format rewrites the files)
 lint: $(STAMP)

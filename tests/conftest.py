@@ -45,8 +45,9 @@ def pytest_configure(config):
         config.option.testrunuid = uuid.uuid4().hex  # xdist's controller: its workers' lock files' name
     config.addinivalue_line(
         "markers",
-        f"{machine.MARK}: holds a measured time against theory or a bound; under pytest -n (make test) "
-        "it runs with no other test beside it (tests/helpers/machine.py)",
+        f"{machine.MARK}: holds a measured time against theory or a bound; it runs with no other test "
+        "beside it (make test runs these after the others, in one process; under pytest -n, "
+        "tests/helpers/machine.py's lock)",
     )
 
 

@@ -1,6 +1,8 @@
-"""The machine shared by pytest-xdist's workers (``make test`` runs two test files at a time):
-a test marked ``timing`` (it holds a measured time against theory or a bound) runs alone, with
-no other test beside it; the others share the machine. A readers-writer lock on two files that
+"""The machine shared by pytest-xdist's workers (``pytest -n``): a test marked ``timing`` (it
+holds a measured time against theory or a bound) runs alone, with no other test beside it; the
+others share the machine. (``make test`` runs the timing tests after the others, in one process
+of their own, so that none waits for the running shared tests in the middle of the suite; this
+lock keeps any other ``pytest -n`` honest.) A readers-writer lock on two files that
 every worker of one test session opens: ``gate`` (held by a timing test from its wait to its
 end, so that no shared test starts while it waits) and ``room`` (shared, or exclusive for a
 timing test). One process (plain ``pytest``): every test is alone, and nothing is locked."""
