@@ -112,8 +112,9 @@ def update_doc(path: Path, facts: dict, results, date: str, report: Path) -> Non
         rows[res.name] = mine
         if any(when == date for when, _ in mine):
             ran.append(res.name)
-    for (name, _), (when, line, _) in old.items():  # checks this report did not run, if ppx still has them
-        if name in NAMES and name not in rows:
+    judged_here = set(rows)
+    for (name, _), (when, line, _) in old.items():  # checks this report did not run (every row), if ppx still has them
+        if name in NAMES and name not in judged_here:
             rows.setdefault(name, []).append((when, line))
     c, git = counts(results), facts.get("ppx_git") or {}
     commit = f"ppx {(git.get('commit') or '-')[:7]}{' (uncommitted changes)' if git.get('dirty') else ''}"

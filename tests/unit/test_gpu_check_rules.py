@@ -282,6 +282,7 @@ def test_partial_reports_add_up_to_one_table(tmp_path):
         _result("timers", judged("t", 1.0, True, "0.2%", "within 2%")),
         _result("memory", judged("m", 1.0, True, "+3%", "within 5%")),
         _result("overlap", skipped("o", "time budget", "0.667")),
+        _result("nccl", judged("n1", 1.0, True, "0", "within 1e-05"), judged("n2", 1.0, True, "0.01", "within 0.03")),
     ]
     report.update_doc(doc, FACTS, first, "2026-11-25 10:00 UTC", tmp_path / "a")
     later = [
@@ -296,22 +297,27 @@ def test_partial_reports_add_up_to_one_table(tmp_path):
         "| timers | t | 3% | within 2% | **FAIL** | 2026-11-25 11:00 UTC |",
         "| memory | m | +3% | within 5% | **PASS** | 2026-11-25 10:00 UTC |",
         "| overlap | o | 0.665 | 0.667 | **PASS** | 2026-11-25 11:00 UTC |",
-    ]
+        "| nccl | n1 | 0 | within 1e-05 | **PASS** | 2026-11-25 10:00 UTC |",
+        "| nccl | n2 | 0.01 | within 0.03 | **PASS** | 2026-11-25 10:00 UTC |",
+    ]  # a check the later report did not run keeps every row, not only its first
     reports = [line for line in lines if line.startswith("- ")]
     assert [r.split(";")[0] for r in reports] == [
         "- 2026-11-25 11:00 UTC: overlap, timers",
-        "- 2026-11-25 10:00 UTC: timers, memory, overlap",
+        "- 2026-11-25 10:00 UTC: timers, memory, overlap, nccl",
     ]
     report.update_doc(
         doc,
         FACTS,
-        [_result("memory", judged("m", 1.0, True, "+1%", "within 5%"))],
+        [
+            _result("memory", judged("m", 1.0, True, "+1%", "within 5%")),
+            _result("nccl", judged("n1", 1.0, True, "0", "within 1e-05"), judged("n2", 1.0, True, "0", "within 0.03")),
+        ],
         "2026-11-25 12:00 UTC",
         tmp_path / "c",
     )
     reports = [line.split(";")[0] for line in doc.read_text().splitlines() if line.startswith("- ")]
     assert reports == [
-        "- 2026-11-25 12:00 UTC: memory",
+        "- 2026-11-25 12:00 UTC: memory, nccl",
         "- 2026-11-25 11:00 UTC: overlap, timers",
     ]  # 10:00's rows all gone
 
