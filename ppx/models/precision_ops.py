@@ -1,4 +1,4 @@
-"""Two pieces of mixed precision the built-in models share, so that a bf16 (fp16) run keeps
+"""The pieces of mixed precision the built-in models share, so that a bf16 (fp16) run keeps
 its activations in the compute dtype, as bf16 training with bf16 parameters does:
 
 - `to_compute_dtype`: the embedding's output cast to autocast's dtype (an embedding is not an
@@ -8,7 +8,14 @@ its activations in the compute dtype, as bf16 training with bf16 parameters does
 - `lean_rms_norm`: RMSNorm computed in fp32 (as Meta's Llama does) whose backward keeps the
   input in its own dtype and the fp32 reciprocal RMS per token, as fused RMSNorm kernels do,
   instead of autograd's fp32 copies of the input and the normalised input. The forward's values
-  are F.rms_norm's; in fp32 it is F.rms_norm itself (autograd's graph, bit for bit as before)."""
+  are F.rms_norm's; in fp32 it is F.rms_norm itself (autograd's graph, bit for bit as before).
+- `lean_layer_norm`: the same for LayerNorm (input in its own dtype, fp32 mean and reciprocal
+  standard deviation per token). CUDA's autocast runs layer_norm in fp32, so its graph keeps an
+  fp32 copy of every norm's input: twice a bf16 activation's bytes.
+- `lean_cross_entropy`: the loss in fp32 (autocast runs it so on CUDA and CPU) whose backward
+  keeps the logits in their own dtype and the fp32 log-sum-exp per token, as fused
+  cross-entropy kernels do, instead of the fp32 log-softmax of every logit. Its values are
+  F.cross_entropy's on the fp32 logits to rounding; in fp32 it is F.cross_entropy itself."""
 
 from __future__ import annotations
 
@@ -50,3 +57,68 @@ def lean_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
         return F.rms_norm(x, (x.shape[-1],), weight.to(wide), eps)
     with torch.autocast(x.device.type, enabled=False):
         return _LeanRMSNorm.apply(x, weight, eps)
+
+
+class _LeanLayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        wide = [None if t is None else t.float() for t in (weight, bias)]
+        out, mean, rstd = torch.native_layer_norm(x.float(), (x.shape[-1],), *wide, eps)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        wide = [None if t is None else t.float() for t in (weight, bias)]
+        mask = [
+            ctx.needs_input_grad[0],
+            weight is not None and ctx.needs_input_grad[1],
+            bias is not None and ctx.needs_input_grad[2],
+        ]
+        gx, gw, gb = torch.ops.aten.native_layer_norm_backward(
+            grad.float(), x.float(), (x.shape[-1],), mean, rstd, *wide, mask
+        )
+        return (
+            None if gx is None else gx.to(x.dtype),
+            None if gw is None else gw.to(weight.dtype),
+            None if gb is None else gb.to(bias.dtype),
+            None,
+        )
+
+
+def lean_layer_norm(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    """LayerNorm over the last dimension in fp32 (at least), returned in ``x``'s dtype."""
+    wide = torch.promote_types(x.dtype, torch.float32)
+    if x.dtype == wide:
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    with torch.autocast(x.device.type, enabled=False):
+        return _LeanLayerNorm.apply(x, weight, bias, eps)
+
+
+class _LeanCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target):
+        wide = logits.float()
+        lse = torch.logsumexp(wide, dim=-1)
+        ctx.save_for_backward(logits, target, lse)
+        return (lse - wide.gather(-1, target.unsqueeze(-1)).squeeze(-1)).mean()
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, target, lse = ctx.saved_tensors
+        probs = torch.exp(logits.float() - lse.unsqueeze(-1))
+        probs.scatter_add_(-1, target.unsqueeze(-1), torch.full_like(lse, -1.0).unsqueeze(-1))
+        return (probs * (grad / logits.shape[0])).to(logits.dtype), None
+
+
+def lean_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy of ``logits`` (tokens, classes) against ``target`` (tokens), in
+    fp32 (at least)."""
+    wide = torch.promote_types(logits.dtype, torch.float32)
+    if logits.dtype == wide:
+        return F.cross_entropy(logits, target)
+    with torch.autocast(logits.device.type, enabled=False):
+        return _LeanCrossEntropy.apply(logits, target)

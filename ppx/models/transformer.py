@@ -9,18 +9,26 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ppx.models.precision_ops import to_compute_dtype
+from ppx.models.precision_ops import lean_cross_entropy, lean_layer_norm, to_compute_dtype
 from ppx.models.seeding import BLOCK, DATA, EMBEDDING, HEAD, generator, seeded
+
+
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` (the same parameters and values) whose backward keeps a bf16 (fp16)
+    input in its own dtype: `lean_layer_norm`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return lean_layer_norm(x, self.weight, self.bias, self.eps)
 
 
 class DecoderBlock(nn.Module):
     def __init__(self, hidden: int, heads: int, ffn_mult: int):
         super().__init__()
         self.heads = heads
-        self.norm1 = nn.LayerNorm(hidden)
+        self.norm1 = LayerNorm(hidden)
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
-        self.norm2 = nn.LayerNorm(hidden)
+        self.norm2 = LayerNorm(hidden)
         self.mlp = nn.Sequential(nn.Linear(hidden, ffn_mult * hidden), nn.GELU(), nn.Linear(ffn_mult * hidden, hidden))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -48,7 +56,7 @@ class TransformerStage(nn.Module):
                 self.blocks.append(DecoderBlock(cfg.hidden, cfg.heads, cfg.ffn_mult))
         if last:
             with seeded(seed, HEAD):
-                self.norm = nn.LayerNorm(cfg.hidden)
+                self.norm = LayerNorm(cfg.hidden)
                 self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -80,7 +88,7 @@ def make_batch(cfg, seed: int, batch_size: int, step: int) -> tuple[torch.Tensor
 
 
 def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+    return lean_cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
 
 
 def boundary(cfg, microbatch_size: int) -> tuple[tuple[int, ...], torch.dtype]:
