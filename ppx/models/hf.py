@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ppx.errors import UserError
-from ppx.models import hf_config, hf_parts
+from ppx.models import hf_config, hf_norms, hf_parts
 from ppx.models.precision_ops import to_compute_dtype
 from ppx.models.seeding import BLOCK, EMBEDDING, HEAD, seeded
 from ppx.models.transformer import boundary, loss, make_batch
@@ -95,6 +95,7 @@ class HFStage(nn.Module):
             setattr(self, parts.head_name, head)
         if parts.rotary:  # rebuilt, not materialised: to_empty would leave its frequencies unset
             setattr(base, parts.rotary[0], type(parts.rotary[1])(config=full.config))
+        hf_norms.lean_norms(self)  # in a mixed dtype, each norm keeps its input in that dtype
         self._context: dict = {}
 
     @property

@@ -20,6 +20,7 @@ its activations in the compute dtype, as bf16 training with bf16 parameters does
 from __future__ import annotations
 
 import torch
+from torch import nn
 from torch.nn import functional as F
 
 
@@ -96,6 +97,14 @@ def lean_layer_norm(
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     with torch.autocast(x.device.type, enabled=False):
         return _LeanLayerNorm.apply(x, weight, bias, eps)
+
+
+class LeanLayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` (the same parameters and values) whose backward keeps a bf16 (fp16)
+    input in its own dtype: `lean_layer_norm`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return lean_layer_norm(x, self.weight, self.bias, self.eps)
 
 
 class _LeanCrossEntropy(torch.autograd.Function):

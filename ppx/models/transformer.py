@@ -9,26 +9,18 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ppx.models.precision_ops import lean_cross_entropy, lean_layer_norm, to_compute_dtype
+from ppx.models.precision_ops import LeanLayerNorm, lean_cross_entropy, to_compute_dtype
 from ppx.models.seeding import BLOCK, DATA, EMBEDDING, HEAD, generator, seeded
-
-
-class LayerNorm(nn.LayerNorm):
-    """``nn.LayerNorm`` (the same parameters and values) whose backward keeps a bf16 (fp16)
-    input in its own dtype: `lean_layer_norm`."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return lean_layer_norm(x, self.weight, self.bias, self.eps)
 
 
 class DecoderBlock(nn.Module):
     def __init__(self, hidden: int, heads: int, ffn_mult: int):
         super().__init__()
         self.heads = heads
-        self.norm1 = LayerNorm(hidden)
+        self.norm1 = LeanLayerNorm(hidden)
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
-        self.norm2 = LayerNorm(hidden)
+        self.norm2 = LeanLayerNorm(hidden)
         self.mlp = nn.Sequential(nn.Linear(hidden, ffn_mult * hidden), nn.GELU(), nn.Linear(ffn_mult * hidden, hidden))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -56,7 +48,7 @@ class TransformerStage(nn.Module):
                 self.blocks.append(DecoderBlock(cfg.hidden, cfg.heads, cfg.ffn_mult))
         if last:
             with seeded(seed, HEAD):
-                self.norm = LayerNorm(cfg.hidden)
+                self.norm = LeanLayerNorm(cfg.hidden)
                 self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -6,8 +6,11 @@ fp32 copies)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+from torch import nn
 from torch.nn import functional as F
 
 from ppx import config, models
@@ -96,6 +99,10 @@ def test_cross_entropy_in_bf16_is_the_fp32_loss_and_keeps_the_logits_in_bf16(aut
 MODELS = {
     "transformer": ["model.kind=transformer", "model.hidden=64", "model.layers=2", "model.heads=4"],
     "llama": ["model.kind=llama", "model.hidden=64", "model.layers=2", "model.heads=4", "model.kv_heads=2"],
+    "hf-llama": ["model.kind=hf", "model.hf_config=llama", "model.hidden=64", "model.layers=2", "model.heads=4"]
+    + ["model.hf_overrides={num_key_value_heads: 2, intermediate_size: 128}"],
+    "hf-gpt2": ["model.kind=hf", "model.hf_config=gpt2", "model.hidden=64", "model.layers=2", "model.heads=4"]
+    + ["model.hf_overrides={resid_pdrop: 0.0, embd_pdrop: 0.0, attn_pdrop: 0.0}"],
 }
 
 
@@ -127,3 +134,29 @@ def test_a_bf16_microbatch_saves_about_half_an_fp32_ones_bytes(model):
     assert 0.45 <= bf16 / fp32 <= 0.55, (bf16, fp32)
     tokens = 3 * 24
     assert all(t.numel() <= 4 * tokens for t in wide), [tuple(t.shape) for t in wide]  # per-token statistics only
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_hf_rms_norm_in_bf16_is_the_modules_own_to_the_bit_and_keeps_the_input_in_bf16(autocast):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from ppx.models.hf_norms import lean_norms
+
+    ref_norm = LlamaRMSNorm(64, eps=1e-6)
+    with torch.no_grad():
+        ref_norm.weight.mul_(torch.linspace(0.5, 1.5, 64))
+    lean = nn.Sequential(copy.deepcopy(ref_norm))
+    assert lean_norms(lean) == 1
+    x, _, _, _ = _layer_norm_inputs(torch.bfloat16)
+    gy = torch.randn(4, 8, 64, generator=torch.Generator().manual_seed(3))  # the output is fp32 (the weight's)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        ref = ref_norm(x)
+        y, saved = _saved(lean, x)
+    assert y.dtype == ref.dtype == torch.float32 and torch.equal(y, ref)
+    got = torch.autograd.grad(y, [x, lean[0].weight], gy)
+    want = torch.autograd.grad(ref, [x, ref_norm.weight], gy)
+    for a, r in zip(got, want):
+        assert a.dtype == r.dtype and torch.equal(a, r)
+    assert [t.dtype for t in saved if t.numel() == x.numel()] == [torch.bfloat16]  # no fp32 copy
+    x32 = x.detach().float().requires_grad_(True)  # fp32: the module's own forward
+    assert torch.equal(lean(x32), ref_norm(x32))
