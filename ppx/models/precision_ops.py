@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+NARROW = (torch.bfloat16, torch.float16)  # the compute dtypes the lean ops keep inputs in
+
 
 def to_compute_dtype(x: torch.Tensor) -> torch.Tensor:
     """``x`` in autocast's dtype where autocast is on (a floating ``x``), else ``x``."""
@@ -91,12 +93,11 @@ class _LeanLayerNorm(torch.autograd.Function):
 def lean_layer_norm(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> torch.Tensor:
-    """LayerNorm over the last dimension in fp32 (at least), returned in ``x``'s dtype."""
-    wide = torch.promote_types(x.dtype, torch.float32)
-    if x.dtype == wide:
-        return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
-    with torch.autocast(x.device.type, enabled=False):
+    """LayerNorm over the last dimension in fp32 (at least), returned in ``x``'s dtype. (No
+    autocast inside: its ops take fp32 only, which autocast leaves as they are.)"""
+    if x.dtype in NARROW:
         return _LeanLayerNorm.apply(x, weight, bias, eps)
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
 class LeanLayerNorm(nn.LayerNorm):
@@ -126,8 +127,6 @@ class _LeanCrossEntropy(torch.autograd.Function):
 def lean_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """The mean cross-entropy of ``logits`` (tokens, classes) against ``target`` (tokens), in
     fp32 (at least)."""
-    wide = torch.promote_types(logits.dtype, torch.float32)
-    if logits.dtype == wide:
-        return F.cross_entropy(logits, target)
-    with torch.autocast(logits.device.type, enabled=False):
+    if logits.dtype in NARROW:
         return _LeanCrossEntropy.apply(logits, target)
+    return F.cross_entropy(logits, target)
