@@ -64,9 +64,10 @@ def lean_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
 
 class _LeanLayerNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, eps):
+    def forward(ctx, x, shape, weight, bias, eps):
         wide = [None if t is None else t.float() for t in (weight, bias)]
-        out, mean, rstd = torch.native_layer_norm(x.float(), (x.shape[-1],), *wide, eps)
+        out, mean, rstd = torch.native_layer_norm(x.float(), shape, *wide, eps)
+        ctx.shape = shape
         ctx.save_for_backward(x, weight, bias, mean, rstd)
         return out.to(x.dtype)
 
@@ -76,14 +77,15 @@ class _LeanLayerNorm(torch.autograd.Function):
         wide = [None if t is None else t.float() for t in (weight, bias)]
         mask = [
             ctx.needs_input_grad[0],
-            weight is not None and ctx.needs_input_grad[1],
-            bias is not None and ctx.needs_input_grad[2],
+            weight is not None and ctx.needs_input_grad[2],
+            bias is not None and ctx.needs_input_grad[3],
         ]
         gx, gw, gb = torch.ops.aten.native_layer_norm_backward(
-            grad.float(), x.float(), (x.shape[-1],), mean, rstd, *wide, mask
+            grad.float(), x.float(), ctx.shape, mean, rstd, *wide, mask
         )
         return (
             None if gx is None else gx.to(x.dtype),
+            None,
             None if gw is None else gw.to(weight.dtype),
             None if gb is None else gb.to(bias.dtype),
             None,
@@ -91,13 +93,13 @@ class _LeanLayerNorm(torch.autograd.Function):
 
 
 def lean_layer_norm(
-    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+    x: torch.Tensor, shape: tuple[int, ...], weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> torch.Tensor:
-    """LayerNorm over the last dimension in fp32 (at least), returned in ``x``'s dtype. (No
-    autocast inside: its ops take fp32 only, which autocast leaves as they are.)"""
+    """LayerNorm over the last dimensions (``shape``) in fp32 (at least), returned in ``x``'s
+    dtype. (No autocast inside: its ops take fp32 only, which autocast leaves as they are.)"""
     if x.dtype in NARROW:
-        return _LeanLayerNorm.apply(x, weight, bias, eps)
-    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+        return _LeanLayerNorm.apply(x, tuple(shape), weight, bias, eps)
+    return F.layer_norm(x, shape, weight, bias, eps)
 
 
 class LeanLayerNorm(nn.LayerNorm):
@@ -105,7 +107,7 @@ class LeanLayerNorm(nn.LayerNorm):
     input in its own dtype: `lean_layer_norm`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return lean_layer_norm(x, self.weight, self.bias, self.eps)
+        return lean_layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 class _LeanCrossEntropy(torch.autograd.Function):

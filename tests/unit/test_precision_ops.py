@@ -17,7 +17,7 @@ from ppx import config, models
 from ppx.engine.precision import Precision
 from ppx.engine.rank import build_runners, build_stage_modules, sample_microbatch
 from ppx.engine.split_setup import set_up_split
-from ppx.models.precision_ops import lean_cross_entropy, lean_layer_norm
+from ppx.models.precision_ops import LeanLayerNorm, lean_cross_entropy, lean_layer_norm
 
 
 def _saved(fn, *args):
@@ -43,7 +43,7 @@ def _layer_norm_inputs(dtype):
 
 def test_layer_norm_in_fp32_is_torchs_own():
     x, w, b, gy = _layer_norm_inputs(torch.float32)
-    y = lean_layer_norm(x, w, b, 1e-5)
+    y = lean_layer_norm(x, (64,), w, b, 1e-5)
     ref = F.layer_norm(x, (64,), w, b, 1e-5)
     assert torch.equal(y, ref)
     for a, r in zip(torch.autograd.grad(y, [x, w, b], gy), torch.autograd.grad(ref, [x, w, b], gy)):
@@ -56,7 +56,7 @@ def test_layer_norm_in_bf16_is_cudas_autocast_to_the_bit_and_keeps_the_input_in_
     next matmul; the gradient arriving in bf16 taken to fp32."""
     x, w, b, gy = _layer_norm_inputs(torch.bfloat16)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        y, saved = _saved(lean_layer_norm, x, w, b, 1e-5)
+        y, saved = _saved(lean_layer_norm, x, (64,), w, b, 1e-5)
     ref = F.layer_norm(x.float(), (64,), w, b, 1e-5)
     assert y.dtype == torch.bfloat16 and torch.equal(y, ref.to(torch.bfloat16))
     got = torch.autograd.grad(y, [x, w, b], gy)
@@ -160,3 +160,20 @@ def test_hf_rms_norm_in_bf16_is_the_modules_own_to_the_bit_and_keeps_the_input_i
     assert [t.dtype for t in saved if t.numel() == x.numel()] == [torch.bfloat16]  # no fp32 copy
     x32 = x.detach().float().requires_grad_(True)  # fp32: the module's own forward
     assert torch.equal(lean(x32), ref_norm(x32))
+
+
+def test_layer_norm_over_two_dimensions():
+    g = torch.Generator().manual_seed(2)
+    norm = nn.LayerNorm((8, 64))
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(8, 64, generator=g))
+    lean = copy.deepcopy(norm)
+    lean.__class__ = LeanLayerNorm
+    x, _, _, gy = _layer_norm_inputs(torch.bfloat16)
+    ref = norm(x.float())
+    y = lean(x)
+    assert torch.equal(y, ref.to(torch.bfloat16)) and torch.equal(lean(x.float()), ref)
+    got = torch.autograd.grad(y, [x, lean.weight, lean.bias], gy)
+    want = torch.autograd.grad(ref, [x, norm.weight, norm.bias], gy.float())
+    for a, r in zip(got, want):
+        assert torch.equal(a, r)
