@@ -7,6 +7,7 @@ the checks that need them."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -127,6 +128,19 @@ def test_saved_and_bf16_arithmetic_on_the_recorded_runs(cpu_check):
     }
     assert precision.judge_gap(precision.loss_gap(losses["fp32-split"], losses["fp32-p1"]), 0.0)[1] is True
     assert precision.judge_gap(precision.loss_gap(losses["bf16-p1"], losses["fp32-p1"]), 0.0)[1] is False
+    summaries = {
+        n: RunDir(cpu_check[0] / "runs" / n).raw_summary for n in ("bf16-bf16-p1", "bf16-fp32-p1", "bf16-tf-bf16")
+    }
+    half = precision.saved_ratio(summaries["bf16-bf16-p1"], summaries["bf16-fp32-p1"])
+    assert precision.judge_half({"llama-tiny": half})[1] is True
+    same = precision.saved_ratio(summaries["bf16-fp32-p1"], summaries["bf16-fp32-p1"])  # fp32 against itself: 1.0
+    assert same == 1.0 and precision.judge_half({"llama-tiny": half, "fp32": same})[1] is False
+    assert (
+        precision.saved_ratio(
+            {**summaries["bf16-tf-bf16"], "saved_bytes_per_microbatch": None}, summaries["bf16-fp32-p1"]
+        )
+        == math.inf
+    )
 
 
 @pytest.mark.timing
