@@ -10,17 +10,22 @@ its activations in the compute dtype, as bf16 training with bf16 parameters does
   instead of autograd's fp32 copies of the input and the normalised input. The forward's values
   are F.rms_norm's; in fp32 it is F.rms_norm itself (autograd's graph, bit for bit as before).
 - `lean_layer_norm`: the same for LayerNorm (input in its own dtype, fp32 mean and reciprocal
-  standard deviation per token). CUDA's autocast runs layer_norm in fp32, so its graph keeps an
-  fp32 copy of every norm's input: twice a bf16 activation's bytes.
+  standard deviation per token), and like CUDA's autocast it returns fp32: the values are its
+  to the bit, whatever takes them next. CUDA's autocast runs layer_norm in fp32, so its graph
+  keeps an fp32 copy of every norm's input: twice a bf16 activation's bytes.
 - `lean_cross_entropy`: the loss in fp32 (autocast runs it so on CUDA and CPU) whose backward
   keeps the logits in their own dtype and the fp32 log-sum-exp per token, as fused
   cross-entropy kernels do, instead of the fp32 log-softmax of every logit. Its values are
-  F.cross_entropy's on the fp32 logits to rounding; in fp32 it is F.cross_entropy itself."""
+  F.cross_entropy's on the fp32 logits to rounding (mean over every token: no ignored index,
+  which ppx's token data never has); in fp32 it is F.cross_entropy itself.
+
+Their backwards are not differentiable again (``once_differentiable``: a second backward fails)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
 NARROW = (torch.bfloat16, torch.float16)  # the compute dtypes the lean ops keep inputs in
@@ -43,6 +48,7 @@ class _LeanRMSNorm(torch.autograd.Function):
         return F.rms_norm(xw, (x.shape[-1],), weight.float(), eps).to(x.dtype)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         x, weight, rstd = ctx.saved_tensors
         xhat = x.float() * rstd
@@ -69,9 +75,10 @@ class _LeanLayerNorm(torch.autograd.Function):
         out, mean, rstd = torch.native_layer_norm(x.float(), shape, *wide, eps)
         ctx.shape = shape
         ctx.save_for_backward(x, weight, bias, mean, rstd)
-        return out.to(x.dtype)
+        return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         x, weight, bias, mean, rstd = ctx.saved_tensors
         wide = [None if t is None else t.float() for t in (weight, bias)]
@@ -95,16 +102,17 @@ class _LeanLayerNorm(torch.autograd.Function):
 def lean_layer_norm(
     x: torch.Tensor, shape: tuple[int, ...], weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> torch.Tensor:
-    """LayerNorm over the last dimensions (``shape``) in fp32 (at least), returned in ``x``'s
-    dtype. (No autocast inside: its ops take fp32 only, which autocast leaves as they are.)"""
+    """LayerNorm over the last dimensions (``shape``) in fp32 (at least), returned in fp32 for a
+    bf16 (fp16) ``x``. (No autocast inside: its ops take fp32 only, which autocast leaves as they
+    are.)"""
     if x.dtype in NARROW:
         return _LeanLayerNorm.apply(x, tuple(shape), weight, bias, eps)
     return F.layer_norm(x, shape, weight, bias, eps)
 
 
 class LeanLayerNorm(nn.LayerNorm):
-    """``nn.LayerNorm`` (the same parameters and values) whose backward keeps a bf16 (fp16)
-    input in its own dtype: `lean_layer_norm`."""
+    """``nn.LayerNorm`` (the same parameters) whose backward keeps a bf16 (fp16) input in its
+    own dtype: `lean_layer_norm` (fp32 out, as CUDA's autocast gives it)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return lean_layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -119,11 +127,12 @@ class _LeanCrossEntropy(torch.autograd.Function):
         return (lse - wide.gather(-1, target.unsqueeze(-1)).squeeze(-1)).mean()
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         logits, target, lse = ctx.saved_tensors
-        probs = torch.exp(logits.float() - lse.unsqueeze(-1))
+        probs = logits.float().sub_(lse.unsqueeze(-1)).exp_()  # softmax, in place: one fp32 temporary
         probs.scatter_add_(-1, target.unsqueeze(-1), torch.full_like(lse, -1.0).unsqueeze(-1))
-        return (probs * (grad / logits.shape[0])).to(logits.dtype), None
+        return probs.mul_(grad / logits.shape[0]).to(logits.dtype), None
 
 
 def lean_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

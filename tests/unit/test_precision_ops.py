@@ -52,15 +52,16 @@ def test_layer_norm_in_fp32_is_torchs_own():
 
 @pytest.mark.parametrize("autocast", [False, True])
 def test_layer_norm_in_bf16_is_cudas_autocast_to_the_bit_and_keeps_the_input_in_bf16(autocast):
-    """CUDA's autocast: layer_norm on the fp32 input and weights, its output cast to bf16 by the
-    next matmul; the gradient arriving in bf16 taken to fp32."""
+    """CUDA's autocast: layer_norm on the fp32 input and weights, an fp32 output."""
     x, w, b, gy = _layer_norm_inputs(torch.bfloat16)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         y, saved = _saved(lean_layer_norm, x, (64,), w, b, 1e-5)
     ref = F.layer_norm(x.float(), (64,), w, b, 1e-5)
-    assert y.dtype == torch.bfloat16 and torch.equal(y, ref.to(torch.bfloat16))
-    got = torch.autograd.grad(y, [x, w, b], gy)
+    assert y.dtype == torch.float32 and torch.equal(y, ref)
+    got = torch.autograd.grad(y, [x, w, b], gy.float(), retain_graph=True)
     want = torch.autograd.grad(ref, [x, w, b], gy.float())
+    with pytest.raises(RuntimeError):  # once_differentiable: a second backward fails, never silently wrong
+        torch.autograd.grad(torch.autograd.grad(y, x, gy.float(), create_graph=True)[0].sum(), x)
     assert [g.dtype for g in got] == [torch.bfloat16, torch.float32, torch.float32]
     for a, r in zip(got, want):
         assert torch.equal(a, r)
@@ -172,8 +173,44 @@ def test_layer_norm_over_two_dimensions():
     x, _, _, gy = _layer_norm_inputs(torch.bfloat16)
     ref = norm(x.float())
     y = lean(x)
-    assert torch.equal(y, ref.to(torch.bfloat16)) and torch.equal(lean(x.float()), ref)
+    assert torch.equal(y, ref) and torch.equal(lean(x.float()), ref)
     got = torch.autograd.grad(y, [x, lean.weight, lean.bias], gy)
     want = torch.autograd.grad(ref, [x, norm.weight, norm.bias], gy.float())
     for a, r in zip(got, want):
         assert torch.equal(a, r)
+
+
+def test_hf_rms_norm_matching_is_the_formula_not_the_name():
+    """transformers' LlamaRMSNorm (and its copies) match the formula ppx keeps; a norm that
+    computes otherwise under the same attributes is left alone; a bf16 weight (FSDP2's mixed
+    precision) and a 1-D input take the lean way too, with the module's own values."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    from ppx.models.hf_norms import lean_norms
+
+    class OtherRMSNorm(LlamaRMSNorm):  # Olmo2's: the weight applied before the cast back
+        def forward(self, hidden_states):
+            input_dtype = hidden_states.dtype
+            hidden_states = hidden_states.to(torch.float32)
+            variance = hidden_states.pow(2).mean(-1, keepdim=True)
+            hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+            return (self.weight * hidden_states).to(input_dtype)
+
+    assert lean_norms(nn.Sequential(LlamaRMSNorm(8), Qwen2RMSNorm(8), OtherRMSNorm(8), nn.LayerNorm(8))) == 3
+    assert "forward" not in OtherRMSNorm(8).__dict__
+    for weight_dtype, shape in ((torch.bfloat16, (4, 8, 64)), (torch.float32, (64,))):
+        ref_norm = LlamaRMSNorm(64).to(weight_dtype)
+        lean = nn.Sequential(copy.deepcopy(ref_norm))
+        lean_norms(lean)
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16).requires_grad_(True)
+        y, saved = _saved(lean, x)
+        ref = ref_norm(x)
+        assert torch.equal(y, ref)
+        gy = torch.randn(shape, generator=torch.Generator().manual_seed(5)).to(y.dtype)
+        for a, r in zip(
+            torch.autograd.grad(y, [x, lean[0].weight], gy), torch.autograd.grad(ref, [x, ref_norm.weight], gy)
+        ):
+            assert torch.equal(a, r)
+        copies = [t for t in saved if t.dtype == torch.float32 and t.numel() == x.numel()]
+        assert not [t for t in copies if t.data_ptr() != lean[0].weight.data_ptr()]  # lean: no fp32 copy of x
