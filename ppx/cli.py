@@ -230,7 +230,7 @@ def _plan_parser(sub) -> None:
 def _gpu_check_parser(sub) -> None:
     gc = sub.add_parser(
         "gpu-check",
-        help="check every CUDA path (timers, memory, profiler, bf16, overlap, NCCL, throughput) on this machine's GPUs",
+        help="check every CUDA path (timers, memory, profiler, bf16, overlap, NCCL, throughput, split backward) on this machine's GPUs",
     )
     gc.add_argument(
         "--out", metavar="DIR", help="a new folder for gpu-check.md/.json and the runs (default gpu-checks/<UTC time>)"
@@ -238,7 +238,7 @@ def _gpu_check_parser(sub) -> None:
     gc.add_argument(
         "--only",
         metavar="a,b",
-        help="these checks only: timers, memory, saved, profiler, bf16, overlap, nccl, throughput",
+        help="these checks only: timers, memory, saved, profiler, bf16, overlap, nccl, throughput, split",
     )
     gc.add_argument(
         "--budget-s",

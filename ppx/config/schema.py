@@ -46,7 +46,7 @@ class PipelineConfig:
         "layers",
         "layers: each stage builds its own blocks | tracer: build the whole model as one nn.Module and cut it "
         "with torch.distributed.pipelining's tracer (pipeline() with a split point before each stage's first block; "
-        "mlp, transformer and llama)",
+        "mlp, transformer, llama and module)",
     )
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from helpers import REPO
 from ppx import config
+from ppx.commands.keys import cmd_keys
 from ppx.errors import UserError
 
 
@@ -50,11 +53,17 @@ def test_every_shipped_experiment_loads():
         config.load(name, [])
 
 
-def test_every_key_is_documented_in_docs_config():
-    table = (REPO / "docs" / "config.md").read_text()
+def test_every_key_is_documented_in_docs_config(capsys):
+    text = (REPO / "docs" / "config.md").read_text()
     for key, default, help in config.describe():
         assert help, f"{key} has no help text"
-        assert f"| `{key}` | `{default}` |" in table, f"docs/config.md's key table misses {key}"
+        assert f"| `{key}` | `{default}` |" in text, f"docs/config.md's key table misses {key}"
+    # the table between its markers is `ppx keys --markdown` as it prints now (the command that
+    # regenerates it keeps what follows the end marker: without the marker it would drop it)
+    begin, end = "<!-- keys:begin (generated: ppx keys --markdown) -->\n", "<!-- keys:end -->\n"
+    assert text.count(begin) == 1 and text.count(end) == 1, "docs/config.md lost a keys marker"
+    cmd_keys(argparse.Namespace(markdown=True))
+    assert text.split(begin)[1].split(end)[0] == capsys.readouterr().out, "regenerate docs/config.md's key table"
 
 
 def test_schedule_csv_must_match_stages(tmp_path):

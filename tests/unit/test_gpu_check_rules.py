@@ -344,3 +344,11 @@ def test_a_skipped_row_keeps_an_earlier_verdict_and_a_cell_keeps_its_pipes(tmp_p
     ]
     reports = [line.split(";")[0] for line in doc.read_text().splitlines() if line.startswith("- ")]
     assert reports == ["- 2026-11-25 10:00:30 UTC: split", "- 2026-11-25 10:00:00 UTC: split, nccl"]
+
+
+def test_the_command_line_help_names_every_check():
+    from ppx.cli import parser
+
+    gpu_check = parser()._subparsers._group_actions[0].choices["gpu-check"]
+    (only,) = [a for a in gpu_check._actions if "--only" in a.option_strings]
+    assert [c.NAME for c in CHECKS if c.NAME not in only.help] == []
