@@ -24,7 +24,16 @@ def compare_into(patterns: list[str], out: Path) -> None:
 def cmd_compare(args) -> int:
     import time
 
-    out = Path(args.out) if args.out else Path("runs") / "compare" / time.strftime("%Y%m%d-%H%M%S")
+    if args.out:
+        out = Path(args.out)
+        if out.is_file() or out.is_dir() and any(out.iterdir()):
+            # a run's folder among them: its report.html and tb/ would be the comparison's
+            raise UserError(f"--out {out} already exists and is not empty; ppx never overwrites (choose another --out)")
+    else:  # runs/compare/<time>, or <time>-2, ... when a comparison of the same second has it
+        base = Path("runs") / "compare" / time.strftime("%Y%m%d-%H%M%S")
+        out = next(
+            o for k in range(1, 1000) if not (o := base.with_name(base.name + (f"-{k}" if k > 1 else ""))).exists()
+        )
     compare_into(args.runs, out)
     return 0
 

@@ -92,6 +92,8 @@ def from_flags(args) -> tuple[PlanInputs, list[int], list[int]]:
         transport=args.transport or "nccl",
         rank_by=getattr(args, "rank_by", "sync"),
     )
+    if not any(inputs.fwd_s + inputs.bwd_s + inputs.wgrad_s):
+        raise UserError("--fwd-ms, --bwd-ms and --wgrad-ms are all 0: a step of no work has no throughput to rank")
     if args.machine_from:
         inputs = _with_machine(args, inputs, args.machine_from, args.machine_from)
     too_many = [p for p in ps if p > n] if args.per_layer else []

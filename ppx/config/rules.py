@@ -11,6 +11,8 @@ from ppx.config.schema import Config
 from ppx.errors import UserError
 from ppx.schedules.ir.schedule import Schedule
 
+MAX_TIMEOUT_S = 1e9  # runtime.timeout_s's ceiling (31 years): a timedelta holds it
+
 
 def check(cfg: Config) -> None:
     """Every rule; raise UserError with one line naming the key."""
@@ -67,8 +69,8 @@ def check_train(cfg: Config) -> None:
 
 def check_runtime(cfg: Config) -> None:
     rt = cfg.runtime
-    if rt.timeout_s <= 0:
-        raise UserError(f"runtime.timeout_s must be > 0, got {rt.timeout_s}")
+    if not 0 < rt.timeout_s <= MAX_TIMEOUT_S:  # (NaN too: the process group's timedelta needs a number)
+        raise UserError(f"runtime.timeout_s must be seconds > 0 and at most {MAX_TIMEOUT_S:g}, got {rt.timeout_s}")
     if rt.recv_lookahead < -1:
         raise UserError(f"runtime.recv_lookahead must be -1 (all at the first wait) or >= 0, got {rt.recv_lookahead}")
     if rt.gc_steps < 0:

@@ -13,6 +13,7 @@ the theory and the simulator.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 
@@ -37,6 +38,9 @@ class TorchPipeline(StageShare):
         from torch.distributed.pipelining import PipelineStage
         from torch.distributed.pipelining.schedules import PipelineScheduleMulti, _PipelineScheduleRuntime
 
+        # a failed action is named by ppx in one line (the watchdog, the launcher); torch's runtime
+        # would log its whole schedule to stderr first
+        logging.getLogger("torch.distributed.pipelining.schedules").setLevel(logging.CRITICAL)
         self.cfg, self.schedule, self.rank, self.device = cfg, schedule, rank, torch.device(device)
         self.kind = models.kind(cfg.model.kind)
         self.observers = list(observers)

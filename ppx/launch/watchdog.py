@@ -88,6 +88,7 @@ class Watchdog:
         self.limit_s = timeout_s
         self.step = -1
         self.label = "starting"
+        self.finished = False  # the label's compute action has ended (what follows waits)
         self.since = time.monotonic()
         self._map = None
         self.status_dir = Path(status_dir) if status_dir is not None else None
@@ -110,7 +111,9 @@ class Watchdog:
         self._set(item.label)
 
     def after(self, item) -> None:
-        pass
+        if item.kind == "compute":  # waiting from here (torch's executor receives outside ppx's items)
+            self.limit_s = self.timeout_s + self.grace_s
+            self.finished = True
 
     def phase(self, label: str, step: int | None = None) -> None:
         """Record a phase outside the action list (barrier, optimizer step, ...)."""
@@ -120,11 +123,12 @@ class Watchdog:
         self._set(label)
 
     def where(self) -> str:
-        where = f"{self.label} (step {self.step})" if self.step >= 0 else self.label
+        label = f"after {self.label}" if self.finished else self.label
+        where = f"{label} (step {self.step})" if self.step >= 0 else label
         return f"{where}; the GPU is on {self._device_at}" if self._device_at else where
 
     def _set(self, label: str) -> None:
-        self.label = label
+        self.label, self.finished = label, False
         self.since = time.monotonic()
         self._mirror()
 
@@ -152,6 +156,10 @@ class Watchdog:
                     self.since = time.monotonic()
                     self._mirror()
             stalled = time.monotonic() - self.since
+            if self.finished and stalled > self.poll_s:  # waiting after an action: the status file says so
+                self._mirror()  # (here, not in `after`: no cost on the rank's own thread)
+                if not self.finished:  # an action began meanwhile: its label, not the old one
+                    self._mirror()
             if stalled > self.limit_s:
                 if self.limit_s > self.timeout_s and self._blame_a_frozen_peer():
                     continue  # a frozen peer is the cause: the launcher ends the job

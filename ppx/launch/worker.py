@@ -105,7 +105,7 @@ def _report(watchdog: Watchdog | None, message: str, own: bool = False, peer: in
     if status is not None and not own and not cause_path(status).exists():
         gone = gone_peers(status, watchdog.rank)
         if gone and launcher_alive():
-            watchdog.phase(f"failed on {watchdog.label}")
+            watchdog.phase(f"failed {'after' if watchdog.finished else 'on'} {watchdog.label}")
             return
         message = _peer_cause(status, watchdog, gone, peer) or message
     if claim_cause(status, message):

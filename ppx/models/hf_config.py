@@ -168,8 +168,21 @@ def check(cfg) -> None:
         )
     if heads and config.hidden_size % heads and "head_dim" not in (cfg.model.hf_overrides or {}):
         raise UserError(f"model.hidden={config.hidden_size} is not divisible by model.heads={heads}")
-    hf_parts.find(hf.meta_model(config), config.num_hidden_layers)
-    hf_verify.check(config)  # the wrapper computes what transformers' own forward does
+    try:  # transformers' own checks of a value come as its errors, from deep in its code
+        meta = hf.meta_model(config)
+    except UserError:
+        raise
+    except Exception as e:
+        raise UserError(
+            f"model.kind=hf: transformers cannot build {type(config).__name__} from this config: {said(e)}"
+        ) from e
+    hf_parts.find(meta, config.num_hidden_layers)
+    try:
+        hf_verify.check(config)  # the wrapper computes what transformers' own forward does
+    except UserError:
+        raise
+    except Exception as e:
+        raise UserError(f"model.kind=hf: {type(config).__name__}'s forward fails with this config: {said(e)}") from e
     limit = getattr(config, "max_position_embeddings", None)
     if limit is not None and cfg.model.seq_len > limit:
         raise UserError(f"model.seq_len={cfg.model.seq_len} is more than the config's {limit} positions")

@@ -54,13 +54,15 @@ def read_csv(path: str | Path, name: str | None = None) -> Schedule:
     appears. Returns the actions as written; `add_comms` fills in missing communication."""
     path = Path(path)
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # (a byte-order mark is not an action)
             texts = [
                 [c for c in row if c.strip() and c.strip().lstrip("0123456789") not in TORCH_ONLY]
                 for row in csv.reader(f)
             ]
     except OSError as e:
         raise ScheduleError(f"cannot read schedule CSV {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ScheduleError(f"schedule CSV {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
     rows, overlaps = [], []  # actions per rank; compute indices starting an overlapped cell
     for row in texts:
         actions, cells = [], set()

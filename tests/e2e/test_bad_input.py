@@ -79,7 +79,9 @@ CASES = {
         ["gpipe_2cpu", "model.fwd_ms=abc"],
         "model.fwd_ms must be a number of milliseconds",
     ),
-    "zero timeout": (["gpipe_2cpu", "runtime.timeout_s=0"], "runtime.timeout_s must be > 0"),
+    "zero timeout": (["gpipe_2cpu", "runtime.timeout_s=0"], "runtime.timeout_s must be seconds > 0"),
+    "timeout that is not a number": (["gpipe_2cpu", "runtime.timeout_s=nan"], "runtime.timeout_s must be seconds > 0"),
+    "endless timeout": (["gpipe_2cpu", "runtime.timeout_s=inf"], "and at most 1e+09, got inf"),
     "heads not dividing hidden": (
         ["transformer_1f1b_2cpu", "model.hidden=30"],
         "model.hidden=30 is not divisible by model.heads",

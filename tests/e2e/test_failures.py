@@ -19,24 +19,36 @@ from ppx.launch.watchdog import read_status
 
 
 @pytest.mark.timing
-def test_hung_rank_ends_the_job_within_the_timeout(run_dir):
+@pytest.mark.parametrize(
+    ("experiment", "executor", "action"), [("gpipe_2cpu", "ppx", "1F2"), ("1f1b_2cpu", "torch", "1F1")]
+)
+def test_hung_rank_ends_the_job_within_the_timeout(run_dir, experiment, executor, action):
     start = time.monotonic()
     # 6 s: rank 0, waiting on the hung rank, allows itself 1.5 s more, so rank 1 names itself first
+    # (torch's executor receives inside its own schedule: rank 0 waits there after its last action,
+    # 0F2 in 1F1B, and was named instead of rank 1)
     r = ppx(
-        "run", "gpipe_2cpu", "runtime.timeout_s=6", "runtime.inject_fault=hang@1F2", f"run.dir={run_dir}", timeout=120
+        "run",
+        experiment,
+        f"pipeline.executor={executor}",
+        "runtime.timeout_s=6",
+        f"runtime.inject_fault=hang@{action}",
+        f"run.dir={run_dir}",
+        timeout=120,
     )
     elapsed = time.monotonic() - start
     assert r.returncode != 0
     # one line: the hung rank's; rank 0, its peer gone from under its wait, says nothing more
     errors = [line for line in r.stderr.splitlines() if line.startswith("ppx: error: ")]
     assert len(errors) == 1 and errors[0].startswith("ppx: error: rank 1 made no progress for 6."), r.stderr
-    assert errors[0].endswith("on 1F2 (step 0); ending the job (runtime.timeout_s=6)")
+    assert errors[0].endswith(f"on {action} (step 0); ending the job (runtime.timeout_s=6)")
     assert f"ppx: run directory (incomplete): {run_dir}" in r.stderr
     why, where = (run_dir / "incomplete.txt").read_text().splitlines()  # the cause, then where each rank was
     assert why == errors[0].removeprefix("ppx: error: ")
-    assert "where each rank was: rank 0: " in where and "rank 1: 1F2 (step 0)" in where
+    assert "where each rank was: rank 0: " in where and f"rank 1: {action} (step 0)" in where
     assert elapsed < 60  # start-up + 6 s timeout + teardown, never a silent hang
     assert "Traceback" not in r.stderr  # ppx's lines and torchrun's one line, no launcher traceback
+    assert len(r.stderr.splitlines()) <= 4, r.stderr  # (torch's runtime logs no schedule of its own)
     assert not (run_dir / "summary.json").exists()
 
 

@@ -35,6 +35,16 @@ def test_csv_names_a_duplicate_as_written(tmp_path):
         schedules.from_csv(path)
 
 
+def test_csv_that_is_not_utf8_text_is_one_error_and_a_byte_order_mark_is_read_past(tmp_path):
+    path = tmp_path / "binary.csv"
+    path.write_bytes(b"0F0,0B0\n\xff\xfe1F0,1B0\n")
+    with pytest.raises(ScheduleError, match=r"binary.csv is not UTF-8 text \(byte 8: invalid start byte\)"):
+        schedules.from_csv(path)
+    bom = tmp_path / "bom.csv"
+    bom.write_text("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n", encoding="utf-8-sig")
+    assert schedules.from_csv(bom).actions == schedules.build("1f1b", 2, 2).actions
+
+
 def _before_reduce_grad(rows: list[list[str]]) -> dict[str, str]:
     """For each ``{stage}REDUCE_GRAD``, the stage's own action right before it (receives,
     which torch's lowering and ppx place differently, skipped)."""

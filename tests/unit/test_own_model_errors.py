@@ -38,6 +38,14 @@ CASES = {
         ["hf_llama_tiny_1f1b_2cpu", "model.hf_overrides.foo=1", "model.hf_overrides.bar=2"],
         "model.hf_overrides: bar, foo are not keys of LlamaConfig",
     ),
+    "hf override of a value transformers cannot build": (
+        ["hf_llama_tiny_1f1b_2cpu", "model.hf_overrides.intermediate_size=-5"],
+        "transformers cannot build LlamaConfig from this config: RuntimeError: Trying to create tensor with negative",
+    ),
+    "hf override naming no activation": (
+        ["hf_llama_tiny_1f1b_2cpu", "model.hf_overrides.hidden_act=bogus"],
+        "transformers cannot build LlamaConfig from this config: KeyError: 'bogus'",
+    ),
     "hf heads that do not divide the width": (  # the validator's reason, not only its name
         ["hf_llama_tiny_1f1b_2cpu", "model.heads=3"],
         "validate_architecture': ValueError: The hidden size (64) is not a multiple of the number of attention heads",

@@ -18,6 +18,7 @@ CASES = {
     "negative ms": (["--fwd-ms", "-1", "--bwd-ms", "20"], "--fwd-ms must not be negative"),
     "nan ms": (["--fwd-ms", "10", "--bwd-ms", "nan"], "--bwd-ms must be finite milliseconds, got nan"),
     "infinite ms in a list": (["--fwd-ms", "1,inf", "--bwd-ms", "2"], "--fwd-ms must be finite milliseconds"),
+    "no work at all": (["--fwd-ms", "0", "--bwd-ms", "0,0"], "--fwd-ms, --bwd-ms and --wgrad-ms are all 0"),
     "lists of two lengths": (["--fwd-ms", "1,2,3", "--bwd-ms", "1,2"], "cost lists of different lengths"),
     "list against --stages": (COSTS[:1] + ["1,2,3"] + COSTS[2:] + ["--stages", "4"], "--stages 4 but the cost lists"),
     "bytes of another length": (
