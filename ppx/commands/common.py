@@ -52,14 +52,26 @@ def ms_list(option: str, text: str, count: int | None) -> list[float]:
     return [v / 1e3 for v in per_stage_ms(option, values[0] if len(values) == 1 else values, count)]
 
 
-def measured_run(path: str):
-    """The run directory ``path`` and its summary, which must hold measured costs."""
+def measured_run(path: str, backward: bool = True):
+    """The run directory ``path`` and its summary, which must hold measured costs: with
+    ``backward``, of every stage's backward too (a forward-only run's are 0, not unknown)."""
     from ppx.report.run_dir import RunDir
 
     run = RunDir(path)
-    if run.summary.measured_costs is None:
+    costs = run.summary.measured_costs
+    if costs is None:
         raise UserError(f"{path} has no measured costs (run it with instrument.timers and instrument.timeline on)")
+    if backward:
+        require_backward(path, run.summary)
     return run, run.summary
+
+
+def require_backward(path: str, summary) -> None:
+    """Fail where the run at ``path`` measured no backward: a forward-only run's are 0, not unknown."""
+    if not any(k[-1] in "BI" for k in summary.measured_costs["action_s"]):
+        raise UserError(
+            f"{path} measured no backward ({summary.schedule} trains nothing): take the costs from a run that trains"
+        )
 
 
 def output_path(option: str, path) -> None:

@@ -222,7 +222,7 @@ def _with_machine(args, inputs: PlanInputs, run_dir: str, source: str) -> PlanIn
     receive lookahead."""
     from ppx.measure.prediction import costs_from, transport_of
 
-    run, s = measured_run(run_dir)
+    run, s = measured_run(run_dir, backward=False)  # (its runtime figures only)
     c = costs_from(s.measured_costs, s.stages or s.world_size)
     transport, lookahead = transport_of(run.config, (run.env or {}).get("backend", "gloo"))
     return replace(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ppx.commands.common import measured_run, ms_list, output_path, schedule_from
+from ppx.commands.common import measured_run, ms_list, output_path, require_backward, schedule_from
 from ppx.errors import UserError
 
 
@@ -25,7 +25,7 @@ def cmd_simulate(args) -> int:
         raise UserError(f"--recv-lookahead must be -1 (all at the first wait) or >= 0, got {args.recv_lookahead}")
     run = measured = None
     if args.from_run:
-        run, measured = measured_run(args.from_run)
+        run, measured = measured_run(args.from_run, backward=False)  # (a forward-only schedule needs none)
         ran = (measured.world_size, measured.virtual)
         if not schedules.is_csv(args.name):  # the run's shape unless given (a CSV has its own)
             shape = {
@@ -60,6 +60,9 @@ def cmd_simulate(args) -> int:
         )
         transport, lookahead, reduce = "nccl", 0, False
     else:
+        if sched.training:
+            require_backward(args.from_run, measured)
+        _split_known(args.from_run, measured, sched)
         costs = costs_from(measured.measured_costs, sched.num_stages)
         backend = (run.env or {}).get("backend", "gloo")
         transport, lookahead = transport_of(run.config, backend)
@@ -128,3 +131,18 @@ def _ran(run, sched) -> bool:
         name = Path(name).stem if schedules.is_csv(name) else name  # a CSV's schedule is named by its file
         return name == sched.name and run.summary.microbatches == sched.num_microbatches
     return ran.compute_only().actions == sched.compute_only().actions
+
+
+def _split_known(path: str, measured, sched) -> None:
+    """Fail where ``sched`` splits a backward that the run ``path`` never split: its I and W
+    costs are unknown, not B and 0 (as `ppx plan --from-run` refuses those candidates)."""
+    from ppx.plan.calibrate import split_calibration
+    from ppx.schedules.ir.action import Op
+
+    if any(a.op is Op.W for row in sched.actions for a in row) and not any(
+        k[-1] in "IW" for k in measured.measured_costs["action_s"]
+    ):
+        raise UserError(
+            f"{path} never split its backward, so its I and W costs are unknown; measure them with "
+            f"`{split_calibration(path + '/config.yaml')}` and simulate --from-run that run"
+        )

@@ -4,6 +4,8 @@ user would)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ppx.cli import main
@@ -99,3 +101,34 @@ def test_a_run_without_measured_costs_is_one_line(tmp_path, capsys):
         code == 2
         and err == f"ppx: error: {run} has no measured costs (run it with instrument.timers and instrument.timeline on)"
     )
+
+
+def _run_of(tmp_path, schedule: str, action_s: dict):
+    run = tmp_path / schedule
+    run.mkdir()
+    summary = {"schedule": schedule, "world_size": 2, "microbatches": 4, "step_time_s": 0.01}
+    summary["measured_costs"] = {"action_s": action_s, "p2p_s": 0.0}
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "config.yaml").write_text(f"pipeline:\n  schedule: {schedule}\n")
+    return run
+
+
+def test_costs_from_a_run_that_trains_nothing_or_never_split_are_refused(tmp_path, capsys):
+    """A forward-only run's backward costs are unknown, not 0; a run that never split, its I
+    and W (`ppx plan` already left such candidates out)."""
+    forward = _run_of(tmp_path, "forward_only", {"0F": 0.001, "1F": 0.001})
+    for argv in (
+        ["plan", "--from-run", str(forward), "--out", str(tmp_path / "plan")],
+        ["simulate", "1f1b", "--from-run", str(forward)],
+    ):
+        assert main(argv) == 2
+        assert (
+            capsys.readouterr().err.strip()
+            == f"ppx: error: {forward} measured no backward (forward_only trains nothing): take the costs from a run that trains"
+        )
+    assert main(["simulate", "forward_only", "--from-run", str(forward)]) == 0  # the run's own kind of schedule
+    capsys.readouterr()
+    whole = _run_of(tmp_path, "gpipe", {"0F": 0.001, "1F": 0.001, "0B": 0.002, "1B": 0.002})
+    assert main(["simulate", "zb_h1", "--from-run", str(whole)]) == 2
+    assert "never split its backward, so its I and W costs are unknown" in capsys.readouterr().err
+    assert main(["simulate", "1f1b", "--from-run", str(whole)]) == 0
