@@ -47,15 +47,19 @@ def cmd_run(args) -> int:
     run_dir = claim(cfg)
     (run_dir / "config.yaml").write_text(config.to_yaml(cfg))
     env = processes.worker_env(device, cfg.runtime.threads_per_rank, command)
-    if world == 1:
+    fork = device == "cpu" and cfg.runtime.fork_ranks and sys.platform.startswith("linux")  # CUDA cannot fork
+    if world == 1 and not fork:
+        # one rank that cannot be forked (a GPU's): in this process, where a torchrun job would
+        # import torch and start CUDA once more; it is not watched from outside (a rank killed
+        # there says nothing, a hang still ends it with its line)
         os.environ.update(env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         from ppx.launch.worker import run_rank
 
         return run_rank(cfg, run_dir, device)
     # watched to its end: a frozen rank, a killed one, a SIGTERM to us each end it and are explained
+    # (one CPU rank too: forked from torchrun's agent, it costs no more than running it here)
     from ppx.launch.supervisor import supervise
 
-    fork = device == "cpu" and cfg.runtime.fork_ranks and sys.platform.startswith("linux")  # CUDA cannot fork
     command = processes.torchrun_command(world, run_dir, fork)
     return supervise(command, env, run_dir, world, cfg.runtime.timeout_s)
 

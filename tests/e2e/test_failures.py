@@ -76,6 +76,23 @@ def test_killed_rank_ends_the_job_and_is_named(run_dir):
     assert (run_dir / "status" / "rank1.txt").read_text().rstrip() == "1B1 (step 0)"  # a plain text line
 
 
+def test_a_killed_rank_alone_on_cpu_is_named_too(run_dir):
+    """One CPU rank (pipeline.stages=1) is a forked rank of a watched job as any other: it ran
+    inside ``ppx run`` once, where its death said nothing and left no incomplete.txt."""
+    r = ppx(
+        "run",
+        "gpipe_2cpu",
+        "pipeline.stages=1",
+        "runtime.inject_fault=die@0B1",
+        f"run.dir={run_dir}",
+        timeout=120,
+    )
+    assert r.returncode != 0
+    line = "rank 0 died: killed by signal SIGKILL (9) on 0B1 (step 0)"
+    assert [x for x in r.stderr.splitlines() if x.startswith("ppx: error:")] == [f"ppx: error: {line}"], r.stderr
+    assert (run_dir / "incomplete.txt").read_text() == f"{line}\n"
+
+
 def test_killed_rank_is_named_by_its_peer_without_ppx_run(run_dir):
     """Started by torchrun itself (as under srun), with no `ppx run` to read torchrun's exit
     codes: the survivor finds the killed peer's process gone and names it, in one line."""
