@@ -57,6 +57,7 @@ class Supervisor:
         self._seen: dict[int, tuple] = {}  # rank -> its last beat's (pid, count, state)
         self._moved: dict[int, float] = {}  # rank -> when that beat was first seen (monotonic)
         self._signal: int | None = None
+        self._done_at: float | None = None  # when every rank was first seen done with the run complete
         self.proc: subprocess.Popen | None = None
 
     def run(self) -> int:
@@ -86,7 +87,32 @@ class Supervisor:
             frozen = self._frozen()
             if frozen:
                 return self._end_frozen(frozen)
+            if self._complete():  # torchrun's agent has had its time to reap the ranks and go
+                now = time.monotonic()
+                self._done_at = self._done_at or now
+                if now - self._done_at > max(self.timeout_s, 3 * INTERVAL_S):
+                    return self._end_lingering(now - self._done_at)
             time.sleep(POLL_S)
+
+    def _complete(self) -> bool:
+        """Every rank has ended on its own and the run wrote its summary."""
+        beats = read_beats(self.status)
+        return (
+            len(beats) >= self.world
+            and all(b.state == "done" for b in beats.values())
+            and (self.run_dir / "summary.json").exists()
+        )
+
+    def _end_lingering(self, after_s: float) -> int:
+        """The run completed but torchrun did not end (its agent frozen, say): end it, the run kept."""
+        self._end_job()
+        print(
+            f"ppx: torchrun had not ended {after_s:.1f} s after every rank finished; it was ended "
+            f"(the run is complete: {self.run_dir})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 0
 
     # -- the three ways a job ends early
     def _frozen(self) -> list[tuple[int, int, float]]:
@@ -112,7 +138,11 @@ class Supervisor:
     def _stopped(self, signum: int) -> int:
         name = signal.Signals(signum).name
         states = self._where_each()
+        complete = self._complete()
         self._end_job()
+        if complete:  # nothing of the run was lost: never marked incomplete
+            print(f"ppx: stopped by {name} after the run completed: {self.run_dir}", file=sys.stderr, flush=True)
+            return 128 + signum
         after = time.monotonic() - self.started
         write_incomplete(
             self.run_dir, [f"stopped: ppx run received {name} after {after:.1f} s and ended the job; {states}"]

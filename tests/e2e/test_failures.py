@@ -13,6 +13,7 @@ import time
 import pytest
 
 from helpers import REPO, ppx, torchrun_ppx
+from helpers.job import LONG_RUN, read_log, signal_mid_run, start_run
 from ppx.launch.heartbeat import read_beat
 from ppx.launch.processes import forked_worker_path
 from ppx.launch.watchdog import read_status
@@ -74,23 +75,6 @@ def test_killed_rank_ends_the_job_and_is_named(run_dir):
     assert (run_dir / "incomplete.txt").read_text() == "rank 1 died: killed by signal SIGKILL (9) on 1B1 (step 0)\n"
     assert read_status(run_dir / "status" / "rank1.txt") == "1B1 (step 0)"
     assert (run_dir / "status" / "rank1.txt").read_text().rstrip() == "1B1 (step 0)"  # a plain text line
-
-
-def test_a_killed_rank_alone_on_cpu_is_named_too(run_dir):
-    """One CPU rank (pipeline.stages=1) is a forked rank of a watched job as any other: it ran
-    inside ``ppx run`` once, where its death said nothing and left no incomplete.txt."""
-    r = ppx(
-        "run",
-        "gpipe_2cpu",
-        "pipeline.stages=1",
-        "runtime.inject_fault=die@0B1",
-        f"run.dir={run_dir}",
-        timeout=120,
-    )
-    assert r.returncode != 0
-    line = "rank 0 died: killed by signal SIGKILL (9) on 0B1 (step 0)"
-    assert [x for x in r.stderr.splitlines() if x.startswith("ppx: error:")] == [f"ppx: error: {line}"], r.stderr
-    assert (run_dir / "incomplete.txt").read_text() == f"{line}\n"
 
 
 def test_killed_rank_is_named_by_its_peer_without_ppx_run(run_dir):
@@ -167,80 +151,6 @@ def test_a_sweep_with_a_failed_point_compares_the_rest_and_exits_1(tmp_path):
 
 # a run long enough to be stopped in the middle: the known-cost model sleeps its actions out,
 # so the ranks cost the machine little while they wait for the test
-LONG_RUN = (
-    "model.kind=synthetic",
-    "model.hidden=16",
-    "model.fwd_ms=20",
-    "model.bwd_ms=20",
-    "train.steps=1000",
-    "runtime.device=cpu",
-    "logging.wandb.mode=disabled",
-    "logging.report=false",
-)
-
-
-def start_run(experiment: str, run_dir, tmp_path, *overrides: str) -> tuple[subprocess.Popen, object]:
-    """``ppx run`` in the background (its output to a file: a pipe nobody reads would fill)."""
-    log = open(tmp_path / "ppx.log", "w+")
-    cmd = [sys.executable, "-m", "ppx.cli", "run", experiment, *LONG_RUN, *overrides, f"run.dir={run_dir}"]
-    return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True), log
-
-
-def wait_for_step(run_dir, world: int, step: int = 1, timeout: float = 150) -> None:
-    """Until every rank's status line is at ``step`` or later."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        lines = [read_status(run_dir / "status" / f"rank{r}.txt") for r in range(world)]
-        steps = [re.search(r"\(step (\d+)\)", line) for line in lines]
-        if all(m and int(m.group(1)) >= step for m in steps):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"the ranks never reached step {step}: {lines}")
-
-
-def read_log(log) -> str:
-    log.seek(0)
-    return log.read()
-
-
-def workers(run_dir) -> list[int]:
-    """The live processes of this run's job (torchrun and its workers), from /proc."""
-    pids = []
-    for name in os.listdir("/proc"):
-        try:
-            cmdline = open(f"/proc/{name}/cmdline", "rb").read().split(b"\0")
-            state = open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if str(run_dir).encode() in cmdline and b"ppx.cli" not in cmdline and state != "Z":
-            pids.append(int(name))
-    return pids
-
-
-def signal_mid_run(proc: subprocess.Popen, run_dir, world: int, send, timeout: float) -> tuple[float, list[int]]:
-    """Once every rank is at ``world``'s step (`wait_for_step`), ``send()`` a signal and wait
-    for ``ppx run`` to end: (seconds from the signal to its end, the job's processes left).
-    Whatever happens, nothing is left running (`end`)."""
-    try:
-        wait_for_step(run_dir, world)
-        send()
-        sent = time.monotonic()
-        proc.wait(timeout=timeout)
-        return time.monotonic() - sent, workers(run_dir)
-    finally:
-        end(proc, run_dir)
-
-
-def end(proc: subprocess.Popen, run_dir) -> None:
-    """A failed test leaves nothing running either."""
-    for pid in [*workers(run_dir), proc.pid]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait()
-
-
 @pytest.mark.timing
 def test_frozen_rank_is_named_and_the_job_ends_within_the_timeout(run_dir, tmp_path):
     """SIGSTOP on rank 2 of 4: the launcher sees its heartbeat stop, names it with its action

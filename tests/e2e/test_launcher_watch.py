@@ -1,0 +1,53 @@
+"""``ppx run`` watches every job it starts to its end: one CPU rank alone, and a torchrun whose
+agent stops after the ranks have done their work."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from helpers import ppx
+from helpers.job import end, read_log, start_run, wait_for_step, workers
+
+
+def test_a_killed_rank_alone_on_cpu_is_named_too(run_dir):
+    """One CPU rank (pipeline.stages=1) is a forked rank of a watched job as any other: it ran
+    inside ``ppx run`` once, where its death said nothing and left no incomplete.txt."""
+    r = ppx(
+        "run",
+        "gpipe_2cpu",
+        "pipeline.stages=1",
+        "runtime.inject_fault=die@0B1",
+        f"run.dir={run_dir}",
+        timeout=120,
+    )
+    assert r.returncode != 0
+    line = "rank 0 died: killed by signal SIGKILL (9) on 0B1 (step 0)"
+    assert [x for x in r.stderr.splitlines() if x.startswith("ppx: error:")] == [f"ppx: error: {line}"], r.stderr
+    assert (run_dir / "incomplete.txt").read_text() == f"{line}\n"
+
+
+def test_a_frozen_torchrun_after_a_complete_run_is_ended_and_the_run_kept(run_dir, tmp_path):
+    """torchrun's agent stopped (SIGSTOP) mid-run: the ranks finish without it, and ``ppx run``
+    ends the job runtime.timeout_s after every rank is done, exit 0, the run complete (it
+    waited for torchrun forever, and a SIGTERM then marked the complete run incomplete)."""
+    proc, log = start_run("gpipe_2cpu", run_dir, tmp_path, "runtime.timeout_s=4", "train.steps=15")
+    try:
+        wait_for_step(run_dir, 2)
+        (agent,) = [pid for pid in workers(run_dir) if _parent(pid) == proc.pid]
+        os.kill(agent, signal.SIGSTOP)
+        proc.wait(timeout=120)
+        out = read_log(log)
+        assert proc.returncode == 0, out[-3000:]
+        assert "ppx: torchrun had not ended" in out and "(the run is complete: " in out, out[-3000:]
+        assert (run_dir / "summary.json").exists() and not (run_dir / "incomplete.txt").exists()
+        assert workers(run_dir) == []
+    finally:
+        end(proc, run_dir)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

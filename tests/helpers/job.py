@@ -1,0 +1,87 @@
+"""A ``ppx run`` in the background for the failure tests: started, followed to a step, its
+processes found in /proc, and nothing of it left when a test ends."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from helpers import REPO
+from ppx.launch.watchdog import read_status
+
+LONG_RUN = (
+    "model.kind=synthetic",
+    "model.hidden=16",
+    "model.fwd_ms=20",
+    "model.bwd_ms=20",
+    "train.steps=1000",
+    "runtime.device=cpu",
+    "logging.wandb.mode=disabled",
+    "logging.report=false",
+)
+
+
+def start_run(experiment: str, run_dir, tmp_path, *overrides: str) -> tuple[subprocess.Popen, object]:
+    """``ppx run`` in the background (its output to a file: a pipe nobody reads would fill)."""
+    log = open(tmp_path / "ppx.log", "w+")
+    cmd = [sys.executable, "-m", "ppx.cli", "run", experiment, *LONG_RUN, *overrides, f"run.dir={run_dir}"]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True), log
+
+
+def wait_for_step(run_dir, world: int, step: int = 1, timeout: float = 150) -> None:
+    """Until every rank's status line is at ``step`` or later."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = [read_status(run_dir / "status" / f"rank{r}.txt") for r in range(world)]
+        steps = [re.search(r"\(step (\d+)\)", line) for line in lines]
+        if all(m and int(m.group(1)) >= step for m in steps):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the ranks never reached step {step}: {lines}")
+
+
+def read_log(log) -> str:
+    log.seek(0)
+    return log.read()
+
+
+def workers(run_dir) -> list[int]:
+    """The live processes of this run's job (torchrun and its workers), from /proc."""
+    pids = []
+    for name in os.listdir("/proc"):
+        try:
+            cmdline = open(f"/proc/{name}/cmdline", "rb").read().split(b"\0")
+            state = open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if str(run_dir).encode() in cmdline and b"ppx.cli" not in cmdline and state != "Z":
+            pids.append(int(name))
+    return pids
+
+
+def signal_mid_run(proc: subprocess.Popen, run_dir, world: int, send, timeout: float) -> tuple[float, list[int]]:
+    """Once every rank is at ``world``'s step (`wait_for_step`), ``send()`` a signal and wait
+    for ``ppx run`` to end: (seconds from the signal to its end, the job's processes left).
+    Whatever happens, nothing is left running (`end`)."""
+    try:
+        wait_for_step(run_dir, world)
+        send()
+        sent = time.monotonic()
+        proc.wait(timeout=timeout)
+        return time.monotonic() - sent, workers(run_dir)
+    finally:
+        end(proc, run_dir)
+
+
+def end(proc: subprocess.Popen, run_dir) -> None:
+    """A failed test leaves nothing running either."""
+    for pid in [*workers(run_dir), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
