@@ -157,3 +157,25 @@ def test_forward_only_has_no_backward():
 def test_unknown_schedule_is_a_clear_error():
     with pytest.raises(ScheduleError, match="unknown schedule 'zigzag'; choose from naive, gpipe, 1f1b"):
         schedules.build("zigzag", 2, 2)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_stage_takes_its_microbatches_gradients_in_microbatch_order(name):
+    """A stage's gradients are the sum of its microbatches', and fp32 addition in another order
+    rounds differently: with every schedule adding them in microbatch order (its backwards, or
+    its I and its W each), every schedule gives one process's gradients to the bit (looped_bfs
+    took torch's order, last to first, and did not)."""
+    built = 0
+    for p, m, v in [(1, 4, None), (2, 4, None), (2, 8, 3), (3, 6, None), (4, 8, None), (4, 16, 4)]:
+        v = v if v is not None and schedules.default_virtual(name) > 1 else schedules.default_virtual(name)
+        try:
+            sched = schedules.build(name, p, m, v)
+        except ScheduleError:  # a shape the family refuses
+            continue
+        built += 1
+        for s in range(sched.num_stages):
+            row = sched.actions[sched.stage_to_rank[s]]
+            for ops in ((Op.B, Op.I), (Op.W,)):
+                mbs = [a.mb for a in row if a.stage == s and a.op in ops]
+                assert mbs == sorted(mbs), f"{name} p={p} m={m} v={v} stage {s}: {ops[0].name} in order {mbs}"
+    assert built
