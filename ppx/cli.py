@@ -83,20 +83,12 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         help="stages per rank (default: the schedule's, 2 where it takes several, else 1; or the run's)",
     )
-    sim.add_argument(
-        "--fwd-ms", default="10", help="forward ms per microbatch: one value or one per stage (10,12,...); default 10"
-    )
-    sim.add_argument("--bwd-ms", default="20", help="input-gradient backward ms, likewise; default 20")
-    sim.add_argument(
-        "--wgrad-ms", default="0", help="weight-gradient ms, likewise (a full B costs bwd + wgrad); default 0"
-    )
-    sim.add_argument("--p2p-ms", type=_number, default=0.0, help="latency of one hand-off between ranks, ms; default 0")
-    sim.add_argument(
-        "--send-post-ms", type=_number, default=0.0, help="time the runtime takes to post one send, ms; default 0"
-    )
-    sim.add_argument(
-        "--recv-post-ms", type=_number, default=0.0, help="time the runtime takes to post one receive, ms; default 0"
-    )
+    sim.add_argument("--fwd-ms", help="forward ms per microbatch: one value or one per stage (10,12,...); default 10")
+    sim.add_argument("--bwd-ms", help="input-gradient backward ms, likewise; default 20")
+    sim.add_argument("--wgrad-ms", help="weight-gradient ms, likewise (a full B costs bwd + wgrad); default 0")
+    sim.add_argument("--p2p-ms", type=_number, help="latency of one hand-off between ranks, ms; default 0")
+    sim.add_argument("--send-post-ms", type=_number, help="time the runtime takes to post one send, ms; default 0")
+    sim.add_argument("--recv-post-ms", type=_number, help="time the runtime takes to post one receive, ms; default 0")
     sim.add_argument(
         "--transport",
         choices=["nccl", "gloo"],

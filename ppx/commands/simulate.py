@@ -8,12 +8,28 @@ from pathlib import Path
 from ppx.commands.common import measured_run, ms_list, output_path, require_backward, schedule_from
 from ppx.errors import UserError
 
+# the cost flags (ms) and their defaults: a simulation from flags, never beside --from-run's costs
+COST_DEFAULTS = {
+    "fwd_ms": "10",
+    "bwd_ms": "20",
+    "wgrad_ms": "0",
+    "p2p_ms": 0.0,
+    "send_post_ms": 0.0,
+    "recv_post_ms": 0.0,
+}
+
 
 def cmd_simulate(args) -> int:
     from ppx import schedules
     from ppx.measure.prediction import costs_from, transport_of
 
     output_path("--png", args.png)
+    given = [f"--{k.replace('_', '-')}" for k in COST_DEFAULTS if getattr(args, k) is not None]
+    if args.from_run and given:
+        raise UserError(f"--from-run takes the run's costs; leave out {', '.join(given)}")
+    for k, default in COST_DEFAULTS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, default)
     for option, value in (
         ("--p2p-ms", args.p2p_ms),
         ("--send-post-ms", args.send_post_ms),

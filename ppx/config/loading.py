@@ -35,7 +35,9 @@ def find_experiment(exp: str) -> Path:
     if p.suffix in (".yaml", ".yml") or os.sep in exp:
         if p.is_file():
             return p
-        raise UserError(f"experiment file {exp} does not exist")
+        shipped = [d / p.name for d in experiments_dirs() if os.sep not in exp and (d / p.name).is_file()]
+        hint = f" (did you mean the shipped experiment {p.stem}?)" if shipped else ""
+        raise UserError(f"experiment file {exp} does not exist{hint}")
     for d in experiments_dirs():
         if (d / f"{exp}.yaml").is_file():
             return d / f"{exp}.yaml"

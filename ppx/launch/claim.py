@@ -17,8 +17,11 @@ def claim(cfg: Config) -> Path:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.mkdir()
-        except FileExistsError:
-            raise UserError(f"run directory {path} already exists; ppx never overwrites a run") from None
+        except (FileExistsError, NotADirectoryError):
+            if path.exists():
+                raise UserError(f"run directory {path} already exists; ppx never overwrites a run") from None
+            above = next(q for q in path.parents if q.exists())  # a file where a folder must go
+            raise UserError(f"run.dir={path}: {above} is a file, not a folder") from None
         return path
     base = Path(cfg.run.root) / cfg.run.name
     base.mkdir(parents=True, exist_ok=True)

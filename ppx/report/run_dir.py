@@ -134,7 +134,8 @@ class RunDir:
         self.path = Path(path)
         self._name = str(path)  # as given, for messages
         if not self.path.is_dir():
-            raise UserError(f"{self._name} is not a run directory (no such folder)")
+            what = "a file" if self.path.exists() else "no such folder"
+            raise UserError(f"{self._name} is not a run directory ({what})")
 
     def __repr__(self) -> str:
         return f"RunDir({self._name!r})"

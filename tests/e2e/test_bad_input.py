@@ -116,6 +116,20 @@ def test_bad_input_fails_fast_with_one_line(case, tmp_path):
     assert "Traceback" not in r.stderr and r.stdout == ""
 
 
+def test_a_run_directory_under_a_file_or_an_experiment_file_named_wrongly_is_one_line(tmp_path):
+    (tmp_path / "afile").write_text("")
+    r = ppx("run", "gpipe_2cpu", f"run.dir={tmp_path / 'afile' / 'a' / 'b'}", timeout=60)
+    assert r.returncode == 2
+    assert (
+        r.stderr.strip()
+        == f"ppx: error: run.dir={tmp_path / 'afile' / 'a' / 'b'}: {tmp_path / 'afile'} is a file, not a folder"
+    )
+    r = ppx("run", "gpipe_2cpu.yaml", f"run.root={tmp_path}", timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().endswith("(did you mean the shipped experiment gpipe_2cpu?)")
+    r = ppx("simulate", "1f1b", "--from-run", str(tmp_path / "afile"), timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == f"ppx: error: {tmp_path / 'afile'} is not a run directory (a file)"
+
+
 def test_existing_run_directory_is_never_overwritten(tmp_path):
     d = tmp_path / "taken"
     d.mkdir()

@@ -132,3 +132,6 @@ def test_costs_from_a_run_that_trains_nothing_or_never_split_are_refused(tmp_pat
     assert main(["simulate", "zb_h1", "--from-run", str(whole)]) == 2
     assert "never split its backward, so its I and W costs are unknown" in capsys.readouterr().err
     assert main(["simulate", "1f1b", "--from-run", str(whole)]) == 0
+    capsys.readouterr()
+    assert main(["simulate", "1f1b", "--from-run", str(whole), "--fwd-ms", "5"]) == 2  # (it was ignored)
+    assert capsys.readouterr().err.strip() == "ppx: error: --from-run takes the run's costs; leave out --fwd-ms"
