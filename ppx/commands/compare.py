@@ -26,9 +26,12 @@ def cmd_compare(args) -> int:
 
     if args.out:
         out = Path(args.out)
-        if out.is_file() or out.is_dir() and any(out.iterdir()):
-            # a run's folder among them: its report.html and tb/ would be the comparison's
-            raise UserError(f"--out {out} already exists and is not empty; ppx never overwrites (choose another --out)")
+        # never into a run (its report.html and tb/ would be the comparison's); a sweep's folder,
+        # which holds runs, takes its comparison (slurm/compare.sbatch), once (`compare`)
+        if out.is_file() or any((out / f).exists() for f in ("config.yaml", "summary.json")):
+            raise UserError(
+                f"--out {out} is a run's folder or a file; ppx never writes into a run (choose another --out)"
+            )
     else:  # runs/compare/<time>, or <time>-2, ... when a comparison of the same second has it
         base = Path("runs") / "compare" / time.strftime("%Y%m%d-%H%M%S")
         out = next(

@@ -220,12 +220,13 @@ def test_small_sweep_and_compare(tmp_path):
     assert f"ppx: wrote {out / 'compare.md'}, {out / 'compare.json'}, {out / 'compare.png'}" in c.stdout
     before = (out / "compare.md").read_text()
     again = ppx("compare", str(sweep), "--out", str(out))  # never over an earlier comparison
-    assert again.returncode == 2 and "already exists and is not empty" in again.stderr
+    assert again.returncode == 2 and "already holds a comparison" in again.stderr
     assert (out / "compare.md").read_text() == before
     run = next(sweep.glob("schedule=gpipe*"))  # nor into a run: its report.html and tb/ would be the comparison's
     files = {f: f.read_bytes() for f in run.rglob("*") if f.is_file()}
     into_run = ppx("compare", str(sweep), "--out", str(run))
     assert into_run.returncode == 2 and into_run.stderr.count("\n") == 1, into_run.stderr
+    assert "is a run's folder or a file; ppx never writes into a run" in into_run.stderr
     assert {f: f.read_bytes() for f in run.rglob("*") if f.is_file()} == files
 
 
