@@ -23,6 +23,8 @@ def cmd_gpu_check(args) -> int:
         raise UserError(f"--budget-s must be positive, got {args.budget_s:g}")
     if args.gpus is not None and not args.dry_run:
         raise UserError("--gpus is for --dry-run (a run uses the GPUs it finds)")
+    if args.gpus is not None and args.gpus < 1:
+        raise UserError(f"--gpus must be at least 1, got {args.gpus}")
     if args.dry_run:
         return _dry_run(args.gpus if args.gpus is not None else max(gpu_count(), 1), only)
     gpus = 0 if args.on_cpu else gpu_count()

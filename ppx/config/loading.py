@@ -88,6 +88,8 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
     key=value overrides. The preset is read from a first merge of the others."""
     name, loaded = None, None
     try:
+        if exp is not None and not exp.strip():  # (None: no experiment, the defaults, as tests load them)
+            raise UserError("the experiment is empty: give its name (from experiments/) or the path of its YAML file")
         if exp:
             path = find_experiment(exp)
             name = path.stem

@@ -79,6 +79,7 @@ CASES = {
         ["gpipe_2cpu", "model.fwd_ms=abc"],
         "model.fwd_ms must be a number of milliseconds",
     ),
+    "empty experiment name": (["", "train.steps=1"], "the experiment is empty: give its name"),
     "zero timeout": (["gpipe_2cpu", "runtime.timeout_s=0"], "runtime.timeout_s must be seconds > 0"),
     "timeout that is not a number": (["gpipe_2cpu", "runtime.timeout_s=nan"], "runtime.timeout_s must be seconds > 0"),
     "endless timeout": (["gpipe_2cpu", "runtime.timeout_s=inf"], "and at most 1e+09, got inf"),

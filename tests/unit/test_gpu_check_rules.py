@@ -352,3 +352,11 @@ def test_the_command_line_help_names_every_check():
     gpu_check = parser()._subparsers._group_actions[0].choices["gpu-check"]
     (only,) = [a for a in gpu_check._actions if "--only" in a.option_strings]
     assert [c.NAME for c in CHECKS if c.NAME not in only.help] == []
+
+
+@pytest.mark.parametrize("gpus", ["0", "-2"])
+def test_a_dry_run_of_no_gpus_is_one_line(capsys, gpus):
+    from ppx.cli import main
+
+    assert main(["gpu-check", "--dry-run", "--gpus", gpus]) == 2
+    assert capsys.readouterr().err.strip() == f"ppx: error: --gpus must be at least 1, got {gpus}"
