@@ -66,9 +66,14 @@ def measured_run(path: str, backward: bool = True):
     return run, run.summary
 
 
+def measured_ops(summary) -> set[str]:
+    """The kinds of action (F, B, I, W) a run's measured costs hold."""
+    return {key[-1] for key in summary.measured_costs["action_s"]}
+
+
 def require_backward(path: str, summary) -> None:
     """Fail where the run at ``path`` measured no backward: a forward-only run's are 0, not unknown."""
-    if not any(k[-1] in "BI" for k in summary.measured_costs["action_s"]):
+    if not measured_ops(summary) & {"B", "I"}:
         raise UserError(
             f"{path} measured no backward ({summary.schedule} trains nothing): take the costs from a run that trains"
         )

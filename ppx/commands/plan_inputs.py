@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from omegaconf.errors import OmegaConfBaseException
 
-from ppx.commands.common import measured_run, ms_list
+from ppx.commands.common import measured_ops, measured_run, ms_list
 from ppx.errors import UserError, said
 from ppx.plan.inputs import PlanInputs
 from ppx.plan.sizes import parse_sizes
@@ -116,7 +116,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
     if args.stages is not None and ints("--stages", args.stages) != [p]:
         raise UserError(f"{args.from_run} ran {p} ranks; its costs are per stage, so leave out --stages or give {p}")
     c = costs_from(s.measured_costs, stages)
-    split_known = any(k[-1] in "IW" for k in s.measured_costs["action_s"])
+    split_known = bool(measured_ops(s) & {"I", "W"})
     saved = run.raw_summary.get("saved_bytes_per_microbatch")
     transport, lookahead = transport_of(run.config, (run.env or {}).get("backend", "gloo"))
     inputs = PlanInputs(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ppx.commands.common import measured_run, ms_list, output_path, require_backward, schedule_from
+from ppx.commands.common import measured_ops, measured_run, ms_list, output_path, require_backward, schedule_from
 from ppx.errors import UserError
 
 # the cost flags (ms) and their defaults: a simulation from flags, never beside --from-run's costs
@@ -155,9 +155,7 @@ def _split_known(path: str, measured, sched) -> None:
     from ppx.plan.calibrate import split_calibration
     from ppx.schedules.ir.action import Op
 
-    if any(a.op is Op.W for row in sched.actions for a in row) and not any(
-        k[-1] in "IW" for k in measured.measured_costs["action_s"]
-    ):
+    if any(a.op is Op.W for row in sched.actions for a in row) and not measured_ops(measured) & {"I", "W"}:
         raise UserError(
             f"{path} never split its backward, so its I and W costs are unknown; measure them with "
             f"`{split_calibration(path + '/config.yaml')}` and simulate --from-run that run"

@@ -84,19 +84,19 @@ class Supervisor:
             code = self.proc.poll()
             if code is not None:
                 return 0 if code == 0 else self._failed(code)
-            frozen = self._frozen()
+            beats = read_beats(self.status)  # (once a poll, for both questions)
+            frozen = self._frozen(beats)
             if frozen:
                 return self._end_frozen(frozen)
-            if self._complete():  # torchrun's agent has had its time to reap the ranks and go
+            if self._complete(beats):  # torchrun's agent has had its time to reap the ranks and go
                 now = time.monotonic()
                 self._done_at = self._done_at or now
                 if now - self._done_at > max(self.timeout_s, 3 * INTERVAL_S):
                     return self._end_lingering(now - self._done_at)
             time.sleep(POLL_S)
 
-    def _complete(self) -> bool:
-        """Every rank has ended on its own and the run wrote its summary."""
-        beats = read_beats(self.status)
+    def _complete(self, beats: dict) -> bool:
+        """Every rank has ended on its own (``beats``: `read_beats`'s) and the run wrote its summary."""
         return (
             len(beats) >= self.world
             and all(b.state == "done" for b in beats.values())
@@ -115,10 +115,11 @@ class Supervisor:
         return 0
 
     # -- the three ways a job ends early
-    def _frozen(self) -> list[tuple[int, int, float]]:
-        """(rank, pid, silent seconds) of each rank alive with a heartbeat stale past the timeout."""
+    def _frozen(self, beats: dict) -> list[tuple[int, int, float]]:
+        """(rank, pid, silent seconds) of each rank alive whose heartbeat (``beats``: `read_beats`'s)
+        is stale past the timeout."""
         now, frozen = time.monotonic(), []
-        for rank, beat in read_beats(self.status).items():
+        for rank, beat in beats.items():
             if self._seen.get(rank) != beat.key:
                 self._seen[rank], self._moved[rank] = beat.key, now
                 continue
@@ -138,7 +139,7 @@ class Supervisor:
     def _stopped(self, signum: int) -> int:
         name = signal.Signals(signum).name
         states = self._where_each()
-        complete = self._complete()
+        complete = self._complete(read_beats(self.status))
         self._end_job()
         if complete:  # nothing of the run was lost: never marked incomplete
             print(f"ppx: stopped by {name} after the run completed: {self.run_dir}", file=sys.stderr, flush=True)

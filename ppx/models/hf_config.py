@@ -153,6 +153,16 @@ def shape_defaults(model) -> dict:
     return out
 
 
+def _one_line(what: str, fn, *args):
+    """``fn(*args)``, any error but a UserError of ours made one line: ``model.kind=hf: <what>: <error>``."""
+    try:
+        return fn(*args)
+    except UserError:
+        raise
+    except Exception as e:
+        raise UserError(f"model.kind=hf: {what}: {said(e)}") from e
+
+
 def check(cfg) -> None:
     """Before any process starts: the config resolves, ppx can split its architecture, the
     sequence fits its positions, and tied weights sit where ppx sums their gradients."""
@@ -168,21 +178,12 @@ def check(cfg) -> None:
         )
     if heads and config.hidden_size % heads and "head_dim" not in (cfg.model.hf_overrides or {}):
         raise UserError(f"model.hidden={config.hidden_size} is not divisible by model.heads={heads}")
-    try:  # transformers' own checks of a value come as its errors, from deep in its code
-        meta = hf.meta_model(config)
-    except UserError:
-        raise
-    except Exception as e:
-        raise UserError(
-            f"model.kind=hf: transformers cannot build {type(config).__name__} from this config: {said(e)}"
-        ) from e
+    # transformers' own checks of a value come as its errors, from deep in its code: one line each
+    name = type(config).__name__
+    meta = _one_line(f"transformers cannot build {name} from this config", hf.meta_model, config)
     hf_parts.find(meta, config.num_hidden_layers)
-    try:
-        hf_verify.check(config)  # the wrapper computes what transformers' own forward does
-    except UserError:
-        raise
-    except Exception as e:
-        raise UserError(f"model.kind=hf: {type(config).__name__}'s forward fails with this config: {said(e)}") from e
+    # the wrapper computes what transformers' own forward does
+    _one_line(f"{name}'s forward fails with this config", hf_verify.check, config)
     limit = getattr(config, "max_position_embeddings", None)
     if limit is not None and cfg.model.seq_len > limit:
         raise UserError(f"model.seq_len={cfg.model.seq_len} is more than the config's {limit} positions")
