@@ -4,6 +4,7 @@ collective between steps but ``start_together``'s, which starts every rank's ste
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -22,6 +23,10 @@ from ppx.measure.profiler import make_profiler
 from ppx.measure.replicas import merge_replicas
 from ppx.schedules import registry
 from ppx.schedules.ir.schedule import Schedule
+
+
+class LossNotFinite(RuntimeError):
+    """A step's loss is nan or inf: what would follow trains nothing (and times NaN arithmetic)."""
 
 
 def build_share(cfg, schedule: Schedule, layout: Layout, device, backend: str, observers):
@@ -101,6 +106,8 @@ def train(
                     if device.type == "cuda":  # the optimizer's kernels end here, not inside the next step's timing
                         torch.cuda.synchronize(device)
             watchdog.phase("step metrics", step)
+            if loss is not None and not math.isfinite(loss):
+                raise LossNotFinite(f"the loss is {loss} at step {step} (train.lr={cfg.train.lr:g}); the run stops")
             with prof.label("ppx:step_metrics"):
                 record, spans = inst.end_step(step)  # memory peaks include the optimizer step
                 record.update(rank=layout.pp_rank, loss=loss, start=t0 + offset, end=t1 + offset)

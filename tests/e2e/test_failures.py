@@ -77,6 +77,20 @@ def test_killed_rank_ends_the_job_and_is_named(run_dir):
     assert (run_dir / "status" / "rank1.txt").read_text().rstrip() == "1B1 (step 0)"  # a plain text line
 
 
+def test_a_loss_that_is_not_finite_stops_the_run_naming_the_step(run_dir):
+    """train.lr=3e38 sends the weights to inf after the first step: the loss turns nan, and the
+    run stops there, non-zero, in one line, rather than time NaN arithmetic and exit 0."""
+    r = ppx("run", "gpipe_2cpu", "train.lr=3e38", f"run.dir={run_dir}", timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("ppx: error: ")]
+    assert errors == [
+        "ppx: error: rank 1 failed on step metrics (step 1): LossNotFinite: the loss is nan at step 1 "
+        "(train.lr=3e+38); the run stops"
+    ], r.stderr
+    assert "loss 0.39" in r.stdout  # step 0 was finite and is reported as usual
+    assert not (run_dir / "summary.json").exists() and (run_dir / "incomplete.txt").exists()
+
+
 def test_killed_rank_is_named_by_its_peer_without_ppx_run(run_dir):
     """Started by torchrun itself (as under srun), with no `ppx run` to read torchrun's exit
     codes: the survivor finds the killed peer's process gone and names it, in one line."""
