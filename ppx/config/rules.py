@@ -140,6 +140,11 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
             f"pipeline.schedule {p.schedule} is for {sched.num_ranks} ranks and {sched.num_microbatches} "
             f"microbatches, but pipeline.stages={p.stages} and pipeline.microbatches={p.microbatches}"
         )
+    if schedules.is_csv(p.schedule) and p.virtual_stages not in (None, sched.stages_per_rank):
+        raise UserError(
+            f"pipeline.schedule {p.schedule} places {sched.stages_per_rank} stage(s) on each rank, but "
+            f"pipeline.virtual_stages={p.virtual_stages} (a CSV's own count holds: leave the key null)"
+        )
     check_precision(cfg, sched)
     # other kinds ignore the costs, but a value of the wrong type is an error, not a silent no-op
     stage_costs_ms(m, sched.num_stages if m.kind == "synthetic" else None, p.layers_per_stage)

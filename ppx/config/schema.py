@@ -29,7 +29,7 @@ class PipelineConfig:
     microbatches: int = _f(4, "microbatches per step; train.batch_size must divide evenly")
     virtual_stages: Optional[int] = _f(
         None,
-        "stages per rank v for schedules that take several (interleaved_1f1b, looped_bfs, interleaved_zb: stage s on rank s % stages; zbv, dualpipev: exactly 2, in a V: stage s on rank s, then on rank 2 x stages - 1 - s); null: the schedule's default (2 for those, else 1)",
+        "stages per rank v for schedules that take several (interleaved_1f1b, looped_bfs, interleaved_zb: stage s on rank s % stages; zbv, dualpipev: exactly 2, in a V: stage s on rank s, then on rank 2 x stages - 1 - s); null: the schedule's default (2 for those, else 1); a CSV schedule sets its own (null or that count)",
     )
     layers_per_stage: Optional[List[int]] = _f(
         None,

@@ -75,6 +75,11 @@ def test_schedule_csv_must_match_stages(tmp_path):
     assert cfg.pipeline.schedule == str(path)
     with pytest.raises(UserError, match="is for 2 ranks and 4 microbatches"):
         config.load(None, [f"pipeline.schedule={path}", "pipeline.stages=3"])
+    # the CSV says how many stages each rank holds: a different pipeline.virtual_stages is refused
+    ok = [f"pipeline.schedule={path}", "pipeline.stages=2", "pipeline.microbatches=4"]
+    assert config.load(None, [*ok, "pipeline.virtual_stages=1"]).pipeline.virtual_stages == 1
+    with pytest.raises(UserError, match="places 1 stage.s. on each rank, but pipeline.virtual_stages=2"):
+        config.load(None, [*ok, "pipeline.virtual_stages=2"])
 
 
 def test_overrides_read_back_as_their_values_and_summary_only_is_valid_config():
