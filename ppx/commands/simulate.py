@@ -49,6 +49,12 @@ def cmd_simulate(args) -> int:
                 "microbatches": measured.microbatches,
                 "virtual": measured.virtual_stages,
             }
+            if args.virtual is None and measured.virtual != schedules.default_virtual(args.name):
+                print(  # not the schedule's default: say whose count this is
+                    f"note: {args.name} at {measured.virtual} stage(s) a rank, as {args.from_run} ran (its costs "
+                    f"are per stage; for {schedules.default_virtual(args.name)}, run with pipeline.virtual_stages="
+                    f"{schedules.default_virtual(args.name)} and simulate that run)"
+                )
             for attr, value in shape.items():
                 if getattr(args, attr) is None:
                     setattr(args, attr, value)

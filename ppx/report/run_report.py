@@ -135,6 +135,8 @@ class RunReport:
             sink.finish(summary, self.run_dir)
         if report is not None:
             print(f"ppx: report: {report}", flush=True)
+        if not cfg.instrument.timers:  # say why the bubble, timeline and prediction are missing
+            print("ppx: instrument.timers=false: no per-action times, so no bubble, timeline or prediction", flush=True)
         print(f"ppx: run directory: {self.run_dir}", flush=True)
 
     def _draw(self, summary: dict) -> Path | None:

@@ -32,7 +32,8 @@ KNOWN_COST = [
 HIDDEN, BATCH = 16, 64
 
 
-def known_cost_run(tmp_path_factory, schedule, p, m, *extra, env=None):
+def known_cost_run(tmp_path_factory, schedule, p, m, *extra, env=None, out=None):
+    """The run's folder; ``out`` (a list) gets the finished process."""
     d = tmp_path_factory.mktemp("kc") / f"{schedule}_p{p}"
     r = ppx(
         "run",
@@ -46,6 +47,8 @@ def known_cost_run(tmp_path_factory, schedule, p, m, *extra, env=None):
         env=env,
     )
     assert r.returncode == 0, r.stderr[-3000:]
+    if out is not None:
+        out.append(r)
     return d
 
 
@@ -237,10 +240,13 @@ def test_profiler_traces_per_rank(shared_run):
 
 
 def test_timers_off_still_measures_step_time(tmp_path_factory):
-    d = known_cost_run(tmp_path_factory, "gpipe", 2, 4, "instrument.timers=false", "instrument.memory=false")
+    out = []
+    d = known_cost_run(tmp_path_factory, "gpipe", 2, 4, "instrument.timers=false", "instrument.memory=false", out=out)
     s = read_json(d / "summary.json")
     assert s["step_time_s"] > 0 and "bubble_fraction" not in s
     assert not (d / "timeline.json").exists()
+    # instrument.timeline is on (its default): the run says why there is none
+    assert "instrument.timers=false: no per-action times, so no bubble, timeline" in out[0].stdout
 
 
 @pytest.mark.timing
