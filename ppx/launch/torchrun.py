@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -91,6 +92,10 @@ def _report_every_failed_fork() -> None:
 
 def main(argv: list[str]) -> int:
     if FORK in argv:
+        # Python 3.12+ warns at every fork from a process with threads (the agent's store
+        # server is one): a line a rank in each job's output, where ppx promises one line per
+        # failure; the forked ranks start gloo's, OpenMP's and the store's threads of their own
+        warnings.filterwarnings("ignore", r"This process .* is multi-threaded, use of fork\(\)", DeprecationWarning)
         _import_for_the_workers()
         _report_every_failed_fork()
     exits = os.environ.get("PPX_TORCHRUN_EXITS")
