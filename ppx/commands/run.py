@@ -50,12 +50,11 @@ def cmd_run(args) -> int:
     fork = device == "cpu" and cfg.runtime.fork_ranks and sys.platform.startswith("linux")  # CUDA cannot fork
     if world == 1 and not fork:
         # one rank that cannot be forked (a GPU's): in this process, where a torchrun job would
-        # import torch and start CUDA once more; it is not watched from outside (a rank killed
-        # there says nothing, a hang still ends it with its line)
+        # import torch and start CUDA once more (a stop signal ends it as a watched job's would)
         os.environ.update(env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        from ppx.launch.worker import run_rank
+        from ppx.launch.in_process import run_in_process
 
-        return run_rank(cfg, run_dir, device)
+        return run_in_process(cfg, run_dir, device)
     # watched to its end: a frozen rank, a killed one, a SIGTERM to us each end it and are explained
     # (one CPU rank too: forked from torchrun's agent, it costs no more than running it here)
     from ppx.launch.supervisor import supervise

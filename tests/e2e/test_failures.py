@@ -232,14 +232,18 @@ def test_a_cpu_rank_is_forked_from_torchrun_and_ends_on_a_signal_as_a_started_on
         (signal.SIGTERM, "gpipe_4gpu", 4, True),
         (signal.SIGINT, "1f1b_2cpu", 2, True),
         (signal.SIGTERM, "1f1b_2cpu", 2, False),
+        (signal.SIGTERM, "1f1b_2cpu", 1, False),
+        (signal.SIGINT, "1f1b_2cpu", 1, False),
     ],
-    ids=["TERM", "INT", "TERM-started-ranks"],
+    ids=["TERM", "INT", "TERM-started-ranks", "TERM-one-rank-in-process", "INT-one-rank-in-process"],
 )
 def test_stopping_ppx_run_ends_its_whole_job(run_dir, tmp_path, sig, experiment, world, fork):
     """`kill -TERM` (a `timeout`, a job manager) or Ctrl-C on `ppx run`: forwarded to the job,
     every worker gone within seconds, exit 128 + the signal, the run folder says it stopped;
-    with the ranks forked from torchrun (CPU) or started as their own processes (as on CUDA)."""
-    proc, log = start_run(experiment, run_dir, tmp_path, f"runtime.fork_ranks={str(fork).lower()}")
+    with the ranks forked from torchrun (CPU) or started as their own processes (as on CUDA),
+    and one rank that cannot be forked, run inside `ppx run` (a GPU's; on CPU with fork_ranks=false)."""
+    stages = ["pipeline.stages=1"] if world == 1 else []
+    proc, log = start_run(experiment, run_dir, tmp_path, f"runtime.fork_ranks={str(fork).lower()}", *stages)
     took, left = signal_mid_run(proc, run_dir, world, lambda: proc.send_signal(sig), timeout=60)
     out = read_log(log)
     print(f"ppx run ended {took:.1f} s after {sig.name}")
@@ -250,7 +254,9 @@ def test_stopping_ppx_run_ends_its_whole_job(run_dir, tmp_path, sig, experiment,
         f"ppx: stopped by {sig.name}: the job was ended; run directory (incomplete): {run_dir}"
     )
     assert "Traceback" not in out and "error" not in out, out[-3000:]
-    assert (run_dir / "incomplete.txt").read_text().startswith(f"stopped: ppx run received {sig.name} after ")
+    why = (run_dir / "incomplete.txt").read_text()
+    assert why.startswith(f"stopped: ppx run received {sig.name} after "), why
+    assert re.search(r"where each rank was: rank 0: .*\(step \d+\)", why), why
 
 
 FROZEN_PEER = """

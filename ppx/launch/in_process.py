@@ -1,0 +1,56 @@
+"""One rank run inside ``ppx run`` itself (a GPU's single rank: a process that has started
+CUDA cannot fork, and a job of its own would import torch and start CUDA a second time).
+Stopped by SIGTERM, SIGINT or SIGHUP, it ends as a watched job does (`ppx.launch.supervisor`):
+one line, ``incomplete.txt`` saying where the rank was, exit code 128 + the signal. A hang
+still ends it through its watchdog; a SIGKILL, which no process can catch, says nothing."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+from ppx.launch.supervisor import STOP_SIGNALS, where, write_incomplete
+
+
+class Stopped(BaseException):
+    """A stop signal, raised in the main thread (past every ``except Exception`` of the run)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise(signum, frame) -> None:
+    for s in STOP_SIGNALS:  # one stop: a second signal must not interrupt the ending
+        signal.signal(s, signal.SIG_IGN)
+    raise Stopped(signum)
+
+
+def run_in_process(cfg, run_dir: Path, device: str) -> int:
+    """``run_rank`` of rank 0 of a one-rank job here; its exit code."""
+    from ppx.launch.worker import run_rank
+
+    previous = {s: signal.signal(s, _raise) for s in STOP_SIGNALS}
+    started = time.monotonic()
+    try:
+        return run_rank(cfg, run_dir, device)
+    except Stopped as e:
+        name = signal.Signals(e.signum).name
+        if (run_dir / "summary.json").exists():  # nothing of the run was lost: never marked incomplete
+            print(f"ppx: stopped by {name} after the run completed: {run_dir}", file=sys.stderr, flush=True)
+            return 128 + e.signum
+        after = time.monotonic() - started
+        write_incomplete(
+            run_dir,
+            [
+                f"stopped: ppx run received {name} after {after:.1f} s and ended the job; "
+                f"where each rank was: rank 0: {where(run_dir / 'status', 0)}"
+            ],
+        )
+        print(f"ppx: stopped by {name}: the job was ended; run directory (incomplete): {run_dir}", file=sys.stderr)
+        return 128 + e.signum
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
