@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Literal, Optional
 
 from ppx.models import kinds_help
-from ppx.schedules.registry import names_help
+from ppx.schedules.registry import names_help, virtual_help
 
 
 def _f(default: Any, help: str, **kw):
@@ -25,11 +25,13 @@ class PipelineConfig:
         "1f1b",
         f"{names_help()} (torch_*: torch.distributed.pipelining's own), or the path of a torch-style schedule CSV",
     )
-    stages: int = _f(2, "pipeline ranks = processes; each holds pipeline.virtual_stages stages")
+    stages: int = _f(
+        2, "pipeline ranks (the job's processes: ranks x parallel.data); each holds pipeline.virtual_stages stages"
+    )
     microbatches: int = _f(4, "microbatches per step; train.batch_size must divide evenly")
     virtual_stages: Optional[int] = _f(
         None,
-        "stages per rank v for schedules that take several (interleaved_1f1b, looped_bfs, interleaved_zb: stage s on rank s % stages; zbv, dualpipev: exactly 2, in a V: stage s on rank s, then on rank 2 x stages - 1 - s); null: the schedule's default (2 for those, else 1); a CSV schedule sets its own (null or that count)",
+        virtual_help(),
     )
     layers_per_stage: Optional[List[int]] = _f(
         None,
@@ -195,7 +197,7 @@ class TrainConfig:
 @dataclass
 class RuntimeConfig:
     device: Literal["auto", "cpu", "cuda"] = _f(
-        "auto", "auto: CUDA+NCCL with one GPU per stage, else CPU+gloo | cpu | cuda"
+        "auto", "auto: CUDA+NCCL with one GPU per process (pipeline ranks x parallel.data), else CPU+gloo | cpu | cuda"
     )
     timeout_s: float = _f(60.0, "seconds without progress on one rank before the whole job is ended")
     threads_per_rank: int = _f(1, "CPU threads per process (torch.set_num_threads)")

@@ -1,6 +1,7 @@
 """The training loop of one rank: its share of the pipeline built and instrumented, timed
 steps, and every step's per-rank records sent to rank 0's report by a background thread (no
-collective between steps but ``start_together``'s, which starts every rank's step at once)."""
+collective between steps but ``start_together``'s, which starts every rank's step at once,
+and, in fp16, the optimizer step's agreement on an overflow)."""
 
 from __future__ import annotations
 
@@ -113,7 +114,7 @@ def train(
                 record.update(rank=layout.pp_rank, loss=loss, start=t0 + offset, end=t1 + offset)
                 if layout.data > 1:
                     record["replica"] = layout.dp_rank
-                if step == 0 and getattr(pipe, "split_backward", None):  # how each split stage runs its W
+                if step == 0 and pipe.split_backward:  # how each split stage runs its W
                     record["split_backward"] = {str(s): v for s, v in pipe.split_backward.items() if v}
                 if opt is not None and cfg.train.dtype == "fp16":
                     record["optimizer_stepped"] = stepped

@@ -111,7 +111,7 @@ class Precision:
 def step_optimizer(pipe, opt: torch.optim.Optimizer, device) -> bool:
     """The optimizer step of ``pipe``'s rank: plain, or under fp16 loss scaling (unscale,
     agree on overflow over the world, step or skip, update the scale). True if it stepped."""
-    precision = getattr(pipe, "precision", None)
+    precision = pipe.precision
     if precision is None or precision.scaler is None:
         opt.step()
         return True

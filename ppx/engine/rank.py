@@ -72,14 +72,27 @@ def build_reference(cfg: Config, device="cpu") -> nn.Module:
 class StageShare:
     """What a rank's share of the pipeline answers, whichever executor runs it: ``modules``
     maps its stage indices to modules, ``schedule`` is the schedule, ``observers`` wrap every
-    item the executor runs, and `in_flight` counts the microbatches held for a backward."""
+    item the executor runs, and `in_flight` counts the microbatches held for a backward. The
+    rest has a default for an executor without it: ``precision`` (fp16's loss scaling for the
+    optimizer step), ``split_backward`` (for summary.json), `held_by_store` and
+    `weight_copies` (for the memory counters)."""
 
     modules: dict
     schedule: Schedule
     observers: list
+    precision = None  # `ppx.engine.precision.Precision`; None: the optimizer steps plainly
+    split_backward = None  # stage -> how its split backward gets its weight gradients; None: no split
 
     def in_flight(self) -> int:
         raise NotImplementedError
+
+    def held_by_store(self, stage: int, mb: int) -> list | None:
+        """What ``stage`` holds of ``mb`` for its W outside autograd's saved tensors (None: nothing)."""
+        return None
+
+    def weight_copies(self) -> list[set]:
+        """The storage pointers of the stages' compute-dtype weight copies (none: no copies)."""
+        return []
 
     @property
     def owns_first(self) -> bool:

@@ -29,8 +29,6 @@ from torch.autograd.graph import saved_tensors_hooks
 from ppx.engine.linears import RoutedLayer
 from ppx.errors import UserError
 
-MODES = ("auto", "store", "graph")
-
 
 class WeightStore:
     """One stage's stores, microbatch by microbatch; ``layers`` are its routed layers, and

@@ -17,17 +17,22 @@ from ppx.measure.timers import CudaTimer, WallTimer
 
 class Instruments:
     def __init__(self, cfg, pipe, device: torch.device):
-        """``pipe``: the rank's share (`ppx.engine.rank.StageShare`: modules, schedule, in_flight)."""
+        """``pipe``: the rank's share (`ppx.engine.rank.StageShare`: modules, schedule, in_flight,
+        held_by_store, weight_copies)."""
         ins = cfg.instrument
         self.timer = None
         if ins.timers:
             self.timer = CudaTimer(device) if device.type == "cuda" else WallTimer()
         self.memory = None
         if ins.memory:
-            copies = pipe.weight_copies() if hasattr(pipe, "weight_copies") else []
-            held = getattr(pipe, "held_by_store", None)  # ppx's runtime: a storing stage's I frees its graph
-            self.memory = MemoryTracker(
-                pipe.modules, pipe.schedule.training, pipe.in_flight, device, held, copies, ins.memory_steps
+            self.memory = MemoryTracker(  # (ppx's runtime: a storing stage's I frees its graph, W its stores)
+                pipe.modules,
+                pipe.schedule.training,
+                pipe.in_flight,
+                device,
+                pipe.held_by_store,
+                pipe.weight_copies(),
+                ins.memory_steps,
             )
         self.labels = RecordFunctions() if cfg.profile.enabled else None
 

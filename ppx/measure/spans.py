@@ -20,7 +20,7 @@ CATEGORY = {"compute": COMPUTE, "post": COMM, "reduce": DP_COMM, "wait": WAIT, "
 
 @dataclass(frozen=True)
 class Span:
-    """One program item's time on one rank: ``kind`` is "post" | "wait" | "compute" | "drain"
+    """One program item's time on one rank: ``kind`` is "post" | "wait" | "compute" | "drain" | "reduce"
     (as `ppx.schedules.comms.program.Item`), ``actions`` the item's actions (a compute span has one,
     a wait the receive it waits for, a post its batch of sends and receives, a reduce the
     stage's last backward)."""

@@ -1,8 +1,9 @@
 """Per-action timers: observers that record a `Span` for every program item.
 
-`WallTimer` uses ``time.perf_counter`` (CPU). `CudaTimer` records CUDA events on the compute
-stream around every item, with no host synchronisation inside the step, and resolves them
-once per step (after the step's final synchronize). Spans are in this process's
+`WallTimer` uses ``time.perf_counter`` (CPU). `CudaTimer` records CUDA events around every
+item on the stream it runs on (an overlapped cell's: the side stream), with no host
+synchronisation inside the step, and resolves them once per step (after the step's final
+synchronize). Spans are in this process's
 ``perf_counter`` seconds; `ppx.measure.clock` maps them onto rank 0's clock.
 """
 

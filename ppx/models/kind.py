@@ -16,8 +16,10 @@ class ModelKind(Protocol):
     """A model that splits into pipeline stages. ``cfg`` is the config's ``model`` section.
 
     Optional extras: ``block_name(cfg, block)`` (the submodule where a block begins, for
-    ``pipeline.split=tracer``; list the kind in ``TRACEABLE``) and ``calibrate(device)``
-    (measure the device once, before any timed step). A kind whose embedding and head are
+    ``pipeline.split=tracer``; list the kind in ``TRACEABLE``), ``calibrate(device)``
+    (measure the device once, before any timed step) and ``tied_units(cfg)`` (units that hold
+    a copy of one weight, by name, e.g. ``{"embedding": (0, last)}``: `ppx.engine.tied` sums
+    their gradients every step). A kind whose embedding and head are
     split like blocks lists how many such units it has in ``EXTRA_UNITS`` (`ppx.models`); its
     ``build_stage`` then gets a range of units (llama's: [embedding, blocks..., head])."""
 

@@ -219,6 +219,20 @@ def names_help() -> str:
     return " | ".join(names())
 
 
+def virtual_help() -> str:
+    """pipeline.virtual_stages' help: the families that take several stages per rank, and where
+    they place them (from `FAMILIES`, so a new family is listed without a schema edit)."""
+    looped = ", ".join(f.name for f in FAMILIES.values() if f.virtual)
+    v_shaped = ", ".join(f.name for f in FAMILIES.values() if not f.virtual and f.default_virtual == 2)
+    defaults = sorted({f.default_virtual for f in FAMILIES.values() if f.default_virtual != 1})
+    return (
+        f"stages per rank v for schedules that take several ({looped}: stage s on rank s % stages; "
+        f"{v_shaped}: exactly 2, in a V: stage s on rank s, then on rank 2 x stages - 1 - s); null: the "
+        f"schedule's default ({', '.join(map(str, defaults))} for those, else 1); a CSV schedule sets its "
+        "own (null or that count)"
+    )
+
+
 def is_csv(name: str) -> bool:
     return name.endswith(".csv")
 

@@ -64,14 +64,8 @@ def order_times(rows: Sequence[Sequence[Action]], m: int, t: StageTimes) -> list
                 todo.append(r - 1)
         pos[r], free[r] = at, now
     if any(pos[r] < len(rows[r]) for r in range(p)):
-        raise ScheduleError("order_step: the order cannot run (an action waits for an input never produced)")
+        raise ScheduleError("the order cannot run (an action waits for an input never produced)")
     return starts
-
-
-def order_step(rows: Sequence[Sequence[Action]], m: int, t: StageTimes) -> float:
-    """The step of ``rows`` on the pass's clock, every rank starting at 0 (the sync cost)."""
-    starts = order_times(rows, m, t)
-    return max((s[-1] + _dur(t, r, rows[r][-1].op) + t.overhead for r, s in enumerate(starts) if s), default=0.0)
 
 
 def rank_spans(rows, starts, t: StageTimes, cost: str = "steady") -> list[float]:
@@ -81,6 +75,6 @@ def rank_spans(rows, starts, t: StageTimes, cost: str = "steady") -> list[float]
 
 
 def order_cost(rows: Sequence[Sequence[Action]], m: int, t: StageTimes, cost: str = "sync") -> float:
-    """``rows``' step on the pass's clock: ``sync`` (`order_step`) or ``steady`` (the longest
+    """``rows``' step on the pass's clock: ``sync`` (every rank starting at 0: the last end) or ``steady`` (the longest
     rank's span from its first action's start to its last one's end, overhead included)."""
     return max(rank_spans(rows, order_times(rows, m, t), t, cost), default=0.0)
