@@ -84,6 +84,11 @@ def _cpu_fallback(cfg, args, notice: str | None, speak: bool):
         cfg = config.load(args.experiment, [*fallback, *args.overrides])
     except UserError as e:
         raise UserError(f"runtime.cpu_fallback: {e}") from None
-    if speak:
-        print(f"ppx: on CPU, runtime.cpu_fallback applies: {' '.join(fallback)}", file=sys.stderr)
+    if speak:  # what applies: an entry whose key the command line sets again is the command line's
+        given = {o.split("=", 1)[0] for o in args.overrides}
+        applies = [f for f in fallback if f.split("=", 1)[0] not in given]
+        print(
+            f"ppx: on CPU, runtime.cpu_fallback applies: {' '.join(applies) or '(nothing the command line leaves)'}",
+            file=sys.stderr,
+        )
     return (cfg, *_processes(cfg))

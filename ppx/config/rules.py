@@ -91,6 +91,13 @@ def check_model(cfg: Config) -> None:
         raise UserError(f"model.kind: Invalid value {m.kind!r}; choose from {', '.join(KINDS)}")
     if m.hidden < 1 or m.layers < 1:
         raise UserError("model.hidden and model.layers must be >= 1")
+    glued = [str(k) for k, v in (m.args or {}).items() if ":" in str(k) and v is None]
+    if glued:  # YAML reads {width:32} as one key "width:32" with no value
+        key, value = glued[0].split(":", 1)
+        raise UserError(
+            f"model.args: {glued[0]!r} is a key with no value; write {{{key}: {value}}} with a space after "
+            f"the colon, or model.args.{key}={value}"
+        )
     if m.kind == "hf":  # llama's own keys: a Hugging Face model reads these from its config
         for ours, theirs in (("kv_heads", "num_key_value_heads"), ("ffn_hidden", "intermediate_size")):
             if getattr(m, ours) is not None:

@@ -22,9 +22,17 @@ def claim(cfg: Config) -> Path:
                 raise UserError(f"run directory {path} already exists; ppx never overwrites a run") from None
             above = next(q for q in path.parents if q.exists())  # a file where a folder must go
             raise UserError(f"run.dir={path}: {above} is a file, not a folder") from None
+        except OSError as e:  # read-only, no permission, /proc: the key that named the place
+            raise UserError(f"run.dir={path}: cannot create it ({e.strerror or e})") from None
         return path
     base = Path(cfg.run.root) / cfg.run.name
-    base.mkdir(parents=True, exist_ok=True)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        above = next(q for q in [base, *base.parents] if q.exists())
+        raise UserError(f"run.root={cfg.run.root}: {above} is a file, not a folder") from None
+    except OSError as e:
+        raise UserError(f"run.root={cfg.run.root}: cannot create {base} ({e.strerror or e})") from None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for n in range(1000):
         path = base / (stamp if n == 0 else f"{stamp}-{n}")

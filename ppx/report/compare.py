@@ -35,6 +35,14 @@ COLUMNS = [  # (header, key, format)
 ]
 
 
+NOTE = (  # under both tables: pred err pt is not the bubble column minus the predicted one
+    "bubble = measured idle / step time (median over steps); predicted = the simulator's bubble from the run's "
+    "measured action costs; pred err pt = measured minus predicted bubble over the steps the costs come "
+    "from (the timeline's), in points; theory = the schedule's formula with equal per-stage costs, or on the "
+    "known-cost model the exact value at its costs (bubble_theory_basis)."
+)
+
+
 def find_runs(patterns: list[str]) -> list[RunDir]:
     """Completed run directories (holding summary.json) named by paths or globs; a folder
     without a summary.json contributes every run below it. Runs that did not complete
@@ -102,19 +110,14 @@ def text_table(rows: list[dict]) -> str:
         "  ".join(c.ljust(w) if k in left else c.rjust(w) for (_, k, _), c, w in zip(COLUMNS, r, widths)) for r in table
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return "\n".join([*lines, NOTE])
 
 
 def markdown_table(rows: list[dict]) -> str:
     out = ["| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     out += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
     out.append("")
-    out.append(
-        "bubble = measured idle / step time (median over steps); predicted = the simulator's bubble from the run's "
-        "measured action costs; pred err pt = measured minus predicted bubble over the steps the costs come "
-        "from, in points; theory = the schedule's formula with equal per-stage costs, or on the known-cost "
-        "model the exact value at its costs (bubble_theory_basis)."
-    )
+    out.append(NOTE)
     return "\n".join(out) + "\n"
 
 

@@ -112,6 +112,8 @@ def run_labels(configs: list[dict[str, Any]], folders: list[str]) -> list[str]:
     for c in configs:
         vs = by_schedule[c.get(SCHEDULE)]
         shown = [k for k in keys if k in c and (k != VIRTUAL or len(vs) > 1 or (c[k] or 1) > 1)]
+        # a key this run leaves unset (None, {}, []) says little of it: left out where others speak
+        shown = [k for k in shown if c[k] not in (None, {}, [])] or shown
         labels.append(" ".join(_part(k, c[k], names) for k in shown))
     return _unique(labels, folders)
 

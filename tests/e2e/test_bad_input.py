@@ -67,7 +67,14 @@ CASES = {
         ["gpipe_2cpu", "parallel.data=2", "pipeline.executor=torch"],
         "parallel.data=2 runs on ppx's executor",
     ),
-    "unwritable run root": (["gpipe_2cpu", "run.root=/proc/ppx-cannot-be-here"], "/proc/ppx-cannot-be-here"),
+    "unwritable run root": (
+        ["gpipe_2cpu", "run.root=/proc/ppx-cannot-be-here"],
+        "run.root=/proc/ppx-cannot-be-here: cannot create /proc/ppx-cannot-be-here/gpipe_2cpu (",
+    ),
+    "unwritable run dir": (
+        ["gpipe_2cpu", "run.dir=/proc/ppx-cannot-be-here/x"],
+        "run.dir=/proc/ppx-cannot-be-here/x: ",
+    ),
     "cuda without gpus": (["gpipe_2cpu", "runtime.device=cuda"], "runtime.device=cuda needs 2 GPUs"),
     "negative learning rate": (["gpipe_2cpu", "train.lr=-1"], "train.lr must be a finite number >= 0, got -1.0"),
     "no attention heads": (["transformer_1f1b_2cpu", "model.heads=0"], "model.heads and model.ffn_mult must be >= 1"),

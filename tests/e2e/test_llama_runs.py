@@ -26,6 +26,7 @@ def test_cpu_fallback_is_applied_and_recorded(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     notices = [line for line in r.stderr.splitlines() if "runtime.cpu_fallback" in line]
     assert len(notices) == 1 and "model.preset=llama-tiny" in notices[0] and "train.batch_size=16" in notices[0]
+    assert "train.steps" not in notices[0]  # the command line's train.steps=2 holds: the line names what applies
     cfg = OmegaConf.load(d / "config.yaml")
     assert (cfg.model.preset, cfg.model.hidden, cfg.model.layers, cfg.model.vocab_size) == ("llama-tiny", 64, 4, 256)
     assert cfg.train.batch_size == 16  # the fallback's, over the experiment's 32

@@ -138,3 +138,14 @@ def test_long_labels_are_wrapped_and_every_panel_keeps_its_room(tmp_path, recwar
     ]
     plot_runs(rows, tmp_path / "compare.png", "5 runs")
     assert not [w for w in recwarn if "ight layout" in str(w.message)], [str(w.message) for w in recwarn]
+
+
+def test_keys_a_run_leaves_unset_are_left_out_of_its_label_where_others_name_it():
+    """An mlp run beside a `model.kind=module` run: the module's keys vary, but the mlp run
+    leaves them unset; its label names what it sets, not module=None units=None ..."""
+    mlp = cfg(**{"model.module": None, "model.units": None, "model.args": {}})
+    own = cfg(**{"model.kind": "module", "model.module": "my:build", "model.units": "blocks", "model.args": {"w": 8}})
+    assert run_labels([mlp, own], ["a", "b"]) == [
+        "model=mlp",
+        "model=module module=my:build units=blocks args={'w': 8}",
+    ]

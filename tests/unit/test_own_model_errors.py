@@ -157,3 +157,15 @@ def test_units_of_different_shapes_run_on_torchs_executor(monkeypatch):
         SEQUENTIAL[0], [*SEQUENTIAL[1:], *own, "pipeline.executor=torch", "pipeline.layers_per_stage=[2,1]"]
     )
     assert cfg.pipeline.executor == "torch"
+
+
+def test_model_args_written_without_a_space_after_the_colon_is_refused(monkeypatch):
+    """YAML reads ``{width:32}`` as one key, "width:32", with no value: the model would build at
+    its default width with a stray key beside it, so the mistake is named with the fix."""
+    monkeypatch.chdir(REPO)
+    with pytest.raises(UserError) as e:
+        config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:-1], "model.args={width:16, depth: 4}"])
+    assert str(e.value) == (
+        "model.args: 'width:16' is a key with no value; write {width: 16} with a space after the colon, "
+        "or model.args.width=16"
+    )
