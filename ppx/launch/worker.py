@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -22,9 +21,9 @@ from ppx.engine.runtime import ActionFailed
 from ppx.errors import UserError, said
 from ppx.launch import claim, environment
 from ppx.launch.affinity import pin_local_rank
+from ppx.launch.failure_line import report_failure
 from ppx.launch.faults import FaultInjector
-from ppx.launch.heartbeat import DIED_WITHIN_S, Beat, gone_peers, silent_peers_elsewhere, stopped_responding
-from ppx.launch.watchdog import Watchdog, cause_path, claim_cause, launcher_alive, read_status, status_path
+from ppx.launch.watchdog import Watchdog
 from ppx.report.run_dir import write_json
 from ppx.report.run_report import RunReport
 
@@ -78,68 +77,19 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
         watchdog.phase("done")
         return code
     except (ActionFailed, UserError) as e:
-        _report(watchdog, str(e), own=not isinstance(e, ActionFailed), peer=getattr(e, "peer", None))
+        report_failure(watchdog, str(e), own=not isinstance(e, ActionFailed), peer=getattr(e, "peer", None))
         return 2 if isinstance(e, UserError) and not isinstance(e, ActionFailed) else 1
     except Exception as e:
         if os.environ.get("PPX_TRACEBACK"):  # for ppx's developers: the whole story, not one line
             traceback.print_exc()
         where = watchdog.where() if watchdog else "start-up"
-        _report(watchdog, f"rank {rank} failed on {where}: {said(e)}")
+        report_failure(watchdog, f"rank {rank} failed on {where}: {said(e)}")
         return 1
     finally:
         if watchdog is not None:
             watchdog.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _report(watchdog: Watchdog | None, message: str, own: bool = False, peer: int | None = None) -> None:
-    """This rank's failure in one line, unless another rank failed first (its line is the
-    job's cause; this one, a peer gone from under a wait, its consequence) or a peer of this
-    machine was killed (it had no time to say so: `ppx run` names it with its signal, from
-    torchrun's exit codes; a job without it, as under srun, gets this rank's line naming the
-    peer), or a peer on another node whose heartbeat stopped (`_peer_cause`): the status file
-    says where this rank failed either way. ``own``: a mistake of this rank's own input (a
-    UserError), which no peer's death explains; ``peer``: the rank a failed wait was on."""
-    status = watchdog.status_dir if watchdog else None
-    if status is not None and not own and not cause_path(status).exists():
-        gone = gone_peers(status, watchdog.rank)
-        if gone and launcher_alive():
-            watchdog.phase(f"failed {'after' if watchdog.finished else 'on'} {watchdog.label}")
-            return
-        message = _peer_cause(status, watchdog, gone, peer) or message
-    if claim_cause(status, message):
-        sys.stderr.write(f"ppx: error: {message}\n")
-        sys.stderr.flush()
-    if watchdog is not None:
-        watchdog.phase(f"failed on {watchdog.label}")
-
-
-def _peer_cause(status: Path, watchdog: Watchdog, gone: list[Beat], waited_on: int | None) -> str | None:
-    """The line naming the peer whose end failed this rank: one of ``gone`` (peers of this
-    machine whose process ended) or, without one, a peer elsewhere whose heartbeat stopped
-    (died if its last beat is recent, frozen if it is old: the wait timed out on it). None
-    when no peer explains the failure."""
-    how = "its process ended"
-    if not gone:  # a peer on another node: its pid cannot be looked up here, its heartbeat can
-        gone, how = silent_peers_elsewhere(status, watchdog.rank), "its heartbeat stopped"
-    if not gone:
-        return None
-    peer = _blamed(gone, waited_on)
-    where = read_status(status_path(status, peer.rank)) or "start-up"
-    silent_s = time.time() - peer.wall
-    if how == "its heartbeat stopped" and silent_s > DIED_WITHIN_S:
-        seen = f" (seen by rank {watchdog.rank}, failed on {watchdog.where()})"
-        return stopped_responding(peer.rank, silent_s, where) + seen
-    return f"rank {peer.rank} died on {where}: {how} (rank {watchdog.rank} was on {watchdog.where()})"
-
-
-def _blamed(peers: list[Beat], waited_on: int | None) -> Beat:
-    """Of several silent peers, the one this rank's failed wait was on, else the one whose
-    beat stopped first: a launcher ends a killed rank's neighbours after it, and theirs stop
-    later."""
-    on = [b for b in peers if b.rank == waited_on]
-    return on[0] if on else min(peers, key=lambda b: b.wall)
 
 
 def _train(cfg: Config, run_dir: Path, rank: int, world: int, device, backend: str, ctrl, watchdog: Watchdog) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ppx.plan.evaluate import Result
 from ppx.plan.sizes import format_bytes
-from ppx.report.breakdown import byte_unit
+from ppx.units import byte_unit
 
 
 def front(results: list[Result]) -> list[Result]:

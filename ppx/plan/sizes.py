@@ -6,7 +6,7 @@ import math
 import re
 
 from ppx.errors import UserError
-from ppx.report.breakdown import byte_unit
+from ppx.units import byte_unit
 
 UNITS = {
     "": 1,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ppx.report.gantt import COLORS
+from ppx.units import byte_unit
 
 PARTS = [
     ("compute_s", "compute", COLORS["F"]),
@@ -32,14 +33,6 @@ def title_of(summary: dict) -> str:
     p = len(summary.get("ranks") or []) or summary.get("world_size")
     title = f"{summary.get('experiment', 'run')}: {summary.get('schedule')}, p={p}, m={summary.get('microbatches')}"
     return title + (f", v={v}" if v > 1 else "")
-
-
-def byte_unit(n: float) -> tuple[str, int]:
-    """The unit to show ``n`` bytes in, and its size."""
-    for i, unit in enumerate(("B", "KiB", "MiB", "GiB")):
-        if n < 1024 ** (i + 1):
-            return unit, 1024**i
-    return "TiB", 1024**4
 
 
 def draw_breakdown(summary: dict, path: Path, title: str | None = None) -> None:

@@ -14,8 +14,9 @@ has no other annotations (step starts are shapes)."""
 from __future__ import annotations
 
 from ppx.measure.spans import handoffs
-from ppx.report.breakdown import byte_unit, parts_of
+from ppx.report.breakdown import parts_of
 from ppx.report.gantt import COLORS, stage_shades
+from ppx.units import byte_unit
 
 FONT = dict(family="system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif", size=12)
 

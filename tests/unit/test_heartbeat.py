@@ -100,8 +100,8 @@ def test_with_no_peer_on_another_node_nothing_is_waited_for(tmp_path):
 def test_a_peer_killed_on_another_node_is_named_by_the_rank_whose_wait_failed(tmp_path, capsys, monkeypatch):
     """Under srun (no `ppx run`): rank 1 on node-b was killed on 1B1, rank 0's wait on it failed
     on the closed connection. Its pid cannot be looked up from here, its heartbeat can."""
+    from ppx.launch.failure_line import report_failure
     from ppx.launch.watchdog import Watchdog, cause_path, read_status, status_path
-    from ppx.launch.worker import _report
 
     monkeypatch.delenv("PPX_LAUNCHER_PID", raising=False)
     status = tmp_path / "status"
@@ -110,7 +110,7 @@ def test_a_peer_killed_on_another_node_is_named_by_the_rank_whose_wait_failed(tm
     _beat_from(status, 1, "node-b")
     dog0 = Watchdog(0, 30.0, status)
     dog0.phase("wait 0RECV_B1 from rank 1", 0)
-    _report(dog0, "rank 0 failed at step 0 on wait 0RECV_B1 from rank 1: Connection closed by peer", peer=1)
+    report_failure(dog0, "rank 0 failed at step 0 on wait 0RECV_B1 from rank 1: Connection closed by peer", peer=1)
     line = "rank 1 died on 1B1 (step 0): its heartbeat stopped (rank 0 was on wait 0RECV_B1 from rank 1 (step 0))"
     assert capsys.readouterr().err == f"ppx: error: {line}\n"
     assert cause_path(status).read_text() == line + "\n"
@@ -120,8 +120,8 @@ def test_a_peer_killed_on_another_node_is_named_by_the_rank_whose_wait_failed(tm
 def _failed_wait_reported(tmp_path, peers: dict[int, tuple[str, float]], waited_on: int | None) -> str:
     """Rank 0's line when its wait on ``waited_on`` failed, with ``peers`` (rank -> (its
     action, how long ago its last beat)) silent on node-b."""
+    from ppx.launch.failure_line import report_failure
     from ppx.launch.watchdog import Watchdog
-    from ppx.launch.worker import _report
 
     status = tmp_path / "status"
     for rank, (action, age_s) in peers.items():
@@ -130,7 +130,7 @@ def _failed_wait_reported(tmp_path, peers: dict[int, tuple[str, float]], waited_
     dog0 = Watchdog(0, 30.0, status)
     dog0.phase(f"wait 0RECV_B1 from rank {waited_on}", 0)
     own = f"rank 0 failed at step 0 on wait 0RECV_B1 from rank {waited_on}: RuntimeError: gloo"
-    _report(dog0, own, peer=waited_on)
+    report_failure(dog0, own, peer=waited_on)
     return (status / "cause.txt").read_text().rstrip("\n")
 
 

@@ -21,7 +21,7 @@ from helpers import REPO
 
 # the first name after "ppx." -> layer index; "" is ppx itself (ppx/__init__.py)
 LAYERS = [
-    ("", "errors", "paths"),
+    ("", "errors", "paths", "units"),
     ("schedules",),
     ("models",),
     ("config",),
@@ -35,7 +35,7 @@ LAYERS = [
     ("cli",),
 ]
 LAYER_OF = {part: k for k, parts in enumerate(LAYERS) for part in parts}
-LAYER_NAME = ["base (ppx, ppx.errors, ppx.paths)"] + [f"ppx.{parts[0]}" for parts in LAYERS[1:]]
+LAYER_NAME = ["base (ppx, ppx.errors, ppx.paths, ppx.units)"] + [f"ppx.{parts[0]}" for parts in LAYERS[1:]]
 MAX_LINES = 400
 
 # the rooms of ppx/schedules/, lowest first: the name after "ppx.schedules." -> room index;

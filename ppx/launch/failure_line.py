@@ -1,0 +1,61 @@
+"""A failed rank's one line: its own, unless another rank's failure explains it (a peer of
+this machine gone, a peer elsewhere whose heartbeat stopped), and only the first cause of the
+job is printed (`ppx.launch.watchdog.claim_cause`)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from ppx.launch.heartbeat import DIED_WITHIN_S, Beat, gone_peers, silent_peers_elsewhere, stopped_responding
+from ppx.launch.watchdog import Watchdog, cause_path, claim_cause, launcher_alive, read_status, status_path
+
+
+def report_failure(watchdog: Watchdog | None, message: str, own: bool = False, peer: int | None = None) -> None:
+    """This rank's failure in one line, unless another rank failed first (its line is the
+    job's cause; this one, a peer gone from under a wait, its consequence) or a peer of this
+    machine was killed (it had no time to say so: `ppx run` names it with its signal, from
+    torchrun's exit codes; a job without it, as under srun, gets this rank's line naming the
+    peer), or a peer on another node whose heartbeat stopped (`_peer_cause`): the status file
+    says where this rank failed either way. ``own``: a mistake of this rank's own input (a
+    UserError), which no peer's death explains; ``peer``: the rank a failed wait was on."""
+    status = watchdog.status_dir if watchdog else None
+    if status is not None and not own and not cause_path(status).exists():
+        gone = gone_peers(status, watchdog.rank)
+        if gone and launcher_alive():
+            watchdog.phase(f"failed {'after' if watchdog.finished else 'on'} {watchdog.label}")
+            return
+        message = _peer_cause(status, watchdog, gone, peer) or message
+    if claim_cause(status, message):
+        sys.stderr.write(f"ppx: error: {message}\n")
+        sys.stderr.flush()
+    if watchdog is not None:
+        watchdog.phase(f"failed on {watchdog.label}")
+
+
+def _peer_cause(status: Path, watchdog: Watchdog, gone: list[Beat], waited_on: int | None) -> str | None:
+    """The line naming the peer whose end failed this rank: one of ``gone`` (peers of this
+    machine whose process ended) or, without one, a peer elsewhere whose heartbeat stopped
+    (died if its last beat is recent, frozen if it is old: the wait timed out on it). None
+    when no peer explains the failure."""
+    how = "its process ended"
+    if not gone:  # a peer on another node: its pid cannot be looked up here, its heartbeat can
+        gone, how = silent_peers_elsewhere(status, watchdog.rank), "its heartbeat stopped"
+    if not gone:
+        return None
+    peer = _blamed(gone, waited_on)
+    where = read_status(status_path(status, peer.rank)) or "start-up"
+    silent_s = time.time() - peer.wall
+    if how == "its heartbeat stopped" and silent_s > DIED_WITHIN_S:
+        seen = f" (seen by rank {watchdog.rank}, failed on {watchdog.where()})"
+        return stopped_responding(peer.rank, silent_s, where) + seen
+    return f"rank {peer.rank} died on {where}: {how} (rank {watchdog.rank} was on {watchdog.where()})"
+
+
+def _blamed(peers: list[Beat], waited_on: int | None) -> Beat:
+    """Of several silent peers, the one this rank's failed wait was on, else the one whose
+    beat stopped first: a launcher ends a killed rank's neighbours after it, and theirs stop
+    later."""
+    on = [b for b in peers if b.rank == waited_on]
+    return on[0] if on else min(peers, key=lambda b: b.wall)
