@@ -21,8 +21,32 @@ COST_DEFAULTS = {
 
 def cmd_simulate(args) -> int:
     from ppx import schedules
-    from ppx.measure.prediction import costs_from, transport_of
 
+    _check_flags(args)
+    run = measured = None
+    if args.from_run:
+        run, measured = measured_run(args.from_run, backward=False)  # (a forward-only schedule needs none)
+        _take_the_runs_shape(args, measured)
+    sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual, args.transport or "nccl")
+    if measured is not None and (sched.num_ranks, sched.stages_per_rank) != (measured.world_size, measured.virtual):
+        raise UserError(
+            f"{args.from_run} ran {measured.world_size} ranks with {measured.virtual} stage(s) each, {args.name} "
+            f"has {sched.num_ranks} with {sched.stages_per_rank}; the run's costs are per stage"
+        )
+    args.virtual = sched.stages_per_rank
+    costs, transport, lookahead, reduce = _costs(args, sched, run, measured)
+    transport = args.transport or transport
+    lookahead = args.recv_lookahead if args.recv_lookahead is not None else lookahead
+    t = schedules.simulate(sched, costs, transport, lookahead, reduce)
+    _print_prediction(args, sched, t, reduce, run, measured)
+    if args.png:
+        _draw(sched, t, args.png)
+    return 0
+
+
+def _check_flags(args) -> None:
+    """The cost flags (their defaults filled in unless --from-run, which refuses them) and
+    the latencies and lookahead, checked before anything is built."""
     output_path("--png", args.png)
     given = [f"--{k.replace('_', '-')}" for k in COST_DEFAULTS if getattr(args, k) is not None]
     if args.from_run and given:
@@ -39,37 +63,39 @@ def cmd_simulate(args) -> int:
             raise UserError(f"{option} must be >= 0, got {value:g}")
     if args.recv_lookahead is not None and args.recv_lookahead < -1:
         raise UserError(f"--recv-lookahead must be -1 (all at the first wait) or >= 0, got {args.recv_lookahead}")
-    run = measured = None
-    if args.from_run:
-        run, measured = measured_run(args.from_run, backward=False)  # (a forward-only schedule needs none)
-        ran = (measured.world_size, measured.virtual)
-        if not schedules.is_csv(args.name):  # the run's shape unless given (a CSV has its own)
-            shape = {
-                "stages": measured.world_size,
-                "microbatches": measured.microbatches,
-                "virtual": measured.virtual_stages,
-            }
-            if args.virtual is None and measured.virtual != schedules.default_virtual(args.name):
-                print(  # not the schedule's default: say whose count this is
-                    f"note: {args.name} at {measured.virtual} stage(s) a rank, as {args.from_run} ran (its costs "
-                    f"are per stage; for {schedules.default_virtual(args.name)}, run with pipeline.virtual_stages="
-                    f"{schedules.default_virtual(args.name)} and simulate that run)"
-                )
-            for attr, value in shape.items():
-                if getattr(args, attr) is None:
-                    setattr(args, attr, value)
-            if (args.stages, args.virtual or 1) != ran:
-                raise UserError(
-                    f"{args.from_run} ran {ran[0]} ranks with {ran[1]} stage(s) each; its costs are per "
-                    "stage, so leave out --stages/--virtual or give the same"
-                )
-    sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual, args.transport or "nccl")
-    if args.from_run and (sched.num_ranks, sched.stages_per_rank) != ran:
-        raise UserError(
-            f"{args.from_run} ran {ran[0]} ranks with {ran[1]} stage(s) each, {args.name} has "
-            f"{sched.num_ranks} with {sched.stages_per_rank}; the run's costs are per stage"
+
+
+def _take_the_runs_shape(args, measured) -> None:
+    """--stages, --microbatches and --virtual from the run where not given (a CSV has its own);
+    ranks and stages per rank given otherwise are refused: the run's costs are per stage."""
+    from ppx import schedules
+
+    if schedules.is_csv(args.name):
+        return
+    ran = (measured.world_size, measured.virtual)
+    shape = {"stages": measured.world_size, "microbatches": measured.microbatches, "virtual": measured.virtual_stages}
+    if args.virtual is None and measured.virtual != schedules.default_virtual(args.name):
+        print(  # not the schedule's default: say whose count this is
+            f"note: {args.name} at {measured.virtual} stage(s) a rank, as {args.from_run} ran (its costs "
+            f"are per stage; for {schedules.default_virtual(args.name)}, run with pipeline.virtual_stages="
+            f"{schedules.default_virtual(args.name)} and simulate that run)"
         )
-    args.virtual = sched.stages_per_rank
+    for attr, value in shape.items():
+        if getattr(args, attr) is None:
+            setattr(args, attr, value)
+    if (args.stages, args.virtual or 1) != ran:
+        raise UserError(
+            f"{args.from_run} ran {ran[0]} ranks with {ran[1]} stage(s) each; its costs are per "
+            "stage, so leave out --stages/--virtual or give the same"
+        )
+
+
+def _costs(args, sched, run, measured) -> tuple:
+    """(costs, transport, receive lookahead, data-parallel reduction): the flags' (NCCL, at
+    zero lookahead), or the run's measured costs under its own transport."""
+    from ppx import schedules
+    from ppx.measure.prediction import costs_from, transport_of
+
     if measured is None:
         n = sched.num_stages
         costs = schedules.Costs(
@@ -80,18 +106,20 @@ def cmd_simulate(args) -> int:
             send_post=args.send_post_ms / 1e3,
             recv_post=args.recv_post_ms / 1e3,
         )
-        transport, lookahead, reduce = "nccl", 0, False
-    else:
-        if sched.training:
-            require_backward(args.from_run, measured)
-        _split_known(args.from_run, measured, sched)
-        costs = costs_from(measured.measured_costs, sched.num_stages)
-        backend = (run.env or {}).get("backend", "gloo")
-        transport, lookahead = transport_of(run.config, backend)
-        reduce = run.config.parallel.data > 1  # its replicas' gradient reductions, at their measured cost
-    transport = args.transport or transport
-    lookahead = args.recv_lookahead if args.recv_lookahead is not None else lookahead
-    t = schedules.simulate(sched, costs, transport, lookahead, reduce)
+        return costs, "nccl", 0, False
+    if sched.training:
+        require_backward(args.from_run, measured)
+    _split_known(args.from_run, measured, sched)
+    backend = (run.env or {}).get("backend", "gloo")
+    transport, lookahead = transport_of(run.config, backend)
+    reduce = run.config.parallel.data > 1  # its replicas' gradient reductions, at their measured cost
+    return costs_from(measured.measured_costs, sched.num_stages), transport, lookahead, reduce
+
+
+def _print_prediction(args, sched, t, reduce: bool, run, measured) -> None:
+    """The predicted step, each rank's split of it, the theory and (--from-run) the run's own."""
+    from ppx import schedules
+
     p, m = sched.num_ranks, sched.num_microbatches
     print(f"{sched.name}: {p} ranks, {sched.num_stages} stages, {m} microbatches")
     print(f"predicted step time {t.makespan * 1e3:.2f} ms, bubble {t.bubble_fraction():.1%} (idle / step time)")
@@ -108,36 +136,39 @@ def cmd_simulate(args) -> int:
     fam = schedules.FAMILIES.get(sched.name)
     if fam is not None:
         print(f"theory ({fam.bubble_formula}): {fam.bubble(p, m, args.virtual):.1%}")
-    if measured is not None:  # over the steps the costs come from, as the run's own report
-        step = measured.step_time_of_costs_s
-        bubble = float("nan") if measured.bubble_of_costs is None else measured.bubble_of_costs
-        if _ran(run, sched):
-            print(
-                f"measured in {args.from_run}: step {step * 1e3:.2f} ms ({step / t.makespan - 1:+.1%} against the "
-                f"prediction), bubble {bubble:.1%}"
-            )
-        else:  # what-if: the run's costs under another order; its own step is not this one's
-            print(
-                f"measured in {args.from_run} ({measured.schedule} at m={measured.microbatches}, another order than "
-                f"this one's): step {step * 1e3:.2f} ms, bubble {bubble:.1%}"
-            )
-    if args.png:
-        from ppx.measure.spans import Span
-        from ppx.report.gantt import draw_step
-
-        spans = {
-            r: [Span("compute", str(e.action), (e.action,), e.start, e.end) for e in row]
-            for r, row in enumerate(t.events)
-        }
-        draw_step(
-            spans,
-            Path(args.png),
-            f"{sched.name} p={p} m={m}: predicted {t.makespan * 1e3:.1f} ms, bubble {t.bubble_fraction():.1%}",
-            sched.stage_to_rank,
-            xlabel="predicted time in the step (ms)",
+    if measured is None:
+        return
+    step = measured.step_time_of_costs_s  # over the steps the costs come from, as the run's own report
+    bubble = float("nan") if measured.bubble_of_costs is None else measured.bubble_of_costs
+    if _ran(run, sched):
+        print(
+            f"measured in {args.from_run}: step {step * 1e3:.2f} ms ({step / t.makespan - 1:+.1%} against the "
+            f"prediction), bubble {bubble:.1%}"
         )
-        print(f"wrote {args.png}")
-    return 0
+    else:  # what-if: the run's costs under another order; its own step is not this one's
+        print(
+            f"measured in {args.from_run} ({measured.schedule} at m={measured.microbatches}, another order than "
+            f"this one's): step {step * 1e3:.2f} ms, bubble {bubble:.1%}"
+        )
+
+
+def _draw(sched, t, png: str) -> None:
+    """The predicted step as a Gantt picture at ``png``."""
+    from ppx.measure.spans import Span
+    from ppx.report.gantt import draw_step
+
+    spans = {
+        r: [Span("compute", str(e.action), (e.action,), e.start, e.end) for e in row] for r, row in enumerate(t.events)
+    }
+    p, m = sched.num_ranks, sched.num_microbatches
+    draw_step(
+        spans,
+        Path(png),
+        f"{sched.name} p={p} m={m}: predicted {t.makespan * 1e3:.1f} ms, bubble {t.bubble_fraction():.1%}",
+        sched.stage_to_rank,
+        xlabel="predicted time in the step (ms)",
+    )
+    print(f"wrote {png}")
 
 
 def _ran(run, sched) -> bool:
