@@ -6,7 +6,6 @@ the split."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -111,4 +110,4 @@ def test_the_checkpoint_keys_are_named_as_hugging_face_names_them():
     cfg = load("qwen2")
     keys = set(build_reference(cfg).state_dict())
     assert {"model.embed_tokens.weight", "model.layers.2.self_attn.q_proj.bias", "model.norm.weight"} <= keys
-    assert "lm_head.weight" in keys and json.dumps(sorted(keys))  # the untied head is its own
+    assert "lm_head.weight" in keys  # the untied head is its own

@@ -65,7 +65,9 @@ def test_early_receives_never_split_a_cell(lookahead):
 def test_cells_cost_their_two_parts_on_the_simulators_clock():
     plain, cells = add_comms(one_f_one_b(4, 8)), add_comms(overlapped_1f1b(4, 8))
     costs = Costs(fwd=1, bwd=2)
-    assert simulate(cells, costs).makespan >= simulate(plain, costs).makespan
+    c, p = simulate(cells, costs), simulate(plain, costs)
+    assert c.makespan >= p.makespan  # run one after the other, a cell gains nothing on this clock
+    assert list(c.compute) == list(p.compute) == [8 * 3] * 4  # and each part is charged once, at its own cost
 
 
 def test_the_validator_checks_cells():

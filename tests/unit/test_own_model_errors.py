@@ -147,7 +147,7 @@ def test_a_model_function_reads_its_args_as_attributes_wherever_it_is_called(mon
     assert [n for n, _ in stage.named_parameters()] == ["2.0.weight", "2.0.bias", "3.0.weight", "3.0.bias"]
 
 
-def test_units_of_different_shapes_run_on_torchs_executor(monkeypatch):
+def test_units_of_different_shapes_are_accepted_for_torchs_executor(monkeypatch):
     """torch's executor finds each stage's shapes itself: units handing on two shapes load
     there, where the only stage boundary hands on one."""
     monkeypatch.chdir(REPO)

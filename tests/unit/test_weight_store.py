@@ -63,8 +63,10 @@ def test_w_formulas_are_autograds_to_the_bit(shape, bias, contiguous, dtype):
         assert torch.equal(r, g)
 
 
-@pytest.mark.parametrize("shape,contiguous", [(s, c) for s, _, c in LAYOUTS[::2]])
-def test_conv1d_formulas_are_autograds_to_the_bit(shape, contiguous):
+@pytest.mark.parametrize("shape", sorted({s for s, _, _ in LAYOUTS}))
+def test_conv1d_formulas_are_autograds_to_the_bit(shape):
+    """(Contiguous inputs only: Conv1D views its input, so transformers' own forward refuses a
+    non-contiguous one.)"""
     torch.manual_seed(0)
     layer = Conv1D(32, 16)
     assert kind_of(layer) is Conv1DKind and kind_of(nn.Linear(2, 3)) is LinearKind and kind_of(nn.GELU()) is None
