@@ -71,6 +71,13 @@ def measured_ops(summary) -> set[str]:
     return {key[-1] for key in summary.measured_costs["action_s"]}
 
 
+def whole_stages(run) -> list[int]:
+    """The stages a run (a `RunDir`) ran whole under a split schedule (its I followed at once
+    by its W, so the I took the whole backward): their I and W were not measured apart."""
+    ways = run.raw_summary.get("split_backward") or {}
+    return sorted(int(s) for s, way in ways.items() if (way or {}).get("mode") == "whole")
+
+
 def require_backward(path: str, summary) -> None:
     """Fail where the run at ``path`` measured no backward: a forward-only run's are 0, not unknown."""
     if not measured_ops(summary) & {"B", "I"}:

@@ -67,7 +67,7 @@ def assumption_notes(args, inputs, skipped, p: int) -> list[str]:
             f"{inputs.p2p_s * 1e3:.4g} ms per hand-off ({inputs.source})"
             + ("" if measured else "; " + calibration_hint(p))
         )
-    note = refused_split_note(args.from_run, skipped)
+    note = refused_split_note(args.from_run, skipped, inputs.whole_stages)
     return out + ([note] if note else [])
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from omegaconf.errors import OmegaConfBaseException
 
-from ppx.commands.common import measured_ops, measured_run, ms_list
+from ppx.commands.common import measured_ops, measured_run, ms_list, whole_stages
 from ppx.errors import UserError, said
 from ppx.plan.inputs import PlanInputs
 from ppx.plan.sizes import parse_sizes
@@ -116,7 +116,8 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
     if args.stages is not None and ints("--stages", args.stages) != [p]:
         raise UserError(f"{args.from_run} ran {p} ranks; its costs are per stage, so leave out --stages or give {p}")
     c = costs_from(s.measured_costs, stages)
-    split_known = bool(measured_ops(s) & {"I", "W"})
+    whole = tuple(whole_stages(run))  # I then W at once: one backward in the I, W not measured apart
+    split_known = bool(measured_ops(s) & {"I", "W"}) and not whole
     saved = run.raw_summary.get("saved_bytes_per_microbatch")
     transport, lookahead = transport_of(run.config, (run.env or {}).get("backend", "gloo"))
     inputs = PlanInputs(
@@ -140,6 +141,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         input_share=_shares(run.raw_summary.get("input_freed_share"), stages),
         rank_by=getattr(args, "rank_by", "sync"),
         split_known=split_known,
+        whole_stages=whole,
         max_stages=_max_stages(run.config),
         fixed_stages=stages if run.config.pipeline.layers_per_stage else None,
     )

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ppx.commands.common import measured_ops, measured_run, ms_list, output_path, require_backward, schedule_from
+from ppx.commands.common import (
+    measured_ops,
+    measured_run,
+    ms_list,
+    output_path,
+    require_backward,
+    schedule_from,
+    whole_stages,
+)
 from ppx.errors import UserError
 
 # the cost flags (ms) and their defaults: a simulation from flags, never beside --from-run's costs
@@ -109,7 +117,7 @@ def _costs(args, sched, run, measured) -> tuple:
         return costs, "nccl", 0, False
     if sched.training:
         require_backward(args.from_run, measured)
-    _split_known(args.from_run, measured, sched)
+    _split_known(args.from_run, measured, sched, whole_stages(run))
     backend = (run.env or {}).get("backend", "gloo")
     transport, lookahead = transport_of(run.config, backend)
     reduce = run.config.parallel.data > 1  # its replicas' gradient reductions, at their measured cost
@@ -186,14 +194,26 @@ def _ran(run, sched) -> bool:
     return ran.compute_only().actions == sched.compute_only().actions
 
 
-def _split_known(path: str, measured, sched) -> None:
-    """Fail where ``sched`` splits a backward that the run ``path`` never split: its I and W
-    costs are unknown, not B and 0 (as `ppx plan --from-run` refuses those candidates)."""
+def _split_known(path: str, measured, sched, whole: list[int]) -> None:
+    """Fail where ``sched`` splits a backward that the run ``path`` never split, or ran whole
+    (``whole``: its stages whose I took the whole backward) where ``sched`` would not: their I
+    and W costs are unknown, not B and 0 (as `ppx plan --from-run` refuses those candidates)."""
     from ppx.plan.calibrate import split_calibration
     from ppx.schedules.ir.action import Op
+    from ppx.schedules.ir.structure import whole_backward_stages
 
-    if any(a.op is Op.W for row in sched.actions for a in row) and not measured_ops(measured) & {"I", "W"}:
+    split = {a.stage for row in sched.actions for a in row if a.op is Op.W}
+    why = None
+    if split and not measured_ops(measured) & {"I", "W"}:
+        why = "never split its backward"
+    elif split & set(whole):
+        also = set().union(*(whole_backward_stages(sched, r) for r in range(sched.num_ranks)))
+        apart = sorted(split & set(whole) - also)
+        if apart:
+            s = "s" if len(apart) > 1 else ""
+            why = f"ran stage{s} {', '.join(map(str, apart))} whole (each I followed at once by its W), which {sched.name} splits"
+    if why:
         raise UserError(
-            f"{path} never split its backward, so its I and W costs are unknown; measure them with "
+            f"{path} {why}, so its I and W costs are unknown; measure them with "
             f"`{split_calibration(path + '/config.yaml')}` and simulate --from-run that run"
         )

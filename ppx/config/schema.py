@@ -189,7 +189,9 @@ class TrainConfig:
         "and output gradient and drops the graph; W does only the weight matmuls; small weights such as norms "
         "and embeddings take their gradients in I) | graph (I keeps the graph and W walks it again) | auto "
         "(per stage, store where the stores hold no more bytes than the graph, measured once at build; a stage "
-        "without Linear layers keeps its graph); the choice per stage goes to summary.json (split_backward); "
+        "without Linear layers keeps its graph; a stage whose every I the schedule follows at once by its W, "
+        "as ZB-H1's and ZB-V's first stage, runs one whole backward in the I and nothing in the W: whole); the "
+        "choice per stage goes to summary.json (split_backward); "
         "ppx's runtime only (pipeline.executor=torch splits its own way)",
     )
 

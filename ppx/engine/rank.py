@@ -26,6 +26,7 @@ from ppx.models.costs import recompute_modes
 from ppx.models.split import split_layers
 from ppx.schedules.ir.action import Op
 from ppx.schedules.ir.schedule import Schedule
+from ppx.schedules.ir.structure import whole_backward_stages
 
 
 def build_stage_modules(
@@ -94,6 +95,10 @@ class StageShare:
         """The storage pointers of the stages' compute-dtype weight copies (none: no copies)."""
         return []
 
+    def whole_stages(self) -> frozenset:
+        """The stages whose I runs the whole backward and whose W nothing (none: no such stage)."""
+        return frozenset()
+
     @property
     def owns_first(self) -> bool:
         return 0 in self.modules
@@ -138,6 +143,10 @@ class RankPipeline(StageShare):
     def weight_copies(self) -> list[set]:
         """The storage pointers of each stage's weight copies (sets updated in place)."""
         return [r.weights.storages for r in self.runtime.stages.values() if r.weights is not None]
+
+    def whole_stages(self) -> frozenset:
+        """The stages whose every I is followed at once by its W: the I runs the whole backward."""
+        return frozenset(s for s, r in self.runtime.stages.items() if r.whole_in_input)
 
     def microbatches(self, step: int) -> tuple[list | None, list | None]:
         """This step's inputs (if this rank owns the first stage) and targets (if the last),
@@ -227,6 +236,11 @@ def build_rank(
     modules = build_stage_modules(cfg, num_stages, schedule.stages_of(rank), device, clock)
     m = schedule.num_microbatches
     split = {a.stage for a in schedule.actions[rank] if a.op is Op.I}
+    # stages whose every I is followed at once by its W: one whole backward there, nothing to store
+    # (not the known-cost model: its I and W are its own sleeps, its gradients the action's)
+    merge = cfg.train.split_backward == "auto" and schedule.training and cfg.model.kind != "synthetic"
+    whole = whole_backward_stages(schedule, rank) if merge else set()
+    split -= whole
     precision = Precision(cfg.train.dtype, device)
     modes = recompute_modes(cfg.train.recompute, num_stages)
     recompute = {s: Recompute(modes[s], clock) for s in modules if modes[s] != "none" and schedule.training}
@@ -234,6 +248,9 @@ def build_rank(
     sample = sample_microbatch(cfg, precision, m, device)
     shape, dtype = sample.boundary  # activations and gradients travel in the compute dtype
     split_report = {s: set_up_split(cfg, r, s in split and schedule.training, sample) for s, r in runners.items()}
+    for s in whole:
+        runners[s].whole_in_input = True
+        split_report[s] = {"mode": "whole", "why": "every I is followed at once by its W: one backward, in the I"}
     if data_parallel is not None:  # wrapped after the trials, which run on the stage's own parameters
         data_parallel.wrap(modules, precision.dtype if precision.mixed else None)
         for r in runners.values():  # FSDP2's mixed-precision policy makes the one copy per step

@@ -45,6 +45,9 @@ class StageRunner:
         self.first, self.last = first, last
         self.loss_fn, self.loss_scale, self.training = loss_fn, loss_scale, training
         self.split = split  # the schedule splits this stage's backward into I and W
+        # every I of this stage is followed at once by its W (`whole_backward_stages`): the I
+        # runs the whole backward, the W nothing (set by the rank's build under split_backward=auto)
+        self.whole_in_input = False
         self.saved: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # None: to recompute
         self.grad_outputs: dict[int, torch.Tensor | None] = {}
         self.precision = precision
@@ -128,7 +131,10 @@ class StageRunner:
 
     def backward_input(self, mb: int, grad_output: torch.Tensor | None) -> torch.Tensor | None:
         """I: d(loss)/d(input) only, keeping the graph for the weight pass (or, storing: the
-        small weights' gradients too, and each routed layer's input and output gradient)."""
+        small weights' gradients too, and each routed layer's input and output gradient; or,
+        ``whole_in_input``, the whole backward)."""
+        if self.whole_in_input:
+            return self.backward(mb, grad_output)
         x, out = self._graph(mb)
         if self.store is not None:
             del self.saved[mb]
@@ -141,7 +147,10 @@ class StageRunner:
         return None if self.first else grad_in
 
     def backward_weight(self, mb: int) -> None:
-        """W: accumulate the parameter gradients of microbatch ``mb``; frees its activations."""
+        """W: accumulate the parameter gradients of microbatch ``mb``; frees its activations
+        (``whole_in_input``: nothing, its I took them)."""
+        if self.whole_in_input:
+            return
         if self.store is not None:
             self.store.weight_pass(mb)
             return

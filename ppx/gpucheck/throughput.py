@@ -71,6 +71,8 @@ def spec(machine: Machine, name: str, v: int | None = None) -> RunSpec:
     keys = {**model, **sizes.pipeline(name, p, m, v), "instrument.timeline": name in TIMED}
     if name in TIMED:  # the costs of the steps after the warm-up
         keys["instrument.timeline_steps"] = model["train.steps"] - WARMUP
+    if name == "zb_h1":  # every stage's I and W apart, for the split check (auto runs the first stage's whole)
+        keys["train.split_backward"] = "store"
     return RunSpec.of(f"throughput-{name}", keys, sizes.startup_s(p) + sizes.model_seconds(keys, p))
 
 

@@ -82,7 +82,8 @@ class MemoryTracker:
     holds of a microbatch beside its graph (its layers' inputs; from its I to its W, with their
     output gradients, instead of the graph; None: not storing); ``weight_copies``:
     sets of storage pointers of the step's weight copies (the executor updates them in place);
-    ``count_steps``: the saved bytes are counted in steps 0 .. count_steps - 1 (0: every step)."""
+    ``count_steps``: the saved bytes are counted in steps 0 .. count_steps - 1 (0: every step);
+    ``whole_stages``: the stages whose I runs the whole backward (their W nothing), counted as a B."""
 
     def __init__(
         self,
@@ -93,11 +94,12 @@ class MemoryTracker:
         held_by_store: Callable[[int, int], list | None] | None = None,
         weight_copies: Sequence[set] = (),
         count_steps: int = 0,
+        whole_stages: frozenset = frozenset(),
     ):
         self.training, self.in_flight, self.device = training, in_flight, device
         self.modules = modules
         self.held_by_store, self.weight_copies = held_by_store, list(weight_copies)
-        self.count_steps = count_steps
+        self.count_steps, self.whole_stages = count_steps, frozenset(whole_stages)
         self._params = self._param_storages()
         self.param_bytes = sum(_local(p).numel() * p.element_size() for m in modules.values() for p in m.parameters())
         # data parallel (torch's replicate / FSDP2): the parameters a forward uses are unsharded
@@ -174,6 +176,10 @@ class MemoryTracker:
             self._release(self.held.pop((a.stage, a.mb), ()))
         elif a.op is Op.I and self.training:
             self._hooks.__exit__(None, None, None)
+            if a.stage in self.whole_stages:  # the whole backward ran here: all freed, nothing held to the W
+                self.after_input.setdefault(a.stage, 0)
+                self._release(self.held.pop((a.stage, a.mb), ()))
+                return
             kept = self._stored(a.stage, a.mb)
             if kept is not None:  # the graph went at this I (a recomputed one too): the stores stay until W
                 self._seen = {}

@@ -35,17 +35,29 @@ def calibration_hint(p: int) -> str:
 
 
 def split_calibration(config_yaml: str) -> str:
-    """The run that measures I and W apart: the same config under ZB-H1 (it splits every backward)."""
-    return f"ppx run {config_yaml} pipeline.schedule=zb_h1 pipeline.virtual_stages=null run.dir=null"
+    """The run that measures I and W apart: the same config under ZB-H1 (it splits every
+    backward), storing on every stage (auto would run its first stage's whole: each of its I's
+    is followed at once by its W)."""
+    return (
+        f"ppx run {config_yaml} pipeline.schedule=zb_h1 pipeline.virtual_stages=null "
+        "train.split_backward=store run.dir=null"
+    )
 
 
-def refused_split_note(from_run: str | None, skipped) -> str | None:
-    """The note naming the split-backward schedules a plan refused for want of I and W costs."""
+def refused_split_note(from_run: str | None, skipped, whole: tuple[int, ...] = ()) -> str | None:
+    """The note naming the split-backward schedules a plan refused for want of I and W costs
+    (``whole``: the run's stages that ran their backward whole)."""
     refused = sorted({s.schedule for s in skipped if s.reason.startswith(SPLIT_REASON)})
     if not from_run or not refused:
         return None
+    why = (
+        f"ran stage{'s' if len(whole) > 1 else ''} {', '.join(map(str, whole))} whole (each I followed at once by "
+        "its W: one backward, in the I)"
+        if whole
+        else "never split its backward"
+    )
     return (
-        f"note: {from_run} never split its backward, so its I and W costs are unknown: "
+        f"note: {from_run} {why}, so its I and W costs are unknown: "
         f"{', '.join(refused)} not planned (costing W at 0 would rank them falsely first); measure them with "
         f"`{split_calibration(from_run + '/config.yaml')}` and plan --from-run that run"
     )

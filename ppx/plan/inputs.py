@@ -45,6 +45,7 @@ class PlanInputs:
     input_share: tuple[float, ...] | None = None  # per unit, the share of act_bytes an I frees (None: 0)
     rank_by: str = "sync"  # the step that ranks candidates (and that zb_auto minimises): "sync" or "steady"
     split_known: bool = True  # False: a run's costs of full backwards only (no I, W apart)
+    whole_stages: tuple[int, ...] = ()  # a run's stages that ran their split backward whole (I and W not apart)
     max_stages: int | None = None  # a run's model holds no more stages (its layers), or None
     fixed_stages: int | None = None  # a run's explicit layers per stage allow only its own stage count
 

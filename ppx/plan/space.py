@@ -12,7 +12,9 @@ from ppx.plan.inputs import PlanInputs
 from ppx.schedules.ir.action import Op
 from ppx.schedules.registry import FAMILIES
 
-SPLIT_REASON = "the run measured full backwards only (B), not I and W apart"  # a skipped shape's reason
+SPLIT_REASON = (
+    "the run measured full backwards only (B, or I and W at once), not I and W apart"  # a skipped shape's reason
+)
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,9 @@ def cases(p: int) -> list[tuple[str, list[str]]]:
         ("mlp-interleaved-tracer", overrides("mlp", "interleaved", p) + ["pipeline.split=tracer"]),
         ("llama-1f1b-tracer-uneven", overrides("llama", "1f1b", p, uneven=True) + ["pipeline.split=tracer"]),
     ]
+    # stores on every stage, the first too (auto runs ZB-H1's and ZB-V's first stage whole: each
+    # of its I's is followed at once by its W)
+    out += [(f"{mo}-{s}-even-store", overrides(mo, s, p) + ["train.split_backward=store"]) for mo, s in [("llama", "zb_h1"), ("transformer", "zbv")]]
     # receives posted 0 (the lowered list's place) or 2 compute actions before their consumer
     # (default -1: all of them at the rank's first wait)
     out += [

@@ -19,10 +19,23 @@ RUNS = {
         "pipeline.microbatches=4",
     ],
     "llama-dualpipev-recompute": ["llama_tiny_1f1b_2cpu", "pipeline.schedule=dualpipev", "train.recompute=selective"],
-    # a split backward that stores: each microbatch's graph goes at its I, its stores stay to W
-    "llama-zb_h1-stores-bf16": ["llama_tiny_1f1b_2cpu", "pipeline.schedule=zb_h1", "train.dtype=bf16"],
+    # a split backward that stores, every stage (auto would run the first one's whole): each
+    # microbatch's graph goes at its I, its stores stay to W
+    "llama-zb_h1-stores-bf16": [
+        "llama_tiny_1f1b_2cpu",
+        "pipeline.schedule=zb_h1",
+        "train.dtype=bf16",
+        "train.split_backward=store",
+    ],
+    # auto: the first stage whole (its I the whole backward, its W nothing), the last storing
+    "llama-zb_h1-auto": ["llama_tiny_1f1b_2cpu", "pipeline.schedule=zb_h1"],
     # recomputed: the forward keeps its input, the I re-runs it and holds its stores or graph to W
-    "transformer-zb_h1-recompute-stores": ["transformer_1f1b_2cpu", "pipeline.schedule=zb_h1", "train.recompute=full"],
+    "transformer-zb_h1-recompute-stores": [
+        "transformer_1f1b_2cpu",
+        "pipeline.schedule=zb_h1",
+        "train.recompute=full",
+        "train.split_backward=store",
+    ],
     "transformer-zb_h1-recompute-graph": [
         "transformer_1f1b_2cpu",
         "pipeline.schedule=zb_h1",
@@ -30,7 +43,12 @@ RUNS = {
         "train.split_backward=graph",
     ],
     # selective: the forward keeps the matmuls' outputs, and stores nothing (its I re-runs it)
-    "llama-zb_h1-selective-stores": ["llama_tiny_1f1b_2cpu", "pipeline.schedule=zb_h1", "train.recompute=selective"],
+    "llama-zb_h1-selective-stores": [
+        "llama_tiny_1f1b_2cpu",
+        "pipeline.schedule=zb_h1",
+        "train.recompute=selective",
+        "train.split_backward=store",
+    ],
     "llama-zb_h1-selective-graph": [
         "llama_tiny_1f1b_2cpu",
         "pipeline.schedule=zb_h1",
@@ -54,9 +72,9 @@ def test_predicted_peak_saved_bytes_match_the_measured(shared_run, name):
 
 
 def test_a_storing_split_backward_frees_most_of_a_microbatch_at_its_input_pass(shared_run, tmp_path):
-    """llama-tiny under ZB-H1 stores on both stages (auto): summary.json says so with the bytes
-    that chose it, and the memory model frees at each I the share the run measured; the graph's
-    way frees nothing there and holds more at the peak."""
+    """llama-tiny under ZB-H1 stores on both stages (train.split_backward=store): summary.json
+    says so with the bytes it weighed, and the memory model frees at each I the share the run
+    measured; the graph's way frees nothing there and holds more at the peak."""
     stores = read_json(shared_run(*RUNS["llama-zb_h1-stores-bf16"], "train.steps=2").dir / "summary.json")
     graph = ppx(
         "run",
@@ -80,6 +98,19 @@ def test_a_storing_split_backward_frees_most_of_a_microbatch_at_its_input_pass(s
     assert stores["ranks"][1]["peak_activation_bytes"] < graph["ranks"][1]["peak_activation_bytes"]
     for s in (stores, graph):
         assert abs(s["memory_prediction_error"]) <= 0.05
+
+
+def test_a_first_stage_whose_every_i_is_followed_by_its_w_runs_whole(shared_run):
+    """Under auto, ZB-H1's first stage (each I followed at once by its W, nothing sent between)
+    runs its whole backward in the I: summary.json says so, the I frees the whole microbatch
+    (share 1), and the walk predicts the peak as measured; the last stage stores."""
+    s = read_json(shared_run(*RUNS["llama-zb_h1-auto"], "train.steps=2").dir / "summary.json")
+    assert s["split_backward"]["0"]["mode"] == "whole" and s["split_backward"]["1"]["mode"] == "store", s
+    assert s["input_freed_share"][0] == 1.0 and 0.1 < s["input_freed_share"][1] < 1
+    assert abs(s["memory_prediction_error"]) <= 0.05
+    # its W measures nothing: the I took the stage's whole backward
+    costs = s["measured_costs"]["action_s"]
+    assert costs["0W"] < 0.05 * costs["0I"], costs
 
 
 @pytest.mark.parametrize("way", ["stores", "graph"])

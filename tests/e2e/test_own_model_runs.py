@@ -16,7 +16,7 @@ RUNS = {
     "hf_gpt2": ["hf_gpt2_tiny_gpipe_2cpu", "model.layers=2", "model.seq_len=16"],
     "module": ["examples/tiny_gpt.yaml"],
 }
-SHORT = ["pipeline.schedule=zb_h1", "train.steps=3"]
+SHORT = ["pipeline.schedule=zb_h1", "train.split_backward=store", "train.steps=3"]  # stores on the first stage too
 
 
 @pytest.fixture(scope="module")

@@ -183,6 +183,8 @@ def test_throughput_pairs_and_runs_that_did_not_happen():
 def test_split_reads_throughputs_1f1b_and_zb_h1_runs():
     one, two = Machine("cuda", 1), Machine("cuda", 2)
     assert [s.name for s in split.plan(one)] == ["throughput-1f1b", "throughput-zb_h1"]
+    # I and W apart on every stage: at p=1 auto would run the one stage whole (its W measuring nothing)
+    assert split.plan(one)[1].key("train.split_backward") == "store"
     assert all(s in throughput.plan(two) for s in split.plan(two))  # the same runs: made once
     whole = {"0F": 0.010, "0B": 0.020, "1F": 0.010, "1B": 0.020}
     cheap = {"0F": 0.010, "0I": 0.012, "0W": 0.008, "1F": 0.010, "1I": 0.012, "1W": 0.009}  # 1.00, 1.05

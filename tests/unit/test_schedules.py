@@ -179,3 +179,26 @@ def test_every_stage_takes_its_microbatches_gradients_in_microbatch_order(name):
                 mbs = [a.mb for a in row if a.stage == s and a.op in ops]
                 assert mbs == sorted(mbs), f"{name} p={p} m={m} v={v} stage {s}: {ops[0].name} in order {mbs}"
     assert built
+
+
+def test_whole_backward_stages_are_those_whose_every_i_is_followed_at_once_by_its_w():
+    """ZB-H1's first stage sends nothing upstream, so each of its I's is followed at once by
+    its W: it may run whole. The last stage defers its W's; a send between an I and its W, or
+    one I whose W is elsewhere, or overlapped cells on the rank, keep a stage split."""
+    from ppx.schedules.ir.action import Action
+    from ppx.schedules.ir.structure import whole_backward_stages
+
+    zb = schedules.build("zb_h1", 2, 8, None, "gloo")
+    assert [whole_backward_stages(zb, r) for r in range(2)] == [{0}, set()]
+    assert [whole_backward_stages(schedules.build("zbv", 2, 8, None, "gloo"), r) for r in range(2)] == [{0}, set()]
+    assert whole_backward_stages(schedules.build("1f1b", 2, 8, None, "gloo"), 0) == set()  # no I at all
+    assert all(not whole_backward_stages(schedules.build("dualpipev", 2, 8), r) for r in range(2))  # cells
+    row = list(zb.actions[0])
+    i = next(k for k, a in enumerate(row) if a.op is Op.I)
+    send = Action(0, Op.SEND_B, row[i].mb)
+    moved = zb.with_actions([row[: i + 1] + [send] + row[i + 1 :], zb.actions[1]])  # (not valid: only read)
+    assert whole_backward_stages(moved, 0) == set()
+    w = next(k for k, a in enumerate(row) if a.op is Op.W and a.mb == row[i].mb)
+    late = row[:w] + row[w + 1 :]
+    late.insert(len(late) - 1, row[w])  # one W away from its I
+    assert whole_backward_stages(zb.with_actions([late, zb.actions[1]]), 0) == set()

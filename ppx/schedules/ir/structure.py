@@ -71,3 +71,26 @@ def _cells_ok(schedule: Schedule, rows: Rows) -> bool:
             if oc[c] != F or oc[c + 1] not in (B, I) or (st[c], mb[c]) == (st[c + 1], mb[c + 1]):
                 return False
     return True
+
+
+def whole_backward_stages(schedule: Schedule, rank: int) -> set[int]:
+    """The stages of ``rank`` whose every I is followed at once by its own W, with nothing
+    between them but receives posted: the I's gradient goes nowhere before the W has run (no
+    send between them), so running the whole backward in the I, and nothing in the W, keeps
+    every action where the order puts it and every time the order gives (a first stage's
+    I and W in ZB-H1, the V's first stage in ZB-V). None on a rank with overlapped cells."""
+    from ppx.schedules.ir.action import Op
+
+    row = schedule.actions[rank]
+    if schedule.cells(rank):
+        return set()
+    whole = {a.stage for a in row if a.op is Op.I}
+    for j, a in enumerate(row):
+        if a.op is not Op.I or a.stage not in whole:
+            continue
+        k = j + 1
+        while k < len(row) and row[k].op in (Op.RECV_F, Op.RECV_B):
+            k += 1
+        if k == len(row) or (row[k].op, row[k].stage, row[k].mb) != (Op.W, a.stage, a.mb):
+            whole.discard(a.stage)
+    return whole
