@@ -75,8 +75,8 @@ class StageShare:
     maps its stage indices to modules, ``schedule`` is the schedule, ``observers`` wrap every
     item the executor runs, and `in_flight` counts the microbatches held for a backward. The
     rest has a default for an executor without it: ``precision`` (fp16's loss scaling for the
-    optimizer step), ``split_backward`` (for summary.json), `held_by_store` and
-    `weight_copies` (for the memory counters)."""
+    optimizer step), ``split_backward`` (for summary.json), `held_by_store`, `weight_copies`
+    and `whole_stages` (for the memory counters)."""
 
     modules: dict
     schedule: Schedule

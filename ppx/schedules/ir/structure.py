@@ -16,6 +16,7 @@ from itertools import chain
 
 import numpy as np
 
+from ppx.schedules.ir.action import Op
 from ppx.schedules.ir.codes import B, F, I, Rows
 from ppx.schedules.ir.schedule import Schedule
 
@@ -79,8 +80,6 @@ def whole_backward_stages(schedule: Schedule, rank: int) -> set[int]:
     send between them), so running the whole backward in the I, and nothing in the W, keeps
     every action where the order puts it and every time the order gives (a first stage's
     I and W in ZB-H1, the V's first stage in ZB-V). None on a rank with overlapped cells."""
-    from ppx.schedules.ir.action import Op
-
     row = schedule.actions[rank]
     if schedule.cells(rank):
         return set()
