@@ -117,7 +117,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         raise UserError(f"{args.from_run} ran {p} ranks; its costs are per stage, so leave out --stages or give {p}")
     c = costs_from(s.measured_costs, stages)
     whole = tuple(whole_stages(run))  # I then W at once: one backward in the I, W not measured apart
-    split_known = bool(measured_ops(s) & {"I", "W"}) and not whole
+    split_known = bool(measured_ops(s) & {"I", "W"})  # (a candidate splitting a whole stage apart: refused)
     saved = run.raw_summary.get("saved_bytes_per_microbatch")
     transport, lookahead = transport_of(run.config, (run.env or {}).get("backend", "gloo"))
     inputs = PlanInputs(

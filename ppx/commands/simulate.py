@@ -200,20 +200,17 @@ def _split_known(path: str, measured, sched, whole: list[int]) -> None:
     and W costs are unknown, not B and 0 (as `ppx plan --from-run` refuses those candidates)."""
     from ppx.plan.calibrate import split_calibration
     from ppx.schedules.ir.action import Op
-    from ppx.schedules.ir.structure import whole_backward_stages
+    from ppx.schedules.ir.structure import split_apart
 
-    split = {a.stage for row in sched.actions for a in row if a.op is Op.W}
+    splits = any(a.op is Op.W for row in sched.actions for a in row)
     why = None
-    if split and not measured_ops(measured) & {"I", "W"}:
+    if splits and not measured_ops(measured) & {"I", "W"}:
         why = "never split its backward"
-    elif split & set(whole):
-        also = set().union(*(whole_backward_stages(sched, r) for r in range(sched.num_ranks)))
-        apart = sorted(split & set(whole) - also)
-        if apart:
-            s = "s" if len(apart) > 1 else ""
-            why = f"ran stage{s} {', '.join(map(str, apart))} whole (each I followed at once by its W), which {sched.name} splits"
+    elif apart := split_apart(sched, whole):
+        s = "s" if len(apart) > 1 else ""
+        why = f"ran stage{s} {', '.join(map(str, apart))} whole (each I followed at once by its W), which {sched.name} splits"
     if why:
         raise UserError(
             f"{path} {why}, so its I and W costs are unknown; measure them with "
-            f"`{split_calibration(path + '/config.yaml')}` and simulate --from-run that run"
+            f"`{split_calibration(path + '/config.yaml', store=bool(whole))}` and simulate --from-run that run"
         )

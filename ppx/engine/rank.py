@@ -248,7 +248,8 @@ def build_rank(
     sample = sample_microbatch(cfg, precision, m, device)
     shape, dtype = sample.boundary  # activations and gradients travel in the compute dtype
     split_report = {s: set_up_split(cfg, r, s in split and schedule.training, sample) for s, r in runners.items()}
-    for s in whole:
+    for s in whole:  # (never storing: a store's B runs as its I then its W, which would call this I again)
+        assert runners[s].store is None, f"stage {s} runs whole and stores"
         runners[s].whole_in_input = True
         split_report[s] = {"mode": "whole", "why": "every I is followed at once by its W: one backward, in the I"}
     if data_parallel is not None:  # wrapped after the trials, which run on the stage's own parameters

@@ -34,14 +34,12 @@ def calibration_hint(p: int) -> str:
     )
 
 
-def split_calibration(config_yaml: str) -> str:
+def split_calibration(config_yaml: str, store: bool = False) -> str:
     """The run that measures I and W apart: the same config under ZB-H1 (it splits every
-    backward), storing on every stage (auto would run its first stage's whole: each of its I's
-    is followed at once by its W)."""
-    return (
-        f"ppx run {config_yaml} pipeline.schedule=zb_h1 pipeline.virtual_stages=null "
-        "train.split_backward=store run.dir=null"
-    )
+    backward); ``store``: storing on every stage, for a run whose stages ran whole under auto
+    (ZB-H1's first stage would again: each of its I's is followed at once by its W)."""
+    keys = "pipeline.schedule=zb_h1 pipeline.virtual_stages=null" + (" train.split_backward=store" if store else "")
+    return f"ppx run {config_yaml} {keys} run.dir=null"
 
 
 def refused_split_note(from_run: str | None, skipped, whole: tuple[int, ...] = ()) -> str | None:
@@ -59,5 +57,5 @@ def refused_split_note(from_run: str | None, skipped, whole: tuple[int, ...] = (
     return (
         f"note: {from_run} {why}, so its I and W costs are unknown: "
         f"{', '.join(refused)} not planned (costing W at 0 would rank them falsely first); measure them with "
-        f"`{split_calibration(from_run + '/config.yaml')}` and plan --from-run that run"
+        f"`{split_calibration(from_run + '/config.yaml', store=bool(whole))}` and plan --from-run that run"
     )

@@ -66,6 +66,25 @@ def splits(name: str) -> bool:
     return any(a.op is Op.I for row in sched.actions for a in row)
 
 
+def _apart(name: str, p: int, m: int, v: int, inputs: PlanInputs) -> str | None:
+    """Why a candidate is refused where it splits apart a stage the run ran whole (its I and
+    W not measured apart), or None; zb_auto's order is known only once it is built."""
+    from ppx.schedules import build
+    from ppx.schedules.ir.structure import split_apart
+
+    whole = ", ".join(map(str, inputs.whole_stages))
+    if name == AUTO:
+        return SPLIT_REASON + f": stage(s) {whole} ran whole, zb_auto's order is not known"
+    if p * v != inputs.stages:  # its stages cut the run's otherwise: a whole stage's layers land in split ones
+        return (
+            SPLIT_REASON + f": stage(s) {whole} ran whole, and {p * v} stages cut the run's {inputs.stages} otherwise"
+        )
+    apart = split_apart(build(name, p, m, v, inputs.transport), inputs.whole_stages)
+    if apart:
+        return SPLIT_REASON + f": it splits stage(s) {', '.join(map(str, apart))}, which the run ran whole"
+    return None
+
+
 def shapes(name: str, vs: list[int]) -> list[int]:
     """The v values a schedule is tried at."""
     if name == AUTO:
@@ -88,6 +107,8 @@ def candidates(
                     why = why or inputs.why_not(p * v)
                     if not why and not inputs.split_known and splits(name):
                         why = SPLIT_REASON + ": its I and W costs are unknown"
+                    if not why and inputs.whole_stages and splits(name):
+                        why = _apart(name, p, m, v, inputs)
                     if why:
                         skipped.append(Skipped(name, p, m, v, why))
                     else:

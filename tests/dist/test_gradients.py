@@ -106,6 +106,8 @@ def cases(p: int) -> list[tuple[str, list[str]]]:
     # stores on every stage, the first too (auto runs ZB-H1's and ZB-V's first stage whole: each
     # of its I's is followed at once by its W)
     out += [(f"{mo}-{s}-even-store", overrides(mo, s, p) + ["train.split_backward=store"]) for mo, s in [("llama", "zb_h1"), ("transformer", "zbv")]]
+    # ZB-V with as many microbatches as ranks: its stage p runs whole too (its gradient stays on its rank)
+    out.append(("transformer-zbv-few-microbatches", overrides("transformer", "zbv", p) + [f"pipeline.microbatches={p}"]))
     # receives posted 0 (the lowered list's place) or 2 compute actions before their consumer
     # (default -1: all of them at the rank's first wait)
     out += [

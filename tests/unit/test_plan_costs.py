@@ -38,3 +38,31 @@ def test_short_forms():
     assert (args.stages, args.microbatches, args.virtual, args.rank_by) == ("4", "8,16", "2", "sync")
     inputs, ps, ms = from_flags(args)
     assert (ps, ms, inputs.stages) == ([4], [8, 16], 4)
+
+
+def test_a_run_with_a_whole_stage_plans_the_candidates_that_run_it_whole_too():
+    """A run whose stage 0 ran whole (its W measured nothing) costs a candidate rightly only
+    where the candidate runs that stage whole too (ZB-H1's and ZB-H2's first stage) or does not
+    split it: the rest of the split candidates are refused with the reason, and the note's
+    calibration run stores on every stage (a run without whole stages is told the plain one)."""
+    from ppx.plan.calibrate import refused_split_note, split_calibration
+
+    two = PlanInputs(fwd_s=(0.01,) * 2, bwd_s=(0.01,) * 2, wgrad_s=(0.005,) * 2, stages=2, whole_stages=(0,))
+    names = ["1f1b", "zb_h1", "zb_h2", "zbv", "interleaved_zb", "zb_auto"]
+    cands, skipped = candidates(names, [2], [8], [1, 2], two)
+    # interleaved zero bubble at v=1 too: its first stage runs whole, its stages are the run's
+    assert sorted({(c.schedule, c.v) for c in cands}) == [
+        ("1f1b", 1),
+        ("interleaved_zb", 1),
+        ("zb_h1", 1),
+        ("zb_h2", 1),
+    ]
+    why = {(s.schedule, s.v): s.reason for s in skipped}
+    assert "ran whole, and 4 stages cut the run's 2 otherwise" in why[("zbv", 2)]
+    assert "zb_auto's order is not known" in why[("zb_auto", 1)]
+    note = refused_split_note("runs/x", skipped, (0,))
+    assert "ran stage 0 whole" in note and "train.split_backward=store" in note
+    assert "train.split_backward" not in split_calibration("c.yaml") and "store" in split_calibration("c.yaml", True)
+    # without whole stages nothing is refused for them
+    plain = candidates(names, [2], [8], [1, 2], replace(two, whole_stages=()))[0]
+    assert {("zbv", 2), ("zb_auto", 1)} <= {(c.schedule, c.v) for c in plain}

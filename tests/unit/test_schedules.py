@@ -192,6 +192,8 @@ def test_whole_backward_stages_are_those_whose_every_i_is_followed_at_once_by_it
     assert [whole_backward_stages(zb, r) for r in range(2)] == [{0}, set()]
     assert [whole_backward_stages(schedules.build("zbv", 2, 8, None, "gloo"), r) for r in range(2)] == [{0}, set()]
     assert whole_backward_stages(schedules.build("1f1b", 2, 8, None, "gloo"), 0) == set()  # no I at all
+    few = schedules.build("zbv", 2, 2, None, "gloo")  # stage p's gradient goes to stage p-1 on its own rank
+    assert [whole_backward_stages(few, r) for r in range(2)] == [{0}, {2}]
     assert all(not whole_backward_stages(schedules.build("dualpipev", 2, 8), r) for r in range(2))  # cells
     row = list(zb.actions[0])
     i = next(k for k, a in enumerate(row) if a.op is Op.I)

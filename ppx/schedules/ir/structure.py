@@ -78,8 +78,11 @@ def whole_backward_stages(schedule: Schedule, rank: int) -> set[int]:
     """The stages of ``rank`` whose every I is followed at once by its own W, with nothing
     between them but receives posted: the I's gradient goes nowhere before the W has run (no
     send between them), so running the whole backward in the I, and nothing in the W, keeps
-    every action where the order puts it and every time the order gives (a first stage's
-    I and W in ZB-H1, the V's first stage in ZB-V). None on a rank with overlapped cells."""
+    every action where the order puts it and the step's critical path as it was (a receive
+    posted between them is posted after the whole backward instead: on NCCL's stream, or with
+    a receive lookahead >= 0, a little later). The first stage in ZB-H1, ZB-H2, ZB-V and
+    interleaved zero bubble; ZB-V's stage p too where m <= p (its gradient stays on its rank).
+    None on a rank with overlapped cells."""
     row = schedule.actions[rank]
     if schedule.cells(rank):
         return set()
@@ -93,3 +96,11 @@ def whole_backward_stages(schedule: Schedule, rank: int) -> set[int]:
         if k == len(row) or (row[k].op, row[k].stage, row[k].mb) != (Op.W, a.stage, a.mb):
             whole.discard(a.stage)
     return whole
+
+
+def split_apart(schedule: Schedule, stages) -> list[int]:
+    """Those of ``stages`` that ``schedule`` splits into an I and a W it does not run whole
+    (`whole_backward_stages`): where a run that ran them whole measured no I and W apart."""
+    split = {a.stage for row in schedule.actions for a in row if a.op is Op.W}
+    whole = set(chain.from_iterable(whole_backward_stages(schedule, r) for r in range(schedule.num_ranks)))
+    return sorted(split & set(stages) - whole)
