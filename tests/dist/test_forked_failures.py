@@ -15,14 +15,21 @@ from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 
 from ppx.launch.torchrun import _report_every_failed_fork
 
-pytestmark = pytest.mark.timing  # which rank torch's first poll finds dead is a race with the ranks
 
 
 def _rank(how: str) -> None:
     if how == "exit":
-        time.sleep(0.3)  # after the other has died: both are over at torchrun's next look
         sys.exit(3)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _ended(pid: int) -> bool:
+    """Whether forked child ``pid`` has ended (a zombie its parent has not reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def _failures(tmp_path) -> dict[int, int]:
@@ -35,6 +42,10 @@ def _failures(tmp_path) -> dict[int, int]:
         start_method="fork",
     )
     deadline = time.monotonic() + 30
+    # both ranks over before torch's first look, as when they fail together: no race between
+    # its polls and the ranks (torch's own poll then reports one of them, whichever it finds first)
+    while not all(_ended(pid) for pid in ctx.pids().values()) and time.monotonic() < deadline:
+        time.sleep(0.02)
     while (result := ctx.wait(0.2)) is None and time.monotonic() < deadline:
         pass
     ctx.close()
