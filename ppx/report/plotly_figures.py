@@ -41,106 +41,12 @@ def timeline_figure(steps: list[dict], stage_to_rank) -> tuple[object, dict]:
     shapes = []
     for s in steps:
         name = f"step {s['step']}"
-        compute, posts, reduces, waits, transfers = [], [], [], [], []
-        posted = {(h.peer, h.wait_start_s): h.posted_s for h in handoffs(s["ranks"], stage_to_rank)}
-        for r in sorted(s["ranks"]):
-            for sp in s["ranks"][r]:
-                row, start, length = f"rank {r}", ms(sp.start_s), sp.duration_s * 1e3
-                if sp.kind == "compute":
-                    a = sp.action
-                    compute.append((row, start, length, a, sp.label if multi else f"{a.op.value}{a.mb}"))
-                elif sp.kind == "post":
-                    posts.append((row, start, length, sp.label))
-                elif sp.kind == "reduce":
-                    reduces.append((row, start, length, sp.label))
-                else:
-                    waits.append((row, start, length, sp.label))
-                    if (r, sp.start_s) in posted:
-                        sent = min(max(posted[(r, sp.start_s)], sp.start_s), sp.end_s)
-                        transfers.append((row, ms(sent), (sp.end_s - sent) * 1e3, sp.label))
-        group = dict(legendgroup=name, orientation="h")
-        fig.add_bar(
-            name=name,
-            y=[c[0] for c in compute],
-            base=[c[1] for c in compute],
-            x=[c[2] for c in compute],
-            width=0.8,
-            marker=dict(
-                color=[COLORS.get(c[3].op.value, "#999999") for c in compute],
-                opacity=[shade.get(c[3].stage, 1.0) for c in compute],
-                line=dict(color="white", width=0.6),
-            ),
-            text=[c[4] for c in compute],
-            textposition="inside",
-            insidetextanchor="middle",
-            textangle=0,
-            customdata=[[str(c[3]), c[3].mb, c[3].stage, c[1], c[2]] for c in compute],
-            hovertemplate=(
-                "<b>%{customdata[0]}</b> (" + name + ", %{y})<br>microbatch %{customdata[1]}, stage "
-                "%{customdata[2]}<br>start %{customdata[3]:.3f} ms<br>length %{customdata[4]:.3f} ms<extra></extra>"
-            ),
-            **group,
-        )
-        for what, spans, color, width in (
-            ("posts", posts, COLORS["post"], 0.8),
-            ("reduces", reduces, COLORS["reduce"], 0.8),
-            ("waits", waits, COLORS["wait"], 0.5),
-            ("transfers", transfers, COLORS["transfer"], 0.5),
-        ):
-            if spans:
-                fig.add_bar(
-                    name=f"{name} {what}",
-                    y=[c[0] for c in spans],
-                    base=[c[1] for c in spans],
-                    x=[c[2] for c in spans],
-                    width=width,
-                    marker=dict(color=color, opacity=0.75),
-                    customdata=[[c[3], c[1], c[2]] for c in spans],
-                    hovertemplate=(
-                        f"{what[:-1]}: %{{customdata[0]}} ({name}, %{{y}})<br>start %{{customdata[1]:.3f}} ms<br>"
-                        "length %{customdata[2]:.3f} ms<extra></extra>"
-                    ),
-                    showlegend=False,  # the step's one legend entry hides or shows all of its marks
-                    **group,
-                )
-        start = min(sp.start_s for spans in s["ranks"].values() for sp in spans)
-        shapes.append(
-            dict(
-                type="line",
-                x0=ms(start),
-                x1=ms(start),
-                yref="paper",
-                y0=0,
-                y1=1,
-                line=dict(color="#888888", width=1, dash="dot"),
-                label=dict(text=name, textposition="end", font=dict(size=10, color="#666666")),
-            )
-        )
+        marks = _step_marks(s, stage_to_rank, ms, multi)
+        _add_compute(fig, name, marks.pop("compute"), shade)
+        _add_others(fig, name, marks)
+        shapes.append(_step_line(s, name, ms))
     last = steps[-1]
-    arrows = []
-    for h in handoffs(last["ranks"], stage_to_rank):
-        arrows.append(
-            dict(
-                x=ms(h.wait_end_s),
-                y=row_of[h.peer],
-                ax=ms(h.posted_s),
-                ay=row_of[h.rank],
-                xref="x",
-                yref="y",
-                axref="x",
-                ayref="y",
-                text="",
-                showarrow=True,
-                arrowhead=2,
-                arrowsize=1,
-                arrowwidth=1,
-                arrowcolor="rgba(60,60,60,0.6)",
-                hovertext=(
-                    f"{h.send}: rank {h.rank} to rank {h.peer}, posted {ms(h.posted_s):.3f} ms, "
-                    f"received {ms(h.wait_end_s):.3f} ms"
-                ),
-            )
-        )
+    arrows = _handoff_arrows(last, stage_to_rank, ms, row_of)
     _layout(
         fig,
         barmode="overlay",
@@ -166,6 +72,124 @@ def timeline_figure(steps: list[dict], stage_to_rank) -> tuple[object, dict]:
         "arrows": len(arrows),
     }
     return fig, facts
+
+
+def _step_marks(s: dict, stage_to_rank, ms, multi: bool) -> dict[str, list[tuple]]:
+    """One step's marks by kind (compute, posts, reduces, waits, transfers): (row, start ms,
+    length ms, the action or label[, the compute's text]); a wait's transfer from its send's post."""
+    marks: dict[str, list[tuple]] = {k: [] for k in ("compute", "posts", "reduces", "waits", "transfers")}
+    posted = {(h.peer, h.wait_start_s): h.posted_s for h in handoffs(s["ranks"], stage_to_rank)}
+    for r in sorted(s["ranks"]):
+        for sp in s["ranks"][r]:
+            row, start, length = f"rank {r}", ms(sp.start_s), sp.duration_s * 1e3
+            if sp.kind == "compute":
+                a = sp.action
+                marks["compute"].append((row, start, length, a, sp.label if multi else f"{a.op.value}{a.mb}"))
+            elif sp.kind in ("post", "reduce"):
+                marks[sp.kind + "s"].append((row, start, length, sp.label))
+            else:
+                marks["waits"].append((row, start, length, sp.label))
+                if (r, sp.start_s) in posted:
+                    sent = min(max(posted[(r, sp.start_s)], sp.start_s), sp.end_s)
+                    marks["transfers"].append((row, ms(sent), (sp.end_s - sent) * 1e3, sp.label))
+    return marks
+
+
+def _add_compute(fig, name: str, compute: list[tuple], shade: dict) -> None:
+    """A step's compute actions: one bar trace, coloured by op, a rank's later stages lighter."""
+    fig.add_bar(
+        name=name,
+        y=[c[0] for c in compute],
+        base=[c[1] for c in compute],
+        x=[c[2] for c in compute],
+        width=0.8,
+        marker=dict(
+            color=[COLORS.get(c[3].op.value, "#999999") for c in compute],
+            opacity=[shade.get(c[3].stage, 1.0) for c in compute],
+            line=dict(color="white", width=0.6),
+        ),
+        text=[c[4] for c in compute],
+        textposition="inside",
+        insidetextanchor="middle",
+        textangle=0,
+        customdata=[[str(c[3]), c[3].mb, c[3].stage, c[1], c[2]] for c in compute],
+        hovertemplate=(
+            "<b>%{customdata[0]}</b> (" + name + ", %{y})<br>microbatch %{customdata[1]}, stage "
+            "%{customdata[2]}<br>start %{customdata[3]:.3f} ms<br>length %{customdata[4]:.3f} ms<extra></extra>"
+        ),
+        legendgroup=name,
+        orientation="h",
+    )
+
+
+def _add_others(fig, name: str, marks: dict[str, list[tuple]]) -> None:
+    """A step's posts, reductions, waits and transfers: a trace each, in the step's legend group."""
+    for what, color, width in (
+        ("posts", COLORS["post"], 0.8),
+        ("reduces", COLORS["reduce"], 0.8),
+        ("waits", COLORS["wait"], 0.5),
+        ("transfers", COLORS["transfer"], 0.5),
+    ):
+        spans = marks[what]
+        if spans:
+            fig.add_bar(
+                name=f"{name} {what}",
+                y=[c[0] for c in spans],
+                base=[c[1] for c in spans],
+                x=[c[2] for c in spans],
+                width=width,
+                marker=dict(color=color, opacity=0.75),
+                customdata=[[c[3], c[1], c[2]] for c in spans],
+                hovertemplate=(
+                    f"{what[:-1]}: %{{customdata[0]}} ({name}, %{{y}})<br>start %{{customdata[1]:.3f}} ms<br>"
+                    "length %{customdata[2]:.3f} ms<extra></extra>"
+                ),
+                showlegend=False,  # the step's one legend entry hides or shows all of its marks
+                legendgroup=name,
+                orientation="h",
+            )
+
+
+def _step_line(s: dict, name: str, ms) -> dict:
+    """A dotted line where step ``s`` starts, labelled with its name."""
+    start = min(sp.start_s for spans in s["ranks"].values() for sp in spans)
+    return dict(
+        type="line",
+        x0=ms(start),
+        x1=ms(start),
+        yref="paper",
+        y0=0,
+        y1=1,
+        line=dict(color="#888888", width=1, dash="dot"),
+        label=dict(text=name, textposition="end", font=dict(size=10, color="#666666")),
+    )
+
+
+def _handoff_arrows(step: dict, stage_to_rank, ms, row_of: dict) -> list[dict]:
+    """An arrow per hand-off of ``step``: from its send's post to the end of its wait."""
+    return [
+        dict(
+            x=ms(h.wait_end_s),
+            y=row_of[h.peer],
+            ax=ms(h.posted_s),
+            ay=row_of[h.rank],
+            xref="x",
+            yref="y",
+            axref="x",
+            ayref="y",
+            text="",
+            showarrow=True,
+            arrowhead=2,
+            arrowsize=1,
+            arrowwidth=1,
+            arrowcolor="rgba(60,60,60,0.6)",
+            hovertext=(
+                f"{h.send}: rank {h.rank} to rank {h.peer}, posted {ms(h.posted_s):.3f} ms, "
+                f"received {ms(h.wait_end_s):.3f} ms"
+            ),
+        )
+        for h in handoffs(step["ranks"], stage_to_rank)
+    ]
 
 
 def _around(step: dict, ms) -> list[float]:
