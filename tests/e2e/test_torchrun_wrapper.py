@@ -24,7 +24,9 @@ KILLED = "rank 1 died: killed by signal SIGKILL (9) on 1F3 (step 2)"
 RANK = """
 import os, signal, sys, time
 rank, mode, up = int(os.environ["RANK"]), sys.argv[1], sys.argv[2]
-open(os.path.join(up, f"up{rank}"), "w").close()
+with open(os.path.join(up, f".up{rank}"), "w") as f:  # its pid, whole once the file appears
+    f.write(str(os.getpid()))
+os.rename(os.path.join(up, f".up{rank}"), os.path.join(up, f"up{rank}"))
 if rank == 1 and mode == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
 if rank == 1 and mode == "raise":
@@ -41,6 +43,14 @@ print(s.getsockname()[1], flush=True)
 while True:  # every connection closed at once: the store of a launcher that has ended
     s.accept()[0].close()
 """
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
 
 
 @pytest.fixture
@@ -122,18 +132,13 @@ def test_a_launcher_stopped_by_a_signal_says_so_in_one_line_and_ends_its_ranks(r
     deadline = time.monotonic() + 60
     while not all((run / f"up{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    pids = [
-        int(p)
-        for p in subprocess.run(["pgrep", "-f", str(run / "rank.py")], capture_output=True, text=True).stdout.split()
-    ]
+    pids = [int((run / f"up{r}").read_text()) for r in (0, 1)]  # each rank wrote its pid there
     proc.send_signal(signal.SIGTERM)
     code, err = _ended(proc)
     assert code == 128 + signal.SIGTERM
     assert err[-1] == "torchrun: stopped by SIGTERM: its ranks were ended", err[-5:]
     time.sleep(0.5)
-    left = [
-        pid for pid in pids if os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().split()[2]
-    ]
+    left = [pid for pid in pids if os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"]
     assert len(pids) >= 2 and left == []
 
 
