@@ -7,11 +7,10 @@ still ends it through its watchdog; a SIGKILL, which no process can catch, says 
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from pathlib import Path
 
-from ppx.launch.supervisor import STOP_SIGNALS, where, write_incomplete
+from ppx.launch.supervisor import STOP_SIGNALS, report_stop, where
 
 
 class Stopped(BaseException):
@@ -37,20 +36,9 @@ def run_in_process(cfg, run_dir: Path, device: str) -> int:
     try:
         return run_rank(cfg, run_dir, device)
     except Stopped as e:
-        name = signal.Signals(e.signum).name
-        if (run_dir / "summary.json").exists():  # nothing of the run was lost: never marked incomplete
-            print(f"ppx: stopped by {name} after the run completed: {run_dir}", file=sys.stderr, flush=True)
-            return 128 + e.signum
-        after = time.monotonic() - started
-        write_incomplete(
-            run_dir,
-            [
-                f"stopped: ppx run received {name} after {after:.1f} s and ended the job; "
-                f"where each rank was: rank 0: {where(run_dir / 'status', 0)}"
-            ],
-        )
-        print(f"ppx: stopped by {name}: the job was ended; run directory (incomplete): {run_dir}", file=sys.stderr)
-        return 128 + e.signum
+        states = f"where each rank was: rank 0: {where(run_dir / 'status', 0)}"
+        complete = (run_dir / "summary.json").exists()
+        return report_stop(run_dir, e.signum, time.monotonic() - started, states, complete)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -137,23 +137,10 @@ class Supervisor:
         return self._incomplete(lines, 1)
 
     def _stopped(self, signum: int) -> int:
-        name = signal.Signals(signum).name
         states = self._where_each()
         complete = self._complete(read_beats(self.status))
         self._end_job()
-        if complete:  # nothing of the run was lost: never marked incomplete
-            print(f"ppx: stopped by {name} after the run completed: {self.run_dir}", file=sys.stderr, flush=True)
-            return 128 + signum
-        after = time.monotonic() - self.started
-        write_incomplete(
-            self.run_dir, [f"stopped: ppx run received {name} after {after:.1f} s and ended the job; {states}"]
-        )
-        print(
-            f"ppx: stopped by {name}: the job was ended; run directory (incomplete): {self.run_dir}",
-            file=sys.stderr,
-            flush=True,
-        )
-        return 128 + signum
+        return report_stop(self.run_dir, signum, time.monotonic() - self.started, states, complete)
 
     def _failed(self, code: int) -> int:
         lines = killed(self._failures(), self.status)
@@ -250,6 +237,21 @@ def killed(failures: list[tuple[int, int]], status: Path) -> list[str]:
         for rank, code in causes
         if code < 0
     ]
+
+
+def report_stop(run_dir: Path, signum: int, after_s: float, states: str, complete: bool) -> int:
+    """A job ended by ``signum`` ``after_s`` seconds in: its one line and, unless the run had
+    ``complete``d (then nothing of it was lost: never marked incomplete), ``incomplete.txt``
+    with ``states`` (where each rank was); the exit code, 128 + the signal."""
+    name = signal.Signals(signum).name
+    if complete:
+        print(f"ppx: stopped by {name} after the run completed: {run_dir}", file=sys.stderr, flush=True)
+        return 128 + signum
+    write_incomplete(run_dir, [f"stopped: ppx run received {name} after {after_s:.1f} s and ended the job; {states}"])
+    print(
+        f"ppx: stopped by {name}: the job was ended; run directory (incomplete): {run_dir}", file=sys.stderr, flush=True
+    )
+    return 128 + signum
 
 
 def write_incomplete(run_dir: Path, lines: list[str], append: bool = False) -> None:

@@ -13,6 +13,7 @@ import pytest
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
 from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 
+from helpers.job import process_state
 from ppx.launch.torchrun import _report_every_failed_fork
 
 
@@ -21,15 +22,6 @@ def _rank(how: str) -> None:
     if how == "exit":
         sys.exit(3)
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _ended(pid: int) -> bool:
-    """Whether forked child ``pid`` has ended (a zombie its parent has not reaped yet)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def _failures(tmp_path) -> dict[int, int]:
@@ -44,7 +36,7 @@ def _failures(tmp_path) -> dict[int, int]:
     deadline = time.monotonic() + 30
     # both ranks over before torch's first look, as when they fail together: no race between
     # its polls and the ranks (torch's own poll then reports one of them, whichever it finds first)
-    while not all(_ended(pid) for pid in ctx.pids().values()) and time.monotonic() < deadline:
+    while not all(process_state(pid) in ("Z", "gone") for pid in ctx.pids().values()) and time.monotonic() < deadline:
         time.sleep(0.02)
     while (result := ctx.wait(0.2)) is None and time.monotonic() < deadline:
         pass

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from helpers import REPO
+from helpers.job import process_state
 from ppx.launch.watchdog import cause_path, status_path
 
 KILLED = "rank 1 died: killed by signal SIGKILL (9) on 1F3 (step 2)"
@@ -43,14 +44,6 @@ print(s.getsockname()[1], flush=True)
 while True:  # every connection closed at once: the store of a launcher that has ended
     s.accept()[0].close()
 """
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
 
 
 @pytest.fixture
@@ -138,7 +131,7 @@ def test_a_launcher_stopped_by_a_signal_says_so_in_one_line_and_ends_its_ranks(r
     assert code == 128 + signal.SIGTERM
     assert err[-1] == "torchrun: stopped by SIGTERM: its ranks were ended", err[-5:]
     time.sleep(0.5)
-    left = [pid for pid in pids if os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"]
+    left = [pid for pid in pids if process_state(pid) not in ("Z", "gone")]
     assert len(pids) >= 2 and left == []
 
 

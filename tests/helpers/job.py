@@ -49,16 +49,24 @@ def read_log(log) -> str:
     return log.read()
 
 
+def process_state(pid: int | str) -> str:
+    """Process ``pid``'s state letter from /proc ("Z": ended, not yet reaped), or "gone"."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
 def workers(run_dir) -> list[int]:
     """The live processes of this run's job (torchrun and its workers), from /proc."""
     pids = []
     for name in os.listdir("/proc"):
         try:
             cmdline = open(f"/proc/{name}/cmdline", "rb").read().split(b"\0")
-            state = open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+        except OSError:
             continue
-        if str(run_dir).encode() in cmdline and b"ppx.cli" not in cmdline and state != "Z":
+        if str(run_dir).encode() in cmdline and b"ppx.cli" not in cmdline and process_state(name) not in ("Z", "gone"):
             pids.append(int(name))
     return pids
 
