@@ -69,10 +69,7 @@ def train(
     inst = Instruments(cfg, pipe, device)
     pipe.observers.extend(inst.observers)
     watchdog.device_position = getattr(inst.timer, "device_position", None)  # CUDA events: where the GPU is
-    opt = None
-    if schedule.training:
-        opt_cls = torch.optim.SGD if cfg.train.optimizer == "sgd" else torch.optim.AdamW
-        opt = opt_cls(pipe.parameters(), lr=cfg.train.lr)
+    opt = make_optimizer(cfg, pipe) if schedule.training else None
 
     report = start_report() if start_report is not None else None
     records = RecordGatherer(rank, world, cfg.train.steps, max(cfg.runtime.timeout_s, 30.0))
@@ -87,19 +84,8 @@ def train(
     with prof, StepCollector(cfg.runtime.gc_steps) as collector:
         for step in range(cfg.train.steps):
             watchdog.phase("step start", step)
-            with prof.label("ppx:prepare"):
-                batch = pipe.microbatches(step)  # data is ready before the step, as a prefetching loader has it
-                if opt is not None:
-                    opt.zero_grad(set_to_none=True)
-            inst.begin_step(step)  # peaks reset (a page-table walk on CPU) before the common start, not after it
-            with prof.label("ppx:align_start"):
-                start_together(offset, ctrl)
-            with prof.step(step):  # ProfilerStep#<step>: the timed pipeline step and nothing else
-                t0 = time.perf_counter()
-                loss = pipe.step(step, batch)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                t1 = time.perf_counter()
+            loss, t0, t1 = timed_step(pipe, opt, inst, step, offset, ctrl, prof, device)
+            stepped = None
             if opt is not None:
                 watchdog.phase("optimizer step", step)
                 with prof.label("ppx:optimizer"):
@@ -111,13 +97,7 @@ def train(
                 raise LossNotFinite(f"the loss is {loss} at step {step} (train.lr={cfg.train.lr:g}); the run stops")
             with prof.label("ppx:step_metrics"):
                 record, spans = inst.end_step(step)  # memory peaks include the optimizer step
-                record.update(rank=layout.pp_rank, loss=loss, start=t0 + offset, end=t1 + offset)
-                if layout.data > 1:
-                    record["replica"] = layout.dp_rank
-                if step == 0 and pipe.split_backward:  # how each split stage runs its W
-                    record["split_backward"] = {str(s): v for s, v in pipe.split_backward.items() if v}
-                if opt is not None and cfg.train.dtype == "fp16":
-                    record["optimizer_stepped"] = stepped
+                record.update(step_facts(cfg, pipe, layout, step, loss, (t0 + offset, t1 + offset), stepped))
                 if (
                     spans is not None
                 ):  # every step: rank 0 splits waits into transfer and idle; the last go to the timeline
@@ -139,3 +119,44 @@ def train(
         report.finish()
     watchdog.phase("finishing")
     dist.barrier(group=ctrl)
+
+
+def make_optimizer(cfg, pipe) -> torch.optim.Optimizer:
+    """``train.optimizer`` over this rank's parameters at ``train.lr``."""
+    opt_cls = torch.optim.SGD if cfg.train.optimizer == "sgd" else torch.optim.AdamW
+    return opt_cls(pipe.parameters(), lr=cfg.train.lr)
+
+
+def timed_step(pipe, opt, inst, step: int, offset: float, ctrl, prof, device) -> tuple:
+    """One pipeline step, timed from the instant every rank starts together (``offset``: this
+    rank's clock to rank 0's) to its end on this rank, with the GPU's work done: (its loss,
+    None off the last stage; start and end, ``time.perf_counter`` seconds on this rank's
+    clock). Its data and zeroed gradients are made before, as a prefetching loader has them."""
+    with prof.label("ppx:prepare"):
+        batch = pipe.microbatches(step)
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
+    inst.begin_step(step)  # peaks reset (a page-table walk on CPU) before the common start, not after it
+    with prof.label("ppx:align_start"):
+        start_together(offset, ctrl)
+    with prof.step(step):  # ProfilerStep#<step>: the timed pipeline step and nothing else
+        t0 = time.perf_counter()
+        loss = pipe.step(step, batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t1 = time.perf_counter()
+    return loss, t0, t1
+
+
+def step_facts(cfg, pipe, layout: Layout, step: int, loss, span: tuple[float, float], stepped) -> dict:
+    """What a step's record says besides the instruments': the pipeline rank, the loss, the
+    step's start and end (seconds on rank 0's clock), the replica, how each split stage ran its
+    W (first step), whether fp16's optimizer stepped (``stepped``)."""
+    out = {"rank": layout.pp_rank, "loss": loss, "start": span[0], "end": span[1]}
+    if layout.data > 1:
+        out["replica"] = layout.dp_rank
+    if step == 0 and pipe.split_backward:
+        out["split_backward"] = {str(s): v for s, v in pipe.split_backward.items() if v}
+    if stepped is not None and cfg.train.dtype == "fp16":
+        out["optimizer_stepped"] = stepped
+    return out
