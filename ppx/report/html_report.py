@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 
 from ppx.report.gantt import legend_entries
+from ppx.report.split_ways import HEADER, split_rows
 from ppx.report.summary_table import summary_rows
 
 CSS = """
@@ -175,6 +176,16 @@ def write_run_html(
     else:
         page.missing("No memory measured: instrument.memory was off.")
 
+    split = split_rows(summary)
+    if split:
+        page.heading("split backward by stage")
+        page.add(
+            '<p class="note">How each stage split its backward into I and W (train.split_backward): '
+            "store keeps each Linear layer's input and output gradient from I to W and drops the graph; "
+            "graph keeps the graph and walks it again in W; whole runs the whole backward in the I. "
+            "I frees: the share of a microbatch's saved bytes its I releases.</p>"
+        )
+        page.add(_table("split", HEADER, [[html.escape(c) for c in row] for row in split], left=(0, 1, 3, 5)))
     page.heading("config")
     page.add(f'<pre id="config">{html.escape(config_yaml or "(no config.yaml)")}</pre>')
     return page.write(run_dir / "report.html")

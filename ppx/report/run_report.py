@@ -15,6 +15,7 @@ from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
 from ppx.measure.theory import run_theory
 from ppx.report.run_dir import write_json
 from ppx.report.scalars import step_scalars
+from ppx.report.split_ways import split_line
 from ppx.schedules.ir.schedule import Schedule
 
 
@@ -126,6 +127,9 @@ class RunReport:
         if self.timeline:
             summary.update(self._prediction(summary))
         summary.update(self._memory_prediction(summary))
+        ways = split_line(summary)
+        if ways:
+            print(ways, flush=True)
         write_json(self.run_dir / "summary.json", summary)
         pictures = cfg.logging.report
         if self.timeline:

@@ -104,8 +104,13 @@ def test_a_first_stage_whose_every_i_is_followed_by_its_w_runs_whole(shared_run)
     """Under auto, ZB-H1's first stage (each I followed at once by its W, nothing sent between)
     runs its whole backward in the I: summary.json says so, the I frees the whole microbatch
     (share 1), and the walk predicts the peak as measured; the last stage stores."""
-    s = read_json(shared_run(*RUNS["llama-zb_h1-auto"], "train.steps=2").dir / "summary.json")
+    run = shared_run(*RUNS["llama-zb_h1-auto"], "train.steps=2")
+    s = read_json(run.dir / "summary.json")
     assert s["split_backward"]["0"]["mode"] == "whole" and s["split_backward"]["1"]["mode"] == "store", s
+    layers = s["split_backward"]["1"]["stored_layers"]
+    line = next(x for x in run.result.stdout.splitlines() if x.startswith("ppx: split backward: "))
+    assert line.startswith("ppx: split backward: stage 0 whole (each I followed at once by its W")
+    assert f"stage 1 store ({layers} layers' inputs and output gradients from I to W: " in line, line
     assert s["input_freed_share"][0] == 1.0 and 0.1 < s["input_freed_share"][1] < 1
     assert abs(s["memory_prediction_error"]) <= 0.05
     # its W measures nothing: the I took the stage's whole backward

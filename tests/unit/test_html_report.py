@@ -15,6 +15,7 @@ from ppx.measure.spans import Span, handoffs
 from ppx.report import plotly_figures
 from ppx.report.compare import COLUMNS, bubble_series
 from ppx.report.html_report import write_compare_html, write_run_html
+from ppx.report.split_ways import split_line
 from ppx.schedules.comms.program import compile_program
 
 PLOTLY_BANNER = re.compile(r"\* plotly\.js v\d")
@@ -163,6 +164,42 @@ def test_run_page_without_timers_shows_what_exists(tmp_path):
         assert f'<div id="{div}"' not in page
     assert page.count('class="missing"') == 3
     assert len(PLOTLY_BANNER.findall(page)) == 0  # no figure, no bundle
+
+
+SPLIT = {  # summary.json's split_backward, as ppx run writes it under auto
+    "0": {"mode": "whole", "why": "every I is followed at once by its W: one backward, in the I"},
+    "1": {
+        "mode": "store",
+        "stored_layers": 29,
+        "small_params": 9,
+        "graph_bytes": 3 * 2**20,
+        "store_bytes": 2 * 2**20 + 2**19,
+        "why": "the stores hold no more than the graph",
+    },
+}
+
+
+def test_a_split_backward_gets_a_table_and_a_line_per_stage(tmp_path):
+    sched = schedules.build("zb_h1", 2, 4)
+    summary = {**summary_of(sched, name="zb_h1"), "split_backward": SPLIT, "input_freed_share": [1.0, 0.1667]}
+    page = write_run_html(tmp_path, summary, [], sched.stage_to_rank, CONFIG, None).read_text()
+    table = page.split('<table id="split">')[1].split("</table>")[0]
+    rows = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in table.split("<tr>")[2:]]
+    assert rows == [
+        ["0", "whole", "", "", "100%", SPLIT["0"]["why"]],
+        ["1", "store", "29", "stores 2.50 MiB, the graph 3.00 MiB", "17%", SPLIT["1"]["why"]],
+    ]
+    assert split_line(summary) == (
+        "ppx: split backward: stage 0 whole (each I followed at once by its W: one backward, in the I), "
+        "stage 1 store (29 layers' inputs and output gradients from I to W: 2.50 MiB a microbatch against "
+        "the graph's 3.00 MiB)"
+    )
+    graph = {"0": {"mode": "graph", "why": "train.split_backward=graph"}}
+    assert split_line({"split_backward": graph}) == "ppx: split backward: stage 0 graph (train.split_backward=graph)"
+    # a run that split nothing: neither
+    (tmp_path / "1f1b").mkdir()
+    plain = write_run_html(tmp_path / "1f1b", summary_of(schedules.build("1f1b", 2, 4)), [], (0, 1), CONFIG, None)
+    assert 'id="split"' not in plain.read_text() and split_line({}) is None
 
 
 def test_arrows_run_from_the_post_to_the_end_of_the_wait():
