@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ppx.report.split_ways import HEADER, split_rows
 from ppx.report.summary_table import summary_rows
 
 RUN_IMAGES = ("timeline", "breakdown")
@@ -37,7 +38,8 @@ def add_png(writer, tag: str, png: Path, step: int = 0) -> bool:
 
 
 def summary_markdown(summary: dict, config_yaml: str | None = None) -> str:
-    """The run's summary as markdown: theory against measured, then the config as YAML."""
+    """The run's summary as markdown: theory against measured, how each stage split its
+    backward (a split-backward run), then the config as YAML."""
     rows = summary_rows(summary)
     v = summary.get("virtual_stages") or 1
     lines = [
@@ -57,6 +59,10 @@ def summary_markdown(summary: dict, config_yaml: str | None = None) -> str:
         lines += [f"Theory: {summary['bubble_theory_basis']}.", ""]
     if summary.get("bubble_normalisation"):
         lines += [f"Bubble: {summary['bubble_normalisation']}.", ""]
+    split = split_rows(summary)
+    if split:
+        lines += ["### split backward by stage", "", f"| {' | '.join(HEADER)} |", "|" + " --- |" * len(HEADER)]
+        lines += [*(f"| {' | '.join(row)} |" for row in split), ""]
     if config_yaml:
         lines += ["### config", "", "```yaml", config_yaml.rstrip("\n"), "```", ""]
     return "\n".join(lines)

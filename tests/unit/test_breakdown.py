@@ -62,6 +62,14 @@ def test_text_summary_holds_theory_against_measured_and_the_config():
     assert text.endswith("```yaml\npipeline:\n  schedule: 1f1b\n```\n")
 
 
+def test_text_summary_of_a_split_backward_has_its_table():
+    split = {"0": {"mode": "whole", "why": "every I is followed at once by its W"}}
+    text = summary_markdown({**summary(), "split_backward": split, "input_freed_share": [1.0]})
+    assert "### split backward by stage\n\n| stage | way |" in text
+    assert "| 0 | whole |  |  | 100% | every I is followed at once by its W |" in text
+    assert "### split backward" not in summary_markdown(summary())
+
+
 def test_a_comparison_folder_is_logged_as_images_and_text(tmp_path):
     assert log_comparison(tmp_path) is None  # nothing to log
     draw_breakdown(summary(), tmp_path / "compare.png")  # any picture will do
