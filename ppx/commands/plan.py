@@ -57,7 +57,7 @@ def assumption_notes(args, inputs, skipped, p: int) -> list[str]:
     """What a plan from flags assumed for the runtime's time per action and the hand-off, and
     where this machine's figures come from (at the plan's largest ``p``); a run's split
     candidates it refused, and why."""
-    from ppx.plan.calibrate import calibration_hint, refused_split_note
+    from ppx.plan.calibrate import calibration_hint, calibration_way, refused_split_note
 
     out = []
     if not args.from_run:
@@ -67,7 +67,8 @@ def assumption_notes(args, inputs, skipped, p: int) -> list[str]:
             f"{inputs.p2p_s * 1e3:.4g} ms per hand-off ({inputs.source})"
             + ("" if measured else "; " + calibration_hint(p))
         )
-    note = refused_split_note(args.from_run, skipped, inputs.whole_stages)
+    way = calibration_way(config_of(args.from_run)) if args.from_run else None
+    note = refused_split_note(args.from_run, skipped, inputs.whole_stages, way)
     return out + ([note] if note else [])
 
 

@@ -106,6 +106,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
     """Inputs measured in the run ``--from-run``, its p and the m to search, and the run's
     config (the experiment to run the best with)."""
     from ppx.measure.prediction import costs_from, transport_of
+    from ppx.plan.unit_weights import unit_weights
 
     given = [flag(a) for a in COST_FLAGS if getattr(args, a) is not None] + (["--per-layer"] if args.per_layer else [])
     if given:
@@ -120,6 +121,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
     split_known = bool(measured_ops(s) & {"I", "W"})  # (a candidate splitting a whole stage apart: refused)
     saved = run.raw_summary.get("saved_bytes_per_microbatch")
     transport, lookahead = transport_of(run.config, (run.env or {}).get("backend", "gloo"))
+    units = _run_units(run.config, stages)
     inputs = PlanInputs(
         fwd_s=tuple(c.fwd),
         bwd_s=tuple(c.bwd),
@@ -144,6 +146,8 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         whole_stages=whole,
         max_stages=_max_stages(run.config),
         fixed_stages=stages if run.config.pipeline.layers_per_stage else None,
+        run_units=units,
+        unit_weights=unit_weights(run.config) if units else None,
     )
     return inputs, [p], ints("--microbatches", args.microbatches) or [s.microbatches], str(run.path / "config.yaml")
 
@@ -156,6 +160,19 @@ def _max_stages(cfg) -> int | None:
     if cfg.model.kind == "synthetic" and cfg.model.cost_per == "stage":
         return None
     return cfg.model.layers + extra_units(cfg.model.kind)
+
+
+def _run_units(cfg, stages: int) -> tuple[int, ...] | None:
+    """The model units (blocks, and llama's embedding and head) in each of the run's stages,
+    which a candidate's stages regroup as its command splits them; None for the known-cost
+    model at per-stage costs (a plan's command gives each of its stages its share of them)."""
+    from ppx.models import extra_units
+    from ppx.models.split import split_layers
+
+    if cfg.model.kind == "synthetic" and cfg.model.cost_per == "stage":
+        return None
+    ranges = split_layers(cfg.model.layers, stages, cfg.pipeline.layers_per_stage, extra_units(cfg.model.kind))
+    return tuple(len(r) for r in ranges)
 
 
 def _check_machine_flags(args, p: int) -> None:

@@ -117,7 +117,7 @@ def _costs(args, sched, run, measured) -> tuple:
         return costs, "nccl", 0, False
     if sched.training:
         require_backward(args.from_run, measured)
-    _split_known(args.from_run, measured, sched, whole_stages(run))
+    _split_known(args.from_run, measured, sched, whole_stages(run), run.config)
     backend = (run.env or {}).get("backend", "gloo")
     transport, lookahead = transport_of(run.config, backend)
     reduce = run.config.parallel.data > 1  # its replicas' gradient reductions, at their measured cost
@@ -194,11 +194,11 @@ def _ran(run, sched) -> bool:
     return ran.compute_only().actions == sched.compute_only().actions
 
 
-def _split_known(path: str, measured, sched, whole: list[int]) -> None:
+def _split_known(path: str, measured, sched, whole: list[int], cfg) -> None:
     """Fail where ``sched`` splits a backward that the run ``path`` never split, or ran whole
     (``whole``: its stages whose I took the whole backward) where ``sched`` would not: their I
     and W costs are unknown, not B and 0 (as `ppx plan --from-run` refuses those candidates)."""
-    from ppx.plan.calibrate import split_calibration
+    from ppx.plan.calibrate import calibration_way, split_calibration
     from ppx.schedules.ir.action import Op
     from ppx.schedules.ir.structure import split_apart
 
@@ -212,5 +212,5 @@ def _split_known(path: str, measured, sched, whole: list[int]) -> None:
     if why:
         raise UserError(
             f"{path} {why}, so its I and W costs are unknown; measure them with "
-            f"`{split_calibration(path + '/config.yaml', store=bool(whole))}` and simulate --from-run that run"
+            f"`{split_calibration(path + '/config.yaml', calibration_way(cfg))}` and simulate --from-run that run"
         )

@@ -34,17 +34,30 @@ def calibration_hint(p: int) -> str:
     )
 
 
-def split_calibration(config_yaml: str, store: bool = False) -> str:
+def calibration_way(cfg) -> str | None:
+    """The ``train.split_backward`` a run of config ``cfg`` under ZB-H1 needs to measure every
+    stage's I and W apart: under auto ppx's runtime runs a stage whole where each of its I's is
+    followed at once by its W (ZB-H1's first), so ``store`` where stages have Linear layers to
+    store, ``graph`` under torch's tracer (its GraphModules store nothing); None for the
+    known-cost model and torch's executor, which run no stage whole."""
+    if cfg.model.kind == "synthetic" or cfg.pipeline.executor == "torch":
+        return None
+    return "graph" if cfg.pipeline.split == "tracer" else "store"
+
+
+def split_calibration(config_yaml: str, way: str | None = None) -> str:
     """The run that measures I and W apart: the same config under ZB-H1 (it splits every
-    backward); ``store``: storing on every stage, for a run whose stages ran whole under auto
-    (ZB-H1's first stage would again: each of its I's is followed at once by its W)."""
-    keys = "pipeline.schedule=zb_h1 pipeline.virtual_stages=null" + (" train.split_backward=store" if store else "")
+    backward), with ``train.split_backward=<way>`` (`calibration_way`) where given."""
+    keys = "pipeline.schedule=zb_h1 pipeline.virtual_stages=null" + (f" train.split_backward={way}" if way else "")
     return f"ppx run {config_yaml} {keys} run.dir=null"
 
 
-def refused_split_note(from_run: str | None, skipped, whole: tuple[int, ...] = ()) -> str | None:
+def refused_split_note(
+    from_run: str | None, skipped, whole: tuple[int, ...] = (), way: str | None = None
+) -> str | None:
     """The note naming the split-backward schedules a plan refused for want of I and W costs
-    (``whole``: the run's stages that ran their backward whole)."""
+    (``whole``: the run's stages that ran their backward whole; ``way``: `calibration_way` of
+    the run's config)."""
     refused = sorted({s.schedule for s in skipped if s.reason.startswith(SPLIT_REASON)})
     if not from_run or not refused:
         return None
@@ -57,5 +70,5 @@ def refused_split_note(from_run: str | None, skipped, whole: tuple[int, ...] = (
     return (
         f"note: {from_run} {why}, so its I and W costs are unknown: "
         f"{', '.join(refused)} not planned (costing W at 0 would rank them falsely first); measure them with "
-        f"`{split_calibration(from_run + '/config.yaml', store=bool(whole))}` and plan --from-run that run"
+        f"`{split_calibration(from_run + '/config.yaml', way)}` and plan --from-run that run"
     )

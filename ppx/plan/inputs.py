@@ -5,7 +5,13 @@ each candidate's per-stage values:
 - per layer: a candidate with n = p*v stages gives each stage the sum over the layers
   `ppx.models.split.split_layers(layers, n)` gives it, so every shape does the same work;
 - per stage (p fixed): a candidate with v stages per rank cuts each of the p stages into v
-  equal parts (cost / v, bytes / v), stage j of the p*v being part of stage j // v.
+  equal parts (cost / v, bytes / v), stage j of the p*v being part of stage j // v;
+- per stage of a run (``run_units``: the model's split units in each of the run's stages): a
+  candidate's stages hold the units `split_layers` gives them, as the printed command runs
+  them (a candidate stage may take units of two run stages: llama-tiny's 6 units run as 2, 2,
+  1, 1 at 4 stages, not in halves of the run's 3 and 3), each unit taking its share of its
+  run stage's values by its weight (``unit_weights``, `ppx.plan.unit_weights`: forward FLOPs
+  for times, saved bytes for activations, parameter bytes for weights; equal shares without).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ppx.models.split import split_layers
+from ppx.plan.unit_weights import UnitWeights
 from ppx.schedules.sim.costs import Costs
 
 
@@ -48,6 +55,8 @@ class PlanInputs:
     whole_stages: tuple[int, ...] = ()  # a run's stages that ran their split backward whole (I and W not apart)
     max_stages: int | None = None  # a run's model holds no more stages (its layers), or None
     fixed_stages: int | None = None  # a run's explicit layers per stage allow only its own stage count
+    run_units: tuple[int, ...] | None = None  # a run's model units (layers, embedding, head) per stage, or None
+    unit_weights: UnitWeights | None = None  # what each of those units weighs (None: equal shares)
 
     @property
     def units(self) -> int:
@@ -66,21 +75,27 @@ class PlanInputs:
             return f"{num_stages} stages from costs of {self.units}: neither divides the other"
         return None
 
-    def parts(self, num_stages: int) -> list[tuple[range, int]]:
-        """Per stage of ``num_stages``: the units (layers or measured stages) it is made of, and
-        the number of parts it takes of them (v where a unit is cut into v stages, else 1)."""
+    def parts(self, num_stages: int, by: str = "time") -> list[tuple[tuple[int, float, float], ...]]:
+        """Per stage of ``num_stages``: what it is made of, as (unit, numerator, denominator)
+        triples: the stage takes numerator / denominator of the unit's value (a whole unit,
+        1/1; one of v cuts of a measured stage, 1/v; of a run stage, its model units' weight
+        among the stage's, ``by`` "time", "bytes" (saved) or "params")."""
         if self.per_layer:
-            return [(r, 1) for r in split_layers(self.units, num_stages)]
+            return [tuple((i, 1, 1) for i in r) for r in split_layers(self.units, num_stages)]
+        if self.run_units is not None and num_stages != self.units:
+            w = self.unit_weights
+            weights = None if w is None else {"time": w.flops, "bytes": w.saved_bytes, "params": w.param_bytes}[by]
+            return _unit_shares(self.run_units, num_stages, weights)
         if num_stages < self.units:
             k = self.units // num_stages
-            return [(range(j * k, (j + 1) * k), 1) for j in range(num_stages)]
+            return [tuple((i, 1, 1) for i in range(j * k, (j + 1) * k)) for j in range(num_stages)]
         v = num_stages // self.units
-        return [(range(j // v, j // v + 1), v) for j in range(num_stages)]
+        return [((j // v, 1, v),) for j in range(num_stages)]
 
-    def split(self, values, num_stages: int) -> list[float]:
+    def split(self, values, num_stages: int, by: str = "time") -> list[float]:
         """Per-unit ``values`` -> one per stage of ``num_stages`` (`parts`: the module's rules;
         per stage, fewer stages than the values sum groups of them)."""
-        return [sum(values[i] for i in units) / cut for units, cut in self.parts(num_stages)]
+        return [sum(values[i] * k / n for i, k, n in part) for part in self.parts(num_stages, by)]
 
     def costs(self, num_stages: int) -> Costs:
         """The simulator's costs of a candidate with ``num_stages`` stages."""
@@ -97,22 +112,44 @@ class PlanInputs:
 
     def act(self, num_stages: int) -> list[float]:
         """Bytes one microbatch's forward saves per stage (0 where not given)."""
-        return self.split(self.act_bytes, num_stages) if self.act_bytes else [0.0] * num_stages
+        return self.split(self.act_bytes, num_stages, "bytes") if self.act_bytes else [0.0] * num_stages
 
     def shares(self, num_stages: int) -> list[float]:
         """Per stage, the share of its saved bytes an I frees (a run's split backward that
         stores): the units' shares weighted by their bytes (0 where not given)."""
         if not self.input_share or not self.act_bytes:
             return [0.0] * num_stages
-        freed = self.split([s * b for s, b in zip(self.input_share, self.act_bytes)], num_stages)
+        freed = self.split([s * b for s, b in zip(self.input_share, self.act_bytes)], num_stages, "bytes")
         return [f / b if b else 0.0 for f, b in zip(freed, self.act(num_stages))]
 
     def params(self, num_stages: int) -> list[float]:
         """Weights and optimizer state per stage, bytes (0 where not given)."""
-        return self.split(self.param_bytes, num_stages) if self.param_bytes else [0.0] * num_stages
+        return self.split(self.param_bytes, num_stages, "params") if self.param_bytes else [0.0] * num_stages
 
     def to_json(self) -> dict:
         """Every field but the samples (thousands of numbers); ``sampled`` says whether there were any."""
         out = asdict(self)
         out["sampled"] = out.pop("samples") is not None
         return out
+
+
+def _unit_shares(
+    run_units: tuple[int, ...], num_stages: int, weights: tuple[float, ...] | None
+) -> list[tuple[tuple[int, float, float], ...]]:
+    """Per stage of ``num_stages`` (the model's units split as `split_layers` splits them), the
+    (run stage, weight of its units taken, weight of all its units) triples it holds; a unit
+    weighs 1 without ``weights``, and so does every unit of a run stage whose units weigh 0."""
+    owner = [i for i, n in enumerate(run_units) for _ in range(n)]  # model unit -> run stage
+    weight = list(weights) if weights is not None and len(weights) == len(owner) else [1.0] * len(owner)
+    total = [0.0] * len(run_units)
+    for u, i in enumerate(owner):
+        total[i] += weight[u]
+    weight = [w if total[owner[u]] > 0 else 1.0 for u, w in enumerate(weight)]
+    total = [t if t > 0 else float(n) for t, n in zip(total, run_units)]
+    out = []
+    for r in split_layers(len(owner), num_stages):
+        taken: dict[int, float] = {}
+        for u in r:
+            taken[owner[u]] = taken.get(owner[u], 0.0) + weight[u]
+        out.append(tuple((i, k, total[i]) for i, k in taken.items()))
+    return out

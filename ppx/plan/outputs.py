@@ -47,11 +47,27 @@ def _inputs_lines(inputs: PlanInputs) -> list[str]:
     lines = [
         f"- costs from: {inputs.source}, per {per} ({inputs.units} {per}s)",
         f"- forward ms: {ms(inputs.fwd_s)}",
-        f"- input-gradient backward ms: {ms(inputs.bwd_s)}",
-        f"- weight-gradient backward ms: {ms(inputs.wgrad_s)}",
+        *(
+            [
+                f"- input-gradient backward ms: {ms(inputs.bwd_s)}",
+                f"- weight-gradient backward ms: {ms(inputs.wgrad_s)}",
+            ]
+            if inputs.split_known
+            else [f"- backward ms (whole: I and W not measured apart): {ms(inputs.bwd_s)}"]
+        ),
         f"- hand-off ms: {inputs.p2p_s * 1e3:.4g}; overhead per action ms: {inputs.overhead_s * 1e3:.4g}",
         f"- transport: {inputs.transport} (receive lookahead {inputs.lookahead})",
     ]
+    if inputs.run_units is not None:
+        how = (
+            "each weighed by its forward FLOPs (times), saved bytes (activations) and parameter bytes"
+            if inputs.unit_weights is not None
+            else "in equal shares (the model's units could not be weighed)"
+        )
+        lines.append(
+            f"- model units per measured stage: {', '.join(map(str, inputs.run_units))}; other stage counts "
+            f"take the units their commands split them into, {how}"
+        )
     if inputs.act_bytes:
         lines.append(f"- saved bytes per microbatch: {', '.join(format_bytes(b) for b in inputs.act_bytes)}")
     if inputs.input_share:

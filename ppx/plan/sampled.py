@@ -4,8 +4,8 @@ step of the mean costs comes out short, since a slow action on the critical path
 its delay and one off it none.
 
 The run's stages map onto a candidate's as `PlanInputs.parts` maps them: a candidate stage
-made of several run stages draws each and adds them; one cut from a run stage into v parts
-draws it and takes 1/v. An op the run did not measure is made of the ones it did: a full
+draws each run stage it takes a share of and adds those shares (a whole run stage, 1/v of one
+cut into v parts, or k of its n model units). An op the run did not measure is made of the ones it did: a full
 backward B from an I and a W; an I from a B (the run's W unmeasured is 0), as the means do.
 """
 
@@ -24,9 +24,9 @@ class PlanSamples:
     """`ppx.schedules.sim.costs.SampledCosts`' interface over a run's samples, for a candidate
     whose stages are ``parts`` of the run's (`PlanInputs.parts`)."""
 
-    def __init__(self, samples: dict, parts: list[tuple[range, int]], seed: int = 0):
+    def __init__(self, samples: dict, parts: list[tuple[tuple[int, int, int], ...]], seed: int = 0):
         self._actions = samples["action_s"]
-        self._parts = parts  # per candidate stage: (the run's stages it is made of, parts cut)
+        self._parts = parts  # per candidate stage: (run stage, numerator, denominator) of its shares
         self._p2p = samples["p2p_s"] or [0.0]
         self._overhead = samples["overhead_s"] or [0.0]
         self._send_post = samples.get("send_post_s") or [0.0]
@@ -44,8 +44,7 @@ class PlanSamples:
         return 0.0
 
     def _of_stage(self, stage: int, op: str) -> float:
-        units, cut = self._parts[stage]
-        return sum(self._draw(u, op) for u in units) / cut
+        return sum(self._draw(u, op) * k / n for u, k, n in self._parts[stage])
 
     def work(self, a: Action) -> float:
         return self._of_stage(a.stage, a.op.value) if a.op.is_compute else 0.0
@@ -63,7 +62,7 @@ class PlanSamples:
         return self._rng.choice(self._send_post if a.op.is_send else self._recv_post)
 
 
-def expected(simulate_once, samples: dict, parts: list[tuple[range, int]]) -> tuple[float, float, float]:
+def expected(simulate_once, samples: dict, parts: list[tuple]) -> tuple[float, float, float]:
     """(mean step, mean bubble, mean steady-state step) of ``simulate_once(costs)`` over `DRAWS`
     draws of the samples."""
     runs = [simulate_once(PlanSamples(samples, parts, seed)) for seed in range(DRAWS)]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from ppx.cli import parser
 from ppx.commands.plan_inputs import from_flags
 from ppx.plan.inputs import PlanInputs
@@ -44,7 +46,7 @@ def test_a_run_with_a_whole_stage_plans_the_candidates_that_run_it_whole_too():
     """A run whose stage 0 ran whole (its W measured nothing) costs a candidate rightly only
     where the candidate runs that stage whole too (ZB-H1's and ZB-H2's first stage) or does not
     split it: the rest of the split candidates are refused with the reason, and the note's
-    calibration run stores on every stage (a run without whole stages is told the plain one)."""
+    calibration run stores on every stage."""
     from ppx.plan.calibrate import refused_split_note, split_calibration
 
     two = PlanInputs(fwd_s=(0.01,) * 2, bwd_s=(0.01,) * 2, wgrad_s=(0.005,) * 2, stages=2, whole_stages=(0,))
@@ -60,9 +62,25 @@ def test_a_run_with_a_whole_stage_plans_the_candidates_that_run_it_whole_too():
     why = {(s.schedule, s.v): s.reason for s in skipped}
     assert "ran whole, and 4 stages cut the run's 2 otherwise" in why[("zbv", 2)]
     assert "zb_auto's order is not known" in why[("zb_auto", 1)]
-    note = refused_split_note("runs/x", skipped, (0,))
+    note = refused_split_note("runs/x", skipped, (0,), "store")
     assert "ran stage 0 whole" in note and "train.split_backward=store" in note
-    assert "train.split_backward" not in split_calibration("c.yaml") and "store" in split_calibration("c.yaml", True)
+    assert "train.split_backward" not in split_calibration("c.yaml") and "store" in split_calibration("c.yaml", "store")
     # without whole stages nothing is refused for them
     plain = candidates(names, [2], [8], [1, 2], replace(two, whole_stages=()))[0]
     assert {("zbv", 2), ("zb_auto", 1)} <= {(c.schedule, c.v) for c in plain}
+
+
+@pytest.mark.parametrize(
+    "overrides,way",
+    [
+        ([], "store"),  # auto would run ZB-H1's first stage whole: store measures its I and W apart
+        (["pipeline.split=tracer"], "graph"),  # GraphModules have no Linear to store
+        (["model.kind=synthetic"], None),  # the known-cost model sleeps I and W apart already
+        (["pipeline.executor=torch"], None),  # torch's executor splits its own way, never whole
+    ],
+)
+def test_the_calibration_run_measures_every_stage_apart(overrides, way):
+    from ppx import config
+    from ppx.plan.calibrate import calibration_way
+
+    assert calibration_way(config.load("transformer_1f1b_2cpu", overrides)) == way

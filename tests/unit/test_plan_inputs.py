@@ -44,6 +44,44 @@ def test_per_stage_costs_of_more_stages_merge_for_fewer():
     assert inputs.why_not(6) and inputs.why_not(8) is None and inputs.why_not(2) is None
 
 
+def test_a_runs_stages_regroup_by_their_model_units_and_weights():
+    """A run's 2 stages of 3 units each (llama-tiny: embedding, 2 blocks | 2 blocks, head) at 4
+    stages hold 2, 2, 1, 1 units, as the printed command splits them: stage 1 takes a unit of
+    each run stage. Each unit takes its run stage's values by its weight; without weights, in
+    equal shares; every candidate adds up to the run's totals."""
+    from ppx.plan.unit_weights import UnitWeights
+
+    weights = UnitWeights(flops=(0, 4, 4, 4, 4, 2), saved_bytes=(1, 10, 10, 10, 10, 5), param_bytes=(3, 2, 2, 2, 2, 3))
+    inputs = PlanInputs(
+        fwd_s=(8.0, 10.0),
+        bwd_s=(16.0, 20.0),
+        wgrad_s=(0.0, 0.0),
+        stages=2,
+        act_bytes=(21.0, 25.0),
+        param_bytes=(7.0, 7.0),
+        input_share=(0.5, 0.2),
+        run_units=(3, 3),
+        unit_weights=weights,
+    )
+    assert inputs.parts(4) == [((0, 4, 8),), ((0, 4, 8), (1, 4, 10)), ((1, 4, 10),), ((1, 2, 10),)]
+    assert inputs.costs(4).fwd == pytest.approx([4.0, 4.0 + 4.0, 4.0, 2.0])
+    assert inputs.act(4) == pytest.approx([11.0, 10.0 + 10.0, 10.0, 5.0])
+    assert inputs.params(4) == pytest.approx([5.0, 2.0 + 2.0, 2.0, 3.0])
+    # each unit keeps its run stage's share: stage 1 frees half of its run-stage-0 bytes and a fifth of the rest
+    assert inputs.shares(4) == pytest.approx([0.5, (5.0 + 2.0) / 20.0, 0.2, 0.2])
+    for n in (4, 6):
+        assert sum(inputs.costs(n).fwd) == pytest.approx(18.0) and sum(inputs.act(n)) == pytest.approx(46.0)
+    assert inputs.costs(2).fwd == [8.0, 10.0]  # the run's own split
+    equal = PlanInputs(fwd_s=(6.0, 9.0), bwd_s=(0.0,) * 2, wgrad_s=(0.0,) * 2, stages=2, run_units=(3, 3))
+    assert equal.costs(4).fwd == pytest.approx([4.0, 2.0 + 3.0, 3.0, 3.0])
+    # a run stage whose units all weigh 0 (a stage of the embedding alone) shares equally
+    three = UnitWeights(flops=(0, 4, 2), saved_bytes=(0, 4, 2), param_bytes=(0, 4, 2))
+    alone = PlanInputs(
+        fwd_s=(1.0, 9.0), bwd_s=(0.0,) * 2, wgrad_s=(0.0,) * 2, stages=2, run_units=(1, 2), unit_weights=three
+    )
+    assert alone.costs(3).fwd == pytest.approx([1.0, 6.0, 3.0])
+
+
 def test_unknown_bytes_are_zero():
     inputs = PlanInputs(fwd_s=(1.0,), bwd_s=(1.0,), wgrad_s=(0.0,), stages=1)
     assert inputs.act(2) == [0.0, 0.0] and inputs.params(2) == [0.0, 0.0]

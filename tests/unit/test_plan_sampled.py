@@ -58,6 +58,21 @@ def test_one_sample_each_is_the_means_prediction(name, p, v):
     assert drawn.bubble_fraction() == pytest.approx(means.bubble_fraction(), rel=1e-9)
 
 
+def test_one_sample_each_is_the_means_prediction_when_units_regroup():
+    # the run's 4 stages of 2, 1, 2, 1 model units, weighed unequally, regrouped into 2 x 3 stages
+    from dataclasses import replace
+
+    from ppx.plan.unit_weights import UnitWeights
+
+    w = UnitWeights(flops=(1, 3, 2, 2, 5, 1), saved_bytes=(1,) * 6, param_bytes=(1,) * 6)
+    regrouped = replace(inputs(), run_units=(2, 1, 2, 1), unit_weights=w)
+    sched = registry.build("interleaved_1f1b", 2, 8, 3, "gloo")
+    assert regrouped.parts(6) != inputs().parts(6)
+    means = simulate(sched, regrouped.costs(6), "gloo", -1)
+    drawn = simulate(sched, PlanSamples(samples(), regrouped.parts(6)), "gloo", -1)
+    assert drawn.makespan == pytest.approx(means.makespan, rel=1e-12)
+
+
 def test_spread_samples_predict_a_longer_step_than_their_means():
     sched = registry.build("1f1b", 4, 8, 1, "gloo")
     means = simulate(sched, inputs().costs(4), "gloo", -1).makespan
