@@ -14,7 +14,7 @@ The way is chosen once per stage (``auto``) from one forward of a microbatch at 
 the store holds each routed layer's input and output gradient; the graph holds everything
 autograd saved. A retained graph keeps every layer's activations alive, so keeping one layer
 "the graph's way" keeps the whole stage's graph: the choice is per stage. A stage stores when
-its stores hold no more than its graph (a Llama block: about 0.8 of it), and keeps its graph
+its stores hold no more than its graph (a Llama block: 0.7-0.8 of it), and keeps its graph
 otherwise (a stack of Linear + GELU stores as much as its graph). A stage with no routed layer
 (the known-cost model, a traced GraphModule) keeps its graph."""
 

@@ -41,7 +41,9 @@ def split_line(summary: dict) -> str | None:
         if mode == "whole":
             detail = "each I followed at once by its W: one backward, in the I"
         elif mode == "store" and "stored_layers" in info:
-            detail = f"{info['stored_layers']} layers' inputs and output gradients from I to W"
+            n = info["stored_layers"]
+            whose = "1 layer's" if n == 1 else f"{n} layers'"
+            detail = f"{whose} inputs and output gradients from I to W"
             sizes = _sizes(info)
             if sizes:
                 detail += f": {sizes[0]} a microbatch against the graph's {sizes[1]}"
