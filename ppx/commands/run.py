@@ -26,8 +26,9 @@ def cmd_run(args) -> int:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
         device, notice = devices.choose_device(cfg.runtime.device, local, multi_node=have != local)
         rank0 = os.environ.get("RANK") == "0"
-        if notice and rank0:
-            print(notice, file=sys.stderr)
+        for line in (notice, _changes_nothing(cfg)):
+            if line and rank0:
+                print(line, file=sys.stderr)
         # every rank re-loads the same experiment and overrides, so all agree on the fallback
         cfg, stages, world = _cpu_fallback(cfg, args, notice, rank0) or (cfg, stages, world)
         if have != world:
@@ -41,8 +42,9 @@ def cmd_run(args) -> int:
         return run_rank(cfg, None, device)
 
     device, notice = devices.choose_device(cfg.runtime.device, world)
-    if notice:
-        print(notice, file=sys.stderr)
+    for line in (notice, _changes_nothing(cfg)):
+        if line:
+            print(line, file=sys.stderr)
     cfg, stages, world = _cpu_fallback(cfg, args, notice, True) or (cfg, stages, world)
     run_dir = claim(cfg)
     (run_dir / "config.yaml").write_text(config.to_yaml(cfg))
@@ -61,6 +63,18 @@ def cmd_run(args) -> int:
 
     command = processes.torchrun_command(world, run_dir, fork)
     return supervise(command, env, run_dir, world, cfg.runtime.timeout_s)
+
+
+def _changes_nothing(cfg) -> str | None:
+    """A note where the config sets ``train.split_backward`` for a schedule that splits no
+    backward (an experiment's setting, kept across a sweep of schedules: not an error)."""
+    from ppx.config import resolve_schedule
+    from ppx.schedules.ir.action import Op
+
+    way = cfg.train.split_backward
+    if way == "auto" or any(a.op is Op.I for row in resolve_schedule(cfg).actions for a in row):
+        return None
+    return f"ppx: note: train.split_backward={way} changes nothing here: {cfg.pipeline.schedule} splits no backward into I and W"
 
 
 def _processes(cfg) -> tuple[int, int]:

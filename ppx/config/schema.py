@@ -192,7 +192,7 @@ class TrainConfig:
         "without Linear layers keeps its graph; a stage whose every I the schedule follows at once by its W, "
         "as ZB-H1's and ZB-V's first stage, runs one whole backward in the I and nothing in the W: whole); the "
         "choice per stage goes to summary.json (split_backward); "
-        "ppx's runtime only (pipeline.executor=torch splits its own way)",
+        "ppx's runtime only (pipeline.executor=torch splits its own way); under a schedule without I and W it changes nothing, and ppx run says so",
     )
 
 

@@ -139,3 +139,14 @@ def test_default_run_directory_lives_under_runs_root(shared_run):
     (d,) = (s.root / "1f1b_2cpu").iterdir()
     assert f"ppx: run directory: {d}" in s.result.stdout
     assert (d / "summary.json").exists()
+
+
+def test_a_split_backward_way_under_a_schedule_without_one_is_noted(tmp_path):
+    """train.split_backward=store under 1F1B (say an experiment's setting, swept across
+    schedules) changes nothing: the run says so in one line and runs, with nothing split."""
+    d, r = run(tmp_path, "store", "1f1b_2cpu", "train.split_backward=store", "train.steps=1")
+    note = "ppx: note: train.split_backward=store changes nothing here: 1f1b splits no backward into I and W"
+    assert note in r.stderr.splitlines()
+    assert read_json(d / "summary.json").get("split_backward") is None
+    _, zb = run(tmp_path, "zb", "1f1b_2cpu", "pipeline.schedule=zb_h1", "train.split_backward=store", "train.steps=1")
+    assert "changes nothing" not in zb.stderr
