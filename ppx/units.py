@@ -1,4 +1,5 @@
-"""Sizes written for people: the unit a byte count reads best in (pictures, tables, plans)."""
+"""Sizes and counts written for people: the unit a byte count reads best in (pictures, tables,
+plans), a count with its noun."""
 
 from __future__ import annotations
 
@@ -9,3 +10,8 @@ def byte_unit(n: float) -> tuple[str, int]:
         if n < 1024 ** (i + 1):
             return unit, 1024**i
     return "TiB", 1024**4
+
+
+def count(n: int, noun: str) -> str:
+    """'1 stage', '2 stages': ``n`` and ``noun``, plural but for one."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from ppx.errors import UserError
+from ppx.units import count
 
 
 def schedule_from(name: str, stages, microbatches, virtual, transport: str = "nccl"):
@@ -26,7 +27,7 @@ def schedule_from(name: str, stages, microbatches, virtual, transport: str = "nc
         ):
             if given is not None and given != has:
                 raise UserError(
-                    f"{name} is a schedule for {sched.num_ranks} ranks, {v} stage(s) each and "
+                    f"{name} is a schedule for {sched.num_ranks} ranks, {count(v, 'stage')} each and "
                     f"{sched.num_microbatches} microbatches; {option} {given} does not match (leave it out)"
                 )
         return sched

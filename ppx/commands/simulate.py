@@ -15,6 +15,7 @@ from ppx.commands.common import (
     whole_stages,
 )
 from ppx.errors import UserError
+from ppx.units import count
 
 # the cost flags (ms) and their defaults: a simulation from flags, never beside --from-run's costs
 COST_DEFAULTS = {
@@ -38,7 +39,7 @@ def cmd_simulate(args) -> int:
     sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual, args.transport or "nccl")
     if measured is not None and (sched.num_ranks, sched.stages_per_rank) != (measured.world_size, measured.virtual):
         raise UserError(
-            f"{args.from_run} ran {measured.world_size} ranks with {measured.virtual} stage(s) each, {args.name} "
+            f"{args.from_run} ran {measured.world_size} ranks with {count(measured.virtual, 'stage')} each, {args.name} "
             f"has {sched.num_ranks} with {sched.stages_per_rank}; the run's costs are per stage"
         )
     args.virtual = sched.stages_per_rank
@@ -80,11 +81,21 @@ def _take_the_runs_shape(args, measured) -> None:
 
     if schedules.is_csv(args.name):
         return
+    from ppx.schedules.registry import formula_family
+
     ran = (measured.world_size, measured.virtual)
     shape = {"stages": measured.world_size, "microbatches": measured.microbatches, "virtual": measured.virtual_stages}
-    if args.virtual is None and measured.virtual != schedules.default_virtual(args.name):
+    own = schedules.default_virtual(args.name)
+    fam = formula_family(args.name)
+    if fam is not None and not fam.virtual and measured.virtual != own:  # a V: exactly its own count
+        raise UserError(
+            f"{args.name} places exactly {count(own, 'stage')} on every rank and {args.from_run} ran "
+            f"{measured.virtual} a rank; its costs are per stage: run with pipeline.schedule={args.name} and simulate that run "
+            "(or plan --from-run this one, which regroups its stages)"
+        )
+    if args.virtual is None and measured.virtual != own:
         print(  # not the schedule's default: say whose count this is
-            f"note: {args.name} at {measured.virtual} stage(s) a rank, as {args.from_run} ran (its costs "
+            f"note: {args.name} at {count(measured.virtual, 'stage')} a rank, as {args.from_run} ran (its costs "
             f"are per stage; for {schedules.default_virtual(args.name)}, run with pipeline.virtual_stages="
             f"{schedules.default_virtual(args.name)} and simulate that run)"
         )
@@ -93,7 +104,7 @@ def _take_the_runs_shape(args, measured) -> None:
             setattr(args, attr, value)
     if (args.stages, args.virtual or 1) != ran:
         raise UserError(
-            f"{args.from_run} ran {ran[0]} ranks with {ran[1]} stage(s) each; its costs are per "
+            f"{args.from_run} ran {ran[0]} ranks with {count(ran[1], 'stage')} each; its costs are per "
             "stage, so leave out --stages/--virtual or give the same"
         )
 

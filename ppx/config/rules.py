@@ -10,6 +10,7 @@ from ppx.config.resolve import resolve_schedule
 from ppx.config.schema import Config
 from ppx.errors import UserError
 from ppx.schedules.ir.schedule import Schedule
+from ppx.units import count
 
 MAX_TIMEOUT_S = 1e9  # runtime.timeout_s's ceiling (31 years): a timedelta holds it
 
@@ -149,7 +150,7 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
         )
     if schedules.is_csv(p.schedule) and p.virtual_stages not in (None, sched.stages_per_rank):
         raise UserError(
-            f"pipeline.schedule {p.schedule} places {sched.stages_per_rank} stage(s) on each rank, but "
+            f"pipeline.schedule {p.schedule} places {count(sched.stages_per_rank, 'stage')} on each rank, but "
             f"pipeline.virtual_stages={p.virtual_stages} (a CSV's own count holds: leave the key null)"
         )
     check_precision(cfg, sched)

@@ -72,16 +72,14 @@ def _apart(name: str, p: int, m: int, v: int, inputs: PlanInputs) -> str | None:
     from ppx.schedules import build
     from ppx.schedules.ir.structure import split_apart
 
-    whole = ", ".join(map(str, inputs.whole_stages))
+    whole = _stages(inputs.whole_stages)
     if name == AUTO:
-        return SPLIT_REASON + f": stage(s) {whole} ran whole, zb_auto's order is not known"
+        return SPLIT_REASON + f": {whole} ran whole, zb_auto's order is not known"
     if p * v != inputs.stages:  # its stages cut the run's otherwise: a whole stage's layers land in split ones
-        return (
-            SPLIT_REASON + f": stage(s) {whole} ran whole, and {p * v} stages cut the run's {inputs.stages} otherwise"
-        )
+        return SPLIT_REASON + f": {whole} ran whole, and {p * v} stages cut the run's {inputs.stages} otherwise"
     apart = split_apart(build(name, p, m, v, inputs.transport), inputs.whole_stages)
     if apart:
-        return SPLIT_REASON + f": it splits stage(s) {', '.join(map(str, apart))}, which the run ran whole"
+        return SPLIT_REASON + f": it splits {_stages(apart)}, which the run ran whole"
     return None
 
 
@@ -114,3 +112,8 @@ def candidates(
                     else:
                         out.append(Candidate(name, p, m, v))
     return out, skipped
+
+
+def _stages(indices) -> str:
+    """'stage 0', 'stages 0, 2'."""
+    return ("stage " if len(indices) == 1 else "stages ") + ", ".join(map(str, indices))

@@ -185,7 +185,7 @@ OTHER_COMMANDS = {
     "simulate: zero microbatches": (["simulate", "1f1b", "-m", "0"], "microbatches (0)"),
     "schedule: a CSV's shape overridden": (
         ["schedule", str(DATA / "1f1b_p2_m4.csv"), "-m", "8"],
-        "1f1b_p2_m4.csv is a schedule for 2 ranks, 1 stage(s) each and 4 microbatches; --microbatches 8",
+        "1f1b_p2_m4.csv is a schedule for 2 ranks, 1 stage each and 4 microbatches; --microbatches 8",
     ),
     "schedule: comms without a CSV": (["schedule", "1f1b", "--with-comms"], "--with-comms only shapes the --csv file"),
     "sweep: a key twice": (
@@ -243,7 +243,11 @@ def test_simulate_from_a_run_takes_its_shape(shared_run):
     # interleaved takes 2 stages a rank unless told: from a run of 1 it says whose count it simulates
     r = ppx("simulate", "interleaved_1f1b", "--from-run", str(run))
     assert r.returncode == 0 and "interleaved_1f1b: 2 ranks, 2 stages, 4 microbatches" in r.stdout, r.stderr
-    assert "note: interleaved_1f1b at 1 stage(s) a rank, as" in r.stdout and "virtual_stages=2" in r.stdout
+    assert "note: interleaved_1f1b at 1 stage a rank, as" in r.stdout and "virtual_stages=2" in r.stdout
+    # ZB-V places exactly 2 a rank: from a run of 1, one line saying which run to make, no note before it
+    r = ppx("simulate", "zbv", "--from-run", str(run))
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert "zbv places exactly 2 stages on every rank" in r.stderr and "pipeline.schedule=zbv" in r.stderr
 
 
 def test_a_csv_run_records_its_stages_per_rank_and_simulates_from_them(tmp_path):

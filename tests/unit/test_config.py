@@ -78,7 +78,7 @@ def test_schedule_csv_must_match_stages(tmp_path):
     # the CSV says how many stages each rank holds: a different pipeline.virtual_stages is refused
     ok = [f"pipeline.schedule={path}", "pipeline.stages=2", "pipeline.microbatches=4"]
     assert config.load(None, [*ok, "pipeline.virtual_stages=1"]).pipeline.virtual_stages == 1
-    with pytest.raises(UserError, match="places 1 stage.s. on each rank, but pipeline.virtual_stages=2"):
+    with pytest.raises(UserError, match="places 1 stage on each rank, but pipeline.virtual_stages=2"):
         config.load(None, [*ok, "pipeline.virtual_stages=2"])
 
 
