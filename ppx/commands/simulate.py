@@ -141,7 +141,8 @@ def _print_prediction(args, sched, t, reduce: bool, run, measured) -> None:
 
     p, m = sched.num_ranks, sched.num_microbatches
     print(f"{sched.name}: {p} ranks, {sched.num_stages} stages, {m} microbatches")
-    print(f"predicted step time {t.makespan * 1e3:.2f} ms, bubble {t.bubble_fraction():.1%} (idle / step time)")
+    basis = "" if measured is None else ", from the run's mean action costs"
+    print(f"predicted step time {t.makespan * 1e3:.2f} ms, bubble {t.bubble_fraction():.1%} (idle / step time{basis})")
     print(
         f"steady-state step {t.steady() * 1e3:.2f} ms (the longest rank's own span: consecutive steps with no rank "
         "waiting at a step boundary; the step above is synchronous, every rank starting together, as ppx run measures)"
@@ -164,6 +165,12 @@ def _print_prediction(args, sched, t, reduce: bool, run, measured) -> None:
             f"measured in {args.from_run}: step {step * 1e3:.2f} ms ({step / t.makespan - 1:+.1%} against the "
             f"prediction), bubble {bubble:.1%}"
         )
+        drawn = (run.raw_summary.get("predicted") or {}).get("step_time_s")
+        if drawn:  # what ppx run said: the expected step over draws of the samples, longer than the means'
+            print(
+                f"  (ppx run's own prediction draws each action's cost from its samples: step {drawn * 1e3:.2f} ms; "
+                "a slow draw on the critical path costs all its delay, so the means' step comes out shorter)"
+            )
     else:  # what-if: the run's costs under another order; its own step is not this one's
         print(
             f"measured in {args.from_run} ({measured.schedule} at m={measured.microbatches}, another order than "

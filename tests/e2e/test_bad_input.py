@@ -235,6 +235,12 @@ def test_simulate_from_a_run_takes_its_shape(shared_run):
     r = ppx("simulate", str(DATA / "1f1b_p2_m4.csv"), "--from-run", str(run))  # the CSV's shape
     assert r.returncode == 0 and "1f1b_p2_m4: 2 ranks, 2 stages, 4 microbatches" in r.stdout, r.stdout + r.stderr
     assert "against the prediction" in r.stdout  # the order the run ran
+    # the means' step, named as such, and beside it ppx run's own (drawn) prediction
+    assert "(idle / step time, from the run's mean action costs)" in r.stdout
+    assert (
+        f"ppx run's own prediction draws each action's cost from its samples: step {s['predicted']['step_time_s'] * 1e3:.2f} ms"
+        in r.stdout
+    )
     for other in (["gpipe"], ["1f1b", "-m", "8"]):  # the run's costs in another order: its step is not this one's
         r = ppx("simulate", *other, "--from-run", str(run))
         assert r.returncode == 0 and "against the prediction" not in r.stdout, r.stdout + r.stderr
