@@ -101,3 +101,17 @@ def output_path(option: str, path) -> None:
 def wrote(out: Path) -> None:
     files = [out / f for f in ("compare.md", "compare.json", "compare.png", "bubble.png") if (out / f).exists()]
     print("ppx: wrote " + ", ".join(map(str, files)))
+
+
+def first_step_note(path: str, cfg) -> str | None:
+    """A note where a run's measured costs (its last ``instrument.timeline_steps`` steps)
+    include its first step, whose first sends and calls (connections, allocations) are not
+    the steady ones a plan or a simulation means: a short run's hand-off came out 12x its
+    steady figure and reordered a plan's candidates."""
+    steps, kept = cfg.train.steps, cfg.instrument.timeline_steps
+    if steps > kept:
+        return None
+    return (
+        f"note: {path}'s costs include its first step (train.steps={steps}, instrument.timeline_steps={kept}): its "
+        "first sends and calls weigh in them; a run of more steps than instrument.timeline_steps measures steady ones"
+    )

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from ppx.commands.common import first_step_note
 from ppx.commands.plan_inputs import calibrated, from_flags, from_run, ints
 from ppx.errors import UserError
 from ppx.plan.space import schedule_names
@@ -67,9 +68,11 @@ def assumption_notes(args, inputs, skipped, p: int) -> list[str]:
             f"{inputs.p2p_s * 1e3:.4g} ms per hand-off ({inputs.source})"
             + ("" if measured else "; " + calibration_hint(p))
         )
-    way = calibration_way(config_of(args.from_run)) if args.from_run else None
-    note = refused_split_note(args.from_run, skipped, inputs.whole_stages, way)
-    return out + ([note] if note else [])
+    if args.from_run:
+        cfg = config_of(args.from_run)
+        out.append(first_step_note(args.from_run, cfg))
+        out.append(refused_split_note(args.from_run, skipped, inputs.whole_stages, calibration_way(cfg)))
+    return [n for n in out if n]
 
 
 def _check(args) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ppx.commands.common import (
+    first_step_note,
     measured_ops,
     measured_run,
     ms_list,
@@ -36,6 +37,9 @@ def cmd_simulate(args) -> int:
     if args.from_run:
         run, measured = measured_run(args.from_run, backward=False)  # (a forward-only schedule needs none)
         _take_the_runs_shape(args, measured)
+        note = first_step_note(args.from_run, run.config)
+        if note:
+            print(note)
     sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual, args.transport or "nccl")
     if measured is not None and (sched.num_ranks, sched.stages_per_rank) != (measured.world_size, measured.virtual):
         raise UserError(

@@ -245,7 +245,9 @@ def test_simulate_from_a_run_takes_its_shape(shared_run):
         r = ppx("simulate", *other, "--from-run", str(run))
         assert r.returncode == 0 and "against the prediction" not in r.stdout, r.stdout + r.stderr
         assert f"measured in {run} (1f1b at m=4, another order than this one's): step" in r.stdout
-    assert "note:" not in r.stdout  # the run's stages per rank are these schedules' own
+    assert "a rank, as" not in r.stdout  # the run's stages per rank are these schedules' own
+    # a run of 3 steps kept 5 in its timeline: its costs include its first step, and it is said
+    assert f"note: {run}'s costs include its first step (train.steps=3, instrument.timeline_steps=5)" in r.stdout
     # interleaved takes 2 stages a rank unless told: from a run of 1 it says whose count it simulates
     r = ppx("simulate", "interleaved_1f1b", "--from-run", str(run))
     assert r.returncode == 0 and "interleaved_1f1b: 2 ranks, 2 stages, 4 microbatches" in r.stdout, r.stderr

@@ -82,6 +82,7 @@ def test_the_calibration_a_plan_names_measures_every_split_schedule(tmp_path):
     r = ppx("plan", "--from-run", str(tmp_path / "calib"), "-v", "2", "--out", str(tmp_path / "plan"))
     assert r.returncode == 0, r.stderr
     (named,) = re.findall(r"measure them with `(ppx run [^`]+)`", r.stdout)
+    assert "costs include its first step (train.steps=3" in r.stdout  # a short run: said so
     assert "train.split_backward=store" in named
     ran = ppx("run", *named.split()[2:], *SHORT, f"run.dir={tmp_path / 'split'}")
     assert ran.returncode == 0, ran.stderr[-3000:]

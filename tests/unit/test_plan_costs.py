@@ -84,3 +84,12 @@ def test_the_calibration_run_measures_every_stage_apart(overrides, way):
     from ppx.plan.calibrate import calibration_way
 
     assert calibration_way(config.load("transformer_1f1b_2cpu", overrides)) == way
+
+
+def test_costs_that_include_the_first_step_are_noted():
+    from ppx import config
+    from ppx.commands.common import first_step_note
+
+    short = config.load("1f1b_2cpu", ["train.steps=5", "instrument.timeline_steps=5"])
+    assert "include its first step (train.steps=5, instrument.timeline_steps=5)" in first_step_note("r", short)
+    assert first_step_note("r", config.load("1f1b_2cpu", ["train.steps=6", "instrument.timeline_steps=5"])) is None
