@@ -130,15 +130,7 @@ def cmd_plan(args) -> int:
             f"note: {_names(close)} predicted within {args.close_pct:g}% of the best's "
             "throughput: closer than a prediction can tell apart (--close-pct); measure them before choosing"
         )
-    print(
-        f"ppx plan: {len(results)} candidates ({len(skipped)} shapes skipped) in {took:.1f} s, "
-        f"costs from {inputs.source}"
-    )
-    print(table.text(results[: args.top], inputs.microbatch_size))
-    if len(results) > args.top:
-        print(f"... {len(results) - args.top} more in plan.md")
-    for n in notes:
-        print(n)
+    # every file first, then the lines: a plan cut short while printing (| head) leaves them whole
     out.mkdir(parents=True, exist_ok=True)
     csv = out / "best.csv"
     how = []
@@ -154,14 +146,24 @@ def cmd_plan(args) -> int:
         failing = check(how[0])
         if failing:  # never print a command that fails without saying so
             how.append(f"  note: this command fails its config checks: {failing}")
+    outputs.write_json(out / "plan.json", inputs, results, skipped, best, notes, close, commands)
+    outputs.write_md(out / "plan.md", inputs, results, skipped, best, how, notes)
+    pareto.draw(results, out / "plan.png", inputs.budget_bytes, f"ppx plan: {len(results)} candidates")
+    print(
+        f"ppx plan: {len(results)} candidates ({len(skipped)} shapes skipped) in {took:.1f} s, "
+        f"costs from {inputs.source}"
+    )
+    print(table.text(results[: args.top], inputs.microbatch_size))
+    if len(results) > args.top:
+        print(f"... {len(results) - args.top} more in plan.md")
+    for n in notes:
+        print(n)
+    if best:
         print(
             f"best: {best.label()}, predicted step {best.step_s * 1e3:.2f} ms (sync), steady-state "
             f"{best.steady_s * 1e3:.2f} ms; {what}:"
         )
         print("\n".join(how))
-    outputs.write_json(out / "plan.json", inputs, results, skipped, best, notes, close, commands)
-    outputs.write_md(out / "plan.md", inputs, results, skipped, best, how, notes)
-    pareto.draw(results, out / "plan.png", inputs.budget_bytes, f"ppx plan: {len(results)} candidates")
     files = ["plan.md", "plan.json", "plan.png"] + (["best.csv"] if best else [])
     print("ppx: wrote " + ", ".join(str(out / f) for f in files))
     if best is None:

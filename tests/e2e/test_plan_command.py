@@ -85,3 +85,27 @@ def test_a_cluster_sized_plan_says_so(tmp_path):
     assert "note: these are predictions for a cluster (up to 64 ranks), not runnable on this machine" in r.stdout
     assert "predictions for a cluster" in (tmp_path / "p" / "plan.md").read_text()
     assert json.loads((tmp_path / "p" / "plan.json").read_text())["notes"][0].startswith("note: these are predictions")
+
+
+def test_a_plan_cut_short_while_printing_has_written_its_files(tmp_path):
+    """`ppx plan ... | head -1`: the reader goes away and the plan dies of its next write to
+    the pipe (SIGPIPE). Here the pipe has no reader from the start, so every write fails: the
+    files are all written before the first line is (it had died after best.csv, and a retry
+    with the same --out was refused: the folder was not empty)."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    out = tmp_path / "plan"
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        cmd = [sys.executable, "-m", "ppx.cli", "plan", *COSTS, "--schedules", "1f1b,zb_h1", "--out", str(out)]
+        r = subprocess.run(cmd, cwd=REPO, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert r.returncode != 0, r.stderr  # it could not print
+    assert sorted(p.name for p in out.iterdir()) == ["best.csv", "plan.json", "plan.md", "plan.png"]
+    assert json.loads((out / "plan.json").read_text())["best"]["schedule"] in ("1f1b", "zb_h1")
