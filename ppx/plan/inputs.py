@@ -71,7 +71,7 @@ class PlanInputs:
             return f"the run sets pipeline.layers_per_stage for {self.fixed_stages} stages: {num_stages} cannot run"
         if self.per_layer and num_stages > self.units:
             return f"{num_stages} stages but {self.units} layers: every stage needs at least one"
-        if not self.per_layer and num_stages % self.units and self.units % num_stages:
+        if not self.per_layer and self.run_units is None and num_stages % self.units and self.units % num_stages:
             return f"{num_stages} stages from costs of {self.units}: neither divides the other"
         return None
 

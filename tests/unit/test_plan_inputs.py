@@ -69,8 +69,9 @@ def test_a_runs_stages_regroup_by_their_model_units_and_weights():
     assert inputs.params(4) == pytest.approx([5.0, 2.0 + 2.0, 2.0, 3.0])
     # each unit keeps its run stage's share: stage 1 frees half of its run-stage-0 bytes and a fifth of the rest
     assert inputs.shares(4) == pytest.approx([0.5, (5.0 + 2.0) / 20.0, 0.2, 0.2])
-    for n in (4, 6):
+    for n in (4, 5, 6):  # 5: the units regroup whatever the counts (the stage count need not divide)
         assert sum(inputs.costs(n).fwd) == pytest.approx(18.0) and sum(inputs.act(n)) == pytest.approx(46.0)
+        assert inputs.why_not(n) is None
     assert inputs.costs(2).fwd == [8.0, 10.0]  # the run's own split
     equal = PlanInputs(fwd_s=(6.0, 9.0), bwd_s=(0.0,) * 2, wgrad_s=(0.0,) * 2, stages=2, run_units=(3, 3))
     assert equal.costs(4).fwd == pytest.approx([4.0, 2.0 + 3.0, 3.0, 3.0])
