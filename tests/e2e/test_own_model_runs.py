@@ -49,6 +49,14 @@ def test_a_plan_from_the_run_prints_a_command_that_runs(runs, name, tmp_path):
     r = ppx("run", *args, "train.steps=2", f"run.dir={tmp_path / 'run'}")
     assert r.returncode == 0, (command, r.stderr[-2000:])
     assert read_json(tmp_path / "run" / "summary.json")["schedule"] == str(tmp_path / "plan" / "best.csv")
+    # at other stage counts the commands store where they can (auto): cut otherwise, a stage may
+    # hold no Linear layer (GPT-2's embedding alone at 4 stages), which store refuses
+    candidates = read_json(tmp_path / "plan" / "plan.json")["candidates"]
+    cut = [c for c in candidates if c["v"] == 2 and c["schedule"] == "zbv"]
+    assert cut and all("train.split_backward=auto" in c["command"] for c in candidates if c["v"] != 1)
+    args = [a for a in cut[0]["command"].split()[2:] if not a.startswith("run.dir=")]
+    r = ppx("run", *args, "train.steps=2", f"run.dir={tmp_path / 'zbv'}")
+    assert r.returncode == 0, (cut[0]["command"], r.stderr[-2000:])
 
 
 def test_without_transformers_one_line_says_how_to_install_it(tmp_path):
