@@ -17,6 +17,7 @@ from ppx.report.run_dir import write_json
 from ppx.report.scalars import step_scalars
 from ppx.report.split_ways import split_line
 from ppx.schedules.ir.schedule import Schedule
+from ppx.units import byte_unit
 
 
 class RunReport:
@@ -164,13 +165,17 @@ class RunReport:
             return {}
         for r in summary["ranks"]:
             r["predicted_peak_activation_bytes"] = out["predicted_peak_activation_bytes"][r["rank"]]
+        # one unit for the line, the largest figure's: a recomputing rank's 2 KiB is not 0.00 MiB
+        unit, size = byte_unit(
+            max(max(r["predicted_peak_activation_bytes"], r["peak_activation_bytes"]) for r in summary["ranks"])
+        )
         pairs = ", ".join(
-            f"rank {r['rank']} {r['predicted_peak_activation_bytes'] / 2**20:.2f}/{r['peak_activation_bytes'] / 2**20:.2f}"
+            f"rank {r['rank']} {r['predicted_peak_activation_bytes'] / size:.2f}/{r['peak_activation_bytes'] / size:.2f}"
             for r in summary["ranks"]
         )
         err = out["memory_prediction_error"]
         print(
-            f"ppx: peak saved activations, predicted/measured MiB: {pairs}"
+            f"ppx: peak saved activations, predicted/measured {unit}: {pairs}"
             + ("" if err is None else f" (worst {err:+.1%})"),
             flush=True,
         )

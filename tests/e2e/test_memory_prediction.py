@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import ppx, read_json
+from ppx.units import byte_unit
 
 RUNS = {
     "transformer-zbv": ["transformer_1f1b_2cpu", "pipeline.schedule=zbv", "pipeline.microbatches=4"],
@@ -19,6 +20,8 @@ RUNS = {
         "pipeline.microbatches=4",
     ],
     "llama-dualpipev-recompute": ["llama_tiny_1f1b_2cpu", "pipeline.schedule=dualpipev", "train.recompute=selective"],
+    # fully recomputed: a few KiB a rank (the stages' inputs), said in KiB, not as 0.00 MiB
+    "llama-1f1b-full-recompute": ["llama_tiny_1f1b_2cpu", "train.recompute=full"],
     # a split backward that stores, every stage (auto would run the first one's whole): each
     # microbatch's graph goes at its I, its stores stay to W
     "llama-zb_h1-stores-bf16": [
@@ -68,7 +71,15 @@ def test_predicted_peak_saved_bytes_match_the_measured(shared_run, name):
     for row in s["ranks"]:
         assert row["predicted_peak_activation_bytes"] == pytest.approx(row["peak_activation_bytes"], rel=0.05), row
     assert abs(s["memory_prediction_error"]) <= 0.05
-    assert "ppx: peak saved activations, predicted/measured MiB: rank 0 " in r.stdout
+    # the line's unit is its largest figure's, and every figure reads as summary.json has it
+    top = max(max(row["predicted_peak_activation_bytes"], row["peak_activation_bytes"]) for row in s["ranks"])
+    unit, size = byte_unit(top)
+    pairs = ", ".join(
+        f"rank {row['rank']} {row['predicted_peak_activation_bytes'] / size:.2f}/{row['peak_activation_bytes'] / size:.2f}"
+        for row in s["ranks"]
+    )
+    assert f"ppx: peak saved activations, predicted/measured {unit}: {pairs} (worst" in r.stdout, r.stdout
+    assert unit == ("KiB" if name == "llama-1f1b-full-recompute" else "MiB")
 
 
 def test_a_storing_split_backward_frees_most_of_a_microbatch_at_its_input_pass(shared_run, tmp_path):
