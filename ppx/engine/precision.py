@@ -44,7 +44,10 @@ class LossScaler:
 
     def unscale(self, params) -> bool:
         """Divide every gradient by the scale; True when any local one is inf or nan."""
-        grads = [p.grad for p in params if p.grad is not None]
+        # a data-parallel replica's gradients are DTensors (replicate, fully_shard): each rank
+        # unscales its own part, in place, and `agree` joins what they found (the op on the
+        # DTensors themselves wraps these two tensors as replicated DTensors, warning each step)
+        grads = [_local(p.grad) for p in params if p.grad is not None]
         found = torch.zeros(1)
         if grads:
             found = torch.zeros(1, device=grads[0].device)
@@ -116,3 +119,10 @@ def step_optimizer(pipe, opt: torch.optim.Optimizer, device) -> bool:
         opt.step()
         return True
     return precision.scaler.step(opt, device)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s local tensor where it is a DTensor (a view: in-place changes reach ``t``), else ``t``."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
