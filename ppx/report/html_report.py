@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ppx.report.gantt import legend_entries
 from ppx.report.split_ways import HEADER, split_rows
-from ppx.report.summary_table import summary_rows
+from ppx.report.summary_table import setup_words, summary_rows
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 1.5em auto;
@@ -129,7 +129,8 @@ def write_run_html(
     page.add(
         f'<p class="note">{html.escape(str(summary.get("model")))}, {summary.get("stages")} stages'
         f"{f' ({v} per rank)' if v > 1 else ''} on {summary.get('world_size')} ranks "
-        f"({html.escape(str(summary.get('device')))}, {html.escape(str(summary.get('backend')))}), "
+        f"({html.escape(str(summary.get('device')))}, {html.escape(str(summary.get('backend')))})"
+        f"{html.escape(setup_words(summary))}, "
         f"{summary.get('steps')} steps of batch {summary.get('batch_size')}: {html.escape(str(summary.get('status')))}. "
         f"Run directory: <code>{html.escape(str(run_dir))}</code></p>"
     )

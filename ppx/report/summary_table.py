@@ -47,3 +47,17 @@ def summary_rows(summary: dict) -> list[list[str]]:
     loss = next((x for x in reversed(summary.get("losses") or []) if x is not None), None)
     rows.append(["final loss", "" if loss is None else f"{loss:.6f}", "", ""])
     return rows
+
+
+def setup_words(summary: dict) -> str:
+    """What a run's header adds beyond its pipeline: ', 2 replicas (4 processes), bf16,
+    recompute selective', each only where it is not the plain default ('' for none)."""
+    words = []
+    d = summary.get("data_parallel") or 1
+    if d > 1:
+        words.append(f"{d} replicas ({summary.get('processes')} processes)")
+    if summary.get("dtype") not in (None, "fp32"):
+        words.append(str(summary["dtype"]))
+    if summary.get("recompute") not in (None, "none"):
+        words.append(f"recompute {summary['recompute']}")
+    return "".join(f", {w}" for w in words)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ppx.report.split_ways import HEADER, split_rows
-from ppx.report.summary_table import summary_rows
+from ppx.report.summary_table import setup_words, summary_rows
 
 RUN_IMAGES = ("timeline", "breakdown")
 COMPARE_IMAGES = ("compare", "bubble")
@@ -45,7 +45,7 @@ def summary_markdown(summary: dict, config_yaml: str | None = None) -> str:
     lines = [
         f"**{summary.get('experiment')}**: {summary.get('schedule')}, {summary.get('stages')} stages"
         f"{f' ({v} per rank)' if v > 1 else ''}, m={summary.get('microbatches')}, {summary.get('model')}, "
-        f"{summary.get('world_size')} ranks on {summary.get('device')} ({summary.get('backend')}), "
+        f"{summary.get('world_size')} ranks on {summary.get('device')} ({summary.get('backend')}){setup_words(summary)}, "
         f"{summary.get('steps')} steps of batch {summary.get('batch_size')}: {summary.get('status')}",
         "",
         "### theory vs measured",

@@ -82,3 +82,13 @@ def test_a_comparison_folder_is_logged_as_images_and_text(tmp_path):
     assert image.width > 500 and image.height > 300
     (text,) = acc.Tensors("compare/text_summary")
     assert b"| a | 10% |" in text.tensor_proto.string_val[0]
+
+
+def test_headers_name_replicas_dtype_and_recompute():
+    from ppx.report.summary_table import setup_words
+
+    plain = summary()
+    assert setup_words(plain) == "" and setup_words({**plain, "dtype": "fp32", "recompute": "none"}) == ""
+    mixed = {**plain, "data_parallel": 2, "processes": 8, "dtype": "bf16", "recompute": "selective"}
+    assert setup_words(mixed) == ", 2 replicas (8 processes), bf16, recompute selective"
+    assert "ranks on None (None), 2 replicas (8 processes), bf16, recompute selective, 3 steps" in summary_markdown(mixed)
