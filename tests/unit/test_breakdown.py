@@ -91,4 +91,6 @@ def test_headers_name_replicas_dtype_and_recompute():
     assert setup_words(plain) == "" and setup_words({**plain, "dtype": "fp32", "recompute": "none"}) == ""
     mixed = {**plain, "data_parallel": 2, "processes": 8, "dtype": "bf16", "recompute": "selective"}
     assert setup_words(mixed) == ", 2 replicas (8 processes), bf16, recompute selective"
-    assert "ranks on None (None), 2 replicas (8 processes), bf16, recompute selective, 3 steps" in summary_markdown(mixed)
+    assert "ranks on None (None), 2 replicas (8 processes), bf16, recompute selective, 3 steps" in summary_markdown(
+        mixed
+    )
