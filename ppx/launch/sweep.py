@@ -117,6 +117,14 @@ def equal_work(experiment: str, axes, overrides: list[str]) -> str | None:
     return None if _sets_in_experiment(experiment, "model.cost_per") else "model.cost_per=layer"
 
 
+def _load_point(experiment: str, overrides: list[str], point: list[str]):
+    """A point's config; its error names the point (with several keys swept, which one fails)."""
+    try:
+        return config.load(experiment, overrides + point)
+    except UserError as e:
+        raise UserError(f"sweep point {' '.join(point)}: {e}") from None
+
+
 def run_sweep(experiment: str, spec: str, overrides: list[str], launcher: str = "local") -> Path:
     axes = parse_spec(spec)
     fixed = [o.split("=", 1)[0].strip() for o in overrides]
@@ -133,11 +141,11 @@ def run_sweep(experiment: str, spec: str, overrides: list[str], launcher: str = 
     extra = equal_work(experiment, axes, overrides)
     if extra is not None:
         # only where it means something: a point on the known-cost model
-        kinds = {config.load(experiment, [*overrides, extra, *p]).model.kind for p in grid}
+        kinds = {_load_point(experiment, [*overrides, extra], p).model.kind for p in grid}
         extra = extra if "synthetic" in kinds else None
     if extra is not None:
         overrides = [*overrides, extra]
-    cfgs = [config.load(experiment, overrides + p) for p in grid]  # every point validated before any runs
+    cfgs = [_load_point(experiment, overrides, p) for p in grid]  # every point validated before any runs
     if extra is not None:
         varied = " and ".join(k for k, _ in axes if k in PLACEMENT_KEYS)
         print(

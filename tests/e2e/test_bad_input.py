@@ -204,6 +204,10 @@ OTHER_COMMANDS = {
         ["run", "gpipe_2cpu", "runtime.inject_fault=die@0SEND_F1"],
         "faults fire on compute actions",
     ),
+    "sweep: a point that cannot run": (
+        ["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=4,3 pipeline.schedule=gpipe,1f1b"],
+        "sweep point pipeline.microbatches=3 pipeline.schedule=gpipe: train.batch_size=",
+    ),
     "sweep: one run directory": (
         ["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2,4", "run.dir=/tmp/x"],
         "run.dir names one run",
