@@ -54,6 +54,8 @@ def test_a_plan_from_the_run_prints_a_command_that_runs(runs, name, tmp_path):
     candidates = read_json(tmp_path / "plan" / "plan.json")["candidates"]
     cut = [c for c in candidates if c["v"] == 2 and c["schedule"] == "zbv"]
     assert cut and all("train.split_backward=auto" in c["command"] for c in candidates if c["v"] != 1)
+    if name != "hf_gpt2":  # (GPT-2's: its embedding alone on stage 0 at 4 stages)
+        return
     args = [a for a in cut[0]["command"].split()[2:] if not a.startswith("run.dir=")]
     r = ppx("run", *args, "train.steps=2", f"run.dir={tmp_path / 'zbv'}")
     assert r.returncode == 0, (cut[0]["command"], r.stderr[-2000:])

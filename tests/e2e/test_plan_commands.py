@@ -53,39 +53,36 @@ def test_every_command_of_a_plan_from_a_1f1b_run_runs(tmp_path, kind):
         assert any("cannot run" in x["reason"] for x in plan["skipped"])
 
 
-def test_a_plan_regroups_a_runs_stages_by_their_units(tmp_path):
+def test_a_plan_from_a_1f1b_llama_run_regroups_its_units_and_names_its_calibration(tmp_path):
     """llama-tiny's 6 units (embedding, 4 blocks, head) run as 3 and 3 at p=2 and as 2, 2, 1, 1
     at 4 stages, so a candidate's stage may hold units of both run stages: a plan from the p=2
     run predicts the interleaved v=2 candidate's peak saved bytes per rank as its printed
     command measures them, each unit taking its share of its run stage by the bytes it saves
-    (a block's, a third of that for the head, next to nothing for the embedding). Cut in halves
-    of the run's stages, rank 1 came out 28% short."""
-    r, plan, _ = plan_and_run(tmp_path, KINDS["llama"], "-v", "2", "-m", "4", "--schedules", "interleaved_1f1b")
-    (c,) = [c for c in plan["candidates"] if c["v"] == 2]
+    (a block's, a third of that for the head, next to nothing for the embedding; cut in halves
+    of the run's stages, rank 1 came out 28% short). The same plan refuses the split-backward
+    schedules and names the run that measures them: that run stores on every stage (under auto
+    ZB-H1's first stage would run whole and measure no W), so a plan from it refuses none."""
+    import re
+
+    first = ppx("run", *KINDS["llama"], *SHORT, f"run.dir={tmp_path / 'calib'}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    r = ppx("plan", "--from-run", str(tmp_path / "calib"), "-v", "2", "-m", "4", "--out", str(tmp_path / "plan"))
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
     weights = plan["inputs"]["unit_weights"]
     assert weights["flops"][0] == 0 and len(set(weights["saved_bytes"][1:-1])) == 1, weights
     assert weights["saved_bytes"][-1] < 0.5 * weights["saved_bytes"][1]
+    (c,) = [c for c in plan["candidates"] if c["schedule"] == "interleaved_1f1b" and c["v"] == 2]
     ran = ppx("run", *c["command"].split()[2:], "train.steps=2", f"run.dir={tmp_path / 'v2'}")
     assert ran.returncode == 0, ran.stderr[-3000:]
     measured = [row["peak_activation_bytes"] for row in read_json(tmp_path / "v2" / "summary.json")["ranks"]]
     assert c["peak_bytes"] == pytest.approx(measured, rel=0.05), (c["peak_bytes"], measured)
 
-
-def test_the_calibration_a_plan_names_measures_every_split_schedule(tmp_path):
-    """A plan from a 1F1B run refuses the split-backward schedules and names the run that
-    measures them: that run stores on every stage (under auto ZB-H1's first stage would run
-    whole and measure no W), so a plan from it refuses none of them for want of I and W."""
-    import re
-
-    first = ppx("run", *KINDS["llama"], *SHORT, f"run.dir={tmp_path / 'calib'}")
-    assert first.returncode == 0, first.stderr[-3000:]
-    r = ppx("plan", "--from-run", str(tmp_path / "calib"), "-v", "2", "--out", str(tmp_path / "plan"))
-    assert r.returncode == 0, r.stderr
     (named,) = re.findall(r"measure them with `(ppx run [^`]+)`", r.stdout)
-    assert "costs include its first step (train.steps=3" in r.stdout  # a short run: said so
     assert "train.split_backward=store" in named
-    ran = ppx("run", *named.split()[2:], *SHORT, f"run.dir={tmp_path / 'split'}")
-    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "costs include its first step (train.steps=3" in r.stdout  # a short run: said so
+    split = ppx("run", *named.split()[2:], *SHORT, f"run.dir={tmp_path / 'split'}")
+    assert split.returncode == 0, split.stderr[-3000:]
     again = ppx("plan", "--from-run", str(tmp_path / "split"), "-v", "2", "--out", str(tmp_path / "plan2"))
     assert again.returncode == 0, again.stderr
     plan = json.loads((tmp_path / "plan2" / "plan.json").read_text())
