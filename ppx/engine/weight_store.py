@@ -184,14 +184,12 @@ def choose(
     """The way of one split stage (``mode``: ``train.split_backward``): its `WeightStore`, or
     None for the graph's way, and what summary.json says of it. ``trial()`` runs one forward
     of a microbatch through the stage (with a graph) and returns (input, output, output
-    gradient); auto runs it once and I after it, to weigh the stores against the graph."""
+    gradient); auto runs it once and I after it, to weigh the stores against the graph. A
+    stage without Linear layers keeps its graph under store too (a model whose stages have
+    none at all, the known-cost model or the tracer's, is refused store by the config's rules)."""
     if mode == "graph":
         return None, {"mode": "graph", "why": "train.split_backward=graph"}
-    if not layers:
-        if mode == "store":
-            raise UserError(
-                "train.split_backward=store: a stage has no Linear layer to store; use train.split_backward=auto"
-            )
+    if not layers:  # (an embedding alone: store stores the stages that have them, as auto does)
         return None, {"mode": "graph", "why": "no Linear layers to store"}
     store = WeightStore(module, layers)
     info = {"mode": "store", "stored_layers": len(store.layers), "small_params": len(store.small_params())}

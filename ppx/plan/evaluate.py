@@ -66,7 +66,7 @@ def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
     reduce = inputs.reduce_s is not None
     if inputs.samples:  # a run's: the expected step over draws of its measured costs
         once = lambda costs: simulate(sched, costs, inputs.transport, inputs.lookahead, reduce)  # noqa: E731
-        step, bubble, steady = expected(once, inputs.samples, inputs.parts(n))
+        step, bubble, steady = expected(once, inputs.samples, inputs.parts(n), inputs.parts(n, "params"))
     else:
         t = simulate(sched, inputs.costs(n), inputs.transport, inputs.lookahead, reduce)
         step, bubble, steady = t.makespan, t.bubble_fraction(), t.steady()

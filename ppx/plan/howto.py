@@ -49,11 +49,12 @@ def from_run_overrides(best: Result, cfg, inputs: PlanInputs) -> list[str]:
     """What a candidate changes in the run's config ``cfg`` besides the schedule: the known-cost
     model's per-stage cost lists for p·v stages (split as the plan splits the run's costs) and
     enough layers; a batch that divides into m microbatches (the run's microbatch size); and,
-    from a run that stored on every stage (``train.split_backward=store``, the calibration run's
-    way) at other stage counts, auto: a stage cut otherwise may hold no Linear layer to store
-    (GPT-2's embedding alone), which store refuses."""
+    from a run that set ``train.split_backward`` (the calibration run's store), auto for a
+    candidate that splits no backward (there the key changes nothing, and ppx run says so)."""
+    from ppx.plan.space import splits
+
     out, n, model = ["run.dir=null"], best.p * best.v, cfg.model
-    if cfg.train.split_backward == "store" and n != inputs.stages:
+    if cfg.train.split_backward != "auto" and not splits(best.schedule):
         out.append("train.split_backward=auto")
     if model.kind == "synthetic" and model.cost_per == "stage":
         for key in COST_KEYS:  # every stage costs its value whatever its layers: a cut stage costs its part

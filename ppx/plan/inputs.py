@@ -107,7 +107,7 @@ class PlanInputs:
             overhead=self.overhead_s,
             send_post=self.send_post_s,
             recv_post=self.recv_post_s,
-            reduce=self.split(self.reduce_s, num_stages) if self.reduce_s else 0.0,
+            reduce=self.split(self.reduce_s, num_stages, "params") if self.reduce_s else 0.0,  # gradient bytes
         )
 
     def act(self, num_stages: int) -> list[float]:

@@ -24,9 +24,10 @@ class PlanSamples:
     """`ppx.schedules.sim.costs.SampledCosts`' interface over a run's samples, for a candidate
     whose stages are ``parts`` of the run's (`PlanInputs.parts`)."""
 
-    def __init__(self, samples: dict, parts: list[tuple[tuple[int, int, int], ...]], seed: int = 0):
+    def __init__(self, samples: dict, parts: list[tuple], seed: int = 0, reduce_parts: list[tuple] | None = None):
         self._actions = samples["action_s"]
         self._parts = parts  # per candidate stage: (run stage, numerator, denominator) of its shares
+        self._reduce_parts = reduce_parts or parts  # the reduction's, by parameter bytes (`PlanInputs.parts`)
         self._p2p = samples["p2p_s"] or [0.0]
         self._overhead = samples["overhead_s"] or [0.0]
         self._send_post = samples.get("send_post_s") or [0.0]
@@ -43,14 +44,14 @@ class PlanSamples:
             return self._draw(unit, "B")
         return 0.0
 
-    def _of_stage(self, stage: int, op: str) -> float:
-        return sum(self._draw(u, op) * k / n for u, k, n in self._parts[stage])
+    def _of_stage(self, stage: int, op: str, parts: list[tuple] | None = None) -> float:
+        return sum(self._draw(u, op) * k / n for u, k, n in (parts or self._parts)[stage])
 
     def work(self, a: Action) -> float:
         return self._of_stage(a.stage, a.op.value) if a.op.is_compute else 0.0
 
     def reduce_cost(self, stage: int) -> float:
-        return self._of_stage(stage, REDUCE)
+        return self._of_stage(stage, REDUCE, self._reduce_parts)
 
     def after(self, a: Action) -> float:
         return self._rng.choice(self._overhead)
@@ -62,8 +63,10 @@ class PlanSamples:
         return self._rng.choice(self._send_post if a.op.is_send else self._recv_post)
 
 
-def expected(simulate_once, samples: dict, parts: list[tuple]) -> tuple[float, float, float]:
+def expected(
+    simulate_once, samples: dict, parts: list[tuple], reduce_parts: list[tuple] | None = None
+) -> tuple[float, float, float]:
     """(mean step, mean bubble, mean steady-state step) of ``simulate_once(costs)`` over `DRAWS`
-    draws of the samples."""
-    runs = [simulate_once(PlanSamples(samples, parts, seed)) for seed in range(DRAWS)]
+    draws of the samples (``reduce_parts``: the data-parallel reduction's shares, else ``parts``)."""
+    runs = [simulate_once(PlanSamples(samples, parts, seed, reduce_parts)) for seed in range(DRAWS)]
     return fmean(t.makespan for t in runs), fmean(t.bubble_fraction() for t in runs), fmean(t.steady() for t in runs)

@@ -106,6 +106,14 @@ def cases(p: int) -> list[tuple[str, list[str]]]:
     # stores on every stage, the first too (auto runs ZB-H1's and ZB-V's first stage whole: each
     # of its I's is followed at once by its W)
     out += [(f"{mo}-{s}-even-store", overrides(mo, s, p) + ["train.split_backward=store"]) for mo, s in [("llama", "zb_h1"), ("transformer", "zbv")]]
+    # store with the embedding alone on stage 0: that stage has no Linear to store and keeps its graph
+    alone = {2: "[1,5]", 4: "[1,2,2,1]"}[p]
+    out.append(
+        (
+            "llama-zb_h1-embedding-alone-store",
+            overrides("llama", "zb_h1", p) + ["train.split_backward=store", f"pipeline.layers_per_stage={alone}"],
+        )
+    )
     # ZB-V with as many microbatches as ranks: its stage p runs whole too (its gradient stays on its rank)
     out.append(("transformer-zbv-few-microbatches", overrides("transformer", "zbv", p) + [f"pipeline.microbatches={p}"]))
     # receives posted 0 (the lowered list's place) or 2 compute actions before their consumer

@@ -30,6 +30,13 @@ RUNS = {
         "train.dtype=bf16",
         "train.split_backward=store",
     ],
+    # store with the embedding alone on stage 0: nothing to store there, it keeps its graph
+    "llama-zb_h1-store-embedding-alone": [
+        "llama_tiny_1f1b_2cpu",
+        "pipeline.schedule=zb_h1",
+        "train.split_backward=store",
+        "pipeline.layers_per_stage=[1,5]",
+    ],
     # auto: the first stage whole (its I the whole backward, its W nothing), the last storing
     "llama-zb_h1-auto": ["llama_tiny_1f1b_2cpu", "pipeline.schedule=zb_h1"],
     # recomputed: the forward keeps its input, the I re-runs it and holds its stores or graph to W
@@ -159,3 +166,13 @@ def test_a_selectively_recomputed_forward_stores_nothing(shared_run):
     assert got["stores"]["losses"] == got["graph"]["losses"]
     for stores, graph in zip(got["stores"]["ranks"], got["graph"]["ranks"]):  # the stores hold less from I to W
         assert stores["peak_activation_bytes"] <= graph["peak_activation_bytes"]
+
+
+def test_store_keeps_the_graph_of_a_stage_without_linear_layers(shared_run):
+    """train.split_backward=store on a stage of the embedding alone: nothing to store, so that
+    stage keeps its graph (summary.json says why) and the rest store; the run completes (it
+    was refused at build, which failed plans' commands and calibration runs that cut a model
+    so)."""
+    s = read_json(shared_run(*RUNS["llama-zb_h1-store-embedding-alone"], "train.steps=2").dir / "summary.json")
+    assert s["split_backward"]["0"] == {"mode": "graph", "why": "no Linear layers to store"}, s["split_backward"]
+    assert s["split_backward"]["1"]["mode"] == "store"

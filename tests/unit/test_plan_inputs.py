@@ -3,6 +3,8 @@ into v equal parts (or summed in groups for fewer stages), and the shapes that c
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from ppx.models.split import split_layers
@@ -73,6 +75,10 @@ def test_a_runs_stages_regroup_by_their_model_units_and_weights():
         assert sum(inputs.costs(n).fwd) == pytest.approx(18.0) and sum(inputs.act(n)) == pytest.approx(46.0)
         assert inputs.why_not(n) is None
     assert inputs.costs(2).fwd == [8.0, 10.0]  # the run's own split
+    # the data-parallel reduction moves gradients: it follows the parameter bytes, not the FLOPs
+    # (the embedding, 0 FLOPs, holds 3 of its run stage's 7 parameter bytes)
+    reducing = replace(inputs, reduce_s=(7.0, 14.0))
+    assert reducing.costs(4).reduce == pytest.approx([5.0, 2.0 + 4.0, 4.0, 6.0])
     equal = PlanInputs(fwd_s=(6.0, 9.0), bwd_s=(0.0,) * 2, wgrad_s=(0.0,) * 2, stages=2, run_units=(3, 3))
     assert equal.costs(4).fwd == pytest.approx([4.0, 2.0 + 3.0, 3.0, 3.0])
     # a run stage whose units all weigh 0 (a stage of the embedding alone) shares equally

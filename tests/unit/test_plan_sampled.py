@@ -71,6 +71,19 @@ def test_one_sample_each_is_the_means_prediction_when_units_regroup():
     means = simulate(sched, regrouped.costs(6), "gloo", -1)
     drawn = simulate(sched, PlanSamples(samples(), regrouped.parts(6)), "gloo", -1)
     assert drawn.makespan == pytest.approx(means.makespan, rel=1e-12)
+    # with a data-parallel reduction, shared out by parameter bytes on both paths
+    w = UnitWeights(flops=(1, 3, 2, 2, 5, 1), saved_bytes=(1,) * 6, param_bytes=(4, 1, 1, 2, 1, 3))
+    reducing = replace(regrouped, unit_weights=w, reduce_s=(0.002, 0.001, 0.003, 0.001))
+    drawn_samples = {
+        **samples(),
+        "action_s": {**samples()["action_s"], **{f"{s}REDUCE_GRAD": [r] for s, r in enumerate(reducing.reduce_s)}},
+    }
+    means = simulate(sched, reducing.costs(6), "gloo", -1, True)
+    drawn = simulate(
+        sched, PlanSamples(drawn_samples, reducing.parts(6), 0, reducing.parts(6, "params")), "gloo", -1, True
+    )
+    assert means.makespan != pytest.approx(simulate(sched, regrouped.costs(6), "gloo", -1).makespan, rel=1e-6)
+    assert drawn.makespan == pytest.approx(means.makespan, rel=1e-12)
 
 
 def test_spread_samples_predict_a_longer_step_than_their_means():
