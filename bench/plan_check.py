@@ -110,9 +110,8 @@ def _schedule_overrides(cand: dict, plan: dict, tmp: Path) -> list[str]:
         return [f"pipeline.schedule={name}"] + (
             [f"pipeline.virtual_stages={v}"] if registry.FAMILIES[name].virtual else []
         )
-    fields = {k: tuple(x) if isinstance(x, list) else x for k, x in plan["inputs"].items()}
     csv = tmp / f"{name}.csv"
-    write_csv(build(name, cand["p"], cand["m"], v, PlanInputs(**fields)).compute_only(), csv)
+    write_csv(build(name, cand["p"], cand["m"], v, PlanInputs.from_json(plan["inputs"])).compute_only(), csv)
     return [f"pipeline.schedule={csv}"]
 
 

@@ -132,6 +132,14 @@ class PlanInputs:
         out["sampled"] = out.pop("samples") is not None
         return out
 
+    @classmethod
+    def from_json(cls, data: dict) -> PlanInputs:
+        """The inputs `to_json` wrote (plan.json's ``inputs``), without the samples."""
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "sampled"}
+        if fields.get("unit_weights") is not None:
+            fields["unit_weights"] = UnitWeights(**{k: tuple(v) for k, v in fields["unit_weights"].items()})
+        return cls(**fields)
+
 
 def _unit_shares(
     run_units: tuple[int, ...], num_stages: int, weights: tuple[float, ...] | None

@@ -150,3 +150,16 @@ def test_an_input_pass_that_adds_is_counted_and_zb_auto_still_builds():
     inputs = PlanInputs(**base, input_share=(-9.0, -9.0))
     auto = evaluate(Candidate(AUTO, 2, 4, 1), inputs)
     assert auto.peak_bytes == tuple(peak_held(build(AUTO, 2, 4, 1, inputs), [100.0, 100.0], [-9.0, -9.0]))
+
+
+def test_plan_json_inputs_read_back():
+    import json
+
+    from ppx.plan.unit_weights import UnitWeights
+
+    w = UnitWeights(flops=(0.0, 4.0), saved_bytes=(1.0, 10.0), param_bytes=(3.0, 2.0))
+    inputs = PlanInputs(
+        fwd_s=(1.0,), bwd_s=(2.0,), wgrad_s=(0.5,), stages=1, run_units=(2,), unit_weights=w, samples={"action_s": {}}
+    )
+    back = PlanInputs.from_json(json.loads(json.dumps(inputs.to_json())))
+    assert back == replace(inputs, samples=None)
