@@ -155,24 +155,22 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
 def _max_stages(cfg) -> int | None:
     """The most stages the run's model splits into (its units), or None for the known-cost
     model at per-stage costs (a plan's command raises its layers)."""
-    from ppx.models import extra_units
+    from ppx.models import unit_count
 
     if cfg.model.kind == "synthetic" and cfg.model.cost_per == "stage":
         return None
-    return cfg.model.layers + extra_units(cfg.model.kind)
+    return unit_count(cfg.model)
 
 
 def _run_units(cfg, stages: int) -> tuple[int, ...] | None:
     """The model units (blocks, and llama's embedding and head) in each of the run's stages,
     which a candidate's stages regroup as its command splits them; None for the known-cost
     model at per-stage costs (a plan's command gives each of its stages its share of them)."""
-    from ppx.models import extra_units
-    from ppx.models.split import split_layers
+    from ppx.models import stage_units
 
     if cfg.model.kind == "synthetic" and cfg.model.cost_per == "stage":
         return None
-    ranges = split_layers(cfg.model.layers, stages, cfg.pipeline.layers_per_stage, extra_units(cfg.model.kind))
-    return tuple(len(r) for r in ranges)
+    return tuple(len(r) for r in stage_units(cfg.model, stages, cfg.pipeline.layers_per_stage))
 
 
 def _check_machine_flags(args, p: int) -> None:

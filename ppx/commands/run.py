@@ -69,10 +69,9 @@ def _changes_nothing(cfg) -> str | None:
     """A note where the config sets ``train.split_backward`` for a schedule that splits no
     backward (an experiment's setting, kept across a sweep of schedules: not an error)."""
     from ppx.config import resolve_schedule
-    from ppx.schedules.ir.action import Op
 
     way = cfg.train.split_backward
-    if way == "auto" or any(a.op is Op.I for row in resolve_schedule(cfg).actions for a in row):
+    if way == "auto" or resolve_schedule(cfg).splits_backward:
         return None
     return f"ppx: note: train.split_backward={way} changes nothing here: {cfg.pipeline.schedule} splits no backward into I and W"
 

@@ -140,7 +140,6 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
     the layer split and the tracer."""
     from ppx import models
     from ppx.models.costs import stage_costs_ms
-    from ppx.models.split import split_layers
 
     p, m = cfg.pipeline, cfg.model
     if schedules.is_csv(p.schedule) and (sched.num_ranks != p.stages or sched.num_microbatches != p.microbatches):
@@ -156,7 +155,7 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
     check_precision(cfg, sched)
     # other kinds ignore the costs, but a value of the wrong type is an error, not a silent no-op
     stage_costs_ms(m, sched.num_stages if m.kind == "synthetic" else None, p.layers_per_stage)
-    split_layers(m.layers, sched.num_stages, p.layers_per_stage, models.extra_units(m.kind))
+    models.stage_units(m, sched.num_stages, p.layers_per_stage)
     if p.split == "tracer" and m.kind not in models.TRACEABLE:
         why = {
             "synthetic": "its stages sleep inside a custom autograd Function",
@@ -190,10 +189,8 @@ def check_split_backward(cfg: Config, sched: Schedule) -> None:
     """``train.split_backward=store`` where a split backward cannot store: the stores belong to
     ppx's runtime and to Linear layers, which torch's executor, the tracer's GraphModules and
     the known-cost model do not have (auto keeps the graph's way there, and says so)."""
-    from ppx.schedules.ir.action import Op
-
     t, p = cfg.train, cfg.pipeline
-    if t.split_backward != "store" or not any(a.op is Op.I for row in sched.actions for a in row):
+    if t.split_backward != "store" or not sched.splits_backward:
         return
     why = None
     if schedules.runs_on_torch(p.schedule, p.executor):

@@ -23,7 +23,6 @@ from ppx.engine.stage import StageRunner
 from ppx.engine.tied import TiedGrads
 from ppx.models.action_clock import ActionClock
 from ppx.models.costs import recompute_modes
-from ppx.models.split import split_layers
 from ppx.schedules.ir.action import Op
 from ppx.schedules.ir.schedule import Schedule
 from ppx.schedules.ir.structure import whole_backward_stages
@@ -35,8 +34,9 @@ def build_stage_modules(
     """The modules of ``stages`` (block ranges from the split), on ``device``; ``clock`` is
     the executor's, for models whose cost is set."""
     kind = models.kind(cfg.model.kind)
-    extra = models.extra_units(cfg.model.kind)  # llama: its embedding and head are units of the split
-    ranges = split_layers(cfg.model.layers, num_stages, cfg.pipeline.layers_per_stage, extra)
+    ranges = models.stage_units(
+        cfg.model, num_stages, cfg.pipeline.layers_per_stage
+    )  # llama: its embedding and head are units
     if cfg.pipeline.split == "tracer":
         return traced_stage_modules(cfg, ranges, stages, device)
     if hasattr(kind, "calibrate"):  # a model that measures the device once, before any timed step
@@ -66,7 +66,7 @@ def traced_stage_modules(cfg: Config, ranges: Sequence[range], stages: Sequence[
 def build_reference(cfg: Config, device="cpu") -> nn.Module:
     """The whole model as one module, as a single process would train it."""
     kind = models.kind(cfg.model.kind)
-    units = range(cfg.model.layers + models.extra_units(cfg.model.kind))
+    units = range(models.unit_count(cfg.model))
     return kind.build_stage(cfg.model, cfg.train.seed, 0, 1, units).to(device)
 
 

@@ -14,8 +14,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ppx.models.split import split_layers
-
 
 class TiedGrads:
     """The tied groups this rank holds copies of: ``groups`` maps a name to this rank's
@@ -34,12 +32,7 @@ class TiedGrads:
             return None
         from ppx import models
 
-        ranges = split_layers(
-            cfg.model.layers,
-            schedule.num_stages,
-            cfg.pipeline.layers_per_stage,
-            models.extra_units(cfg.model.kind),
-        )
+        ranges = models.stage_units(cfg.model, schedule.num_stages, cfg.pipeline.layers_per_stage)
         groups = {}
         for name, units in sorted(units_of.items()):
             stages = sorted({s for u in units for s, r in enumerate(ranges) if u in r})

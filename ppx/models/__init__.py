@@ -34,6 +34,20 @@ def extra_units(name: str) -> int:
     return EXTRA_UNITS.get(name, 0)
 
 
+def unit_count(model) -> int:
+    """The split units of ``model`` (a model config): its blocks and its kind's extra units."""
+    return model.layers + extra_units(model.kind)
+
+
+def stage_units(model, num_stages: int, per_stage=None) -> list:
+    """Each stage's range of ``model``'s split units (llama's: [embedding, blocks..., head]),
+    as ppx splits it into ``num_stages`` (``per_stage``: pipeline.layers_per_stage, or None:
+    even); UserError for a split that cannot be."""
+    from ppx.models.split import split_layers
+
+    return split_layers(model.layers, num_stages, per_stage, extra_units(model.kind))
+
+
 def kinds_help() -> str:
     """'mlp (Linear+GELU blocks, MSE) | ...', for help texts."""
     return " | ".join(f"{k} ({what})" for k, what in KINDS.items())

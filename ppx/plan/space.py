@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from ppx.errors import UserError
 from ppx.plan.builders import AUTO
 from ppx.plan.inputs import PlanInputs
-from ppx.schedules.ir.action import Op
 from ppx.schedules.registry import FAMILIES
 
 SPLIT_REASON = (
@@ -63,7 +62,7 @@ def splits(name: str) -> bool:
         return True
     fam = FAMILIES[name]
     sched = fam.make(2, 4, fam.default_virtual if not fam.virtual else 2)
-    return any(a.op is Op.I for row in sched.actions for a in row)
+    return sched.splits_backward
 
 
 def _apart(name: str, p: int, m: int, v: int, inputs: PlanInputs) -> str | None:

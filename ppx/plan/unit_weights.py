@@ -42,19 +42,16 @@ def _weigh(cfg) -> UnitWeights:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ppx import models
-    from ppx.models.split import split_layers
 
     kind = models.kind(cfg.model.kind)
-    extra = models.extra_units(cfg.model.kind)
-    n = cfg.model.layers + extra
-    ranges = split_layers(cfg.model.layers, n, None, extra)
+    n = models.unit_count(cfg.model)
     x, target = kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, 0)
     size = cfg.train.batch_size // (cfg.pipeline.microbatches * cfg.parallel.data)
     rows = []
     with FakeTensorMode(allow_non_fake_inputs=True) as fake, torch.enable_grad():
         x, target = fake.from_tensor(x[:size]), fake.from_tensor(target[:size])
         for unit in range(n):
-            module = kind.build_stage(cfg.model, cfg.train.seed, unit, n, ranges[unit], None)
+            module = kind.build_stage(cfg.model, cfg.train.seed, unit, n, range(unit, unit + 1), None)
             loss = (lambda out: kind.loss(out, target)) if unit == n - 1 else None
             x, *row = _one_unit(module, x, loss)
             rows.append(row)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ppx.schedules.ir.action import Action, overlap_string
+from ppx.schedules.ir.action import Action, Op, overlap_string
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,11 @@ class Schedule:
     @property
     def num_stages(self) -> int:
         return len(self.stage_to_rank)
+
+    @property
+    def splits_backward(self) -> bool:
+        """Whether any backward is split into an I and a W (zero bubble's way)."""
+        return any(a.op is Op.I for row in self.actions for a in row)
 
     @property
     def stages_per_rank(self) -> int:
