@@ -54,7 +54,7 @@ def config_of(run_dir: str):
     return RunDir(run_dir).config
 
 
-def assumption_notes(args, inputs, skipped, p: int) -> list[str]:
+def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
     """What a plan from flags assumed for the runtime's time per action and the hand-off, and
     where this machine's figures come from (at the plan's largest ``p``); a run's split
     candidates it refused, and why."""
@@ -68,10 +68,9 @@ def assumption_notes(args, inputs, skipped, p: int) -> list[str]:
             f"{inputs.p2p_s * 1e3:.4g} ms per hand-off ({inputs.source})"
             + ("" if measured else "; " + calibration_hint(p))
         )
-    if args.from_run:
-        cfg = config_of(args.from_run)
-        out.append(first_step_note(args.from_run, cfg))
-        out.append(refused_split_note(args.from_run, skipped, inputs.whole_stages, calibration_way(cfg)))
+    if args.from_run:  # (``run_cfg``: the run's config)
+        out.append(first_step_note(args.from_run, run_cfg))
+        out.append(refused_split_note(args.from_run, skipped, inputs.whole_stages, calibration_way(run_cfg)))
     return [n for n in out if n]
 
 
@@ -121,7 +120,9 @@ def cmd_plan(args) -> int:
     if not results:
         raise UserError("no candidate could be built: " + "; ".join(f"{s.schedule}: {s.reason}" for s in skipped[:3]))
     best = next((r for r in results if r.fits), None)
-    notes = [n for n in [cluster_note(max(ps)), unread] if n] + assumption_notes(args, inputs, skipped, max(ps))
+    run_cfg = config_of(args.from_run) if args.from_run else None
+    notes = [n for n in [cluster_note(max(ps)), unread] if n]
+    notes += assumption_notes(args, inputs, skipped, max(ps), run_cfg)
     if args.from_run and inputs.act_bytes is None:
         notes.append(f"note: {args.from_run} measured no saved bytes per microbatch: peaks count params only")
     close = near_best(results, args.close_pct)
@@ -134,7 +135,6 @@ def cmd_plan(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     csv = out / "best.csv"
     how = []
-    run_cfg = config_of(args.from_run) if args.from_run else None
     commands = candidate_commands(results, out, experiment, inputs, run_cfg, best)
     if best:
         outputs.write_best(csv, best, inputs)
