@@ -201,7 +201,11 @@ class RuntimeConfig:
     device: Literal["auto", "cpu", "cuda"] = _f(
         "auto", "auto: CUDA+NCCL with one GPU per process (pipeline ranks x parallel.data), else CPU+gloo | cpu | cuda"
     )
-    timeout_s: float = _f(60.0, "seconds without progress on one rank before the whole job is ended")
+    timeout_s: float = _f(
+        60.0,
+        "seconds without progress on one rank before the whole job is ended (building the model and NCCL's "
+        "first collective are allowed at least 60)",
+    )
     threads_per_rank: int = _f(1, "CPU threads per process (torch.set_num_threads)")
     pin_cpus: bool = _f(
         True,

@@ -63,7 +63,7 @@ def train(
     returns rank 0's report (``add_step(step, records)``, ``finish()``), which receives every
     step's per-rank records (replica 0's, the others folded in: `merge_replicas`), and None
     elsewhere."""
-    watchdog.phase("building the model")
+    watchdog.phase("building the model", setup=True)
     layout = Layout(schedule.num_ranks, cfg.parallel.data, rank)
     pipe = build_share(cfg, schedule, layout, device, backend, [watchdog, *observers])
     inst = Instruments(cfg, pipe, device)
@@ -74,6 +74,7 @@ def train(
     report = start_report() if start_report is not None else None
     records = RecordGatherer(rank, world, cfg.train.steps, max(cfg.runtime.timeout_s, 30.0))
     if backend == "nccl":
+        watchdog.phase("NCCL's first collective", setup=True)
         # a first collective on every rank before any partial P2P batch, on the rank's own GPU
         # (named: torch otherwise warns on every rank that it guesses the device)
         dist.barrier(device_ids=[device.index])

@@ -217,3 +217,32 @@ def test_the_first_failure_is_the_cause_and_the_launcher_keeps_it_with_where_eac
         "the job failed (exit 1); where each rank was: rank 0: failed on wait 0RECV_B0 from rank 1 (step 0); "
         "rank 1: 1F2 (step 0)",
     ]
+
+
+def test_a_set_up_phase_outlasts_a_short_timeout_and_the_next_phase_does_not(tmp_path):
+    """Building the model (CUDA's first calls, NCCL's first collective) is allowed at least
+    SETUP_FLOOR_S: a 0.3 s timeout does not end the job 2 s into the build, and does end it
+    once the steps have begun, naming the phase."""
+    import subprocess
+    import sys
+
+    code = (
+        "import time\n"
+        "from ppx.launch.watchdog import Watchdog\n"
+        f"dog = Watchdog(0, 0.3, {str(tmp_path / 'status')!r}, poll_s=0.02).start()\n"
+        "dog.phase('building the model', setup=True)\n"
+        "time.sleep(2.0)\n"
+        "print('built', flush=True)\n"
+        "dog.phase('step start', 0)\n"
+        "time.sleep(30)\n"
+    )
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t
+    assert r.returncode == 3 and r.stdout == "built\n", (r.stdout, r.stderr)
+    assert re.fullmatch(
+        r"ppx: error: rank 0 made no progress for 1\.\d s on step start \(step 0\); ending the job "
+        r"\(runtime\.timeout_s=0\.3\)\n",
+        r.stderr,
+    )
+    assert took < 20  # ended by the watchdog, not by the 30 s sleep
