@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.tables import markdown, write_generated  # noqa: E402
+from bench.tables import markdown, this_machine, write_generated  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ["model.kind=mlp", "model.hidden=256", "model.layers=8", "train.batch_size=64", "pipeline.microbatches=8"]
@@ -303,6 +303,7 @@ def main() -> None:
         results["printed_plans"] = check_printed()  # plans run as printed; zb_auto vs the paper (issue 25)
     if set(only) == set(CASES):
         results["measured_on"] = time.strftime("%Y-%m-%d")
+        results["machine"] = this_machine()
         (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         md = markdown(results, scale)
         (ROOT / "docs").mkdir(exist_ok=True)

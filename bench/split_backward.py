@@ -43,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from ppx.config import SUMMARY_ONLY, as_overrides
@@ -225,6 +226,7 @@ def check_paired(model: str, dtype: str, p: int, reps: int = PAIRED_REPS) -> dic
         for name in PAIRED_ZB:
             ratios[f"{kind}@{name}"] = statistics.median(a / b for a, b in zip(steps[f"{kind}@{name}"], one))
     out = {"median_step_s": got["median_step_s"], "pairs": len(steps[PAIRED[0]]), "ratio": ratios}
+    out["machine"], out["date"] = _where(), time.strftime("%Y-%m-%d")
     print(f"  split paired {model} {dtype} p={p}: {json.dumps({k: round(r, 3) for k, r in ratios.items()})}")
     return out
 
@@ -232,6 +234,15 @@ def check_paired(model: str, dtype: str, p: int, reps: int = PAIRED_REPS) -> dic
 PAIRED_CONFIGS = {
     f"{model} {dtype} p={p}": (model, dtype, p) for p in PAIRED_PS for model in MODELS for dtype in ("fp32", "bf16")
 }
+
+
+def _where() -> str:
+    """This machine (bench/tables.py's `this_machine`), and the CPUs the job had where it was
+    given fewer than the machine has (``taskset``)."""
+    from bench.tables import this_machine
+
+    cpus, total = len(os.sched_getaffinity(0)), os.cpu_count()
+    return this_machine() + (f", the job on {cpus} of its CPUs" if cpus != total else "")
 
 
 def check_paired_all(only: str | None = None, cores: int | None = None) -> dict:
@@ -262,11 +273,14 @@ def matching(names, only: str | None, flag: str) -> list[str]:
     return got
 
 
-def paired_rows(results: dict) -> list[tuple[str, str, str, str]]:
-    """One row per (model, dtype, p): each zero-bubble step over the 1F1B step beside it."""
+def paired_rows(results: dict, machine: str) -> list[tuple[str, str, str, str]]:
+    """One row per (model, dtype, p): each zero-bubble step over the 1F1B step beside it. A row
+    measured on another machine than ``machine`` (the page's header) says where and when."""
     out = []
     for name, got in results.items():
         what = f"split backward, steps side by side, {name}, m={M}: each zero-bubble step over the 1F1B step beside it"
+        if got.get("machine") and not got["machine"].startswith(machine):
+            what += f" (measured {got['date']} on {got['machine']})"
         if "skipped" in got:
             out.append((what, f"not measured: {got['skipped']}", "ZB-H1 < 1F1B", "skipped"))
             continue

@@ -234,7 +234,7 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
     if "split_paired" in results:
         from bench.split_backward import paired_rows
 
-        out += paired_rows(results["split_paired"])
+        out += paired_rows(results["split_paired"], results.get("machine") or this_machine())
     if "split_costs" in results:
         from bench.split_costs import rows as split_cost_rows
 
@@ -291,6 +291,14 @@ def model_cost_rows(runs: dict) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def this_machine() -> str:
+    """The machine the header names: processor, cores, Python and torch. `make bench` keeps it
+    in results.json (``machine``), so rows measured again elsewhere can say where."""
+    return (
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}"
+    )
+
+
 def markdown(results: dict, scale: float) -> str:
     measured = results.get("measured_on") or time.strftime("%Y-%m-%d")
     again, cases = results.get("rerun"), results.get("cases_rerun")
@@ -300,8 +308,7 @@ def markdown(results: dict, scale: float) -> str:
         f"Measured by `make bench` on {measured}"
         + (f" (runs {', '.join(again['runs'])} on {again['date']}, by `bench/run.py --runs`)" if again else "")
         + (f" (cases {', '.join(cases['cases'])} on {cases['date']}, by `bench/run.py --cases`)" if cases else "")
-        + f": {platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}, torch {torch.__version__}, CPU + gloo, 1 thread per process, "
+        + f": {results.get('machine') or this_machine()}, CPU + gloo, 1 thread per process, "
         "each process pinned as `ppx run` pins CPU ranks (`runtime.pin_cpus`: its own block of CPUs; with more "
         "ranks than CPUs, one CPU each, round robin).",
         "Each case runs its variants side by side in one torchrun job, alternating step by step (20 to 300 measured "

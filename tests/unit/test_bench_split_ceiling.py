@@ -56,9 +56,21 @@ def _paired(alone_zb: float, timed_zb: float) -> dict:
 def test_paired_rows_pass_only_where_zb_h1_is_faster_alone_and_with_instruments(alone, timed, verdict):
     from bench.split_backward import paired_rows
 
-    (row,) = paired_rows(_paired(alone, timed))
+    (row,) = paired_rows(_paired(alone, timed), "x86_64, 2 cores")
     assert row[3] == verdict and f"ZB-H1 {alone:.3f}x" in row[1] and f"ZB-H1 {timed:.3f}x" in row[1]
     assert "median of 60 pairs in one job" in row[0]
+
+
+def test_a_paired_row_measured_on_another_machine_says_where_and_when():
+    from bench.split_backward import _where, paired_rows
+
+    here = _where()
+    got = _paired(0.98, 0.99)["m fp32 p=2"]
+    elsewhere = {**got, "machine": "x86_64, 16 cores, torch 2.11, the job on 8 of its CPUs", "date": "2026-11-28"}
+    (row,) = paired_rows({"m fp32 p=4": elsewhere}, here)
+    assert "(measured 2026-11-28 on x86_64, 16 cores, torch 2.11, the job on 8 of its CPUs)" in row[0]
+    (row,) = paired_rows({"m fp32 p=2": {**got, "machine": here, "date": "2026-11-28"}}, here)
+    assert "measured 2026" not in row[0]  # the header's machine: said once, above the table
 
 
 def test_a_rerun_of_an_unknown_case_is_refused_in_one_line():
@@ -78,5 +90,5 @@ def test_paired_configurations_with_more_ranks_than_cores_are_not_measured(monke
     assert sorted(got) == sorted(f"{m} fp32 p={p}" for m in sb.MODELS for p in (2, 4))
     skipped = [got[f"{m} fp32 p=4"] for m in sb.MODELS]
     assert all(s == {"skipped": "needs a core per rank (4); this machine has 2"} for s in skipped)
-    rows = sb.paired_rows({"x p=4": skipped[0]})
+    rows = sb.paired_rows({"x p=4": skipped[0]}, "x86_64, 2 cores")
     assert rows[0][1:] == ("not measured: needs a core per rank (4); this machine has 2", "ZB-H1 < 1F1B", "skipped")
