@@ -69,6 +69,12 @@ def parser() -> argparse.ArgumentParser:
         help="place and check sends/receives to run on nccl (batches complete in order; default, and then "
         "gloo runs it too) or gloo (each send/receive on its own, activations and gradients on their own groups)",
     )
+    sch.add_argument(
+        "--drain",
+        action="store_true",
+        help="split a backward only where its W comes after its stage's last forward, the others whole B's "
+        "(what train.split_backward=drain runs)",
+    )
     sch.add_argument("--actions", action="store_true", help="also list every rank's actions, comms included")
     sch.add_argument("--csv", help="write the schedule as torch-style CSV to this file")
     sch.add_argument("--with-comms", action="store_true", help="with --csv: include SEND/RECV actions")

@@ -71,6 +71,12 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
     if args.from_run:  # (``run_cfg``: the run's config)
         out.append(first_step_note(args.from_run, run_cfg))
         out.append(refused_split_note(args.from_run, skipped, inputs.whole_stages, calibration_way(run_cfg)))
+        if run_cfg.train.split_backward == "drain":
+            out.append(
+                f"note: {args.from_run} ran train.split_backward=drain: every candidate is planned with its "
+                "backwards split where its schedule splits them, at the I and W of the microbatches the run split, "
+                "and run so (train.split_backward=auto in its command)"
+            )
     return [n for n in out if n]
 
 

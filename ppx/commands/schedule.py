@@ -35,6 +35,12 @@ def cmd_schedule(args) -> int:
             f"--fwd and --bwd must be >= 1 grid slot and --wgrad >= 0 (got {args.fwd}, {args.bwd}, {args.wgrad})"
         )
     sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual, args.transport)
+    if args.drain:
+        from ppx.schedules.ir.structure import drain_only
+
+        if not sched.splits_backward:
+            raise UserError(f"--drain: {sched.name} splits no backward into I and W")
+        sched = drain_only(sched)
     if args.wgrad is None:  # a split backward's W shows in the grid, as the theory (t_f = t_b = t_w) counts it
         args.wgrad = int(any(a.op is Op.W for row in sched.actions for a in row))
     args.virtual = sched.stages_per_rank
@@ -53,7 +59,9 @@ def cmd_schedule(args) -> int:
     line = f"bubble (idle share of the step): simulated {timeline.bubble_fraction():.1%}"
     if schedules.is_csv(args.name):
         line += _own_order(args.name, sched, costs, args.transport)
-    if fam is not None:
+    if args.drain:
+        line += " (split only where a W fills the drain: the family's theory is for every backward split)"
+    elif fam is not None:
         th = fam.bubble(p, m, args.virtual)
         line += f", theory {fam.bubble_formula} = {th:.1%}; as a share of the ideal time: {th / (1 - th):.1%}"
     print(line)

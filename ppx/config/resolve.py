@@ -5,15 +5,19 @@ from __future__ import annotations
 from ppx import schedules
 from ppx.config.schema import Config
 from ppx.schedules.ir.schedule import Schedule
+from ppx.schedules.ir.structure import drain_only
 
 
 def resolve_schedule(cfg: Config) -> Schedule:
     """The validated schedule (with comms) the config asks for; torch's schedules as ppx's
-    list of the same order."""
+    list of the same order; under ``train.split_backward=drain``, split only where a W fills
+    the drain (`drain_only`)."""
     p = cfg.pipeline
     if schedules.is_csv(p.schedule):
-        return schedules.from_csv(p.schedule)
-    return schedules.build(p.schedule, p.stages, p.microbatches, virtual_stages(cfg))
+        sched = schedules.from_csv(p.schedule)
+    else:
+        sched = schedules.build(p.schedule, p.stages, p.microbatches, virtual_stages(cfg))
+    return drain_only(sched) if cfg.train.split_backward == "drain" else sched
 
 
 def virtual_stages(cfg: Config) -> int:

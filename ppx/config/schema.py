@@ -183,14 +183,17 @@ class TrainConfig:
         "its I when split) | selective (keeps matmul and attention outputs, recomputes the cheap element-wise ops); "
         "one value or a list, one per stage; ppx's runtime only (not pipeline.executor=torch)",
     )
-    split_backward: Literal["auto", "store", "graph"] = _f(
+    split_backward: Literal["auto", "store", "graph", "drain"] = _f(
         "auto",
         "how a split backward (I, then W) gets its weight gradients: store (I stores each Linear layer's input "
         "and output gradient and drops the graph; W does only the weight matmuls; small weights such as norms "
         "and embeddings take their gradients in I) | graph (I keeps the graph and W walks it again) | auto "
         "(per stage, store where the stores hold no more bytes than the graph, measured once at build; a stage "
         "without Linear layers keeps its graph; a stage whose every I the schedule follows at once by its W, "
-        "as ZB-H1's and ZB-V's first stage, runs one whole backward in the I and nothing in the W: whole); the "
+        "as ZB-H1's and ZB-V's first stage, runs one whole backward in the I and nothing in the W: whole) | drain "
+        "(auto's way, but a stage splits only the microbatches whose W the schedule runs after its last forward, "
+        "where a W can fill the drain; every other microbatch runs one whole backward, B, at its I's place: the "
+        "list itself changes, as ppx schedule --drain shows); the "
         "choice per stage goes to summary.json (split_backward); "
         "ppx's runtime only (pipeline.executor=torch splits its own way); under a schedule without I and W it changes nothing, and ppx run says so",
     )

@@ -238,7 +238,7 @@ def build_rank(
     split = {a.stage for a in schedule.actions[rank] if a.op is Op.I}
     # stages whose every I is followed at once by its W: one whole backward there, nothing to store
     # (not the known-cost model: its I and W are its own sleeps, its gradients the action's)
-    merge = cfg.train.split_backward == "auto" and schedule.training and cfg.model.kind != "synthetic"
+    merge = cfg.train.split_backward in ("auto", "drain") and schedule.training and cfg.model.kind != "synthetic"
     whole = whole_backward_stages(schedule, rank) if merge else set()
     split -= whole
     precision = Precision(cfg.train.dtype, device)
@@ -248,6 +248,10 @@ def build_rank(
     sample = sample_microbatch(cfg, precision, m, device)
     shape, dtype = sample.boundary  # activations and gradients travel in the compute dtype
     split_report = {s: set_up_split(cfg, r, s in split and schedule.training, sample) for s, r in runners.items()}
+    for s in split & set(runners):  # a B among a split stage's I and W: that microbatch runs whole
+        runners[s].whole_mbs = frozenset(a.mb for a in schedule.actions[rank] if a.stage == s and a.op is Op.B)
+        if runners[s].whole_mbs and split_report.get(s):
+            split_report[s]["whole_microbatches"] = sorted(runners[s].whole_mbs)
     for s in whole:  # (never storing: a store's B runs as its I then its W, which would call this I again)
         assert runners[s].store is None, f"stage {s} runs whole and stores"
         runners[s].whole_in_input = True

@@ -48,6 +48,9 @@ class StageRunner:
         # every I of this stage is followed at once by its W (`whole_backward_stages`): the I
         # runs the whole backward, the W nothing (set by the rank's build under split_backward=auto)
         self.whole_in_input = False
+        # microbatches the schedule gives a whole B on this split stage (a list that splits only
+        # where a W fills an idle): their forward stores nothing, their B is one plain backward
+        self.whole_mbs: frozenset[int] = frozenset()
         self.saved: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # None: to recompute
         self.grad_outputs: dict[int, torch.Tensor | None] = {}
         self.precision = precision
@@ -94,7 +97,7 @@ class StageRunner:
         x = self._input(x)
         recomputed = self.training and self.recompute is not None
         if self.store is not None:  # a forward re-run in the I stores, not the one it re-runs
-            self.store.forward_mb = None if recomputed else mb
+            self.store.forward_mb = None if recomputed or mb in self.whole_mbs else mb
         if recomputed:  # keeps x; the graph comes in backward
             out = self.recompute.forward(mb, lambda: self._run(x, target), [x, target])
             self.saved[mb] = (x, None)
@@ -113,14 +116,14 @@ class StageRunner:
         x, out = self.saved[mb]
         if out is None:
             if self.store is not None:
-                self.store.forward_mb = mb
+                self.store.forward_mb = None if mb in self.whole_mbs else mb
             out = self.recompute.recompute(mb)
             self.saved[mb] = (x, out)
         return x, out
 
     def backward(self, mb: int, grad_output: torch.Tensor | None) -> torch.Tensor | None:
         """Accumulate parameter gradients; return d(loss)/d(input) for the previous stage."""
-        if self.store is not None:  # a storing stage's weights enter detached: its I, then its W
+        if self.store is not None and mb not in self.whole_mbs:  # its weights entered detached: I, then W
             grad_in = self.backward_input(mb, grad_output)
             self.store.weight_pass(mb)
             return grad_in

@@ -90,7 +90,8 @@ def mean_costs(samples: dict) -> dict:
 
 
 def costs_from(measured: dict, num_stages: int) -> schedules.Costs:
-    """Simulator costs from measured means: F, I (or B minus W) and W per stage."""
+    """Simulator costs from measured means: F, I (or B minus W) and W per stage, and B where
+    a stage measured both B and I."""
     a = measured["action_s"]
 
     def get(stage, op, default=0.0):
@@ -99,7 +100,10 @@ def costs_from(measured: dict, num_stages: int) -> schedules.Costs:
     fwd = [get(s, "F") for s in range(num_stages)]
     wgrad = [get(s, "W") for s in range(num_stages)]
     bwd = [get(s, "I") if f"{s}I" in a else get(s, "B") - get(s, "W") for s in range(num_stages)]
+    # a stage that ran both B's and I/W's (train.split_backward=drain): its B measured apart
+    whole = [get(s, "B") if f"{s}I" in a and f"{s}B" in a else None for s in range(num_stages)]
     return schedules.Costs(
+        whole=whole if any(w is not None for w in whole) else None,
         reduce=[get(s, REDUCE) for s in range(num_stages)],
         fwd=fwd,
         bwd=bwd,

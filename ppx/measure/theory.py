@@ -55,6 +55,8 @@ def run_theory(cfg, schedule: Schedule, backend: str) -> Theory:
     fam = schedules.formula_family(cfg.pipeline.schedule)
     if fam is None:
         return Theory(None, None, "none: a schedule from a CSV has no formula")
+    if cfg.train.split_backward == "drain" and schedule.splits_backward:
+        return Theory(None, None, "none: train.split_backward=drain runs whole B's where the family's formula splits")
     return Theory(
         fam.bubble(schedule.num_ranks, schedule.num_microbatches, virtual_stages(cfg)),
         None,

@@ -50,11 +50,14 @@ def from_run_overrides(best: Result, cfg, inputs: PlanInputs) -> list[str]:
     model's per-stage cost lists for p·v stages (split as the plan splits the run's costs) and
     enough layers; a batch that divides into m microbatches (the run's microbatch size); and,
     from a run that set ``train.split_backward`` (the calibration run's store), auto for a
-    candidate that splits no backward (there the key changes nothing, and ppx run says so)."""
+    candidate that splits no backward (there the key changes nothing, and ppx run says so) and
+    for every candidate of a drain run (the plan costs every backward split, as auto runs it;
+    drain would change the candidate's list)."""
     from ppx.plan.space import splits
 
     out, n, model = ["run.dir=null"], best.p * best.v, cfg.model
-    if cfg.train.split_backward != "auto" and not splits(best.schedule):
+    way = cfg.train.split_backward
+    if way == "drain" or way != "auto" and not splits(best.schedule):
         out.append("train.split_backward=auto")
     if model.kind == "synthetic" and model.cost_per == "stage":
         for key in COST_KEYS:  # every stage costs its value whatever its layers: a cut stage costs its part

@@ -28,7 +28,10 @@ def split_rows(summary: dict) -> list[list[str]]:
         layers = str(info["stored_layers"]) if info.get("mode") == "store" and "stored_layers" in info else ""
         sizes = _sizes(info)
         held = f"stores {sizes[0]}, the graph {sizes[1]}" if sizes else ""
-        rows.append([stage, info.get("mode", ""), layers, held, share, info.get("why", "")])
+        why = info.get("why", "")
+        if info.get("whole_microbatches"):
+            why += f"; microbatches {', '.join(map(str, info['whole_microbatches']))} whole (B)"
+        rows.append([stage, info.get("mode", ""), layers, held, share, why])
     return rows
 
 
@@ -49,5 +52,9 @@ def split_line(summary: dict) -> str | None:
                 detail += f": {sizes[0]} a microbatch against the graph's {sizes[1]}"
         else:
             detail = info.get("why", "")
+        whole = info.get("whole_microbatches")
+        if whole:  # a list that splits only some of the stage's microbatches (train.split_backward=drain)
+            n = len(whole)
+            detail += ("; " if detail else "") + f"{n} microbatch{'es' if n != 1 else ''} whole (B)"
         parts.append(f"stage {stage} {mode}" + (f" ({detail})" if detail else ""))
     return "ppx: split backward: " + ", ".join(parts) if parts else None

@@ -128,6 +128,18 @@ def cases(p: int) -> list[tuple[str, list[str]]]:
         (f"{mo}-{s}-even-torch_executor", overrides(mo, s, p) + ["pipeline.executor=torch"])
         for mo, s in [("mlp", "1f1b"), ("mlp", "zb_h1"), ("transformer", "interleaved")]
     ]
+    # ZB-H1 split only where its W comes after the stage's last F, the rest whole B's
+    # (train.split_backward=drain): a split stage that also runs B's; as a CSV of that list,
+    # storing on every stage (the first too) and the graph's way; recomputing; torch's executor
+    drain = [o for o in overrides("llama", "zb_h1", p) if not o.startswith("pipeline.microbatches=")]
+    drain += [f"pipeline.microbatches={2 * p}", "train.split_backward=drain"]  # (at m = p every W follows the last F)
+    out += [
+        ("llama-zb_h1-drain", drain),
+        ("llama-zb_h1-drain-recompute", drain + ["train.recompute=full"]),
+        ("llama-zb_h1-drain-torch_executor", drain + ["pipeline.executor=torch"]),
+        ("llama-zb_h1-drain-csv-store", drain_csv_overrides("llama", p) + ["train.split_backward=store"]),
+        ("transformer-zb_h1-drain-csv-graph", drain_csv_overrides("transformer", p) + ["train.split_backward=graph"]),
+    ]
     out.append(("mlp-zb_auto-csv", auto_csv_overrides(p)))
     # the memory-using orders: 2p microbatches with the paper's accounting (I frees 0.6), steady cost
     out.append(("mlp-zb_auto-2p-steady-csv", auto_csv_overrides(p, limit=2 * p, share=0.6, cost="steady")))
@@ -161,6 +173,27 @@ def auto_csv_overrides(p: int, m: int = 8, limit: float = 2, share: float = 0.0,
         "train.batch_size=8",
         "train.seed=3",
     ]
+
+
+def drain_csv_overrides(model: str, p: int) -> list[str]:
+    """Overrides running ZB-H1 whose every microbatch's backward is whole (B) except where its
+    W comes after the stage's last F (`drain_only`), from a CSV (atomically: every spawned
+    process writes the same file)."""
+    import os
+    import tempfile
+
+    from ppx import schedules
+    from ppx.schedules.csv_io import write_csv
+    from ppx.schedules.ir.structure import drain_only
+
+    m = 2 * p  # (at m = p every W comes after the last F)
+    path = Path(tempfile.gettempdir()) / f"ppx-zb-drain-{os.getuid()}" / f"p{p}_m{m}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    write_csv(drain_only(schedules.build("zb_h1", p, m)), tmp)
+    os.replace(tmp, path)
+    keep = [o for o in overrides(model, "zb_h1", p) if not o.startswith(("pipeline.schedule=", "pipeline.microbatches="))]
+    return keep + [f"pipeline.schedule={path}", f"pipeline.microbatches={m}"]
 
 
 def torch_order_cases(p: int) -> list[tuple[str, list[str]]]:

@@ -39,6 +39,8 @@ RUNS = {
     ],
     # auto: the first stage whole (its I the whole backward, its W nothing), the last storing
     "llama-zb_h1-auto": ["llama_tiny_1f1b_2cpu", "pipeline.schedule=zb_h1"],
+    # drain: the last stage stores for the microbatches whose W follows its last F, B's for the rest
+    "llama-zb_h1-drain": ["llama_tiny_1f1b_2cpu", "pipeline.schedule=zb_h1", "train.split_backward=drain"],
     # recomputed: the forward keeps its input, the I re-runs it and holds its stores or graph to W
     "transformer-zb_h1-recompute-stores": [
         "transformer_1f1b_2cpu",
@@ -134,6 +136,24 @@ def test_a_first_stage_whose_every_i_is_followed_by_its_w_runs_whole(shared_run)
     # its W measures nothing: the I took the stage's whole backward
     costs = s["measured_costs"]["action_s"]
     assert costs["0W"] < 0.05 * costs["0I"], costs
+
+
+def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run):
+    """train.split_backward=drain at p=2, m=4: rank 1 splits microbatches 2 and 3 (their W's
+    follow its last F) and runs 0 and 1 whole, B's its timeline and costs measure apart from
+    its I's; the prediction holds its step, and its peak, as measured; no theory (the family's
+    formula splits every backward)."""
+    run = shared_run(*RUNS["llama-zb_h1-drain"], "train.steps=2")
+    s = read_json(run.dir / "summary.json")
+    assert s["split_backward"]["0"]["mode"] == "whole", s["split_backward"]
+    assert s["split_backward"]["1"]["mode"] == "store" and s["split_backward"]["1"]["whole_microbatches"] == [0, 1]
+    line = next(x for x in run.result.stdout.splitlines() if x.startswith("ppx: split backward: "))
+    assert line.endswith("; 2 microbatches whole (B))"), line
+    costs = s["measured_costs"]["action_s"]
+    assert {"0B", "0I", "1B", "1I", "1W"} <= set(costs), costs  # (stage 0: B's, then I's that run whole)
+    assert s["bubble_fraction_theory"] is None
+    assert abs(s["memory_prediction_error"]) <= 0.05
+    assert abs(s["prediction_error"]["step_time"]) <= 0.25  # (two steps on two shared cores: the shape, not the figure)
 
 
 @pytest.mark.parametrize("way", ["stores", "graph"])

@@ -58,3 +58,14 @@ def test_a_split_backwards_grid_shows_its_ws_by_default():
     r = ppx("schedule", "zb_h1", "-p", "4", "-m", "8", "--wgrad", "0")
     rows = [line for line in r.stdout.splitlines() if line.startswith("rank ")]
     assert len(rows) == 4 and not any(" W" in row for row in rows) and "simulated 27.3%" in r.stdout
+
+
+def test_drain_draws_whole_bs_where_no_w_fills_the_drain_and_refuses_a_list_without_a_split():
+    r = ppx("schedule", "zb_h1", "-p", "2", "-m", "8", "--drain")
+    rows = {line.split()[1]: line.split()[2:] for line in r.stdout.splitlines() if line.startswith("rank ")}
+    assert rows["1"] == (". F0 B0 B0 F1 B1 B1 F2 B2 B2 F3 B3 B3 F4 B4 B4 F5 B5 B5 F6 I6 . F7 I7 W6 W7".split()), (
+        r.stdout
+    )  # rank 1 splits only the two microbatches whose W comes after its last F
+    assert "simulated 7.7% (split only where a W fills the drain" in r.stdout and "theory (p-1)" not in r.stdout
+    r = ppx("schedule", "1f1b", "--drain")
+    assert r.returncode == 2 and r.stderr == "ppx: error: --drain: 1f1b splits no backward into I and W\n"

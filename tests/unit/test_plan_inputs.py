@@ -111,6 +111,30 @@ def test_the_known_cost_overrides_carry_the_candidates_stage_costs():
     ]
 
 
+@pytest.mark.parametrize(
+    "way,schedule,extra",
+    [
+        ("drain", "zb_h1", ["train.split_backward=auto"]),
+        ("drain", "1f1b", ["train.split_backward=auto"]),
+        ("store", "zb_h1", []),
+        ("store", "1f1b", ["train.split_backward=auto"]),
+        ("auto", "zb_h1", []),
+    ],
+)
+def test_a_plans_commands_run_every_candidate_as_it_was_costed(way, schedule, extra):
+    """A plan costs each candidate's list as its family builds it: from a drain run (whose
+    lists would change under drain) or for a candidate that splits nothing, the command says
+    train.split_backward=auto; a storing run's split candidates keep store (costed so)."""
+    from ppx import config
+    from ppx.plan.evaluate import Result
+    from ppx.plan.howto import from_run_overrides
+
+    cfg = config.load("llama_tiny_1f1b_2cpu", ["pipeline.schedule=zb_h1", f"train.split_backward={way}"])
+    inputs = PlanInputs(fwd_s=(1.0, 1.0), bwd_s=(1.0, 1.0), wgrad_s=(0.5, 0.5), stages=2)
+    best = Result(schedule, 2, cfg.pipeline.microbatches, 1, 1.0, 0.0, (0.0, 0.0), True)
+    assert from_run_overrides(best, cfg, inputs) == ["run.dir=null", *extra]
+
+
 def test_the_share_an_input_pass_frees_follows_the_bytes_onto_any_stage_count():
     """A run whose split backward stores frees part of each microbatch at I: merged stages free
     the byte-weighted share of theirs, cut ones their stage's."""

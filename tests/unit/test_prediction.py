@@ -52,3 +52,15 @@ def test_cost_samples_split_posting_into_sends_and_receives():
     assert samples["overhead_s"] == pytest.approx([0.025, 0.0])  # rank 0's 0.05 gap over its two computes
     costs = costs_from(mean_costs(samples), 2)
     assert (costs.send_post, costs.recv_post) == pytest.approx((0.1, 0.025))
+
+
+def test_a_stage_that_ran_bs_and_is_and_ws_keeps_its_b_apart():
+    """A drain run's split stage measured whole B's beside its I's and W's: the simulator
+    costs its B's as measured, not as I + W (the split's own cost, which the B never paid)."""
+    measured = {"action_s": {"0F": 1.0, "0B": 2.0, "1F": 1.0, "1B": 2.5, "1I": 2.0, "1W": 1.0}, "p2p_s": 0.0}
+    c = costs_from(measured, 2)
+    assert c.whole == [None, 2.5] and c.bwd == [2.0, 2.0] and c.wgrad == [0.0, 1.0]
+    from ppx.schedules.ir.action import Action, Op
+
+    assert c.work(Action(1, Op.B, 0)) == 2.5 and c.work(Action(0, Op.B, 0)) == 2.0 and c.work(Action(1, Op.I, 0)) == 2.0
+    assert costs_from({"action_s": {"0F": 1.0, "0B": 2.0}, "p2p_s": 0.0}, 1).whole is None

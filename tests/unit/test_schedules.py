@@ -181,6 +181,39 @@ def test_every_stage_takes_its_microbatches_gradients_in_microbatch_order(name):
     assert built
 
 
+@pytest.mark.parametrize(
+    "name,p,m", [("zb_h1", 2, 8), ("zb_h1", 4, 8), ("zb_h2", 4, 8), ("zbv", 2, 8), ("interleaved_zb", 2, 4)]
+)
+def test_drain_only_splits_where_a_w_follows_the_stages_last_forward(name, p, m):
+    """train.split_backward=drain's list: each I whose W the rank runs before its stage's last F
+    becomes a B at the I's place and its W goes; the rest, and every other action, stay."""
+    from ppx.schedules.ir.structure import drain_only
+
+    zb = schedules.build(name, p, m)
+    got = drain_only(zb)
+    schedules.validate(got)
+    assert got.name == zb.name and got.splits_backward
+    for row, new in zip(zb.actions, got.actions):
+        last_f = {a.stage: k for k, a in enumerate(row) if a.op is Op.F}
+        kept = {(a.stage, a.mb) for k, a in enumerate(row) if a.op is Op.W and k > last_f[a.stage]}
+        want = [
+            a._replace(op=Op.B) if a.op is Op.I and (a.stage, a.mb) not in kept else a
+            for a in row
+            if not (a.op is Op.W and (a.stage, a.mb) not in kept)
+        ]
+        assert list(new) == want
+    assert any(a.op is Op.B for row in got.actions for a in row)  # (at these m some W precedes a last F)
+
+
+def test_drain_only_leaves_lists_without_a_split_and_ranks_with_cells():
+    from ppx.schedules.ir.structure import drain_only
+
+    one = schedules.build("1f1b", 2, 4)
+    assert drain_only(one) is one
+    dual = schedules.build("dualpipev", 2, 8)
+    assert drain_only(dual).actions == dual.actions  # every rank has overlapped cells
+
+
 def test_whole_backward_stages_are_those_whose_every_i_is_followed_at_once_by_its_w():
     """ZB-H1's first stage sends nothing upstream, so each of its I's is followed at once by
     its W: it may run whole. The last stage defers its W's; a send between an I and its W, or

@@ -171,6 +171,36 @@ def test_stored_gradients_equal_the_graphs_in_bf16_and_under_recompute(model):
             assert a.dtype == torch.float32 and torch.equal(a, b)  # fp32 masters, the same bits
 
 
+@pytest.mark.parametrize("model", ["transformer", "llama"])
+@pytest.mark.parametrize("dtype,recompute", [("fp32", False), ("bf16", False), ("fp32", True)])
+def test_a_storing_stage_runs_the_microbatches_given_a_b_whole(model, dtype, recompute):
+    """A list that gives some microbatches of a split stage a B (`whole_mbs`): their forward
+    stores nothing and their B is one plain backward, the others store for their I and W; the
+    gradients are a plain backward's to the bit."""
+    _, ref, _, _ = _run(model, "plain", 1, dtype, recompute)
+    cfg, kind, runner, info = _stage(model, "store", 1, dtype, recompute)
+    assert info["mode"] == "store"
+    runner.whole_mbs = frozenset({0, 1})
+    shape, _ = kind.boundary(cfg.model, 2)
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(shape, generator=gen) for _ in range(M)]
+    grads_out = [torch.randn(shape, generator=gen) for _ in range(M)]
+    if (cast := getattr(runner.precision, "dtype", None)) is not None:
+        xs, grads_out = [x.to(cast) for x in xs], [g.to(cast) for g in grads_out]
+    runner.new_step()
+    for mb in range(M):
+        runner.forward(mb, xs[mb], None)
+    assert runner.store.microbatches() == ({2, 3} if not recompute else set())  # recompute stores in I
+    for mb in range(M):  # B's for 0 and 1, I's for 2 and 3
+        (runner.backward if mb < 2 else runner.backward_input)(mb, grads_out[mb])
+    assert runner.store.microbatches() == {2, 3}
+    runner.backward_weight(2)
+    runner.backward_weight(3)
+    assert runner.in_flight() == 0
+    got = [p.grad for p in runner.module.parameters()]
+    assert len(got) == len(ref) and all(torch.equal(a, b) for a, b in zip(ref, got))
+
+
 def test_every_parameter_gets_its_gradient_in_exactly_one_pass():
     """I takes the small weights, W the stored layers': a partition of the trainable ones."""
     _, _, runner, info = _stage("llama", "store", 0)

@@ -28,7 +28,9 @@ class Costs:
     ops are posted one after another from the end of the compute before it, each out when its
     own posting ends); ``overhead`` is added to every compute action: the runtime's own time
     around it besides posting; ``reduce`` (one value or per stage) is a stage's data-parallel
-    gradient reduction."""
+    gradient reduction. ``whole`` (None, or per stage a value or None) is what a B costs on a
+    stage whose list also splits backwards (``train.split_backward=drain``), measured apart:
+    a split's I + W costs more than the whole backward it replaces."""
 
     fwd: PerStage = 1.0
     bwd: PerStage = 1.0
@@ -38,6 +40,7 @@ class Costs:
     send_post: float = 0.0
     recv_post: float = 0.0
     reduce: PerStage = 0.0
+    whole: Sequence[float | None] | None = None
 
     def reduce_cost(self, stage: int) -> float:
         return _per_stage(self.reduce, stage)
@@ -51,6 +54,8 @@ class Costs:
         if a.op is Op.F:
             return _per_stage(self.fwd, s)
         if a.op is Op.B:
+            if self.whole is not None and self.whole[s] is not None:
+                return float(self.whole[s])
             return _per_stage(self.bwd, s) + _per_stage(self.wgrad, s)
         if a.op is Op.I:
             return _per_stage(self.bwd, s)
