@@ -70,7 +70,7 @@ def rerun_split_paired(only: str | None = None) -> None:
     """``bench/run.py --split-paired [TEXT]``: 1F1B against ZB-H1 and ZB-V step by step in one
     job (bench/split_backward.py's `check_paired`), for every model, dtype and p or those whose
     name holds TEXT; the other results kept."""
-    from bench.split_backward import check_paired_all
+    from bench.split_paired import check_paired_all
 
     _rerun_rows("split_paired", lambda: check_paired_all(only), keep_others=only is not None)
 

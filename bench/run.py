@@ -292,7 +292,7 @@ def main() -> None:
         from bench.split_backward import check_large
 
         results["split_large"] = check_large()  # the same where matmuls dominate (llama-1b shapes)
-        from bench.split_backward import check_paired_all
+        from bench.split_paired import check_paired_all
 
         results["split_paired"] = check_paired_all()  # 1F1B and ZB-H1 step by step in one job
         from bench.split_costs import check_all as check_split_costs

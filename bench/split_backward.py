@@ -14,12 +14,8 @@ median steps:
   (``pipeline.executor=torch``: its stage_backward_input / stage_backward_weight), which
   refuses bf16 autocast here.
 
-`check_paired` (`bench/run.py --split-paired`) settles the step comparison where whole runs
-cannot (a slow spell of this VM moves a run's step by 30-50%): 1F1B, ZB-H1 and ZB-V of one
-configuration in one torchrun job (bench/worker.py), alternating step by step on pipelines
-built from the same config and seed, each zero-bubble step held against the 1F1B step run
-beside it; the runtime alone and with ``ppx run``'s timers and memory counters, at p=2 (at
-p=4 two cores cannot show a bubble: docs/benchmarks.md).
+bench/split_paired.py (`bench/run.py --split-paired`) settles the step comparison where whole
+runs cannot, step by step beside 1F1B.
 
 Rows: (I + W) / B per stage from the runs' measured action costs (target <= 1.10), the ZB-H1
 and ZB-V steps against 1F1B's (target: ZB-H1 faster), and each rank's peak saved bytes with
@@ -43,7 +39,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from ppx.config import SUMMARY_ONLY, as_overrides
@@ -205,63 +200,6 @@ def _fmt_ms(seconds: list[float]) -> str:
     return "/".join(f"{x * 1e3:.0f}" for x in seconds)
 
 
-PAIRED_PS, PAIRED_REPS = (2, 4), 60
-PAIRED_KINDS, PAIRED_ZB = ("ppx", "ppx_all"), ("zb_h1", "zbv")  # the runtime alone, with ppx run's instruments
-PAIRED = [f"{kind}@{name}" for kind in PAIRED_KINDS for name in ("1f1b", *PAIRED_ZB)]
-
-
-def check_paired(model: str, dtype: str, p: int, reps: int = PAIRED_REPS) -> dict:
-    """1F1B, ZB-H1 and ZB-V of (``model``, ``dtype``) over ``p`` stages in one job, alternating
-    step by step: their median steps and, per zero-bubble schedule and observer set, the median
-    over the ``reps`` pairs of its step over the 1F1B step beside it."""
-    from bench.run import run_worker
-
-    exp, *keys = MODELS[model]
-    overrides = [*keys, *SHAPE, f"train.dtype={dtype}", f"pipeline.stages={p}"]
-    got = run_worker(p, PAIRED, overrides, reps, f"split paired {model} {dtype} p={p}", experiment=exp)
-    steps = got["steps_s"]
-    ratios = {}
-    for kind in PAIRED_KINDS:
-        one = steps[f"{kind}@1f1b"]
-        for name in PAIRED_ZB:
-            ratios[f"{kind}@{name}"] = statistics.median(a / b for a, b in zip(steps[f"{kind}@{name}"], one))
-    out = {"median_step_s": got["median_step_s"], "pairs": len(steps[PAIRED[0]]), "ratio": ratios}
-    out["machine"], out["date"] = _where(), time.strftime("%Y-%m-%d")
-    print(f"  split paired {model} {dtype} p={p}: {json.dumps({k: round(r, 3) for k, r in ratios.items()})}")
-    return out
-
-
-PAIRED_CONFIGS = {
-    f"{model} {dtype} p={p}": (model, dtype, p) for p in PAIRED_PS for model in MODELS for dtype in ("fp32", "bf16")
-}
-
-
-def _where() -> str:
-    """This machine (bench/tables.py's `this_machine`), and the CPUs the job had where it was
-    given fewer than the machine has (``taskset``)."""
-    from bench.tables import this_machine
-
-    cpus, total = len(os.sched_getaffinity(0)), os.cpu_count()
-    return this_machine() + (f", the job on {cpus} of its CPUs" if cpus != total else "")
-
-
-def check_paired_all(only: str | None = None, cores: int | None = None) -> dict:
-    """`check_paired` for every model, dtype and p, or those whose name holds ``only``. A
-    configuration with more ranks than this machine has cores (``cores``, default its own) is
-    not measured: ranks that share a core share its time, and no schedule gains from its bubble
-    there (docs/benchmarks.md, "At p=4")."""
-    cores = cores or len(os.sched_getaffinity(0))
-    out = {}
-    for name in matching(PAIRED_CONFIGS, only, "--split-paired"):
-        model, dtype, p = PAIRED_CONFIGS[name]
-        if p > cores:
-            out[name] = {"skipped": f"needs a core per rank ({p}); this machine has {cores}"}
-            print(f"  split paired {name}: skipped, {out[name]['skipped']}")
-        else:
-            out[name] = check_paired(model, dtype, p)
-    return out
-
-
 def matching(names, only: str | None, flag: str) -> list[str]:
     """The configuration ``names`` that hold ``only`` (all of them for None); none is refused
     in one line, before anything runs."""
@@ -271,33 +209,6 @@ def matching(names, only: str | None, flag: str) -> list[str]:
     if not got:
         raise SystemExit(f"bench/run.py {flag} {only!r}: no configuration's name holds it: {', '.join(names)}")
     return got
-
-
-def paired_rows(results: dict, machine: str) -> list[tuple[str, str, str, str]]:
-    """One row per (model, dtype, p): each zero-bubble step over the 1F1B step beside it. A row
-    measured on another machine than ``machine`` (the page's header) says where and when."""
-    out = []
-    for name, got in results.items():
-        what = f"split backward, steps side by side, {name}, m={M}: each zero-bubble step over the 1F1B step beside it"
-        if got.get("machine") and not got["machine"].startswith(machine):
-            what += f" (measured {got['date']} on {got['machine']})"
-        if "skipped" in got:
-            out.append((what, f"not measured: {got['skipped']}", "ZB-H1 < 1F1B", "skipped"))
-            continue
-        r, ms = got["ratio"], got["median_step_s"]
-        alone = f"ZB-H1 {r['ppx@zb_h1']:.3f}x, ZB-V {r['ppx@zbv']:.3f}x (1F1B {ms['ppx@1f1b'] * 1e3:.1f} ms)"
-        timed = (
-            f"ZB-H1 {r['ppx_all@zb_h1']:.3f}x, ZB-V {r['ppx_all@zbv']:.3f}x (1F1B {ms['ppx_all@1f1b'] * 1e3:.1f} ms)"
-        )
-        out.append(
-            (
-                f"{what}, median of {got['pairs']} pairs in one job",
-                f"runtime alone: {alone}; with ppx run's timers and memory counters: {timed}",
-                "ZB-H1 < 1F1B",
-                "pass" if r["ppx@zb_h1"] < 1 and r["ppx_all@zb_h1"] < 1 else "MISS",
-            )
-        )
-    return out
 
 
 def check_all(only: str | None = None) -> dict:

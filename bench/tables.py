@@ -232,7 +232,7 @@ def rows(results: dict) -> list[tuple[str, str, str, str]]:
 
         out += large_rows(results["split_large"])
     if "split_paired" in results:
-        from bench.split_backward import paired_rows
+        from bench.split_paired import paired_rows
 
         out += paired_rows(results["split_paired"], results.get("machine") or this_machine())
     if "split_costs" in results:

@@ -7,8 +7,10 @@ case names: ``ppx`` (timers off), ``ppx_timers``, ``ppx_all`` (timers + memory c
 ``torch`` (torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B on the very same
 stage modules and data, made before the step as a prefetching loader has it), in processes
 pinned as `ppx run` pins them. A ppx variant may name another schedule after an ``@``
-(``ppx_all@zb_h1``): it runs that schedule on a pipeline of its own, built from the same
-config and seed, so two schedules are compared step by step on the same machine state.
+(``ppx_all@zb_h1``), and overrides of its own after a ``+`` each
+(``ppx@zb_h1+train.split_backward=drain``): it runs that schedule on a pipeline of its own,
+built from the same config and seed, so two schedules are compared step by step on the same
+machine state.
 Each step starts on every rank at the same instant; its time is the last rank's end minus
 the first rank's start. Rank 0 writes the medians, and every measured step, as JSON.
 """
@@ -136,7 +138,10 @@ def main() -> None:
         count = 0 if kind == "ppx_all_steps" else None
         if not other:
             return ppx_variant(cfg, schedule, rank, observed[kind], count)
-        c = config.load(args.experiment, [*args.overrides, f"pipeline.stages={world}", f"pipeline.schedule={other}"])
+        name, *extra = other.split("+")  # ppx@zb_h1+train.split_backward=drain: overrides of its own
+        c = config.load(
+            args.experiment, [*args.overrides, f"pipeline.stages={world}", f"pipeline.schedule={name}", *extra]
+        )
         return ppx_variant(c, resolve_schedule(c), rank, observed[kind], count)
 
     steps = {v: make(v) for v in args.variants}

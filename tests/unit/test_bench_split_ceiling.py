@@ -54,7 +54,7 @@ def _paired(alone_zb: float, timed_zb: float) -> dict:
 
 @pytest.mark.parametrize("alone, timed, verdict", [(0.98, 0.99, "pass"), (0.98, 1.01, "MISS"), (1.02, 0.97, "MISS")])
 def test_paired_rows_pass_only_where_zb_h1_is_faster_alone_and_with_instruments(alone, timed, verdict):
-    from bench.split_backward import paired_rows
+    from bench.split_paired import paired_rows
 
     (row,) = paired_rows(_paired(alone, timed), "x86_64, 2 cores")
     assert row[3] == verdict and f"ZB-H1 {alone:.3f}x" in row[1] and f"ZB-H1 {timed:.3f}x" in row[1]
@@ -62,7 +62,7 @@ def test_paired_rows_pass_only_where_zb_h1_is_faster_alone_and_with_instruments(
 
 
 def test_a_paired_row_measured_on_another_machine_says_where_and_when():
-    from bench.split_backward import _where, paired_rows
+    from bench.split_paired import _where, paired_rows
 
     here = _where()
     got = _paired(0.98, 0.99)["m fp32 p=2"]
@@ -81,7 +81,7 @@ def test_a_rerun_of_an_unknown_case_is_refused_in_one_line():
 
 
 def test_paired_configurations_with_more_ranks_than_cores_are_not_measured(monkeypatch):
-    import bench.split_backward as sb
+    import bench.split_paired as sb
 
     ran = []
     monkeypatch.setattr(sb, "check_paired", lambda model, dtype, p: ran.append((model, dtype, p)) or _paired(1, 1))
