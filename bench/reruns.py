@@ -67,8 +67,8 @@ def rerun_split_large() -> None:
 
 
 def rerun_split_paired(only: str | None = None) -> None:
-    """``bench/run.py --split-paired [TEXT]``: 1F1B against ZB-H1 and ZB-V step by step in one
-    job (bench/split_backward.py's `check_paired`), for every model, dtype and p or those whose
+    """``bench/run.py --split-paired [TEXT]``: ZB-H1, ZB-V and ZB-H1 drain each step by step
+    beside 1F1B, a job each (bench/split_paired.py's `check_paired`), for every model, dtype and p or those whose
     name holds TEXT; the other results kept."""
     from bench.split_paired import check_paired_all
 

@@ -294,7 +294,7 @@ def main() -> None:
         results["split_large"] = check_large()  # the same where matmuls dominate (llama-1b shapes)
         from bench.split_paired import check_paired_all
 
-        results["split_paired"] = check_paired_all()  # 1F1B and ZB-H1 step by step in one job
+        results["split_paired"] = check_paired_all()  # each zero-bubble list step by step beside 1F1B, a job each
         from bench.split_costs import check_all as check_split_costs
 
         results["split_costs"] = check_split_costs()  # (I + W) / B in one process, without runs' noise

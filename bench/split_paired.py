@@ -23,8 +23,8 @@ PAIRED_KINDS, PAIRED_ZB = ("ppx", "ppx_all"), ("zb_h1", "zbv", DRAIN)  # the run
 def check_paired(model: str, dtype: str, p: int, reps: int = PAIRED_REPS) -> dict:
     """Each zero-bubble variant of (``model``, ``dtype``) over ``p`` stages against 1F1B, one
     torchrun job per variant and observer set, the two alternating step by step: their median
-    steps and, per variant, the median over the ``reps`` pairs of its step over the 1F1B step
-    beside it. (With all the variants in one job, a variant's place in the rotation moved its
+    steps (1F1B's pooled over its jobs) and, per variant, the median over the ``reps`` pairs of
+    its step over the 1F1B step beside it in its own job. (With all the variants in one job, a variant's place in the rotation moved its
     ratio by up to 3%: llama-tiny fp32 p=2's ZB-H1 0.994 or 1.032 by where it stood.)"""
     from bench.run import run_worker
 

@@ -195,7 +195,8 @@ class TrainConfig:
         "where a W can fill the drain; every other microbatch runs one whole backward, B, at its I's place: the "
         "list itself changes, as ppx schedule --drain shows); the "
         "choice per stage goes to summary.json (split_backward); "
-        "ppx's runtime only (pipeline.executor=torch splits its own way); under a schedule without I and W it changes nothing, and ppx run says so",
+        "store, graph and auto are ppx's runtime's (pipeline.executor=torch splits its own way; drain's list runs "
+        "there too); under a schedule without I and W it changes nothing, and ppx run says so",
     )
 
 

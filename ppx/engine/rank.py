@@ -252,7 +252,7 @@ def build_rank(
         runners[s].whole_mbs = frozenset(a.mb for a in schedule.actions[rank] if a.stage == s and a.op is Op.B)
         if runners[s].whole_mbs and split_report.get(s):
             split_report[s]["whole_microbatches"] = sorted(runners[s].whole_mbs)
-    for s in whole:  # (never storing: a store's B runs as its I then its W, which would call this I again)
+    for s in whole:  # (never storing: a whole stage's I runs `backward`, which must not take the storing way)
         assert runners[s].store is None, f"stage {s} runs whole and stores"
         runners[s].whole_in_input = True
         split_report[s] = {"mode": "whole", "why": "every I is followed at once by its W: one backward, in the I"}

@@ -46,7 +46,7 @@ class StageRunner:
         self.loss_fn, self.loss_scale, self.training = loss_fn, loss_scale, training
         self.split = split  # the schedule splits this stage's backward into I and W
         # every I of this stage is followed at once by its W (`whole_backward_stages`): the I
-        # runs the whole backward, the W nothing (set by the rank's build under split_backward=auto)
+        # runs the whole backward, the W nothing (set by the rank's build under split_backward=auto or drain)
         self.whole_in_input = False
         # microbatches the schedule gives a whole B on this split stage (a list that splits only
         # where a W fills an idle): their forward stores nothing, their B is one plain backward
@@ -123,7 +123,9 @@ class StageRunner:
 
     def backward(self, mb: int, grad_output: torch.Tensor | None) -> torch.Tensor | None:
         """Accumulate parameter gradients; return d(loss)/d(input) for the previous stage."""
-        if self.store is not None and mb not in self.whole_mbs:  # its weights entered detached: I, then W
+        # a storing stage's microbatch whose weights entered detached: I, then W (the rank's build
+        # lists every B of a split stage in whole_mbs: this runs for a runner used on its own)
+        if self.store is not None and mb not in self.whole_mbs:
             grad_in = self.backward_input(mb, grad_output)
             self.store.weight_pass(mb)
             return grad_in

@@ -35,7 +35,7 @@ from ppx.launch.heartbeat import Heartbeat, read_beats, stale_peers, stopped_res
 
 EXIT_TIMEOUT = 3
 STATUS_BYTES = 512
-SETUP_FLOOR_S = 60.0  # a set-up phase (the build, NCCL's first collective) is allowed at least this long
+SETUP_FLOOR_S = 60.0  # a set-up phase (the build, the first collectives) is allowed at least this long
 
 
 def _status_line(text: bytes) -> bytes:
@@ -118,8 +118,8 @@ class Watchdog:
 
     def phase(self, label: str, step: int | None = None, setup: bool = False) -> None:
         """Record a phase outside the action list (barrier, optimizer step, ...). A ``setup``
-        phase (building the model: CUDA's first calls, a model's initialisation; NCCL's first
-        collective) is allowed at least ``SETUP_FLOOR_S``, whatever a short timeout says: its
+        phase (building the model: CUDA's first calls, a model's initialisation; the first
+        collectives, which wait for every rank's build; NCCL's first collective) is allowed at least ``SETUP_FLOOR_S``, whatever a short timeout says: its
         length is the machine's, not a hang's."""
         if step is not None:
             self.step = step

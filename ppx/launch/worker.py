@@ -23,13 +23,13 @@ from ppx.launch import claim, environment
 from ppx.launch.affinity import pin_local_rank
 from ppx.launch.failure_line import report_failure
 from ppx.launch.faults import FaultInjector
-from ppx.launch.watchdog import Watchdog
+from ppx.launch.watchdog import SETUP_FLOOR_S, Watchdog
 from ppx.report.run_dir import write_json
 from ppx.report.run_report import RunReport
 
 
 def _init_process_group(backend: str, timeout_s: float) -> None:
-    timeout = timedelta(seconds=max(timeout_s, 30.0))
+    timeout = timedelta(seconds=max(timeout_s, SETUP_FLOOR_S))  # the first collectives are set-up
     if int(os.environ["WORLD_SIZE"]) == 1 and "MASTER_ADDR" not in os.environ:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     else:
@@ -105,7 +105,7 @@ def _train(cfg: Config, run_dir: Path, rank: int, world: int, device, backend: s
     def start_report() -> RunReport | None:
         """Once the share is built (a failed build leaves no report behind): every rank's
         environment to env.json, and rank 0's report. Collective: every rank calls it."""
-        watchdog.phase("gathering the environment")
+        watchdog.phase("gathering the environment", setup=True)  # the first wait on the other ranks' builds
         infos = [None] * world if rank == 0 else None
         info = {"rank": rank, "pipeline_rank": rank // d, "replica": rank % d, **environment.rank_info(device)}
         dist.gather_object(info, infos, dst=0, group=ctrl)

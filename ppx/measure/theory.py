@@ -55,7 +55,11 @@ def run_theory(cfg, schedule: Schedule, backend: str) -> Theory:
     fam = schedules.formula_family(cfg.pipeline.schedule)
     if fam is None:
         return Theory(None, None, "none: a schedule from a CSV has no formula")
-    if cfg.train.split_backward == "drain" and schedule.splits_backward:
+    if (
+        cfg.train.split_backward == "drain"
+        and schedule.splits_backward
+        and any(a.op.value == "B" for row in schedule.actions for a in row)
+    ):  # (where drain changed the list: a B beside I's)
         return Theory(None, None, "none: train.split_backward=drain runs whole B's where the family's formula splits")
     return Theory(
         fam.bubble(schedule.num_ranks, schedule.num_microbatches, virtual_stages(cfg)),

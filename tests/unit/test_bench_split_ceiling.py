@@ -61,6 +61,16 @@ def test_paired_rows_pass_only_where_zb_h1_is_faster_alone_and_with_instruments(
     assert "median of 60 pairs in one job" in row[0]
 
 
+def test_a_paired_row_of_one_job_per_list_says_so_and_gives_drain():
+    from bench.split_paired import DRAIN, paired_rows
+
+    got = _paired(0.98, 0.99)["m fp32 p=2"]
+    got["ratio"].update({f"ppx@{DRAIN}": 0.975, f"ppx_all@{DRAIN}": 0.985})
+    (row,) = paired_rows({"m fp32 p=2": {**got, "jobs": "one per variant"}}, "x86_64, 2 cores")
+    assert "median of 60 pairs in one job per variant, against 1F1B" in row[0]
+    assert "ZB-V 1.100x, ZB-H1 drain 0.975x (1F1B" in row[1] and "ZB-H1 drain 0.985x" in row[1]
+
+
 def test_a_paired_row_measured_on_another_machine_says_where_and_when():
     from bench.split_paired import _where, paired_rows
 

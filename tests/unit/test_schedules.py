@@ -205,6 +205,23 @@ def test_drain_only_splits_where_a_w_follows_the_stages_last_forward(name, p, m)
     assert any(a.op is Op.B for row in got.actions for a in row)  # (at these m some W precedes a last F)
 
 
+def test_drain_only_on_zb_h1_p4_m8_as_drawn():
+    """The rule pinned on one list, row by row: each rank splits only the microbatches whose W
+    it runs after its last F (ranks 1-3: 4-7), the rest whole B's; rank 0's pairs stay."""
+    from ppx.schedules.ir.structure import drain_only
+
+    rows = [
+        " ".join(str(a)[1:] for a in row if a.op.is_compute)
+        for row in drain_only(schedules.build("zb_h1", 4, 8)).actions
+    ]
+    assert rows == [
+        "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 I4 W4 I5 W5 I6 W6 I7 W7",
+        "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 I4 F7 I5 W4 I6 W5 I7 W6 W7",
+        "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 I4 F6 I5 F7 I6 W4 I7 W5 W6 W7",
+        "F0 B0 F1 B1 F2 B2 F3 B3 F4 I4 F5 I5 F6 I6 F7 I7 W4 W5 W6 W7",
+    ]
+
+
 def test_drain_only_leaves_lists_without_a_split_and_ranks_with_cells():
     from ppx.schedules.ir.structure import drain_only
 

@@ -103,3 +103,12 @@ def test_per_layer_costs_give_every_placement_the_same_work():
     assert d.ideal_step_time_s * (1 - d.bubble_fraction) == pytest.approx(
         2 * c.ideal_step_time_s * (1 - c.bubble_fraction)
     )
+
+
+def test_a_drain_list_has_no_closed_form_unless_drain_changed_nothing():
+    """train.split_backward=drain gives B's where the family's formula splits every backward:
+    no theory then; at m = p every W follows the last F, the list is the family's, and so is
+    its theory."""
+    drain = ["model.kind=mlp", "pipeline.schedule=zb_h1", "train.split_backward=drain", "train.batch_size=8"]
+    assert theory(*drain, "pipeline.microbatches=8").bubble_fraction is None
+    assert theory(*drain, "pipeline.microbatches=2").bubble_fraction == pytest.approx(1 / 7)  # (p-1)/(3m+p-1)
