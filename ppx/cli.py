@@ -109,6 +109,12 @@ def parser() -> argparse.ArgumentParser:
         "(default 0, or the run's runtime.recv_lookahead with --from-run)",
     )
     sim.add_argument("--from-run", help="take per-stage costs measured in this run directory instead")
+    sim.add_argument(
+        "--drain",
+        action="store_true",
+        help="the list train.split_backward=drain runs: a backward split only where its W comes after its stage's "
+        "last forward (from a drain run, its B's cost as measured; elsewhere a B costs I + W)",
+    )
     sim.add_argument("--png", help="draw the predicted timeline to this PNG")
     sim.set_defaults(fn=_command("simulate"))
     _plan_parser(sub)

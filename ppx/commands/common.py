@@ -115,3 +115,13 @@ def first_step_note(path: str, cfg) -> str | None:
         f"note: {path}'s costs include its first step (train.steps={steps}, instrument.timeline_steps={kept}): its "
         "first sends and calls weigh in them; a run of more steps than instrument.timeline_steps measures steady ones"
     )
+
+
+def drain_list(sched):
+    """``--drain``: ``sched`` as ``train.split_backward=drain`` runs it (`drain_only`); a list
+    that splits no backward refused in one line."""
+    from ppx.schedules.ir.structure import drain_only
+
+    if not sched.splits_backward:
+        raise UserError(f"--drain: {sched.name} splits no backward into I and W")
+    return drain_only(sched)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ppx.commands.common import output_path, schedule_from
+from ppx.commands.common import drain_list, output_path, schedule_from
 from ppx.errors import UserError
 from ppx.schedules.ir.action import Op
 
@@ -36,11 +36,7 @@ def cmd_schedule(args) -> int:
         )
     sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual, args.transport)
     if args.drain:
-        from ppx.schedules.ir.structure import drain_only
-
-        if not sched.splits_backward:
-            raise UserError(f"--drain: {sched.name} splits no backward into I and W")
-        sched = drain_only(sched)
+        sched = drain_list(sched)
     if args.wgrad is None:  # a split backward's W shows in the grid, as the theory (t_f = t_b = t_w) counts it
         args.wgrad = int(any(a.op is Op.W for row in sched.actions for a in row))
     args.virtual = sched.stages_per_rank

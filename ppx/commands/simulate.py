@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ppx.commands.common import (
+    drain_list,
     first_step_note,
     measured_ops,
     measured_run,
@@ -41,6 +42,8 @@ def cmd_simulate(args) -> int:
         if note:
             print(note)
     sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual, args.transport or "nccl")
+    if args.drain:
+        sched = drain_list(sched)
     if measured is not None and (sched.num_ranks, sched.stages_per_rank) != (measured.world_size, measured.virtual):
         raise UserError(
             f"{args.from_run} ran {measured.world_size} ranks with {count(measured.virtual, 'stage')} each, {args.name} "
@@ -158,7 +161,7 @@ def _print_prediction(args, sched, t, reduce: bool, run, measured) -> None:
             + f", idle {t.idle(r) * 1e3:.2f} ms"
         )
     fam = schedules.FAMILIES.get(sched.name)
-    if fam is not None:
+    if fam is not None and not args.drain:  # (a drain list is not the family's: no formula)
         print(f"theory ({fam.bubble_formula}): {fam.bubble(p, m, args.virtual):.1%}")
     if measured is None:
         return

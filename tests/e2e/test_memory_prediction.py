@@ -154,6 +154,12 @@ def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run):
     assert s["bubble_fraction_theory"] is None
     assert abs(s["memory_prediction_error"]) <= 0.05
     assert abs(s["prediction_error"]["step_time"]) <= 0.25  # (two steps on two shared cores: the shape, not the figure)
+    # ppx simulate --drain from that run simulates the list it ran (its B's as measured), with no theory
+    r = ppx("simulate", "zb_h1", "--from-run", str(run.dir), "--drain")
+    assert r.returncode == 0, r.stderr
+    assert f"measured in {run.dir}: step " in r.stdout and "theory" not in r.stdout, r.stdout
+    r = ppx("simulate", "zb_h1", "--from-run", str(run.dir))  # every backward split: another list
+    assert "another order than this one's" in r.stdout and "theory (" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("way", ["stores", "graph"])
