@@ -74,8 +74,8 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
         if run_cfg.train.split_backward == "drain":
             out.append(
                 f"note: {args.from_run} ran train.split_backward=drain: every candidate is planned with its "
-                "backwards split where its schedule splits them, at the I and W of the microbatches the run split, "
-                "and run so (train.split_backward=auto in its command)"
+                "backwards split where its schedule splits them, at the I and W of the microbatches the run split "
+                "(its B's at the B's the run ran whole), and run so (train.split_backward=auto in its command)"
             )
     return [n for n in out if n]
 

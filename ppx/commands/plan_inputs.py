@@ -148,6 +148,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         fixed_stages=stages if run.config.pipeline.layers_per_stage else None,
         run_units=units,
         unit_weights=unit_weights(run.config) if units else None,
+        whole_s=tuple(c.whole) if c.whole is not None else None,
     )
     return inputs, [p], ints("--microbatches", args.microbatches) or [s.microbatches], str(run.path / "config.yaml")
 

@@ -57,6 +57,8 @@ class PlanInputs:
     fixed_stages: int | None = None  # a run's explicit layers per stage allow only its own stage count
     run_units: tuple[int, ...] | None = None  # a run's model units (layers, embedding, head) per stage, or None
     unit_weights: UnitWeights | None = None  # what each of those units weighs (None: equal shares)
+    # a drain run's B measured apart on a stage that also split (None there: B costs I + W), or None
+    whole_s: tuple[float | None, ...] | None = None
 
     @property
     def units(self) -> int:
@@ -108,7 +110,16 @@ class PlanInputs:
             send_post=self.send_post_s,
             recv_post=self.recv_post_s,
             reduce=self.split(self.reduce_s, num_stages, "params") if self.reduce_s else 0.0,  # gradient bytes
+            whole=self._whole(num_stages),
         )
+
+    def _whole(self, num_stages: int) -> list[float] | None:
+        """What a B costs per stage of ``num_stages`` where a drain run measured it apart from its
+        I and W (a unit without one counts I + W), or None."""
+        if self.whole_s is None:
+            return None
+        units = [b + w if x is None else x for x, b, w in zip(self.whole_s, self.bwd_s, self.wgrad_s)]
+        return self.split(units, num_stages)
 
     def act(self, num_stages: int) -> list[float]:
         """Bytes one microbatch's forward saves per stage (0 where not given)."""

@@ -187,3 +187,18 @@ def test_plan_json_inputs_read_back():
     )
     back = PlanInputs.from_json(json.loads(json.dumps(inputs.to_json())))
     assert back == replace(inputs, samples=None)
+
+
+def test_a_drain_runs_measured_b_prices_the_bs_of_every_candidate():
+    """A drain run measured B apart from I + W on its split stage: a candidate's B there costs
+    the B (a whole backward pays no split), elsewhere I + W; cut or merged as the times are;
+    plan.json's inputs keep it."""
+    from ppx.schedules.ir.action import Action, Op
+
+    inputs = PlanInputs(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), wgrad_s=(1.0, 1.0), stages=2, whole_s=(None, 2.5))
+    two = inputs.costs(2)
+    assert two.work(Action(1, Op.B, 0)) == 2.5 and two.work(Action(0, Op.B, 0)) == 3.0
+    assert two.work(Action(1, Op.I, 0)) == 2.0 and two.work(Action(1, Op.W, 0)) == 1.0
+    assert inputs.costs(4).whole == [1.5, 1.5, 1.25, 1.25] and inputs.costs(1).whole == [5.5]
+    assert PlanInputs.from_json(inputs.to_json()).whole_s == (None, 2.5)
+    assert replace(inputs, whole_s=None).costs(2).whole is None
