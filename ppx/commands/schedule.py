@@ -35,6 +35,7 @@ def cmd_schedule(args) -> int:
             f"--fwd and --bwd must be >= 1 grid slot and --wgrad >= 0 (got {args.fwd}, {args.bwd}, {args.wgrad})"
         )
     sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual, args.transport)
+    full = sched
     if args.drain:
         sched = drain_list(sched)
     if args.wgrad is None:  # a split backward's W shows in the grid, as the theory (t_f = t_b = t_w) counts it
@@ -56,7 +57,8 @@ def cmd_schedule(args) -> int:
     if schedules.is_csv(args.name):
         line += _own_order(args.name, sched, costs, args.transport)
     if args.drain:
-        line += " (split only where a W fills the drain: the family's theory is for every backward split)"
+        own = schedules.simulate(full, costs, args.transport).bubble_fraction()
+        line += f" (split only where a W fills the drain; {own:.1%} with every backward split, as the family's list)"
     elif fam is not None:
         th = fam.bubble(p, m, args.virtual)
         line += f", theory {fam.bubble_formula} = {th:.1%}; as a share of the ideal time: {th / (1 - th):.1%}"

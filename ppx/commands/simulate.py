@@ -139,7 +139,30 @@ def _costs(args, sched, run, measured) -> tuple:
     backend = (run.env or {}).get("backend", "gloo")
     transport, lookahead = transport_of(run.config, backend)
     reduce = run.config.parallel.data > 1  # its replicas' gradient reductions, at their measured cost
-    return costs_from(measured.measured_costs, sched.num_stages), transport, lookahead, reduce
+    costs = costs_from(measured.measured_costs, sched.num_stages)
+    if args.drain:
+        _note_unmeasured_bs(args.from_run, sched, costs, set(whole_stages(run)))
+    return costs, transport, lookahead, reduce
+
+
+def _note_unmeasured_bs(run_dir, sched, costs, whole: set) -> None:
+    """--drain from a run that measured no B apart on a stage where the list splits some
+    microbatches and runs others whole (and the run did not run it whole, its I a whole
+    backward): those B's cost I + W, the split's own cost included, so what drain saves
+    cannot show."""
+    from ppx.schedules.ir.action import Op
+
+    mixed = sorted(
+        {a.stage for row in sched.actions for a in row if a.op is Op.B}
+        & {a.stage for row in sched.actions for a in row if a.op is Op.I}
+    )
+    blind = [s for s in mixed if s not in whole and (costs.whole is None or costs.whole[s] is None)]
+    if blind:
+        print(
+            f"note: {run_dir} measured no whole B on stage{'s' if len(blind) > 1 else ''} {', '.join(map(str, blind))}: "
+            "drain's B's there cost I + W, the split's own cost included, so what drain saves cannot show; "
+            "a run with train.split_backward=drain measures them"
+        )
 
 
 def _print_prediction(args, sched, t, reduce: bool, run, measured) -> None:

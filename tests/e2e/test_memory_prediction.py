@@ -160,6 +160,11 @@ def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run):
     assert f"measured in {run.dir}: step " in r.stdout and "theory" not in r.stdout, r.stdout
     r = ppx("simulate", "zb_h1", "--from-run", str(run.dir))  # every backward split: another list
     assert "another order than this one's" in r.stdout and "theory (" in r.stdout, r.stdout
+    # from a run that split every microbatch of its last stage, drain's B's there cost I + W: said
+    auto = shared_run(*RUNS["llama-zb_h1-auto"], "train.steps=2")
+    r = ppx("simulate", "zb_h1", "--from-run", str(auto.dir), "--drain")
+    note = f"note: {auto.dir} measured no whole B on stage 1: drain's B's there cost I + W"
+    assert note in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("way", ["stores", "graph"])
