@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ppx import schedules
+from ppx.schedules.ir.action import Op
 from ppx.schedules.ir.schedule import Schedule
 
 
@@ -58,7 +59,7 @@ def run_theory(cfg, schedule: Schedule, backend: str) -> Theory:
     if (
         cfg.train.split_backward == "drain"
         and schedule.splits_backward
-        and any(a.op.value == "B" for row in schedule.actions for a in row)
+        and any(a.op is Op.B for row in schedule.actions for a in row)
     ):  # (where drain changed the list: a B beside I's)
         return Theory(None, None, "none: train.split_backward=drain runs whole B's where the family's formula splits")
     return Theory(

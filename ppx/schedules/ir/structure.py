@@ -112,8 +112,8 @@ def drain_only(schedule: Schedule) -> Schedule:
     the I's place, and its W goes, unless the rank runs that W after the stage's last forward.
     A W before it only moves the rest of the stage's work later, while storing for the split
     costs every microbatch it splits (llama-tiny fp32 at p=2, step by step beside 1F1B over
-    five A/B rounds: ZB-H1 a median 1.024 of 1F1B's step, this list 0.994). Ranks with overlapped cells are left as they are (a cell's
-    backward keeps its I)."""
+    five A/B rounds: ZB-H1 a median 1.024 of 1F1B's step, this list 0.994). Ranks with
+    overlapped cells are left as they are (a cell's backward keeps its I)."""
     if not schedule.splits_backward:
         return schedule
     rows = []
