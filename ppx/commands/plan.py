@@ -73,9 +73,10 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
         out.append(refused_split_note(args.from_run, skipped, inputs.whole_stages, calibration_way(run_cfg)))
         if run_cfg.train.split_backward == "drain":
             out.append(
-                f"note: {args.from_run} ran train.split_backward=drain: every candidate is planned with its "
-                "backwards split where its schedule splits them, at the I and W of the microbatches the run split "
-                "(its B's at the B's the run ran whole), and run so (train.split_backward=auto in its command)"
+                f"note: {args.from_run} ran train.split_backward=drain: each schedule that splits its backward is "
+                "planned as its family's list (every backward split, at the I and W of the microbatches the run "
+                "split) and as drain runs it (<name>+drain: B's at the B's the run ran whole); the commands run "
+                "the list as planned (its CSV, train.split_backward=auto)"
             )
     return [n for n in out if n]
 

@@ -4,6 +4,7 @@ without a budget, within 1F1B's memory on every rank)."""
 
 from __future__ import annotations
 
+from ppx.errors import ScheduleError
 from ppx.plan.inputs import PlanInputs
 from ppx.schedules import registry
 from ppx.schedules.auto.auto_zb import auto_zb
@@ -11,6 +12,12 @@ from ppx.schedules.ir.schedule import Schedule
 from ppx.schedules.placing.placement import place_comms
 
 AUTO = "zb_auto"
+DRAIN = "+drain"  # a candidate's name suffix: its family's list as train.split_backward=drain runs it
+
+
+def family_of(name: str) -> str:
+    """The schedule a candidate's name builds (``zb_h1+drain``: zb_h1)."""
+    return name.removesuffix(DRAIN)
 
 
 def rank_limits(inputs: PlanInputs, p: int, v: int) -> list[float] | None:
@@ -28,7 +35,16 @@ def _one(limits: list[float] | None) -> float | list[float] | None:
 
 
 def build(name: str, p: int, m: int, v: int, inputs: PlanInputs) -> Schedule:
-    """The placed, validated schedule of a candidate; ScheduleError for a shape it refuses."""
+    """The placed, validated schedule of a candidate; ScheduleError for a shape it refuses (or,
+    ``+drain``, where drain changes nothing: every W follows its stage's last F)."""
+    if name.endswith(DRAIN):
+        from ppx.schedules.ir.structure import drain_only
+
+        full = build(family_of(name), p, m, v, inputs)
+        drained = drain_only(full)
+        if drained.actions == full.actions:
+            raise ScheduleError(f"drain changes nothing at m={m}: every W follows its stage's last forward")
+        return drained
     if name == AUTO:
         costs = inputs.costs(p)
         act = inputs.act(p) if inputs.act_bytes else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ppx.errors import UserError
-from ppx.plan.builders import AUTO
+from ppx.plan.builders import AUTO, DRAIN, family_of
 from ppx.plan.inputs import PlanInputs
 from ppx.schedules.registry import FAMILIES
 
@@ -60,7 +60,7 @@ def splits(name: str) -> bool:
     """Whether a schedule splits its backward into I and W (zb_auto does where W costs time)."""
     if name == AUTO:
         return True
-    fam = FAMILIES[name]
+    fam = FAMILIES[family_of(name)]
     sched = fam.make(2, 4, fam.default_virtual if not fam.virtual else 2)
     return sched.splits_backward
 
@@ -76,7 +76,7 @@ def _apart(name: str, p: int, m: int, v: int, inputs: PlanInputs) -> str | None:
         return SPLIT_REASON + f": {whole} ran whole, zb_auto's order is not known"
     if p * v != inputs.stages:  # its stages cut the run's otherwise: a whole stage's layers land in split ones
         return SPLIT_REASON + f": {whole} ran whole, and {p * v} stages cut the run's {inputs.stages} otherwise"
-    apart = split_apart(build(name, p, m, v, inputs.transport), inputs.whole_stages)
+    apart = split_apart(build(family_of(name), p, m, v, inputs.transport), inputs.whole_stages)
     if apart:
         return SPLIT_REASON + f": it splits {_stages(apart)}, which the run ran whole"
     return None
@@ -86,7 +86,7 @@ def shapes(name: str, vs: list[int]) -> list[int]:
     """The v values a schedule is tried at."""
     if name == AUTO:
         return [1]
-    fam = FAMILIES[name]
+    fam = FAMILIES[family_of(name)]
     return list(vs) if fam.virtual else [fam.default_virtual]
 
 
@@ -94,13 +94,17 @@ def candidates(
     names: list[str], ps: list[int], ms: list[int], vs: list[int], inputs: PlanInputs
 ) -> tuple[list[Candidate], list[Skipped]]:
     """Every candidate of the space, and the shapes skipped with their reasons (a family's
-    shape rule, or stages the costs cannot be split into)."""
+    shape rule, or stages the costs cannot be split into). From a run that measured its B's
+    apart from its I and W (``train.split_backward=drain``), each family that splits its
+    backward is tried as drain runs it too (``<name>+drain``)."""
     out, skipped = [], []
+    if inputs.whole_s is not None:
+        names = [x for n in names for x in ([n, n + DRAIN] if n != AUTO and splits(n) else [n])]
     for name in names:
         for p in ps:
             for m in ms:
                 for v in shapes(name, vs):
-                    why = None if name == AUTO else FAMILIES[name].shape_error(p, m, v)
+                    why = None if name == AUTO else FAMILIES[family_of(name)].shape_error(p, m, v)
                     why = why or inputs.why_not(p * v)
                     if not why and not inputs.split_known and splits(name):
                         why = SPLIT_REASON + ": its I and W costs are unknown"

@@ -138,7 +138,7 @@ def test_a_first_stage_whose_every_i_is_followed_by_its_w_runs_whole(shared_run)
     assert costs["0W"] < 0.05 * costs["0I"], costs
 
 
-def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run):
+def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run, tmp_path):
     """train.split_backward=drain at p=2, m=4: rank 1 splits microbatches 2 and 3 (their W's
     follow its last F) and runs 0 and 1 whole, B's its timeline and costs measure apart from
     its I's; the prediction holds its step, and its peak, as measured; no theory (the family's
@@ -165,6 +165,11 @@ def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run):
     r = ppx("simulate", "zb_h1", "--from-run", str(auto.dir), "--drain")
     note = f"note: {auto.dir} measured no whole B on stage 1: drain's B's there cost I + W"
     assert note in r.stdout, r.stdout
+    # a plan from the drain run tries zb_h1 both ways, at the run's shape
+    r = ppx("plan", "--from-run", str(run.dir), "--schedules", "zb_h1,1f1b", "-m", "4", "--out", str(tmp_path / "plan"))
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[1] for line in r.stdout.splitlines() if line.strip()[:1].isdigit()}
+    assert rows == {"zb_h1", "zb_h1+drain", "1f1b"}, r.stdout
 
 
 @pytest.mark.parametrize("way", ["stores", "graph"])

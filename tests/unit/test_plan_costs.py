@@ -93,3 +93,25 @@ def test_costs_that_include_the_first_step_are_noted():
     short = config.load("1f1b_2cpu", ["train.steps=5", "instrument.timeline_steps=5"])
     assert "include its first step (train.steps=5, instrument.timeline_steps=5)" in first_step_note("r", short)
     assert first_step_note("r", config.load("1f1b_2cpu", ["train.steps=6", "instrument.timeline_steps=5"])) is None
+
+
+def test_a_drain_runs_costs_plan_each_split_family_as_drain_runs_it_too():
+    """With B's measured apart (a drain run's whole_s), each family that splits is also tried
+    as train.split_backward=drain runs it (<name>+drain): its list drained, its B's at the
+    measured cost; where drain changes nothing (m = p) that candidate is skipped with why.
+    Here the last stage's whole B costs less than its I + W, so the drained list is faster."""
+    from ppx.plan.builders import build
+    from ppx.plan.evaluate import evaluate
+    from ppx.schedules.ir.action import Op
+    from ppx.schedules.ir.structure import drain_only
+
+    two = PlanInputs(fwd_s=(1.0, 1.0), bwd_s=(1.0, 1.5), wgrad_s=(0.5, 1.0), stages=2, whole_s=(None, 2.0))
+    cands, _ = candidates(["1f1b", "zb_h1"], [2], [8], [1], two)
+    assert [c.schedule for c in cands] == ["1f1b", "zb_h1", "zb_h1+drain"]
+    assert build("zb_h1+drain", 2, 8, 1, two).actions == drain_only(build("zb_h1", 2, 8, 1, two)).actions
+    got = {c.schedule: evaluate(c, two) for c in cands}
+    assert got["zb_h1+drain"].step_s < got["zb_h1"].step_s
+    assert any(a.op is Op.B for row in build("zb_h1+drain", 2, 8, 1, two).actions for a in row)
+    (few,) = [c for c in candidates(["zb_h1"], [2], [2], [1], two)[0] if c.schedule.endswith("+drain")]
+    assert "drain changes nothing at m=2" in evaluate(few, two).reason
+    assert [c.schedule for c in candidates(["zb_h1"], [2], [8], [1], replace(two, whole_s=None))[0]] == ["zb_h1"]
