@@ -15,3 +15,8 @@ def byte_unit(n: float) -> tuple[str, int]:
 def count(n: int, noun: str) -> str:
     """'1 stage', '2 stages': ``n`` and ``noun``, plural but for one."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def stage_list(indices) -> str:
+    """'stage 0', 'stages 0, 2': a non-empty list of stage indices with its noun."""
+    return ("stage " if len(indices) == 1 else "stages ") + ", ".join(map(str, indices))

@@ -17,7 +17,7 @@ from ppx.commands.common import (
     whole_stages,
 )
 from ppx.errors import UserError
-from ppx.units import count
+from ppx.units import count, stage_list
 
 # the cost flags (ms) and their defaults: a simulation from flags, never beside --from-run's costs
 COST_DEFAULTS = {
@@ -159,7 +159,7 @@ def _note_unmeasured_bs(run_dir, sched, costs, whole: set) -> None:
     blind = [s for s in mixed if s not in whole and (costs.whole is None or costs.whole[s] is None)]
     if blind:
         print(
-            f"note: {run_dir} measured no whole B on stage{'s' if len(blind) > 1 else ''} {', '.join(map(str, blind))}: "
+            f"note: {run_dir} measured no whole B on {stage_list(blind)}: "
             "drain's B's there cost I + W, the split's own cost included, so what drain saves cannot show; "
             "a run with train.split_backward=drain measures them"
         )
@@ -255,8 +255,7 @@ def _split_known(path: str, measured, sched, whole: list[int], cfg) -> None:
     if splits and not measured_ops(measured) & {"I", "W"}:
         why = "never split its backward"
     elif apart := split_apart(sched, whole):
-        s = "s" if len(apart) > 1 else ""
-        why = f"ran stage{s} {', '.join(map(str, apart))} whole (each I followed at once by its W), which {sched.name} splits"
+        why = f"ran {stage_list(apart)} whole (each I followed at once by its W), which {sched.name} splits"
     if why:
         raise UserError(
             f"{path} {why}, so its I and W costs are unknown; measure them with "

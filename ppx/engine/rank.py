@@ -248,7 +248,7 @@ def build_rank(
     sample = sample_microbatch(cfg, precision, m, device)
     shape, dtype = sample.boundary  # activations and gradients travel in the compute dtype
     split_report = {s: set_up_split(cfg, r, s in split and schedule.training, sample) for s, r in runners.items()}
-    for s in split & set(runners):  # a B among a split stage's I and W: that microbatch runs whole
+    for s in split:  # a B among a split stage's I and W: that microbatch runs whole
         runners[s].whole_mbs = frozenset(a.mb for a in schedule.actions[rank] if a.stage == s and a.op is Op.B)
         if runners[s].whole_mbs and split_report.get(s):
             split_report[s]["whole_microbatches"] = sorted(runners[s].whole_mbs)

@@ -7,6 +7,7 @@ backward (its I and W costs are unknown, not 0)."""
 from __future__ import annotations
 
 from ppx.plan.space import SPLIT_REASON
+from ppx.units import stage_list
 
 MAX_RANKS = 8  # a calibration runs p CPU ranks on this machine: more is a cluster's p
 
@@ -62,8 +63,7 @@ def refused_split_note(
     if not from_run or not refused:
         return None
     why = (
-        f"ran stage{'s' if len(whole) > 1 else ''} {', '.join(map(str, whole))} whole (each I followed at once by "
-        "its W: one backward, in the I)"
+        f"ran {stage_list(whole)} whole (each I followed at once by its W: one backward, in the I)"
         if whole
         else "never split its backward"
     )

@@ -51,8 +51,8 @@ def from_run_overrides(best: Result, cfg, inputs: PlanInputs) -> list[str]:
     enough layers; a batch that divides into m microbatches (the run's microbatch size); and,
     from a run that set ``train.split_backward`` (the calibration run's store), auto for a
     candidate that splits no backward (there the key changes nothing, and ppx run says so) and
-    for every candidate of a drain run (the plan costs every backward split, as auto runs it;
-    drain would change the candidate's list)."""
+    for every candidate of a drain run (its CSV is the list as planned, every backward split or,
+    ``+drain``, drained already: drain would drain a family's list again)."""
     from ppx.plan.space import splits
 
     out, n, model = ["run.dir=null"], best.p * best.v, cfg.model

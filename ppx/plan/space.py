@@ -10,6 +10,7 @@ from ppx.errors import UserError
 from ppx.plan.builders import AUTO, DRAIN, family_of
 from ppx.plan.inputs import PlanInputs
 from ppx.schedules.registry import FAMILIES
+from ppx.units import stage_list
 
 SPLIT_REASON = (
     "the run measured full backwards only (B, or I and W at once), not I and W apart"  # a skipped shape's reason
@@ -71,14 +72,14 @@ def _apart(name: str, p: int, m: int, v: int, inputs: PlanInputs) -> str | None:
     from ppx.schedules import build
     from ppx.schedules.ir.structure import split_apart
 
-    whole = _stages(inputs.whole_stages)
+    whole = stage_list(inputs.whole_stages)
     if name == AUTO:
         return SPLIT_REASON + f": {whole} ran whole, zb_auto's order is not known"
     if p * v != inputs.stages:  # its stages cut the run's otherwise: a whole stage's layers land in split ones
         return SPLIT_REASON + f": {whole} ran whole, and {p * v} stages cut the run's {inputs.stages} otherwise"
     apart = split_apart(build(family_of(name), p, m, v, inputs.transport), inputs.whole_stages)
     if apart:
-        return SPLIT_REASON + f": it splits {_stages(apart)}, which the run ran whole"
+        return SPLIT_REASON + f": it splits {stage_list(apart)}, which the run ran whole"
     return None
 
 
@@ -115,8 +116,3 @@ def candidates(
                     else:
                         out.append(Candidate(name, p, m, v))
     return out, skipped
-
-
-def _stages(indices) -> str:
-    """'stage 0', 'stages 0, 2'."""
-    return ("stage " if len(indices) == 1 else "stages ") + ", ".join(map(str, indices))
