@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from ppx.errors import UserError
-from ppx.units import count
+from ppx.units import count, stage_list
 
 
 def schedule_from(name: str, stages, microbatches, virtual, transport: str = "nccl"):
@@ -77,6 +77,25 @@ def whole_stages(run) -> list[int]:
     by its W, so the I took the whole backward): their I and W were not measured apart."""
     ways = run.raw_summary.get("split_backward") or {}
     return sorted(int(s) for s, way in ways.items() if (way or {}).get("mode") == "whole")
+
+
+def split_only_stages(run) -> list[int]:
+    """The stages whose backward a run (a `RunDir`) split on every microbatch: I measured, no
+    B, and not run whole. A whole B there can only be priced as I + W, the split's own cost
+    included (its stores, W's own call: on llama-tiny fp32 on CPU, 1.05-1.10x a whole backward)."""
+    a = run.summary.measured_costs["action_s"]
+    whole = set(whole_stages(run))
+    split = {int(k[:-1]) for k in a if k[-1] == "I" and f"{k[:-1]}B" not in a}
+    return sorted(split - whole)
+
+
+def priced_split_note(path: str, stages: list[int], what: str) -> str:
+    """The note where ``what`` (B's) on ``stages`` of the run at ``path`` (`split_only_stages`)
+    are priced at the run's I + W."""
+    return (
+        f"note: {path} measured no whole B on {stage_list(stages)}: {what} there cost I + W, the split's own "
+        "cost included, where a whole backward costs less; a run with train.split_backward=drain measures both"
+    )
 
 
 def require_backward(path: str, summary) -> None:

@@ -81,6 +81,19 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
     return [n for n in out if n]
 
 
+def priced_split_note_of(from_run: str, results) -> str | None:
+    """The note where the plan's schedules that run whole backwards are priced, on stages the
+    run split on every microbatch, at its I + W (`split_only_stages`): they may plan slower
+    than they run."""
+    from ppx.commands.common import priced_split_note, split_only_stages
+    from ppx.plan.space import splits
+    from ppx.report.run_dir import RunDir
+
+    whole = sorted({r.schedule for r in results if not splits(r.schedule)})
+    blind = split_only_stages(RunDir(from_run))
+    return priced_split_note(from_run, blind, "the B's of " + ", ".join(whole)) if whole and blind else None
+
+
 def _check(args) -> None:
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
@@ -130,6 +143,8 @@ def cmd_plan(args) -> int:
     run_cfg = config_of(args.from_run) if args.from_run else None
     notes = [n for n in [cluster_note(max(ps)), unread] if n]
     notes += assumption_notes(args, inputs, skipped, max(ps), run_cfg)
+    if args.from_run:
+        notes += [n for n in [priced_split_note_of(args.from_run, results)] if n]
     if args.from_run and inputs.act_bytes is None:
         notes.append(f"note: {args.from_run} measured no saved bytes per microbatch: peaks count params only")
     close = near_best(results, args.close_pct)

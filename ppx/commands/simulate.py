@@ -12,8 +12,10 @@ from ppx.commands.common import (
     measured_run,
     ms_list,
     output_path,
+    priced_split_note,
     require_backward,
     schedule_from,
+    split_only_stages,
     whole_stages,
 )
 from ppx.errors import UserError
@@ -140,29 +142,21 @@ def _costs(args, sched, run, measured) -> tuple:
     transport, lookahead = transport_of(run.config, backend)
     reduce = run.config.parallel.data > 1  # its replicas' gradient reductions, at their measured cost
     costs = costs_from(measured.measured_costs, sched.num_stages)
-    if args.drain:
-        _note_unmeasured_bs(args.from_run, sched, costs, set(whole_stages(run)))
+    _note_unmeasured_bs(args, sched, run)
     return costs, transport, lookahead, reduce
 
 
-def _note_unmeasured_bs(run_dir, sched, costs, whole: set) -> None:
-    """--drain from a run that measured no B apart on a stage where the list splits some
-    microbatches and runs others whole (and the run did not run it whole, its I a whole
-    backward): those B's cost I + W, the split's own cost included, so what drain saves
-    cannot show."""
+def _note_unmeasured_bs(args, sched, run) -> None:
+    """Where the list runs a B on a stage whose every backward the run split (`split_only_stages`):
+    those B's cost the run's I + W, the split's own cost included (under --drain, so what drain
+    saves cannot show)."""
     from ppx.schedules.ir.action import Op
 
-    mixed = sorted(
-        {a.stage for row in sched.actions for a in row if a.op is Op.B}
-        & {a.stage for row in sched.actions for a in row if a.op is Op.I}
-    )
-    blind = [s for s in mixed if s not in whole and (costs.whole is None or costs.whole[s] is None)]
+    blind = sorted({a.stage for row in sched.actions for a in row if a.op is Op.B} & set(split_only_stages(run)))
     if blind:
-        print(
-            f"note: {run_dir} measured no whole B on {stage_list(blind)}: "
-            "drain's B's there cost I + W, the split's own cost included, so what drain saves cannot show; "
-            "a run with train.split_backward=drain measures them"
-        )
+        what = "drain's B's" if args.drain else f"{sched.name}'s B's"
+        note = priced_split_note(args.from_run, blind, what)
+        print(note.replace("less;", "less, so what drain saves cannot show;") if args.drain else note)
 
 
 def _print_prediction(args, sched, t, reduce: bool, run, measured) -> None:

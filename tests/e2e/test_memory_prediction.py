@@ -165,6 +165,13 @@ def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run, 
     r = ppx("simulate", "zb_h1", "--from-run", str(auto.dir), "--drain")
     note = f"note: {auto.dir} measured no whole B on stage 1: drain's B's there cost I + W"
     assert note in r.stdout, r.stdout
+    # and so do 1F1B's, in a simulation or a plan from it; not from the drain run, which measured its B's
+    r = ppx("simulate", "1f1b", "--from-run", str(auto.dir))
+    assert f"note: {auto.dir} measured no whole B on stage 1: 1f1b's B's there cost I + W" in r.stdout, r.stdout
+    r = ppx("plan", "--from-run", str(auto.dir), "--schedules", "zb_h1,1f1b", "--out", str(tmp_path / "auto"))
+    assert "no whole B on stage 1: the B's of 1f1b there cost I + W" in r.stdout, r.stdout
+    r = ppx("simulate", "1f1b", "--from-run", str(run.dir))
+    assert r.returncode == 0 and "no whole B" not in r.stdout, r.stdout
     # a plan from the drain run tries zb_h1 both ways, at the run's shape
     r = ppx("plan", "--from-run", str(run.dir), "--schedules", "zb_h1,1f1b", "-m", "4", "--out", str(tmp_path / "plan"))
     assert r.returncode == 0, r.stderr
