@@ -16,6 +16,9 @@ import time
 from bench.split_backward import MODELS, SHAPE, M, matching
 
 PAIRED_PS, PAIRED_REPS = (2, 4), 60
+# the issue's own table (ZB-H1 41.6 against 1F1B's 34.0 ms when it was filed): the shipped
+# experiment as it is (4 blocks, m=4, batch 16), its schedule swapped
+AS_FILED = "llama-tiny as shipped (4 blocks)"
 DRAIN = "zb_h1+train.split_backward=drain"  # ZB-H1 split only where a W fills the drain
 PAIRED_KINDS, PAIRED_ZB = ("ppx", "ppx_all"), ("zb_h1", "zbv", DRAIN)  # the runtime alone, with ppx run's instruments
 
@@ -28,8 +31,8 @@ def check_paired(model: str, dtype: str, p: int, reps: int = PAIRED_REPS) -> dic
     ratio by up to 3%: llama-tiny fp32 p=2's ZB-H1 0.994 or 1.032 by where it stood.)"""
     from bench.run import run_worker
 
-    exp, *keys = MODELS[model]
-    overrides = [*keys, *SHAPE, f"train.dtype={dtype}", f"pipeline.stages={p}"]
+    exp, overrides, m = _shape(model)
+    overrides += [f"train.dtype={dtype}", f"pipeline.stages={p}"]
     ratios, medians, ones, pairs = {}, {}, {kind: [] for kind in PAIRED_KINDS}, 0
     for kind in PAIRED_KINDS:
         for name in PAIRED_ZB:
@@ -41,7 +44,7 @@ def check_paired(model: str, dtype: str, p: int, reps: int = PAIRED_REPS) -> dic
             ones[kind] += steps[pair[0]]
             pairs = len(steps[pair[0]])
     medians.update({f"{kind}@1f1b": statistics.median(ones[kind]) for kind in PAIRED_KINDS})
-    out = {"median_step_s": medians, "pairs": pairs, "ratio": ratios, "jobs": "one per variant"}
+    out = {"median_step_s": medians, "pairs": pairs, "ratio": ratios, "jobs": "one per variant", "m": m}
     out["machine"], out["date"] = _where(), time.strftime("%Y-%m-%d")
     print(f"  split paired {model} {dtype} p={p}: {json.dumps({k: round(r, 3) for k, r in ratios.items()})}")
     return out
@@ -49,7 +52,16 @@ def check_paired(model: str, dtype: str, p: int, reps: int = PAIRED_REPS) -> dic
 
 PAIRED_CONFIGS = {
     f"{model} {dtype} p={p}": (model, dtype, p) for p in PAIRED_PS for model in MODELS for dtype in ("fp32", "bf16")
-}
+} | {f"{AS_FILED} fp32 p=2": (AS_FILED, "fp32", 2)}
+
+
+def _shape(model: str) -> tuple[str, list[str], int]:
+    """(experiment, overrides, m) of a paired configuration's model: bench/split_backward.py's
+    models at its shape, or the issue's experiment as shipped."""
+    if model == AS_FILED:
+        return "llama_tiny_1f1b_2cpu", [], 4
+    exp, *keys = MODELS[model]
+    return exp, [*keys, *SHAPE], M
 
 
 def _where() -> str:
@@ -92,7 +104,10 @@ def paired_rows(results: dict, machine: str) -> list[tuple[str, str, str, str]]:
     measured on another machine than ``machine`` (the page's header) says where and when."""
     out = []
     for name, got in results.items():
-        what = f"split backward, steps side by side, {name}, m={M}: each zero-bubble step over the 1F1B step beside it"
+        what = (
+            f"split backward, steps side by side, {name}, m={got.get('m', M)}: each zero-bubble step over the 1F1B "
+            "step beside it"
+        )
         jobs = "in one job per variant, against 1F1B" if got.get("jobs") else "in one job"
         if got.get("machine") and not got["machine"].startswith(machine):
             what += f" (measured {got['date']} on {got['machine']})"

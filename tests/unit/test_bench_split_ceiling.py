@@ -96,9 +96,52 @@ def test_paired_configurations_with_more_ranks_than_cores_are_not_measured(monke
     ran = []
     monkeypatch.setattr(sb, "check_paired", lambda model, dtype, p: ran.append((model, dtype, p)) or _paired(1, 1))
     got = sb.check_paired_all("fp32", cores=2)
-    assert ran == [(m, "fp32", 2) for m in sb.MODELS]
-    assert sorted(got) == sorted(f"{m} fp32 p={p}" for m in sb.MODELS for p in (2, 4))
+    assert ran == [(m, "fp32", 2) for m in sb.MODELS] + [(sb.AS_FILED, "fp32", 2)]
+    assert sorted(got) == sorted([f"{m} fp32 p={p}" for m in sb.MODELS for p in (2, 4)] + [f"{sb.AS_FILED} fp32 p=2"])
     skipped = [got[f"{m} fp32 p=4"] for m in sb.MODELS]
     assert all(s == {"skipped": "needs a core per rank (4); this machine has 2"} for s in skipped)
     rows = sb.paired_rows({"x p=4": skipped[0]}, "x86_64, 2 cores")
     assert rows[0][1:] == ("not measured: needs a core per rank (4); this machine has 2", "ZB-H1 < 1F1B", "skipped")
+
+
+def test_the_issues_own_table_is_a_paired_configuration_at_the_shipped_shape():
+    """The shipped llama-tiny experiment as it is (m=4: the shape the split-backward issue's table
+    was measured at), beside the 8-block models at m=8; its row says its m."""
+    from bench.split_paired import AS_FILED, PAIRED_CONFIGS, _shape, paired_rows
+    from ppx import config
+
+    assert PAIRED_CONFIGS[f"{AS_FILED} fp32 p=2"] == (AS_FILED, "fp32", 2)
+    exp, keys, m = _shape(AS_FILED)
+    cfg = config.load(exp, keys)
+    assert (cfg.pipeline.microbatches, cfg.model.preset, m) == (4, "llama-tiny", 4)
+    assert _shape("llama-tiny (8 blocks)")[2] == 8
+    got = _paired(0.98, 0.99)["m fp32 p=2"]
+    (row,) = paired_rows({f"{AS_FILED} fp32 p=2": {**got, "m": 4}}, "x86_64, 2 cores")
+    assert row[0].startswith(f"split backward, steps side by side, {AS_FILED} fp32 p=2, m=4: ")
+
+
+@pytest.mark.parametrize(
+    "cores, verdicts", [(4, ["MISS", "pass"]), (2, ["not judged", "not judged"]), (None, ["MISS", "pass"])]
+)
+def test_whole_run_rows_judge_no_times_where_ranks_shared_cores(cores, verdicts):
+    """p=4 on a 2-core machine: (I + W) / B and the steps are said, not judged (a rank's action
+    takes its share of a core there); the saved bytes stand either way."""
+    from bench.split_backward import split_rows
+
+    v = {
+        n: {
+            "action_s": _variants(4, 0.5)["zb_h1"]["action_s"],
+            "step_s": step,
+            "runs_s": [step],
+            "peak_saved_bytes": [1024] * 4,
+            "predicted_s": step,
+        }
+        for n, step in (("1f1b", 0.10), ("zb_h1", 0.09), ("zbv", 0.095), ("zb_h1_graph", 0.12))
+    }
+    got = {"variants": v, "iw_over_b": [1.2, 1.0, 1.0, 1.0], "iw_over_b_graph": [1.5] * 4}
+    if cores is not None:
+        got["cores"] = cores
+    iw, steps, saved = split_rows({"m fp32 p=4": got})
+    assert [iw[3], steps[3]] == verdicts
+    assert ("(4 ranks on 2 cores: times shared, not judged)" in iw[1] + steps[1]) == (cores == 2)
+    assert saved[1] == "1, 1, 1, 1 against 1, 1, 1, 1"
