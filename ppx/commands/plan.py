@@ -30,17 +30,19 @@ def _names(results, most: int = 4) -> str:
 
 def candidate_commands(results, out: Path, experiment: str, inputs, run_cfg, best) -> list[str]:
     """Per candidate, the command that runs it as planned: a family by name (the plan built it
-    as `ppx run` does), the automatic schedule from a CSV of its own in ``out``."""
+    as `ppx run` does); the automatic schedule and a family's drained list (``+drain``) from a
+    CSV of their own in ``out`` (the best's: best.csv), no name of ppx's."""
     from ppx.plan import outputs
-    from ppx.plan.builders import AUTO
+    from ppx.plan.builders import AUTO, DRAIN
     from ppx.plan.howto import full_command
 
     texts = []
     out.mkdir(parents=True, exist_ok=True)
     for r in results:
         schedule = r.schedule
-        if r.schedule == AUTO:
-            schedule = out / ("best.csv" if r is best else f"{AUTO}_p{r.p}_m{r.m}.csv")
+        if r.schedule == AUTO or r.schedule.endswith(DRAIN):
+            shape = f"_p{r.p}_m{r.m}" + (f"_v{r.v}" if r.v != 1 else "")
+            schedule = out / ("best.csv" if r is best else r.schedule.replace("+", "_") + shape + ".csv")
             if r is not best:
                 outputs.write_best(schedule, r, inputs)
         texts.append(full_command(r, schedule, experiment, inputs, run_cfg))

@@ -6,6 +6,8 @@ group; and through `ppx run` at p=4 under GPipe and 1F1B: tests/e2e/test_instrum
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from helpers import ppx, read_json
@@ -177,6 +179,14 @@ def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run, 
     assert r.returncode == 0, r.stderr
     rows = {line.split()[1] for line in r.stdout.splitlines() if line.strip()[:1].isdigit()}
     assert rows == {"zb_h1", "zb_h1+drain", "1f1b"}, r.stdout
+    # every candidate's saved command runs: the drained list from a CSV of its own (no name of ppx's)
+    from ppx.plan.howto import check
+
+    plan = read_json(tmp_path / "plan" / "plan.json")
+    commands = {c["schedule"]: c["command"] for c in plan["candidates"]}
+    assert all(check(c) is None for c in commands.values()), commands
+    drained = commands["zb_h1+drain"].split("pipeline.schedule=")[1].split()[0]
+    assert drained.endswith(".csv") and (tmp_path / "plan").samefile(Path(drained).parent), commands
 
 
 @pytest.mark.parametrize("way", ["stores", "graph"])
