@@ -5,6 +5,7 @@ from __future__ import annotations
 from ppx.commands.common import drain_list, output_path, schedule_from
 from ppx.errors import UserError
 from ppx.schedules.ir.action import Op
+from ppx.schedules.ir.structure import drain_keeps
 
 
 def _own_order(path: str, sched, costs, transport: str) -> str:
@@ -56,10 +57,13 @@ def cmd_schedule(args) -> int:
     line = f"bubble (idle share of the step): simulated {timeline.bubble_fraction():.1%}"
     if schedules.is_csv(args.name):
         line += _own_order(args.name, sched, costs, args.transport)
-    if args.drain:
+    drained = sched.actions != full.actions
+    if drained:
         own = schedules.simulate(full, costs, args.transport).bubble_fraction()
         line += f" (split only where a W fills the drain; {own:.1%} with every backward split, as the family's list)"
-    elif fam is not None:
+    elif args.drain:
+        line += " (drain leaves this list as built: " + drain_keeps(full) + ")"
+    if fam is not None and not drained:
         th = fam.bubble(p, m, args.virtual)
         line += f", theory {fam.bubble_formula} = {th:.1%}; as a share of the ideal time: {th / (1 - th):.1%}"
     print(line)

@@ -44,8 +44,10 @@ def cmd_simulate(args) -> int:
         if note:
             print(note)
     sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual, args.transport or "nccl")
+    built = sched.actions
     if args.drain:
         sched = drain_list(sched)
+    args.drained = sched.actions != built  # (a list drain leaves as built keeps its family's formula)
     if measured is not None and (sched.num_ranks, sched.stages_per_rank) != (measured.world_size, measured.virtual):
         raise UserError(
             f"{args.from_run} ran {measured.world_size} ranks with {count(measured.virtual, 'stage')} each, {args.name} "
@@ -178,7 +180,7 @@ def _print_prediction(args, sched, t, reduce: bool, run, measured) -> None:
             + f", idle {t.idle(r) * 1e3:.2f} ms"
         )
     fam = schedules.FAMILIES.get(sched.name)
-    if fam is not None and not args.drain:  # (a drain list is not the family's: no formula)
+    if fam is not None and not args.drained:  # (a list drain changed is not the family's: no formula)
         print(f"theory ({fam.bubble_formula}): {fam.bubble(p, m, args.virtual):.1%}")
     if measured is None:
         return

@@ -12,12 +12,25 @@ def resolve_schedule(cfg: Config) -> Schedule:
     """The validated schedule (with comms) the config asks for; torch's schedules as ppx's
     list of the same order; under ``train.split_backward=drain``, split only where a W fills
     the drain (`drain_only`)."""
+    sched = _built(cfg)
+    return drain_only(sched) if cfg.train.split_backward == "drain" else sched
+
+
+def drain_changed(cfg: Config) -> bool:
+    """Whether ``train.split_backward=drain`` changes the list the config's schedule builds (a
+    list whose every W follows its stage's last forward, or sits in an overlapped cell, runs as
+    built)."""
+    if cfg.train.split_backward != "drain":
+        return False
+    sched = _built(cfg)
+    return drain_only(sched).actions != sched.actions
+
+
+def _built(cfg: Config) -> Schedule:
     p = cfg.pipeline
     if schedules.is_csv(p.schedule):
-        sched = schedules.from_csv(p.schedule)
-    else:
-        sched = schedules.build(p.schedule, p.stages, p.microbatches, virtual_stages(cfg))
-    return drain_only(sched) if cfg.train.split_backward == "drain" else sched
+        return schedules.from_csv(p.schedule)
+    return schedules.build(p.schedule, p.stages, p.microbatches, virtual_stages(cfg))
 
 
 def virtual_stages(cfg: Config) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ppx import schedules
-from ppx.schedules.ir.action import Op
 from ppx.schedules.ir.schedule import Schedule
 
 
@@ -44,6 +43,7 @@ def known_cost_timeline(cfg, schedule: Schedule, transport: tuple[str, int]):
 
 def run_theory(cfg, schedule: Schedule, backend: str) -> Theory:
     from ppx.config import virtual_stages
+    from ppx.config.resolve import drain_changed
     from ppx.measure.prediction import transport_of
 
     t = known_cost_timeline(cfg, schedule, transport_of(cfg, backend))
@@ -56,11 +56,7 @@ def run_theory(cfg, schedule: Schedule, backend: str) -> Theory:
     fam = schedules.formula_family(cfg.pipeline.schedule)
     if fam is None:
         return Theory(None, None, "none: a schedule from a CSV has no formula")
-    if (
-        cfg.train.split_backward == "drain"
-        and schedule.splits_backward
-        and any(a.op is Op.B for row in schedule.actions for a in row)
-    ):  # (where drain changed the list: a B beside I's)
+    if drain_changed(cfg):
         return Theory(None, None, "none: train.split_backward=drain runs whole B's where the family's formula splits")
     return Theory(
         fam.bubble(schedule.num_ranks, schedule.num_microbatches, virtual_stages(cfg)),

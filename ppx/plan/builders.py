@@ -38,12 +38,12 @@ def build(name: str, p: int, m: int, v: int, inputs: PlanInputs) -> Schedule:
     """The placed, validated schedule of a candidate; ScheduleError for a shape it refuses (or,
     ``+drain``, where drain changes nothing: every W follows its stage's last F)."""
     if name.endswith(DRAIN):
-        from ppx.schedules.ir.structure import drain_only
+        from ppx.schedules.ir.structure import drain_keeps, drain_only
 
         full = build(family_of(name), p, m, v, inputs)
         drained = drain_only(full)
         if drained.actions == full.actions:
-            raise ScheduleError(f"drain changes nothing at m={m}: every W follows its stage's last forward")
+            raise ScheduleError(f"drain changes nothing at m={m}: {drain_keeps(full)}")
         return drained
     if name == AUTO:
         costs = inputs.costs(p)

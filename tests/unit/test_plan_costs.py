@@ -114,4 +114,7 @@ def test_a_drain_runs_costs_plan_each_split_family_as_drain_runs_it_too():
     assert any(a.op is Op.B for row in build("zb_h1+drain", 2, 8, 1, two).actions for a in row)
     (few,) = [c for c in candidates(["zb_h1"], [2], [2], [1], two)[0] if c.schedule.endswith("+drain")]
     assert "drain changes nothing at m=2" in evaluate(few, two).reason
+    # DualPipeV's W's before a stage's last forward sit on ranks of overlapped cells: kept, and said so
+    (dual,) = [c for c in candidates(["dualpipev"], [2], [8], [2], two)[0] if c.schedule.endswith("+drain")]
+    assert "sits on a rank of overlapped cells (a cell keeps its I)" in evaluate(dual, two).reason
     assert [c.schedule for c in candidates(["zb_h1"], [2], [8], [1], replace(two, whole_s=None))[0]] == ["zb_h1"]

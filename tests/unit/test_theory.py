@@ -112,3 +112,31 @@ def test_a_drain_list_has_no_closed_form_unless_drain_changed_nothing():
     drain = ["model.kind=mlp", "pipeline.schedule=zb_h1", "train.split_backward=drain", "train.batch_size=8"]
     assert theory(*drain, "pipeline.microbatches=8").bubble_fraction is None
     assert theory(*drain, "pipeline.microbatches=2").bubble_fraction == pytest.approx(1 / 7)  # (p-1)/(3m+p-1)
+
+
+def test_dualpipev_under_drain_keeps_its_closed_form():
+    """DualPipeV's own list has B's beside its I's (in its overlapped cells), which drain leaves
+    as they are: the list runs as built, and its theory is the family's (a B beside I's is no
+    sign that drain changed anything)."""
+    from ppx import config
+    from ppx.config.resolve import drain_changed
+
+    keys = ["model.kind=mlp", "pipeline.schedule=dualpipev", "pipeline.microbatches=8", "train.batch_size=8"]
+    assert not drain_changed(config.load("1f1b_2cpu", [*keys, "train.split_backward=drain"]))
+    auto = theory(*keys).bubble_fraction
+    assert auto is not None and theory(*keys, "train.split_backward=drain").bubble_fraction == auto
+
+
+def test_schedule_and_simulate_keep_the_theory_where_drain_changes_nothing(capsys):
+    """`--drain` on a list drain leaves as built (DualPipeV's cells; ZB-H1 at m = p) says so and
+    keeps the family's formula; where it changes the list, no formula."""
+    from ppx.cli import main
+
+    assert main(["schedule", "dualpipev", "-p", "2", "-m", "8", "--drain"]) == 0
+    out = capsys.readouterr().out
+    assert "(drain leaves this list as built: each W follows its stage's last forward or sits on a rank" in out
+    assert ", theory (p-1)/(3m+p-1)" in out
+    assert main(["simulate", "zb_h1", "-p", "4", "-m", "4", "--drain"]) == 0
+    assert "theory (" in capsys.readouterr().out
+    assert main(["simulate", "zb_h1", "-p", "4", "-m", "8", "--drain"]) == 0
+    assert "theory" not in capsys.readouterr().out

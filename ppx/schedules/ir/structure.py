@@ -131,3 +131,11 @@ def drain_only(schedule: Schedule) -> Schedule:
                 out.append(a)
         rows.append(tuple(out))
     return schedule.with_actions(rows)
+
+
+def drain_keeps(schedule: Schedule) -> str:
+    """Why `drain_only` leaves ``schedule`` as built (where it does): every W already follows its
+    stage's last forward, or sits on a rank that overlaps forwards with backwards (cells)."""
+    if any(schedule.cells(r) for r in range(schedule.num_ranks)):
+        return "each W follows its stage's last forward or sits on a rank of overlapped cells (a cell keeps its I)"
+    return "every W follows its stage's last forward"
