@@ -82,19 +82,28 @@ def whole_stages(run) -> list[int]:
 def split_only_stages(run) -> list[int]:
     """The stages whose backward a run (a `RunDir`) split on every microbatch: I measured, no
     B, and not run whole. A whole B there can only be priced as I + W, the split's own cost
-    included (its stores, W's own call: on llama-tiny fp32 on CPU, 1.05-1.10x a whole backward)."""
+    included (its stores, W's own call: on llama-tiny fp32 on CPU, 1.05-1.10x a whole backward).
+    None on the known-cost model, whose I + W is its B by construction."""
+    if run.config.model.kind == "synthetic":
+        return []
     a = run.summary.measured_costs["action_s"]
     whole = set(whole_stages(run))
     split = {int(k[:-1]) for k in a if k[-1] == "I" and f"{k[:-1]}B" not in a}
     return sorted(split - whole)
 
 
-def priced_split_note(path: str, stages: list[int], what: str) -> str:
+def priced_split_note(path: str, stages: list[int], what: str, drained: bool = False) -> str:
     """The note where ``what`` (B's) on ``stages`` of the run at ``path`` (`split_only_stages`)
-    are priced at the run's I + W."""
+    are priced at the run's I + W (``drained``: the run was a drain run, whose list kept those
+    stages split)."""
+    how = (
+        "train.split_backward=drain ran none there at this shape"
+        if drained
+        else "a run with train.split_backward=drain measures both"
+    )
     return (
         f"note: {path} measured no whole B on {stage_list(stages)}: {what} there cost I + W, the split's own "
-        "cost included, where a whole backward costs less; a run with train.split_backward=drain measures both"
+        f"cost included, where a whole backward costs less; {how}"
     )
 
 

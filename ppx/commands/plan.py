@@ -73,7 +73,7 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
     if args.from_run:  # (``run_cfg``: the run's config)
         out.append(first_step_note(args.from_run, run_cfg))
         out.append(refused_split_note(args.from_run, skipped, inputs.whole_stages, calibration_way(run_cfg)))
-        if run_cfg.train.split_backward == "drain":
+        if run_cfg.train.split_backward == "drain" and inputs.whole_s is not None:
             out.append(
                 f"note: {args.from_run} ran train.split_backward=drain: each schedule that splits its backward is "
                 "planned as its family's list (every backward split, at the I and W of the microbatches the run "
@@ -83,17 +83,35 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
     return [n for n in out if n]
 
 
-def priced_split_note_of(from_run: str, results) -> str | None:
-    """The note where the plan's schedules that run whole backwards are priced, on stages the
-    run split on every microbatch, at its I + W (`split_only_stages`): they may plan slower
-    than they run."""
+def priced_split_note_of(from_run: str, results, inputs) -> str | None:
+    """The note where candidates run whole backwards (B's) that the plan prices at the run's I
+    + W, on the stages the run split on every microbatch (`split_only_stages`): they may plan
+    slower than they run. A candidate of other stages than the run's shares its costs out, so
+    any B of its counts."""
     from ppx.commands.common import priced_split_note, split_only_stages
-    from ppx.plan.space import splits
+    from ppx.plan.builders import AUTO, build
     from ppx.report.run_dir import RunDir
+    from ppx.schedules.ir.action import Op
 
-    whole = sorted({r.schedule for r in results if not splits(r.schedule)})
-    blind = split_only_stages(RunDir(from_run))
-    return priced_split_note(from_run, blind, "the B's of " + ", ".join(whole)) if whole and blind else None
+    run = RunDir(from_run)
+    blind = set(split_only_stages(run))
+    if not blind:
+        return None
+    names: list[str] = []
+    for r in results:
+        if r.schedule == AUTO or r.schedule in names:  # (zb_auto runs a B only where W costs nothing)
+            continue
+        own = r.p * r.v == inputs.stages
+        if any(
+            a.op is Op.B and (a.stage in blind or not own)
+            for row in build(r.schedule, r.p, r.m, r.v, inputs).actions
+            for a in row
+        ):
+            names.append(r.schedule)
+    if not names:
+        return None
+    drained = run.config.train.split_backward == "drain"
+    return priced_split_note(from_run, sorted(blind), "the B's of " + ", ".join(sorted(names)), drained)
 
 
 def _check(args) -> None:
@@ -146,7 +164,7 @@ def cmd_plan(args) -> int:
     notes = [n for n in [cluster_note(max(ps)), unread] if n]
     notes += assumption_notes(args, inputs, skipped, max(ps), run_cfg)
     if args.from_run:
-        notes += [n for n in [priced_split_note_of(args.from_run, results)] if n]
+        notes += [n for n in [priced_split_note_of(args.from_run, results, inputs)] if n]
     if args.from_run and inputs.act_bytes is None:
         notes.append(f"note: {args.from_run} measured no saved bytes per microbatch: peaks count params only")
     close = near_best(results, args.close_pct)

@@ -157,7 +157,7 @@ def _note_unmeasured_bs(args, sched, run) -> None:
     blind = sorted({a.stage for row in sched.actions for a in row if a.op is Op.B} & set(split_only_stages(run)))
     if blind:
         what = "drain's B's" if args.drain else f"{sched.name}'s B's"
-        note = priced_split_note(args.from_run, blind, what)
+        note = priced_split_note(args.from_run, blind, what, run.config.train.split_backward == "drain")
         print(note.replace("less;", "less, so what drain saves cannot show;") if args.drain else note)
 
 

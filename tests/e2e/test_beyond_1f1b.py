@@ -112,6 +112,8 @@ def test_simulate_from_a_run(runs):
     r = ppx("simulate", "zb_h1", "-p", str(P), "-m", str(M), "--from-run", str(d))
     assert r.returncode == 0, r.stderr
     assert "predicted step time" in r.stdout and f"measured in {d}: step" in r.stdout
+    r = ppx("simulate", "1f1b", "--from-run", str(d))  # the known-cost model's I + W is its B: nothing to say
+    assert r.returncode == 0 and "no whole B" not in r.stdout, r.stdout
     r = ppx("simulate", "1f1b", "-p", "4", "-m", "8", "--fwd-ms", "10", "--bwd-ms", "20")
     p, m, slot = 4, 8, 10 + 20  # no hand-off costs: (m + p - 1) slots of F + B, idle (p-1)/(m+p-1)
     assert f"predicted step time {(m + p - 1) * slot:.2f} ms, bubble {(p - 1) / (m + p - 1):.1%}" in r.stdout

@@ -174,6 +174,13 @@ def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run, 
     assert "no whole B on stage 1: the B's of 1f1b there cost I + W" in r.stdout, r.stdout
     r = ppx("simulate", "1f1b", "--from-run", str(run.dir))
     assert r.returncode == 0 and "no whole B" not in r.stdout, r.stdout
+    # a drain run at m = p ran every W after its stage's last forward: no whole B there either, and said why
+    kept = shared_run(*RUNS["llama-zb_h1-drain"], "train.steps=2", "pipeline.microbatches=2", "train.batch_size=8")
+    r = ppx("simulate", "1f1b", "--from-run", str(kept.dir))
+    assert "cost included, where a whole backward costs less; train.split_backward=drain ran none there" in r.stdout
+    r = ppx("plan", "--from-run", str(kept.dir), "--schedules", "zb_h1,1f1b", "--out", str(tmp_path / "kept"))
+    assert "the B's of 1f1b there cost I + W" in r.stdout and "zb_h1+drain" not in r.stdout, r.stdout
+    assert "ran train.split_backward=drain: each schedule" not in r.stdout  # (no +drain candidate to speak of)
     # a plan from the drain run tries zb_h1 both ways, at the run's shape
     r = ppx("plan", "--from-run", str(run.dir), "--schedules", "zb_h1,1f1b", "-m", "4", "--out", str(tmp_path / "plan"))
     assert r.returncode == 0, r.stderr
