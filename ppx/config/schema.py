@@ -207,8 +207,8 @@ class RuntimeConfig:
     )
     timeout_s: float = _f(
         60.0,
-        "seconds without progress on one rank before the whole job is ended (building the model and NCCL's "
-        "first collective are allowed at least 60)",
+        "seconds without progress on one rank before the whole job is ended (set-up is allowed at least 60: "
+        "building the model, waiting for the other ranks' builds, NCCL's first collective)",
     )
     threads_per_rank: int = _f(1, "CPU threads per process (torch.set_num_threads)")
     pin_cpus: bool = _f(
