@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -138,7 +139,8 @@ def main() -> None:
         count = 0 if kind == "ppx_all_steps" else None
         if not other:
             return ppx_variant(cfg, schedule, rank, observed[kind], count)
-        name, *extra = other.split("+")  # ppx@zb_h1+train.split_backward=drain: overrides of its own
+        # ppx@zb_h1+train.split_backward=drain: overrides of its own, each a "+" before a key=
+        name, *extra = re.split(r"\+(?=[A-Za-z_][\w.]*=)", other)
         c = config.load(
             args.experiment, [*args.overrides, f"pipeline.stages={world}", f"pipeline.schedule={name}", *extra]
         )
