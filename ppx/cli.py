@@ -92,6 +92,11 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("--fwd-ms", help="forward ms per microbatch: one value or one per stage (10,12,...); default 10")
     sim.add_argument("--bwd-ms", help="input-gradient backward ms, likewise; default 20")
     sim.add_argument("--wgrad-ms", help="weight-gradient ms, likewise (a full B costs bwd + wgrad); default 0")
+    sim.add_argument(
+        "--whole-ms",
+        help="what a whole backward B costs, ms, likewise (default bwd + wgrad): more than that where a split "
+        "backward's I + W costs more than the B it replaces (its stores, W's own call)",
+    )
     sim.add_argument("--p2p-ms", type=_number, help="latency of one hand-off between ranks, ms; default 0")
     sim.add_argument("--send-post-ms", type=_number, help="time the runtime takes to post one send, ms; default 0")
     sim.add_argument("--recv-post-ms", type=_number, help="time the runtime takes to post one receive, ms; default 0")
@@ -113,7 +118,7 @@ def parser() -> argparse.ArgumentParser:
         "--drain",
         action="store_true",
         help="the list train.split_backward=drain runs: a backward split only where its W comes after its stage's "
-        "last forward (from a drain run, its B's cost as measured; elsewhere a B costs I + W)",
+        "last forward (from a drain run, its B's cost as measured; from flags, --whole-ms; elsewhere a B costs I + W)",
     )
     sim.add_argument("--png", help="draw the predicted timeline to this PNG")
     sim.set_defaults(fn=_command("simulate"))

@@ -26,6 +26,7 @@ COST_DEFAULTS = {
     "fwd_ms": "10",
     "bwd_ms": "20",
     "wgrad_ms": "0",
+    "whole_ms": None,  # a whole B: bwd + wgrad unless given
     "p2p_ms": 0.0,
     "send_post_ms": 0.0,
     "recv_post_ms": 0.0,
@@ -132,6 +133,7 @@ def _costs(args, sched, run, measured) -> tuple:
             fwd=ms_list("--fwd-ms", args.fwd_ms, n),
             bwd=ms_list("--bwd-ms", args.bwd_ms, n),
             wgrad=ms_list("--wgrad-ms", args.wgrad_ms, n),
+            whole=None if args.whole_ms is None else ms_list("--whole-ms", args.whole_ms, n),
             p2p=args.p2p_ms / 1e3,
             send_post=args.send_post_ms / 1e3,
             recv_post=args.recv_post_ms / 1e3,
