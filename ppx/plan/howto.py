@@ -48,7 +48,8 @@ def synthetic_overrides(best: Result, inputs: PlanInputs) -> list[str]:
 def from_run_overrides(best: Result, cfg, inputs: PlanInputs) -> list[str]:
     """What a candidate changes in the run's config ``cfg`` besides the schedule: the known-cost
     model's per-stage cost lists for p·v stages (split as the plan splits the run's costs) and
-    enough layers; a batch that divides into m microbatches (the run's microbatch size); and,
+    enough layers; at another m than the run's, the batch of m microbatches of the run's size
+    (what the plan costed: a batch kept whole would change the microbatch); and,
     from a run that set ``train.split_backward`` (the calibration run's store), auto for a
     candidate that splits no backward (there the key changes nothing, and ppx run says so) and
     for every candidate of a drain run (its CSV is the list as planned, every backward split or,
@@ -67,8 +68,7 @@ def from_run_overrides(best: Result, cfg, inputs: PlanInputs) -> list[str]:
                 out.append(f"model.{key}={_ms([x / 1e3 for x in inputs.split(values, n)])}")
         if n > model.layers:
             out.append(f"model.layers={n}")
-    replicas = cfg.parallel.data
-    if cfg.train.batch_size % (replicas * best.m):
+    if best.m != cfg.pipeline.microbatches:  # the run's microbatch size, as the plan costed it
         out.append(f"train.batch_size={cfg.train.batch_size // cfg.pipeline.microbatches * best.m}")
     return out
 

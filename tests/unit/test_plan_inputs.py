@@ -202,3 +202,18 @@ def test_a_drain_runs_measured_b_prices_the_bs_of_every_candidate():
     assert inputs.costs(4).whole == [1.5, 1.5, 1.25, 1.25] and inputs.costs(1).whole == [5.5]
     assert PlanInputs.from_json(inputs.to_json()).whole_s == (None, 2.5)
     assert replace(inputs, whole_s=None).costs(2).whole is None
+
+
+@pytest.mark.parametrize("m, batch", [(4, None), (8, 32), (2, 8)])
+def test_a_plans_command_at_another_m_keeps_the_runs_microbatch_size(m, batch):
+    """The plan costs a candidate at the run's microbatch size (its measured costs are per
+    microbatch): at another m the command sets the batch that keeps it, even where the run's
+    batch would divide (16 into 8 microbatches of 2: not what was planned)."""
+    from ppx import config
+    from ppx.plan.evaluate import Result
+    from ppx.plan.howto import from_run_overrides
+
+    cfg = config.load("llama_tiny_1f1b_2cpu", [])  # m=4, batch 16: microbatches of 4
+    inputs = PlanInputs(fwd_s=(1.0, 1.0), bwd_s=(1.0, 1.0), wgrad_s=(0.5, 0.5), stages=2)
+    best = Result("1f1b", 2, m, 1, 1.0, 0.0, (0.0, 0.0), True)
+    assert from_run_overrides(best, cfg, inputs) == ["run.dir=null"] + ([f"train.batch_size={batch}"] if batch else [])
