@@ -94,8 +94,9 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("--wgrad-ms", help="weight-gradient ms, likewise (a full B costs bwd + wgrad); default 0")
     sim.add_argument(
         "--whole-ms",
-        help="what a whole backward B costs, ms, likewise (default bwd + wgrad): more than that where a split "
-        "backward's I + W costs more than the B it replaces (its stores, W's own call)",
+        help="what a whole backward B costs, ms, likewise (default bwd + wgrad); less than bwd + wgrad where a "
+        "split backward's I + W costs more than the B it replaces (its stores, W's own call); a stage that ppx's "
+        "runtime runs whole (every I followed at once by its W, as ZB-H1's first) then costs it in its I",
     )
     sim.add_argument("--p2p-ms", type=_number, help="latency of one hand-off between ranks, ms; default 0")
     sim.add_argument("--send-post-ms", type=_number, help="time the runtime takes to post one send, ms; default 0")

@@ -129,11 +129,16 @@ def _costs(args, sched, run, measured) -> tuple:
 
     if measured is None:
         n = sched.num_stages
+        bwd, wgrad = ms_list("--bwd-ms", args.bwd_ms, n), ms_list("--wgrad-ms", args.wgrad_ms, n)
+        whole = None if args.whole_ms is None else ms_list("--whole-ms", args.whole_ms, n)
+        if whole is not None:  # a stage ppx's runtime runs whole (ZB-H1's first): its I a whole B, its W nothing
+            for s in merged_stages(sched):
+                bwd[s], wgrad[s] = whole[s], 0.0
         costs = schedules.Costs(
             fwd=ms_list("--fwd-ms", args.fwd_ms, n),
-            bwd=ms_list("--bwd-ms", args.bwd_ms, n),
-            wgrad=ms_list("--wgrad-ms", args.wgrad_ms, n),
-            whole=None if args.whole_ms is None else ms_list("--whole-ms", args.whole_ms, n),
+            bwd=bwd,
+            wgrad=wgrad,
+            whole=whole,
             p2p=args.p2p_ms / 1e3,
             send_post=args.send_post_ms / 1e3,
             recv_post=args.recv_post_ms / 1e3,
@@ -259,3 +264,11 @@ def _split_known(path: str, measured, sched, whole: list[int], cfg) -> None:
             f"{path} {why}, so its I and W costs are unknown; measure them with "
             f"`{split_calibration(path + '/config.yaml', calibration_way(cfg))}` and simulate --from-run that run"
         )
+
+
+def merged_stages(sched) -> set[int]:
+    """The stages ppx's runtime runs whole under ``train.split_backward=auto`` (every I followed
+    at once by its W: `whole_backward_stages`)."""
+    from ppx.schedules.ir.structure import whole_backward_stages
+
+    return set().union(*(whole_backward_stages(sched, r) for r in range(sched.num_ranks)))

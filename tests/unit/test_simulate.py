@@ -90,8 +90,9 @@ def test_transports_agree_without_latency_and_gloo_is_never_slower(name, v):
 
 
 def test_simulate_prices_a_whole_backward_apart_with_whole_ms(capsys):
-    """--whole-ms is what a B costs (default bwd + wgrad): 1F1B's B's take it, ZB-H1's I's and
-    W's do not; with no hand-off costs 1F1B's step is (m + p - 1)(F + B)."""
+    """--whole-ms is what a B costs (default bwd + wgrad): 1F1B's B's take it, and so does ZB-H1's
+    first stage, which ppx's runtime runs whole (its I the whole backward, its W nothing), but
+    not its last stage's I's and W's; with no hand-off costs 1F1B's step is (m + p - 1)(F + B)."""
     from ppx.cli import main
 
     flags = ["-p", "2", "-m", "8", "--fwd-ms", "10", "--bwd-ms", "15", "--wgrad-ms", "5"]
@@ -102,5 +103,6 @@ def test_simulate_prices_a_whole_backward_apart_with_whole_ms(capsys):
 
     assert "predicted step time 270.00 ms" in step("1f1b")  # 9 x (10 + 20)
     assert "predicted step time 360.00 ms" in step("1f1b", "--whole-ms", "30")  # 9 x (10 + 30)
-    assert step("zb_h1") == step("zb_h1", "--whole-ms", "30")
+    assert step("zb_h1") == step("zb_h1", "--whole-ms", "20")  # (whole at I + W: the same step)
+    assert step("zb_h1", "--whole-ms", "30") == step("zb_h1", "--bwd-ms", "30,15", "--wgrad-ms", "0,5")
     assert step("zb_h1", "--drain") != step("zb_h1", "--drain", "--whole-ms", "30")
