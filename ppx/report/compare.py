@@ -7,13 +7,14 @@ from __future__ import annotations
 import glob
 import json
 import math
+import statistics
 import sys
 import textwrap
 from pathlib import Path
 
 from ppx import schedules
 from ppx.errors import UserError
-from ppx.report.labels import flat_config, run_labels, shared_label
+from ppx.report.labels import flat_config, run_labels, shared_label, timing_key
 from ppx.report.run_dir import RunDir
 
 COLUMNS = [  # (header, key, format)
@@ -24,6 +25,7 @@ COLUMNS = [  # (header, key, format)
     ("m", "microbatches", "{}"),
     ("model", "model", "{}"),
     ("step ms", "step_ms", "{:.2f}"),
+    ("steps q1-q3 ms", "step_range", "{}"),
     ("samples/s", "throughput", "{:.1f}"),
     ("bubble", "bubble", "{:.1%}"),
     ("predicted", "predicted", "{:.1%}"),
@@ -36,6 +38,7 @@ COLUMNS = [  # (header, key, format)
 
 
 NOTE = (  # under both tables: pred err pt is not the bubble column minus the predicted one
+    "step ms = the median step; steps q1-q3 = the middle half of the run's steps; "
     "bubble = measured idle / step time (median over steps); predicted = the simulator's bubble from the run's "
     "measured action costs; pred err pt = measured minus predicted bubble over the steps the costs come "
     "from (the timeline's), in points; theory = the schedule's formula with equal per-stage costs, or on the "
@@ -82,6 +85,7 @@ def load_row(run: RunDir, base: Path | None = None) -> dict:
         "microbatches": s.microbatches,
         "model": s.model,
         "step_ms": s.step_time_s * 1e3,
+        "step_range": _middle_half(s.step_times_s),
         "throughput": s.throughput,
         "bubble": s.bubble_fraction,
         "theory": s.bubble_fraction_theory,
@@ -92,6 +96,55 @@ def load_row(run: RunDir, base: Path | None = None) -> dict:
         "peak_mem_mib": s.peak_memory_bytes / 2**20 or None,
         "final_loss": s.final_loss,
     }
+
+
+def _middle_half(steps_s) -> str | None:
+    """'q1-q3' of a run's step times in ms (its middle half: the quartiles; with fewer than 4
+    steps, their range), or None without them."""
+    if not steps_s:
+        return None
+    ms = sorted(x * 1e3 for x in steps_s)
+    lo, hi = (ms[0], ms[-1]) if len(ms) < 4 else statistics.quantiles(ms, n=4)[::2]
+    return f"{lo:.2f}-{hi:.2f}"
+
+
+def noise_note(rows: list[dict], configs: list[dict]) -> str | None:
+    """Notes on what the table cannot order: runs of one config whose median steps differ (that
+    difference is the machine's run-to-run noise, which a run's own steps do not show), and
+    runs whose middle halves of steps overlap."""
+    names = [r.get("label") or r["name"] for r in rows]
+    out = []
+    same: dict[str, list[int]] = {}
+    for k, c in enumerate(configs):
+        same.setdefault(timing_key(c), []).append(k)
+    groups = [g for g in same.values() if len(g) > 1]
+    if groups:
+        g = max(groups, key=lambda g: _spread(rows, g))
+        out.append(
+            f"note: {' and '.join(names[k] for k in g)} ran one config, and their median steps differ by "
+            f"{_spread(rows, g):.0%}: this machine's run-to-run noise here, which no run's own steps show; a "
+            "difference between other runs smaller than that orders nothing"
+        )
+    spans = [
+        (names[k], tuple(map(float, r["step_range"].split("-")))) for k, r in enumerate(rows) if r.get("step_range")
+    ]
+    pairs = [(a, b) for i, (a, x) in enumerate(spans) for b, y in spans[i + 1 :] if x[0] <= y[1] and y[0] <= x[1]]
+    if pairs:
+        named = "; ".join(f"{a} and {b}" for a, b in pairs[:3]) + (
+            f"; {len(pairs) - 3} more pairs" if len(pairs) > 3 else ""
+        )
+        out.append(
+            f"note: the middle halves of the steps of {named} overlap: their median steps differ by less than "
+            "their own steps spread; repeat them, alternated (a sweep runs its points one after another), before "
+            "ranking them"
+        )
+    return "\n".join(out) or None
+
+
+def _spread(rows: list[dict], group: list[int]) -> float:
+    """(largest - smallest) / smallest median step among the runs ``group`` names."""
+    steps = [rows[k]["step_ms"] for k in group]
+    return (max(steps) - min(steps)) / min(steps)
 
 
 def _points(x):
@@ -257,7 +310,8 @@ def compare(patterns: list[str], out: Path) -> str:
     if (out / "compare.md").exists():
         raise UserError(f"{out} already holds a comparison; ppx never overwrites one (choose another --out)")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.md").write_text(markdown_table(rows))
+    note = noise_note(rows, configs)
+    (out / "compare.md").write_text(markdown_table(rows) + (f"\n{note}\n" if note else ""))
     (out / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
     shared = shared_label(configs)
     title = "1 run" if len(rows) == 1 else f"{len(rows)} runs" + (f"; all: {shared}" if shared else "")
@@ -266,4 +320,4 @@ def compare(patterns: list[str], out: Path) -> str:
     from ppx.report.html_report import write_compare_html
 
     write_compare_html(out, rows, COLUMNS, title, bubble_series(rows))
-    return text_table(rows)
+    return text_table(rows) + (f"\n{note}" if note else "")

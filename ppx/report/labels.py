@@ -51,6 +51,12 @@ def flat_config(run) -> dict[str, Any]:
     return flat
 
 
+def timing_key(config: dict[str, Any]) -> str:
+    """What decides a run's timings in its flattened config (`flat_config`): all of it but its
+    folder and its logging. Two runs of one key ran the same thing."""
+    return repr(sorted((k, _value(v)) for k, v in config.items() if not k.startswith(("run.", "logging."))))
+
+
 def _value(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:g}"

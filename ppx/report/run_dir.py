@@ -62,6 +62,7 @@ class Summary:
     bubble_fraction: float | None = None
     bubble_fraction_theory: float | None = None
     losses: tuple = ()
+    step_times_s: tuple = ()  # every step's, in order
     ranks: tuple[RankSummary, ...] = ()
     measured_costs: dict | None = None  # as `ppx.measure.prediction.mean_costs` gives them
     cost_samples: dict | None = None  # every sample the means come from (`ppx.measure.prediction.cost_samples`)
@@ -75,11 +76,12 @@ class Summary:
         missing = [k for k in _REQUIRED if s.get(k) is None]
         if missing:
             raise UserError(f"{where} has no {', '.join(missing)} (not a ppx run's summary?)")
-        derived = ("losses", "ranks", "predicted_bubble_fraction", "prediction_error_bubble_fraction")
+        derived = ("losses", "step_times_s", "ranks", "predicted_bubble_fraction", "prediction_error_bubble_fraction")
         plain = {k: s[k] for k in cls.__dataclass_fields__ if k not in derived and k in s}
         return cls(
             **plain,
             losses=tuple(s.get("losses") or ()),
+            step_times_s=tuple(s.get("step_times_s") or ()),
             ranks=tuple(RankSummary.from_dict(r) for r in s.get("ranks") or ()),
             predicted_bubble_fraction=(s.get("predicted") or {}).get("bubble_fraction"),
             prediction_error_bubble_fraction=(s.get("prediction_error") or {}).get("bubble_fraction"),
