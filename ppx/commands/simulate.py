@@ -40,7 +40,7 @@ def cmd_simulate(args) -> int:
     run = measured = None
     if args.from_run:
         run, measured = measured_run(args.from_run, backward=False)  # (a forward-only schedule needs none)
-        _take_the_runs_shape(args, measured)
+        _take_the_runs_shape(args, run, measured)
         note = first_step_note(args.from_run, run.config)
         if note:
             print(note)
@@ -86,7 +86,7 @@ def _check_flags(args) -> None:
         raise UserError(f"--recv-lookahead must be -1 (all at the first wait) or >= 0, got {args.recv_lookahead}")
 
 
-def _take_the_runs_shape(args, measured) -> None:
+def _take_the_runs_shape(args, run, measured) -> None:
     """--stages, --microbatches and --virtual from the run where not given (a CSV has its own);
     ranks and stages per rank given otherwise are refused: the run's costs are per stage."""
     from ppx import schedules
@@ -102,8 +102,8 @@ def _take_the_runs_shape(args, measured) -> None:
     if fam is not None and not fam.virtual and measured.virtual != own:  # a V: exactly its own count
         raise UserError(
             f"{args.name} places exactly {count(own, 'stage')} on every rank and {args.from_run} ran "
-            f"{measured.virtual} a rank; its costs are per stage: run with pipeline.schedule={args.name} and simulate that run "
-            "(or plan --from-run this one, which regroups its stages)"
+            f"{measured.virtual} a rank; its costs are per stage: run with pipeline.schedule={args.name} and simulate that run"
+            + (" (or plan --from-run this one, which regroups its stages)" if _regroupable(run, measured) else "")
         )
     if args.virtual is None and measured.virtual != own:
         print(  # not the schedule's default: say whose count this is
@@ -119,6 +119,12 @@ def _take_the_runs_shape(args, measured) -> None:
             f"{args.from_run} ran {ran[0]} ranks with {count(ran[1], 'stage')} each; its costs are per "
             "stage, so leave out --stages/--virtual or give the same"
         )
+
+
+def _regroupable(run, measured) -> bool:
+    """Whether a plan from ``run`` can regroup its stages for any schedule: every stage's I and
+    W measured apart (a run that never split, or ran a stage whole, leaves them unknown)."""
+    return bool(measured_ops(measured) & {"I", "W"}) and not whole_stages(run)
 
 
 def _costs(args, sched, run, measured) -> tuple:

@@ -12,8 +12,8 @@ from ppx.plan.inputs import PlanInputs
 from ppx.schedules.registry import FAMILIES
 from ppx.units import stage_list
 
-SPLIT_REASON = (
-    "the run measured full backwards only (B, or I and W at once), not I and W apart"  # a skipped shape's reason
+SPLIT_REASON = (  # a skipped shape's reason
+    "I and W not measured apart where it splits (the run's backward there was whole: B, or I and W at once)"
 )
 
 

@@ -260,6 +260,7 @@ def test_simulate_from_a_run_takes_its_shape(shared_run):
     r = ppx("simulate", "zbv", "--from-run", str(run))
     assert r.returncode == 2 and r.stdout == "", r.stdout
     assert "zbv places exactly 2 stages on every rank" in r.stderr and "pipeline.schedule=zbv" in r.stderr
+    assert "plan --from-run this one" not in r.stderr  # (a 1F1B run never split: a plan could not regroup it for ZB-V)
 
 
 def test_a_csv_run_records_its_stages_per_rank_and_simulates_from_them(tmp_path):
