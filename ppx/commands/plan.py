@@ -11,7 +11,7 @@ from pathlib import Path
 from ppx.commands.common import first_step_note
 from ppx.commands.plan_inputs import calibrated, from_flags, from_run, ints
 from ppx.errors import UserError
-from ppx.plan.space import schedule_names
+from ppx.plan.space import SPLIT_REASON, schedule_names
 
 
 def out_dir(text: str | None) -> Path:
@@ -164,7 +164,14 @@ def cmd_plan(args) -> int:
     notes = [n for n in [cluster_note(max(ps)), unread] if n]
     notes += assumption_notes(args, inputs, skipped, max(ps), run_cfg)
     if args.from_run:
-        notes += [n for n in [priced_split_note_of(args.from_run, results, inputs)] if n]
+        priced = priced_split_note_of(args.from_run, results, inputs)
+        if priced:
+            notes.append(priced)
+        if priced and any(s.reason.startswith(SPLIT_REASON) for s in skipped):  # two notes, two runs: say so
+            notes.append(
+                "note: a plan reads one run, and no one run measures both what the notes above miss: plan from "
+                "each of the two runs they name and hold the two plans' candidates side by side"
+            )
     if args.from_run and inputs.act_bytes is None:
         notes.append(f"note: {args.from_run} measured no saved bytes per microbatch: peaks count params only")
     close = near_best(results, args.close_pct)

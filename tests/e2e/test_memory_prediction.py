@@ -170,8 +170,10 @@ def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run, 
     # and so do 1F1B's, in a simulation or a plan from it; not from the drain run, which measured its B's
     r = ppx("simulate", "1f1b", "--from-run", str(auto.dir))
     assert f"note: {auto.dir} measured no whole B on stage 1: 1f1b's B's there cost I + W" in r.stdout, r.stdout
-    r = ppx("plan", "--from-run", str(auto.dir), "--schedules", "zb_h1,1f1b", "--out", str(tmp_path / "auto"))
+    r = ppx("plan", "--from-run", str(auto.dir), "--schedules", "zb_h1,1f1b,zbv", "--out", str(tmp_path / "auto"))
     assert "no whole B on stage 1: the B's of 1f1b there cost I + W" in r.stdout, r.stdout
+    assert "so its I and W costs are unknown: zbv not planned" in r.stdout  # (stage 0 ran whole): two runs named,
+    assert "note: a plan reads one run, and no one run measures both" in r.stdout  # and said so
     r = ppx("simulate", "1f1b", "--from-run", str(run.dir))
     assert r.returncode == 0 and "no whole B" not in r.stdout, r.stdout
     # a drain run at m = p ran every W after its stage's last forward: no whole B there either, and said why
