@@ -33,9 +33,10 @@ def check_paired(model: str, dtype: str, p: int, reps: int = PAIRED_REPS) -> dic
 
     exp, overrides, m = _shape(model)
     overrides += [f"train.dtype={dtype}", f"pipeline.stages={p}"]
+    even = v_blocks_even(exp, overrides, p)
     ratios, medians, ones, pairs = {}, {}, {kind: [] for kind in PAIRED_KINDS}, 0
     for kind in PAIRED_KINDS:
-        for name in PAIRED_ZB:
+        for name in PAIRED_ZB + ((even,) if even else ()):
             pair = [f"{kind}@1f1b", f"{kind}@{name}"]
             got = run_worker(p, pair, overrides, reps, f"split paired {model} {dtype} p={p} {name}", experiment=exp)
             steps = got["steps_s"]
@@ -53,6 +54,24 @@ def check_paired(model: str, dtype: str, p: int, reps: int = PAIRED_REPS) -> dic
 PAIRED_CONFIGS = {
     f"{model} {dtype} p={p}": (model, dtype, p) for p in PAIRED_PS for model in MODELS for dtype in ("fp32", "bf16")
 } | {f"{AS_FILED} fp32 p=2": (AS_FILED, "fp32", 2)}
+
+
+def v_blocks_even(exp: str, overrides: list[str], p: int) -> str | None:
+    """ZB-V with its blocks even over its 2p stages, the embedding and head riding on the first
+    and last (``zbv+pipeline.layers_per_stage=[3,2,2,3]`` for 8 blocks at p=2), for a model
+    whose split counts them as units of their own (llama): the default split evens the units,
+    and the V puts the embedding's and the head's stages on one rank (llama-tiny fp32 p=2: ZB-V
+    1.15-1.17x of 1F1B's step as split by default, 1.00-1.01x so). None elsewhere (the
+    transformer's units are its blocks), or where the blocks do not divide."""
+    from ppx import config, models
+
+    cfg = config.load(exp, overrides)
+    blocks, stages = cfg.model.layers, 2 * p
+    if models.extra_units(cfg.model.kind) != 2 or blocks % stages:
+        return None
+    per = blocks // stages
+    split = [per + 1] + [per] * (stages - 2) + [per + 1]
+    return "zbv+pipeline.layers_per_stage=[" + ",".join(map(str, split)) + "]"
 
 
 def _shape(model: str) -> tuple[str, list[str], int]:
@@ -94,6 +113,10 @@ def _said(got: dict, kind: str) -> str:
     """A paired row's figures for one observer set: each zero-bubble step over 1F1B's."""
     r, ms = got["ratio"], got["median_step_s"]
     drain = f", ZB-H1 drain {r[f'{kind}@{DRAIN}']:.3f}x" if f"{kind}@{DRAIN}" in r else ""
+    even = [k for k in r if k.startswith(f"{kind}@zbv+pipeline.layers_per_stage=")]
+    if even:  # ZB-V with its blocks even (`v_blocks_even`)
+        split = even[0].split("=", 1)[1]
+        drain += f", ZB-V blocks even {split} {r[even[0]]:.3f}x"
     return (
         f"ZB-H1 {r[f'{kind}@zb_h1']:.3f}x, ZB-V {r[f'{kind}@zbv']:.3f}x{drain} (1F1B {ms[f'{kind}@1f1b'] * 1e3:.1f} ms)"
     )
