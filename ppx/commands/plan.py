@@ -167,7 +167,8 @@ def cmd_plan(args) -> int:
         priced = priced_split_note_of(args.from_run, results, inputs)
         if priced:
             notes.append(priced)
-        if priced and any(s.reason.startswith(SPLIT_REASON) for s in skipped):  # two notes, two runs: say so
+        two = priced and run_cfg.train.split_backward != "drain"  # (a drain run's note names no run)
+        if two and any(s.reason.startswith(SPLIT_REASON) for s in skipped):  # two notes, two runs: say so
             notes.append(
                 "note: a plan reads one run, and no one run measures both what the notes above miss: plan from "
                 "each of the two runs they name and hold the two plans' candidates side by side"
