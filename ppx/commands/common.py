@@ -92,15 +92,18 @@ def split_only_stages(run) -> list[int]:
     return sorted(split - whole)
 
 
-def priced_split_note(path: str, stages: list[int], what: str, drained: bool = False) -> str:
+def priced_split_note(path: str, stages: list[int], what: str, cfg) -> str:
     """The note where ``what`` (B's) on ``stages`` of the run at ``path`` (`split_only_stages`)
-    are priced at the run's I + W (``drained``: the run was a drain run, whose list kept those
-    stages split)."""
-    how = (
-        "train.split_backward=drain ran none there at this shape"
-        if drained
-        else "a run with train.split_backward=drain measures both"
-    )
+    are priced at the run's I + W, and the run that measures whole B's there (``cfg``: the
+    run's config): a drain run, where drain changes the run's list."""
+    from ppx.config.resolve import drain_would_change
+
+    if cfg.train.split_backward == "drain":
+        how = "train.split_backward=drain ran none there at this shape"
+    elif drain_would_change(cfg):
+        how = "a run with train.split_backward=drain measures both"
+    else:  # (every W after its stage's last F already: drain would run what this run ran)
+        how = "drain would keep every split at this shape: a run of pipeline.schedule=1f1b measures whole B's"
     return (
         f"note: {path} measured no whole B on {stage_list(stages)}: {what} there cost I + W, the split's own "
         f"cost included, where a whole backward costs less; {how}"

@@ -110,8 +110,7 @@ def priced_split_note_of(from_run: str, results, inputs) -> str | None:
             names.append(r.schedule)
     if not names:
         return None
-    drained = run.config.train.split_backward == "drain"
-    return priced_split_note(from_run, sorted(blind), "the B's of " + ", ".join(sorted(names)), drained)
+    return priced_split_note(from_run, sorted(blind), "the B's of " + ", ".join(sorted(names)), run.config)
 
 
 def _check(args) -> None:
@@ -167,7 +166,7 @@ def cmd_plan(args) -> int:
         priced = priced_split_note_of(args.from_run, results, inputs)
         if priced:
             notes.append(priced)
-        two = priced and run_cfg.train.split_backward != "drain"  # (a drain run's note names no run)
+        two = priced and "ran none there" not in priced  # (where the note names a run to make)
         if two and any(s.reason.startswith(SPLIT_REASON) for s in skipped):  # two notes, two runs: say so
             notes.append(
                 "note: a plan reads one run, and no one run measures both what the notes above miss: plan from "

@@ -49,6 +49,10 @@ def cmd_simulate(args) -> int:
     if args.drain:
         sched = drain_list(sched)
     args.drained = sched.actions != built  # (a list drain leaves as built keeps its family's formula)
+    if args.drain and not args.drained:
+        from ppx.schedules.ir.structure import drain_keeps
+
+        print(f"note: drain leaves this list as built: {drain_keeps(sched)}")
     if measured is not None and (sched.num_ranks, sched.stages_per_rank) != (measured.world_size, measured.virtual):
         raise UserError(
             f"{args.from_run} ran {measured.world_size} ranks with {count(measured.virtual, 'stage')} each, {args.name} "
@@ -170,7 +174,7 @@ def _note_unmeasured_bs(args, sched, run) -> None:
     blind = sorted({a.stage for row in sched.actions for a in row if a.op is Op.B} & set(split_only_stages(run)))
     if blind:
         what = "drain's B's" if args.drain else f"{sched.name}'s B's"
-        note = priced_split_note(args.from_run, blind, what, run.config.train.split_backward == "drain")
+        note = priced_split_note(args.from_run, blind, what, run.config)
         print(note.replace("less;", "less, so what drain saves cannot show;") if args.drain else note)
 
 

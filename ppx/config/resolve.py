@@ -20,8 +20,12 @@ def drain_changed(cfg: Config) -> bool:
     """Whether ``train.split_backward=drain`` changes the list the config's schedule builds (a
     list whose every W follows its stage's last forward, or sits in an overlapped cell, runs as
     built)."""
-    if cfg.train.split_backward != "drain":
-        return False
+    return cfg.train.split_backward == "drain" and drain_would_change(cfg)
+
+
+def drain_would_change(cfg: Config) -> bool:
+    """Whether ``train.split_backward=drain`` would change the config's list, whatever the key
+    says now."""
     sched = _built(cfg)
     return drain_only(sched).actions != sched.actions
 

@@ -99,46 +99,64 @@ def load_row(run: RunDir, base: Path | None = None) -> dict:
 
 
 def _middle_half(steps_s) -> str | None:
-    """'q1-q3' of a run's step times in ms (its middle half: the quartiles; with fewer than 4
-    steps, their range), or None without them."""
-    if not steps_s:
+    """'q1-q3' of a run's step times in ms (its middle half: the quartiles, inclusive), or None
+    with fewer than 4 finite steps (a range of 2 or 3 would be its extremes, its first step's
+    one-off costs among them)."""
+    ms = sorted(x * 1e3 for x in steps_s or () if isinstance(x, (int, float)) and math.isfinite(x))
+    if len(ms) < 4:
         return None
-    ms = sorted(x * 1e3 for x in steps_s)
-    lo, hi = (ms[0], ms[-1]) if len(ms) < 4 else statistics.quantiles(ms, n=4)[::2]
+    lo, _, hi = statistics.quantiles(ms, n=4, method="inclusive")
     return f"{lo:.2f}-{hi:.2f}"
 
 
-def noise_note(rows: list[dict], configs: list[dict]) -> str | None:
-    """Notes on what the table cannot order: runs of one config whose median steps differ (that
-    difference is the machine's run-to-run noise, which a run's own steps do not show), and
-    runs whose middle halves of steps overlap."""
-    names = [r.get("label") or r["name"] for r in rows]
+def noise_notes(rows: list[dict], configs: list[dict]) -> list[str]:
+    """Notes on what the table cannot order: runs of one config (`timing_key`) whose median
+    steps differ (the machine's run-to-run noise, which a run's own steps do not show), and runs
+    of one model, batch and p whose middle halves of steps overlap."""
+    names = [_short(r) for r in rows]
     out = []
     same: dict[str, list[int]] = {}
     for k, c in enumerate(configs):
-        same.setdefault(timing_key(c), []).append(k)
+        key = timing_key(c)
+        if key is not None and rows[k]["step_ms"] > 0:
+            same.setdefault(key, []).append(k)
     groups = [g for g in same.values() if len(g) > 1]
     if groups:
         g = max(groups, key=lambda g: _spread(rows, g))
         out.append(
-            f"note: {' and '.join(names[k] for k in g)} ran one config, and their median steps differ by "
+            f"note: {_listed([names[k] for k in g])} ran one config, and their median steps differ by "
             f"{_spread(rows, g):.0%}: this machine's run-to-run noise here, which no run's own steps show; a "
             "difference between other runs smaller than that orders nothing"
         )
-    spans = [
-        (names[k], tuple(map(float, r["step_range"].split("-")))) for k, r in enumerate(rows) if r.get("step_range")
+    group_of = {k: i for i, g in enumerate(groups) for k in g}
+    kin = [tuple(c.get(x) for x in ("model.kind", "train.batch_size", "pipeline.stages")) for c in configs]
+    spans = [(k, tuple(map(float, r["step_range"].split("-")))) for k, r in enumerate(rows) if r.get("step_range")]
+    pairs = [
+        (names[a], names[b])
+        for i, (a, x) in enumerate(spans)
+        for b, y in spans[i + 1 :]
+        if kin[a] == kin[b]
+        and (a not in group_of or group_of.get(a) != group_of.get(b))
+        and x[0] <= y[1]
+        and y[0] <= x[1]
     ]
-    pairs = [(a, b) for i, (a, x) in enumerate(spans) for b, y in spans[i + 1 :] if x[0] <= y[1] and y[0] <= x[1]]
     if pairs:
-        named = "; ".join(f"{a} and {b}" for a, b in pairs[:3]) + (
-            f"; {len(pairs) - 3} more pairs" if len(pairs) > 3 else ""
-        )
         out.append(
-            f"note: the middle halves of the steps of {named} overlap: their median steps differ by less than "
-            "their own steps spread; repeat them, alternated (a sweep runs its points one after another), before "
-            "ranking them"
+            f"note: the middle halves of the steps of {_listed([f'{a} and {b}' for a, b in pairs], '; ')} overlap: "
+            "their median steps differ by less than their own steps spread; repeat them, alternated (a sweep runs "
+            "its points one after another), before ranking them"
         )
-    return "\n".join(out) or None
+    return out
+
+
+def _short(row: dict) -> str:
+    """A run's name in a note: its label where short, else its folder's name."""
+    label = row.get("label") or ""
+    return label if 0 < len(label) <= 40 else Path(row["name"]).name
+
+
+def _listed(items: list[str], sep: str = " and ", most: int = 4) -> str:
+    return sep.join(items[:most]) + (f"{sep}{len(items) - most} more" if len(items) > most else "")
 
 
 def _spread(rows: list[dict], group: list[int]) -> float:
@@ -310,8 +328,8 @@ def compare(patterns: list[str], out: Path) -> str:
     if (out / "compare.md").exists():
         raise UserError(f"{out} already holds a comparison; ppx never overwrites one (choose another --out)")
     out.mkdir(parents=True, exist_ok=True)
-    note = noise_note(rows, configs)
-    (out / "compare.md").write_text(markdown_table(rows) + (f"\n{note}\n" if note else ""))
+    notes = noise_notes(rows, configs)
+    (out / "compare.md").write_text(markdown_table(rows) + "".join(f"\n{n}\n" for n in notes))
     (out / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
     shared = shared_label(configs)
     title = "1 run" if len(rows) == 1 else f"{len(rows)} runs" + (f"; all: {shared}" if shared else "")
@@ -319,5 +337,5 @@ def compare(patterns: list[str], out: Path) -> str:
     plot_bubble_vs_microbatches(rows, out / "bubble.png")
     from ppx.report.html_report import write_compare_html
 
-    write_compare_html(out, rows, COLUMNS, title, bubble_series(rows))
-    return text_table(rows) + (f"\n{note}" if note else "")
+    write_compare_html(out, rows, COLUMNS, title, bubble_series(rows), [NOTE, *notes])
+    return "\n".join([text_table(rows), *notes])

@@ -192,9 +192,12 @@ def write_run_html(
     return page.write(run_dir / "report.html")
 
 
-def write_compare_html(out_dir: Path, rows: list[dict], columns, title: str, series: list[dict] | None) -> Path:
+def write_compare_html(
+    out_dir: Path, rows: list[dict], columns, title: str, series: list[dict] | None, notes: list[str] = ()
+) -> Path:
     """Write ``<out_dir>/report.html`` for compare's ``rows`` (with ``columns``, compare's
-    (header, key, format) list), a title, and the bubble-against-m series (or None)."""
+    (header, key, format) list), a title, the bubble-against-m series (or None), and the notes
+    printed under the table (its legend, what it cannot order)."""
     from ppx.report import plotly_figures as figs
 
     page = _Page(f"ppx compare: {title}", "compare")
@@ -213,6 +216,8 @@ def write_compare_html(out_dir: Path, rows: list[dict], columns, title: str, ser
     left = [i for i, (_, key, _) in enumerate(columns) if key in text]
     page.add(_table("runs-table", [h for h, _, _ in columns], body, left=left, runs=len(rows)))
     page.add('<p class="note">Each run\'s name links to its own report.html where it has one.</p>')
+    for note in notes:
+        page.add(f'<p class="note">{html.escape(note)}</p>')
     page.figure(figs.runs_figure(rows), "runs")
     page.heading("bubble against microbatches")
     if series:

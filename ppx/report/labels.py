@@ -19,6 +19,7 @@ FIRST = (SCHEDULE, STAGES, VIRTUAL, MICRO)  # then model.*, then the rest, in co
 SHORT = {STAGES: "p", VIRTUAL: "v", MICRO: "m", "model.kind": "model"}
 # what names or records a run rather than what it runs: never a difference of its own
 IGNORED = ("run.", "logging.", "profile.", "instrument.")
+UNREAD = "run.config_unread"  # flat_config's mark where a run's config.yaml could not be read
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -37,12 +38,12 @@ def flat_config(run) -> dict[str, Any]:
     schedule, p, v, m and model kind taken from its summary."""
     from dataclasses import asdict
 
-    flat: dict[str, Any] = {}
+    flat: dict[str, Any] = {UNREAD: True}  # (run.*: never a label's part)
     if (run.path / "config.yaml").exists():
         try:
             flat = flatten(asdict(run.config))
         except Exception:  # a config.yaml this ppx cannot read (an older schema): the summary's values
-            flat = {}
+            pass
     s = run.summary
     # p is the ranks (pipeline.stages), not the summary's stages: an interleaved run has v per rank
     flat.update({SCHEDULE: s.schedule, STAGES: s.world_size, VIRTUAL: s.virtual, MICRO: s.microbatches})
@@ -51,9 +52,12 @@ def flat_config(run) -> dict[str, Any]:
     return flat
 
 
-def timing_key(config: dict[str, Any]) -> str:
+def timing_key(config: dict[str, Any]) -> str | None:
     """What decides a run's timings in its flattened config (`flat_config`): all of it but its
-    folder and its logging. Two runs of one key ran the same thing."""
+    folder and its logging. Two runs of one key ran the same thing. None where the run's
+    config.yaml was not read (its summary's few values cannot tell two configs apart)."""
+    if config.get(UNREAD):
+        return None
     return repr(sorted((k, _value(v)) for k, v in config.items() if not k.startswith(("run.", "logging."))))
 
 

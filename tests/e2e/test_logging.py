@@ -209,8 +209,7 @@ def test_small_sweep_and_compare(tmp_path):
         assert row["theory"] == pytest.approx((p - 1) / (m + p - 1))
         assert row["bubble"] == pytest.approx(row["theory"], abs=0.08)
         assert abs(row["predicted_error_pt"]) < 5  # measured vs predicted bubble over the same steps
-        q1, q3 = map(float, row["step_range"].split("-"))  # the middle half of its steps holds its median
-        assert q1 <= round(row["step_ms"], 2) <= q3, row
+        assert row["step_range"] is None  # 3 steps: no quartiles (their range would be their extremes)
     assert "schedule=gpipe,microbatches=4" in r.stdout  # the terminal table
     # ppx compare on globs, into a chosen folder
     out = tmp_path / "cmp"

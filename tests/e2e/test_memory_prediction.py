@@ -180,6 +180,10 @@ def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run, 
     kept = shared_run(*RUNS["llama-zb_h1-drain"], "train.steps=2", "pipeline.microbatches=2", "train.batch_size=8")
     r = ppx("simulate", "1f1b", "--from-run", str(kept.dir))
     assert "cost included, where a whole backward costs less; train.split_backward=drain ran none there" in r.stdout
+    # an auto run at m = p: drain would keep it as it ran, so the note names a 1F1B run instead
+    even = shared_run(*RUNS["llama-zb_h1-auto"], "train.steps=2", "pipeline.microbatches=2", "train.batch_size=8")
+    r = ppx("simulate", "1f1b", "--from-run", str(even.dir))
+    assert "drain would keep every split at this shape: a run of pipeline.schedule=1f1b measures" in r.stdout
     r = ppx("plan", "--from-run", str(kept.dir), "--schedules", "zb_h1,1f1b", "--out", str(tmp_path / "kept"))
     assert "the B's of 1f1b there cost I + W" in r.stdout and "zb_h1+drain" not in r.stdout, r.stdout
     assert "ran train.split_backward=drain: each schedule" not in r.stdout  # (no +drain candidate to speak of)

@@ -137,6 +137,7 @@ def test_schedule_and_simulate_keep_the_theory_where_drain_changes_nothing(capsy
     assert "(drain leaves this list as built: each W follows its stage's last forward or sits on a rank" in out
     assert ", theory (p-1)/(3m+p-1)" in out
     assert main(["simulate", "zb_h1", "-p", "4", "-m", "4", "--drain"]) == 0
-    assert "theory (" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "theory (" in out and "note: drain leaves this list as built: every W follows" in out
     assert main(["simulate", "zb_h1", "-p", "4", "-m", "8", "--drain"]) == 0
     assert "theory" not in capsys.readouterr().out
