@@ -92,10 +92,11 @@ def split_only_stages(run) -> list[int]:
     return sorted(split - whole)
 
 
-def priced_split_note(path: str, stages: list[int], what: str, cfg) -> str:
+def priced_split_note(path: str, stages: list[int], what: str, cfg, so: str = "") -> str:
     """The note where ``what`` (B's) on ``stages`` of the run at ``path`` (`split_only_stages`)
-    are priced at the run's I + W, and the run that measures whole B's there (``cfg``: the
-    run's config): a drain run, where drain changes the run's list."""
+    are priced at the run's I + W (``so``: what follows from it), and the run that measures
+    whole B's there (``cfg``: the run's config): a drain run, where drain changes the run's
+    list; none where the run was one."""
     from ppx.config.resolve import drain_would_change
 
     if cfg.train.split_backward == "drain":
@@ -106,7 +107,7 @@ def priced_split_note(path: str, stages: list[int], what: str, cfg) -> str:
         how = "drain would keep every split at this shape: a run of pipeline.schedule=1f1b measures whole B's"
     return (
         f"note: {path} measured no whole B on {stage_list(stages)}: {what} there cost I + W, the split's own "
-        f"cost included, where a whole backward costs less; {how}"
+        f"cost included, where a whole backward costs less{so}; {how}"
     )
 
 

@@ -166,7 +166,7 @@ def cmd_plan(args) -> int:
         priced = priced_split_note_of(args.from_run, results, inputs)
         if priced:
             notes.append(priced)
-        two = priced and "ran none there" not in priced  # (where the note names a run to make)
+        two = priced and run_cfg.train.split_backward != "drain"  # (a drain run's note names no run to make)
         if two and any(s.reason.startswith(SPLIT_REASON) for s in skipped):  # two notes, two runs: say so
             notes.append(
                 "note: a plan reads one run, and no one run measures both what the notes above miss: plan from "

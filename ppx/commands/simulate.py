@@ -138,11 +138,13 @@ def _costs(args, sched, run, measured) -> tuple:
     from ppx.measure.prediction import costs_from, transport_of
 
     if measured is None:
+        from ppx.schedules.ir.structure import whole_stages_of
+
         n = sched.num_stages
         bwd, wgrad = ms_list("--bwd-ms", args.bwd_ms, n), ms_list("--wgrad-ms", args.wgrad_ms, n)
         whole = None if args.whole_ms is None else ms_list("--whole-ms", args.whole_ms, n)
         if whole is not None:  # a stage ppx's runtime runs whole (ZB-H1's first): its I a whole B, its W nothing
-            for s in merged_stages(sched):
+            for s in whole_stages_of(sched):
                 bwd[s], wgrad[s] = whole[s], 0.0
         costs = schedules.Costs(
             fwd=ms_list("--fwd-ms", args.fwd_ms, n),
@@ -174,8 +176,8 @@ def _note_unmeasured_bs(args, sched, run) -> None:
     blind = sorted({a.stage for row in sched.actions for a in row if a.op is Op.B} & set(split_only_stages(run)))
     if blind:
         what = "drain's B's" if args.drain else f"{sched.name}'s B's"
-        note = priced_split_note(args.from_run, blind, what, run.config)
-        print(note.replace("less;", "less, so what drain saves cannot show;") if args.drain else note)
+        so = ", so what drain saves cannot show" if args.drain else ""
+        print(priced_split_note(args.from_run, blind, what, run.config, so))
 
 
 def _print_prediction(args, sched, t, reduce: bool, run, measured) -> None:
@@ -274,11 +276,3 @@ def _split_known(path: str, measured, sched, whole: list[int], cfg) -> None:
             f"{path} {why}, so its I and W costs are unknown; measure them with "
             f"`{split_calibration(path + '/config.yaml', calibration_way(cfg))}` and simulate --from-run that run"
         )
-
-
-def merged_stages(sched) -> set[int]:
-    """The stages ppx's runtime runs whole under ``train.split_backward=auto`` (every I followed
-    at once by its W: `whole_backward_stages`)."""
-    from ppx.schedules.ir.structure import whole_backward_stages
-
-    return set().union(*(whole_backward_stages(sched, r) for r in range(sched.num_ranks)))

@@ -98,12 +98,17 @@ def whole_backward_stages(schedule: Schedule, rank: int) -> set[int]:
     return whole
 
 
+def whole_stages_of(schedule: Schedule) -> set[int]:
+    """`whole_backward_stages` over every rank: the stages ppx's runtime runs whole under
+    ``train.split_backward=auto``."""
+    return set(chain.from_iterable(whole_backward_stages(schedule, r) for r in range(schedule.num_ranks)))
+
+
 def split_apart(schedule: Schedule, stages) -> list[int]:
     """Those of ``stages`` that ``schedule`` splits into an I and a W it does not run whole
     (`whole_backward_stages`): where a run that ran them whole measured no I and W apart."""
     split = {a.stage for row in schedule.actions for a in row if a.op is Op.W}
-    whole = set(chain.from_iterable(whole_backward_stages(schedule, r) for r in range(schedule.num_ranks)))
-    return sorted(split & set(stages) - whole)
+    return sorted(split & set(stages) - whole_stages_of(schedule))
 
 
 def drain_only(schedule: Schedule) -> Schedule:
