@@ -30,10 +30,12 @@ def check_paired(model: str, dtype: str, p: int, reps: int = PAIRED_REPS) -> dic
     its step over the 1F1B step beside it in its own job. (With all the variants in one job, a variant's place in the rotation moved its
     ratio by up to 3%: llama-tiny fp32 p=2's ZB-H1 0.994 or 1.032 by where it stood.)"""
     from bench.run import run_worker
+    from ppx import config
 
-    exp, overrides, m = _shape(model)
+    exp, overrides = _shape(model)
     overrides += [f"train.dtype={dtype}", f"pipeline.stages={p}"]
-    even = v_blocks_even(exp, overrides, p)
+    cfg = config.load(exp, overrides)
+    m, even = cfg.pipeline.microbatches, v_blocks_even(cfg, p)
     ratios, medians, ones, pairs = {}, {}, {kind: [] for kind in PAIRED_KINDS}, 0
     for kind in PAIRED_KINDS:
         for name in PAIRED_ZB + ((even,) if even else ()):
@@ -56,16 +58,16 @@ PAIRED_CONFIGS = {
 } | {f"{AS_FILED} fp32 p=2": (AS_FILED, "fp32", 2)}
 
 
-def v_blocks_even(exp: str, overrides: list[str], p: int) -> str | None:
+def v_blocks_even(cfg, p: int) -> str | None:
     """ZB-V with its blocks even over its 2p stages, the embedding and head riding on the first
     and last (``zbv+pipeline.layers_per_stage=[3,2,2,3]`` for 8 blocks at p=2), for a model
     whose split counts them as units of their own (llama): the default split evens the units,
     and the V puts the embedding's and the head's stages on one rank (llama-tiny fp32 p=2: ZB-V
     1.15-1.17x of 1F1B's step as split by default, 1.00-1.01x so). None elsewhere (the
-    transformer's units are its blocks), or where the blocks do not divide."""
-    from ppx import config, models
+    transformer's units are its blocks), or where the blocks do not divide (``cfg``: the
+    configuration's loaded config)."""
+    from ppx import models
 
-    cfg = config.load(exp, overrides)
     blocks, stages = cfg.model.layers, 2 * p
     if models.extra_units(cfg.model.kind) != 2 or blocks % stages:
         return None
@@ -74,13 +76,13 @@ def v_blocks_even(exp: str, overrides: list[str], p: int) -> str | None:
     return "zbv+pipeline.layers_per_stage=[" + ",".join(map(str, split)) + "]"
 
 
-def _shape(model: str) -> tuple[str, list[str], int]:
-    """(experiment, overrides, m) of a paired configuration's model: bench/split_backward.py's
-    models at its shape, or the issue's experiment as shipped."""
+def _shape(model: str) -> tuple[str, list[str]]:
+    """(experiment, overrides) of a paired configuration's model: bench/split_backward.py's
+    models at its shape, or the issue's experiment as shipped (its own m and batch)."""
     if model == AS_FILED:
-        return "llama_tiny_1f1b_2cpu", [], 4
+        return "llama_tiny_1f1b_2cpu", []
     exp, *keys = MODELS[model]
-    return exp, [*keys, *SHAPE], M
+    return exp, [*keys, *SHAPE]
 
 
 def _where() -> str:

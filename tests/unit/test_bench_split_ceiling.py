@@ -111,10 +111,9 @@ def test_the_issues_own_table_is_a_paired_configuration_at_the_shipped_shape():
     from ppx import config
 
     assert PAIRED_CONFIGS[f"{AS_FILED} fp32 p=2"] == (AS_FILED, "fp32", 2)
-    exp, keys, m = _shape(AS_FILED)
-    cfg = config.load(exp, keys)
-    assert (cfg.pipeline.microbatches, cfg.model.preset, m) == (4, "llama-tiny", 4)
-    assert _shape("llama-tiny (8 blocks)")[2] == 8
+    cfg = config.load(*_shape(AS_FILED))
+    assert (cfg.pipeline.microbatches, cfg.model.preset) == (4, "llama-tiny")
+    assert config.load(*_shape("llama-tiny (8 blocks)")).pipeline.microbatches == 8
     got = _paired(0.98, 0.99)["m fp32 p=2"]
     (row,) = paired_rows({f"{AS_FILED} fp32 p=2": {**got, "m": 4}}, "x86_64, 2 cores")
     assert row[0].startswith(f"split backward, steps side by side, {AS_FILED} fp32 p=2, m=4: ")
@@ -152,10 +151,11 @@ def test_zbv_with_its_blocks_even_is_a_paired_variant_of_the_llama_models():
     the 2p stages, the embedding and head riding on the ends; none for the transformer, whose
     units are its blocks; its ratio shows in the row."""
     from bench.split_paired import AS_FILED, _said, _shape, v_blocks_even
+    from ppx import config
 
     def even(model: str, p: int) -> str | None:
-        exp, keys, _ = _shape(model)
-        return v_blocks_even(exp, [*keys, f"pipeline.stages={p}"], p)
+        exp, keys = _shape(model)
+        return v_blocks_even(config.load(exp, [*keys, f"pipeline.stages={p}"]), p)
 
     assert even("llama-tiny (8 blocks)", 2) == "zbv+pipeline.layers_per_stage=[3,2,2,3]"
     assert even("llama-tiny (8 blocks)", 4) == "zbv+pipeline.layers_per_stage=[2,1,1,1,1,1,1,2]"
