@@ -119,8 +119,9 @@ class Watchdog:
     def phase(self, label: str, step: int | None = None, setup: bool = False) -> None:
         """Record a phase outside the action list (barrier, optimizer step, ...). A ``setup``
         phase (building the model: CUDA's first calls, a model's initialisation; the first
-        collectives, which wait for every rank's build; NCCL's first collective) is allowed at least ``SETUP_FLOOR_S``, whatever a short timeout says: its
-        length is the machine's, not a hang's."""
+        collectives, which wait for every rank's build; NCCL's first collective) is allowed at
+        least ``SETUP_FLOOR_S``, whatever a short timeout says: its length is the machine's, not
+        a hang's."""
         if step is not None:
             self.step = step
         timeout = max(self.timeout_s, SETUP_FLOOR_S) if setup else self.timeout_s
