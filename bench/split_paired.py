@@ -35,7 +35,7 @@ def check_paired(model: str, dtype: str, p: int, reps: int = PAIRED_REPS) -> dic
     exp, overrides = _shape(model)
     overrides += [f"train.dtype={dtype}", f"pipeline.stages={p}"]
     cfg = config.load(exp, overrides)
-    m, even = cfg.pipeline.microbatches, v_blocks_even(cfg, p)
+    m, even = cfg.pipeline.microbatches, units_variant(cfg, p)
     ratios, medians, ones, pairs = {}, {}, {kind: [] for kind in PAIRED_KINDS}, 0
     for kind in PAIRED_KINDS:
         for name in PAIRED_ZB + ((even,) if even else ()):
@@ -58,22 +58,23 @@ PAIRED_CONFIGS = {
 } | {f"{AS_FILED} fp32 p=2": (AS_FILED, "fp32", 2)}
 
 
-def v_blocks_even(cfg, p: int) -> str | None:
-    """ZB-V with its blocks even over its 2p stages, the embedding and head riding on the first
-    and last (``zbv+pipeline.layers_per_stage=[3,2,2,3]`` for 8 blocks at p=2), for a model
-    whose split counts them as units of their own (llama): the default split evens the units,
-    and the V puts the embedding's and the head's stages on one rank (llama-tiny fp32 p=2: ZB-V
-    1.15-1.17x of 1F1B's step as split by default, 1.00-1.01x so). None elsewhere (the
-    transformer's units are its blocks), or where the blocks do not divide (``cfg``: the
-    configuration's loaded config)."""
+def units_variant(cfg, p: int) -> str | None:
+    """ZB-V split by units (``zbv+pipeline.balance=units``: ppx's default split before
+    2026-11-29) where it differs from the default split, balanced by FLOPs, at ZB-V's 2p stages
+    (``cfg``: the configuration's loaded config): llama, whose embedding and head are units of
+    their own; the V puts both their stages on rank 0, and split by units its blocks are uneven
+    (llama-tiny fp32 p=2: ZB-V 1.15-1.17x of 1F1B's step split by units, 1.00-1.01x with its
+    blocks even, [3,2,2,3], the split the FLOPs give). None elsewhere."""
     from ppx import models
+    from ppx.errors import UserError
 
-    blocks, stages = cfg.model.layers, 2 * p
-    if models.extra_units(cfg.model.kind) != 2 or blocks % stages:
+    if cfg.pipeline.layers_per_stage is not None:
         return None
-    per = blocks // stages
-    split = [per + 1] + [per] * (stages - 2) + [per + 1]
-    return "zbv+pipeline.layers_per_stage=[" + ",".join(map(str, split)) + "]"
+    try:
+        ways = [models.stage_units(cfg.model, 2 * p, None, way) for way in ("units", "flops")]
+    except UserError:  # fewer units than stages
+        return None
+    return "zbv+pipeline.balance=units" if ways[0] != ways[1] else None
 
 
 def _shape(model: str) -> tuple[str, list[str]]:
@@ -116,9 +117,11 @@ def _said(got: dict, kind: str) -> str:
     r, ms = got["ratio"], got["median_step_s"]
     drain = f", ZB-H1 drain {r[f'{kind}@{DRAIN}']:.3f}x" if f"{kind}@{DRAIN}" in r else ""
     even = [k for k in r if k.startswith(f"{kind}@zbv+pipeline.layers_per_stage=")]
-    if even:  # ZB-V with its blocks even (`v_blocks_even`)
+    if even:  # ZB-V with its blocks even, before they were so by default (results of 2026-11-28)
         split = even[0].split("=", 1)[1]
         drain += f", ZB-V blocks even {split} {r[even[0]]:.3f}x"
+    if f"{kind}@zbv+pipeline.balance=units" in r:  # ZB-V split as before (`units_variant`)
+        drain += f", ZB-V split by units {r[f'{kind}@zbv+pipeline.balance=units']:.3f}x"
     return (
         f"ZB-H1 {r[f'{kind}@zb_h1']:.3f}x, ZB-V {r[f'{kind}@zbv']:.3f}x{drain} (1F1B {ms[f'{kind}@1f1b'] * 1e3:.1f} ms)"
     )

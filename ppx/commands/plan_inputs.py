@@ -105,6 +105,7 @@ def from_flags(args) -> tuple[PlanInputs, list[int], list[int]]:
 def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
     """Inputs measured in the run ``--from-run``, its p and the m to search, and the run's
     config (the experiment to run the best with)."""
+    from ppx import models
     from ppx.measure.prediction import costs_from, transport_of
     from ppx.plan.unit_weights import unit_weights
 
@@ -148,6 +149,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         fixed_stages=stages if run.config.pipeline.layers_per_stage else None,
         run_units=units,
         unit_weights=unit_weights(run.config) if units else None,
+        split_weights=models.split_weights(run.config.model, run.config.pipeline.balance) if units else None,
         whole_s=tuple(c.whole) if c.whole is not None else None,
     )
     return inputs, [p], ints("--microbatches", args.microbatches) or [s.microbatches], str(run.path / "config.yaml")
@@ -167,11 +169,11 @@ def _run_units(cfg, stages: int) -> tuple[int, ...] | None:
     """The model units (blocks, and llama's embedding and head) in each of the run's stages,
     which a candidate's stages regroup as its command splits them; None for the known-cost
     model at per-stage costs (a plan's command gives each of its stages its share of them)."""
-    from ppx.models import stage_units
+    from ppx.models import split_of
 
     if cfg.model.kind == "synthetic" and cfg.model.cost_per == "stage":
         return None
-    return tuple(len(r) for r in stage_units(cfg.model, stages, cfg.pipeline.layers_per_stage))
+    return tuple(len(r) for r in split_of(cfg, stages))
 
 
 def _check_machine_flags(args, p: int) -> None:

@@ -155,7 +155,7 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
     check_precision(cfg, sched)
     # other kinds ignore the costs, but a value of the wrong type is an error, not a silent no-op
     stage_costs_ms(m, sched.num_stages if m.kind == "synthetic" else None, p.layers_per_stage)
-    models.stage_units(m, sched.num_stages, p.layers_per_stage)
+    models.split_of(cfg, sched.num_stages)
     if p.split == "tracer" and m.kind not in models.TRACEABLE:
         why = {
             "synthetic": "its stages sleep inside a custom autograd Function",

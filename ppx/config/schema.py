@@ -37,7 +37,16 @@ class PipelineConfig:
         None,
         "explicit uneven split, e.g. [3,1]: layers per stage (one entry per stage, all ranks' virtual stages "
         "included), summing to model.layers; llama counts its embedding and head as units too (units = "
-        "[embedding, blocks, head]: the sum is model.layers + 2); default: even over the units",
+        "[embedding, blocks, head]: the sum is model.layers + 2); default: pipeline.balance's split",
+    )
+    balance: Literal["flops", "units"] = _f(
+        "flops",
+        "the default split (no pipeline.layers_per_stage): flops (contiguous units whose heaviest stage does as "
+        "few forward FLOPs as any split's, nearest the even split among those: llama's embedding weighs nothing "
+        "and its head a third of a llama-tiny block, 4 of a llama-1b block, so a V schedule's first and last "
+        "stages take a block more; FLOPs by formula, ppx/models/llama_shapes.py) | units (every stage the same "
+        "number of units, the first ones one more: llama's embedding and head count as blocks); every other kind "
+        "splits evenly either way (hf's embedding and head count as blocks)",
     )
     executor: Literal["ppx", "torch"] = _f(
         "ppx",

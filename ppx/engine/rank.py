@@ -34,9 +34,7 @@ def build_stage_modules(
     """The modules of ``stages`` (block ranges from the split), on ``device``; ``clock`` is
     the executor's, for models whose cost is set."""
     kind = models.kind(cfg.model.kind)
-    ranges = models.stage_units(
-        cfg.model, num_stages, cfg.pipeline.layers_per_stage
-    )  # llama: its embedding and head are units
+    ranges = models.split_of(cfg, num_stages)  # llama: its embedding and head are units
     if cfg.pipeline.split == "tracer":
         return traced_stage_modules(cfg, ranges, stages, device)
     if hasattr(kind, "calibrate"):  # a model that measures the device once, before any timed step

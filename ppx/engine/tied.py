@@ -32,7 +32,7 @@ class TiedGrads:
             return None
         from ppx import models
 
-        ranges = models.stage_units(cfg.model, schedule.num_stages, cfg.pipeline.layers_per_stage)
+        ranges = models.split_of(cfg, schedule.num_stages)
         groups = {}
         for name, units in sorted(units_of.items()):
             stages = sorted({s for u in units for s, r in enumerate(ranges) if u in r})

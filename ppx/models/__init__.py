@@ -27,6 +27,10 @@ EXTRA_UNITS = {"llama": 2, "hf": 2}
 # only for those kinds): ``shape_defaults(model)`` gives model keys under the experiment's (as
 # a preset does) and ``check(cfg)`` checks the config before any process starts
 LOADED = {"hf": "hf_config", "module": "module_spec"}
+# kinds whose units weigh differently (torch-free modules of this package with
+# ``unit_flops(model)``: forward FLOPs per token of each unit), which pipeline.balance=flops
+# splits by; every other kind's units are alike, and split evenly
+WEIGHED = {"llama": "llama_shapes"}
 
 
 def extra_units(name: str) -> int:
@@ -39,13 +43,27 @@ def unit_count(model) -> int:
     return model.layers + extra_units(model.kind)
 
 
-def stage_units(model, num_stages: int, per_stage=None) -> list:
+def stage_units(model, num_stages: int, per_stage=None, balance: str = "units") -> list:
     """Each stage's range of ``model``'s split units (llama's: [embedding, blocks..., head]),
     as ppx splits it into ``num_stages`` (``per_stage``: pipeline.layers_per_stage, or None:
-    even); UserError for a split that cannot be."""
+    by ``balance``, pipeline.balance); UserError for a split that cannot be."""
     from ppx.models.split import split_layers
 
-    return split_layers(model.layers, num_stages, per_stage, extra_units(model.kind))
+    weights = split_weights(model, balance)
+    return split_layers(model.layers, num_stages, per_stage, extra_units(model.kind), weights)
+
+
+def split_of(cfg, num_stages: int) -> list:
+    """`stage_units` of a whole config: its model, pipeline.layers_per_stage and pipeline.balance."""
+    return stage_units(cfg.model, num_stages, cfg.pipeline.layers_per_stage, cfg.pipeline.balance)
+
+
+def split_weights(model, balance: str) -> tuple[float, ...] | None:
+    """What each of ``model``'s units weighs in a split by ``balance`` (pipeline.balance): its
+    forward FLOPs under flops, for a kind whose units differ (``WEIGHED``); None (even) else."""
+    if balance != "flops" or model.kind not in WEIGHED:
+        return None
+    return tuple(importlib.import_module(f"ppx.models.{WEIGHED[model.kind]}").unit_flops(model))
 
 
 def kinds_help() -> str:

@@ -1,17 +1,26 @@
-"""Split a model's blocks over pipeline stages: even by default, or an explicit list."""
+"""Split a model's units over pipeline stages: balanced by their weights (forward FLOPs) or
+even, or an explicit list."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 from ppx.errors import UserError
 
 
-def split_layers(layers: int, stages: int, per_stage: Sequence[int] | None = None, extra: int = 0) -> list[range]:
+def split_layers(
+    layers: int,
+    stages: int,
+    per_stage: Sequence[int] | None = None,
+    extra: int = 0,
+    weights: Sequence[float] | None = None,
+) -> list[range]:
     """Unit index ranges, one per stage, over ``layers`` blocks plus the kind's ``extra`` units
     (`ppx.models.extra_units`: llama's embedding and head, then units are [embedding, blocks...,
-    head]). Even: the first ``units % stages`` stages get one unit more. Explicit: ``per_stage``
-    lists the units of each stage (each >= 1, summing to ``layers + extra``)."""
+    head]). Even: the first ``units % stages`` stages get one unit more. Balanced (``weights``,
+    one per unit): `balanced_counts`. Explicit: ``per_stage`` lists the units of each stage
+    (each >= 1, summing to ``layers + extra``)."""
     units = layers + extra
     what = (
         f"model.layers={layers}"
@@ -29,10 +38,65 @@ def split_layers(layers: int, stages: int, per_stage: Sequence[int] | None = Non
         if stages > units:
             unit = "one layer" if not extra else "one unit"
             raise UserError(f"{stages} stages but {what}: every stage needs at least {unit}")
-        base, rest = divmod(units, stages)
-        counts = [base + (1 if s < rest else 0) for s in range(stages)]
+        counts = even_counts(units, stages)
+        if weights is not None and len(weights) == units:
+            counts = list(balanced_counts(tuple(float(w) for w in weights), stages))
     ranges, start = [], 0
     for n in counts:
         ranges.append(range(start, start + n))
         start += n
     return ranges
+
+
+def even_counts(units: int, stages: int) -> list[int]:
+    """Units per stage, even: the first ``units % stages`` stages one more."""
+    base, rest = divmod(units, stages)
+    return [base + (1 if s < rest else 0) for s in range(stages)]
+
+
+@lru_cache(maxsize=256)
+def balanced_counts(weights: tuple[float, ...], stages: int) -> tuple[int, ...]:
+    """Units per stage, contiguous and at least one each, whose heaviest stage (the sum of its
+    units' ``weights``) is as light as any split's; among those, the split nearest the even one
+    (the fewest units moved), so that units of equal weight split evenly. Two exact passes over
+    (stages, units): the least heaviest stage, then the nearest split under it."""
+    n = len(weights)
+    even = even_counts(n, stages)
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    if prefix[-1] <= 0:
+        return tuple(even)
+    inf = float("inf")
+
+    def ends(s: int) -> range:  # where stage s (0-based) may end: every later stage keeps a unit
+        return range(s + 1, n - (stages - s - 1) + 1)
+
+    # pass 1: least[s][i], the least heaviest stage of units [0, i) over s + 1 stages
+    least = [[inf] * (n + 1) for _ in range(stages)]
+    for i in ends(0):
+        least[0][i] = prefix[i]
+    for s in range(1, stages):
+        for i in ends(s):
+            least[s][i] = min(max(least[s - 1][j], prefix[i] - prefix[j]) for j in range(s, i))
+    cap = least[stages - 1][n] * (1 + 1e-9) + 1e-12
+    # pass 2: under that cap, the fewest units away from the even split
+    moved = [[inf] * (n + 1) for _ in range(stages)]
+    back = [[0] * (n + 1) for _ in range(stages)]
+    for i in ends(0):
+        if prefix[i] <= cap:
+            moved[0][i] = abs(i - even[0])
+    for s in range(1, stages):
+        for i in ends(s):
+            for j in range(s, i):
+                if moved[s - 1][j] < inf and prefix[i] - prefix[j] <= cap:
+                    m = moved[s - 1][j] + abs(i - j - even[s])
+                    if m < moved[s][i]:
+                        moved[s][i], back[s][i] = m, j
+    counts, i = [], n
+    for s in range(stages - 1, 0, -1):
+        j = back[s][i]
+        counts.append(i - j)
+        i = j
+    counts.append(i)
+    return tuple(reversed(counts))

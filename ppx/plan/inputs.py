@@ -8,8 +8,9 @@ each candidate's per-stage values:
   equal parts (cost / v, bytes / v), stage j of the p*v being part of stage j // v;
 - per stage of a run (``run_units``: the model's split units in each of the run's stages): a
   candidate's stages hold the units `split_layers` gives them, as the printed command runs
-  them (a candidate stage may take units of two run stages: llama-tiny's 6 units run as 2, 2,
-  1, 1 at 4 stages, not in halves of the run's 3 and 3), each unit taking its share of its
+  them (``split_weights``: the run's pipeline.balance; a candidate stage may take units of two
+  run stages: llama-tiny's 6 units run as 2, 1, 1, 2 at 4 stages, not in halves of the run's 3
+  and 3), each unit taking its share of its
   run stage's values by its weight (``unit_weights``, `ppx.plan.unit_weights`: forward FLOPs
   for times, saved bytes for activations, parameter bytes for weights; equal shares without).
 """
@@ -57,6 +58,7 @@ class PlanInputs:
     fixed_stages: int | None = None  # a run's explicit layers per stage allow only its own stage count
     run_units: tuple[int, ...] | None = None  # a run's model units (layers, embedding, head) per stage, or None
     unit_weights: UnitWeights | None = None  # what each of those units weighs (None: equal shares)
+    split_weights: tuple[float, ...] | None = None  # what a candidate's command splits its units by (None: even)
     # a drain run's B measured apart on a stage that also split (None there: B costs I + W), or None
     whole_s: tuple[float | None, ...] | None = None
 
@@ -87,7 +89,7 @@ class PlanInputs:
         if self.run_units is not None and num_stages != self.units:
             w = self.unit_weights
             weights = None if w is None else {"time": w.flops, "bytes": w.saved_bytes, "params": w.param_bytes}[by]
-            return _unit_shares(self.run_units, num_stages, weights)
+            return _unit_shares(self.run_units, num_stages, weights, self.split_weights)
         if num_stages < self.units:
             k = self.units // num_stages
             return [tuple((i, 1, 1) for i in range(j * k, (j + 1) * k)) for j in range(num_stages)]
@@ -153,11 +155,15 @@ class PlanInputs:
 
 
 def _unit_shares(
-    run_units: tuple[int, ...], num_stages: int, weights: tuple[float, ...] | None
+    run_units: tuple[int, ...],
+    num_stages: int,
+    weights: tuple[float, ...] | None,
+    split_weights: tuple[float, ...] | None = None,
 ) -> list[tuple[tuple[int, float, float], ...]]:
-    """Per stage of ``num_stages`` (the model's units split as `split_layers` splits them), the
-    (run stage, weight of its units taken, weight of all its units) triples it holds; a unit
-    weighs 1 without ``weights``, and so does every unit of a run stage whose units weigh 0."""
+    """Per stage of ``num_stages`` (the model's units split as `split_layers` splits them, by
+    ``split_weights``), the (run stage, weight of its units taken, weight of all its units)
+    triples it holds; a unit weighs 1 without ``weights``, and so does every unit of a run
+    stage whose units weigh 0."""
     owner = [i for i, n in enumerate(run_units) for _ in range(n)]  # model unit -> run stage
     weight = list(weights) if weights is not None and len(weights) == len(owner) else [1.0] * len(owner)
     total = [0.0] * len(run_units)
@@ -166,7 +172,7 @@ def _unit_shares(
     weight = [w if total[owner[u]] > 0 else 1.0 for u, w in enumerate(weight)]
     total = [t if t > 0 else float(n) for t, n in zip(total, run_units)]
     out = []
-    for r in split_layers(len(owner), num_stages):
+    for r in split_layers(len(owner), num_stages, weights=split_weights):
         taken: dict[int, float] = {}
         for u in r:
             taken[owner[u]] = taken.get(owner[u], 0.0) + weight[u]

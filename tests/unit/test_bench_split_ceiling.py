@@ -146,21 +146,25 @@ def test_whole_run_rows_judge_no_times_where_ranks_shared_cores(cores, verdicts)
     assert saved[1] == "1, 1, 1, 1 against 1, 1, 1, 1"
 
 
-def test_zbv_with_its_blocks_even_is_a_paired_variant_of_the_llama_models():
-    """The V puts llama's embedding and head stages on one rank: a variant evens its blocks over
-    the 2p stages, the embedding and head riding on the ends; none for the transformer, whose
-    units are its blocks; its ratio shows in the row."""
-    from bench.split_paired import AS_FILED, _said, _shape, v_blocks_even
+def test_zbv_split_by_units_is_a_paired_variant_of_the_llama_models():
+    """The V puts llama's embedding and head stages on one rank: split by FLOPs (the default)
+    its blocks are even over the 2p stages, the embedding and head riding on the ends; a variant
+    runs ZB-V split by units, as before, where that differs; none for the transformer, whose
+    units are its blocks; its ratio shows in the row, and so does an older row's blocks-even
+    variant."""
+    from bench.split_paired import AS_FILED, _said, _shape, units_variant
     from ppx import config
 
-    def even(model: str, p: int) -> str | None:
+    def variant(model: str, p: int) -> str | None:
         exp, keys = _shape(model)
-        return v_blocks_even(config.load(exp, [*keys, f"pipeline.stages={p}"]), p)
+        return units_variant(config.load(exp, [*keys, f"pipeline.stages={p}"]), p)
 
-    assert even("llama-tiny (8 blocks)", 2) == "zbv+pipeline.layers_per_stage=[3,2,2,3]"
-    assert even("llama-tiny (8 blocks)", 4) == "zbv+pipeline.layers_per_stage=[2,1,1,1,1,1,1,2]"
-    assert even(AS_FILED, 2) == "zbv+pipeline.layers_per_stage=[2,1,1,2]" and even(AS_FILED, 4) is None
-    assert even("transformer (hidden 64, 8 blocks)", 2) is None
+    assert variant("llama-tiny (8 blocks)", 2) == "zbv+pipeline.balance=units"
+    assert variant("llama-tiny (8 blocks)", 4) == "zbv+pipeline.balance=units"
+    assert variant(AS_FILED, 2) == "zbv+pipeline.balance=units" and variant(AS_FILED, 4) is None
+    assert variant("transformer (hidden 64, 8 blocks)", 2) is None
     got = _paired(0.98, 0.99)["m fp32 p=2"]
+    got["ratio"]["ppx@zbv+pipeline.balance=units"] = 1.152
+    assert "ZB-V 1.100x, ZB-V split by units 1.152x (1F1B" in _said(got, "ppx")
     got["ratio"]["ppx@zbv+pipeline.layers_per_stage=[3,2,2,3]"] = 1.004
-    assert "ZB-V 1.100x, ZB-V blocks even [3,2,2,3] 1.004x (1F1B" in _said(got, "ppx")
+    assert "ZB-V blocks even [3,2,2,3] 1.004x" in _said(got, "ppx")

@@ -42,11 +42,18 @@ def test_ffn_width_follows_llamas_rule_when_null():
     assert ffn_hidden(load("model.kind=llama").model) == 192  # hidden 64: 170.7 up to a multiple of 32
 
 
-def test_the_split_counts_the_embedding_and_the_head():
-    cfg = load("model.preset=llama-1b", "pipeline.stages=4")
+@pytest.mark.parametrize(
+    "balance, blocks",
+    [
+        ("units", [4, 5, 4, 3]),  # units 5,5,4,4 of [emb, 16 blocks, head]
+        ("flops", [5, 5, 5, 1]),  # llama-1b's head weighs 4 blocks: it rides with one block
+    ],
+)
+def test_the_split_counts_the_embedding_and_the_head(balance, blocks):
+    cfg = load("model.preset=llama-1b", "pipeline.stages=4", f"pipeline.balance={balance}")
     with torch.device("meta"):
         mods = build_stage_modules(cfg, 4, range(4), "meta")
-    assert [len(m.blocks) for m in mods.values()] == [4, 5, 4, 3]  # units 5,5,4,4 of [emb, 16 blocks, head]
+    assert [len(m.blocks) for m in mods.values()] == blocks
     assert [hasattr(m, "tok") for m in mods.values()] == [True, False, False, False]
     assert [hasattr(m, "head") for m in mods.values()] == [False, False, False, True]
 

@@ -73,6 +73,7 @@ def test_a_runs_stages_regroup_by_their_model_units_and_weights():
     assert inputs.shares(4) == pytest.approx([0.5, (5.0 + 2.0) / 20.0, 0.2, 0.2])
     for n in (4, 5, 6):  # 5: the units regroup whatever the counts (the stage count need not divide)
         assert sum(inputs.costs(n).fwd) == pytest.approx(18.0) and sum(inputs.act(n)) == pytest.approx(46.0)
+
         assert inputs.why_not(n) is None
     assert inputs.costs(2).fwd == [8.0, 10.0]  # the run's own split
     # the data-parallel reduction moves gradients: it follows the parameter bytes, not the FLOPs
@@ -87,6 +88,23 @@ def test_a_runs_stages_regroup_by_their_model_units_and_weights():
         fwd_s=(1.0, 9.0), bwd_s=(0.0,) * 2, wgrad_s=(0.0,) * 2, stages=2, run_units=(1, 2), unit_weights=three
     )
     assert alone.costs(3).fwd == pytest.approx([1.0, 6.0, 3.0])
+
+
+def test_a_runs_stages_regroup_as_a_balanced_split_runs_them():
+    """Under pipeline.balance=flops (the run's ``split_weights``) the printed command splits
+    llama-tiny's 6 units as 2, 1, 1, 2 at 4 stages (the head, a third of a block, rides with
+    the last block): the candidate's stages take those units' shares of the run's stages."""
+    inputs = PlanInputs(
+        fwd_s=(8.0, 10.0),
+        bwd_s=(16.0, 20.0),
+        wgrad_s=(0.0, 0.0),
+        stages=2,
+        run_units=(3, 3),
+        split_weights=(0.0, 3.0, 3.0, 3.0, 3.0, 1.0),
+    )
+    assert inputs.parts(4) == [((0, 2, 3),), ((0, 1, 3),), ((1, 1, 3),), ((1, 2, 3),)]
+    assert inputs.costs(4).fwd == pytest.approx([8.0 * 2 / 3, 8.0 / 3, 10.0 / 3, 10.0 * 2 / 3])
+    assert PlanInputs.from_json(inputs.to_json()).parts(4) == inputs.parts(4)
 
 
 def test_unknown_bytes_are_zero():
