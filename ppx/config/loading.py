@@ -114,6 +114,10 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
     if cfg.run.name is None:
         cfg.run.name = name or "default"
     check(cfg)
+    if cfg.run.paired:  # each entry a config of its own, checked now, before any work
+        from ppx.config.paired import variants
+
+        variants(cfg)
     if cfg.runtime.cpu_fallback:  # keys and types checked on every machine, not only where it applies
         try:
             copy.deepcopy(_schema()).merge_with_dotlist(list(cfg.runtime.cpu_fallback))

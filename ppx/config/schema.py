@@ -324,6 +324,17 @@ class RunConfig:
     name: Optional[str] = _f(None, "experiment name; default: the experiment file's name")
     root: str = _f("runs", "parent folder of run directories: <root>/<name>/<run id>/")
     dir: Optional[str] = _f(None, "exact run directory (must not exist yet); overrides run.root")
+    paired: List[str] = _f(
+        [],
+        "other configs run step by step beside this one, in its processes, to tell two apart where whole runs "
+        "cannot (a busy machine moves a run's step by 30%): each entry key=value overrides of this run's config, "
+        "space-separated, of pipeline.*, model.* and train.* keys but pipeline.stages, train.steps and "
+        "model.preset, e.g. ['pipeline.schedule=zb_h1', 'pipeline.schedule=zb_h1 train.split_backward=drain']; "
+        "each runs on a pipeline of its own from the same seed and data, with its own optimizer, its step "
+        "before the run's on odd steps and after it on even ones; summary.json's paired gives its median step "
+        "over the run's beside it and whether their losses agree (parallel.data=1, ppx's runtime; the run's "
+        "instruments, traces and report are its own alone)",
+    )
 
 
 @dataclass

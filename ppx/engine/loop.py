@@ -70,6 +70,12 @@ def train(
     pipe.observers.extend(inst.observers)
     watchdog.device_position = getattr(inst.timer, "device_position", None)  # CUDA events: where the GPU is
     opt = make_optimizer(cfg, pipe) if schedule.training else None
+    paired = None
+    if cfg.run.paired:  # the configs run step by step beside this one (ppx.engine.paired)
+        from ppx.engine.paired import PairedSteps
+
+        watchdog.phase("building the paired configs' models", setup=True)
+        paired = PairedSteps(cfg, layout, device, backend, watchdog)
 
     report = start_report() if start_report is not None else None
     records = RecordGatherer(rank, world, cfg.train.steps, max(cfg.runtime.timeout_s, 30.0))
@@ -84,6 +90,7 @@ def train(
     prof = make_profiler(cfg.profile, run_dir, rank, device)  # NO_PROFILER when off: its marks do nothing
     with prof, StepCollector(cfg.runtime.gc_steps) as collector:
         for step in range(cfg.train.steps):
+            beside = paired.run(step, offset, ctrl) if paired is not None and step % 2 else None
             watchdog.phase("step start", step)
             loss, t0, t1 = timed_step(pipe, opt, inst, step, offset, ctrl, prof, device)
             stepped = None
@@ -103,7 +110,9 @@ def train(
                     spans is not None
                 ):  # every step: rank 0 splits waits into transfer and idle; the last go to the timeline
                     record["spans"] = [sp.shifted(offset) for sp in spans]  # Spans on rank 0's clock
-                records.put(record)  # gathered to rank 0 by a background thread: no step waits for it
+            if paired is not None:  # on even steps after the run's own, its peaks and spans taken
+                record["paired"] = beside if beside is not None else paired.run(step, offset, ctrl)
+            records.put(record)  # gathered to rank 0 by a background thread: no step waits for it
             prof.next_step()
             if report is not None:
                 with prof.label("ppx:report"):

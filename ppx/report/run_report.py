@@ -12,6 +12,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
+from ppx.measure.paired import paired_lines, paired_step, paired_summary
 from ppx.measure.theory import run_theory
 from ppx.report.run_dir import write_json
 from ppx.report.scalars import step_scalars
@@ -30,6 +31,7 @@ class RunReport:
         self.losses: list = []
         self.skipped = 0  # optimizer steps skipped on an fp16 overflow
         self.timeline: list[dict] = []
+        self.paired: list[list] = []  # per step, run.paired's entries' (step time, loss)
         self.metrics = open(run_dir / "metrics.jsonl", "a")
         self.sinks = []
         if cfg.logging.tensorboard:
@@ -58,6 +60,8 @@ class RunReport:
         self.metrics.flush()
         self.steps.append(m)
         self.losses.append(loss)
+        if "paired" in records[0]:
+            self.paired.append(paired_step(records))
         inst = self.cfg.instrument
         if inst.timeline and step >= self.cfg.train.steps - inst.timeline_steps and any("spans" in r for r in records):
             # {"step", "step_time_s", "ranks": {rank: [Span, ...]}}, Spans on rank 0's clock
@@ -128,6 +132,11 @@ class RunReport:
         if self.timeline:
             summary.update(self._prediction(summary))
         summary.update(self._memory_prediction(summary))
+        if self.paired:  # run.paired: each entry's steps against the run's beside them
+            times = [s["step_time_s"] for s in self.steps]
+            summary["paired"] = paired_summary(list(cfg.run.paired), times, self.losses, self.paired)
+            for line in paired_lines(summary["paired"]):
+                print(line, flush=True)
         ways = split_line(summary)
         if ways:
             print(ways, flush=True)

@@ -97,6 +97,22 @@ CASES = {
     "no timeline steps": (["gpipe_2cpu", "instrument.timeline_steps=0"], "instrument.timeline_steps must be >= 1"),
     "negative memory steps": (["gpipe_2cpu", "instrument.memory_steps=-1"], "instrument.memory_steps must be >= 0"),
     "negative progress interval": (["gpipe_2cpu", "logging.progress_every=-1"], "logging.progress_every must be >= 0"),
+    "paired config changing the job": (
+        ["1f1b_2cpu", "run.paired=[pipeline.stages=4]"],
+        "run.paired: pipeline.stages cannot change beside the run",
+    ),
+    "paired config with an unknown key": (
+        ["1f1b_2cpu", "run.paired=[pipeline.schedule=zb_h1 pipeline.stagse=2]"],
+        "run.paired: 'pipeline.schedule=zb_h1 pipeline.stagse=2': pipeline.stagse: Key 'stagse' not in",
+    ),
+    "paired config its rules refuse": (
+        ["1f1b_2cpu", "run.paired=[pipeline.schedule=zigzag]"],
+        "run.paired: 'pipeline.schedule=zigzag': unknown schedule 'zigzag'",
+    ),
+    "paired configs beside replicas": (
+        ["1f1b_2cpu", "parallel.data=2", "run.paired=[pipeline.schedule=gpipe]"],
+        "run.paired runs beside one pipeline: parallel.data must be 1",
+    ),
     # your own model (model.kind=hf, module): two through the command; the rest in
     # tests/unit/test_own_model_errors.py
     "hf architecture ppx cannot split": (

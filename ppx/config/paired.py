@@ -1,0 +1,74 @@
+"""``run.paired``: other configs run step by step beside a run, in its processes. Each entry
+is ``key=value`` overrides of the run's own config, space-separated
+(``"pipeline.schedule=zb_h1 train.split_backward=drain"``), of the keys that change what a
+step computes and how (``pipeline``, ``model``, ``train``), never of those that change the
+job (``pipeline.stages``, ``parallel``, ``runtime``) or how long it runs (``train.steps``).
+Checked with the run's config, before any process starts."""
+
+from __future__ import annotations
+
+import shlex
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ppx.errors import UserError
+
+SECTIONS = ("pipeline.", "model.", "train.")  # what an entry may change
+FIXED = ("pipeline.stages", "train.steps", "model.preset")  # the job's shape and length; a preset's keys are the run's
+
+
+def entry_overrides(entry: str) -> list[str]:
+    """The ``key=value`` overrides of one ``run.paired`` entry; UserError for one that is not."""
+    try:
+        items = shlex.split(entry)
+    except ValueError as e:
+        raise UserError(f"run.paired: {entry!r}: {e}") from None
+    if not items:
+        raise UserError("run.paired: an entry is empty; give key=value overrides of the run's config")
+    for item in items:
+        key = item.partition("=")[0].strip()
+        if "=" not in item or not key:
+            raise UserError(f"run.paired: {item!r} must look like key=value")
+        if not key.startswith(SECTIONS) or key in FIXED:
+            raise UserError(
+                f"run.paired: {key} cannot change beside the run (an entry changes pipeline.*, model.* or "
+                f"train.* keys, but not {', '.join(FIXED)}: the job and its steps are the run's)"
+            )
+    return items
+
+
+def variants(cfg) -> list[tuple[str, object]]:
+    """(entry, its config) for each ``run.paired`` entry of the run config ``cfg``: the run's
+    config with the entry's overrides, checked by the config's rules, and run as a pipeline of
+    the same ranks; UserError (one line, naming the entry) otherwise."""
+    from ppx.config.loading import _one_line, _schema
+    from ppx.config.resolve import resolve_schedule
+    from ppx.config.rules import check
+
+    if not cfg.run.paired:
+        return []
+    if cfg.parallel.data > 1:
+        raise UserError("run.paired runs beside one pipeline: parallel.data must be 1")
+    if cfg.pipeline.executor != "ppx":
+        raise UserError("run.paired runs on ppx's runtime: pipeline.executor must be ppx")
+    ranks = resolve_schedule(cfg).num_ranks
+    out = []
+    for entry in cfg.run.paired:
+        overrides = entry_overrides(entry)
+        try:
+            conf = OmegaConf.merge(_schema(), OmegaConf.structured(cfg))
+            conf.merge_with_dotlist([*overrides, "run.paired=[]"])
+            other = OmegaConf.to_object(conf)
+        except OmegaConfBaseException as e:
+            raise UserError(f"run.paired: {entry!r}: {_one_line(e)}") from None
+        try:
+            check(other)
+        except UserError as e:
+            raise UserError(f"run.paired: {entry!r}: {e}") from None
+        if other.pipeline.executor != "ppx":
+            raise UserError(f"run.paired: {entry!r}: pipeline.executor must stay ppx")
+        if resolve_schedule(other).num_ranks != ranks:
+            raise UserError(f"run.paired: {entry!r} runs on other ranks than the run's {ranks}")
+        out.append((entry, other))
+    return out

@@ -1,0 +1,99 @@
+"""What ``run.paired``'s steps say against the run's beside them (`ppx.engine.paired`): each
+entry's step, the ratio of each of its steps to the run's step beside it, and whether their
+losses agree (the same seed, data and optimizer: equal wherever the entry changes only how a
+step is computed, as a schedule does)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+
+def paired_step(records: list[dict]) -> list[tuple[float, float | None]]:
+    """One step's records (every rank's, each with ``paired``: [start, end, loss] per entry) ->
+    per entry (its step time: the last rank's end minus the first rank's start, seconds; its
+    loss, from the last stage)."""
+    out = []
+    for k in range(len(records[0]["paired"])):
+        spans = [r["paired"][k] for r in records]
+        loss = next((s[2] for s in spans if s[2] is not None), None)
+        out.append((max(s[1] for s in spans) - min(s[0] for s in spans), loss))
+    return out
+
+
+def paired_summary(entries: list[str], run_times: list[float], run_losses: list, steps: list[list]) -> dict:
+    """Per entry: its median step (seconds), the median and middle half (inclusive quartiles,
+    4 steps or more) of its steps over the run's beside them, the pairs, and how its losses
+    compare with the run's (``losses_equal``: every step's bitwise; else the largest
+    difference and the first step that differs)."""
+    out = {}
+    for k, entry in enumerate(entries):
+        times = [s[k][0] for s in steps]
+        ratios = [t / r for t, r in zip(times, run_times) if r > 0]
+        row = {"median_step_s": statistics.median(times), "over_run": statistics.median(ratios), "pairs": len(ratios)}
+        if len(ratios) >= 4:
+            q = statistics.quantiles(ratios, n=4, method="inclusive")
+            row["over_run_q1_q3"] = [q[0], q[2]]
+        interval = median_interval(ratios)
+        if interval is not None:
+            row["over_run_ci95"] = list(interval)
+        losses = [s[k][1] for s in steps]
+        differ = [(i, abs(a - b)) for i, (a, b) in enumerate(zip(losses, run_losses)) if a != b and None not in (a, b)]
+        row["losses_equal"] = not differ
+        if differ:
+            row["first_loss_difference_step"] = differ[0][0]
+            row["max_loss_difference"] = max(d for _, d in differ)
+        out[entry] = row
+    return out
+
+
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free ``level`` confidence interval of the median of ``values``: the k-th
+    smallest and k-th largest, k the largest whose binomial(n, 1/2) tail below it is at most
+    (1 - level) / 2 (no assumption on how steps spread); None below 6 values, where no such k
+    exists at 95%."""
+    n = len(values)
+    tail, k = 0.0, 0
+    while k < n:
+        tail += math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) - n * math.log(2))
+        if tail > (1 - level) / 2:
+            break
+        k += 1
+    if k == 0:
+        return None
+    ordered = sorted(values)
+    return ordered[k - 1], ordered[n - k]
+
+
+def verdict(row: dict) -> str:
+    """Whether an entry's steps are told apart from the run's: its interval (`median_interval`)
+    of the median ratio all below 1, all above, or holding 1."""
+    if "over_run_ci95" not in row:
+        return "too few pairs to tell"
+    lo, hi = row["over_run_ci95"]
+    where = f"95% interval of the median {lo:.3f}-{hi:.3f}"
+    if hi < 1:
+        return f"faster ({where})"
+    if lo > 1:
+        return f"slower ({where})"
+    return f"not told apart ({where})"
+
+
+def paired_lines(summary: dict) -> list[str]:
+    """One line per entry, for the end of ``ppx run``."""
+    out = []
+    for entry, row in summary.items():
+        spread = ""
+        if "over_run_q1_q3" in row:
+            q1, q3 = row["over_run_q1_q3"]
+            spread = f", middle half {q1:.3f}-{q3:.3f}"
+        losses = (
+            "losses equal at every step"
+            if row["losses_equal"]
+            else f"losses differ from step {row['first_loss_difference_step']} (by up to {row['max_loss_difference']:.3g})"
+        )
+        out.append(
+            f"ppx: paired {entry!r}: step {row['median_step_s']:.4f} s, {row['over_run']:.3f}x the run's step "
+            f"beside it (median of {row['pairs']} pairs{spread}): {verdict(row)}; {losses}"
+        )
+    return out

@@ -1,0 +1,37 @@
+"""``run.paired``: configs run step by step beside a run, in its processes (ppx.engine.paired):
+every step has one of each beside it, timed as the run's are, and summary.json holds each one's
+step over the run's and whether their losses agree."""
+
+from __future__ import annotations
+
+from helpers import ppx, read_json
+
+
+def test_schedules_beside_a_run_give_its_losses_and_their_steps(tmp_path):
+    """The MLP under 1F1B with GPipe (recomputing) and ZB-H1 (drain) beside it: the same losses at every step (the same
+    seed, data and optimizer; only the order of the work differs), a ratio per step; a config
+    that computes otherwise (another learning rate) is said to differ, from its second step."""
+    entries = [
+        "pipeline.schedule=gpipe train.recompute=full",
+        "pipeline.schedule=zb_h1 train.split_backward=drain",
+        "train.lr=0.05",
+    ]
+    listed = "[" + ",".join(f'"{e}"' for e in entries) + "]"
+    r = ppx("run", "1f1b_2cpu", "train.steps=6", f"run.paired={listed}", f"run.dir={tmp_path / 'run'}")
+    assert r.returncode == 0, r.stderr
+    s = read_json(tmp_path / "run" / "summary.json")
+    assert list(s["paired"]) == entries
+    for entry in entries:
+        row = s["paired"][entry]
+        assert row["pairs"] == 6 and row["median_step_s"] > 0 and 0.2 < row["over_run"] < 5
+        q1, q3 = row["over_run_q1_q3"]
+        lo, hi = row["over_run_ci95"]  # 6 pairs: the smallest and largest ratio
+        assert lo <= q1 <= row["over_run"] <= q3 <= hi
+    assert s["paired"]["pipeline.schedule=gpipe train.recompute=full"]["losses_equal"] is True
+    assert s["paired"]["pipeline.schedule=zb_h1 train.split_backward=drain"]["losses_equal"] is True
+    lr = s["paired"]["train.lr=0.05"]
+    assert lr["losses_equal"] is False and lr["first_loss_difference_step"] == 1  # step 0: the same weights
+    assert "ppx: paired 'pipeline.schedule=gpipe train.recompute=full': step " in r.stdout
+    assert "losses equal at every step" in r.stdout and "losses differ from step 1" in r.stdout
+    # the run's own records are its alone: as many steps, its own schedule
+    assert s["schedule"] == "1f1b" and len(s["step_times_s"]) == 6
