@@ -79,6 +79,30 @@ def verdict(row: dict) -> str:
     return f"not told apart ({where})"
 
 
+PAIRED_HEADER = ["entry", "step", "over the run's", "middle half", "95% interval", "", "losses"]
+
+
+def paired_rows(summary: dict) -> list[list[str]]:
+    """report.html's table of ``summary.json``'s ``paired``: one row per entry."""
+    rows = []
+    for entry, row in summary.items():
+        q = row.get("over_run_q1_q3")
+        ci = row.get("over_run_ci95")
+        losses = "equal" if row["losses_equal"] else f"differ from step {row['first_loss_difference_step']}"
+        rows.append(
+            [
+                entry,
+                f"{row['median_step_s'] * 1e3:.2f} ms",
+                f"{row['over_run']:.3f}x ({row['pairs']} pairs)",
+                f"{q[0]:.3f}-{q[1]:.3f}" if q else "",
+                f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "",
+                verdict(row).split(" (")[0],
+                losses,
+            ]
+        )
+    return rows
+
+
 def paired_lines(summary: dict) -> list[str]:
     """One line per entry, for the end of ``ppx run``."""
     out = []

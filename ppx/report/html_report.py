@@ -187,6 +187,17 @@ def write_run_html(
             "I frees: the share of a microbatch's saved bytes its I releases.</p>"
         )
         page.add(_table("split", HEADER, [[html.escape(c) for c in row] for row in split], left=(0, 1, 3, 5)))
+    if summary.get("paired"):
+        from ppx.measure.paired import PAIRED_HEADER, paired_rows
+
+        page.heading("configs beside the run")
+        page.add(
+            '<p class="note">run.paired: each config ran step by step beside the run, in its processes; its steps '
+            "over the run's step beside each (median, middle half, a 95% interval of the median), and its losses "
+            "against the run's at every step.</p>"
+        )
+        rows = [[html.escape(c) for c in row] for row in paired_rows(summary["paired"])]
+        page.add(_table("paired", PAIRED_HEADER, rows, left=(0, 5, 6)))
     page.heading("config")
     page.add(f'<pre id="config">{html.escape(config_yaml or "(no config.yaml)")}</pre>')
     return page.write(run_dir / "report.html")

@@ -56,12 +56,13 @@ class RunReport:
             "bubble_fraction_theory": self.theory,
             "bubble_over_ideal_theory": over_ideal(self.theory),
         }
+        if "paired" in records[0]:  # run.paired: each entry's step beside this one
+            self.paired.append(paired_step(records))
+            line["paired"] = [{"step_time_s": t, "loss": x} for t, x in self.paired[-1]]
         self.metrics.write(json.dumps(line) + "\n")
         self.metrics.flush()
         self.steps.append(m)
         self.losses.append(loss)
-        if "paired" in records[0]:
-            self.paired.append(paired_step(records))
         inst = self.cfg.instrument
         if inst.timeline and step >= self.cfg.train.steps - inst.timeline_steps and any("spans" in r for r in records):
             # {"step", "step_time_s", "ranks": {rank: [Span, ...]}}, Spans on rank 0's clock

@@ -4,7 +4,7 @@ step over the run's and whether their losses agree."""
 
 from __future__ import annotations
 
-from helpers import ppx, read_json
+from helpers import ppx, read_json, read_jsonl
 
 
 def test_schedules_beside_a_run_give_its_losses_and_their_steps(tmp_path):
@@ -17,7 +17,8 @@ def test_schedules_beside_a_run_give_its_losses_and_their_steps(tmp_path):
         "train.lr=0.05",
     ]
     listed = "[" + ",".join(f'"{e}"' for e in entries) + "]"
-    r = ppx("run", "1f1b_2cpu", "train.steps=6", f"run.paired={listed}", f"run.dir={tmp_path / 'run'}")
+    run = tmp_path / "run"
+    r = ppx("run", "1f1b_2cpu", "train.steps=6", f"run.paired={listed}", f"run.dir={run}", "logging.report=true")
     assert r.returncode == 0, r.stderr
     s = read_json(tmp_path / "run" / "summary.json")
     assert list(s["paired"]) == entries
@@ -35,3 +36,13 @@ def test_schedules_beside_a_run_give_its_losses_and_their_steps(tmp_path):
     assert "losses equal at every step" in r.stdout and "losses differ from step 1" in r.stdout
     # the run's own records are its alone: as many steps, its own schedule
     assert s["schedule"] == "1f1b" and len(s["step_times_s"]) == 6
+    # every step's line holds each entry's step and loss, and those make the summary
+    lines = read_jsonl(run / "metrics.jsonl")
+    assert [len(line["paired"]) for line in lines] == [3] * 6
+    lr_losses = [line["paired"][2]["loss"] for line in lines]
+    assert lr_losses[0] == lines[0]["loss"] and lr_losses[1] != lines[1]["loss"]
+    ratios = sorted(line["paired"][0]["step_time_s"] / line["step_time_s"] for line in lines)
+    assert s["paired"][entries[0]]["over_run"] == (ratios[2] + ratios[3]) / 2
+    page = (run / "report.html").read_text()
+    assert 'id="paired"' in page and "configs beside the run" in page and "differ from step 1" in page
+    assert page.count("train.split_backward=drain") >= 2  # the table's row and config.yaml
