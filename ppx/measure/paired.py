@@ -79,7 +79,7 @@ def verdict(row: dict) -> str:
     return f"not told apart ({where})"
 
 
-PAIRED_HEADER = ["entry", "step", "over the run's", "middle half", "95% interval", "", "losses"]
+PAIRED_HEADER = ["entry", "step", "over the run's", "middle half", "95% interval", "verdict", "losses"]
 
 
 def paired_rows(summary: dict) -> list[list[str]]:
