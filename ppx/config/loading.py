@@ -148,7 +148,13 @@ def to_yaml(cfg: Config) -> str:
 
 
 def from_yaml(path: str | Path) -> Config:
-    return OmegaConf.to_object(OmegaConf.merge(_schema(), OmegaConf.load(path)))
+    """A whole config as `to_yaml` wrote it (a run's config.yaml). One written before
+    pipeline.balance existed ran its units split evenly, and reads back so."""
+    loaded = OmegaConf.load(path)
+    if isinstance(loaded, DictConfig) and isinstance(loaded.get("pipeline"), DictConfig):
+        if "balance" not in loaded.pipeline:
+            loaded.pipeline.balance = "units"
+    return OmegaConf.to_object(OmegaConf.merge(_schema(), loaded))
 
 
 # The sinks a run read only through its files (summary.json, metrics.jsonl) goes without: W&B

@@ -99,3 +99,36 @@ def test_other_kinds_split_evenly_and_a_bad_balance_is_refused():
     assert [len(r) for r in models.split_of(cfg, 3)] == [3, 2, 2]
     with pytest.raises(UserError, match="pipeline.balance"):
         config.load("llama_tiny_1f1b_2cpu", ["pipeline.balance=even"])
+
+
+def test_a_run_from_before_the_key_reads_back_split_as_it_ran(tmp_path):
+    """A run's config.yaml written before pipeline.balance existed split llama's units evenly:
+    read back (a plan from that run), it says units, so the plan regroups the stages it ran;
+    one written now keeps its own."""
+    cfg = config.load("llama_tiny_1f1b_2cpu", ["pipeline.stages=4"])
+    text = config.to_yaml(cfg)
+    (tmp_path / "now.yaml").write_text(text)
+    (tmp_path / "before.yaml").write_text(text.replace("  balance: flops\n", ""))
+    assert "balance" not in (tmp_path / "before.yaml").read_text()
+    before, now = config.from_yaml(tmp_path / "before.yaml"), config.from_yaml(tmp_path / "now.yaml")
+    assert before.pipeline.balance == "units" and now == cfg
+    assert [len(r) for r in models.split_of(before, 4)] == [2, 2, 1, 1]
+    assert [len(r) for r in models.split_of(now, 4)] == [2, 1, 1, 2]
+
+
+def test_a_plans_command_keeps_the_runs_even_split(tmp_path):
+    """From a run that split llama's units evenly (pipeline.balance=units, or a config.yaml from
+    before the key), a plan's command says so: run on that config.yaml as it stands, it would
+    split by FLOPs, not as the plan costed it. A run of the default needs nothing."""
+    from ppx.plan.evaluate import Result
+    from ppx.plan.howto import from_run_overrides
+    from ppx.plan.inputs import PlanInputs
+
+    inputs = PlanInputs(fwd_s=(1.0, 1.0), bwd_s=(1.0, 1.0), wgrad_s=(0.5, 0.5), stages=2)
+    best = Result("1f1b", 4, 4, 1, 1.0, 0.0, (0.0,) * 4, True)
+    units = config.load("llama_tiny_1f1b_2cpu", ["pipeline.balance=units"])
+    assert "pipeline.balance=units" in from_run_overrides(best, units, inputs)
+    flops = config.load("llama_tiny_1f1b_2cpu", [])
+    assert not any(o.startswith("pipeline.balance") for o in from_run_overrides(best, flops, inputs))
+    other = config.load("transformer_1f1b_2cpu", ["pipeline.balance=units"])  # splits evenly either way
+    assert not any(o.startswith("pipeline.balance") for o in from_run_overrides(best, other, inputs))
