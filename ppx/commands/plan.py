@@ -72,7 +72,8 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
         )
     if args.from_run:  # (``run_cfg``: the run's config)
         out.append(first_step_note(args.from_run, run_cfg))
-        out.append(refused_split_note(args.from_run, skipped, inputs.whole_stages, calibration_way(run_cfg)))
+        way, paired = calibration_way(run_cfg), bool(run_cfg.run.paired)
+        out.append(refused_split_note(args.from_run, skipped, inputs.whole_stages, way, paired))
         if run_cfg.train.split_backward == "drain" and inputs.whole_s is not None:
             out.append(
                 f"note: {args.from_run} ran train.split_backward=drain: each schedule that splits its backward is "

@@ -274,5 +274,6 @@ def _split_known(path: str, measured, sched, whole: list[int], cfg) -> None:
     if why:
         raise UserError(
             f"{path} {why}, so its I and W costs are unknown; measure them with "
-            f"`{split_calibration(path + '/config.yaml', calibration_way(cfg))}` and simulate --from-run that run"
+            f"`{split_calibration(path + '/config.yaml', calibration_way(cfg), bool(cfg.run.paired))}` and simulate "
+            "--from-run that run"
         )

@@ -3,6 +3,8 @@ is ``key=value`` overrides of the run's own config, space-separated
 (``"pipeline.schedule=zb_h1 train.split_backward=drain"``), of the keys that change what a
 step computes and how (``pipeline``, ``model``, ``train``), never of those that change the
 job (``pipeline.stages``, ``parallel``, ``runtime``) or how long it runs (``train.steps``).
+Both run on ppx's runtime, and beside a ``model.kind=module`` run (whose loss and data
+functions are its module's, one per process) an entry keeps the run's model section.
 Checked with the run's config, before any process starts."""
 
 from __future__ import annotations
@@ -45,13 +47,14 @@ def variants(cfg) -> list[tuple[str, object]]:
     from ppx.config.loading import _one_line, _schema
     from ppx.config.resolve import resolve_schedule
     from ppx.config.rules import check
+    from ppx.schedules import registry
 
     if not cfg.run.paired:
         return []
     if cfg.parallel.data > 1:
         raise UserError("run.paired runs beside one pipeline: parallel.data must be 1")
-    if cfg.pipeline.executor != "ppx":
-        raise UserError("run.paired runs on ppx's runtime: pipeline.executor must be ppx")
+    if registry.runs_on_torch(cfg.pipeline.schedule, cfg.pipeline.executor):
+        raise UserError("run.paired runs on ppx's runtime: not beside torch's (pipeline.executor, torch_* schedules)")
     ranks = resolve_schedule(cfg).num_ranks
     out = []
     for entry in cfg.run.paired:
@@ -62,12 +65,17 @@ def variants(cfg) -> list[tuple[str, object]]:
             other = OmegaConf.to_object(conf)
         except OmegaConfBaseException as e:
             raise UserError(f"run.paired: {entry!r}: {_one_line(e)}") from None
+        if "module" in (cfg.model.kind, other.model.kind) and other.model != cfg.model:
+            raise UserError(
+                f"run.paired: {entry!r} changes model.* beside a model.kind=module run: its module's loss and "
+                "data functions are one per process, so an entry keeps the run's model section"
+            )
         try:
             check(other)
         except UserError as e:
             raise UserError(f"run.paired: {entry!r}: {e}") from None
-        if other.pipeline.executor != "ppx":
-            raise UserError(f"run.paired: {entry!r}: pipeline.executor must stay ppx")
+        if registry.runs_on_torch(other.pipeline.schedule, other.pipeline.executor):
+            raise UserError(f"run.paired: {entry!r} runs on torch's runtime; an entry runs on ppx's")
         if resolve_schedule(other).num_ranks != ranks:
             raise UserError(f"run.paired: {entry!r} runs on other ranks than the run's {ranks}")
         out.append((entry, other))

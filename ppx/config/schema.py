@@ -332,8 +332,9 @@ class RunConfig:
         "model.preset, e.g. ['pipeline.schedule=zb_h1', 'pipeline.schedule=zb_h1 train.split_backward=drain']; "
         "each runs on a pipeline of its own from the same seed and data, with its own optimizer, its step "
         "before the run's on odd steps and after it on even ones; summary.json's paired gives its median step "
-        "over the run's beside it and whether their losses agree (parallel.data=1, ppx's runtime; the run's "
-        "instruments, traces and report are its own alone)",
+        "over the run's beside it and whether their losses agree (parallel.data=1, ppx's runtime; beside "
+        "model.kind=module, no model.* key; the timeline, prediction, report and saved-activation counts are "
+        "the run's alone, while peak_memory_bytes counts the entries' weights and optimizer state too)",
     )
 
 

@@ -90,7 +90,7 @@ def train(
     prof = make_profiler(cfg.profile, run_dir, rank, device)  # NO_PROFILER when off: its marks do nothing
     with prof, StepCollector(cfg.runtime.gc_steps) as collector:
         for step in range(cfg.train.steps):
-            beside = paired.run(step, offset, ctrl) if paired is not None and step % 2 else None
+            beside = paired.run(step, offset, ctrl, prof) if paired is not None and step % 2 else None
             watchdog.phase("step start", step)
             loss, t0, t1 = timed_step(pipe, opt, inst, step, offset, ctrl, prof, device)
             stepped = None
@@ -111,7 +111,7 @@ def train(
                 ):  # every step: rank 0 splits waits into transfer and idle; the last go to the timeline
                     record["spans"] = [sp.shifted(offset) for sp in spans]  # Spans on rank 0's clock
             if paired is not None:  # on even steps after the run's own, its peaks and spans taken
-                record["paired"] = beside if beside is not None else paired.run(step, offset, ctrl)
+                record["paired"] = beside if beside is not None else paired.run(step, offset, ctrl, prof)
             records.put(record)  # gathered to rank 0 by a background thread: no step waits for it
             prof.next_step()
             if report is not None:

@@ -6,12 +6,18 @@ each beside it: before the run's on odd steps and after it on even ones (so that
 always follows the other's optimizer step), each started on every rank at the same instant as
 the run's are, its data and zeroed gradients made before, and timed as
 `ppx.engine.loop.timed_step` times the run's (start to end on this rank, the GPU's work done).
-It carries instruments of its own as the run's config sets them (timers, memory counters), so
-the two steps pay for the same observers; what they record is not kept. The watchdog observes
-its actions as it does the run's. The profiler's steps are the run's alone."""
+It carries instruments of its own as the run's config sets them (timers, memory counters,
+profiler labels: ``PAIRED<k>:<action>``), so the two steps pay for the same observers; what
+they record is not kept, and each step is one ``ppx:paired <entry>`` mark in a trace, outside
+the run's ``ProfilerStep#``. The watchdog observes its actions as it does the run's, under
+names that say whose (``paired 'pipeline.schedule=zb_h1': 1F0``). Its gradients are dropped
+after its optimizer step, so between its steps it holds its weights and optimizer state only;
+they share the process's memory with the run's, and its peak (``peak_memory_bytes``) counts
+them."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -21,6 +27,31 @@ from ppx.config.resolve import resolve_schedule
 from ppx.engine.precision import step_optimizer
 from ppx.measure.clock import start_together
 from ppx.measure.instruments import Instruments
+from ppx.measure.profiler import RecordFunctions
+
+
+class PairedLossNotFinite(RuntimeError):
+    """An entry's loss is nan or inf: its steps beside the run's would time NaN arithmetic."""
+
+
+class _Named:
+    """The watchdog, told an entry's actions by names that say whose."""
+
+    def __init__(self, watchdog, entry: str):
+        self.watchdog, self.prefix = watchdog, f"paired {entry!r}: "
+
+    def before(self, item) -> None:
+        self.watchdog.before(_Item(item.kind, self.prefix + item.label))
+
+    def after(self, item) -> None:
+        self.watchdog.after(_Item(item.kind, self.prefix + item.label))
+
+
+class _Item:
+    __slots__ = ("kind", "label")
+
+    def __init__(self, kind: str, label: str):
+        self.kind, self.label = kind, label
 
 
 class PairedSteps:
@@ -31,33 +62,43 @@ class PairedSteps:
 
         self.device, self.watchdog = device, watchdog
         self.shares = []
-        for entry, other in variants(cfg):
+        for k, (entry, other) in enumerate(variants(cfg)):
             schedule = resolve_schedule(other)
-            pipe = build_share(other, schedule, layout, device, backend, [watchdog])
+            pipe = build_share(other, schedule, layout, device, backend, [_Named(watchdog, entry)])
             inst = Instruments(other, pipe, device)
+            if inst.labels is not None:
+                inst.labels = RecordFunctions(f"PAIRED{k}:")
             pipe.observers.extend(inst.observers)
             self.shares.append((entry, pipe, inst, make_optimizer(other, pipe) if schedule.training else None))
 
-    def run(self, step: int, offset: float, ctrl) -> list[list]:
+    def run(self, step: int, offset: float, ctrl, prof) -> list[list]:
         """One step of each entry's pipeline: [start, end (rank 0's clock, seconds), loss (None
         off the last stage)] each, in ``run.paired``'s order."""
         out = []
         for entry, pipe, inst, opt in self.shares:
             self.watchdog.phase(f"paired step ({entry})", step)
-            batch = pipe.microbatches(step)
-            if opt is not None:
-                opt.zero_grad(set_to_none=True)
-            inst.begin_step(step)
-            start_together(offset, ctrl)
-            t0 = time.perf_counter()
-            loss = pipe.step(step, batch)
+            with prof.label(f"ppx:paired {entry}"):
+                out.append(self._one(step, offset, ctrl, pipe, inst, opt))
+            loss = out[-1][2]
+            if loss is not None and not math.isfinite(loss):
+                raise PairedLossNotFinite(f"run.paired {entry!r}: the loss is {loss} at step {step}; the run stops")
+        return out
+
+    def _one(self, step: int, offset: float, ctrl, pipe, inst, opt) -> list:
+        batch = pipe.microbatches(step)
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
+        inst.begin_step(step)
+        start_together(offset, ctrl)
+        t0 = time.perf_counter()
+        loss = pipe.step(step, batch)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t1 = time.perf_counter()
+        if opt is not None:
+            step_optimizer(pipe, opt, self.device)
+            opt.zero_grad(set_to_none=True)  # between its steps, weights and optimizer state only
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            t1 = time.perf_counter()
-            if opt is not None:
-                step_optimizer(pipe, opt, self.device)
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-            inst.end_step(step)  # (its records are not kept: the instruments are there to cost the same)
-            out.append([t0 + offset, t1 + offset, loss])
-        return out
+        inst.end_step(step)  # (its records are not kept: the instruments are there to cost the same)
+        return [t0 + offset, t1 + offset, loss]

@@ -20,13 +20,15 @@ STEP_NAME = "ProfilerStep#{}"  # what the profiler's tools (its TensorBoard plug
 
 
 class RecordFunctions:
-    """Observer: each item runs inside ``record_function("PP:<label>")``."""
+    """Observer: each item runs inside ``record_function("<prefix><label>")`` (``PP:``: the
+    run's; run.paired's entries have theirs)."""
 
-    def __init__(self):
+    def __init__(self, prefix: str = "PP:"):
         self._stack: list = []
+        self.prefix = prefix
 
     def before(self, item) -> None:
-        ctx = record_function(f"PP:{item.label}")
+        ctx = record_function(f"{self.prefix}{item.label}")
         ctx.__enter__()
         self._stack.append(ctx)
 

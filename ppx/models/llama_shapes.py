@@ -57,7 +57,7 @@ def unit_flops(cfg) -> list[float]:
     block's matmuls (wq, wk, wv, wo; w1, w2, w3) and its causal attention (half of QK^T and
     AV's 4 x seq_len x hidden), the head's vocabulary matmul; the embedding, a lookup, none.
     What ``pipeline.balance=flops`` splits by: llama-tiny's head weighs a third of a block,
-    llama-1b's 4.3 blocks."""
+    llama-1b's 4.0 blocks (seq_len 2048)."""
     h, kv = cfg.hidden, kv_heads(cfg) * (cfg.hidden // cfg.heads)
     block = 2 * (2 * h * h + 2 * h * kv + 3 * h * ffn_hidden(cfg)) + 2 * cfg.seq_len * h
     return [0.0] + [float(block)] * cfg.layers + [2.0 * h * cfg.vocab_size]

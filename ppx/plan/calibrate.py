@@ -46,19 +46,20 @@ def calibration_way(cfg) -> str | None:
     return "graph" if cfg.pipeline.split == "tracer" else "store"
 
 
-def split_calibration(config_yaml: str, way: str | None = None) -> str:
+def split_calibration(config_yaml: str, way: str | None = None, paired: bool = False) -> str:
     """The run that measures I and W apart: the same config under ZB-H1 (it splits every
-    backward), with ``train.split_backward=<way>`` (`calibration_way`) where given."""
+    backward), with ``train.split_backward=<way>`` (`calibration_way`) where given, and without
+    the run's ``run.paired`` entries (``paired``: it had some)."""
     keys = "pipeline.schedule=zb_h1 pipeline.virtual_stages=null" + (f" train.split_backward={way}" if way else "")
-    return f"ppx run {config_yaml} {keys} run.dir=null"
+    return f"ppx run {config_yaml} {keys}{' run.paired=[]' if paired else ''} run.dir=null"
 
 
 def refused_split_note(
-    from_run: str | None, skipped, whole: tuple[int, ...] = (), way: str | None = None
+    from_run: str | None, skipped, whole: tuple[int, ...] = (), way: str | None = None, paired: bool = False
 ) -> str | None:
     """The note naming the split-backward schedules a plan refused for want of I and W costs
     (``whole``: the run's stages that ran their backward whole; ``way``: `calibration_way` of
-    the run's config)."""
+    the run's config; ``paired``: the run had run.paired entries)."""
     refused = sorted({s.schedule for s in skipped if s.reason.startswith(SPLIT_REASON)})
     if not from_run or not refused:
         return None
@@ -70,5 +71,5 @@ def refused_split_note(
     return (
         f"note: {from_run} {why}, so its I and W costs are unknown: "
         f"{', '.join(refused)} not planned (costing W at 0 would rank them falsely first); measure them with "
-        f"`{split_calibration(from_run + '/config.yaml', way)}` and plan --from-run that run"
+        f"`{split_calibration(from_run + '/config.yaml', way, paired)}` and plan --from-run that run"
     )

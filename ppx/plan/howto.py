@@ -53,9 +53,10 @@ def from_run_overrides(best: Result, cfg, inputs: PlanInputs) -> list[str]:
     from a run that set ``train.split_backward`` (the calibration run's store), auto for a
     candidate that splits no backward (there the key changes nothing, and ppx run says so) and
     for every candidate of a drain run (its CSV is the list as planned, every backward split or,
-    ``+drain``, drained already: drain would drain a family's list again); and the run's
+    ``+drain``, drained already: drain would drain a family's list again); the run's
     pipeline.balance where it split its units evenly (a config.yaml from before the key, read
-    back so, would otherwise run the new default)."""
+    back so, would otherwise run the new default); and none of the run's run.paired entries
+    (the candidate is what was planned, not the run's comparison)."""
     from ppx import models
     from ppx.plan.space import splits
 
@@ -71,6 +72,8 @@ def from_run_overrides(best: Result, cfg, inputs: PlanInputs) -> list[str]:
                 out.append(f"model.{key}={_ms([x / 1e3 for x in inputs.split(values, n)])}")
         if n > model.layers:
             out.append(f"model.layers={n}")
+    if cfg.run.paired:
+        out.append("run.paired=[]")
     if cfg.pipeline.balance != "flops" and cfg.model.kind in models.WEIGHED:  # the split the plan costed
         out.append(f"pipeline.balance={cfg.pipeline.balance}")
     if best.m != cfg.pipeline.microbatches:  # the run's microbatch size, as the plan costed it

@@ -109,6 +109,14 @@ CASES = {
         ["1f1b_2cpu", "run.paired=[pipeline.schedule=zigzag]"],
         "run.paired: 'pipeline.schedule=zigzag': unknown schedule 'zigzag'",
     ),
+    "paired config on torch's runtime": (
+        ["1f1b_2cpu", "run.paired=[pipeline.schedule=torch_1f1b]"],
+        "run.paired: 'pipeline.schedule=torch_1f1b' runs on torch's runtime; an entry runs on ppx's",
+    ),
+    "paired config changing a module's loss": (
+        ["examples/tiny_gpt.yaml", "run.paired=[model.data=regression]"],
+        "run.paired: 'model.data=regression' changes model.* beside a model.kind=module run",
+    ),
     "paired configs beside replicas": (
         ["1f1b_2cpu", "parallel.data=2", "run.paired=[pipeline.schedule=gpipe]"],
         "run.paired runs beside one pipeline: parallel.data must be 1",

@@ -46,3 +46,48 @@ def test_schedules_beside_a_run_give_its_losses_and_their_steps(tmp_path):
     page = (run / "report.html").read_text()
     assert 'id="paired"' in page and "configs beside the run" in page and "differ from step 1" in page
     assert page.count("train.split_backward=drain") >= 2  # the table's row and config.yaml
+
+
+def test_an_entry_that_hangs_or_diverges_ends_the_job_naming_it(tmp_path):
+    """An entry's forward that outlasts runtime.timeout_s (the known-cost model's 6 s beside the
+    MLP's milliseconds, at 2 s) ends the job with the watchdog's one line, naming the entry and
+    its action; an entry whose loss turns nan (train.lr=1e30) ends it with a line naming it."""
+    hung = tmp_path / "hung"
+    r = ppx(
+        "run", "1f1b_2cpu", "train.steps=3", "runtime.timeout_s=2",
+        "run.paired=['model.kind=synthetic model.fwd_ms=6000']", f"run.dir={hung}",
+    )  # fmt: skip
+    assert r.returncode != 0
+    assert "made no progress for 2." in r.stderr
+    assert "on paired 'model.kind=synthetic model.fwd_ms=6000': 0F0 (step 0)" in r.stderr, r.stderr
+    assert (hung / "incomplete.txt").exists() and not (hung / "summary.json").exists()
+    nan = tmp_path / "nan"
+    r = ppx("run", "1f1b_2cpu", "train.steps=4", "run.paired=[train.lr=1e30]", f"run.dir={nan}")
+    assert r.returncode != 0 and "run.paired 'train.lr=1e30': the loss is nan at step" in r.stderr, r.stderr
+    assert not (nan / "summary.json").exists()
+
+
+def test_a_profiled_run_keeps_its_steps_and_labels_the_entries_apart(tmp_path):
+    """With the profiler on, every PP: action lies inside the run's ProfilerStep#; the entry's
+    actions are PAIRED0:, outside them, under one ppx:paired mark per step traced."""
+    import json
+
+    run = tmp_path / "run"
+    r = ppx("run", "1f1b_2cpu", "train.steps=4", "run.paired=[pipeline.schedule=gpipe]", "profile.enabled=true",
+            f"run.dir={run}")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    traces = sorted((run / "tb").glob("*.pt.trace.json"))
+    assert len(traces) == 2
+    for t in traces:
+        events = [e for e in json.loads(t.read_text())["traceEvents"] if e.get("ph") == "X"]
+        steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("ProfilerStep#")]
+
+        def inside(e, steps=steps):
+            return any(a <= e["ts"] <= b for a, b in steps)
+
+        own = [e for e in events if e["name"].startswith("PP:")]
+        theirs = [e for e in events if e["name"].startswith("PAIRED0:")]
+        marks = {e["name"] for e in events if e["name"].startswith("ppx:paired")}
+        assert len(steps) == 2 and own and theirs
+        assert all(inside(e) for e in own) and not any(inside(e) for e in theirs)
+        assert marks == {"ppx:paired pipeline.schedule=gpipe"}

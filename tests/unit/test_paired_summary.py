@@ -65,3 +65,25 @@ def test_the_verdict_tells_apart_only_where_the_interval_leaves_one_out():
     for word, got in steps.items():
         line = paired_lines(paired_summary(["e"], run, [None] * 12, got))[0]
         assert f": {word} (95% interval of the median " in line, line
+
+
+def test_commands_a_plan_prints_from_a_paired_run_leave_its_entries_out():
+    """A plan's candidate and its measuring run are what was planned, not the run's comparison:
+    their commands on the run's config.yaml say run.paired=[] (and only from a paired run)."""
+    from ppx import config
+    from ppx.plan.calibrate import split_calibration
+    from ppx.plan.evaluate import Result
+    from ppx.plan.howto import check, command, from_run_overrides
+    from ppx.plan.inputs import PlanInputs
+
+    inputs = PlanInputs(fwd_s=(1.0, 1.0), bwd_s=(1.0, 1.0), wgrad_s=(0.5, 0.5), stages=2)
+    best = Result("1f1b", 2, 8, 2, 1.0, 0.0, (0.0, 0.0), True)  # v=2: no entry's 1f1b can run beside it
+    paired = config.load("1f1b_2cpu", ["run.paired=[pipeline.schedule=gpipe]"])
+    extra = from_run_overrides(best, paired, inputs)
+    assert "run.paired=[]" in extra
+    assert "run.paired=[]" not in from_run_overrides(best, config.load("1f1b_2cpu", []), inputs)
+    text = command(best, "interleaved_1f1b", "1f1b_2cpu 'run.paired=[pipeline.schedule=gpipe]'", tuple(extra))
+    assert "run.paired=[]" in text
+    assert split_calibration("r/config.yaml", "store", paired=True).endswith("run.paired=[] run.dir=null")
+    assert "run.paired" not in split_calibration("r/config.yaml", "store")
+    assert check("ppx run 1f1b_2cpu run.paired=[pipeline.schedule=gpipe] pipeline.virtual_stages=2") is not None
