@@ -99,6 +99,7 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
         for item in overrides:
             if "=" not in item or not item.partition("=")[0].strip():
                 raise UserError(f"override {item!r} must look like key=value")
+        overrides = [_one_entry(item) for item in overrides]
         conf = _layers(None, loaded, overrides)
         if conf.model.preset is not None:
             conf = _with_preset(conf, loaded, overrides)
@@ -124,6 +125,16 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
         except OmegaConfBaseException as e:
             raise UserError(f"runtime.cpu_fallback: {_one_line(e)}") from None
     return cfg
+
+
+def _one_entry(item: str) -> str:
+    """``run.paired=<overrides>`` without brackets as the list of that one entry (a list key
+    otherwise refuses a string, in OmegaConf's words); every other override as it is."""
+    key, _, value = item.partition("=")
+    value = value.strip()
+    if key.strip() != "run.paired" or not value or value.startswith("[") or '"' in value or value == "null":
+        return item
+    return f'run.paired=["{value}"]'
 
 
 def _yaml_error(e: Exception, exp: str | None, overrides: list[str]) -> str:

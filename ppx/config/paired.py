@@ -31,7 +31,10 @@ def entry_overrides(entry: str) -> list[str]:
     for item in items:
         key = item.partition("=")[0].strip()
         if "=" not in item or not key:
-            raise UserError(f"run.paired: {item!r} must look like key=value")
+            raise UserError(
+                f"run.paired: {item!r} must look like key=value (an entry's overrides are split at spaces: "
+                "no space around '=', and quote a list value: \"pipeline.layers_per_stage=[2,2]\")"
+            )
         if not key.startswith(SECTIONS) or key in FIXED:
             raise UserError(
                 f"run.paired: {key} cannot change beside the run (an entry changes pipeline.*, model.* or "
@@ -56,6 +59,9 @@ def variants(cfg) -> list[tuple[str, object]]:
     if registry.runs_on_torch(cfg.pipeline.schedule, cfg.pipeline.executor):
         raise UserError("run.paired runs on ppx's runtime: not beside torch's (pipeline.executor, torch_* schedules)")
     ranks = resolve_schedule(cfg).num_ranks
+    twice = sorted({e for e in cfg.run.paired if list(cfg.run.paired).count(e) > 1})
+    if twice:
+        raise UserError(f"run.paired: {twice[0]!r} is given twice (each entry is one config, once)")
     out = []
     for entry in cfg.run.paired:
         overrides = entry_overrides(entry)

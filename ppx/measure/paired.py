@@ -65,13 +65,20 @@ def median_interval(values: list[float], level: float = 0.95) -> tuple[float, fl
     return ordered[k - 1], ordered[n - k]
 
 
+def _span(lo: float, hi: float) -> str:
+    """``lo-hi`` to 3 decimals, or 4 where an end would round to 1.000 (an interval that leaves
+    1 out by less than 0.0005 should not read as touching it)."""
+    digits = 4 if "1.000" in (f"{lo:.3f}", f"{hi:.3f}") else 3
+    return f"{lo:.{digits}f}-{hi:.{digits}f}"
+
+
 def verdict(row: dict) -> str:
     """Whether an entry's steps are told apart from the run's: its interval (`median_interval`)
     of the median ratio all below 1, all above, or holding 1."""
     if "over_run_ci95" not in row:
         return "too few pairs to tell"
     lo, hi = row["over_run_ci95"]
-    where = f"95% interval of the median {lo:.3f}-{hi:.3f}"
+    where = f"95% interval of the median {_span(lo, hi)}"
     if hi < 1:
         return f"faster ({where})"
     if lo > 1:
@@ -95,7 +102,7 @@ def paired_rows(summary: dict) -> list[list[str]]:
                 f"{row['median_step_s'] * 1e3:.2f} ms",
                 f"{row['over_run']:.3f}x ({row['pairs']} pairs)",
                 f"{q[0]:.3f}-{q[1]:.3f}" if q else "",
-                f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "",
+                _span(*ci) if ci else "",
                 verdict(row).split(" (")[0],
                 losses,
             ]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ppx.errors import UserError
 from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
 from ppx.measure.paired import paired_lines, paired_step, paired_summary
 from ppx.measure.theory import run_theory
@@ -111,6 +112,7 @@ class RunReport:
             "dtype": cfg.train.dtype,
             "recompute": cfg.train.recompute,  # full: each B (or I) re-runs its stage's forward first
             "virtual_stages": sched.stages_per_rank,  # a CSV's own, which the config does not say
+            "units_per_stage": self._units(),  # the split the run ran (pipeline.balance's, or the explicit one)
             "losses": self.losses,
             "step_times_s": [s["step_time_s"] for s in self.steps],
             **run_summary(self.steps),
@@ -153,6 +155,15 @@ class RunReport:
         if not cfg.instrument.timers:  # say why the bubble, timeline and prediction are missing
             print("ppx: instrument.timers=false: no per-action times, so no bubble, timeline or prediction", flush=True)
         print(f"ppx: run directory: {self.run_dir}", flush=True)
+
+    def _units(self) -> list[int] | None:
+        """The model units (blocks; llama's embedding and head too) each stage ran."""
+        from ppx import models
+
+        try:
+            return [len(r) for r in models.split_of(self.cfg, self.schedule.num_stages)]
+        except UserError:  # (a model split its own way: model.kind=module by split points)
+            return None
 
     def _draw(self, summary: dict) -> Path | None:
         """breakdown.png (the timers were on) and report.html; the page's path, or None."""

@@ -117,6 +117,14 @@ CASES = {
         ["examples/tiny_gpt.yaml", "run.paired=[model.data=regression]"],
         "run.paired: 'model.data=regression' changes model.* beside a model.kind=module run",
     ),
+    "paired config given twice": (
+        ["1f1b_2cpu", "run.paired=[pipeline.schedule=gpipe,pipeline.schedule=gpipe]"],
+        "run.paired: 'pipeline.schedule=gpipe' is given twice",
+    ),
+    "paired config with spaces around its =": (
+        ["1f1b_2cpu", "run.paired=[pipeline.schedule = gpipe]"],
+        "an entry's overrides are split at spaces: no space around '='",
+    ),
     "paired configs beside replicas": (
         ["1f1b_2cpu", "parallel.data=2", "run.paired=[pipeline.schedule=gpipe]"],
         "run.paired runs beside one pipeline: parallel.data must be 1",

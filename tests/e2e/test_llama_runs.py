@@ -53,3 +53,14 @@ def test_cpu_fallback_under_torchrun_changes_the_stage_count_on_every_rank(tmp_p
     cfg = OmegaConf.load(d / "config.yaml")
     assert (cfg.pipeline.stages, cfg.model.preset, cfg.model.hidden) == (2, "llama-tiny", 64)
     assert read_json(d / "summary.json")["status"] == "completed"
+
+
+def test_llama_at_four_stages_runs_the_balanced_split_end_to_end(tmp_path):
+    """A real llama-tiny run at p=4 (4 ranks on CPU, 1 step): summary.json's units_per_stage
+    is the FLOPs split, 2, 1, 1, 2, and with pipeline.balance=units the even one."""
+    for balance, want in (("flops", [2, 1, 1, 2]), ("units", [2, 2, 1, 1])):
+        d = tmp_path / balance
+        r = ppx("run", "llama_tiny_1f1b_2cpu", "pipeline.stages=4", "train.steps=1", f"pipeline.balance={balance}",
+                f"run.dir={d}")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert read_json(d / "summary.json")["units_per_stage"] == want

@@ -34,8 +34,8 @@ def test_schedules_beside_a_run_give_its_losses_and_their_steps(tmp_path):
     assert lr["losses_equal"] is False and lr["first_loss_difference_step"] == 1  # step 0: the same weights
     assert "ppx: paired 'pipeline.schedule=gpipe train.recompute=full': step " in r.stdout
     assert "losses equal at every step" in r.stdout and "losses differ from step 1" in r.stdout
-    # the run's own records are its alone: as many steps, its own schedule
-    assert s["schedule"] == "1f1b" and len(s["step_times_s"]) == 6
+    # the run's own records are its alone: as many steps, its own schedule, its split
+    assert s["schedule"] == "1f1b" and len(s["step_times_s"]) == 6 and s["units_per_stage"] == [2, 2]
     # every step's line holds each entry's step and loss, and those make the summary
     lines = read_jsonl(run / "metrics.jsonl")
     assert [len(line["paired"]) for line in lines] == [3] * 6

@@ -87,3 +87,19 @@ def test_commands_a_plan_prints_from_a_paired_run_leave_its_entries_out():
     assert split_calibration("r/config.yaml", "store", paired=True).endswith("run.paired=[] run.dir=null")
     assert "run.paired" not in split_calibration("r/config.yaml", "store")
     assert check("ppx run 1f1b_2cpu run.paired=[pipeline.schedule=gpipe] pipeline.virtual_stages=2") is not None
+
+
+def test_one_entry_may_go_without_brackets():
+    from ppx import config
+
+    cfg = config.load("1f1b_2cpu", ["run.paired=pipeline.schedule=zb_h1 train.split_backward=drain"])
+    assert cfg.run.paired == ["pipeline.schedule=zb_h1 train.split_backward=drain"]
+    assert config.load("1f1b_2cpu", ["run.paired=[]"]).run.paired == []
+
+
+def test_an_interval_that_leaves_one_out_never_reads_as_touching_it():
+    from ppx.measure.paired import verdict
+
+    assert verdict({"over_run_ci95": [0.946, 0.99973]}) == "faster (95% interval of the median 0.9460-0.9997)"
+    assert verdict({"over_run_ci95": [0.95, 0.99]}) == "faster (95% interval of the median 0.950-0.990)"
+    assert verdict({"over_run_ci95": [0.98, 1.0]}).startswith("not told apart")
