@@ -28,6 +28,10 @@ def entry_overrides(entry: str) -> list[str]:
         raise UserError(f"run.paired: {entry!r}: {e}") from None
     if not items:
         raise UserError("run.paired: an entry is empty; give key=value overrides of the run's config")
+    keys = [item.partition("=")[0].strip() for item in items]
+    twice = sorted({k for k in keys if k and keys.count(k) > 1})
+    if twice:
+        raise UserError(f"run.paired: {entry!r} sets {twice[0]} twice (one value a key, in an entry)")
     for item in items:
         key = item.partition("=")[0].strip()
         if "=" not in item or not key:

@@ -9,10 +9,10 @@ each candidate's per-stage values:
 - per stage of a run (``run_units``: the model's split units in each of the run's stages): a
   candidate's stages hold the units `split_layers` gives them, as the printed command runs
   them (``split_weights``: the run's pipeline.balance; a candidate stage may take units of two
-  run stages: llama-tiny's 6 units run as 2, 1, 1, 2 at 4 stages, not in halves of the run's 3
-  and 3), each unit taking its share of its
-  run stage's values by its weight (``unit_weights``, `ppx.plan.unit_weights`: forward FLOPs
-  for times, saved bytes for activations, parameter bytes for weights; equal shares without).
+  run stages: llama-tiny's 6 units run as 2, 1, 1, 2 at 4 stages, not in halves of the run's
+  3 and 3), each unit taking its share of its run stage's values by its weight
+  (``unit_weights``, `ppx.plan.unit_weights`: forward FLOPs for times, saved bytes for
+  activations, parameter bytes for weights; equal shares without).
 """
 
 from __future__ import annotations

@@ -125,6 +125,10 @@ CASES = {
         ["1f1b_2cpu", "run.paired=[pipeline.schedule = gpipe]"],
         "an entry's overrides are split at spaces: no space around '='",
     ),
+    "paired config setting a key twice": (
+        ["1f1b_2cpu", 'run.paired=["train.lr=0.1 train.lr=0.003"]'],
+        "run.paired: 'train.lr=0.1 train.lr=0.003' sets train.lr twice",
+    ),
     "paired configs beside replicas": (
         ["1f1b_2cpu", "parallel.data=2", "run.paired=[pipeline.schedule=gpipe]"],
         "run.paired runs beside one pipeline: parallel.data must be 1",
