@@ -152,8 +152,6 @@ def check(cfg) -> None:
             "least one; name smaller units in model.units, or use fewer stages"
         )
     if m.split_points:
-        if p.layers_per_stage is not None:
-            raise UserError("give model.split_points or pipeline.layers_per_stage, not both")
         missing = [s for s in m.split_points if s not in names]
         if missing:
             raise UserError(f"model.split_points: {missing[0]!r} is not a unit (units: {', '.join(names)})")
@@ -164,7 +162,11 @@ def check(cfg) -> None:
                 f"unit{'s' if stages != 2 else ''} in forward order, the first stage beginning at the first unit"
             )
         bounds = [0, *starts, len(names)]
-        p.layers_per_stage = [b - a for a, b in zip(bounds, bounds[1:])]
+        split = [b - a for a, b in zip(bounds, bounds[1:])]
+        # (a config checked once holds both, its split points' split: a run's config.yaml, run.paired's entries)
+        if p.layers_per_stage is not None and list(p.layers_per_stage) != split:
+            raise UserError("give model.split_points or pipeline.layers_per_stage, not both")
+        p.layers_per_stage = split
     from ppx.models.module import boundary, unit_shapes
 
     # the units chain on a rank's microbatch, handing on one shape (torch's executor finds each

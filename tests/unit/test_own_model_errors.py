@@ -104,6 +104,10 @@ CASES = {
         + ["pipeline.executor=torch"],
         "model.kind=module: unit 0.0 fails on its input (shape (8, 64), torch.float32): RuntimeError: ",
     ),
+    "module split points beside another split": (
+        ["examples/tiny_gpt.yaml", "model.split_points=[blocks.2]", "pipeline.layers_per_stage=[2,4]"],
+        "give model.split_points or pipeline.layers_per_stage, not both",
+    ),
     "module tied weights under the tracer": (
         ["examples/tiny_gpt.yaml", "pipeline.split=tracer"],
         "torch's tracer split gives each stage its own copy",
@@ -169,3 +173,20 @@ def test_model_args_written_without_a_space_after_the_colon_is_refused(monkeypat
         "model.args: 'width:16' is a key with no value; write {width: 16} with a space after the colon, "
         "or model.args.width=16"
     )
+
+
+def test_a_config_with_split_points_loads_again_as_it_was_saved(monkeypatch, tmp_path):
+    """The check writes the split points' split to pipeline.layers_per_stage: a run's
+    config.yaml holds both, and loads again (ppx run <run>/config.yaml), as does a run.paired
+    entry beside it (a config derived from the checked one); a split of its own beside the
+    points is still refused (the case above)."""
+    monkeypatch.chdir(REPO)
+    cfg = config.load("examples/tiny_gpt.yaml", ["model.split_points=[blocks.2]"])
+    assert cfg.pipeline.layers_per_stage == [3, 3]
+    (tmp_path / "config.yaml").write_text(config.to_yaml(cfg))
+    again = config.load(str(tmp_path / "config.yaml"), [])
+    assert again.pipeline.layers_per_stage == [3, 3] and again.model == cfg.model
+    paired = config.load(
+        "examples/tiny_gpt.yaml", ["model.split_points=[blocks.2]", "run.paired=[pipeline.schedule=gpipe]"]
+    )
+    assert paired.run.paired == ["pipeline.schedule=gpipe"]
