@@ -92,6 +92,16 @@ def step_breakdown(records: list[dict], stage_to_rank=None) -> dict:
     return out
 
 
+def middle_half(values) -> tuple[float, float] | None:
+    """(q1, q3) of ``values``, inclusive quartiles: their middle half; None below 4 values,
+    where a range would be their extremes."""
+    values = list(values)
+    if len(values) < 4:
+        return None
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q3
+
+
 def run_summary(steps: list[dict]) -> dict:
     """Medians over steps (max for peaks, over the steps that have them) of the per-step metrics."""
     med = statistics.median

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from ppx.measure.metrics import middle_half
+
 
 def paired_step(records: list[dict]) -> list[tuple[float, float | None]]:
     """One step's records (every rank's, each with ``paired``: [start, end, loss] per entry) ->
@@ -31,9 +33,9 @@ def paired_summary(entries: list[str], run_times: list[float], run_losses: list,
         times = [s[k][0] for s in steps]
         ratios = [t / r for t, r in zip(times, run_times) if r > 0]
         row = {"median_step_s": statistics.median(times), "over_run": statistics.median(ratios), "pairs": len(ratios)}
-        if len(ratios) >= 4:
-            q = statistics.quantiles(ratios, n=4, method="inclusive")
-            row["over_run_q1_q3"] = [q[0], q[2]]
+        half = middle_half(ratios)
+        if half is not None:
+            row["over_run_q1_q3"] = list(half)
         interval = median_interval(ratios)
         if interval is not None:
             row["over_run_ci95"] = list(interval)

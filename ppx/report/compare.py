@@ -7,13 +7,13 @@ from __future__ import annotations
 import glob
 import json
 import math
-import statistics
 import sys
 import textwrap
 from pathlib import Path
 
 from ppx import schedules
 from ppx.errors import UserError
+from ppx.measure.metrics import middle_half
 from ppx.report.labels import flat_config, run_labels, shared_label, timing_key
 from ppx.report.run_dir import RunDir
 
@@ -102,11 +102,8 @@ def _middle_half(steps_s) -> str | None:
     """'q1-q3' of a run's step times in ms (its middle half: the quartiles, inclusive), or None
     with fewer than 4 finite steps (a range of 2 or 3 would be its extremes, its first step's
     one-off costs among them)."""
-    ms = sorted(x * 1e3 for x in steps_s or () if isinstance(x, (int, float)) and math.isfinite(x))
-    if len(ms) < 4:
-        return None
-    lo, _, hi = statistics.quantiles(ms, n=4, method="inclusive")
-    return f"{lo:.2f}-{hi:.2f}"
+    half = middle_half(x * 1e3 for x in steps_s or () if isinstance(x, (int, float)) and math.isfinite(x))
+    return None if half is None else f"{half[0]:.2f}-{half[1]:.2f}"
 
 
 def noise_notes(rows: list[dict], configs: list[dict]) -> list[str]:

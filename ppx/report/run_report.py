@@ -11,7 +11,6 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ppx.errors import UserError
 from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
 from ppx.measure.paired import paired_lines, paired_step, paired_summary
 from ppx.measure.theory import run_theory
@@ -156,14 +155,12 @@ class RunReport:
             print("ppx: instrument.timers=false: no per-action times, so no bubble, timeline or prediction", flush=True)
         print(f"ppx: run directory: {self.run_dir}", flush=True)
 
-    def _units(self) -> list[int] | None:
-        """The model units (blocks; llama's embedding and head too) each stage ran."""
+    def _units(self) -> list[int]:
+        """The model units (blocks; llama's embedding and head too) each stage ran (the split
+        the config's checks made: it cannot fail here)."""
         from ppx import models
 
-        try:
-            return [len(r) for r in models.split_of(self.cfg, self.schedule.num_stages)]
-        except UserError:  # (a model split its own way: model.kind=module by split points)
-            return None
+        return [len(r) for r in models.split_of(self.cfg, self.schedule.num_stages)]
 
     def _draw(self, summary: dict) -> Path | None:
         """breakdown.png (the timers were on) and report.html; the page's path, or None."""
