@@ -63,8 +63,8 @@ def units_variant(cfg, p: int) -> str | None:
     2026-11-29) where it differs from the default split, balanced by FLOPs, at ZB-V's 2p stages
     (``cfg``: the configuration's loaded config): llama, whose embedding and head are units of
     their own; the V puts both their stages on rank 0, and split by units its blocks are uneven
-    (llama-tiny fp32 p=2: ZB-V 1.15-1.17x of 1F1B's step split by units, 1.00-1.01x with its
-    blocks even, [3,2,2,3], the split the FLOPs give). None elsewhere."""
+    (llama-tiny fp32 p=2: ZB-V 1.15-1.19x of 1F1B's step split by units, 1.00-1.09x over benches
+    and runs with its blocks even, [3,2,2,3], the split the FLOPs give). None elsewhere."""
     from ppx import models
     from ppx.errors import UserError
 
