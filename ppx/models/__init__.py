@@ -27,10 +27,11 @@ EXTRA_UNITS = {"llama": 2, "hf": 2}
 # only for those kinds): ``shape_defaults(model)`` gives model keys under the experiment's (as
 # a preset does) and ``check(cfg)`` checks the config before any process starts
 LOADED = {"hf": "hf_config", "module": "module_spec"}
-# kinds whose units weigh differently (torch-free modules of this package with
-# ``unit_flops(model)``: forward FLOPs per token of each unit), which pipeline.balance=flops
-# splits by; every other kind's units are alike, and split evenly
-WEIGHED = {"llama": "llama_shapes"}
+# kinds whose units weigh differently (modules of this package with ``unit_flops(model)``:
+# forward FLOPs per token of each unit, or None to split evenly; llama's by formula without
+# torch, hf's counted on its meta model), which pipeline.balance=flops splits by; every other
+# kind's units are alike, and split evenly
+WEIGHED = {"llama": "llama_shapes", "hf": "hf_flops"}
 
 
 def extra_units(name: str) -> int:
@@ -63,7 +64,8 @@ def split_weights(model, balance: str) -> tuple[float, ...] | None:
     forward FLOPs under flops, for a kind whose units differ (``WEIGHED``); None (even) else."""
     if balance != "flops" or model.kind not in WEIGHED:
         return None
-    return tuple(importlib.import_module(f"ppx.models.{WEIGHED[model.kind]}").unit_flops(model))
+    flops = importlib.import_module(f"ppx.models.{WEIGHED[model.kind]}").unit_flops(model)
+    return None if flops is None else tuple(flops)
 
 
 def kinds_help() -> str:

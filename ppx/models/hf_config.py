@@ -131,11 +131,17 @@ def clear_token_ids(data: dict, vocab, keep=()) -> None:
 
 def resolve(model):
     """``model``'s (the config's model section) Hugging Face config, shape keys applied."""
+    return _resolved(*keys(model))
+
+
+def keys(model) -> tuple[str, str, str]:
+    """What ``model``'s Hugging Face config is resolved from, as hashable text: (model.hf_config,
+    model.hf_overrides as JSON, ppx's shape keys as JSON)."""
     if not model.hf_config:
         raise UserError("model.kind=hf needs model.hf_config (a model type, a config.json or folder, or a hub id)")
     overrides = json.dumps(dict(model.hf_overrides or {}), sort_keys=True)
     shapes = json.dumps({k: getattr(model, k) for k in SHAPE_KEYS}, sort_keys=True)
-    return _resolved(model.hf_config, overrides, shapes)
+    return model.hf_config, overrides, shapes
 
 
 def shape_defaults(model) -> dict:

@@ -57,9 +57,11 @@ def even_counts(units: int, stages: int) -> list[int]:
 @lru_cache(maxsize=256)
 def balanced_counts(weights: tuple[float, ...], stages: int) -> tuple[int, ...]:
     """Units per stage, contiguous and at least one each, whose heaviest stage (the sum of its
-    units' ``weights``) is as light as any split's; among those, the split nearest the even one
-    (the fewest units moved), so that units of equal weight split evenly. Two exact passes over
-    (stages, units): the least heaviest stage, then the nearest split under it."""
+    units' ``weights``) is as light as any split's; among those, the one whose stages are most
+    alike (the least sum of their squared weights: GPT-2's head alone on a stage, then 4, 4, 4
+    layers before it, not 3, 4, 5), and then the split nearest the even one (the fewest units
+    moved), so that units of equal weight split evenly. Two exact passes over (stages,
+    units): the least heaviest stage, then the best split under it."""
     n = len(weights)
     even = even_counts(n, stages)
     prefix = [0.0]
@@ -80,19 +82,26 @@ def balanced_counts(weights: tuple[float, ...], stages: int) -> tuple[int, ...]:
         for i in ends(s):
             least[s][i] = min(max(least[s - 1][j], prefix[i] - prefix[j]) for j in range(s, i))
     cap = least[stages - 1][n] * (1 + 1e-9) + 1e-12
-    # pass 2: under that cap, the fewest units away from the even split
-    moved = [[inf] * (n + 1) for _ in range(stages)]
+    # pass 2: under that cap, the least (sum of squared stage weights, units away from the even
+    # split); the squares in units of the total's, rounded, so that float noise ties
+    scale = prefix[-1] ** 2
+
+    def square(i: int, j: int) -> float:
+        return (prefix[i] - prefix[j]) ** 2 / scale
+
+    best = [[(inf, inf)] * (n + 1) for _ in range(stages)]
     back = [[0] * (n + 1) for _ in range(stages)]
     for i in ends(0):
         if prefix[i] <= cap:
-            moved[0][i] = abs(i - even[0])
+            best[0][i] = (square(i, 0), abs(i - even[0]))
     for s in range(1, stages):
         for i in ends(s):
             for j in range(s, i):
-                if moved[s - 1][j] < inf and prefix[i] - prefix[j] <= cap:
-                    m = moved[s - 1][j] + abs(i - j - even[s])
-                    if m < moved[s][i]:
-                        moved[s][i], back[s][i] = m, j
+                sq, moved = best[s - 1][j]
+                if sq < inf and prefix[i] - prefix[j] <= cap:
+                    key = (sq + square(i, j), moved + abs(i - j - even[s]))
+                    if (round(key[0], 9), key[1]) < (round(best[s][i][0], 9), best[s][i][1]):
+                        best[s][i], back[s][i] = key, j
     counts, i = [], n
     for s in range(stages - 1, 0, -1):
         j = back[s][i]

@@ -36,22 +36,31 @@ def _heaviest(weights, counts) -> float:
         ((0.0,) + (1.0,) * 6 + (4.3,), 3),
         ((5.0, 1.0, 1.0, 1.0, 1.0, 1.0, 2.0), 3),
         ((0.0, 2.0, 0.5, 0.5, 3.0, 1.0, 1.0, 0.1), 5),
+        ((0.0,) + (1.0,) * 12 + (5.43,), 4),  # GPT-2's head: 5,4,4,1, not 4,4,5,1
     ],
 )
 def test_no_split_has_a_lighter_heaviest_stage(weights, stages):
-    """Against every contiguous split: none's heaviest stage is lighter, and among the splits as
-    light none is nearer the even one."""
+    """Against every contiguous split: none's heaviest stage is lighter; among the splits as
+    light, none has stages more alike (a smaller sum of squared stage weights); and among
+    those, none is nearer the even one."""
     got = list(balanced_counts(weights, stages))
     assert len(got) == stages and sum(got) == len(weights) and min(got) >= 1
     best = min(_heaviest(weights, c) for c in _compositions(len(weights), stages))
     assert _heaviest(weights, got) == pytest.approx(best)
+    light = [c for c in _compositions(len(weights), stages) if _heaviest(weights, c) <= best * (1 + 1e-9)]
+    alike = min(_squares(weights, c) for c in light)
+    assert _squares(weights, got) == pytest.approx(alike)
     even = even_counts(len(weights), stages)
-    moved = min(
-        sum(abs(a - b) for a, b in zip(c, even))
-        for c in _compositions(len(weights), stages)
-        if _heaviest(weights, c) <= best * (1 + 1e-9)
-    )
+    moved = min(sum(abs(a - b) for a, b in zip(c, even)) for c in light if _squares(weights, c) <= alike * (1 + 1e-9))
     assert sum(abs(a - b) for a, b in zip(got, even)) == moved
+
+
+def _squares(weights, counts) -> float:
+    out, start = 0.0, 0
+    for c in counts:
+        out += sum(weights[start : start + c]) ** 2
+        start += c
+    return out
 
 
 @pytest.mark.parametrize("units, stages", [(10, 4), (7, 3), (6, 6), (9, 2), (1, 1)])

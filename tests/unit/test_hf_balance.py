@@ -1,0 +1,78 @@
+"""pipeline.balance=flops for a Hugging Face causal LM (`ppx.models.hf_flops`): each unit's
+forward FLOPs counted on its meta model, so a big vocabulary's head gets a stage of its own
+weight, where an even split piled it on the last stage with its share of layers."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppx import config, models
+from ppx.models import llama_shapes
+
+pytest.importorskip("transformers")
+
+SMALL = [
+    "model.kind=hf",
+    "model.hidden=32",
+    "model.heads=4",
+    "model.vocab_size=64",
+    "model.seq_len=16",
+    "model.layers=3",
+]
+GQA = "model.hf_overrides={intermediate_size: 64, num_key_value_heads: 2}"
+
+
+def load(arch: str, *extra: str):
+    return config.load(None, [*SMALL, f"model.hf_config={arch}", *extra])
+
+
+def test_hf_llama_weighs_its_units_as_the_llama_kind_does():
+    """The same shapes by ppx's formula and counted on transformers' Llama: the matmuls, the
+    causal attention and the head's vocabulary matmul agree exactly."""
+    hf = load("llama", GQA)
+    ours = config.load(
+        None,
+        ["model.preset=llama-tiny", "model.hidden=32", "model.heads=4", "model.kv_heads=2"]
+        + ["model.ffn_hidden=64", "model.vocab_size=64", "model.seq_len=16", "model.layers=3"],
+    )
+    assert models.split_weights(hf.model, "flops") == tuple(llama_shapes.unit_flops(ours.model))
+
+
+def test_gpt2s_head_gets_a_stage_of_its_own_weight():
+    """GPT-2's Conv1D layers are priced as matmuls (2 x weights per token) and its tied head as
+    its vocabulary matmul: with 4096 tokens of vocabulary at hidden 64 the head weighs about 5
+    layers, so 8 layers over 2 stages go [embedding + 7 layers | 1 layer + head], not 5 | 5."""
+    cfg = load("gpt2", "model.layers=8", "model.hidden=64", "model.vocab_size=4096", "model.seq_len=32")
+    w = models.split_weights(cfg.model, "flops")
+    h, seq = 64, 32
+    layer = 2 * (h * 3 * h + h * h + h * 4 * h + 4 * h * h) + 4 * h * seq / 2  # c_attn, c_proj, c_fc, mlp c_proj
+    assert w == (0.0,) + (layer,) * 8 + (2.0 * h * 4096,)
+    assert [len(r) for r in models.split_of(cfg, 2)] == [8, 2]
+    cfg.pipeline.balance = "units"
+    assert [len(r) for r in models.split_of(cfg, 2)] == [5, 5]
+
+
+def test_the_shipped_hf_experiments_split_as_before():
+    """Their heads weigh a third of a layer (vocabulary 256): the balanced split is the even one."""
+    for name, stages, counts in (("hf_gpt2_tiny_gpipe_2cpu", 2, [3, 3]), ("hf_qwen2_tiny_zbv_2cpu", 4, [2, 2, 2, 2])):
+        cfg = config.load(name, [])
+        assert models.split_weights(cfg.model, "flops") is not None
+        assert [len(r) for r in models.split_of(cfg, stages)] == counts
+
+
+def test_a_sliding_window_attends_to_fewer_positions():
+    """Mistral's window of 6 over 16 positions: a token attends to 6 x (1 - 6/32) positions on
+    average, not 8; the matmuls are the same."""
+    window = load("mistral", "model.hf_overrides={intermediate_size: 64, num_key_value_heads: 2, sliding_window: 6}")
+    full = load("mistral", "model.hf_overrides={intermediate_size: 64, num_key_value_heads: 2, sliding_window: null}")
+    w, f = models.split_weights(window.model, "flops"), models.split_weights(full.model, "flops")
+    assert f[1] - w[1] == pytest.approx(4 * 32 * (8 - 6 * (1 - 6 / 32)))
+    assert w[-1] == f[-1]
+
+
+def test_weights_ppx_cannot_price_leave_the_split_even():
+    """Mixtral keeps its experts' weights as matrices of their own, not Linear layers: its units
+    are weighed by count, as before."""
+    cfg = load("mixtral", GQA, "pipeline.stages=2")
+    assert models.split_weights(cfg.model, "flops") is None
+    assert [len(r) for r in models.split_of(cfg, 2)] == [3, 2]
