@@ -28,10 +28,10 @@ EXTRA_UNITS = {"llama": 2, "hf": 2}
 # a preset does) and ``check(cfg)`` checks the config before any process starts
 LOADED = {"hf": "hf_config", "module": "module_spec"}
 # kinds whose units weigh differently (modules of this package with ``unit_flops(model)``:
-# forward FLOPs per token of each unit, or None to split evenly; llama's by formula without
-# torch, hf's counted on its meta model), which pipeline.balance=flops splits by; every other
-# kind's units are alike, and split evenly
-WEIGHED = {"llama": "llama_shapes", "hf": "hf_flops"}
+# forward FLOPs of each unit, or None to split evenly; llama's by formula without torch, hf's
+# and your module's counted on the model built on the meta device), which
+# pipeline.balance=flops splits by; every other kind's units are alike, and split evenly
+WEIGHED = {"llama": "llama_shapes", "hf": "hf_flops", "module": "module_flops"}
 
 
 def extra_units(name: str) -> int:

@@ -50,3 +50,29 @@ def batch_that_fails(model, seed: int, batch_size: int, step: int):
 
 def build_that_says_nothing(model) -> nn.Module:
     raise ValueError()  # an exception without a message: its type is the one line
+
+
+class _ReadsValues(nn.Module):
+    """A unit that reads its input's values (a meta tensor has none)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) * float(x.abs().max() > 0)
+
+
+class _Wide(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.up, self.down = nn.Linear(width, 64 * width), nn.Linear(64 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.up(x))
+
+
+def reads_values_last(model) -> nn.Module:
+    """Three units, the first 128 times the others' FLOPs (counted, it would take a stage
+    alone), the last unable to run on the meta device (the checks never run the last)."""
+    return nn.Sequential(_Wide(16), nn.Linear(16, 16), _ReadsValues(16))

@@ -1,15 +1,21 @@
-"""pipeline.balance=flops for a Hugging Face causal LM (`ppx.models.hf_flops`): each unit's
-forward FLOPs counted on its meta model, so a big vocabulary's head gets a stage of its own
-weight, where an even split piled it on the last stage with its share of layers."""
+"""pipeline.balance=flops for a Hugging Face causal LM (`ppx.models.hf_flops`) and your own
+module (`ppx.models.module_flops`): each unit's forward FLOPs counted on the model built on the
+meta device, so a big vocabulary's head gets a stage of its own weight, where an even split
+piled it on the last stage with its share of layers."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
+from helpers import REPO
 from ppx import config, models
 from ppx.models import llama_shapes
 
-pytest.importorskip("transformers")
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None, reason="model.kind=hf needs transformers"
+)
 
 SMALL = [
     "model.kind=hf",
@@ -26,6 +32,7 @@ def load(arch: str, *extra: str):
     return config.load(None, [*SMALL, f"model.hf_config={arch}", *extra])
 
 
+@needs_transformers
 def test_hf_llama_weighs_its_units_as_the_llama_kind_does():
     """The same shapes by ppx's formula and counted on transformers' Llama: the matmuls, the
     causal attention and the head's vocabulary matmul agree exactly."""
@@ -38,6 +45,7 @@ def test_hf_llama_weighs_its_units_as_the_llama_kind_does():
     assert models.split_weights(hf.model, "flops") == tuple(llama_shapes.unit_flops(ours.model))
 
 
+@needs_transformers
 def test_gpt2s_head_gets_a_stage_of_its_own_weight():
     """GPT-2's Conv1D layers are priced as matmuls (2 x weights per token) and its tied head as
     its vocabulary matmul: with 4096 tokens of vocabulary at hidden 64 the head weighs about 5
@@ -52,6 +60,7 @@ def test_gpt2s_head_gets_a_stage_of_its_own_weight():
     assert [len(r) for r in models.split_of(cfg, 2)] == [5, 5]
 
 
+@needs_transformers
 def test_the_shipped_hf_experiments_split_as_before():
     """Their heads weigh a third of a layer (vocabulary 256): the balanced split is the even one."""
     for name, stages, counts in (("hf_gpt2_tiny_gpipe_2cpu", 2, [3, 3]), ("hf_qwen2_tiny_zbv_2cpu", 4, [2, 2, 2, 2])):
@@ -60,6 +69,7 @@ def test_the_shipped_hf_experiments_split_as_before():
         assert [len(r) for r in models.split_of(cfg, stages)] == counts
 
 
+@needs_transformers
 def test_a_sliding_window_attends_to_fewer_positions():
     """Mistral's window of 6 over 16 positions: a token attends to 6 x (1 - 6/32) positions on
     average, not 8; the matmuls are the same."""
@@ -70,9 +80,41 @@ def test_a_sliding_window_attends_to_fewer_positions():
     assert w[-1] == f[-1]
 
 
+@needs_transformers
 def test_weights_ppx_cannot_price_leave_the_split_even():
     """Mixtral keeps its experts' weights as matrices of their own, not Linear layers: its units
     are weighed by count, as before."""
     cfg = load("mixtral", GQA, "pipeline.stages=2")
     assert models.split_weights(cfg.model, "flops") is None
     assert [len(r) for r in models.split_of(cfg, 2)] == [3, 2]
+
+
+def test_your_modules_units_weigh_what_torchs_flop_counter_counts(monkeypatch):
+    """examples/tiny_gpt.py, width 32 at 16 tokens: a block's Linear weights twice per token and
+    its attention (counted whole: 4 x 16 x 16 x 32), the head's vocabulary matmul, the
+    embedding nothing. Its shipped size splits as before (the head a sixth of a block); at a
+    vocabulary of 8192 the head weighs 20 blocks and takes a stage alone."""
+    monkeypatch.chdir(REPO)  # examples.tiny_gpt imports from the checkout's root
+    cfg = config.load("examples/tiny_gpt.yaml", [])
+    width, seq, vocab = 32, 16, 64
+    block = (
+        2 * seq * (width * 3 * width + width * width + width * 4 * width + 4 * width * width) + 4 * seq * seq * width
+    )
+    assert models.split_weights(cfg.model, "flops") == (0.0,) + (float(block),) * 4 + (2.0 * seq * width * vocab,)
+    assert [len(r) for r in models.split_of(cfg, 2)] == [3, 3]
+    big = config.load("examples/tiny_gpt.yaml", ["model.vocab_size=8192", "model.args.depth=8"])
+    assert [len(r) for r in models.split_of(big, 2)] == [9, 1]
+    big.pipeline.balance = "units"
+    assert [len(r) for r in models.split_of(big, 2)] == [5, 5]
+
+
+def test_a_unit_that_cannot_run_on_meta_leaves_your_split_even(monkeypatch):
+    """Counted, the first unit would take a stage alone (1,2); uncounted, the split is even."""
+    monkeypatch.syspath_prepend(str(REPO / "tests"))  # helpers.own_module
+    cfg = config.load(
+        "1f1b_2cpu",
+        ["model.kind=module", "model.data=regression", "model.module=helpers.own_module:reads_values_last"]
+        + ["model.layers=3", "model.hidden=16"],
+    )
+    assert models.split_weights(cfg.model, "flops") is None
+    assert [len(r) for r in models.split_of(cfg, 2)] == [2, 1]
