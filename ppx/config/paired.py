@@ -90,3 +90,19 @@ def variants(cfg) -> list[tuple[str, object]]:
             raise UserError(f"run.paired: {entry!r} runs on other ranks than the run's {ranks}")
         out.append((entry, other))
     return out
+
+
+def floors(cfg) -> list[str]:
+    """The entries of ``run.paired`` that set only values the run already has: the run's own
+    config beside itself, whose ratio is the machine's floor (how far from 1 two copies of one
+    config land in this job)."""
+    conf = OmegaConf.structured(cfg)
+    out = []
+    for entry in cfg.run.paired:
+        items = entry_overrides(entry)
+        other = conf.copy()
+        other.merge_with_dotlist(items)
+        keys = [item.partition("=")[0].strip() for item in items]
+        if all(OmegaConf.select(other, k) == OmegaConf.select(conf, k) for k in keys):
+            out.append(entry)
+    return out

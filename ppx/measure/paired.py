@@ -1,7 +1,11 @@
 """What ``run.paired``'s steps say against the run's beside them (`ppx.engine.paired`): each
 entry's step, the ratio of each of its steps to the run's step beside it, and whether their
 losses agree (the same seed, data and optimizer: equal wherever the entry changes only how a
-step is computed, as a schedule does)."""
+step is computed, as a schedule does). Where an entry is the run's own config (a *floor*,
+`ppx.config.paired.floors`), every other entry is also held against it, step by step: two
+copies of one config need not land at 1 against each other in one job (which goes first, and
+whose instruments' records are kept, differ), and the floor is measured beside the run as
+the others are."""
 
 from __future__ import annotations
 
@@ -23,12 +27,17 @@ def paired_step(records: list[dict]) -> list[tuple[float, float | None]]:
     return out
 
 
-def paired_summary(entries: list[str], run_times: list[float], run_losses: list, steps: list[list]) -> dict:
+def paired_summary(
+    entries: list[str], run_times: list[float], run_losses: list, steps: list[list], floors: list[str] = ()
+) -> dict:
     """Per entry: its median step (seconds), the median and middle half (inclusive quartiles,
     4 steps or more) of its steps over the run's beside them, the pairs, and how its losses
     compare with the run's (``losses_equal``: every step's bitwise; else the largest
-    difference and the first step that differs)."""
+    difference and the first step that differs). With ``floors`` (entries that are the run's
+    own config), those say ``floor``, and every other entry's steps are held against the first
+    floor's of the same step too (``over_floor``, its interval, and the floor it names)."""
     out = {}
+    floor = next((entries.index(f) for f in floors if f in entries), None)
     for k, entry in enumerate(entries):
         times = [s[k][0] for s in steps]
         ratios = [t / r for t, r in zip(times, run_times) if r > 0]
@@ -39,6 +48,14 @@ def paired_summary(entries: list[str], run_times: list[float], run_losses: list,
         interval = median_interval(ratios)
         if interval is not None:
             row["over_run_ci95"] = list(interval)
+        if entry in floors:
+            row["floor"] = True
+        elif floor is not None:
+            against = [t / s[floor][0] for t, s in zip(times, steps) if s[floor][0] > 0]
+            row.update(floor_entry=entries[floor], over_floor=statistics.median(against))
+            interval = median_interval(against)
+            if interval is not None:
+                row["over_floor_ci95"] = list(interval)
         losses = [s[k][1] for s in steps]
         differ = [(i, abs(a - b)) for i, (a, b) in enumerate(zip(losses, run_losses)) if a != b and None not in (a, b)]
         row["losses_equal"] = not differ
@@ -74,12 +91,13 @@ def _span(lo: float, hi: float) -> str:
     return f"{lo:.{digits}f}-{hi:.{digits}f}"
 
 
-def verdict(row: dict) -> str:
-    """Whether an entry's steps are told apart from the run's: its interval (`median_interval`)
-    of the median ratio all below 1, all above, or holding 1."""
-    if "over_run_ci95" not in row:
+def verdict(row: dict, against: str = "run") -> str:
+    """Whether an entry's steps are told apart from the run's (``against="floor"``: from the
+    floor's): its interval (`median_interval`) of the median ratio all below 1, all above, or
+    holding 1."""
+    if f"over_{against}_ci95" not in row:
         return "too few pairs to tell"
-    lo, hi = row["over_run_ci95"]
+    lo, hi = row[f"over_{against}_ci95"]
     where = f"95% interval of the median {_span(lo, hi)}"
     if hi < 1:
         return f"faster ({where})"
@@ -88,7 +106,16 @@ def verdict(row: dict) -> str:
     return f"not told apart ({where})"
 
 
-PAIRED_HEADER = ["entry", "step", "over the run's", "middle half", "95% interval", "verdict", "losses"]
+PAIRED_HEADER = [
+    "entry",
+    "step",
+    "over the run's",
+    "middle half",
+    "95% interval",
+    "verdict",
+    "over the floor's",
+    "losses",
+]
 
 
 def paired_rows(summary: dict) -> list[list[str]]:
@@ -98,6 +125,9 @@ def paired_rows(summary: dict) -> list[list[str]]:
         q = row.get("over_run_q1_q3")
         ci = row.get("over_run_ci95")
         losses = "equal" if row["losses_equal"] else f"differ from step {row['first_loss_difference_step']}"
+        floor = "(the floor: the run's own config)" if row.get("floor") else ""
+        if "over_floor" in row:
+            floor = f"{row['over_floor']:.3f}x: {verdict(row, 'floor')}"
         rows.append(
             [
                 entry,
@@ -106,6 +136,7 @@ def paired_rows(summary: dict) -> list[list[str]]:
                 f"{q[0]:.3f}-{q[1]:.3f}" if q else "",
                 _span(*ci) if ci else "",
                 verdict(row).split(" (")[0],
+                floor,
                 losses,
             ]
         )
@@ -125,8 +156,12 @@ def paired_lines(summary: dict) -> list[str]:
             if row["losses_equal"]
             else f"losses differ from step {row['first_loss_difference_step']} (by up to {row['max_loss_difference']:.3g})"
         )
+        name = f"{entry!r} (the run's own config: the floor)" if row.get("floor") else repr(entry)
+        floor = ""
+        if "over_floor" in row:
+            floor = f"; {row['over_floor']:.3f}x the floor's ({row['floor_entry']!r}): {verdict(row, 'floor')}"
         out.append(
-            f"ppx: paired {entry!r}: step {row['median_step_s']:.4f} s, {row['over_run']:.3f}x the run's step "
-            f"beside it (median of {row['pairs']} pairs{spread}): {verdict(row)}; {losses}"
+            f"ppx: paired {name}: step {row['median_step_s']:.4f} s, {row['over_run']:.3f}x the run's step "
+            f"beside it (median of {row['pairs']} pairs{spread}): {verdict(row)}{floor}; {losses}"
         )
     return out

@@ -194,10 +194,11 @@ def write_run_html(
         page.add(
             '<p class="note">run.paired: each config ran step by step beside the run, in its processes; its steps '
             "over the run's step beside each (median, middle half, a 95% interval of the median), and its losses "
-            "against the run's at every step.</p>"
+            "against the run's at every step. An entry that is the run's own config is the floor: every other "
+            "entry's steps over its steps beside them too.</p>"
         )
         rows = [[html.escape(c) for c in row] for row in paired_rows(summary["paired"])]
-        page.add(_table("paired", PAIRED_HEADER, rows, left=(0, 5, 6)))
+        page.add(_table("paired", PAIRED_HEADER, rows, left=(0, 5, 6, 7)))
     page.heading("config")
     page.add(f'<pre id="config">{html.escape(config_yaml or "(no config.yaml)")}</pre>')
     return page.write(run_dir / "report.html")

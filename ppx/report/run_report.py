@@ -11,6 +11,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ppx.config.paired import floors
 from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
 from ppx.measure.paired import paired_lines, paired_step, paired_summary
 from ppx.measure.theory import run_theory
@@ -136,7 +137,8 @@ class RunReport:
         summary.update(self._memory_prediction(summary))
         if self.paired:  # run.paired: each entry's steps against the run's beside them
             times = [s["step_time_s"] for s in self.steps]
-            summary["paired"] = paired_summary(list(cfg.run.paired), times, self.losses, self.paired)
+            entries = list(cfg.run.paired)
+            summary["paired"] = paired_summary(entries, times, self.losses, self.paired, floors(cfg))
             for line in paired_lines(summary["paired"]):
                 print(line, flush=True)
         ways = split_line(summary)

@@ -10,11 +10,13 @@ from helpers import ppx, read_json, read_jsonl
 def test_schedules_beside_a_run_give_its_losses_and_their_steps(tmp_path):
     """The MLP under 1F1B with GPipe (recomputing) and ZB-H1 (drain) beside it: the same losses at every step (the same
     seed, data and optimizer; only the order of the work differs), a ratio per step; a config
-    that computes otherwise (another learning rate) is said to differ, from its second step."""
+    that computes otherwise (another learning rate) is said to differ, from its second step;
+    the run's own config beside it is the floor, which every other entry is held against too."""
     entries = [
         "pipeline.schedule=gpipe train.recompute=full",
         "pipeline.schedule=zb_h1 train.split_backward=drain",
         "train.lr=0.05",
+        "pipeline.schedule=1f1b",
     ]
     listed = "[" + ",".join(f'"{e}"' for e in entries) + "]"
     run = tmp_path / "run"
@@ -38,13 +40,22 @@ def test_schedules_beside_a_run_give_its_losses_and_their_steps(tmp_path):
     assert s["schedule"] == "1f1b" and len(s["step_times_s"]) == 6 and s["units_per_stage"] == [2, 2]
     # every step's line holds each entry's step and loss, and those make the summary
     lines = read_jsonl(run / "metrics.jsonl")
-    assert [len(line["paired"]) for line in lines] == [3] * 6
+    assert [len(line["paired"]) for line in lines] == [4] * 6
     lr_losses = [line["paired"][2]["loss"] for line in lines]
     assert lr_losses[0] == lines[0]["loss"] and lr_losses[1] != lines[1]["loss"]
     ratios = sorted(line["paired"][0]["step_time_s"] / line["step_time_s"] for line in lines)
     assert s["paired"][entries[0]]["over_run"] == (ratios[2] + ratios[3]) / 2
+    floor = s["paired"]["pipeline.schedule=1f1b"]
+    assert floor["floor"] is True and "over_floor" not in floor
+    against = sorted(line["paired"][1]["step_time_s"] / line["paired"][3]["step_time_s"] for line in lines)
+    drain = s["paired"][entries[1]]
+    assert drain["floor_entry"] == "pipeline.schedule=1f1b" and drain["over_floor"] == (against[2] + against[3]) / 2
+    assert drain["over_floor_ci95"] == [against[0], against[-1]]
+    assert "ppx: paired 'pipeline.schedule=1f1b' (the run's own config: the floor): step " in r.stdout
+    assert "x the floor's ('pipeline.schedule=1f1b'): " in r.stdout
     page = (run / "report.html").read_text()
     assert 'id="paired"' in page and "configs beside the run" in page and "differ from step 1" in page
+    assert "(the floor: the run&#x27;s own config)" in page
     assert page.count("train.split_backward=drain") >= 2  # the table's row and config.yaml
 
 

@@ -103,3 +103,43 @@ def test_an_interval_that_leaves_one_out_never_reads_as_touching_it():
     assert verdict({"over_run_ci95": [0.946, 0.99973]}) == "faster (95% interval of the median 0.9460-0.9997)"
     assert verdict({"over_run_ci95": [0.95, 0.99]}) == "faster (95% interval of the median 0.950-0.990)"
     assert verdict({"over_run_ci95": [0.98, 1.0]}).startswith("not told apart")
+
+
+def test_entries_that_are_the_runs_own_config_are_floors():
+    """An entry that sets only values the run has is a floor, whatever its spelling; one value
+    apart is not."""
+    from ppx import config
+    from ppx.config.paired import floors
+
+    listed = '[pipeline.schedule=1f1b,pipeline.schedule=zb_h1,"train.lr=0.003 pipeline.microbatches=4","train.lr=3e-3",train.lr=0.01]'
+    cfg = config.load("llama_tiny_1f1b_2cpu", [f"run.paired={listed}"])
+    assert (cfg.train.lr, cfg.pipeline.microbatches) == (0.003, 4)
+    assert floors(cfg) == ["pipeline.schedule=1f1b", "train.lr=0.003 pipeline.microbatches=4", "train.lr=3e-3"]
+
+
+def test_every_other_entry_is_held_against_the_first_floor_step_by_step():
+    run = [1.0] * 8
+    # per step: (entry a, the floor f, entry b); a is 1.05x the run and 1.05x the floor, b 1.02x the
+    # run but the floor runs 1.04x the run in every step, so b is faster than the floor
+    steps = [[(1.05 + 0.001 * i, None), (1.04, None), (1.02 + 0.001 * i, None)] for i in range(8)]
+    out = paired_summary(["a", "f", "b"], run, [None] * 8, steps, floors=["f"])
+    assert out["f"]["floor"] is True and "over_floor" not in out["f"]
+    a, b = out["a"], out["b"]
+    assert a["floor_entry"] == b["floor_entry"] == "f"
+    assert a["over_floor"] == pytest.approx(1.0535 / 1.04) and a["over_floor_ci95"][0] > 1
+    assert b["over_run_ci95"][0] > 1 and b["over_floor_ci95"][1] < 1
+    lines = paired_lines(out)
+    assert lines[1].startswith("ppx: paired 'f' (the run's own config: the floor): step 1.0400 s, 1.040x")
+    assert ": slower (95% interval of the median 1.0" in lines[2]
+    assert "; 0.984x the floor's ('f'): faster (95% interval of the median 0.981-0.987)" in lines[2]
+    none = paired_summary(["a", "b"], run, [None] * 8, [s[::2] for s in steps])
+    assert not any("floor" in k for row in none.values() for k in row)
+
+
+def test_the_report_tables_floor_column():
+    from ppx.measure.paired import PAIRED_HEADER, paired_rows
+
+    steps = [[(1.05, None), (1.0, None)] for _ in range(8)]
+    rows = paired_rows(paired_summary(["a", "f"], [1.0] * 8, [None] * 8, steps, floors=["f"]))
+    col = PAIRED_HEADER.index("over the floor's")
+    assert rows[0][col].startswith("1.050x: slower") and rows[1][col] == "(the floor: the run's own config)"
