@@ -146,6 +146,33 @@ def noise_notes(rows: list[dict], configs: list[dict]) -> list[str]:
     return out
 
 
+def paired_notes(runs: list[RunDir], rows: list[dict]) -> list[str]:
+    """A note per run that ran configs beside it (``run.paired``): each entry's median step over
+    the run's, its verdict, and against the floor where the run had one (`ppx.measure.paired`)."""
+    from ppx.measure.paired import verdict
+
+    out = []
+    for run, row in zip(runs, rows):
+        paired = run.raw_summary.get("paired") or {}
+        said = []
+        for entry, p in paired.items():
+            if p.get("floor"):
+                said.append(f"{entry!r} (its own config, the floor) {p['over_run']:.3f}x ({verdict(p).split(' (')[0]})")
+                continue
+            floor = (
+                f"; {p['over_floor']:.3f}x the floor's, {verdict(p, 'floor').split(' (')[0]}"
+                if "over_floor" in p
+                else ""
+            )
+            said.append(f"{entry!r} {p['over_run']:.3f}x ({verdict(p).split(' (')[0]}{floor})")
+        if said:
+            pairs = max(p["pairs"] for p in paired.values())
+            out.append(
+                f"note: beside {_short(row)} (run.paired, {pairs} pairs), each config's median step over its step: {'; '.join(said)}"
+            )
+    return out
+
+
 def _short(row: dict) -> str:
     """A run's name in a note: its label where short, else its folder's name."""
     label = row.get("label") or ""
@@ -325,7 +352,7 @@ def compare(patterns: list[str], out: Path) -> str:
     if (out / "compare.md").exists():
         raise UserError(f"{out} already holds a comparison; ppx never overwrites one (choose another --out)")
     out.mkdir(parents=True, exist_ok=True)
-    notes = noise_notes(rows, configs)
+    notes = noise_notes(rows, configs) + paired_notes(runs, rows)
     (out / "compare.md").write_text(markdown_table(rows) + "".join(f"\n{n}\n" for n in notes))
     (out / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
     shared = shared_label(configs)
