@@ -105,7 +105,6 @@ def from_flags(args) -> tuple[PlanInputs, list[int], list[int]]:
 def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
     """Inputs measured in the run ``--from-run``, its p and the m to search, and the run's
     config (the experiment to run the best with)."""
-    from ppx import models
     from ppx.measure.prediction import costs_from, transport_of
     from ppx.plan.unit_weights import unit_weights
 
@@ -122,7 +121,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
     split_known = bool(measured_ops(s) & {"I", "W"})  # (a candidate splitting a whole stage apart: refused)
     saved = run.raw_summary.get("saved_bytes_per_microbatch")
     transport, lookahead = transport_of(run.config, (run.env or {}).get("backend", "gloo"))
-    units = _run_units(run.config, stages)
+    units = _run_units(run.config, stages, run.raw_summary.get("units_per_stage"))
     inputs = PlanInputs(
         fwd_s=tuple(c.fwd),
         bwd_s=tuple(c.bwd),
@@ -149,7 +148,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         fixed_stages=stages if run.config.pipeline.layers_per_stage else None,
         run_units=units,
         unit_weights=unit_weights(run.config) if units else None,
-        split_weights=models.split_weights(run.config.model, run.config.pipeline.balance) if units else None,
+        split_weights=_split_weights(run.config) if units else None,
         whole_s=tuple(c.whole) if c.whole is not None else None,
     )
     return inputs, [p], ints("--microbatches", args.microbatches) or [s.microbatches], str(run.path / "config.yaml")
@@ -165,15 +164,31 @@ def _max_stages(cfg) -> int | None:
     return unit_count(cfg.model)
 
 
-def _run_units(cfg, stages: int) -> tuple[int, ...] | None:
+def _run_units(cfg, stages: int, ran=None) -> tuple[int, ...] | None:
     """The model units (blocks, and llama's embedding and head) in each of the run's stages,
-    which a candidate's stages regroup as its command splits them; None for the known-cost
-    model at per-stage costs (a plan's command gives each of its stages its share of them)."""
-    from ppx.models import split_of
+    which a candidate's stages regroup as its command splits them: as the run's summary.json
+    says it ran them (``ran``, ``units_per_stage``), else as its config splits them now; None
+    for the known-cost model at per-stage costs (a plan's command gives each of its stages its
+    share of them)."""
+    from ppx.models import split_of, unit_count
 
     if cfg.model.kind == "synthetic" and cfg.model.cost_per == "stage":
         return None
+    if ran and len(ran) == stages and sum(ran) == unit_count(cfg.model):  # (a split made by older code too)
+        return tuple(int(n) for n in ran)
     return tuple(len(r) for r in split_of(cfg, stages))
+
+
+def _split_weights(cfg) -> tuple[float, ...] | None:
+    """What a candidate's command splits the run's units by (`models.split_weights`), or None
+    (even) where they cannot be had here: a module that does not import from this folder (the
+    plan then notes that its command fails its checks here)."""
+    from ppx import models
+
+    try:
+        return models.split_weights(cfg.model, cfg.pipeline.balance)
+    except UserError:
+        return None
 
 
 def _check_machine_flags(args, p: int) -> None:

@@ -97,12 +97,13 @@ def floors(cfg) -> list[str]:
     config beside itself, whose ratio is the machine's floor (how far from 1 two copies of one
     config land in this job)."""
     conf = OmegaConf.structured(cfg)
+    absent = object()  # a key the run has not (a new key of a dict, model.hf_overrides'): never a floor's
     out = []
     for entry in cfg.run.paired:
         items = entry_overrides(entry)
         other = conf.copy()
         other.merge_with_dotlist(items)
         keys = [item.partition("=")[0].strip() for item in items]
-        if all(OmegaConf.select(other, k) == OmegaConf.select(conf, k) for k in keys):
+        if all(OmegaConf.select(other, k) == OmegaConf.select(conf, k, default=absent) for k in keys):
             out.append(entry)
     return out

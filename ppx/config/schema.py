@@ -42,11 +42,12 @@ class PipelineConfig:
     balance: Literal["flops", "units"] = _f(
         "flops",
         "the default split (no pipeline.layers_per_stage): flops (contiguous units whose heaviest stage does as "
-        "few forward FLOPs as any split's, nearest the even split among those: llama's embedding weighs nothing "
-        "and its head a third of a llama-tiny block, 4 of a llama-1b block, so a V schedule's first and last "
-        "stages take a block more; FLOPs by formula, ppx/models/llama_shapes.py; hf's and module's counted on the model built on the meta "
-        "device, ppx/models/hf_flops.py, module_flops.py) | units (every stage the same number of units, the first ones one more: the "
-        "embedding and head count as blocks); every other kind splits evenly either way",
+        "few forward FLOPs as any split's; among those, the stages most alike, then the split nearest the even "
+        "one: llama's embedding weighs nothing and its head a third of a llama-tiny block, 4 of a llama-1b "
+        "block, so a V schedule's first and last stages take a block more; FLOPs by formula, "
+        "ppx/models/llama_shapes.py; hf's and module's counted on the model built on the meta device, "
+        "ppx/models/hf_flops.py, module_flops.py) | units (every stage the same number of units, the first ones "
+        "one more: the embedding and head count as blocks); every other kind splits evenly either way",
     )
     executor: Literal["ppx", "torch"] = _f(
         "ppx",

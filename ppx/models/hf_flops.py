@@ -3,7 +3,7 @@
 device (no memory). A decoder layer: 2 x the weights of its Linear (and GPT-2 ``Conv1D``)
 layers, and its attention over the sequence (QK^T and AV, causal: on average half the
 positions, or a sliding window's); the embedding, a lookup, none; the final norm and head, the
-head's vocabulary matmul. GPT-2's head (vocabulary 50257, hidden 768) weighs 5.4 of its
+head's vocabulary matmul. GPT-2's head (vocabulary 50257, hidden 768) weighs 4.9 of its
 layers at 1024 tokens, so an even split piles it on the last stage.
 
 A layer holding weights ppx cannot price (a matrix that is not a Linear's, as fused MoE

@@ -63,6 +63,15 @@ def test_a_plan_from_the_run_prints_a_command_that_runs(runs, name, tmp_path):
     assert r.returncode == 0, (cut[0]["command"], r.stderr[-2000:])
 
 
+def test_a_plan_from_your_modules_run_plans_where_the_module_does_not_import(runs, tmp_path):
+    """From a folder where examples.tiny_gpt does not import, the plan still prices the run: its
+    stages' units read from summary.json (the split it ran), its candidates split evenly."""
+    plan = ppx("plan", "--from-run", str(runs["module"]), "--out", str(tmp_path / "plan"), cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    ran = read_json(runs["module"] / "summary.json")["units_per_stage"]
+    assert read_json(tmp_path / "plan" / "plan.json")["inputs"]["run_units"] == ran
+
+
 def test_without_transformers_one_line_says_how_to_install_it(tmp_path):
     fake = tmp_path / "transformers"
     fake.mkdir()

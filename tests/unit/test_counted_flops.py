@@ -118,3 +118,31 @@ def test_a_unit_that_cannot_run_on_meta_leaves_your_split_even(monkeypatch):
     )
     assert models.split_weights(cfg.model, "flops") is None
     assert [len(r) for r in models.split_of(cfg, 2)] == [2, 1]
+
+
+@needs_transformers
+def test_a_plan_regroups_the_stages_a_run_ran_not_those_its_config_makes_now():
+    """A run's summary.json says the split it ran (an hf run from before its FLOPs were counted
+    split GPT-2 at a vocabulary of 4096 evenly, 3,3, with balance=flops in its config.yaml);
+    the plan reads that, and the config's split only where summary.json has none."""
+    from ppx.commands.plan_inputs import _run_units
+
+    cfg = load("gpt2", "model.layers=4", "model.hidden=64", "model.vocab_size=4096", "model.seq_len=32")
+    assert _run_units(cfg, 2) == (5, 1)
+    assert _run_units(cfg, 2, [3, 3]) == (3, 3)
+    assert _run_units(cfg, 2, [3, 3, 0]) == _run_units(cfg, 2, [2, 2]) == (5, 1)  # not this run's: its config's
+
+
+@needs_transformers
+def test_an_entry_adding_a_key_the_run_has_not_is_no_floor():
+    """model.hf_overrides.sliding_window=null adds a key to the run's overrides: Mistral without
+    its window (the run reads null there, yet runs with the config's 4096), another model; an
+    entry giving an override the run already has is a floor."""
+    from ppx.config.paired import floors
+
+    listed = "[model.hf_overrides.sliding_window=null,model.hf_overrides.intermediate_size=128]"
+    cfg = config.load(
+        "hf_llama_tiny_1f1b_2cpu", ["model.hf_config=mistral", "model.seq_len=8192", f"run.paired={listed}"]
+    )
+    assert cfg.model.hf_overrides["intermediate_size"] == 128
+    assert floors(cfg) == ["model.hf_overrides.intermediate_size=128"]
