@@ -106,6 +106,11 @@ def verdict(row: dict, against: str = "run") -> str:
     return f"not told apart ({where})"
 
 
+def said(row: dict, against: str = "run") -> str:
+    """`verdict`'s word alone: faster, slower, not told apart, too few pairs to tell."""
+    return verdict(row, against).split(" (")[0]
+
+
 PAIRED_HEADER = [
     "entry",
     "step",
@@ -135,7 +140,7 @@ def paired_rows(summary: dict) -> list[list[str]]:
                 f"{row['over_run']:.3f}x ({row['pairs']} pairs)",
                 f"{q[0]:.3f}-{q[1]:.3f}" if q else "",
                 _span(*ci) if ci else "",
-                verdict(row).split(" (")[0],
+                said(row),
                 floor,
                 losses,
             ]

@@ -78,9 +78,10 @@ def _key(config, ours: str) -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def _resolved(source: str, overrides: str, shapes: str):
+def resolved(source: str, overrides: str, shapes: str):
     """The config with ``overrides`` (a JSON object) and ``shapes`` (ppx's shape keys, JSON)
-    applied; a new config object built from them, so derived keys (head_dim) follow."""
+    applied (`keys`), once per set of them; a new config object built from them, so derived
+    keys (head_dim) follow."""
     base, _ = _base(source)
     data = base.to_dict()
     given = json.loads(overrides)
@@ -131,7 +132,7 @@ def clear_token_ids(data: dict, vocab, keep=()) -> None:
 
 def resolve(model):
     """``model``'s (the config's model section) Hugging Face config, shape keys applied."""
-    return _resolved(*keys(model))
+    return resolved(*keys(model))
 
 
 def keys(model) -> tuple[str, str, str]:

@@ -30,7 +30,7 @@ def unit_flops(model) -> list[float] | None:
 def _unit_flops(source: str, overrides: str, shapes: str, seq_len: int) -> list[float] | None:
     from ppx.models import hf, hf_parts
 
-    config = hf_config._resolved(source, overrides, shapes)
+    config = hf_config.resolved(source, overrides, shapes)
     try:
         full = hf.meta_model(config)
         parts = hf_parts.find(full, config.num_hidden_layers)

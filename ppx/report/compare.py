@@ -149,27 +149,22 @@ def noise_notes(rows: list[dict], configs: list[dict]) -> list[str]:
 def paired_notes(runs: list[RunDir], rows: list[dict]) -> list[str]:
     """A note per run that ran configs beside it (``run.paired``): each entry's median step over
     the run's, its verdict, and against the floor where the run had one (`ppx.measure.paired`)."""
-    from ppx.measure.paired import verdict
+    from ppx.measure.paired import said
 
     out = []
     for run, row in zip(runs, rows):
         paired = run.raw_summary.get("paired") or {}
-        said = []
+        parts = []
         for entry, p in paired.items():
             if p.get("floor"):
-                said.append(f"{entry!r} (its own config, the floor) {p['over_run']:.3f}x ({verdict(p).split(' (')[0]})")
+                parts.append(f"{entry!r} (its own config, the floor) {p['over_run']:.3f}x ({said(p)})")
                 continue
-            floor = (
-                f"; {p['over_floor']:.3f}x the floor's, {verdict(p, 'floor').split(' (')[0]}"
-                if "over_floor" in p
-                else ""
-            )
-            said.append(f"{entry!r} {p['over_run']:.3f}x ({verdict(p).split(' (')[0]}{floor})")
-        if said:
+            floor = f"; {p['over_floor']:.3f}x the floor's, {said(p, 'floor')}" if "over_floor" in p else ""
+            parts.append(f"{entry!r} {p['over_run']:.3f}x ({said(p)}{floor})")
+        if parts:
             pairs = max(p["pairs"] for p in paired.values())
-            out.append(
-                f"note: beside {_short(row)} (run.paired, {pairs} pairs), each config's median step over its step: {'; '.join(said)}"
-            )
+            what = "each config's median step over its step"
+            out.append(f"note: beside {_short(row)} (run.paired, {pairs} pairs), {what}: {'; '.join(parts)}")
     return out
 
 
