@@ -88,6 +88,9 @@ def variants(cfg) -> list[tuple[str, object]]:
             raise UserError(f"run.paired: {entry!r} runs on torch's runtime; an entry runs on ppx's")
         if resolve_schedule(other).num_ranks != ranks:
             raise UserError(f"run.paired: {entry!r} runs on other ranks than the run's {ranks}")
+        same = next((e for e, o in out if o == other), None)
+        if same is not None:  # the same config spelled otherwise (two floors among them)
+            raise UserError(f"run.paired: {entry!r} is the same config as {same!r} (each entry is one config, once)")
         out.append((entry, other))
     return out
 

@@ -99,6 +99,8 @@ def verdict(row: dict, against: str = "run") -> str:
         return "too few pairs to tell"
     lo, hi = row[f"over_{against}_ci95"]
     where = f"95% interval of the median {_span(lo, hi)}"
+    if row.get("floor") and (hi < 1 or lo > 1):  # the run's own config: what is off 1 is the job's, not a config's
+        return f"off 1, a bias of this job ({where}): the others are held against it"
     if hi < 1:
         return f"faster ({where})"
     if lo > 1:
@@ -107,7 +109,8 @@ def verdict(row: dict, against: str = "run") -> str:
 
 
 def said(row: dict, against: str = "run") -> str:
-    """`verdict`'s word alone: faster, slower, not told apart, too few pairs to tell."""
+    """`verdict`'s word alone: faster, slower, not told apart, too few pairs to tell, or (a
+    floor) off 1, a bias of this job."""
     return verdict(row, against).split(" (")[0]
 
 

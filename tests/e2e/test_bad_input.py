@@ -121,6 +121,14 @@ CASES = {
         ["1f1b_2cpu", "run.paired=[pipeline.schedule=gpipe,pipeline.schedule=gpipe]"],
         "run.paired: 'pipeline.schedule=gpipe' is given twice",
     ),
+    "paired config given twice, spelled otherwise": (
+        ["1f1b_2cpu", 'run.paired=["pipeline.schedule=gpipe train.lr=0.1","train.lr=0.1 pipeline.schedule=gpipe"]'],
+        "run.paired: 'train.lr=0.1 pipeline.schedule=gpipe' is the same config as 'pipeline.schedule=gpipe train.lr=0.1'",
+    ),
+    "paired floors given twice": (
+        ["1f1b_2cpu", "run.paired=[pipeline.schedule=1f1b,pipeline.microbatches=4]"],
+        "run.paired: 'pipeline.microbatches=4' is the same config as 'pipeline.schedule=1f1b'",
+    ),
     "paired config with spaces around its =": (
         ["1f1b_2cpu", "run.paired=[pipeline.schedule = gpipe]"],
         "an entry's overrides are split at spaces: no space around '='",

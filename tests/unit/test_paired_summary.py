@@ -143,3 +143,16 @@ def test_the_report_tables_floor_column():
     rows = paired_rows(paired_summary(["a", "f"], [1.0] * 8, [None] * 8, steps, floors=["f"]))
     col = PAIRED_HEADER.index("over the floor's")
     assert rows[0][col].startswith("1.050x: slower") and rows[1][col] == "(the floor: the run's own config)"
+
+
+def test_a_floor_off_one_is_the_jobs_bias_not_a_verdict():
+    """The run's own config beside it, 1.04x in every step: not "slower" than itself, but a bias
+    of this job, which the other entries are held against."""
+    from ppx.measure.paired import said
+
+    steps = [[(1.04 + 0.001 * i, None), (1.03 + 0.001 * i, None)] for i in range(8)]
+    out = paired_summary(["f", "a"], [1.0] * 8, [None] * 8, steps, floors=["f"])
+    assert said(out["f"]) == "off 1, a bias of this job" and said(out["a"]) == "slower"
+    line = paired_lines(out)[0]
+    assert "(the run's own config: the floor)" in line and ": off 1, a bias of this job (95% interval" in line
+    assert said(out["a"], "floor") == "faster"
