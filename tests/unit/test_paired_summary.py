@@ -107,14 +107,17 @@ def test_an_interval_that_leaves_one_out_never_reads_as_touching_it():
 
 def test_entries_that_are_the_runs_own_config_are_floors():
     """An entry that sets only values the run has is a floor, whatever its spelling; one value
-    apart is not."""
+    apart is not; two floors in one run are refused (one config, twice)."""
     from ppx import config
     from ppx.config.paired import floors
+    from ppx.errors import UserError
 
-    listed = '[pipeline.schedule=1f1b,pipeline.schedule=zb_h1,"train.lr=0.003 pipeline.microbatches=4","train.lr=3e-3",train.lr=0.01]'
-    cfg = config.load("llama_tiny_1f1b_2cpu", [f"run.paired={listed}"])
-    assert (cfg.train.lr, cfg.pipeline.microbatches) == (0.003, 4)
-    assert floors(cfg) == ["pipeline.schedule=1f1b", "train.lr=0.003 pipeline.microbatches=4", "train.lr=3e-3"]
+    for floor in ("pipeline.schedule=1f1b", '"train.lr=0.003 pipeline.microbatches=4"', "train.lr=3e-3"):
+        cfg = config.load("llama_tiny_1f1b_2cpu", [f"run.paired=[{floor},pipeline.schedule=zb_h1,train.lr=0.01]"])
+        assert (cfg.train.lr, cfg.pipeline.microbatches) == (0.003, 4)
+        assert floors(cfg) == [floor.strip('"')]
+    with pytest.raises(UserError, match="is the same config as 'pipeline.schedule=1f1b'"):
+        config.load("llama_tiny_1f1b_2cpu", ["run.paired=[pipeline.schedule=1f1b,train.lr=3e-3]"])
 
 
 def test_every_other_entry_is_held_against_the_first_floor_step_by_step():
