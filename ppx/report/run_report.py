@@ -18,6 +18,7 @@ from ppx.measure.theory import run_theory
 from ppx.report.run_dir import write_json
 from ppx.report.scalars import step_scalars
 from ppx.report.split_ways import split_line
+from ppx.report.units_line import flops_shares, units_line
 from ppx.schedules.ir.schedule import Schedule
 from ppx.units import byte_unit
 
@@ -141,6 +142,10 @@ class RunReport:
             summary["paired"] = paired_summary(entries, times, self.losses, self.paired, floors(cfg))
             for line in paired_lines(summary["paired"]):
                 print(line, flush=True)
+        shares = flops_shares(cfg, summary["units_per_stage"])
+        if shares is not None:  # the split the run ran, and why (llama, hf, module: their units weigh apart)
+            summary["flops_share_per_stage"] = shares
+            print(units_line(cfg, summary["units_per_stage"], shares), flush=True)
         ways = split_line(summary)
         if ways:
             print(ways, flush=True)

@@ -3,6 +3,7 @@ when a run falls back to CPU, under ppx's launcher and under torchrun (every ran
 
 from __future__ import annotations
 
+import pytest
 from omegaconf import OmegaConf
 
 from helpers import ppx, read_json, torchrun_ppx
@@ -57,10 +58,20 @@ def test_cpu_fallback_under_torchrun_changes_the_stage_count_on_every_rank(tmp_p
 
 def test_llama_at_four_stages_runs_the_balanced_split_end_to_end(tmp_path):
     """A real llama-tiny run at p=4 (4 ranks on CPU, 1 step): summary.json's units_per_stage
-    is the FLOPs split, 2, 1, 1, 2, and with pipeline.balance=units the even one."""
-    for balance, want in (("flops", [2, 1, 1, 2]), ("units", [2, 2, 1, 1])):
+    is the FLOPs split, 2, 1, 1, 2, and with pipeline.balance=units the even one; each stage's
+    share of the forward FLOPs (the embedding none, the head 0.32 of a block) is in
+    summary.json and the line that says the split."""
+    block, head = 1 / 4.32, 0.32 / 4.32  # llama-tiny at seq 32: the head weighs 0.32 of a block
+    for balance, want, shares, how in (
+        ("flops", [2, 1, 1, 2], [block, block, block, block + head], "split by forward FLOPs"),
+        ("units", [2, 2, 1, 1], [block, 2 * block, block, head], "split evenly"),
+    ):
         d = tmp_path / balance
         r = ppx("run", "llama_tiny_1f1b_2cpu", "pipeline.stages=4", "train.steps=1", f"pipeline.balance={balance}",
                 f"run.dir={d}")  # fmt: skip
         assert r.returncode == 0, r.stderr
-        assert read_json(d / "summary.json")["units_per_stage"] == want
+        s = read_json(d / "summary.json")
+        assert s["units_per_stage"] == want
+        assert s["flops_share_per_stage"] == pytest.approx(shares, rel=1e-9)
+        said = f"ppx: units per stage {', '.join(map(str, want))} ({how}, pipeline.balance={balance}); "
+        assert said in r.stdout

@@ -1,0 +1,39 @@
+"""The split a run ran, in one printed line: the units per stage, how they were split
+(``pipeline.balance`` or ``pipeline.layers_per_stage``) and each stage's share of the model's
+forward FLOPs, for the kinds whose units weigh differently (llama, hf, module)."""
+
+from __future__ import annotations
+
+from ppx import models
+from ppx.errors import UserError
+
+
+def flops_shares(cfg, units: list[int]) -> list[float] | None:
+    """Each stage's share of the forward FLOPs of the model's units (``units``: units per
+    stage), or None for a kind whose units are alike (or not counted here)."""
+    try:
+        weights = models.split_weights(cfg.model, "flops")
+    except UserError:
+        return None
+    if weights is None or len(weights) != sum(units) or sum(weights) <= 0:
+        return None
+    out, start = [], 0
+    for n in units:
+        out.append(sum(weights[start : start + n]) / sum(weights))
+        start += n
+    return out
+
+
+def units_line(cfg, units: list[int], shares: list[float] | None) -> str | None:
+    """'ppx: units per stage 8, 2 (split by forward FLOPs, pipeline.balance=flops); forward FLOPs
+    per stage 53%, 47%', or None where there is nothing to say (units alike)."""
+    if shares is None:
+        return None
+    if cfg.pipeline.layers_per_stage:
+        how = "as pipeline.layers_per_stage gives"
+    elif cfg.pipeline.balance == "flops":
+        how = "split by forward FLOPs, pipeline.balance=flops"
+    else:
+        how = "split evenly, pipeline.balance=units"
+    counts = ", ".join(map(str, units))
+    return f"ppx: units per stage {counts} ({how}); forward FLOPs per stage {', '.join(f'{s:.0%}' for s in shares)}"
