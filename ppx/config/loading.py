@@ -150,7 +150,12 @@ def _yaml_error(e: Exception, exp: str | None, overrides: list[str]) -> str:
         try:
             yaml.safe_load(item.partition("=")[2])
         except yaml.YAMLError:
-            return f"override {item!r}: its value is not YAML: {what}"
+            hint = ""
+            if item.startswith("run.paired=") and item.count("[") > 1:  # an entry's own list value, unquoted
+                hint = (
+                    " (quote an entry whose value holds brackets: 'run.paired=[\"pipeline.layers_per_stage=[2,2]\"]')"
+                )
+            return f"override {item!r}: its value is not YAML: {what}{hint}"
     return f"an override's value is not YAML: {what}"
 
 

@@ -129,6 +129,10 @@ CASES = {
         ["1f1b_2cpu", "run.paired=[pipeline.schedule=1f1b,pipeline.microbatches=4]"],
         "run.paired: 'pipeline.microbatches=4' is the same config as 'pipeline.schedule=1f1b'",
     ),
+    "paired config with an unquoted list value": (
+        ["1f1b_2cpu", "run.paired=[pipeline.layers_per_stage=[2,2]]"],
+        """its value is not YAML: did not find expected ',' or ']' (while parsing a flow sequence) (quote an entry whose value holds brackets: 'run.paired=["pipeline.layers_per_stage=[2,2]"]')""",
+    ),
     "paired config with spaces around its =": (
         ["1f1b_2cpu", "run.paired=[pipeline.schedule = gpipe]"],
         "an entry's overrides are split at spaces: no space around '='",
