@@ -164,6 +164,9 @@ def cmd_plan(args) -> int:
     notes = [n for n in [cluster_note(max(ps)), unread] if n]
     notes += assumption_notes(args, inputs, skipped, max(ps), run_cfg)
     if args.from_run:
+        from ppx.plan.rebalance import rebalance_note
+
+        notes += [n for n in [rebalance_note(str(args.from_run), inputs)] if n]
         priced = priced_split_note_of(args.from_run, results, inputs)
         if priced:
             notes.append(priced)

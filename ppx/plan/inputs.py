@@ -12,7 +12,8 @@ each candidate's per-stage values:
   run stages: llama-tiny's 6 units run as 2, 1, 1, 2 at 4 stages, not in halves of the run's
   3 and 3), each unit taking its share of its run stage's values by its weight
   (``unit_weights``, `ppx.plan.unit_weights`: forward FLOPs for times, saved bytes for
-  activations, parameter bytes for weights; equal shares without).
+  activations, parameter bytes for weights; without them, the split's own FLOPs for times,
+  else equal shares).
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ class PlanInputs:
         if self.run_units is not None and num_stages != self.units:
             w = self.unit_weights
             weights = None if w is None else {"time": w.flops, "bytes": w.saved_bytes, "params": w.param_bytes}[by]
+            if w is None and by == "time":  # (a model fake tensors cannot run: its split's FLOPs, if counted)
+                weights = self.split_weights
             return _unit_shares(self.run_units, num_stages, weights, self.split_weights)
         if num_stages < self.units:
             k = self.units // num_stages

@@ -93,7 +93,9 @@ def test_a_runs_stages_regroup_by_their_model_units_and_weights():
 def test_a_runs_stages_regroup_as_a_balanced_split_runs_them():
     """Under pipeline.balance=flops (the run's ``split_weights``) the printed command splits
     llama-tiny's 6 units as 2, 1, 1, 2 at 4 stages (the head, a third of a block, rides with
-    the last block): the candidate's stages take those units' shares of the run's stages."""
+    the last block): the candidate's stages take those units' shares of the run's stages, by
+    their FLOPs for the times where no unit weights were had (the embedding's none), equal
+    shares for the bytes."""
     inputs = PlanInputs(
         fwd_s=(8.0, 10.0),
         bwd_s=(16.0, 20.0),
@@ -102,8 +104,9 @@ def test_a_runs_stages_regroup_as_a_balanced_split_runs_them():
         run_units=(3, 3),
         split_weights=(0.0, 3.0, 3.0, 3.0, 3.0, 1.0),
     )
-    assert inputs.parts(4) == [((0, 2, 3),), ((0, 1, 3),), ((1, 1, 3),), ((1, 2, 3),)]
-    assert inputs.costs(4).fwd == pytest.approx([8.0 * 2 / 3, 8.0 / 3, 10.0 / 3, 10.0 * 2 / 3])
+    assert inputs.parts(4, "bytes") == [((0, 2, 3),), ((0, 1, 3),), ((1, 1, 3),), ((1, 2, 3),)]
+    assert inputs.parts(4) == [((0, 3.0, 6.0),), ((0, 3.0, 6.0),), ((1, 3.0, 7.0),), ((1, 4.0, 7.0),)]
+    assert inputs.costs(4).fwd == pytest.approx([4.0, 4.0, 10.0 * 3 / 7, 10.0 * 4 / 7])
     assert PlanInputs.from_json(inputs.to_json()).parts(4) == inputs.parts(4)
 
 
