@@ -95,6 +95,21 @@ def variants(cfg) -> list[tuple[str, object]]:
     return out
 
 
+def entry_units(cfg, entry: str) -> list[int] | None:
+    """The model units per stage entry ``entry`` of the run config ``cfg`` ran (its split, as
+    `ppx.models.split_of` makes it from the entry's config), or None where it cannot be had here."""
+    from ppx import models
+    from ppx.config.resolve import resolve_schedule
+
+    conf = OmegaConf.structured(cfg)
+    conf.merge_with_dotlist([*entry_overrides(entry), "run.paired=[]"])
+    try:
+        other = OmegaConf.to_object(conf)
+        return [len(r) for r in models.split_of(other, resolve_schedule(other).num_stages)]
+    except (UserError, OmegaConfBaseException):
+        return None
+
+
 def floors(cfg) -> list[str]:
     """The entries of ``run.paired`` that set only values the run already has: the run's own
     config beside itself, whose ratio is the machine's floor (how far from 1 two copies of one

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ppx.config.paired import floors
+from ppx.config.paired import entry_units, floors
 from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
 from ppx.measure.paired import paired_lines, paired_step, paired_summary
 from ppx.measure.theory import run_theory
@@ -140,6 +140,8 @@ class RunReport:
             times = [s["step_time_s"] for s in self.steps]
             entries = list(cfg.run.paired)
             summary["paired"] = paired_summary(entries, times, self.losses, self.paired, floors(cfg))
+            for entry, row in summary["paired"].items():  # the split each ran (an entry may change it)
+                row["units_per_stage"] = entry_units(cfg, entry)
             for line in paired_lines(summary["paired"]):
                 print(line, flush=True)
         shares = flops_shares(cfg, summary["units_per_stage"])

@@ -159,3 +159,19 @@ def test_a_floor_off_one_is_the_jobs_bias_not_a_verdict():
     line = paired_lines(out)[0]
     assert "(the run's own config: the floor)" in line and ": off 1, a bias of this job (95% interval" in line
     assert said(out["a"], "floor") == "faster"
+
+
+def test_each_entry_says_the_split_it_ran():
+    """llama-tiny at 4 stages splits 2, 1, 1, 2 by FLOPs; an entry splitting evenly ran 2, 2, 1, 1,
+    one giving its own layers per stage those, one of another schedule the run's split."""
+    from ppx import config
+    from ppx.config.paired import entry_units
+
+    listed = '[pipeline.balance=units,"pipeline.layers_per_stage=[1,1,1,3]",pipeline.schedule=zb_h1]'
+    cfg = config.load("llama_tiny_1f1b_2cpu", ["pipeline.stages=4", f"run.paired={listed}"])
+    got = {e: entry_units(cfg, e) for e in cfg.run.paired}
+    assert got == {
+        "pipeline.balance=units": [2, 2, 1, 1],
+        "pipeline.layers_per_stage=[1,1,1,3]": [1, 1, 1, 3],
+        "pipeline.schedule=zb_h1": [2, 1, 1, 2],
+    }
