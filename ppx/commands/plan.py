@@ -166,7 +166,7 @@ def cmd_plan(args) -> int:
     if args.from_run:
         from ppx.plan.rebalance import rebalance_note
 
-        notes += [n for n in [rebalance_note(str(args.from_run), inputs)] if n]
+        notes += [n for n in [rebalance_note(str(args.from_run), inputs, run_cfg)] if n]
         priced = priced_split_note_of(args.from_run, results, inputs)
         if priced:
             notes.append(priced)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import re
 from pathlib import Path
 
 import yaml
@@ -151,7 +152,8 @@ def _yaml_error(e: Exception, exp: str | None, overrides: list[str]) -> str:
             yaml.safe_load(item.partition("=")[2])
         except yaml.YAMLError:
             hint = ""
-            if item.startswith("run.paired=") and item.count("[") > 1:  # an entry's own list value, unquoted
+            unquoted = re.sub(r'"[^"]*"|\'[^\']*\'', "", item)
+            if item.startswith("run.paired=") and unquoted.count("[") > 1:  # an entry's own list value, unquoted
                 hint = (
                     " (quote an entry whose value holds brackets: 'run.paired=[\"pipeline.layers_per_stage=[2,2]\"]')"
                 )

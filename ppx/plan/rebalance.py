@@ -14,14 +14,15 @@ from ppx.plan.inputs import PlanInputs
 WORTH = 0.97  # a split whose heaviest stage is no lighter than this share of the run's is not named
 
 
-def unit_times(inputs: PlanInputs) -> list[float] | None:
-    """Seconds of F + B + W per microbatch of each model unit, by the run's measured stages;
-    None without a run's units."""
+def unit_times(inputs: PlanInputs, flops=None) -> list[float] | None:
+    """Seconds of F + B + W per microbatch of each model unit, by the run's measured stages,
+    shared by the units' FLOPs (the plan's unit weights, else ``flops``, else equally); None
+    without a run's units."""
     units = inputs.run_units
     if units is None or len(units) != len(inputs.fwd_s):
         return None
     n = sum(units)
-    w = inputs.unit_weights.flops if inputs.unit_weights is not None else inputs.split_weights
+    w = inputs.unit_weights.flops if inputs.unit_weights is not None else flops
     weights = list(w) if w is not None and len(w) == n else [1.0] * n
     out, start = [], 0
     for i, k in enumerate(units):
@@ -33,10 +34,10 @@ def unit_times(inputs: PlanInputs) -> list[float] | None:
     return out
 
 
-def measured_split(inputs: PlanInputs) -> tuple[tuple[int, ...], float, float] | None:
+def measured_split(inputs: PlanInputs, flops=None) -> tuple[tuple[int, ...], float, float] | None:
     """(units per stage evening the run's measured stages, its heaviest stage's seconds a
     microbatch, the run's heaviest's), or None where there is no better split to name."""
-    times = unit_times(inputs)
+    times = unit_times(inputs, flops)
     if times is None or len(inputs.run_units) < 2:
         return None
     counts = balanced_counts(tuple(times), len(inputs.run_units))
@@ -50,16 +51,51 @@ def measured_split(inputs: PlanInputs) -> tuple[tuple[int, ...], float, float] |
     return tuple(counts), heaviest, ran
 
 
-def rebalance_note(source: str, inputs: PlanInputs) -> str | None:
-    """The plan's note naming `measured_split`, or None."""
-    got = measured_split(inputs)
+def rebalance_note(source: str, inputs: PlanInputs, cfg) -> str | None:
+    """The plan's note naming `measured_split` for the run config ``cfg``, or None: none for
+    the known-cost model (its per-layer costs are its config's, to set, not to split again),
+    nor where a rank holds several stages (evening stages would not even ranks)."""
+    from ppx import models
+    from ppx.config.resolve import resolve_schedule
+    from ppx.errors import UserError
+
+    if cfg.model.kind == "synthetic" or resolve_schedule(cfg).num_stages != resolve_schedule(cfg).num_ranks:
+        return None
+    try:
+        flops = models.split_weights(cfg.model, "flops")
+    except UserError:  # (a module that does not import here: equal shares)
+        flops = None
+    got = measured_split(inputs, flops)
     if got is None:
         return None
     counts, heaviest, ran = got
-    listed = ",".join(map(str, counts))
+    shared = "their FLOPs" if inputs.unit_weights is not None or flops is not None else "equal shares"
+    split = _as_keys(cfg, counts)
+    beside = cfg.parallel.data == 1 and not (cfg.model.kind == "module" and cfg.model.split_points)
+    how = (
+        "measure it beside the run (run.paired)"
+        if beside
+        else "run it and hold the two runs side by side (ppx compare)"
+    )
     return (
         f"note: by {source}'s measured costs (each stage's F + B + W a microbatch, shared among its units by "
-        f"their FLOPs), pipeline.layers_per_stage=[{listed}] evens its stages: the heaviest {heaviest * 1e3:.2f} ms "
-        f"against {ran * 1e3:.2f} ms as it ran ({', '.join(map(str, inputs.run_units))} units); the candidates "
-        "above split the units as the run's config does: measure this split beside it (run.paired)"
+        f"{shared}), {split} evens its stages: the heaviest {heaviest * 1e3:.2f} ms against {ran * 1e3:.2f} ms "
+        f"as it ran ({', '.join(map(str, inputs.run_units))} units); the candidates above split the units as the "
+        f"run's config does: {how}"
     )
+
+
+def _as_keys(cfg, counts: tuple[int, ...]) -> str:
+    """The split ``counts`` as the run gives its own: model.split_points (a module's units where
+    stages begin) or pipeline.layers_per_stage."""
+    if cfg.model.kind == "module" and cfg.model.split_points:
+        from ppx.models import module_spec
+
+        try:
+            _, names = module_spec.described(cfg.model)
+        except Exception:
+            names = None
+        if names is not None and len(names) == sum(counts):
+            starts = [sum(counts[:k]) for k in range(1, len(counts))]
+            return f"model.split_points=[{','.join(names[i] for i in starts)}]"
+    return f"pipeline.layers_per_stage=[{','.join(map(str, counts))}]"

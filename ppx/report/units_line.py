@@ -29,7 +29,9 @@ def units_line(cfg, units: list[int], shares: list[float] | None) -> str | None:
     per stage 53%, 47%', or None where there is nothing to say (units alike)."""
     if shares is None:
         return None
-    if cfg.pipeline.layers_per_stage:
+    if cfg.model.kind == "module" and cfg.model.split_points:  # (its checks wrote them to layers_per_stage)
+        how = "at model.split_points"
+    elif cfg.pipeline.layers_per_stage:
         how = "as pipeline.layers_per_stage gives"
     elif cfg.pipeline.balance == "flops":
         how = "split by forward FLOPs, pipeline.balance=flops"

@@ -146,3 +146,21 @@ def test_an_entry_adding_a_key_the_run_has_not_is_no_floor():
     )
     assert cfg.model.hf_overrides["intermediate_size"] == 128
     assert floors(cfg) == ["model.hf_overrides.intermediate_size=128"]
+
+
+def test_the_runs_line_says_how_its_split_was_made(monkeypatch):
+    from ppx.report.units_line import flops_shares, units_line
+
+    monkeypatch.chdir(REPO)
+    for overrides, how in (
+        ([], "split by forward FLOPs, pipeline.balance=flops"),
+        (["pipeline.balance=units"], "split evenly, pipeline.balance=units"),
+        (["model.split_points=[blocks.2]"], "at model.split_points"),
+        (["pipeline.layers_per_stage=[2,4]"], "as pipeline.layers_per_stage gives"),
+    ):
+        cfg = config.load("examples/tiny_gpt.yaml", overrides)
+        units = [len(r) for r in models.split_of(cfg, 2)]
+        shares = flops_shares(cfg, units)
+        assert sum(shares) == pytest.approx(1.0)
+        assert units_line(cfg, units, shares).startswith(f"ppx: units per stage {units[0]}, {units[1]} ({how}); ")
+    assert flops_shares(config.load("1f1b_2cpu", []), [2, 2]) is None  # the MLP's blocks are alike: no line
