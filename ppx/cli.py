@@ -20,6 +20,7 @@ MODULES = {
     "compare": "compare",
     "sweep": "compare",
     "keys": "keys",
+    "split": "split",
     "plan": "plan",
     "gpu-check": "gpu_check",
 }
@@ -135,6 +136,10 @@ def parser() -> argparse.ArgumentParser:
     swp.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="applied to every point")
     swp.set_defaults(fn=_command("sweep"))
     _gpu_check_parser(sub)
+    spl = sub.add_parser("split", help="how a config splits its model over the stages, before any run")
+    spl.add_argument("experiment", help="a name in experiments/ or a YAML path, as ppx run takes it")
+    spl.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="config overrides")
+    spl.set_defaults(fn=_command("split"))
     keys = sub.add_parser("keys", help="list every config key with its default and meaning")
     keys.add_argument("--markdown", action="store_true", help="as a markdown table (docs/config.md holds it)")
     keys.set_defaults(fn=_command("keys"))

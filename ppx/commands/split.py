@@ -1,0 +1,50 @@
+"""`ppx split`: how a config splits its model's units over the stages, before any run: each
+stage's rank, units and share of the forward FLOPs, and the split the other
+``pipeline.balance`` would make. The config as given (a run on CPU may fall back to another:
+``runtime.cpu_fallback``)."""
+
+from __future__ import annotations
+
+
+def cmd_split(args) -> int:
+    from ppx import config, models
+    from ppx.config import resolve_schedule
+    from ppx.report.units_line import flops_shares, units_line
+
+    cfg = config.load(args.experiment, args.overrides)
+    sched = resolve_schedule(cfg)
+    units = [len(r) for r in models.split_of(cfg, sched.num_stages)]
+    shares = flops_shares(cfg, units)
+    names = _unit_names(cfg, sum(units))
+    print(f"{args.experiment}: {sum(units)} units over {sched.num_stages} stages on {sched.num_ranks} ranks")
+    print(f"{'stage':>5}  {'rank':>4}  {'FLOPs':>6}  units")
+    start = 0
+    for s, n in enumerate(units):
+        share = f"{shares[s]:.0%}" if shares else "-"
+        held = names[start] if n == 1 else f"{names[start]} .. {names[start + n - 1]} ({n})"
+        print(f"{s:>5}  {sched.stage_to_rank[s]:>4}  {share:>6}  {held}")
+        start += n
+    line = units_line(cfg, units, shares)
+    print(line.removeprefix("ppx: ") if line else "units alike: split evenly (pipeline.balance changes nothing)")
+    if shares and not cfg.pipeline.layers_per_stage:
+        other = "units" if cfg.pipeline.balance == "flops" else "flops"
+        cfg.pipeline.balance = other
+        alt = [len(r) for r in models.split_of(cfg, sched.num_stages)]
+        said = ", ".join(f"{x:.0%}" for x in flops_shares(cfg, alt))
+        print(f"pipeline.balance={other} would split {', '.join(map(str, alt))}: forward FLOPs per stage {said}")
+    return 0
+
+
+def _unit_names(cfg, n: int) -> list[str]:
+    """Each split unit's name: llama's and hf's embedding, blocks and head; a module's own
+    names; other kinds' blocks."""
+    from ppx import models
+
+    if cfg.model.kind == "module":
+        from ppx.models import module_spec
+
+        return module_spec.described(cfg.model)[1]
+    if models.extra_units(cfg.model.kind) == 2:  # (hf's decoder layers, llama's blocks)
+        block = "layer" if cfg.model.kind == "hf" else "block"
+        return ["embedding"] + [f"{block} {k}" for k in range(n - 2)] + ["head"]
+    return [f"block {k}" for k in range(n)]

@@ -1,0 +1,34 @@
+"""`ppx split`: a config's split of its model over the stages, before any run, as the run
+then runs it (summary.json's units_per_stage)."""
+
+from __future__ import annotations
+
+from helpers import ppx, read_json
+
+
+def test_the_split_printed_is_the_one_a_run_runs(tmp_path):
+    """llama-tiny, 8 blocks, under ZB-V: stages 0 and 3 on rank 0 (the V), 3, 2, 2, 3 units by
+    FLOPs (the embedding and the head ride with a block more), and what balance=units would do."""
+    args = ["llama_tiny_1f1b_2cpu", "pipeline.schedule=zbv", "model.layers=8"]
+    r = ppx("split", *args)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "llama_tiny_1f1b_2cpu: 10 units over 4 stages on 2 ranks"
+    assert lines[2].split() == ["0", "0", "24%", "embedding", "..", "block", "1", "(3)"]
+    assert lines[5].split() == ["3", "0", "28%", "block", "6", "..", "head", "(3)"]
+    assert lines[6].startswith("units per stage 3, 2, 2, 3 (split by forward FLOPs, pipeline.balance=flops)")
+    assert lines[7].startswith("pipeline.balance=units would split 3, 3, 2, 2: forward FLOPs per stage 24%, 36%")
+    run = ppx("run", *args, "train.steps=1", f"run.dir={tmp_path / 'run'}")
+    assert run.returncode == 0, run.stderr
+    assert read_json(tmp_path / "run" / "summary.json")["units_per_stage"] == [3, 2, 2, 3]
+
+
+def test_alike_units_and_bad_input():
+    r = ppx("split", "1f1b_2cpu")
+    assert (
+        r.returncode == 0
+        and r.stdout.splitlines()[-1] == "units alike: split evenly (pipeline.balance changes nothing)"
+    )
+    bad = ppx("split", "llama_tiny_1f1b_2cpu", "pipeline.balance=even")
+    assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.splitlines()) == 1
+    assert bad.stderr.startswith("ppx: error: ") and "pipeline.balance" in bad.stderr
