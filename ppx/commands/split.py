@@ -25,7 +25,8 @@ def cmd_split(args) -> int:
         print(f"{s:>5}  {sched.stage_to_rank[s]:>4}  {share:>6}  {held}")
         start += n
     line = units_line(cfg, units, shares)
-    print(line.removeprefix("ppx: ") if line else "units alike: split evenly (pipeline.balance changes nothing)")
+    even = "split evenly (pipeline.balance weighs the units of llama, hf and module models only)"
+    print(line.removeprefix("ppx: ") if line else f"units per stage {', '.join(map(str, units))}: {even}")
     if shares and not cfg.pipeline.layers_per_stage:
         other = "units" if cfg.pipeline.balance == "flops" else "flops"
         cfg.pipeline.balance = other
