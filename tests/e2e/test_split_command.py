@@ -25,10 +25,8 @@ def test_the_split_printed_is_the_one_a_run_runs(tmp_path):
 
 def test_alike_units_and_bad_input():
     r = ppx("split", "1f1b_2cpu")
-    assert (
-        r.returncode == 0
-        and r.stdout.splitlines()[-1] == "units alike: split evenly (pipeline.balance changes nothing)"
-    )
+    last = "units per stage 2, 2: split evenly (pipeline.balance weighs the units of llama, hf and module models only)"
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == last
     bad = ppx("split", "llama_tiny_1f1b_2cpu", "pipeline.balance=even")
     assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.splitlines()) == 1
     assert bad.stderr.startswith("ppx: error: ") and "pipeline.balance" in bad.stderr
