@@ -105,6 +105,7 @@ def from_flags(args) -> tuple[PlanInputs, list[int], list[int]]:
 def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
     """Inputs measured in the run ``--from-run``, its p and the m to search, and the run's
     config (the experiment to run the best with)."""
+    from ppx import models
     from ppx.measure.prediction import costs_from, transport_of
     from ppx.plan.unit_weights import unit_weights
 
@@ -148,7 +149,10 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         fixed_stages=stages if run.config.pipeline.layers_per_stage else None,
         run_units=units,
         unit_weights=unit_weights(run.config) if units else None,
-        split_weights=_split_weights(run.config) if units else None,
+        # what a candidate's command splits the units by (None: even; or a module not importable here)
+        split_weights=models.counted_flops(run.config.model)
+        if units and run.config.pipeline.balance == "flops"
+        else None,
         whole_s=tuple(c.whole) if c.whole is not None else None,
     )
     return inputs, [p], ints("--microbatches", args.microbatches) or [s.microbatches], str(run.path / "config.yaml")
@@ -177,18 +181,6 @@ def _run_units(cfg, stages: int, ran=None) -> tuple[int, ...] | None:
     if ran and len(ran) == stages and sum(ran) == unit_count(cfg.model):  # (a split made by older code too)
         return tuple(int(n) for n in ran)
     return tuple(len(r) for r in split_of(cfg, stages))
-
-
-def _split_weights(cfg) -> tuple[float, ...] | None:
-    """What a candidate's command splits the run's units by (`models.split_weights`), or None
-    (even) where they cannot be had here: a module that does not import from this folder (the
-    plan then notes that its command fails its checks here)."""
-    from ppx import models
-
-    try:
-        return models.split_weights(cfg.model, cfg.pipeline.balance)
-    except UserError:
-        return None
 
 
 def _check_machine_flags(args, p: int) -> None:

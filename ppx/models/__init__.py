@@ -68,6 +68,16 @@ def split_weights(model, balance: str) -> tuple[float, ...] | None:
     return None if flops is None else tuple(flops)
 
 
+def counted_flops(model) -> tuple[float, ...] | None:
+    """``split_weights(model, "flops")``, or None where they cannot be had here as well as where
+    the kind's units are alike: a module that does not import from this folder (a plan or a
+    report read from elsewhere than the run's)."""
+    try:
+        return split_weights(model, "flops")
+    except UserError:
+        return None
+
+
 def kinds_help() -> str:
     """'mlp (Linear+GELU blocks, MSE) | ...', for help texts."""
     return " | ".join(f"{k} ({what})" for k, what in KINDS.items())

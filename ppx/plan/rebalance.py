@@ -57,14 +57,10 @@ def rebalance_note(source: str, inputs: PlanInputs, cfg) -> str | None:
     nor where a rank holds several stages (evening stages would not even ranks)."""
     from ppx import models
     from ppx.config.resolve import resolve_schedule
-    from ppx.errors import UserError
 
     if cfg.model.kind == "synthetic" or resolve_schedule(cfg).num_stages != resolve_schedule(cfg).num_ranks:
         return None
-    try:
-        flops = models.split_weights(cfg.model, "flops")
-    except UserError:  # (a module that does not import here: equal shares)
-        flops = None
+    flops = models.counted_flops(cfg.model)  # (None for a module that does not import here: equal shares)
     got = measured_split(inputs, flops)
     if got is None:
         return None

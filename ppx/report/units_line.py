@@ -5,16 +5,12 @@ forward FLOPs, for the kinds whose units weigh differently (llama, hf, module)."
 from __future__ import annotations
 
 from ppx import models
-from ppx.errors import UserError
 
 
 def flops_shares(cfg, units: list[int]) -> list[float] | None:
     """Each stage's share of the forward FLOPs of the model's units (``units``: units per
     stage), or None for a kind whose units are alike (or not counted here)."""
-    try:
-        weights = models.split_weights(cfg.model, "flops")
-    except UserError:
-        return None
+    weights = models.counted_flops(cfg.model)
     if weights is None or len(weights) != sum(units) or sum(weights) <= 0:
         return None
     out, start = [], 0
