@@ -8,7 +8,7 @@ is as light as any contiguous split makes it."""
 
 from __future__ import annotations
 
-from ppx.models.split import balanced_counts
+from ppx.models.split import balanced_counts, split_layers
 from ppx.plan.inputs import PlanInputs
 
 WORTH = 0.97  # a split whose heaviest stage is no lighter than this share of the run's is not named
@@ -24,13 +24,12 @@ def unit_times(inputs: PlanInputs, flops=None) -> list[float] | None:
     n = sum(units)
     w = inputs.unit_weights.flops if inputs.unit_weights is not None else flops
     weights = list(w) if w is not None and len(w) == n else [1.0] * n
-    out, start = [], 0
-    for i, k in enumerate(units):
+    out = []
+    for i, r in enumerate(split_layers(n, len(units), units)):
         cost = inputs.fwd_s[i] + inputs.bwd_s[i] + inputs.wgrad_s[i]
-        mine = weights[start : start + k]
+        mine = weights[r.start : r.stop]
         total = sum(mine)
-        out += [cost * x / total for x in mine] if total > 0 else [cost / k] * k
-        start += k
+        out += [cost * x / total for x in mine] if total > 0 else [cost / len(r)] * len(r)
     return out
 
 
@@ -41,10 +40,7 @@ def measured_split(inputs: PlanInputs, flops=None) -> tuple[tuple[int, ...], flo
     if times is None or len(inputs.run_units) < 2:
         return None
     counts = balanced_counts(tuple(times), len(inputs.run_units))
-    heaviest, start = 0.0, 0
-    for k in counts:
-        heaviest = max(heaviest, sum(times[start : start + k]))
-        start += k
+    heaviest = max(sum(times[r.start : r.stop]) for r in split_layers(len(times), len(counts), counts))
     ran = max(f + b + w for f, b, w in zip(inputs.fwd_s, inputs.bwd_s, inputs.wgrad_s))
     if tuple(counts) == tuple(inputs.run_units) or heaviest > WORTH * ran:
         return None
@@ -58,7 +54,10 @@ def rebalance_note(source: str, inputs: PlanInputs, cfg) -> str | None:
     from ppx import models
     from ppx.config.resolve import resolve_schedule
 
-    if cfg.model.kind == "synthetic" or resolve_schedule(cfg).num_stages != resolve_schedule(cfg).num_ranks:
+    if cfg.model.kind == "synthetic":
+        return None
+    sched = resolve_schedule(cfg)
+    if sched.num_stages != sched.num_ranks:
         return None
     flops = models.counted_flops(cfg.model)  # (None for a module that does not import here: equal shares)
     got = measured_split(inputs, flops)

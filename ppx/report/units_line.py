@@ -5,6 +5,7 @@ forward FLOPs, for the kinds whose units weigh differently (llama, hf, module)."
 from __future__ import annotations
 
 from ppx import models
+from ppx.models.split import split_layers
 
 
 def flops_shares(cfg, units: list[int]) -> list[float] | None:
@@ -13,11 +14,8 @@ def flops_shares(cfg, units: list[int]) -> list[float] | None:
     weights = models.counted_flops(cfg.model)
     if weights is None or len(weights) != sum(units) or sum(weights) <= 0:
         return None
-    out, start = [], 0
-    for n in units:
-        out.append(sum(weights[start : start + n]) / sum(weights))
-        start += n
-    return out
+    total = sum(weights)
+    return [sum(weights[r.start : r.stop]) / total for r in split_layers(len(weights), len(units), units)]
 
 
 def units_line(cfg, units: list[int], shares: list[float] | None) -> str | None:
