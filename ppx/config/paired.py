@@ -51,7 +51,7 @@ def variants(cfg) -> list[tuple[str, object]]:
     """(entry, its config) for each ``run.paired`` entry of the run config ``cfg``: the run's
     config with the entry's overrides, checked by the config's rules, and run as a pipeline of
     the same ranks; UserError (one line, naming the entry) otherwise."""
-    from ppx.config.loading import _one_line, _schema
+    from ppx.config.loading import _one_line
     from ppx.config.resolve import resolve_schedule
     from ppx.config.rules import check
     from ppx.schedules import registry
@@ -70,9 +70,7 @@ def variants(cfg) -> list[tuple[str, object]]:
     for entry in cfg.run.paired:
         overrides = entry_overrides(entry)
         try:
-            conf = OmegaConf.merge(_schema(), OmegaConf.structured(cfg))
-            conf.merge_with_dotlist([*overrides, "run.paired=[]"])
-            other = OmegaConf.to_object(conf)
+            other = OmegaConf.to_object(_with_entry(cfg, overrides))
         except OmegaConfBaseException as e:
             raise UserError(f"run.paired: {entry!r}: {_one_line(e)}") from None
         if "module" in (cfg.model.kind, other.model.kind) and other.model != cfg.model:
@@ -101,10 +99,8 @@ def entry_units(cfg, entry: str) -> list[int] | None:
     from ppx import models
     from ppx.config.resolve import resolve_schedule
 
-    conf = OmegaConf.structured(cfg)
-    conf.merge_with_dotlist([*entry_overrides(entry), "run.paired=[]"])
     try:
-        other = OmegaConf.to_object(conf)
+        other = OmegaConf.to_object(_with_entry(cfg, entry_overrides(entry)))
         return [len(r) for r in models.split_of(other, resolve_schedule(other).num_stages)]
     except (UserError, OmegaConfBaseException):
         return None
@@ -119,9 +115,18 @@ def floors(cfg) -> list[str]:
     out = []
     for entry in cfg.run.paired:
         items = entry_overrides(entry)
-        other = conf.copy()
-        other.merge_with_dotlist(items)
+        other = _with_entry(cfg, items)
         keys = [item.partition("=")[0].strip() for item in items]
         if all(OmegaConf.select(other, k) == OmegaConf.select(conf, k, default=absent) for k in keys):
             out.append(entry)
     return out
+
+
+def _with_entry(cfg, overrides: list[str]):
+    """The run config ``cfg`` (as an OmegaConf config) with an entry's ``overrides`` on top and
+    no run.paired of its own, unchecked."""
+    from ppx.config.loading import _schema
+
+    conf = OmegaConf.merge(_schema(), OmegaConf.structured(cfg))
+    conf.merge_with_dotlist([*overrides, "run.paired=[]"])
+    return conf
