@@ -131,7 +131,14 @@ def parser() -> argparse.ArgumentParser:
     cmp_.set_defaults(fn=_command("compare"))
     swp = sub.add_parser("sweep", help="run the product of config values, then compare")
     swp.add_argument("experiment", help="a name in experiments/ or a YAML path, as for ppx run")
-    swp.add_argument("--sweep", required=True, help='e.g. "pipeline.schedule=gpipe,1f1b pipeline.microbatches=2,4,8"')
+    swp.add_argument("--sweep", help='e.g. "pipeline.schedule=gpipe,1f1b pipeline.microbatches=2,4,8"')
+    swp.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every point N times, in rounds (each point once, then again); ppx compare pools repeated "
+        "run.paired jobs of one config",
+    )
     swp.add_argument("--launcher", choices=["local", "slurm"], default="local", help="slurm: one sbatch job per point")
     swp.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="applied to every point")
     swp.set_defaults(fn=_command("sweep"))

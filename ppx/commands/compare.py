@@ -46,7 +46,7 @@ def cmd_sweep(args) -> int:
     from ppx.report.run_dir import RunDir
 
     try:
-        root = run_sweep(args.experiment, args.sweep, args.overrides, args.launcher)
+        root = run_sweep(args.experiment, args.sweep, args.overrides, args.launcher, args.repeat)
     except SweepStopped as e:
         print(
             f"ppx sweep: stopped by {e}: point {e.point}/{e.points} was ended, no later point ran; "

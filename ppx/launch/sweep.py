@@ -91,6 +91,11 @@ def point_name(overrides: list[str]) -> str:
     return ",".join(out)
 
 
+def _repeated(name: str, r: int) -> str:
+    """Point ``name``'s folder in round ``r`` of a repeated sweep."""
+    return f"{name},repeat={r}" if name else f"repeat={r}"
+
+
 # sweeping these compares placements: on the known-cost model, at equal work only per layer
 PLACEMENT_KEYS = ("pipeline.schedule", "pipeline.virtual_stages")
 
@@ -125,8 +130,17 @@ def _load_point(experiment: str, overrides: list[str], point: list[str]):
         raise UserError(f"sweep point {' '.join(point)}: {e}") from None
 
 
-def run_sweep(experiment: str, spec: str, overrides: list[str], launcher: str = "local") -> Path:
-    axes = parse_spec(spec)
+def run_sweep(
+    experiment: str, spec: str | None, overrides: list[str], launcher: str = "local", repeat: int = 1
+) -> Path:
+    """Run every point of ``spec``'s grid (none: the one config) ``repeat`` times, in rounds
+    (each point once, then again: repeats alternated, as timings on a shared machine need),
+    each into its own run folder under one sweep folder, which it returns."""
+    if repeat < 1:
+        raise UserError(f"--repeat {repeat}: give 1 or more runs of each point")
+    axes = parse_spec(spec) if spec else []
+    if not axes and repeat < 2:
+        raise UserError('give --sweep "key=v1,v2 ...", or --repeat N to run one config N times')
     fixed = [o.split("=", 1)[0].strip() for o in overrides]
     if "run.dir" in [k for k, _ in axes] + fixed:
         raise UserError("run.dir names one run; a sweep writes its runs under <run.root>/<run.name>/sweep-<time>/")
@@ -158,6 +172,9 @@ def run_sweep(experiment: str, spec: str, overrides: list[str], launcher: str = 
     if root.exists():
         raise UserError(f"sweep directory {root} already exists")
     root.mkdir(parents=True)
+    rounds = [r for r in range(1, repeat + 1) for _ in grid]
+    if repeat > 1:  # in rounds: every point once, then every point again
+        grid, names = grid * repeat, [_repeated(n, r) for r in range(1, repeat + 1) for n in names]
     print(f"ppx sweep: {len(grid)} runs into {root}", flush=True)
     if launcher == "slurm":
         from ppx.launch.slurm import submit
@@ -166,7 +183,8 @@ def run_sweep(experiment: str, spec: str, overrides: list[str], launcher: str = 
         return root
     failed = []
     for k, point in enumerate(grid, 1):
-        print(f"ppx sweep: [{k}/{len(grid)}] {' '.join(point)}", flush=True)
+        what = " ".join(point) + (f" (round {rounds[k - 1]} of {repeat})" if repeat > 1 else "")
+        print(f"ppx sweep: [{k}/{len(grid)}] {what.strip()}", flush=True)
         cmd = [
             sys.executable,
             "-m",
@@ -175,13 +193,13 @@ def run_sweep(experiment: str, spec: str, overrides: list[str], launcher: str = 
             experiment,
             *overrides,
             *point,
-            f"run.dir={root / point_name(point)}",
+            f"run.dir={root / names[k - 1]}",
         ]
         code, stopped = _run_forwarding(cmd)
         if stopped is not None:
             raise SweepStopped(stopped, root, k, len(grid))
         if code != 0:
-            failed.append(" ".join(point))
+            failed.append(what.strip() or names[k - 1])
     if failed:
         print(f"ppx sweep: {len(failed)} run(s) failed: {'; '.join(failed)}", file=sys.stderr)
     return root

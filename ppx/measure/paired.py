@@ -84,7 +84,7 @@ def median_interval(values: list[float], level: float = 0.95) -> tuple[float, fl
     return ordered[k - 1], ordered[n - k]
 
 
-def _span(lo: float, hi: float) -> str:
+def ratio_span(lo: float, hi: float) -> str:
     """``lo-hi`` to 3 decimals, or 4 where an end would round to 1.000 (an interval that leaves
     1 out by less than 0.0005 should not read as touching it)."""
     digits = 4 if "1.000" in (f"{lo:.3f}", f"{hi:.3f}") else 3
@@ -98,7 +98,7 @@ def verdict(row: dict, against: str = "run") -> str:
     if f"over_{against}_ci95" not in row:
         return "too few pairs to tell"
     lo, hi = row[f"over_{against}_ci95"]
-    where = f"95% interval of the median {_span(lo, hi)}"
+    where = f"95% interval of the median {ratio_span(lo, hi)}"
     if row.get("floor") and (hi < 1 or lo > 1):  # the run's own config: what is off 1 is the job's, not a config's
         return f"off 1, a bias of this job ({where}): the others are held against it"
     if hi < 1:
@@ -142,7 +142,7 @@ def paired_rows(summary: dict) -> list[list[str]]:
                 f"{row['median_step_s'] * 1e3:.2f} ms",
                 f"{row['over_run']:.3f}x ({row['pairs']} pairs)",
                 f"{q[0]:.3f}-{q[1]:.3f}" if q else "",
-                _span(*ci) if ci else "",
+                ratio_span(*ci) if ci else "",
                 said(row),
                 floor,
                 losses,

@@ -14,7 +14,8 @@ from pathlib import Path
 from ppx import schedules
 from ppx.errors import UserError
 from ppx.measure.metrics import middle_half
-from ppx.report.labels import flat_config, run_labels, shared_label, timing_key
+from ppx.report.compare_notes import noise_notes, paired_notes, pooled_notes
+from ppx.report.labels import flat_config, run_labels, shared_label
 from ppx.report.run_dir import RunDir
 
 COLUMNS = [  # (header, key, format)
@@ -104,84 +105,6 @@ def _middle_half(steps_s) -> str | None:
     one-off costs among them)."""
     half = middle_half(x * 1e3 for x in steps_s or () if isinstance(x, (int, float)) and math.isfinite(x))
     return None if half is None else f"{half[0]:.2f}-{half[1]:.2f}"
-
-
-def noise_notes(rows: list[dict], configs: list[dict]) -> list[str]:
-    """Notes on what the table cannot order: runs of one config (`timing_key`) whose median
-    steps differ (the machine's run-to-run noise, which a run's own steps do not show), and runs
-    of one model, batch and p whose middle halves of steps overlap."""
-    names = [_short(r) for r in rows]
-    out = []
-    same: dict[str, list[int]] = {}
-    for k, c in enumerate(configs):
-        key = timing_key(c)
-        if key is not None and rows[k]["step_ms"] > 0:
-            same.setdefault(key, []).append(k)
-    groups = [g for g in same.values() if len(g) > 1]
-    if groups:
-        g = max(groups, key=lambda g: _spread(rows, g))
-        out.append(
-            f"note: {_listed([names[k] for k in g])} ran one config, and their median steps differ by "
-            f"{_spread(rows, g):.0%}: this machine's run-to-run noise here, which no run's own steps show; a "
-            "difference between other runs smaller than that orders nothing"
-        )
-    group_of = {k: i for i, g in enumerate(groups) for k in g}
-    kin = [tuple(c.get(x) for x in ("model.kind", "train.batch_size", "pipeline.stages")) for c in configs]
-    spans = [(k, tuple(map(float, r["step_range"].split("-")))) for k, r in enumerate(rows) if r.get("step_range")]
-    pairs = [
-        (names[a], names[b])
-        for i, (a, x) in enumerate(spans)
-        for b, y in spans[i + 1 :]
-        if kin[a] == kin[b]
-        and (a not in group_of or group_of.get(a) != group_of.get(b))
-        and x[0] <= y[1]
-        and y[0] <= x[1]
-    ]
-    if pairs:
-        out.append(
-            f"note: the middle halves of the steps of {_listed([f'{a} and {b}' for a, b in pairs], '; ')} overlap: "
-            "their median steps differ by less than their own steps spread; repeat them, alternated (a sweep runs "
-            "its points one after another), before ranking them"
-        )
-    return out
-
-
-def paired_notes(runs: list[RunDir], rows: list[dict]) -> list[str]:
-    """A note per run that ran configs beside it (``run.paired``): each entry's median step over
-    the run's, its verdict, and against the floor where the run had one (`ppx.measure.paired`)."""
-    from ppx.measure.paired import said
-
-    out = []
-    for run, row in zip(runs, rows):
-        paired = run.raw_summary.get("paired") or {}
-        parts = []
-        for entry, p in paired.items():
-            if p.get("floor"):
-                parts.append(f"{entry!r} (its own config, the floor) {p['over_run']:.3f}x ({said(p)})")
-                continue
-            floor = f"; {p['over_floor']:.3f}x the floor's, {said(p, 'floor')}" if "over_floor" in p else ""
-            parts.append(f"{entry!r} {p['over_run']:.3f}x ({said(p)}{floor})")
-        if parts:
-            pairs = max(p["pairs"] for p in paired.values())
-            what = "each config's median step over its step"
-            out.append(f"note: beside {_short(row)} (run.paired, {pairs} pairs), {what}: {'; '.join(parts)}")
-    return out
-
-
-def _short(row: dict) -> str:
-    """A run's name in a note: its label where short, else its folder's name."""
-    label = row.get("label") or ""
-    return label if 0 < len(label) <= 40 else Path(row["name"]).name
-
-
-def _listed(items: list[str], sep: str = " and ", most: int = 4) -> str:
-    return sep.join(items[:most]) + (f"{sep}{len(items) - most} more" if len(items) > most else "")
-
-
-def _spread(rows: list[dict], group: list[int]) -> float:
-    """(largest - smallest) / smallest median step among the runs ``group`` names."""
-    steps = [rows[k]["step_ms"] for k in group]
-    return (max(steps) - min(steps)) / min(steps)
 
 
 def _points(x):
@@ -347,7 +270,7 @@ def compare(patterns: list[str], out: Path) -> str:
     if (out / "compare.md").exists():
         raise UserError(f"{out} already holds a comparison; ppx never overwrites one (choose another --out)")
     out.mkdir(parents=True, exist_ok=True)
-    notes = noise_notes(rows, configs) + paired_notes(runs, rows)
+    notes = noise_notes(rows, configs) + paired_notes(runs, rows) + pooled_notes(runs, rows, configs)
     (out / "compare.md").write_text(markdown_table(rows) + "".join(f"\n{n}\n" for n in notes))
     (out / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
     shared = shared_label(configs)

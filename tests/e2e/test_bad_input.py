@@ -248,6 +248,14 @@ OTHER_COMMANDS = {
         ["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=4,4"],
         "two sweep points would share the run folder 'microbatches=4'",
     ),
+    "sweep: nothing to sweep": (
+        ["sweep", "gpipe_2cpu"],
+        'give --sweep "key=v1,v2 ...", or --repeat N to run one config N times',
+    ),
+    "sweep: no repeat": (
+        ["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2,4", "--repeat", "0"],
+        "--repeat 0: give 1 or more runs of each point",
+    ),
     "fault on a comm action": (
         ["run", "gpipe_2cpu", "runtime.inject_fault=die@0SEND_F1"],
         "faults fire on compute actions",

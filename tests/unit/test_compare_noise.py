@@ -3,7 +3,8 @@ machine's run-to-run noise) and runs of one model whose middle halves of steps o
 
 import math
 
-from ppx.report.compare import _middle_half, noise_notes
+from ppx.report.compare import _middle_half
+from ppx.report.compare_notes import noise_notes
 from ppx.report.labels import UNREAD, timing_key
 
 A = {

@@ -1,0 +1,49 @@
+"""Repeated ``run.paired`` jobs: ``ppx sweep --repeat`` runs one config several times, in rounds,
+and ``ppx compare`` pools each entry's ratio across the jobs (ppx.measure.paired_jobs); a run
+made before ppx marked floors gets its floor named from its config and steps."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+from helpers import ppx, read_json, read_jsonl
+
+ENTRIES = ["pipeline.schedule=1f1b", "pipeline.schedule=zb_h1 train.split_backward=drain"]
+
+
+def test_a_repeated_paired_sweep_is_pooled_and_an_old_run_names_its_floor(tmp_path):
+    listed = "[" + ",".join(f'"{e}"' for e in ENTRIES) + "]"
+    r = ppx(
+        "sweep", "1f1b_2cpu", "--repeat", "2", "train.steps=6", f"run.paired={listed}", f"run.root={tmp_path / 'runs'}"
+    )
+    assert r.returncode == 0, r.stderr
+    assert "ppx sweep: [1/2] (round 1 of 2)" in r.stdout and "ppx sweep: [2/2] (round 2 of 2)" in r.stdout
+    (root,) = (tmp_path / "runs" / "1f1b_2cpu").iterdir()
+    jobs = [read_json(root / f"repeat={k}" / "summary.json")["paired"] for k in (1, 2)]
+    drain = [job[ENTRIES[1]]["over_floor"] for job in jobs]
+    pooled = math.exp(sum(map(math.log, drain)) / 2)
+    note = next(line for line in r.stdout.splitlines() if line.startswith("note: 2 jobs of one config"))
+    assert "(repeat=1, repeat=2)" in note
+    assert f"'{ENTRIES[1]}' (over the floor's) {drain[0]:.3f}, {drain[1]:.3f}: pooled {pooled:.3f}x (" in note
+    floor = [job[ENTRIES[0]]["over_run"] for job in jobs]
+    assert f"'{ENTRIES[0]}' (the floor, over the run's) {floor[0]:.3f}, {floor[1]:.3f}: pooled " in note
+    assert note in (root / "compare.md").read_text()
+
+    # a run from before floors: no floor marks in its summary, no paired field in its steps
+    old = tmp_path / "old"
+    shutil.copytree(root / "repeat=1", old)
+    s = read_json(old / "summary.json")
+    for row in s["paired"].values():
+        for key in ("floor", "floor_entry", "over_floor", "over_floor_ci95"):
+            row.pop(key, None)
+    (old / "summary.json").write_text(json.dumps(s))
+    lines = read_jsonl(old / "metrics.jsonl")
+    (old / "metrics.jsonl").write_text(
+        "".join(json.dumps({k: v for k, v in x.items() if k != "paired"}) + "\n" for x in lines)
+    )
+    r = ppx("compare", str(old), "--out", str(tmp_path / "compared"))
+    assert r.returncode == 0, r.stderr
+    assert f"'{ENTRIES[0]}' (its own config, the floor) " in r.stdout
+    assert f"{drain[0]:.3f}x the floor's, " in r.stdout
