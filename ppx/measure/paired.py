@@ -85,9 +85,11 @@ def median_interval(values: list[float], level: float = 0.95) -> tuple[float, fl
 
 
 def ratio_span(lo: float, hi: float) -> str:
-    """``lo-hi`` to 3 decimals, or 4 where an end would round to 1.000 (an interval that leaves
-    1 out by less than 0.0005 should not read as touching it)."""
-    digits = 4 if "1.000" in (f"{lo:.3f}", f"{hi:.3f}") else 3
+    """``lo-hi`` to 3 decimals, or as many more (up to 6) as it takes for an end that is not 1
+    not to read as 1 (an interval that leaves 1 out by 0.00004 should not read as touching it)."""
+    digits = 3
+    while digits < 6 and any(x != 1 and f"{x:.{digits}f}" == f"{1:.{digits}f}" for x in (lo, hi)):
+        digits += 1
     return f"{lo:.{digits}f}-{hi:.{digits}f}"
 
 

@@ -14,7 +14,15 @@ from pathlib import Path
 from ppx import schedules
 from ppx.errors import UserError
 from ppx.measure.metrics import middle_half
-from ppx.report.compare_notes import noise_notes, paired_notes, pooled_notes
+from ppx.report.compare_notes import (
+    job_paired,
+    noise_notes,
+    note_names,
+    paired_notes,
+    pooled_groups,
+    pooled_json,
+    pooled_notes,
+)
 from ppx.report.labels import flat_config, run_labels, shared_label
 from ppx.report.run_dir import RunDir
 
@@ -270,9 +278,13 @@ def compare(patterns: list[str], out: Path) -> str:
     if (out / "compare.md").exists():
         raise UserError(f"{out} already holds a comparison; ppx never overwrites one (choose another --out)")
     out.mkdir(parents=True, exist_ok=True)
-    notes = noise_notes(rows, configs) + paired_notes(runs, rows) + pooled_notes(runs, rows, configs)
+    paired, names = [job_paired(r) for r in runs], note_names(rows)
+    groups = pooled_groups(paired, configs)
+    notes = noise_notes(rows, configs) + paired_notes(paired, names) + pooled_notes(groups, names)
     (out / "compare.md").write_text(markdown_table(rows) + "".join(f"\n{n}\n" for n in notes))
     (out / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
+    if any(paired):  # each paired run's entries, and repeated paired jobs pooled
+        (out / "paired.json").write_text(json.dumps(pooled_json(paired, groups, names), indent=2) + "\n")
     shared = shared_label(configs)
     title = "1 run" if len(rows) == 1 else f"{len(rows)} runs" + (f"; all: {shared}" if shared else "")
     plot_runs(rows, out / "compare.png", title)

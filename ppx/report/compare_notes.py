@@ -20,7 +20,7 @@ def noise_notes(rows: list[dict], configs: list[dict]) -> list[str]:
     """Notes on what the table cannot order: runs of one config (`timing_key`) whose median
     steps differ (the machine's run-to-run noise, which a run's own steps do not show), and runs
     of one model, batch and p whose middle halves of steps overlap."""
-    names = [_short(r) for r in rows]
+    names = note_names(rows)
     out = []
     same: dict[str, list[int]] = {}
     for k, c in enumerate(configs):
@@ -56,24 +56,39 @@ def noise_notes(rows: list[dict], configs: list[dict]) -> list[str]:
     return out
 
 
-def paired_notes(runs: list[RunDir], rows: list[dict]) -> list[str]:
-    """A note per run that ran configs beside it (``run.paired``): each entry's median step over
-    the run's, its verdict, and against the floor where the run had one (`ppx.measure.paired`)."""
+def paired_notes(paired: list[dict], names: list[str]) -> list[str]:
+    """A note per run that ran configs beside it (``paired``: each run's `job_paired` rows):
+    each entry's median ratio to the floor's step beside it where the run had a floor, then to
+    the run's, with their verdicts (`ppx.measure.paired`)."""
     out = []
-    for run, row in zip(runs, rows):
-        paired = job_paired(run)
+    for rows, name in zip(paired, names):
         parts = []
-        for entry, p in paired.items():
+        for entry, p in rows.items():
             if p.get("floor"):
-                parts.append(f"{entry!r} (its own config, the floor) {p['over_run']:.3f}x ({said(p)})")
+                parts.append(f"{entry!r} (the run's own config: the floor) {p['over_run']:.3f}x the run's ({said(p)})")
                 continue
-            floor = f"; {p['over_floor']:.3f}x the floor's, {said(p, 'floor')}" if "over_floor" in p else ""
-            parts.append(f"{entry!r} {p['over_run']:.3f}x ({said(p)}{floor})")
+            floor = f"{p['over_floor']:.3f}x the floor's ({said(p, 'floor')}), " if "over_floor" in p else ""
+            parts.append(f"{entry!r} {floor}{p['over_run']:.3f}x the run's ({said(p)})")
         if parts:
-            pairs = max(p["pairs"] for p in paired.values())
-            what = "each config's median step over its step"
-            out.append(f"note: beside {_short(row)} (run.paired, {pairs} pairs), {what}: {'; '.join(parts)}")
+            pairs = max(p["pairs"] for p in rows.values())
+            what = "each entry's median ratio of its step to the step beside it"
+            out.append(f"note: beside {name} (run.paired, {pairs} pairs), {what}: {'; '.join(parts)}")
     return out
+
+
+def note_names(rows: list[dict]) -> list[str]:
+    """Each run's name in a note: its label where short, else its folder's name; where two runs
+    would be called the same (runs of two sweeps: repeat=1 in each), every run by the fewest
+    last parts of its path that tell them all apart (sweep-<time>/repeat=1)."""
+    short = [_short(r) for r in rows]
+    if len(set(short)) == len(short):
+        return short
+    parts = [Path(r["name"]).parts for r in rows]
+    for k in range(1, max(map(len, parts)) + 1):
+        names = ["/".join(p[-k:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    return [r["name"] for r in rows]
 
 
 def _short(row: dict) -> str:
@@ -94,8 +109,9 @@ def _spread(rows: list[dict], group: list[int]) -> float:
 
 def job_paired(run: RunDir) -> dict:
     """A run's ``run.paired`` rows (`paired_summary`), recomputed from its metrics.jsonl with
-    its config's floors, so that a run made before ppx marked floors names its own; its
-    summary.json's rows where its files cannot be read so."""
+    its config's floors, so that a run made before ppx marked floors names its own, over its
+    summary.json's rows (which alone hold each entry's split); those rows as they are where its
+    files cannot be read so."""
     stored = run.raw_summary.get("paired") or {}
     if not stored:
         return {}
@@ -109,7 +125,9 @@ def job_paired(run: RunDir) -> dict:
         rows = paired_summary(list(cfg.run.paired), times, losses, steps, floors(cfg))
     except (UserError, OmegaConfBaseException, KeyError, TypeError, ValueError):
         return stored
-    return rows if list(rows) == list(stored) else stored
+    if list(rows) != list(stored):
+        return stored
+    return {e: {**stored[e], **row} for e, row in rows.items()}  # (what only the summary has: each entry's split)
 
 
 def _paired_step(line: dict) -> list[tuple]:
@@ -120,42 +138,63 @@ def _paired_step(line: dict) -> list[tuple]:
     return paired_step(line["ranks"])
 
 
-def pooled_notes(runs: list[RunDir], rows: list[dict], configs: list[dict]) -> list[str]:
-    """A note per group of two or more runs of one config (`timing_key`) and one ``run.paired``
-    list: each entry's ratio per job and pooled across the jobs (`pooled_rows`), with its
-    verdict, and which entries' jobs differ by more than one job's interval."""
+def pooled_groups(paired: list[dict], configs: list[dict]) -> list[tuple[list[int], dict]]:
+    """(the runs' indices, `pooled_rows`) per group of two or more runs of one config
+    (`timing_key`) and one ``run.paired`` list (``paired``: each run's `job_paired` rows)."""
     groups: dict[tuple, list[int]] = {}
-    for k, (run, c) in enumerate(zip(runs, configs)):
+    for k, (rows, c) in enumerate(zip(paired, configs)):
         key = timing_key(c)
-        if key is not None and c.get("run.paired") and run.raw_summary.get("paired"):
+        if key is not None and c.get("run.paired") and rows:
             groups.setdefault((key, repr(c["run.paired"])), []).append(k)
+    return [(g, pooled_rows([paired[k] for k in g])) for g in groups.values() if len(g) > 1]
+
+
+def pooled_word(row: dict) -> str:
+    """A pooled entry's verdict: faster, slower, not told apart (the floor: not told apart
+    from the run, or off 1, a bias of these jobs)."""
+    return said(row, "pooled").replace("this job", "these jobs")
+
+
+def pooled_notes(groups: list[tuple[list[int], dict]], names: list[str]) -> list[str]:
+    """A note per `pooled_groups` group: each entry's ratio per job and pooled across the
+    jobs, with its verdict, and which entries' jobs differ by more than one job's interval."""
     out = []
-    for group in (g for g in groups.values() if len(g) > 1):
-        pooled = pooled_rows([job_paired(runs[k]) for k in group])
+    for group, pooled in groups:
         parts, differ = [], []
         for entry, p in pooled.items():
             each = ", ".join(f"{x:.3f}" for x in p["per_job"])
-            against = "the run's" if p["against"] == "run" else "the floor's"
+            what = "the run's own config: the floor, over the run's" if p.get("floor") else f"over the {p['against']}'s"
             if "over_pooled" not in p:
-                parts.append(f"{entry!r} over {against} {each}")
+                parts.append(f"{entry!r} ({what}) {each}")
                 continue
-            lo, hi = p["over_pooled_ci95"]
-            what = "the floor, over the run's" if p.get("floor") else f"over {against}"
-            word = "off 1 across jobs: a bias of how the jobs pair" if p.get("floor") else said(p, "pooled")
-            if p.get("floor") and lo <= 1 <= hi:
-                word = "level with the run"
-            parts.append(f"{entry!r} ({what}) {each}: pooled {p['over_pooled']:.3f}x ({ratio_span(lo, hi)}), {word}")
+            span = ratio_span(*p["over_pooled_ci95"])
+            parts.append(f"{entry!r} ({what}) {each}: pooled {p['over_pooled']:.3f}x ({span}), {pooled_word(p)}")
             if p["jobs_differ"]:
                 differ.append(repr(entry))
-        names = _listed([_short(rows[k]) for k in group], ", ", most=6)
         note = (
-            f"note: {len(group)} jobs of one config and run.paired ({names}), each entry's median ratio per job "
-            f"and pooled across jobs (geometric mean, 95% Student-t interval over jobs): {'; '.join(parts)}"
+            f"note: {len(group)} jobs of one config and run.paired ({_listed([names[k] for k in group], ', ', most=6)}), "
+            "each entry's median ratio per job and pooled across jobs (geometric mean, 95% Student-t interval over "
+            f"jobs): {'; '.join(parts)}"
         )
         if differ:
-            note += (
-                f"; the jobs of {_listed(differ, ', ', most=6)} differ by more than one job's own interval: "
-                "one job's verdict is not the config's"
+            which = (
+                "every entry's jobs" if len(differ) == len(pooled) else f"the jobs of {_listed(differ, ', ', most=6)}"
             )
+            note += f"; {which} land outside one another's own intervals: one job's verdict is not the config's"
         out.append(note)
     return out
+
+
+def pooled_json(paired: list[dict], groups: list[tuple[list[int], dict]], names: list[str]) -> dict:
+    """compare's paired.json: each paired run's rows by its name, and each pooled group (its
+    runs, and per entry its pooled row with its verdict)."""
+    return {
+        "runs": {name: rows for name, rows in zip(names, paired) if rows},
+        "pooled": [
+            {
+                "runs": [names[k] for k in group],
+                "entries": {e: {**row, "verdict": pooled_word(row)} for e, row in pooled.items()},
+            }
+            for group, pooled in groups
+        ],
+    }

@@ -59,8 +59,9 @@ def test_schedules_beside_a_run_give_its_losses_and_their_steps(tmp_path):
     # ppx compare says what ran beside the run, the floor among it
     r = ppx("compare", str(run), "--out", str(tmp_path / "compared"))
     assert r.returncode == 0, r.stderr
-    assert "note: beside 1f1b p=2 m=4 (run.paired, 6 pairs), each config's median step over its step: " in r.stdout
-    assert "'pipeline.schedule=1f1b' (its own config, the floor) " in r.stdout and "x the floor's, " in r.stdout
+    what = "each entry's median ratio of its step to the step beside it"
+    assert f"note: beside 1f1b p=2 m=4 (run.paired, 6 pairs), {what}: " in r.stdout
+    assert "'pipeline.schedule=1f1b' (the run's own config: the floor) " in r.stdout and "x the floor's (" in r.stdout
     assert "(run.paired, 6 pairs)" in (tmp_path / "compared" / "compare.md").read_text()
     assert page.count("train.split_backward=drain") >= 2  # the table's row and config.yaml
 

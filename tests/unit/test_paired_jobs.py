@@ -73,3 +73,11 @@ def test_jobs_that_agree_give_a_verdict_and_a_job_without_a_floor_pools_over_the
     mixed = pooled_rows([_job(1.0, 1.03, (1.0, 1.05)), {**_job(1.0, 1.0, (1.0, 1.0)), **old}])
     assert mixed["pipeline.schedule=zb_h1"]["against"] == "run"  # not every job had a floor
     assert mixed["pipeline.schedule=zb_h1"]["per_job"] == [1.03, 1.03]
+
+
+def test_runs_of_two_sweeps_are_named_apart_in_notes():
+    from ppx.report.compare_notes import note_names
+
+    rows = [{"name": f"/r/x/sweep-{s}/repeat={k}", "label": f"repeat={k}"} for s in (1, 2) for k in (1, 2)]
+    assert note_names(rows) == ["sweep-1/repeat=1", "sweep-1/repeat=2", "sweep-2/repeat=1", "sweep-2/repeat=2"]
+    assert note_names(rows[:2]) == ["repeat=1", "repeat=2"]  # apart already: their labels

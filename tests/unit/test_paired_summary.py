@@ -102,6 +102,9 @@ def test_an_interval_that_leaves_one_out_never_reads_as_touching_it():
 
     assert verdict({"over_run_ci95": [0.946, 0.99973]}) == "faster (95% interval of the median 0.9460-0.9997)"
     assert verdict({"over_run_ci95": [0.95, 0.99]}) == "faster (95% interval of the median 0.950-0.990)"
+    # as many digits as it takes for an end under 1 not to read as 1
+    assert verdict({"over_run_ci95": [0.9512, 0.99996]}) == "faster (95% interval of the median 0.95120-0.99996)"
+    assert verdict({"over_run_ci95": [0.98, 1.0]}) == "not told apart (95% interval of the median 0.980-1.000)"
     assert verdict({"over_run_ci95": [0.98, 1.0]}).startswith("not told apart")
 
 

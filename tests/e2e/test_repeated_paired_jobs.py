@@ -28,8 +28,16 @@ def test_a_repeated_paired_sweep_is_pooled_and_an_old_run_names_its_floor(tmp_pa
     assert "(repeat=1, repeat=2)" in note
     assert f"'{ENTRIES[1]}' (over the floor's) {drain[0]:.3f}, {drain[1]:.3f}: pooled {pooled:.3f}x (" in note
     floor = [job[ENTRIES[0]]["over_run"] for job in jobs]
-    assert f"'{ENTRIES[0]}' (the floor, over the run's) {floor[0]:.3f}, {floor[1]:.3f}: pooled " in note
+    assert f"'{ENTRIES[0]}' (the run's own config: the floor, over the run's) {floor[0]:.3f}, {floor[1]:.3f}: " in note
     assert note in (root / "compare.md").read_text()
+    # the same in paired.json, for a script: each job's rows, and the pooled group with its verdict
+    data = read_json(root / "paired.json")
+    assert data["runs"]["repeat=1"] == jobs[0] and data["runs"]["repeat=2"] == jobs[1]
+    (group,) = data["pooled"]
+    assert group["runs"] == ["repeat=1", "repeat=2"]
+    got = group["entries"][ENTRIES[1]]
+    assert got["per_job"] == drain and math.isclose(got["over_pooled"], pooled) and got["against"] == "floor"
+    assert got["verdict"] in ("faster", "slower", "not told apart") and got["verdict"] in note
 
     # a run from before floors: no floor marks in its summary, no paired field in its steps
     old = tmp_path / "old"
@@ -45,5 +53,5 @@ def test_a_repeated_paired_sweep_is_pooled_and_an_old_run_names_its_floor(tmp_pa
     )
     r = ppx("compare", str(old), "--out", str(tmp_path / "compared"))
     assert r.returncode == 0, r.stderr
-    assert f"'{ENTRIES[0]}' (its own config, the floor) " in r.stdout
-    assert f"{drain[0]:.3f}x the floor's, " in r.stdout
+    assert f"'{ENTRIES[0]}' (the run's own config: the floor) " in r.stdout
+    assert f"'{ENTRIES[1]}' {drain[0]:.3f}x the floor's (" in r.stdout
