@@ -106,7 +106,8 @@ def submit(experiment: str, grid: list[tuple[list[str], str]], overrides: list[s
             if not ids:  # nothing submitted: leave no sweep folder behind
                 shutil.rmtree(root)
             raise
-        print(f"ppx sweep: submitted job {job}: {' '.join(point)}", flush=True)
+        what = [*point, f"({name.rsplit(',', 1)[-1]})"] if "repeat=" in name else point  # (a repeated sweep's round)
+        print(f"ppx sweep: submitted job {job}: {' '.join(what)}", flush=True)
         ids.append(job)
     last = _sbatch(
         [

@@ -91,9 +91,18 @@ def point_name(overrides: list[str]) -> str:
     return ",".join(out)
 
 
-def _repeated(name: str, r: int) -> str:
-    """Point ``name``'s folder in round ``r`` of a repeated sweep."""
-    return f"{name},repeat={r}" if name else f"repeat={r}"
+def in_rounds(grid: list[list[str]], names: list[str], repeat: int) -> list[tuple[list[str], str, int]]:
+    """(a point's overrides, its run folder's name, its round) in the order a sweep runs them:
+    every point once, then every point again, ``repeat`` rounds (a slow spell of the machine
+    falls on every point alike); a repeated point's folder says its round (``<point>,repeat=<r>``,
+    or ``repeat=<r>`` for the one config of a sweep without --sweep)."""
+    if repeat == 1:
+        return [(point, name, 1) for point, name in zip(grid, names)]
+    return [
+        (point, f"{name},repeat={r}" if name else f"repeat={r}", r)
+        for r in range(1, repeat + 1)
+        for point, name in zip(grid, names)
+    ]
 
 
 # sweeping these compares placements: on the known-cost model, at equal work only per layer
@@ -172,9 +181,7 @@ def run_sweep(
     if root.exists():
         raise UserError(f"sweep directory {root} already exists")
     root.mkdir(parents=True)
-    rounds = [r for r in range(1, repeat + 1) for _ in grid]
-    if repeat > 1:  # in rounds: every point once, then every point again
-        grid, names = grid * repeat, [_repeated(n, r) for r in range(1, repeat + 1) for n in names]
+    grid, names, rounds = map(list, zip(*in_rounds(grid, names, repeat)))
     print(f"ppx sweep: {len(grid)} runs into {root}", flush=True)
     if launcher == "slurm":
         from ppx.launch.slurm import submit
@@ -183,8 +190,8 @@ def run_sweep(
         return root
     failed = []
     for k, point in enumerate(grid, 1):
-        what = " ".join(point) + (f" (round {rounds[k - 1]} of {repeat})" if repeat > 1 else "")
-        print(f"ppx sweep: [{k}/{len(grid)}] {what.strip()}", flush=True)
+        what = (" ".join(point) + (f" (round {rounds[k - 1]} of {repeat})" if repeat > 1 else "")).strip()
+        print(f"ppx sweep: [{k}/{len(grid)}] {what}", flush=True)
         cmd = [
             sys.executable,
             "-m",
@@ -199,7 +206,7 @@ def run_sweep(
         if stopped is not None:
             raise SweepStopped(stopped, root, k, len(grid))
         if code != 0:
-            failed.append(what.strip() or names[k - 1])
+            failed.append(what)
     if failed:
         print(f"ppx sweep: {len(failed)} run(s) failed: {'; '.join(failed)}", file=sys.stderr)
     return root

@@ -95,8 +95,8 @@ def ratio_span(lo: float, hi: float) -> str:
 
 def verdict(row: dict, against: str = "run") -> str:
     """Whether an entry's steps are told apart from the run's (``against="floor"``: from the
-    floor's): its interval (`median_interval`) of the median ratio all below 1, all above, or
-    holding 1."""
+    floor's; ``"pooled"``: a pooled row of repeated jobs, `ppx.measure.paired_jobs`): its
+    interval of the ratio (``over_<against>_ci95``) all below 1, all above, or holding 1."""
     if f"over_{against}_ci95" not in row:
         return "too few pairs to tell"
     lo, hi = row[f"over_{against}_ci95"]

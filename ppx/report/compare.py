@@ -266,6 +266,14 @@ def plot_bubble_vs_microbatches(rows: list[dict], path: Path) -> bool:
     return True
 
 
+def _commit(run: RunDir) -> str | None:
+    """The ppx commit a run was made by (env.json's), or None where it has none to read."""
+    try:
+        return ((run.env or {}).get("git") or {}).get("commit")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def compare(patterns: list[str], out: Path) -> str:
     """Write compare.md, compare.json, compare.png (and bubble.png) and report.html to ``out``
     (which must not hold a comparison yet); return the terminal table."""
@@ -280,7 +288,8 @@ def compare(patterns: list[str], out: Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
     paired, names = [job_paired(r) for r in runs], note_names(rows)
     groups = pooled_groups(paired, configs)
-    notes = noise_notes(rows, configs) + paired_notes(paired, names) + pooled_notes(groups, names)
+    notes = noise_notes(rows, configs) + paired_notes(paired, names)
+    notes += pooled_notes(groups, names, [_commit(r) for r in runs])
     (out / "compare.md").write_text(markdown_table(rows) + "".join(f"\n{n}\n" for n in notes))
     (out / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
     if any(paired):  # each paired run's entries, and repeated paired jobs pooled

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf.errors import OmegaConfBaseException
-
-from ppx.errors import UserError
 from ppx.measure.paired import paired_step, paired_summary, ratio_span, said
 from ppx.measure.paired_jobs import pooled_rows
 from ppx.report.labels import timing_key
@@ -108,29 +105,32 @@ def _spread(rows: list[dict], group: list[int]) -> float:
 
 
 def job_paired(run: RunDir) -> dict:
-    """A run's ``run.paired`` rows (`paired_summary`), recomputed from its metrics.jsonl with
-    its config's floors, so that a run made before ppx marked floors names its own, over its
-    summary.json's rows (which alone hold each entry's split); those rows as they are where its
-    files cannot be read so."""
+    """A run's ``run.paired`` rows as its summary.json has them; for a run made before ppx
+    marked floors (no row is one, but its config names one: `floors`), recomputed from its
+    metrics.jsonl with those floors where its files read back whole (every entry with as many
+    pairs as its summary counted), so that it names its floor too."""
     stored = run.raw_summary.get("paired") or {}
-    if not stored:
-        return {}
+    if not stored or any(row.get("floor") for row in stored.values()):
+        return stored
     try:
         from ppx.config.paired import floors
 
         cfg = run.config
+        found = floors(cfg)
+        if not found:
+            return stored
         lines = run.metrics
-        steps = [_paired_step(line) for line in lines]
+        steps = [_entries_of(line) for line in lines]
         times, losses = [line["step_time_s"] for line in lines], [line["loss"] for line in lines]
-        rows = paired_summary(list(cfg.run.paired), times, losses, steps, floors(cfg))
-    except (UserError, OmegaConfBaseException, KeyError, TypeError, ValueError):
+        rows = paired_summary(list(cfg.run.paired), times, losses, steps, found)
+    except Exception:  # a file this ppx cannot read back (another schema, cut short): the summary's rows
         return stored
-    if list(rows) != list(stored):
+    if list(rows) != list(stored) or any(rows[e]["pairs"] != stored[e].get("pairs") for e in rows):
         return stored
     return {e: {**stored[e], **row} for e, row in rows.items()}  # (what only the summary has: each entry's split)
 
 
-def _paired_step(line: dict) -> list[tuple]:
+def _entries_of(line: dict) -> list[tuple]:
     """A metrics.jsonl step's (step time, loss) per entry: its own ``paired`` field, or from its
     ranks' records in runs made before that field."""
     if "paired" in line:
@@ -155,15 +155,19 @@ def pooled_word(row: dict) -> str:
     return said(row, "pooled").replace("this job", "these jobs")
 
 
-def pooled_notes(groups: list[tuple[list[int], dict]], names: list[str]) -> list[str]:
-    """A note per `pooled_groups` group: each entry's ratio per job and pooled across the
-    jobs, with its verdict, and which entries' jobs differ by more than one job's interval."""
+def pooled_notes(groups: list[tuple[list[int], dict]], names: list[str], commits: list[str | None]) -> list[str]:
+    """A note per `pooled_groups` group: each entry's ratio per job (in the order the jobs are
+    named) and pooled across the jobs, with its verdict; which entries have two jobs whose own
+    intervals do not overlap; jobs held against the run's because some had no floor; and the
+    ppx commits (``commits``: each run's, env.json's) where the jobs were made by more than one."""
     out = []
     for group, pooled in groups:
         parts, differ = [], []
         for entry, p in pooled.items():
             each = ", ".join(f"{x:.3f}" for x in p["per_job"])
             what = "the run's own config: the floor, over the run's" if p.get("floor") else f"over the {p['against']}'s"
+            if p.get("floorless_jobs"):
+                what += f": {p['floorless_jobs']} of the jobs name no floor"
             if "over_pooled" not in p:
                 parts.append(f"{entry!r} ({what}) {each}")
                 continue
@@ -172,15 +176,20 @@ def pooled_notes(groups: list[tuple[list[int], dict]], names: list[str]) -> list
             if p["jobs_differ"]:
                 differ.append(repr(entry))
         note = (
-            f"note: {len(group)} jobs of one config and run.paired ({_listed([names[k] for k in group], ', ', most=6)}), "
-            "each entry's median ratio per job and pooled across jobs (geometric mean, 95% Student-t interval over "
+            f"note: {len(group)} jobs of one config and run.paired ({', '.join(names[k] for k in group)}), each "
+            "entry's median ratio per job and pooled across jobs (geometric mean, 95% Student-t interval over "
             f"jobs): {'; '.join(parts)}"
         )
         if differ:
-            which = (
-                "every entry's jobs" if len(differ) == len(pooled) else f"the jobs of {_listed(differ, ', ', most=6)}"
+            note += (
+                f"; {_listed(differ, ', ', most=6)}: two jobs' own intervals do not overlap, so jobs differ by more "
+                "than one job's interval says: one job's verdict is not the config's"
             )
-            note += f"; {which} land outside one another's own intervals: one job's verdict is not the config's"
+        made = sorted({commits[k][:7] for k in group if commits[k]})
+        if len(made) > 1:
+            note += (
+                f"; the jobs were made by {len(made)} ppx commits ({', '.join(made)}): a change between them pools too"
+            )
         out.append(note)
     return out
 

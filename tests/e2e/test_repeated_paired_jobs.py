@@ -55,3 +55,11 @@ def test_a_repeated_paired_sweep_is_pooled_and_an_old_run_names_its_floor(tmp_pa
     assert r.returncode == 0, r.stderr
     assert f"'{ENTRIES[0]}' (the run's own config: the floor) " in r.stdout
     assert f"'{ENTRIES[1]}' {drain[0]:.3f}x the floor's (" in r.stdout
+    # its files cut short or unreadable: compare goes on with its summary's rows as they are
+    for broken, how in (("cut", "metrics.jsonl"), ("bad", "config.yaml")):
+        shutil.copytree(old, tmp_path / broken)
+        path = tmp_path / broken / how
+        path.write_text("".join(path.read_text().splitlines(keepends=True)[:3]) if how == "metrics.jsonl" else "a: [")
+        r = ppx("compare", str(tmp_path / broken), "--out", str(tmp_path / f"compared-{broken}"))
+        assert r.returncode == 0, r.stderr
+        assert f"'{ENTRIES[0]}' {jobs[0][ENTRIES[0]]['over_run']:.3f}x the run's (" in r.stdout  # no floor named

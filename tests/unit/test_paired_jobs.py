@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 
@@ -81,3 +82,40 @@ def test_runs_of_two_sweeps_are_named_apart_in_notes():
     rows = [{"name": f"/r/x/sweep-{s}/repeat={k}", "label": f"repeat={k}"} for s in (1, 2) for k in (1, 2)]
     assert note_names(rows) == ["sweep-1/repeat=1", "sweep-1/repeat=2", "sweep-2/repeat=1", "sweep-2/repeat=2"]
     assert note_names(rows[:2]) == ["repeat=1", "repeat=2"]  # apart already: their labels
+
+
+def _simulated_job(rng: random.Random, center: float, pairs: int = 40) -> dict:
+    """One job's paired row as paired_summary makes it: the median of ``pairs`` step ratios
+    scattered 3% about ``center``, and its distribution-free interval."""
+    from ppx.measure.paired import median_interval
+
+    ratios = [center * math.exp(rng.gauss(0, 0.03)) for _ in range(pairs)]
+    return {"e": {"over_run": statistics.median(ratios), "over_run_ci95": list(median_interval(ratios))}}
+
+
+def test_jobs_differ_only_where_two_jobs_intervals_part():
+    """Groups of 8 identical jobs are flagged rarely (a rule that flags a job's ratio outside
+    another job's interval flagged most of them); a group with one job 6% off is flagged."""
+    rng = random.Random(5)
+    same = sum(pooled_rows([_simulated_job(rng, 1.0) for _ in range(8)])["e"]["jobs_differ"] for _ in range(400))
+    off = sum(
+        pooled_rows([_simulated_job(rng, 1.06)] + [_simulated_job(rng, 1.0) for _ in range(7)])["e"]["jobs_differ"]
+        for _ in range(400)
+    )
+    assert same / 400 < 0.15 and off / 400 > 0.7
+
+
+def test_the_pooled_note_says_what_it_pooled_and_what_it_could_not():
+    from ppx.report.compare_notes import pooled_notes
+
+    jobs = [_job(1.0, 1.03, (1.02, 1.04)), _job(1.0, 0.99, (0.98, 1.00))]
+    note = pooled_notes([([0, 1], pooled_rows(jobs))], ["a", "b"], ["1234567aaa", "1234567aaa"])[0]
+    assert note.startswith("note: 2 jobs of one config and run.paired (a, b)")
+    assert "'pipeline.schedule=zb_h1' (over the floor's) 1.030, 0.990: pooled " in note
+    assert "'pipeline.schedule=1f1b' (the run's own config: the floor, over the run's) 1.000, 1.000" in note
+    assert "'pipeline.schedule=zb_h1': two jobs' own intervals do not overlap" in note and "commits" not in note
+    # a job without a floor: the others are held against the run's, and the note says why
+    old = {"pipeline.schedule=1f1b": {"over_run": 1.0}, "pipeline.schedule=zb_h1": {"over_run": 1.02}}
+    note = pooled_notes([([0, 1, 2], pooled_rows([*jobs, old]))], ["a", "b", "c"], ["1234567a", "7654321b", None])[0]
+    assert "'pipeline.schedule=zb_h1' (over the run's: 1 of the jobs name no floor) 1.030, 0.990, 1.020" in note
+    assert "the jobs were made by 2 ppx commits (1234567, 7654321)" in note

@@ -22,3 +22,20 @@ def test_a_sweep_across_schedules_compares_them_at_equal_work(tmp_path):
     assert equal_work(str(exp), schedules, []) is None
     # a sweep that keeps the placement compares nothing across placements
     assert equal_work("gpipe_2cpu", parse_spec("pipeline.microbatches=2,4"), []) is None
+
+
+def test_a_repeated_sweep_runs_in_rounds_each_folder_naming_its_round():
+    from ppx.launch.sweep import in_rounds, parse_spec, point_name, points
+
+    grid = points(parse_spec("pipeline.schedule=1f1b,zb_h1"))
+    names = [point_name(p) for p in grid]
+    assert in_rounds(grid, names, 1) == [(grid[0], "schedule=1f1b", 1), (grid[1], "schedule=zb_h1", 1)]
+    got = in_rounds(grid, names, 2)
+    assert [name for _, name, _ in got] == [
+        "schedule=1f1b,repeat=1",
+        "schedule=zb_h1,repeat=1",
+        "schedule=1f1b,repeat=2",
+        "schedule=zb_h1,repeat=2",
+    ]
+    assert [r for _, _, r in got] == [1, 1, 2, 2] and [p for p, _, _ in got] == grid * 2
+    assert [name for _, name, _ in in_rounds([[]], [""], 3)] == ["repeat=1", "repeat=2", "repeat=3"]
