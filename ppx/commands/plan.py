@@ -179,11 +179,6 @@ def cmd_plan(args) -> int:
     if args.from_run and inputs.act_bytes is None:
         notes.append(f"note: {args.from_run} measured no saved bytes per microbatch: peaks count params only")
     close = near_best(results, args.close_pct)
-    if close:
-        notes.append(
-            f"note: {_names(close)} predicted within {args.close_pct:g}% of the best's "
-            "throughput: closer than a prediction can tell apart (--close-pct); measure them before choosing"
-        )
     # every file first, then the lines: a plan cut short while printing (| head) leaves them whole
     out.mkdir(parents=True, exist_ok=True)
     csv = out / "best.csv"
@@ -199,6 +194,19 @@ def cmd_plan(args) -> int:
         failing = check(how[0])
         if failing:  # never print a command that fails without saying so
             how.append(f"  note: this command fails its config checks: {failing}")
+    paired = None  # (after best.csv is written: the measuring command names it)
+    if run_cfg is not None and best is not None:
+        from ppx.plan.paired_command import paired_command
+
+        paired = paired_command([(r.p, r.m, commands[results.index(r)]) for r in [best, *close]], run_cfg, experiment)
+    if close:
+        notes.append(
+            f"note: {_names(close)} predicted within {args.close_pct:g}% of the best's "
+            "throughput: closer than a prediction can tell apart (--close-pct); measure them before choosing"
+            + (f", beside one another and the run, jobs pooled: {paired}" if paired else "")
+        )
+    elif paired:
+        notes.append(f"note: a prediction, to measure: the best beside the run, step by step, jobs pooled: {paired}")
     outputs.write_json(out / "plan.json", inputs, results, skipped, best, notes, close, commands)
     outputs.write_md(out / "plan.md", inputs, results, skipped, best, how, notes)
     pareto.draw(results, out / "plan.png", inputs.budget_bytes, f"ppx plan: {len(results)} candidates")

@@ -125,3 +125,18 @@ def test_a_flags_plan_runs_as_printed(tmp_path):
     assert words[2] == "1f1b_2cpu"
     run = ppx("run", *words[2:], "train.steps=2", f"run.dir={tmp_path / 'run'}")
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_the_plans_measuring_command_runs_as_printed_and_its_jobs_pool(tmp_path):
+    """A plan from a known-cost 1F1B run predicts GPipe as fast as 1F1B (equal costs, equal
+    bubble): the sweep it prints holds the two beside each other, the run's own config the
+    floor, and its comparison pools the jobs."""
+    r, plan, s = plan_and_run(tmp_path, KINDS["synthetic"], "-m", "4", "--schedules", "1f1b,gpipe")
+    line = next(x for x in r.stdout.splitlines() if "jobs pooled: ppx sweep " in x)
+    words = line.split("jobs pooled: ", 1)[1]
+    assert words.startswith("ppx sweep ") and "--repeat 5 'run.paired=[" in words
+    assert "pipeline.schedule=1f1b" in words and "pipeline.schedule=gpipe" in words
+    argv = [w.strip("'") for w in words.split(" ", 3)[1:3]] + [words.split(" ", 5)[5].strip("'")]
+    swept = ppx(*argv[:2], "--repeat", "2", argv[2], "train.steps=2", f"run.root={tmp_path / 'runs'}")
+    assert swept.returncode == 0, swept.stderr[-3000:]
+    assert "note: 2 jobs of one config and run.paired (repeat=1, repeat=2)" in swept.stdout
