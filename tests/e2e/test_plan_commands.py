@@ -131,7 +131,20 @@ def test_the_plans_measuring_command_runs_as_printed_and_its_jobs_pool(tmp_path)
     """A plan from a known-cost 1F1B run predicts GPipe as fast as 1F1B (equal costs, equal
     bubble): the sweep it prints holds the two beside each other, the run's own config the
     floor, and its comparison pools the jobs."""
-    r, plan, s = plan_and_run(tmp_path, KINDS["synthetic"], "-m", "4", "--schedules", "1f1b,gpipe")
+    run = ppx("run", *KINDS["synthetic"], *SHORT, f"run.dir={tmp_path / 'calib'}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    r = ppx(
+        "plan",
+        "--from-run",
+        str(tmp_path / "calib"),
+        "-m",
+        "4",
+        "--schedules",
+        "1f1b,gpipe",
+        "--out",
+        str(tmp_path / "plan"),
+    )
+    assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if "jobs pooled: ppx sweep " in x)
     words = line.split("jobs pooled: ", 1)[1]
     assert words.startswith("ppx sweep ") and "--repeat 5 'run.paired=[" in words
