@@ -47,8 +47,8 @@ def noise_notes(rows: list[dict], configs: list[dict]) -> list[str]:
     if pairs:
         out.append(
             f"note: the middle halves of the steps of {_listed([f'{a} and {b}' for a, b in pairs], '; ')} overlap: "
-            "their median steps differ by less than their own steps spread; repeat them, alternated (a sweep runs "
-            "its points one after another), before ranking them"
+            "their median steps differ by less than their own steps spread; hold them step by step beside each "
+            "other (run.paired), in repeated jobs (ppx sweep --repeat), before ranking them"
         )
     return out
 
