@@ -131,7 +131,8 @@ def output_path(option: str, path) -> None:
 
 
 def wrote(out: Path) -> None:
-    files = [out / f for f in ("compare.md", "compare.json", "compare.png", "bubble.png") if (out / f).exists()]
+    names = ("compare.md", "compare.json", "paired.json", "compare.png", "bubble.png")
+    files = [out / f for f in names if (out / f).exists()]
     print("ppx: wrote " + ", ".join(map(str, files)))
 
 

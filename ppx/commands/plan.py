@@ -198,15 +198,19 @@ def cmd_plan(args) -> int:
     if run_cfg is not None and best is not None:
         from ppx.plan.paired_command import paired_command
 
-        paired = paired_command([(r.p, r.m, commands[results.index(r)]) for r in [best, *close]], run_cfg, experiment)
+        baseline = [r for r in results if r.schedule == "1f1b"]  # the field's reference, beside them too
+        measure = [best, *close, *baseline]
+        paired = paired_command([(r.p, r.m, commands[results.index(r)]) for r in measure], run_cfg, experiment)
     if close:
         notes.append(
             f"note: {_names(close)} predicted within {args.close_pct:g}% of the best's "
             "throughput: closer than a prediction can tell apart (--close-pct); measure them before choosing"
-            + (f", beside one another and the run, jobs pooled: {paired}" if paired else "")
+            + (f", beside one another, 1F1B and the run, jobs pooled: {paired}" if paired else "")
         )
     elif paired:
-        notes.append(f"note: a prediction, to measure: the best beside the run, step by step, jobs pooled: {paired}")
+        notes.append(
+            f"note: a prediction, to measure: the best beside 1F1B and the run, step by step, jobs pooled: {paired}"
+        )
     outputs.write_json(out / "plan.json", inputs, results, skipped, best, notes, close, commands)
     outputs.write_md(out / "plan.md", inputs, results, skipped, best, how, notes)
     pareto.draw(results, out / "plan.png", inputs.budget_bytes, f"ppx plan: {len(results)} candidates")

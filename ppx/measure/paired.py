@@ -85,10 +85,11 @@ def median_interval(values: list[float], level: float = 0.95) -> tuple[float, fl
 
 
 def ratio_span(lo: float, hi: float) -> str:
-    """``lo-hi`` to 3 decimals, or as many more (up to 6) as it takes for an end that is not 1
-    not to read as 1 (an interval that leaves 1 out by 0.00004 should not read as touching it)."""
+    """``lo-hi`` to 3 decimals; where the interval leaves 1 out but an end would read as 1, as
+    many more (up to 6) as it takes not to (an interval under 1 by 0.00004 should not read as
+    touching it)."""
     digits = 3
-    while digits < 6 and any(x != 1 and f"{x:.{digits}f}" == f"{1:.{digits}f}" for x in (lo, hi)):
+    while digits < 6 and (hi < 1 or lo > 1) and f"{1:.{digits}f}" in (f"{lo:.{digits}f}", f"{hi:.{digits}f}"):
         digits += 1
     return f"{lo:.{digits}f}-{hi:.{digits}f}"
 

@@ -1,5 +1,5 @@
 """The command that measures a plan's best, the candidates predicted too close to tell from
-it, and the run the plan read, beside one another: ``ppx sweep <the run's config> --repeat 5 'run.paired=[...]'``.
+it, 1F1B (the field's reference) and the run the plan read, beside one another: ``ppx sweep <the run's config> --repeat 5 'run.paired=[...]'``.
 Each candidate is one ``run.paired`` entry (the ``pipeline.*``, ``model.*`` and ``train.*``
 overrides of its own ``ppx run`` command), the run's own config is the floor, each job holds
 every entry's steps against the floor's beside them, and ``ppx compare`` (which the sweep
@@ -24,7 +24,7 @@ def entry_of(command: str) -> str:
 
 def paired_command(chosen: list[tuple[int, int, str]], run_cfg, experiment: str) -> str | None:
     """The sweep command measuring ``chosen`` ((p, m, its `ppx run` command) of the best, then
-    of the candidates close to it) and the run ``run_cfg`` of ``experiment`` (its config.yaml)
+    of the candidates close to it, then 1F1B) and the run ``run_cfg`` of ``experiment`` (its config.yaml)
     beside one another, or None where that is one config (the best is the run's, alone) or the
     command would not run."""
     from ppx import config

@@ -94,8 +94,10 @@ def _short(row: dict) -> str:
     return label if 0 < len(label) <= 40 else Path(row["name"]).name
 
 
-def _listed(items: list[str], sep: str = " and ", most: int = 4) -> str:
-    return sep.join(items[:most]) + (f"{sep}{len(items) - most} more" if len(items) > most else "")
+def _listed(items: list[str], sep: str = ", ", most: int = 4) -> str:
+    """``a, b and c``; past ``most`` items, ``a, b, c, d and 2 more`` (``sep`` between all but the last two)."""
+    shown = items[:most] + ([f"{len(items) - most} more"] if len(items) > most else [])
+    return shown[0] if len(shown) == 1 else sep.join(shown[:-1]) + " and " + shown[-1]
 
 
 def _spread(rows: list[dict], group: list[int]) -> float:
@@ -182,7 +184,7 @@ def pooled_notes(groups: list[tuple[list[int], dict]], names: list[str], commits
         )
         if differ:
             note += (
-                f"; {_listed(differ, ', ', most=6)}: two jobs' own intervals do not overlap, so jobs differ by more "
+                f"; {_listed(differ, most=6)}: two jobs' own intervals do not overlap, so jobs differ by more "
                 "than one job's interval says: one job's verdict is not the config's"
             )
         made = sorted({commits[k][:7] for k in group if commits[k]})

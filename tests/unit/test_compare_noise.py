@@ -56,3 +56,10 @@ def test_runs_apart_and_runs_of_unread_configs_say_nothing():
     unread = {UNREAD: True, "pipeline.schedule": "1f1b"}
     assert timing_key(unread) is None
     assert noise_notes([_row("a", 10.0, []), _row("b", 13.0, [])], [unread, dict(unread)]) == []
+
+
+def test_lists_in_notes_read_as_prose():
+    from ppx.report.compare_notes import _listed
+
+    assert _listed(["a"]) == "a" and _listed(["a", "b"]) == "a and b" and _listed(["a", "b", "c"]) == "a, b and c"
+    assert _listed(list("abcdef")) == "a, b, c, d and 2 more"

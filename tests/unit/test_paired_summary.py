@@ -105,6 +105,7 @@ def test_an_interval_that_leaves_one_out_never_reads_as_touching_it():
     # as many digits as it takes for an end under 1 not to read as 1
     assert verdict({"over_run_ci95": [0.9512, 0.99996]}) == "faster (95% interval of the median 0.95120-0.99996)"
     assert verdict({"over_run_ci95": [0.98, 1.0]}) == "not told apart (95% interval of the median 0.980-1.000)"
+    assert verdict({"over_run_ci95": [0.68165, 1.00004]}) == "not told apart (95% interval of the median 0.682-1.000)"
     assert verdict({"over_run_ci95": [0.98, 1.0]}).startswith("not told apart")
 
 
