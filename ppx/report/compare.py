@@ -15,13 +15,16 @@ from ppx import schedules
 from ppx.errors import UserError
 from ppx.measure.metrics import middle_half
 from ppx.report.compare_notes import (
+    POOLED_HEADER,
     job_paired,
+    listed,
     noise_notes,
     note_names,
     paired_notes,
     pooled_groups,
     pooled_json,
     pooled_notes,
+    pooled_table,
 )
 from ppx.report.labels import flat_config, run_labels, shared_label
 from ppx.report.run_dir import RunDir
@@ -132,6 +135,10 @@ def text_table(rows: list[dict]) -> str:
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join([*lines, NOTE])
+
+
+def _md_rows(header: list[str], body: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in body]
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -290,7 +297,12 @@ def compare(patterns: list[str], out: Path) -> str:
     groups = pooled_groups(paired, configs)
     notes = noise_notes(rows, configs) + paired_notes(paired, names)
     notes += pooled_notes(groups, names, [_commit(r) for r in runs])
-    (out / "compare.md").write_text(markdown_table(rows) + "".join(f"\n{n}\n" for n in notes))
+    tables = [  # each pooled group's entries: (its heading, header, rows)
+        (f"run.paired pooled over {listed([names[k] for k in g], most=6)}", POOLED_HEADER, pooled_table(p))
+        for g, p in groups
+    ]
+    md = "".join(f"\n## {t}\n\n" + "\n".join(_md_rows(h, body)) + "\n" for t, h, body in tables)
+    (out / "compare.md").write_text(markdown_table(rows) + "".join(f"\n{n}\n" for n in notes) + md)
     (out / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
     if any(paired):  # each paired run's entries, and repeated paired jobs pooled
         (out / "paired.json").write_text(json.dumps(pooled_json(paired, groups, names), indent=2) + "\n")
@@ -300,5 +312,5 @@ def compare(patterns: list[str], out: Path) -> str:
     plot_bubble_vs_microbatches(rows, out / "bubble.png")
     from ppx.report.html_report import write_compare_html
 
-    write_compare_html(out, rows, COLUMNS, title, bubble_series(rows), [NOTE, *notes])
+    write_compare_html(out, rows, COLUMNS, title, bubble_series(rows), [NOTE, *notes], tables)
     return "\n".join([text_table(rows), *notes])

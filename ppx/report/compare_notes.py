@@ -28,7 +28,7 @@ def noise_notes(rows: list[dict], configs: list[dict]) -> list[str]:
     if groups:
         g = max(groups, key=lambda g: _spread(rows, g))
         out.append(
-            f"note: {_listed([names[k] for k in g])} ran one config, and their median steps differ by "
+            f"note: {listed([names[k] for k in g])} ran one config, and their median steps differ by "
             f"{_spread(rows, g):.0%}: this machine's run-to-run noise here, which no run's own steps show; a "
             "difference between other runs smaller than that orders nothing"
         )
@@ -46,7 +46,7 @@ def noise_notes(rows: list[dict], configs: list[dict]) -> list[str]:
     ]
     if pairs:
         out.append(
-            f"note: the middle halves of the steps of {_listed([f'{a} and {b}' for a, b in pairs], '; ')} overlap: "
+            f"note: the middle halves of the steps of {listed([f'{a} and {b}' for a, b in pairs], '; ')} overlap: "
             "their median steps differ by less than their own steps spread; hold them step by step beside each "
             "other (run.paired), in repeated jobs (ppx sweep --repeat), before ranking them"
         )
@@ -94,7 +94,7 @@ def _short(row: dict) -> str:
     return label if 0 < len(label) <= 40 else Path(row["name"]).name
 
 
-def _listed(items: list[str], sep: str = ", ", most: int = 4) -> str:
+def listed(items: list[str], sep: str = ", ", most: int = 4) -> str:
     """``a, b and c``; past ``most`` items, ``a, b, c, d and 2 more`` (``sep`` between all but the last two)."""
     shown = items[:most] + ([f"{len(items) - most} more"] if len(items) > most else [])
     return shown[0] if len(shown) == 1 else sep.join(shown[:-1]) + " and " + shown[-1]
@@ -184,7 +184,7 @@ def pooled_notes(groups: list[tuple[list[int], dict]], names: list[str], commits
         )
         if differ:
             note += (
-                f"; {_listed(differ, most=6)}: two jobs' own intervals do not overlap, so jobs differ by more "
+                f"; {listed(differ, most=6)}: two jobs' own intervals do not overlap, so jobs differ by more "
                 "than one job's interval says: one job's verdict is not the config's"
             )
         made = sorted({commits[k][:7] for k in group if commits[k]})
@@ -194,6 +194,29 @@ def pooled_notes(groups: list[tuple[list[int], dict]], names: list[str], commits
             )
         out.append(note)
     return out
+
+
+POOLED_HEADER = ["entry", "over", "jobs", "each job", "pooled", "95% interval over jobs", "verdict"]
+
+
+def pooled_table(pooled: dict) -> list[list[str]]:
+    """One `pooled_groups` group's entries as rows under `POOLED_HEADER` (compare.md and the
+    comparison's report.html)."""
+    rows = []
+    for entry, p in pooled.items():
+        ci = p.get("over_pooled_ci95")
+        rows.append(
+            [
+                entry + (" (the floor)" if p.get("floor") else ""),
+                f"the {p['against']}'s",
+                str(p["jobs"]),
+                ", ".join(f"{x:.3f}" for x in p["per_job"]),
+                f"{p['over_pooled']:.3f}x" if "over_pooled" in p else "",
+                ratio_span(*ci) if ci else "",
+                pooled_word(p) if ci else "",
+            ]
+        )
+    return rows
 
 
 def pooled_json(paired: list[dict], groups: list[tuple[list[int], dict]], names: list[str]) -> dict:

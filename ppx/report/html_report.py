@@ -205,11 +205,18 @@ def write_run_html(
 
 
 def write_compare_html(
-    out_dir: Path, rows: list[dict], columns, title: str, series: list[dict] | None, notes: list[str] = ()
+    out_dir: Path,
+    rows: list[dict],
+    columns,
+    title: str,
+    series: list[dict] | None,
+    notes: list[str] = (),
+    tables: list[tuple[str, list[str], list[list[str]]]] = (),
 ) -> Path:
     """Write ``<out_dir>/report.html`` for compare's ``rows`` (with ``columns``, compare's
-    (header, key, format) list), a title, the bubble-against-m series (or None), and the notes
-    printed under the table (its legend, what it cannot order)."""
+    (header, key, format) list), a title, the bubble-against-m series (or None), the notes
+    printed under the table (its legend, what it cannot order) and more ``tables`` (heading,
+    header, text rows: repeated paired jobs pooled)."""
     from ppx.report import plotly_figures as figs
 
     page = _Page(f"ppx compare: {title}", "compare")
@@ -230,6 +237,9 @@ def write_compare_html(
     page.add('<p class="note">Each run\'s name links to its own report.html where it has one.</p>')
     for note in notes:
         page.add(f'<p class="note">{html.escape(note)}</p>')
+    for k, (heading, header, body) in enumerate(tables):
+        page.heading(heading)
+        page.add(_table(f"pooled-{k}", header, [[html.escape(c) for c in r] for r in body], left=(0, 1, 3, 6)))
     page.figure(figs.runs_figure(rows), "runs")
     page.heading("bubble against microbatches")
     if series:

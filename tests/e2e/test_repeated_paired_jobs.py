@@ -31,7 +31,10 @@ def test_a_repeated_paired_sweep_is_pooled_and_an_old_run_names_its_floor(tmp_pa
     assert f"'{ENTRIES[1]}' (over the floor's) {drain[0]:.3f}, {drain[1]:.3f}: pooled {pooled:.3f}x (" in note
     floor = [job[ENTRIES[0]]["over_run"] for job in jobs]
     assert f"'{ENTRIES[0]}' (the run's own config: the floor, over the run's) {floor[0]:.3f}, {floor[1]:.3f}: " in note
-    assert note in (root / "compare.md").read_text()
+    md = (root / "compare.md").read_text()
+    assert note in md  # and a table of the pooled entries, there and in the comparison's page
+    assert f"| {ENTRIES[1]} | the floor's | 2 | {drain[0]:.3f}, {drain[1]:.3f} | {pooled:.3f}x | " in md
+    assert 'id="pooled-0"' in (root / "report.html").read_text()
     # the same in paired.json, for a script: each job's rows, and the pooled group with its verdict
     data = read_json(root / "paired.json")
     assert data["runs"]["repeat=1"] == jobs[0] and data["runs"]["repeat=2"] == jobs[1]

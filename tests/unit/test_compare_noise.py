@@ -59,7 +59,7 @@ def test_runs_apart_and_runs_of_unread_configs_say_nothing():
 
 
 def test_lists_in_notes_read_as_prose():
-    from ppx.report.compare_notes import _listed
+    from ppx.report.compare_notes import listed
 
-    assert _listed(["a"]) == "a" and _listed(["a", "b"]) == "a and b" and _listed(["a", "b", "c"]) == "a, b and c"
-    assert _listed(list("abcdef")) == "a, b, c, d and 2 more"
+    assert listed(["a"]) == "a" and listed(["a", "b"]) == "a and b" and listed(["a", "b", "c"]) == "a, b and c"
+    assert listed(list("abcdef")) == "a, b, c, d and 2 more"
