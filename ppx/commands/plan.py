@@ -28,15 +28,15 @@ def _names(results, most: int = 4) -> str:
     return shown + (f" and {len(results) - most} more" if len(results) > most else "")
 
 
-def candidate_commands(results, out: Path, experiment: str, inputs, run_cfg, best) -> list[str]:
-    """Per candidate, the command that runs it as planned: a family by name (the plan built it
-    as `ppx run` does); the automatic schedule and a family's drained list (``+drain``) from a
-    CSV of their own in ``out`` (the best's: best.csv), no name of ppx's."""
+def candidate_overrides(results, out: Path, inputs, run_cfg, best) -> list[list[str]]:
+    """Per candidate, the `ppx run` overrides that run it as planned: a family by name (the plan
+    built it as `ppx run` does); the automatic schedule and a family's drained list (``+drain``)
+    from a CSV of their own in ``out`` (the best's: best.csv), no name of ppx's."""
     from ppx.plan import outputs
     from ppx.plan.builders import AUTO, DRAIN
-    from ppx.plan.howto import full_command
+    from ppx.plan.howto import planned_overrides
 
-    texts = []
+    lists = []
     out.mkdir(parents=True, exist_ok=True)
     for r in results:
         schedule = r.schedule
@@ -45,8 +45,8 @@ def candidate_commands(results, out: Path, experiment: str, inputs, run_cfg, bes
             schedule = out / ("best.csv" if r is best else r.schedule.replace("+", "_") + shape + ".csv")
             if r is not best:
                 outputs.write_best(schedule, r, inputs)
-        texts.append(full_command(r, schedule, experiment, inputs, run_cfg))
-    return texts
+        lists.append(planned_overrides(r, schedule, inputs, run_cfg))
+    return lists
 
 
 def config_of(run_dir: str):
@@ -183,7 +183,8 @@ def cmd_plan(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     csv = out / "best.csv"
     how = []
-    commands = candidate_commands(results, out, experiment, inputs, run_cfg, best)
+    overrides = candidate_overrides(results, out, inputs, run_cfg, best)
+    commands = [" ".join(["ppx run", experiment, *o]) for o in overrides]
     if best:
         outputs.write_best(csv, best, inputs)
         how = [full_command(best, csv, experiment, inputs, run_cfg)]
@@ -194,23 +195,25 @@ def cmd_plan(args) -> int:
         failing = check(how[0])
         if failing:  # never print a command that fails without saying so
             how.append(f"  note: this command fails its config checks: {failing}")
-    paired = None  # (after best.csv is written: the measuring command names it)
+    measuring = None  # (after best.csv is written: the measuring command names it)
     if run_cfg is not None and best is not None:
         from ppx.plan.paired_command import paired_command
 
-        baseline = [r for r in results if r.schedule == "1f1b"]  # the field's reference, beside them too
-        measure = [best, *close, *baseline]
-        paired = paired_command([(r.p, r.m, commands[results.index(r)]) for r in measure], run_cfg, experiment)
+        place = {id(r): k for k, r in enumerate(results)}
+        baseline = [r for r in results if r.schedule == "1f1b" and r.fits]  # the field's reference, beside them
+        measure, reference = (
+            [(r.label(), r.p, r.m, overrides[place[id(r)]]) for r in rs] for rs in ([best, *close], baseline)
+        )
+        measuring = paired_command(measure, run_cfg, experiment, reference)
     if close:
         notes.append(
             f"note: {_names(close)} predicted within {args.close_pct:g}% of the best's "
             "throughput: closer than a prediction can tell apart (--close-pct); measure them before choosing"
-            + (f", beside one another, 1F1B and the run, jobs pooled: {paired}" if paired else "")
         )
-    elif paired:
-        notes.append(
-            f"note: a prediction, to measure: the best beside 1F1B and the run, step by step, jobs pooled: {paired}"
-        )
+    if measuring:
+        from ppx.plan.paired_command import note
+
+        notes.append(f"note: a plan is a prediction; to measure {note(measuring)}")
     outputs.write_json(out / "plan.json", inputs, results, skipped, best, notes, close, commands)
     outputs.write_md(out / "plan.md", inputs, results, skipped, best, how, notes)
     pareto.draw(results, out / "plan.png", inputs.budget_bytes, f"ppx plan: {len(results)} candidates")

@@ -86,7 +86,7 @@ def variants(cfg) -> list[tuple[str, object]]:
             raise UserError(f"run.paired: {entry!r} runs on torch's runtime; an entry runs on ppx's")
         if resolve_schedule(other).num_ranks != ranks:
             raise UserError(f"run.paired: {entry!r} runs on other ranks than the run's {ranks}")
-        same = next((e for e, o in out if o == other), None)
+        same = next((e for e, o in out if same_run(o, other)), None)
         if same is not None:  # the same config spelled otherwise (two floors among them)
             raise UserError(f"run.paired: {entry!r} is the same config as {same!r} (each entry is one config, once)")
         out.append((entry, other))
@@ -112,6 +112,7 @@ def floors(cfg) -> list[str]:
     config land in this job)."""
     conf = OmegaConf.structured(cfg)
     absent = object()  # a key the run has not (a new key of a dict, model.hf_overrides'): never a floor's
+    run = None
     out = []
     for entry in cfg.run.paired:
         items = entry_overrides(entry)
@@ -119,6 +120,39 @@ def floors(cfg) -> list[str]:
         keys = [item.partition("=")[0].strip() for item in items]
         if all(OmegaConf.select(other, k) == OmegaConf.select(conf, k, default=absent) for k in keys):
             out.append(entry)
+            continue
+        try:  # the run's own list spelled otherwise (its default v given, its drained list as a CSV)
+            run = run or OmegaConf.to_object(_with_entry(cfg, []))
+            if same_run(run, OmegaConf.to_object(other)):
+                out.append(entry)
+        except (UserError, OmegaConfBaseException):
+            pass
+    return out
+
+
+def same_run(a, b) -> bool:
+    """Whether configs ``a`` and ``b`` run the same: equal, or equal but for how they name the
+    schedule (a family or its CSV, ``pipeline.virtual_stages`` given or left to the family's
+    default, ``train.split_backward`` drain or auto over a list drained already) where the two
+    resolve to the same lists on the same ranks."""
+    from ppx.config.resolve import resolve_schedule
+
+    if a == b:
+        return True
+    if _named_apart(a) != _named_apart(b):
+        return False
+    x, y = resolve_schedule(a), resolve_schedule(b)
+    return x.actions == y.actions and list(x.stage_to_rank) == list(y.stage_to_rank)
+
+
+def _named_apart(cfg):
+    """``cfg`` (a config object) without how it names its schedule (`same_run`)."""
+    import copy
+
+    out = copy.deepcopy(cfg)
+    out.pipeline.schedule, out.pipeline.virtual_stages = "", None
+    if out.train.split_backward == "drain":
+        out.train.split_backward = "auto"
     return out
 
 

@@ -55,12 +55,15 @@ def from_run_overrides(best: Result, cfg, inputs: PlanInputs) -> list[str]:
     for every candidate of a drain run (its CSV is the list as planned, every backward split or,
     ``+drain``, drained already: drain would drain a family's list again); the run's
     pipeline.balance where it split its units evenly (a config.yaml from before the key, read
-    back so, would otherwise run the new default); and none of the run's run.paired entries
-    (the candidate is what was planned, not the run's comparison)."""
+    back so, would otherwise run the new default); none of the run's run.paired entries (the
+    candidate is what was planned, not the run's comparison); and no v of the run's for a
+    candidate of one stage per rank."""
     from ppx import models
     from ppx.plan.space import splits
 
     out, n, model = ["run.dir=null"], best.p * best.v, cfg.model
+    if best.v == 1 and cfg.pipeline.virtual_stages is not None:  # (run_overrides names v only above 1)
+        out.append("pipeline.virtual_stages=null")
     way = cfg.train.split_backward
     if way == "drain" or way != "auto" and not splits(best.schedule):
         out.append("train.split_backward=auto")
@@ -86,11 +89,17 @@ def command(best: Result, csv: Path | str, experiment: str, extra: tuple[str, ..
     return " ".join(["ppx run", experiment, *run_overrides(best, csv), *extra])
 
 
-def full_command(r: Result, schedule: Path | str, experiment: str, inputs: PlanInputs, run_cfg=None) -> str:
-    """The command that runs candidate ``r`` as planned: on a run's config (``run_cfg``) with what
-    its shape changes there, or on the known-cost model at the planned costs."""
+def planned_overrides(r: Result, schedule: Path | str, inputs: PlanInputs, run_cfg=None) -> list[str]:
+    """The `ppx run` overrides that run candidate ``r`` as planned: on a run's config
+    (``run_cfg``) with what its shape changes there, or on the known-cost model at the planned
+    costs."""
     extra = from_run_overrides(r, run_cfg, inputs) if run_cfg is not None else synthetic_overrides(r, inputs)
-    return command(r, schedule, experiment, tuple(extra))
+    return [*run_overrides(r, schedule), *extra]
+
+
+def full_command(r: Result, schedule: Path | str, experiment: str, inputs: PlanInputs, run_cfg=None) -> str:
+    """``ppx run <experiment>`` with `planned_overrides`."""
+    return " ".join(["ppx run", experiment, *planned_overrides(r, schedule, inputs, run_cfg)])
 
 
 def check(text: str) -> str | None:

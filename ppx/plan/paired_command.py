@@ -1,51 +1,101 @@
 """The command that measures a plan's best, the candidates predicted too close to tell from
-it, 1F1B (the field's reference) and the run the plan read, beside one another: ``ppx sweep <the run's config> --repeat 5 'run.paired=[...]'``.
-Each candidate is one ``run.paired`` entry (the ``pipeline.*``, ``model.*`` and ``train.*``
-overrides of its own ``ppx run`` command), the run's own config is the floor, each job holds
-every entry's steps against the floor's beside them, and ``ppx compare`` (which the sweep
-runs) pools the jobs (docs/running.md). Only candidates an entry can be make it: the run's p
-(its processes) and m (a step's work)."""
+it, 1F1B (the field's reference) and the run the plan read, beside one another:
+``ppx sweep <the run's config> --repeat 5 'run.paired=[...]'``. Each candidate is one
+``run.paired`` entry (the ``pipeline.*``, ``model.*`` and ``train.*`` overrides that run it as
+planned), the run's own config is the floor, each job holds every entry's steps against the
+floor's beside them, and ``ppx compare`` (which the sweep runs) pools the jobs
+(docs/running.md). A job's entries share its processes and its step's work, so only
+candidates at the run's p and m can be entries; the others are named as left out."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from ppx.config.paired import SECTIONS
 from ppx.errors import UserError
 
 REPEAT = 5  # jobs: the pooled interval's t quantile is 2.78 at 5, 12.7 at 2
-KEYS = ("pipeline.", "model.", "train.")  # what a run.paired entry may set
+STEPS = 40  # a job's pairs at least: a short calibration run's steps would give too few to tell
 
 
-def entry_of(command: str) -> str:
-    """A candidate's `ppx run` command as a ``run.paired`` entry: its overrides of the keys an
-    entry sets, but the job's own (``pipeline.stages``) and m (an entry's is the run's)."""
-    words = command.split()[3:]  # ppx run <experiment> ...
+@dataclass
+class Measuring:
+    """The measuring command, the candidates (labels) it holds beside the run, whether the
+    best is the run's own config (its floor), and the candidates left out, each with why."""
+
+    command: str
+    measured: list[str]
+    best_is_run: bool
+    left: list[str] = field(default_factory=list)
+
+
+def entry_of(overrides: list[str]) -> str | None:
+    """A candidate's `ppx run` overrides as a ``run.paired`` entry: those of the keys an entry
+    sets, but the job's own (``pipeline.stages``) and m (an entry's is the run's); None where a
+    value holds a space (an entry splits at spaces)."""
     skip = ("pipeline.stages=", "pipeline.microbatches=")
-    return " ".join(w for w in words if w.startswith(KEYS) and not w.startswith(skip))
+    kept = [o for o in overrides if o.startswith(SECTIONS) and not o.startswith(skip)]
+    return None if any(" " in o for o in kept) else " ".join(kept)
 
 
-def paired_command(chosen: list[tuple[int, int, str]], run_cfg, experiment: str) -> str | None:
-    """The sweep command measuring ``chosen`` ((p, m, its `ppx run` command) of the best, then
-    of the candidates close to it, then 1F1B) and the run ``run_cfg`` of ``experiment`` (its config.yaml)
-    beside one another, or None where that is one config (the best is the run's, alone) or the
-    command would not run."""
+def paired_command(
+    candidates: list[tuple[str, int, int, list[str]]], run_cfg, experiment: str, reference=()
+) -> Measuring | None:
+    """The sweep measuring ``candidates`` ((label, p, m, the overrides that run it) of the best
+    first) and ``reference`` (1F1B's, the same; those at the run's p and m only, the others
+    not named as left out) beside the run ``run_cfg`` of ``experiment`` (its config.yaml), or
+    None where there is nothing to hold apart (the run alone) or the command would not run."""
     from ppx import config
     from ppx.config.paired import floors, variants
     from ppx.config.resolve import resolve_schedule
 
     p, m = resolve_schedule(run_cfg).num_ranks, run_cfg.pipeline.microbatches
-    entries = list(dict.fromkeys(entry_of(c) for cp, cm, c in chosen if (cp, cm) == (p, m)))
+    entries: dict[str, str] = {}  # entry -> the first candidate's label
+    left = []
+    reference = [c for c in reference if (c[1], c[2]) == (p, m)]
+    for label, cp, cm, overrides in [*candidates, *reference]:
+        entry = entry_of(overrides)
+        if (cp, cm) != (p, m):
+            left.append(f"{label} (another p or m than the run's p={p} m={m})")
+        elif entry is None:
+            left.append(f"{label} (a value with a space)")
+        else:
+            entries.setdefault(entry, label)
     if not entries:
         return None
+    base = [] if run_cfg.train.steps >= STEPS else [f"train.steps={STEPS}"]
+    listed = list(entries)
     try:
-        cfg = config.load(experiment, [f"run.paired={_listed(entries)}", "run.dir=null"])
-        if not floors(cfg):  # none of them is the run's own config: it joins them first, the floor
-            entries.insert(0, f"pipeline.schedule={run_cfg.pipeline.schedule}")
-            cfg = config.load(experiment, [f"run.paired={_listed(entries)}", "run.dir=null"])
-        if len(entries) < 2:  # the best alone, and it is the run's own config: nothing to hold apart
+        cfg = config.load(experiment, [f"run.paired={_listed(listed)}", "run.dir=null", *base])
+        own = floors(cfg)
+        if not own:  # none of them is the run's own config: it joins them first, the floor
+            listed.insert(0, _floor(run_cfg))
+            cfg = config.load(experiment, [f"run.paired={_listed(listed)}", "run.dir=null", *base])
+        if len(listed) < 2:  # the run alone: nothing to hold apart
             return None
         variants(cfg)
     except UserError:
         return None  # (two candidates of one config, a value an entry cannot hold)
-    return f"ppx sweep {experiment} --repeat {REPEAT} 'run.paired={_listed(entries)}'"
+    command = " ".join(["ppx sweep", experiment, "--repeat", str(REPEAT), f"'run.paired={_listed(listed)}'", *base])
+    best = entry_of(candidates[0][3]) if (candidates[0][1], candidates[0][2]) == (p, m) else None
+    return Measuring(command, list(entries.values()), best in own, left)
+
+
+def _floor(run_cfg) -> str:
+    """The run's own config as an entry, its schedule as the run names it (and its split
+    backward where the run set one: a drain run's floor says so)."""
+    way = run_cfg.train.split_backward
+    return f"pipeline.schedule={run_cfg.pipeline.schedule}" + (f" train.split_backward={way}" if way != "auto" else "")
+
+
+def note(measuring: Measuring) -> str:
+    """What the plan's note says the command measures."""
+    labels = list(measuring.measured)
+    if measuring.best_is_run:
+        labels[0] += " (the best: the run's own config)"
+    what = ", ".join(labels)
+    left = f"; left out: {', '.join(measuring.left)}" if measuring.left else ""
+    return f"{what} beside the run's own config, step by step, jobs pooled: {measuring.command}{left}"
 
 
 def _listed(entries: list[str]) -> str:

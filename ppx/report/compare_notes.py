@@ -46,7 +46,7 @@ def noise_notes(rows: list[dict], configs: list[dict]) -> list[str]:
     ]
     if pairs:
         out.append(
-            f"note: the middle halves of the steps of {listed([f'{a} and {b}' for a, b in pairs], '; ')} overlap: "
+            f"note: the middle halves of the steps of {listed([f'{a} and {b}' for a, b in pairs], '; ', last='; ')} overlap: "
             "their median steps differ by less than their own steps spread; hold them step by step beside each "
             "other (run.paired), in repeated jobs (ppx sweep --repeat), before ranking them"
         )
@@ -94,10 +94,11 @@ def _short(row: dict) -> str:
     return label if 0 < len(label) <= 40 else Path(row["name"]).name
 
 
-def listed(items: list[str], sep: str = ", ", most: int = 4) -> str:
-    """``a, b and c``; past ``most`` items, ``a, b, c, d and 2 more`` (``sep`` between all but the last two)."""
+def listed(items: list[str], sep: str = ", ", most: int = 4, last: str = " and ") -> str:
+    """``a, b and c``; past ``most`` items, ``a, b, c, d and 2 more`` (``sep`` between all but
+    the last two, ``last`` between those)."""
     shown = items[:most] + ([f"{len(items) - most} more"] if len(items) > most else [])
-    return shown[0] if len(shown) == 1 else sep.join(shown[:-1]) + " and " + shown[-1]
+    return shown[0] if len(shown) == 1 else sep.join(shown[:-1]) + last + shown[-1]
 
 
 def _spread(rows: list[dict], group: list[int]) -> float:

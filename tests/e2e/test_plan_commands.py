@@ -8,6 +8,7 @@ backward gets its split-backward candidates refused, with the run that measures 
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -146,10 +147,10 @@ def test_the_plans_measuring_command_runs_as_printed_and_its_jobs_pool(tmp_path)
     )
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if "jobs pooled: ppx sweep " in x)
-    words = line.split("jobs pooled: ", 1)[1]
-    assert words.startswith("ppx sweep ") and "--repeat 5 'run.paired=[" in words
-    assert "pipeline.schedule=1f1b" in words and "pipeline.schedule=gpipe" in words
-    argv = [w.strip("'") for w in words.split(" ", 3)[1:3]] + [words.split(" ", 5)[5].strip("'")]
-    swept = ppx(*argv[:2], "--repeat", "2", argv[2], "train.steps=2", f"run.root={tmp_path / 'runs'}")
+    words = shlex.split(line.split("jobs pooled: ", 1)[1].split("; left out")[0])  # as a shell reads it
+    assert words[:5] == ["ppx", "sweep", str(tmp_path / "calib" / "config.yaml"), "--repeat", "5"]
+    assert words[5].startswith("run.paired=[") and "pipeline.schedule=gpipe" in words[5]
+    assert words[6:] == ["train.steps=40"]  # the run's 3 steps would give too few pairs
+    swept = ppx(*words[1:3], "--repeat", "2", words[5], "train.steps=2", f"run.root={tmp_path / 'runs'}")
     assert swept.returncode == 0, swept.stderr[-3000:]
     assert "note: 2 jobs of one config and run.paired (repeat=1, repeat=2)" in swept.stdout

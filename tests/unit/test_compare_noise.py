@@ -63,3 +63,4 @@ def test_lists_in_notes_read_as_prose():
 
     assert listed(["a"]) == "a" and listed(["a", "b"]) == "a and b" and listed(["a", "b", "c"]) == "a, b and c"
     assert listed(list("abcdef")) == "a, b, c, d and 2 more"
+    assert listed(["a and b", "c and d"], "; ", last="; ") == "a and b; c and d"  # pairs stay apart

@@ -124,6 +124,29 @@ def test_entries_that_are_the_runs_own_config_are_floors():
         config.load("llama_tiny_1f1b_2cpu", ["run.paired=[pipeline.schedule=1f1b,train.lr=3e-3]"])
 
 
+def test_the_runs_own_list_spelled_otherwise_is_a_floor_too(tmp_path):
+    """A family's default v given (ZB-V's 2), and a drained list given as its CSV beside a run that
+    drains: the same lists on the same ranks, so the run's own config; an undrained list beside
+    a drain run is not."""
+    from ppx import config
+    from ppx.config.paired import floors
+    from ppx.config.resolve import resolve_schedule
+    from ppx.schedules import csv_io
+
+    zbv = config.load(
+        "llama_tiny_1f1b_2cpu",
+        ["pipeline.schedule=zbv", 'run.paired=["pipeline.schedule=zbv pipeline.virtual_stages=2"]'],
+    )
+    assert floors(zbv) == ["pipeline.schedule=zbv pipeline.virtual_stages=2"]
+    drain = ["pipeline.schedule=zb_h1", "train.split_backward=drain"]
+    path = tmp_path / "drained.csv"
+    csv_io.write_csv(resolve_schedule(config.load("llama_tiny_1f1b_2cpu", drain)), path)
+    entries = f'run.paired=["pipeline.schedule={path} train.split_backward=auto","pipeline.schedule=zb_h1 train.split_backward=auto"]'
+    assert floors(config.load("llama_tiny_1f1b_2cpu", [*drain, entries])) == [
+        f"pipeline.schedule={path} train.split_backward=auto"
+    ]
+
+
 def test_every_other_entry_is_held_against_the_first_floor_step_by_step():
     run = [1.0] * 8
     # per step: (entry a, the floor f, entry b); a is 1.05x the run and 1.05x the floor, b 1.02x the

@@ -238,3 +238,22 @@ def test_a_plans_command_at_another_m_keeps_the_runs_microbatch_size(m, batch):
     inputs = PlanInputs(fwd_s=(1.0, 1.0), bwd_s=(1.0, 1.0), wgrad_s=(0.5, 0.5), stages=2)
     best = Result("1f1b", 2, m, 1, 1.0, 0.0, (0.0, 0.0), True)
     assert from_run_overrides(best, cfg, inputs) == ["run.dir=null"] + ([f"train.batch_size={batch}"] if batch else [])
+
+
+def test_a_candidate_of_one_stage_a_rank_takes_no_v_from_a_run_that_set_one():
+    """A run with pipeline.virtual_stages=2 (an interleaved run, a plan's best run as printed):
+    1F1B from it says v=null, or it would inherit the run's 2 and fail its checks."""
+    from ppx import config
+    from ppx.plan.evaluate import Result
+    from ppx.plan.howto import check, from_run_overrides, run_overrides
+
+    cfg = config.load("llama_tiny_1f1b_2cpu", ["pipeline.schedule=interleaved_1f1b", "pipeline.virtual_stages=2"])
+    inputs = PlanInputs(fwd_s=(1.0,) * 4, bwd_s=(1.0,) * 4, wgrad_s=(0.0,) * 4, stages=4)
+    one = Result("1f1b", 2, cfg.pipeline.microbatches, 1, 1.0, 0.0, (0.0, 0.0), True)
+    extra = from_run_overrides(one, cfg, inputs)
+    assert "pipeline.virtual_stages=null" in extra
+    run = ["ppx run", "llama_tiny_1f1b_2cpu", "pipeline.schedule=interleaved_1f1b", "pipeline.virtual_stages=2"]
+    assert check(" ".join([*run, *run_overrides(one, "1f1b"), *extra])) is None  # as the run's config.yaml would
+    assert "pipeline.virtual_stages=null" not in from_run_overrides(
+        Result("zbv", 2, 4, 2, 1.0, 0.0, (0.0, 0.0), True), cfg, inputs
+    )
