@@ -9,6 +9,7 @@ candidates at the run's p and m can be entries; the others are named as left out
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 
 from ppx.config.paired import SECTIONS
@@ -20,13 +21,14 @@ STEPS = 40  # a job's pairs at least: a short calibration run's steps would give
 
 @dataclass
 class Measuring:
-    """The measuring command, the candidates (labels) it holds beside the run, whether the
-    best is the run's own config (its floor), and the candidates left out, each with why."""
+    """The measuring command ("" where no candidate can be an entry), the candidates (labels)
+    it holds beside the run, those of them that are the run's own config (its floor, spelled
+    otherwise), and the candidates left out: why -> labels."""
 
     command: str
     measured: list[str]
-    best_is_run: bool
-    left: list[str] = field(default_factory=list)
+    own: list[str] = field(default_factory=list)
+    left: dict[str, list[str]] = field(default_factory=dict)
 
 
 def entry_of(overrides: list[str]) -> str | None:
@@ -51,18 +53,18 @@ def paired_command(
 
     p, m = resolve_schedule(run_cfg).num_ranks, run_cfg.pipeline.microbatches
     entries: dict[str, str] = {}  # entry -> the first candidate's label
-    left = []
+    left: dict[str, list[str]] = {}
     reference = [c for c in reference if (c[1], c[2]) == (p, m)]
     for label, cp, cm, overrides in [*candidates, *reference]:
         entry = entry_of(overrides)
         if (cp, cm) != (p, m):
-            left.append(f"{label} (another p or m than the run's p={p} m={m})")
+            left.setdefault(f"another p or m than the run's p={p} m={m}", []).append(label)
         elif entry is None:
-            left.append(f"{label} (a value with a space)")
+            left.setdefault("a value with a space", []).append(label)
         else:
             entries.setdefault(entry, label)
-    if not entries:
-        return None
+    if not entries:  # nothing a job of the run's shape can hold: say what is left out
+        return Measuring("", [], [], left) if left else None
     base = [] if run_cfg.train.steps >= STEPS else [f"train.steps={STEPS}"]
     listed = list(entries)
     try:
@@ -76,9 +78,9 @@ def paired_command(
         variants(cfg)
     except UserError:
         return None  # (two candidates of one config, a value an entry cannot hold)
-    command = " ".join(["ppx sweep", experiment, "--repeat", str(REPEAT), f"'run.paired={_listed(listed)}'", *base])
-    best = entry_of(candidates[0][3]) if (candidates[0][1], candidates[0][2]) == (p, m) else None
-    return Measuring(command, list(entries.values()), best in own, left)
+    where = shlex.quote(experiment)
+    command = " ".join(["ppx sweep", where, "--repeat", str(REPEAT), f"'run.paired={_listed(listed)}'", *base])
+    return Measuring(command, list(entries.values()), [label for e, label in entries.items() if e in own], left)
 
 
 def _floor(run_cfg) -> str:
@@ -89,13 +91,17 @@ def _floor(run_cfg) -> str:
 
 
 def note(measuring: Measuring) -> str:
-    """What the plan's note says the command measures."""
-    labels = list(measuring.measured)
-    if measuring.best_is_run:
-        labels[0] += " (the best: the run's own config)"
-    what = ", ".join(labels)
-    left = f"; left out: {', '.join(measuring.left)}" if measuring.left else ""
-    return f"{what} beside the run's own config, step by step, jobs pooled: {measuring.command}{left}"
+    """What the plan's note says: what the command measures, and what it leaves out (a job's
+    entries share its p and m: the others compare as whole runs, repeated)."""
+    left = "; ".join(f"{', '.join(labels)} ({why})" for why, labels in measuring.left.items())
+    if not measuring.command:
+        return (
+            f"{left}: a job's entries share its p and m, so these compare as whole runs, repeated (ppx sweep "
+            "--repeat), and ppx compare"
+        )
+    what = ", ".join(f"{x} (the run's own config)" if x in measuring.own else x for x in measuring.measured)
+    out = f"{what} beside the run's own config, step by step, jobs pooled: {measuring.command}"
+    return out + (f"; left out: {left}" if left else "")
 
 
 def _listed(entries: list[str]) -> str:

@@ -38,9 +38,13 @@ def test_the_best_and_the_close_ones_at_the_runs_p_and_m_beside_the_run_as_its_f
         f"ppx sweep {EXP} --repeat 5 'run.paired=[pipeline.schedule=1f1b,pipeline.schedule=zb_h1,"
         '"pipeline.schedule=interleaved_1f1b pipeline.virtual_stages=2"]\' train.steps=40'  # 4 steps: too few
     )
-    assert got.measured == ["zb_h1 p=2 m=4", "interleaved_1f1b p=2 m=4 v=2"] and not got.best_is_run
-    assert [x.split(" (")[0] for x in got.left] == ["gpipe p=4 m=4", "gpipe p=2 m=8"]
-    assert "left out: gpipe p=4 m=4 (another p or m than the run's p=2 m=4)" in note(got)
+    assert got.measured == ["zb_h1 p=2 m=4", "interleaved_1f1b p=2 m=4 v=2"] and got.own == []
+    assert got.left == {"another p or m than the run's p=2 m=4": ["gpipe p=4 m=4", "gpipe p=2 m=8"]}
+    assert note(got).endswith("; left out: gpipe p=4 m=4, gpipe p=2 m=8 (another p or m than the run's p=2 m=4)")
+    # none at the run's p and m: no command, but what is left out, and how to compare them
+    alone = paired_command(chosen[2:], run, EXP)
+    assert alone.command == "" and note(alone).startswith("gpipe p=4 m=4, gpipe p=2 m=8 (another p or m")
+    assert "compare as whole runs, repeated (ppx sweep --repeat)" in note(alone)
     words = shlex.split(got.command)  # as a shell reads it: the config it loads names the run as the floor
     cfg = config.load(words[2], [words[5], *words[6:]])
     assert floors(cfg) == ["pipeline.schedule=1f1b"] and cfg.train.steps == 40
@@ -55,11 +59,11 @@ def test_the_best_that_is_the_runs_own_config_is_the_floor_and_1f1b_stands_besid
     best = _c("zbv p=2 m=4 v=2", 2, m := 4, "pipeline.schedule=zbv", "pipeline.virtual_stages=2")
     ref = [_c("1f1b p=2 m=4", 2, m, "pipeline.schedule=1f1b"), _c("1f1b p=2 m=8", 2, 8, "pipeline.schedule=1f1b")]
     got = paired_command([best], run, exp, ref)
-    assert got.best_is_run and got.left == []  # the reference at another m is not named as left out
+    assert got.own == ["zbv p=2 m=4 v=2"] and got.left == {}  # the reference at another m is not named as left out
     assert got.command.endswith(
         "'run.paired=[\"pipeline.schedule=zbv pipeline.virtual_stages=2\",pipeline.schedule=1f1b]'"
     )
-    assert note(got).startswith("zbv p=2 m=4 v=2 (the best: the run's own config), 1f1b p=2 m=4 beside the run's")
+    assert note(got).startswith("zbv p=2 m=4 v=2 (the run's own config), 1f1b p=2 m=4 beside the run's")
     assert paired_command([best], run, exp) is None  # the run alone: nothing to measure
     # an entry that cannot be one (a key fixed for the job) gives no command, not one that fails
     assert paired_command([_c("zb_h1", 2, 4, "pipeline.schedule=zb_h1", "train.steps=3")], run, exp) is None
