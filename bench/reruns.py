@@ -67,7 +67,7 @@ def rerun_split_large() -> None:
 
 
 def rerun_split_paired(only: str | None = None) -> None:
-    """``bench/run.py --split-paired [TEXT]``: ZB-H1, ZB-V and ZB-H1 drain each step by step
+    """``bench/run.py --split-paired [TEXT]``: ZB-H1, ZB-V, ZB-H1 and ZB-H2 drained each step by step
     beside 1F1B, a job each (bench/split_paired.py's `check_paired`), for every model, dtype and p or those whose
     name holds TEXT; the other results kept."""
     from bench.split_paired import check_paired_all

@@ -20,7 +20,11 @@ PAIRED_PS, PAIRED_REPS = (2, 4), 60
 # experiment as it is (4 blocks, m=4, batch 16), its schedule swapped
 AS_FILED = "llama-tiny as shipped (4 blocks)"
 DRAIN = "zb_h1+train.split_backward=drain"  # ZB-H1 split only where a W fills the drain
-PAIRED_KINDS, PAIRED_ZB = ("ppx", "ppx_all"), ("zb_h1", "zbv", DRAIN)  # the runtime alone, with ppx run's instruments
+H2_DRAIN = "zb_h2+train.split_backward=drain"  # ZB-H2 so: faster than 1F1B on both models in pooled jobs
+PAIRED_KINDS, PAIRED_ZB = (
+    ("ppx", "ppx_all"),
+    ("zb_h1", "zbv", DRAIN, H2_DRAIN),
+)  # the runtime alone, with ppx run's instruments
 
 
 def check_paired(model: str, dtype: str, p: int, reps: int = PAIRED_REPS) -> dict:
@@ -116,6 +120,8 @@ def _said(got: dict, kind: str) -> str:
     """A paired row's figures for one observer set: each zero-bubble step over 1F1B's."""
     r, ms = got["ratio"], got["median_step_s"]
     drain = f", ZB-H1 drain {r[f'{kind}@{DRAIN}']:.3f}x" if f"{kind}@{DRAIN}" in r else ""
+    if f"{kind}@{H2_DRAIN}" in r:
+        drain += f", ZB-H2 drain {r[f'{kind}@{H2_DRAIN}']:.3f}x"
     even = [k for k in r if k.startswith(f"{kind}@zbv+pipeline.layers_per_stage=")]
     if even:  # ZB-V with its blocks even, before they were so by default (results of 2026-11-28)
         split = even[0].split("=", 1)[1]

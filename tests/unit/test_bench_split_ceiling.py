@@ -69,6 +69,11 @@ def test_a_paired_row_of_one_job_per_list_says_so_and_gives_drain():
     (row,) = paired_rows({"m fp32 p=2": {**got, "jobs": "one per variant"}}, "x86_64, 2 cores")
     assert "median of 60 pairs in one job per variant, against 1F1B" in row[0]
     assert "ZB-V 1.100x, ZB-H1 drain 0.975x (1F1B" in row[1] and "ZB-H1 drain 0.985x" in row[1]
+    from bench.split_paired import H2_DRAIN
+
+    got["ratio"].update({f"ppx@{H2_DRAIN}": 0.94, f"ppx_all@{H2_DRAIN}": 0.95})
+    (row,) = paired_rows({"m fp32 p=2": {**got, "jobs": "one per variant"}}, "x86_64, 2 cores")
+    assert "ZB-H1 drain 0.975x, ZB-H2 drain 0.940x (1F1B" in row[1] and "ZB-H2 drain 0.950x" in row[1]
 
 
 def test_a_paired_row_measured_on_another_machine_says_where_and_when():
