@@ -9,6 +9,7 @@ Checked with the run's config, before any process starts."""
 
 from __future__ import annotations
 
+import copy
 import shlex
 
 from omegaconf import OmegaConf
@@ -147,8 +148,6 @@ def same_run(a, b) -> bool:
 
 def _named_apart(cfg):
     """``cfg`` (a config object) without how it names its schedule (`same_run`)."""
-    import copy
-
     out = copy.deepcopy(cfg)
     out.pipeline.schedule, out.pipeline.virtual_stages = "", None
     if out.train.split_backward == "drain":
