@@ -48,7 +48,7 @@ def paired_command(
     not named as left out) beside the run ``run_cfg`` of ``experiment`` (its config.yaml), or
     None where there is nothing to hold apart (the run alone) or the command would not run."""
     from ppx import config
-    from ppx.config.paired import floors, variants
+    from ppx.config.paired import floors
     from ppx.config.resolve import resolve_schedule
 
     p, m = resolve_schedule(run_cfg).num_ranks, run_cfg.pipeline.microbatches
@@ -72,12 +72,11 @@ def paired_command(
         own = floors(cfg)
         if not own:  # none of them is the run's own config: it joins them first, the floor
             listed.insert(0, _floor(run_cfg))
-            cfg = config.load(experiment, [f"run.paired={_listed(listed)}", "run.dir=null", *base])
-        if len(listed) < 2:  # the run alone: nothing to hold apart
-            return None
-        variants(cfg)
-    except UserError:
-        return None  # (two candidates of one config, a value an entry cannot hold)
+            config.load(experiment, [f"run.paired={_listed(listed)}", "run.dir=null", *base])  # checked again with it
+    except UserError:  # (config.load checks every entry: two candidates of one config, a value an entry cannot hold)
+        return None
+    if len(listed) < 2:  # the run alone: nothing to hold apart
+        return None
     where = shlex.quote(experiment)
     command = " ".join(["ppx sweep", where, "--repeat", str(REPEAT), f"'run.paired={_listed(listed)}'", *base])
     return Measuring(command, list(entries.values()), [label for e, label in entries.items() if e in own], left)
