@@ -103,7 +103,8 @@ def verdict(row: dict, against: str = "run") -> str:
     lo, hi = row[f"over_{against}_ci95"]
     where = f"95% interval of the median {ratio_span(lo, hi)}"
     if row.get("floor") and (hi < 1 or lo > 1):  # the run's own config: what is off 1 is the job's, not a config's
-        return f"off 1, a bias of this job ({where}): the others are held against it"
+        whose = "these jobs" if against == "pooled" else "this job"
+        return f"off 1, a bias of {whose} ({where}): the others are held against it"
     if hi < 1:
         return f"faster ({where})"
     if lo > 1:
@@ -113,7 +114,7 @@ def verdict(row: dict, against: str = "run") -> str:
 
 def said(row: dict, against: str = "run") -> str:
     """`verdict`'s word alone: faster, slower, not told apart, too few pairs to tell, or (a
-    floor) off 1, a bias of this job."""
+    floor) off 1, a bias of this job (of these jobs, pooled)."""
     return verdict(row, against).split(" (")[0]
 
 

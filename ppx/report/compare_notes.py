@@ -155,7 +155,7 @@ def pooled_groups(paired: list[dict], configs: list[dict]) -> list[tuple[list[in
 def pooled_word(row: dict) -> str:
     """A pooled entry's verdict: faster, slower, not told apart (the floor: not told apart
     from the run, or off 1, a bias of these jobs)."""
-    return said(row, "pooled").replace("this job", "these jobs")
+    return said(row, "pooled")
 
 
 def pooled_notes(groups: list[tuple[list[int], dict]], names: list[str], commits: list[str | None]) -> list[str]:
