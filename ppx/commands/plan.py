@@ -125,7 +125,7 @@ def _check(args) -> None:
 
 def cmd_plan(args) -> int:
     from ppx.plan import outputs, pareto, table
-    from ppx.plan.howto import EXPERIMENT, check, command, full_command
+    from ppx.plan.howto import EXPERIMENT, check, command, full_command, run_command
     from ppx.plan.scale import cluster_note
     from ppx.plan.search import near_best, search
     from ppx.plan.sizes import format_bytes
@@ -184,7 +184,7 @@ def cmd_plan(args) -> int:
     csv = out / "best.csv"
     how = []
     overrides = candidate_overrides(results, out, inputs, run_cfg, best)
-    commands = [" ".join(["ppx run", experiment, *o]) for o in overrides]
+    commands = [run_command(experiment, o) for o in overrides]
     if best:
         outputs.write_best(csv, best, inputs)
         how = [full_command(best, csv, experiment, inputs, run_cfg)]

@@ -84,9 +84,14 @@ def from_run_overrides(best: Result, cfg, inputs: PlanInputs) -> list[str]:
     return out
 
 
+def run_command(experiment: str, overrides: list[str]) -> str:
+    """``ppx run <experiment> <overrides>``, as printed."""
+    return " ".join(["ppx run", experiment, *overrides])
+
+
 def command(best: Result, csv: Path | str, experiment: str, extra: tuple[str, ...] = ()) -> str:
     """``ppx run <experiment> <the pipeline overrides> <extra>``."""
-    return " ".join(["ppx run", experiment, *run_overrides(best, csv), *extra])
+    return run_command(experiment, [*run_overrides(best, csv), *extra])
 
 
 def planned_overrides(r: Result, schedule: Path | str, inputs: PlanInputs, run_cfg=None) -> list[str]:
@@ -99,7 +104,7 @@ def planned_overrides(r: Result, schedule: Path | str, inputs: PlanInputs, run_c
 
 def full_command(r: Result, schedule: Path | str, experiment: str, inputs: PlanInputs, run_cfg=None) -> str:
     """``ppx run <experiment>`` with `planned_overrides`."""
-    return " ".join(["ppx run", experiment, *planned_overrides(r, schedule, inputs, run_cfg)])
+    return run_command(experiment, planned_overrides(r, schedule, inputs, run_cfg))
 
 
 def check(text: str) -> str | None:
