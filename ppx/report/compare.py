@@ -142,8 +142,7 @@ def _md_rows(header: list[str], body: list[list[str]]) -> list[str]:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    out = ["| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    out += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
+    out = _md_rows([h for h, _, _ in COLUMNS], [_cells(r) for r in rows])
     out.append("")
     out.append(NOTE)
     return "\n".join(out) + "\n"
