@@ -7,8 +7,11 @@ always follows the other's optimizer step), each started on every rank at the sa
 the run's are, its data and zeroed gradients made before, and timed as
 `ppx.engine.loop.timed_step` times the run's (start to end on this rank, the GPU's work done).
 It carries instruments of its own as the run's config sets them (timers, memory counters,
-profiler labels: ``PAIRED<k>:<action>``), so the two steps pay for the same observers; what
-they record is not kept, and each step is one ``ppx:paired <entry>`` mark in a trace, outside
+profiler labels: ``PAIRED<k>:<action>``), so the two steps pay for the same observers; of what
+they record only each action's duration is kept, over the steps the run's own costs come from
+(its timeline's: `kept`), with how each split stage ran its W (first step), so that
+``ppx plan --from-run`` can price what the run did not run from what an entry ran beside it
+(`ppx.commands.run_costs`). Each step is one ``ppx:paired <entry>`` mark in a trace, outside
 the run's ``ProfilerStep#``. The watchdog observes its actions as it does the run's, under
 names that say whose (``paired 'pipeline.schedule=zb_h1': 1F0``). Its gradients are dropped
 after its optimizer step, so between its steps it holds its weights and optimizer state only;
@@ -27,6 +30,7 @@ from ppx.config.resolve import resolve_schedule
 from ppx.engine.precision import step_optimizer
 from ppx.measure.clock import start_together
 from ppx.measure.instruments import Instruments
+from ppx.measure.prediction import action_durations
 from ppx.measure.profiler import RecordFunctions
 
 
@@ -61,6 +65,8 @@ class PairedSteps:
         from ppx.engine.loop import build_share, make_optimizer
 
         self.device, self.watchdog = device, watchdog
+        ins = cfg.instrument  # the steps whose action durations are kept: the run's timeline's
+        self.first_kept = cfg.train.steps - ins.timeline_steps if ins.timeline else cfg.train.steps
         self.shares = []
         for k, (entry, other) in enumerate(variants(cfg)):
             schedule = resolve_schedule(other)
@@ -73,7 +79,7 @@ class PairedSteps:
 
     def run(self, step: int, offset: float, ctrl, prof) -> list[list]:
         """One step of each entry's pipeline: [start, end (rank 0's clock, seconds), loss (None
-        off the last stage)] each, in ``run.paired``'s order."""
+        off the last stage), kept (`kept`)] each, in ``run.paired``'s order."""
         out = []
         for entry, pipe, inst, opt in self.shares:
             self.watchdog.phase(f"paired step ({entry})", step)
@@ -100,5 +106,16 @@ class PairedSteps:
             opt.zero_grad(set_to_none=True)  # between its steps, weights and optimizer state only
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-        inst.end_step(step)  # (its records are not kept: the instruments are there to cost the same)
-        return [t0 + offset, t1 + offset, loss]
+        _, spans = inst.end_step(step)  # (its records are not kept: the instruments are there to cost the same)
+        return [t0 + offset, t1 + offset, loss, self.kept(step, pipe, spans)]
+
+    def kept(self, step: int, pipe, spans) -> dict | None:
+        """What is kept of an entry's step on this rank: each compute action's seconds
+        (``action_s``: "<stage><op>" -> [seconds]) in the run's timeline steps, and how each split
+        stage ran its W (``split_backward``, first step); None where nothing is."""
+        out = {}
+        if step >= self.first_kept and spans is not None:
+            out["action_s"] = action_durations(spans)
+        if step == 0 and pipe.split_backward:
+            out["split_backward"] = {str(s): v for s, v in pipe.split_backward.items() if v}
+        return out or None

@@ -16,7 +16,7 @@ from ppx.measure.metrics import middle_half
 
 
 def paired_step(records: list[dict]) -> list[tuple[float, float | None]]:
-    """One step's records (every rank's, each with ``paired``: [start, end, loss] per entry) ->
+    """One step's records (every rank's, each with ``paired``: [start, end, loss, kept] per entry) ->
     per entry (its step time: the last rank's end minus the first rank's start, seconds; its
     loss, from the last stage)."""
     out = []
@@ -24,6 +24,32 @@ def paired_step(records: list[dict]) -> list[tuple[float, float | None]]:
         spans = [r["paired"][k] for r in records]
         loss = next((s[2] for s in spans if s[2] is not None), None)
         out.append((max(s[1] for s in spans) - min(s[0] for s in spans), loss))
+    return out
+
+
+def add_kept(records: list[dict], kept: list[dict]) -> None:
+    """Adds what each entry kept of one step on every rank (`ppx.engine.paired.PairedSteps.kept`)
+    to ``kept``, one dict per entry: ``action_s`` ("<stage><op>" -> seconds, every rank's) and
+    ``split_backward`` (stage -> how it ran its W)."""
+    for k in range(len(records[0]["paired"])):
+        if len(kept) <= k:
+            kept.append({})
+        for r in records:
+            got = r["paired"][k][3] if len(r["paired"][k]) > 3 else None
+            for key, seconds in ((got or {}).get("action_s") or {}).items():
+                kept[k].setdefault("action_s", {}).setdefault(key, []).extend(seconds)
+            if got and "split_backward" in got:
+                kept[k].setdefault("split_backward", {}).update(got["split_backward"])
+
+
+def kept_fields(kept: dict) -> dict:
+    """An entry's summary.json fields from what it kept (`add_kept`): ``cost_samples`` (its
+    actions' seconds, rounded to 0.1 us as the run's own) and ``split_backward``, in stage order."""
+    out = {}
+    if kept.get("action_s"):
+        out["cost_samples"] = {"action_s": {k: [round(x, 7) for x in v] for k, v in sorted(kept["action_s"].items())}}
+    if kept.get("split_backward"):
+        out["split_backward"] = dict(sorted(kept["split_backward"].items(), key=lambda kv: int(kv[0])))
     return out
 
 

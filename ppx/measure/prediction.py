@@ -33,13 +33,10 @@ def cost_samples(steps: list[dict], schedule: Schedule) -> dict:
             if computes and spans:  # the rank's own time that is neither compute, posting nor waiting
                 covered = sum(sp.end_s - sp.start_s for sp in spans)
                 overhead.append((spans[-1].end_s - spans[0].start_s - covered) / computes)
+            for key, seconds in action_durations(spans).items():
+                per[key] += seconds
             for sp in spans:
-                if sp.kind == "compute":
-                    a = sp.action
-                    per[f"{a.stage}{a.op.value}"].append(sp.end_s - sp.start_s)
-                elif sp.kind == "reduce":
-                    per[f"{sp.action.stage}{REDUCE}"].append(sp.end_s - sp.start_s)
-                elif sp.kind == "post" and sp.actions:
+                if sp.kind == "post" and sp.actions:
                     sends = [a.op.is_send for a in sp.actions]
                     batches.append((k, r, sp.actions, sends, sp.start_s, sp.end_s))
                     if all(sends) or not any(sends):
@@ -73,6 +70,19 @@ def cost_samples(steps: list[dict], schedule: Schedule) -> dict:
         "send_post_s": send_post,
         "recv_post_s": recv_post,
     }
+
+
+def action_durations(spans) -> dict[str, list[float]]:
+    """Seconds of each compute action among one rank's ``spans`` (one step's), by "<stage><op>"
+    ("<stage>REDUCE_GRAD" for a stage's data-parallel reduction), in the order they ran."""
+    out: dict[str, list[float]] = {}
+    for sp in spans:
+        if sp.kind == "compute":
+            a = sp.action
+            out.setdefault(f"{a.stage}{a.op.value}", []).append(sp.end_s - sp.start_s)
+        elif sp.kind == "reduce":
+            out.setdefault(f"{sp.action.stage}{REDUCE}", []).append(sp.end_s - sp.start_s)
+    return out
 
 
 def mean_costs(samples: dict) -> dict:

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from ppx.config.paired import entry_units, floors
 from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
-from ppx.measure.paired import paired_lines, paired_step, paired_summary
+from ppx.measure.paired import add_kept, kept_fields, paired_lines, paired_step, paired_summary
 from ppx.measure.theory import run_theory
 from ppx.report.run_dir import write_json
 from ppx.report.scalars import step_scalars
@@ -34,6 +34,7 @@ class RunReport:
         self.skipped = 0  # optimizer steps skipped on an fp16 overflow
         self.timeline: list[dict] = []
         self.paired: list[list] = []  # per step, run.paired's entries' (step time, loss)
+        self.paired_kept: list[dict] = []  # per entry, its actions' seconds and split ways (`add_kept`)
         self.metrics = open(run_dir / "metrics.jsonl", "a")
         self.sinks = []
         if cfg.logging.tensorboard:
@@ -60,6 +61,7 @@ class RunReport:
         }
         if "paired" in records[0]:  # run.paired: each entry's step beside this one
             self.paired.append(paired_step(records))
+            add_kept(records, self.paired_kept)
             line["paired"] = [{"step_time_s": t, "loss": x} for t, x in self.paired[-1]]
         self.metrics.write(json.dumps(line) + "\n")
         self.metrics.flush()
@@ -140,8 +142,9 @@ class RunReport:
             times = [s["step_time_s"] for s in self.steps]
             entries = list(cfg.run.paired)
             summary["paired"] = paired_summary(entries, times, self.losses, self.paired, floors(cfg))
-            for entry, row in summary["paired"].items():  # the split each ran (an entry may change it)
+            for k, (entry, row) in enumerate(summary["paired"].items()):  # the split each ran (an entry may change it)
                 row["units_per_stage"] = entry_units(cfg, entry)
+                row.update(kept_fields(self.paired_kept[k] if k < len(self.paired_kept) else {}))
             for line in paired_lines(summary["paired"]):
                 print(line, flush=True)
         shares = flops_shares(cfg, summary["units_per_stage"])
