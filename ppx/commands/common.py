@@ -95,11 +95,15 @@ def split_only_stages(run) -> list[int]:
 def priced_split_note(path: str, stages: list[int], what: str, cfg, so: str = "") -> str:
     """The note where ``what`` (B's) on ``stages`` of the run at ``path`` (`split_only_stages`)
     are priced at the run's I + W (``so``: what follows from it), and the run that measures
-    whole B's there (``cfg``: the run's config): a drain run, where drain changes the run's
-    list; none where the run was one."""
+    whole B's there (``cfg``: the run's config): its own config with 1F1B beside it, else a
+    drain run, where drain changes the run's list."""
     from ppx.config.resolve import drain_would_change
+    from ppx.plan.calibrate import beside_command
 
-    if cfg.train.split_backward == "drain":
+    beside = beside_command(path + "/config.yaml", cfg, whole=True)
+    if beside:
+        how = f"one run measures both, the run's own beside 1F1B: `{beside}`"
+    elif cfg.train.split_backward == "drain":
         how = "train.split_backward=drain ran none there at this shape"
     elif drain_would_change(cfg):
         how = "a run with train.split_backward=drain measures both"

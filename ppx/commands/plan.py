@@ -60,7 +60,7 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
     """What a plan from flags assumed for the runtime's time per action and the hand-off, and
     where this machine's figures come from (at the plan's largest ``p``); a run's split
     candidates it refused, and why."""
-    from ppx.plan.calibrate import calibration_hint, calibration_way, refused_split_note
+    from ppx.plan.calibrate import calibration_hint, refused_split_note
 
     out = []
     if not args.from_run:
@@ -72,8 +72,8 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
         )
     if args.from_run:  # (``run_cfg``: the run's config)
         out.append(first_step_note(args.from_run, run_cfg))
-        way, paired = calibration_way(run_cfg), bool(run_cfg.run.paired)
-        out.append(refused_split_note(args.from_run, skipped, inputs.whole_stages, way, paired))
+        out.append(lent_note(args.from_run))
+        out.append(refused_split_note(args.from_run, skipped, inputs.whole_stages, run_cfg))
         if run_cfg.train.split_backward == "drain" and inputs.whole_s is not None:
             out.append(
                 f"note: {args.from_run} ran train.split_backward=drain: each schedule that splits its backward is "
@@ -84,18 +84,27 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
     return [n for n in out if n]
 
 
+def lent_note(from_run: str) -> str | None:
+    """What the plan's costs took from the run's ``run.paired`` entries (`run_costs`), or None."""
+    from ppx.commands.run_costs import run_costs
+    from ppx.report.run_dir import RunDir
+
+    return run_costs(RunDir(from_run)).note(from_run)
+
+
 def priced_split_note_of(from_run: str, results, inputs) -> str | None:
     """The note where candidates run whole backwards (B's) that the plan prices at the run's I
     + W, on the stages the run split on every microbatch (`split_only_stages`): they may plan
     slower than they run. A candidate of other stages than the run's shares its costs out, so
     any B of its counts."""
-    from ppx.commands.common import priced_split_note, split_only_stages
+    from ppx.commands.common import priced_split_note
+    from ppx.commands.run_costs import run_costs
     from ppx.plan.builders import AUTO, build
     from ppx.report.run_dir import RunDir
     from ppx.schedules.ir.action import Op
 
     run = RunDir(from_run)
-    blind = set(split_only_stages(run))
+    blind = set(run_costs(run).split_only)
     if not blind:
         return None
     names: list[str] = []
@@ -170,11 +179,15 @@ def cmd_plan(args) -> int:
         priced = priced_split_note_of(args.from_run, results, inputs)
         if priced:
             notes.append(priced)
-        two = priced and run_cfg.train.split_backward != "drain"  # (a drain run's note names no run to make)
-        if two and any(s.reason.startswith(SPLIT_REASON) for s in skipped):  # two notes, two runs: say so
+        if priced and any(s.reason.startswith(SPLIT_REASON) for s in skipped):  # both missing: one run for both
+            from ppx.plan.calibrate import beside_command
+
+            both = beside_command(str(args.from_run) + "/config.yaml", run_cfg, whole=True, apart=True)
             notes.append(
-                "note: a plan reads one run, and no one run measures both what the notes above miss: plan from "
-                "each of the two runs they name and hold the two plans' candidates side by side"
+                f"note: one run measures both what the notes above miss: `{both}`, then plan --from-run that run"
+                if both
+                else "note: a plan reads one run, and no one run of this config measures both what the notes above "
+                "miss: plan from each of the two runs they name and hold the two plans' candidates side by side"
             )
     if args.from_run and inputs.act_bytes is None:
         notes.append(f"note: {args.from_run} measured no saved bytes per microbatch: peaks count params only")

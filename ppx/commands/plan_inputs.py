@@ -7,7 +7,8 @@ from dataclasses import replace
 
 from omegaconf.errors import OmegaConfBaseException
 
-from ppx.commands.common import measured_ops, measured_run, ms_list, whole_stages
+from ppx.commands.common import measured_run, ms_list
+from ppx.commands.run_costs import run_costs
 from ppx.errors import UserError, said
 from ppx.plan.inputs import PlanInputs
 from ppx.plan.sizes import parse_sizes
@@ -117,9 +118,10 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
     stages = s.stages or p * s.virtual
     if args.stages is not None and ints("--stages", args.stages) != [p]:
         raise UserError(f"{args.from_run} ran {p} ranks; its costs are per stage, so leave out --stages or give {p}")
-    c = costs_from(s.measured_costs, stages)
-    whole = tuple(whole_stages(run))  # I then W at once: one backward in the I, W not measured apart
-    split_known = bool(measured_ops(s) & {"I", "W"})  # (a candidate splitting a whole stage apart: refused)
+    costs = run_costs(run)  # the run's, and what its run.paired entries ran that it did not
+    c = costs_from(costs.measured_costs, stages)
+    whole = costs.whole_stages  # I then W at once: one backward in the I, W not measured apart
+    split_known = bool(costs.ops() & {"I", "W"})  # (a candidate splitting a whole stage apart: refused)
     saved = run.raw_summary.get("saved_bytes_per_microbatch")
     transport, lookahead = transport_of(run.config, (run.env or {}).get("backend", "gloo"))
     units = _run_units(run.config, stages, run.raw_summary.get("units_per_stage"))
@@ -140,7 +142,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         lookahead=lookahead,
         source=str(args.from_run),
         microbatch_size=s.batch_size // s.microbatches if s.batch_size else None,
-        samples=s.cost_samples,  # None for a run from before they were kept: the means
+        samples=costs.cost_samples,  # None for a run from before they were kept: the means
         input_share=_shares(run.raw_summary.get("input_freed_share"), stages),
         rank_by=getattr(args, "rank_by", "sync"),
         split_known=split_known,

@@ -8,16 +8,14 @@ from pathlib import Path
 from ppx.commands.common import (
     drain_list,
     first_step_note,
-    measured_ops,
     measured_run,
     ms_list,
     output_path,
     priced_split_note,
     require_backward,
     schedule_from,
-    split_only_stages,
-    whole_stages,
 )
+from ppx.commands.run_costs import run_costs
 from ppx.errors import UserError
 from ppx.units import count, stage_list
 
@@ -128,7 +126,8 @@ def _take_the_runs_shape(args, run, measured) -> None:
 def _regroupable(run, measured) -> bool:
     """Whether a plan from ``run`` can regroup its stages for any schedule: every stage's I and
     W measured apart (a run that never split, or ran a stage whole, leaves them unknown)."""
-    return bool(measured_ops(measured) & {"I", "W"}) and not whole_stages(run)
+    costs = run_costs(run)
+    return bool(costs.ops() & {"I", "W"}) and not costs.whole_stages
 
 
 def _costs(args, sched, run, measured) -> tuple:
@@ -158,22 +157,25 @@ def _costs(args, sched, run, measured) -> tuple:
         return costs, "nccl", 0, False
     if sched.training:
         require_backward(args.from_run, measured)
-    _split_known(args.from_run, measured, sched, whole_stages(run), run.config)
+    own = run_costs(run)  # the run's, and what its run.paired entries ran that it did not
+    _split_known(args.from_run, own, sched, list(own.whole_stages), run.config)
     backend = (run.env or {}).get("backend", "gloo")
     transport, lookahead = transport_of(run.config, backend)
     reduce = run.config.parallel.data > 1  # its replicas' gradient reductions, at their measured cost
-    costs = costs_from(measured.measured_costs, sched.num_stages)
-    _note_unmeasured_bs(args, sched, run)
+    costs = costs_from(own.measured_costs, sched.num_stages)
+    if own.note(args.from_run):
+        print(own.note(args.from_run))
+    _note_unmeasured_bs(args, sched, run, own)
     return costs, transport, lookahead, reduce
 
 
-def _note_unmeasured_bs(args, sched, run) -> None:
-    """Where the list runs a B on a stage whose every backward the run split (`split_only_stages`):
-    those B's cost the run's I + W, the split's own cost included (under --drain, so what drain
-    saves cannot show)."""
+def _note_unmeasured_bs(args, sched, run, own) -> None:
+    """Where the list runs a B on a stage whose every backward the run split, and nothing
+    beside it ran one whole (``own``: `run_costs`): those B's cost the run's I + W, the
+    split's own cost included (under --drain, so what drain saves cannot show)."""
     from ppx.schedules.ir.action import Op
 
-    blind = sorted({a.stage for row in sched.actions for a in row if a.op is Op.B} & set(split_only_stages(run)))
+    blind = sorted({a.stage for row in sched.actions for a in row if a.op is Op.B} & set(own.split_only))
     if blind:
         what = "drain's B's" if args.drain else f"{sched.name}'s B's"
         so = ", so what drain saves cannot show" if args.drain else ""
@@ -257,23 +259,23 @@ def _ran(run, sched) -> bool:
     return ran.compute_only().actions == sched.compute_only().actions
 
 
-def _split_known(path: str, measured, sched, whole: list[int], cfg) -> None:
+def _split_known(path: str, costs, sched, whole: list[int], cfg) -> None:
     """Fail where ``sched`` splits a backward that the run ``path`` never split, or ran whole
     (``whole``: its stages whose I took the whole backward) where ``sched`` would not: their I
     and W costs are unknown, not B and 0 (as `ppx plan --from-run` refuses those candidates)."""
-    from ppx.plan.calibrate import calibration_way, split_calibration
+    from ppx.plan.calibrate import split_command
     from ppx.schedules.ir.action import Op
     from ppx.schedules.ir.structure import split_apart
 
     splits = any(a.op is Op.W for row in sched.actions for a in row)
     why = None
-    if splits and not measured_ops(measured) & {"I", "W"}:
+    if splits and not costs.ops() & {"I", "W"}:
         why = "never split its backward"
     elif apart := split_apart(sched, whole):
         why = f"ran {stage_list(apart)} whole (each I followed at once by its W), which {sched.name} splits"
     if why:
         raise UserError(
             f"{path} {why}, so its I and W costs are unknown; measure them with "
-            f"`{split_calibration(path + '/config.yaml', calibration_way(cfg), bool(cfg.run.paired))}` and simulate "
+            f"`{split_command(path + '/config.yaml', cfg)}` and simulate "
             "--from-run that run"
         )

@@ -146,6 +146,19 @@ def same_run(a, b) -> bool:
     return x.actions == y.actions and list(x.stage_to_rank) == list(y.stage_to_rank)
 
 
+def same_costs(a, b) -> bool:
+    """Whether configs ``a`` and ``b`` cost the same, action for action: equal but for their
+    schedule (its name, v, CSV) and ``train.split_backward``, over as many stages (so each
+    stage holds the same layers). What one measured beside the other prices the other's
+    actions (`ppx.commands.run_costs`)."""
+    from ppx.config.resolve import resolve_schedule
+
+    x, y = _named_apart(a), _named_apart(b)
+    x.train.split_backward = y.train.split_backward = "auto"
+    same = (x.pipeline, x.model, x.train) == (y.pipeline, y.model, y.train)  # (what an entry may change)
+    return same and resolve_schedule(a).num_stages == resolve_schedule(b).num_stages
+
+
 def _named_apart(cfg):
     """``cfg`` (a config object) without how it names its schedule (`same_run`)."""
     out = copy.deepcopy(cfg)

@@ -68,17 +68,19 @@ def paired_command(
     base = [] if run_cfg.train.steps >= STEPS else [f"train.steps={STEPS}"]
     listed = list(entries)
     try:
-        cfg = config.load(experiment, [f"run.paired={_listed(listed)}", "run.dir=null", *base])
+        cfg = config.load(experiment, [f"run.paired={paired_value(listed)}", "run.dir=null", *base])
         own = floors(cfg)
         if not own:  # none of them is the run's own config: it joins them first, the floor
             listed.insert(0, _floor(run_cfg))
-            config.load(experiment, [f"run.paired={_listed(listed)}", "run.dir=null", *base])  # checked again with it
+            config.load(
+                experiment, [f"run.paired={paired_value(listed)}", "run.dir=null", *base]
+            )  # checked again with it
     except UserError:  # (config.load checks every entry: two candidates of one config, a value an entry cannot hold)
         return None
     if len(listed) < 2:  # the run alone: nothing to hold apart
         return None
     where = shlex.quote(experiment)
-    command = " ".join(["ppx sweep", where, "--repeat", str(REPEAT), f"'run.paired={_listed(listed)}'", *base])
+    command = " ".join(["ppx sweep", where, "--repeat", str(REPEAT), f"'run.paired={paired_value(listed)}'", *base])
     return Measuring(command, list(entries.values()), [label for e, label in entries.items() if e in own], left)
 
 
@@ -103,5 +105,7 @@ def note(measuring: Measuring) -> str:
     return out + (f"; left out: {left}" if left else "")
 
 
-def _listed(entries: list[str]) -> str:
+def paired_value(entries: list[str]) -> str:
+    """``run.paired``'s value for ``entries``, as a shell's single quotes pass it (an entry with a
+    space in double quotes)."""
     return "[" + ",".join(f'"{e}"' if " " in e else e for e in entries) + "]"

@@ -6,6 +6,7 @@ group; and through `ppx run` at p=4 under GPipe and 1F1B: tests/e2e/test_instrum
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -173,17 +174,26 @@ def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run, 
     r = ppx("plan", "--from-run", str(auto.dir), "--schedules", "zb_h1,1f1b,zbv", "--out", str(tmp_path / "auto"))
     assert "no whole B on stage 1: the B's of 1f1b there cost I + W" in r.stdout, r.stdout
     assert "so its I and W costs are unknown: zbv not planned" in r.stdout  # (stage 0 ran whole): two runs named,
-    assert "note: a plan reads one run, and no one run measures both" in r.stdout  # and said so
+    # and one run that measures both: the run's own beside 1F1B and a storing ZB-H1
+    both = f"""`ppx run {auto.dir}/config.yaml 'run.paired=[pipeline.schedule=1f1b,"pipeline.schedule=zb_h1 train.split_backward=store"]' run.dir=null`"""
+    assert f"note: one run measures both what the notes above miss: {both}" in r.stdout, r.stdout
+    ran = ppx("run", *shlex.split(both.strip("`"))[2:], "train.steps=2", f"run.dir={tmp_path / 'both'}")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    r = ppx("plan", "--from-run", str(tmp_path / "both"), "--schedules", "zb_h1,1f1b,zbv", "--out", str(tmp_path / "p"))
+    assert "no whole B" not in r.stdout and "not planned" not in r.stdout, r.stdout
+    lent = "B on stage 1 from 'pipeline.schedule=1f1b'; I and W on stage 0 from 'pipeline.schedule=zb_h1 train"
+    assert lent in r.stdout, r.stdout
     r = ppx("simulate", "1f1b", "--from-run", str(run.dir))
     assert r.returncode == 0 and "no whole B" not in r.stdout, r.stdout
     # a drain run at m = p ran every W after its stage's last forward: no whole B there either, and said why
     kept = shared_run(*RUNS["llama-zb_h1-drain"], "train.steps=2", "pipeline.microbatches=2", "train.batch_size=8")
     r = ppx("simulate", "1f1b", "--from-run", str(kept.dir))
-    assert "cost included, where a whole backward costs less; train.split_backward=drain ran none there" in r.stdout
+    beside = f"one run measures both, the run's own beside 1F1B: `ppx run {kept.dir}/config.yaml 'run.paired=[pipeline.schedule=1f1b]'"
+    assert "cost included, where a whole backward costs less; " + beside in r.stdout, r.stdout
     # an auto run at m = p: drain would keep it as it ran, so the note names a 1F1B run instead
     even = shared_run(*RUNS["llama-zb_h1-auto"], "train.steps=2", "pipeline.microbatches=2", "train.batch_size=8")
     r = ppx("simulate", "1f1b", "--from-run", str(even.dir))
-    assert "drain would keep every split at this shape: a run of pipeline.schedule=1f1b measures" in r.stdout
+    assert f"beside 1F1B: `ppx run {even.dir}/config.yaml 'run.paired=[pipeline.schedule=1f1b]'" in r.stdout
     r = ppx("plan", "--from-run", str(kept.dir), "--schedules", "zb_h1,1f1b", "--out", str(tmp_path / "kept"))
     assert "the B's of 1f1b there cost I + W" in r.stdout and "zb_h1+drain" not in r.stdout, r.stdout
     assert "ran train.split_backward=drain: each schedule" not in r.stdout  # (no +drain candidate to speak of)

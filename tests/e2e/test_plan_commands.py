@@ -81,16 +81,27 @@ def test_a_plan_from_a_1f1b_llama_run_regroups_its_units_and_names_its_calibrati
     assert c["peak_bytes"] == pytest.approx(measured, rel=0.05), (c["peak_bytes"], measured)
 
     (named,) = re.findall(r"measure them with `(ppx run [^`]+)`", r.stdout)
-    assert "train.split_backward=store" in named
+    # the run's own config with ZB-H1 beside it, step by step: one run, both measured
+    assert """'run.paired=["pipeline.schedule=zb_h1 train.split_backward=store"]'""" in named
     assert "costs include its first step (train.steps=3" in r.stdout  # a short run: said so
-    split = ppx("run", *named.split()[2:], *SHORT, f"run.dir={tmp_path / 'split'}")
+    split = ppx("run", *shlex.split(named)[2:], *SHORT, f"run.dir={tmp_path / 'split'}")
     assert split.returncode == 0, split.stderr[-3000:]
+    row = read_json(tmp_path / "split" / "summary.json")["paired"]["pipeline.schedule=zb_h1 train.split_backward=store"]
+    assert {"0I", "0W", "1I", "1W"} <= set(row["cost_samples"]["action_s"]), row
+    assert {w["mode"] for w in row["split_backward"].values()} == {"store"}, row["split_backward"]
     again = ppx("plan", "--from-run", str(tmp_path / "split"), "-v", "2", "--out", str(tmp_path / "plan2"))
     assert again.returncode == 0, again.stderr
     plan = json.loads((tmp_path / "plan2" / "plan.json").read_text())
     assert not [x for x in plan["skipped"] if x["reason"].startswith(SPLIT_REASON)], plan["skipped"]
     assert {"zb_h1", "zbv", "zb_auto", "interleaved_zb"} <= {c["schedule"] for c in plan["candidates"]}
     assert "measure them with" not in again.stdout
+    assert "I and W on stages 0, 1 from 'pipeline.schedule=zb_h1 train.split_backward=store'" in again.stdout
+    # its B's are the run's own 1F1B's, its I's and W's the entry's: every split list planned at both
+    inputs, own = plan["inputs"], read_json(tmp_path / "split" / "summary.json")["measured_costs"]["action_s"]
+    assert inputs["whole_s"] == pytest.approx([own["0B"], own["1B"]])
+    lent = row["cost_samples"]["action_s"]
+    assert inputs["wgrad_s"] == pytest.approx([sum(lent[k]) / len(lent[k]) for k in ("0W", "1W")], rel=1e-4)
+    assert any(c["schedule"].endswith("+drain") for c in plan["candidates"])
 
 
 def test_known_cost_lists_at_three_stages_per_rank(tmp_path):

@@ -62,7 +62,9 @@ def test_a_run_with_a_whole_stage_plans_the_candidates_that_run_it_whole_too():
     why = {(s.schedule, s.v): s.reason for s in skipped}
     assert "ran whole, and 4 stages cut the run's 2 otherwise" in why[("zbv", 2)]
     assert "zb_auto's order is not known" in why[("zb_auto", 1)]
-    note = refused_split_note("runs/x", skipped, (0,), "store")
+    from ppx import config
+
+    note = refused_split_note("runs/x", skipped, (0,), config.load("transformer_1f1b_2cpu", []))
     assert "ran stage 0 whole" in note and "train.split_backward=store" in note
     assert "train.split_backward" not in split_calibration("c.yaml") and "store" in split_calibration("c.yaml", "store")
     # without whole stages nothing is refused for them
@@ -84,6 +86,40 @@ def test_the_calibration_run_measures_every_stage_apart(overrides, way):
     from ppx.plan.calibrate import calibration_way
 
     assert calibration_way(config.load("transformer_1f1b_2cpu", overrides)) == way
+
+
+@pytest.mark.parametrize(
+    "overrides,entries",
+    [
+        ([], '[pipeline.schedule=1f1b,"pipeline.schedule=zb_h1 train.split_backward=store"]'),
+        (["model.kind=synthetic"], "[pipeline.schedule=1f1b,pipeline.schedule=zb_h1]"),  # nothing to store
+        (["pipeline.stages=2", "parallel.data=2"], None),  # run.paired runs beside one pipeline
+        (["pipeline.executor=torch"], None),  # and on ppx's runtime
+        (["pipeline.schedule=interleaved_1f1b"], None),  # 4 stages on 2 ranks: 1F1B's are 2
+    ],
+)
+def test_one_run_measures_what_a_plan_lacks_beside_it(overrides, entries):
+    """The run a plan names to measure whole B's and I, W apart is the run's own config with
+    1F1B and ZB-H1 beside it, where run.paired can hold them, and the command passes the
+    config's checks as printed."""
+    import shlex
+
+    from ppx import config
+    from ppx.plan.calibrate import beside_command
+
+    cfg = config.load("transformer_1f1b_2cpu", overrides)
+    got = beside_command("c.yaml", cfg, whole=True, apart=True)
+    if entries is None:
+        assert got is None
+        return
+    assert got == f"ppx run c.yaml 'run.paired={entries}' run.dir=null"
+    assert beside_command("c.yaml", cfg) is None  # nothing missing: no run to make
+    assert beside_command("my runs/c.yaml", cfg, apart=True).startswith(
+        "ppx run 'my runs/c.yaml' "
+    )  # as a shell reads it
+    keys = shlex.split(got)[3:]
+    again = config.load("transformer_1f1b_2cpu", [*overrides, *keys])
+    assert len(again.run.paired) == 2
 
 
 def test_costs_that_include_the_first_step_are_noted():

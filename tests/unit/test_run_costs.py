@@ -1,0 +1,122 @@
+"""A run's costs with what its run.paired entries measured beside it (`ppx.commands.run_costs`):
+who lends what, per stage, and what stays unknown. The run directories are written here as
+`ppx run` writes them (config.yaml, summary.json), with made-up seconds."""
+
+import json
+
+import pytest
+
+from ppx import config
+from ppx.commands.run_costs import run_costs
+from ppx.report.run_dir import RunDir
+
+STORE = "pipeline.schedule=zb_h1 train.split_backward=store"
+WHOLE0 = {"0": {"mode": "whole"}, "1": {"mode": "store"}}  # ZB-H1 under auto: stage 0 runs whole
+STORED = {"0": {"mode": "store"}, "1": {"mode": "store"}}
+
+
+def _samples(**ms) -> dict:
+    """ "<stage><op>" -> a few seconds around the given milliseconds."""
+    return {k: [v / 1e3, v * 1.1 / 1e3, v * 0.9 / 1e3] for k, v in ms.items()}
+
+
+def _run(tmp_path, schedule: str, own: dict, ways: dict | None, entries: dict, extra=()) -> RunDir:
+    """A run of transformer_1f1b_2cpu under ``schedule`` that measured ``own`` and, beside it,
+    ``entries`` (entry -> (samples, split ways) or None where it kept none)."""
+    cfg = config.load(
+        "transformer_1f1b_2cpu", [f"pipeline.schedule={schedule}", f"run.paired={_value(list(entries))}", *extra]
+    )
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.yaml").write_text(config.to_yaml(cfg))
+    means = {k: sum(v) / len(v) for k, v in own.items()}
+    summary = {
+        "status": "completed",
+        "schedule": schedule,
+        "stages": 2,
+        "world_size": 2,
+        "microbatches": 4,
+        "virtual_stages": 1,
+        "model": "transformer",
+        "batch_size": 32,
+        "step_time_s": 0.04,
+        "losses": [1.0],
+        "measured_costs": {"action_s": means, "p2p_s": 1e-4, "overhead_s": 1e-5},
+        "cost_samples": {"action_s": own, "p2p_s": [1e-4], "overhead_s": [1e-5]},
+        "paired": {
+            e: {"over_run": 1.0, **({"cost_samples": {"action_s": got[0]}, "split_backward": got[1]} if got else {})}
+            for e, got in entries.items()
+        },
+    }
+    if ways:
+        summary["split_backward"] = ways
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    return RunDir(tmp_path)
+
+
+def _value(entries: list[str]) -> str:
+    return "[" + ",".join(f'"{e}"' if " " in e else e for e in entries) + "]"
+
+
+def test_a_1f1b_run_takes_i_and_w_from_zb_h1_beside_it(tmp_path):
+    own = _samples(**{"0F": 1, "0B": 3, "1F": 1, "1B": 3})
+    lent = _samples(**{"0F": 1.1, "0I": 2.2, "0W": 1, "1F": 1.1, "1I": 2.3, "1W": 1.2})
+    got = run_costs(_run(tmp_path, "1f1b", own, None, {STORE: (lent, STORED)}))
+    a = got.measured_costs["action_s"]
+    assert a["0B"] == pytest.approx(3e-3) and a["1F"] == pytest.approx(1e-3)  # the run's own stay
+    assert a["0I"] == pytest.approx(2.2e-3) and a["1W"] == pytest.approx(1.2e-3)  # the entry's, apart
+    assert got.cost_samples["action_s"]["1I"] == lent["1I"]
+    assert got.whole_stages == () and got.split_only == ()
+    assert got.lent == (("I and W", (0, 1), STORE),)
+    assert "I and W on stages 0, 1 from" in got.note("runs/x")
+
+
+def test_a_zb_h1_run_takes_b_from_1f1b_and_its_whole_stage_from_a_storing_zb_h1(tmp_path):
+    """Under auto, ZB-H1's stage 0 ran whole: its I is a whole B; a storing entry gives I and W
+    apart there, and 1F1B the B the run never ran whole on stage 1."""
+    own = _samples(**{"0F": 1, "0I": 3, "0W": 0.001, "1F": 1, "1I": 2.3, "1W": 1.1})
+    b = _samples(**{"0F": 1, "0B": 3.1, "1F": 1, "1B": 3.2})
+    apart = _samples(**{"0F": 1, "0I": 2.2, "0W": 1, "1F": 1, "1I": 2.4, "1W": 1.3})
+    run = _run(tmp_path, "zb_h1", own, WHOLE0, {"pipeline.schedule=1f1b": (b, {}), STORE: (apart, STORED)})
+    got = run_costs(run)
+    a = got.measured_costs["action_s"]
+    assert a["0B"] == pytest.approx(3e-3)  # the run's own whole backward, as a B
+    assert a["0I"] == pytest.approx(2.2e-3) and a["0W"] == pytest.approx(1e-3)  # not its whole I and empty W
+    assert a["1B"] == pytest.approx(3.2e-3) and a["1I"] == pytest.approx(2.3e-3)  # 1F1B's B, its own I
+    assert got.whole_stages == () and got.split_only == ()
+    assert got.lent == (("B", (1,), "pipeline.schedule=1f1b"), ("I and W", (0,), STORE))
+
+
+def test_an_entry_that_ran_a_stage_whole_lends_no_i_and_w_there(tmp_path):
+    """ZB-H1 under auto beside a 1F1B run: stage 1's I and W are lent, stage 0's (one whole
+    backward in its I) are not, and stay unknown: a plan refuses what splits it apart."""
+    own = _samples(**{"0F": 1, "0B": 3, "1F": 1, "1B": 3})
+    entry = _samples(**{"0F": 1, "0I": 3, "0W": 0.001, "1F": 1, "1I": 2.3, "1W": 1.1})
+    got = run_costs(_run(tmp_path, "1f1b", own, None, {"pipeline.schedule=zb_h1": (entry, WHOLE0)}))
+    assert got.whole_stages == (0,)
+    assert "0I" not in got.measured_costs["action_s"] and got.measured_costs["action_s"]["1W"] > 0
+    assert got.lent == (("I and W", (1,), "pipeline.schedule=zb_h1"),)
+
+
+@pytest.mark.parametrize(
+    "entry,why",
+    [
+        ("pipeline.schedule=zb_h1 train.batch_size=64", "another microbatch size costs otherwise"),
+        ("pipeline.schedule=zbv", "4 stages, not the run's 2"),
+    ],
+)
+def test_an_entry_that_costs_otherwise_lends_nothing(tmp_path, entry, why):
+    own = _samples(**{"0F": 1, "0B": 3, "1F": 1, "1B": 3})
+    entry_costs = _samples(**{f"{s}{op}": 1 for s in range(4) for op in "FIW"})
+    run = _run(tmp_path, "1f1b", own, None, {entry: (entry_costs, STORED)})
+    got = run_costs(run)
+    assert got.measured_costs is run.summary.measured_costs and not got.lent, why
+    assert got.note("runs/x") is None
+
+
+def test_a_run_whose_entries_kept_nothing_is_its_own(tmp_path):
+    """Runs from before entries kept their actions (or without timers): the run's costs as they were."""
+    own = _samples(**{"0F": 1, "0I": 3, "0W": 0.001, "1F": 1, "1I": 2.3, "1W": 1.1})
+    run = _run(tmp_path, "zb_h1", own, WHOLE0, {"pipeline.schedule=1f1b": None})
+    got = run_costs(run)
+    assert got.measured_costs is run.summary.measured_costs
+    assert got.whole_stages == (0,) and got.split_only == (1,)
