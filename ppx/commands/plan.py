@@ -223,6 +223,12 @@ def cmd_plan(args) -> int:
             f"note: {_names(close)} predicted within {args.close_pct:g}% of the best's "
             "throughput: closer than a prediction can tell apart (--close-pct); measure them before choosing"
         )
+    if run_cfg is not None:
+        from ppx.plan.beside import beside_note
+        from ppx.report.run_dir import RunDir
+
+        rows = RunDir(args.from_run).raw_summary.get("paired") or {}
+        notes += [n for n in [beside_note(str(args.from_run), results, overrides, run_cfg, experiment, rows)] if n]
     if measuring:
         from ppx.plan.paired_command import note
 

@@ -183,6 +183,11 @@ def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run, 
     assert "no whole B" not in r.stdout and "not planned" not in r.stdout, r.stdout
     lent = "B on stage 1 from 'pipeline.schedule=1f1b'; I and W on stage 0 from 'pipeline.schedule=zb_h1 train"
     assert lent in r.stdout, r.stdout
+    # and it held 1F1B, a candidate it ran beside its own, measured against predicted
+    row = read_json(tmp_path / "both" / "summary.json")["paired"]["pipeline.schedule=1f1b"]
+    steps = {c["schedule"]: c["step_s"] for c in read_json(tmp_path / "p" / "plan.json")["candidates"]}
+    told = f"1f1b ('pipeline.schedule=1f1b') measured {row['over_run']:.3f}x"
+    assert told in r.stdout and f"predicted {steps['1f1b'] / steps['zb_h1']:.3f}x" in r.stdout, r.stdout
     r = ppx("simulate", "1f1b", "--from-run", str(run.dir))
     assert r.returncode == 0 and "no whole B" not in r.stdout, r.stdout
     # a drain run at m = p ran every W after its stage's last forward: no whole B there either, and said why
