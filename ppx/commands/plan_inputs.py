@@ -143,7 +143,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         source=str(args.from_run),
         microbatch_size=s.batch_size // s.microbatches if s.batch_size else None,
         samples=costs.cost_samples,  # None for a run from before they were kept: the means
-        input_share=_shares(run.raw_summary.get("input_freed_share"), stages),
+        input_share=_shares(costs.input_share, stages),
         rank_by=getattr(args, "rank_by", "sync"),
         split_known=split_known,
         whole_stages=whole,
@@ -156,8 +156,21 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         if units and run.config.pipeline.balance == "flops"
         else None,
         whole_s=tuple(c.whole) if c.whole is not None else None,
+        runs_whole=runs_whole(run.config),
     )
     return inputs, [p], ints("--microbatches", args.microbatches) or [s.microbatches], str(run.path / "config.yaml")
+
+
+def runs_whole(cfg) -> bool:
+    """Whether a candidate's command from a run of config ``cfg`` runs a stage whose every I its
+    list follows at once by its W whole, in the I: ppx's runtime under auto (a drain run's
+    candidates run auto: `ppx.plan.howto.from_run_overrides`), on a model that stores or keeps
+    a graph (the known-cost model sleeps its I and W apart)."""
+    return (
+        cfg.train.split_backward in ("auto", "drain")
+        and cfg.model.kind != "synthetic"
+        and cfg.pipeline.executor == "ppx"
+    )
 
 
 def _max_stages(cfg) -> int | None:

@@ -34,6 +34,9 @@ class RunCosts:
     whole_stages: tuple[int, ...]
     split_only: tuple[int, ...]
     lent: tuple[tuple[str, tuple[int, ...], str], ...] = ()
+    # per stage, the share of a microbatch's saved bytes its I frees (summary.json's
+    # input_freed_share; an entry's where it lent the I and W), or None
+    input_share: tuple[float, ...] | None = None
 
     def ops(self) -> set[str]:
         """The kinds of action (F, B, I, W) the costs hold."""
@@ -52,7 +55,14 @@ class RunCosts:
 def run_costs(run) -> RunCosts:
     """The costs of the run (a `RunDir` with measured costs), its entries' lent where it lacks them."""
     s = run.summary
-    own = RunCosts(s.measured_costs, s.cost_samples, tuple(whole_stages(run)), tuple(split_only_stages(run)))
+    shares = run.raw_summary.get("input_freed_share")
+    own = RunCosts(
+        s.measured_costs,
+        s.cost_samples,
+        tuple(whole_stages(run)),
+        tuple(split_only_stages(run)),
+        input_share=tuple(float(x) for x in shares) if shares else None,
+    )
     lenders = _lenders(run)
     if not lenders or s.cost_samples is None:
         return own
@@ -60,7 +70,8 @@ def run_costs(run) -> RunCosts:
     means = _by_stage(s.measured_costs["action_s"], set(own.whole_stages))
     draws = _by_stage(s.cost_samples["action_s"], set(own.whole_stages))
     lent: dict[tuple[str, str], list[int]] = {}
-    for entry, samples, whole in lenders:
+    share = list(own.input_share or [0.0] * stages)
+    for entry, samples, whole, freed in lenders:
         theirs = _by_stage(samples, whole)
         for stage in range(stages):
             mine, got = draws.setdefault(stage, {}), theirs.get(stage, {})
@@ -71,6 +82,8 @@ def run_costs(run) -> RunCosts:
                 for op in ops:
                     mine[op] = list(got[op])
                     means.setdefault(stage, {})[op] = fmean(got[op])
+                if what == "I and W" and stage < len(share):  # what its I frees, as the entry's I freed it
+                    share[stage] = float(freed.get(str(stage), 0.0))
                 lent.setdefault((what, entry), []).append(stage)
     if not lent:
         return own
@@ -82,12 +95,14 @@ def run_costs(run) -> RunCosts:
         # (the known-cost model's I + W is its B by construction: nothing priced otherwise)
         () if run.config.model.kind == "synthetic" else tuple(st for st in apart if "B" not in draws[st]),
         tuple((what, tuple(sts), entry) for (what, entry), sts in lent.items()),
+        tuple(share) if any(share) else None,
     )
 
 
-def _lenders(run) -> list[tuple[str, dict, set[int]]]:
-    """(entry, its action seconds, the stages it ran whole) of each ``run.paired`` entry of the
-    run that kept them and costs what the run does (`same_costs`), in ``run.paired``'s order."""
+def _lenders(run) -> list[tuple[str, dict, set[int], dict]]:
+    """(entry, its action seconds, the stages it ran whole, the share of saved bytes its I frees
+    per stage) of each ``run.paired`` entry of the run that kept them and costs what the run
+    does (`same_costs`), in ``run.paired``'s order."""
     from omegaconf.errors import OmegaConfBaseException
 
     from ppx.config.paired import same_costs, variants
@@ -110,7 +125,7 @@ def _lenders(run) -> list[tuple[str, dict, set[int]]]:
         except (UserError, OSError, ValueError):
             continue
         whole = {int(st) for st, way in (row.get("split_backward") or {}).items() if (way or {}).get("mode") == "whole"}
-        out.append((entry, samples, whole))
+        out.append((entry, samples, whole, row.get("input_freed_share") or {}))
     return out
 
 

@@ -15,6 +15,7 @@ from ppx.commands.common import (
     require_backward,
     schedule_from,
 )
+from ppx.commands.plan_inputs import runs_whole
 from ppx.commands.run_costs import run_costs
 from ppx.errors import UserError
 from ppx.units import count, stage_list
@@ -163,6 +164,10 @@ def _costs(args, sched, run, measured) -> tuple:
     transport, lookahead = transport_of(run.config, backend)
     reduce = run.config.parallel.data > 1  # its replicas' gradient reductions, at their measured cost
     costs = costs_from(own.measured_costs, sched.num_stages)
+    if runs_whole(run.config):  # (the list's stages that ppx's runtime runs whole, as ppx run would)
+        from ppx.schedules.ir.structure import whole_stages_of
+
+        costs = costs.run_whole(whole_stages_of(sched), sched.num_stages)
     if own.note(args.from_run):
         print(own.note(args.from_run))
     _note_unmeasured_bs(args, sched, run, own)

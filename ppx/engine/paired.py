@@ -33,6 +33,8 @@ from ppx.measure.instruments import Instruments
 from ppx.measure.prediction import action_durations
 from ppx.measure.profiler import RecordFunctions
 
+MEMORY = ("saved_bytes_per_microbatch", "held_after_input_bytes")  # per stage, kept where counted
+
 
 class PairedLossNotFinite(RuntimeError):
     """An entry's loss is nan or inf: its steps beside the run's would time NaN arithmetic."""
@@ -106,14 +108,15 @@ class PairedSteps:
             opt.zero_grad(set_to_none=True)  # between its steps, weights and optimizer state only
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-        _, spans = inst.end_step(step)  # (its records are not kept: the instruments are there to cost the same)
-        return [t0 + offset, t1 + offset, loss, self.kept(step, pipe, spans)]
+        record, spans = inst.end_step(step)  # (its records are not kept: the instruments are there to cost the same)
+        return [t0 + offset, t1 + offset, loss, self.kept(step, pipe, record, spans)]
 
-    def kept(self, step: int, pipe, spans) -> dict | None:
+    def kept(self, step: int, pipe, record: dict, spans) -> dict | None:
         """What is kept of an entry's step on this rank: each compute action's seconds
-        (``action_s``: "<stage><op>" -> [seconds]) in the run's timeline steps, and how each split
-        stage ran its W (``split_backward``, first step); None where nothing is."""
-        out = {}
+        (``action_s``: "<stage><op>" -> [seconds]) in the run's timeline steps, how each split
+        stage ran its W (``split_backward``, first step), and where the memory counters counted,
+        the bytes a microbatch saved and held from I to W per stage; None where nothing is."""
+        out = {k: record[k] for k in MEMORY if record.get(k)}
         if step >= self.first_kept and spans is not None:
             out["action_s"] = action_durations(spans)
         if step == 0 and pipe.split_backward:

@@ -13,6 +13,7 @@ import math
 import statistics
 
 from ppx.measure.metrics import middle_half
+from ppx.measure.prediction import input_freed_share
 
 
 def paired_step(records: list[dict]) -> list[tuple[float, float | None]]:
@@ -29,8 +30,9 @@ def paired_step(records: list[dict]) -> list[tuple[float, float | None]]:
 
 def add_kept(records: list[dict], kept: list[dict]) -> None:
     """Adds what each entry kept of one step on every rank (`ppx.engine.paired.PairedSteps.kept`)
-    to ``kept``, one dict per entry: ``action_s`` ("<stage><op>" -> seconds, every rank's) and
-    ``split_backward`` (stage -> how it ran its W)."""
+    to ``kept``, one dict per entry: ``action_s`` ("<stage><op>" -> seconds, every rank's),
+    ``split_backward`` (stage -> how it ran its W), and the memory counters' bytes per stage
+    (the most of any step)."""
     for k in range(len(records[0]["paired"])):
         if len(kept) <= k:
             kept.append({})
@@ -40,16 +42,25 @@ def add_kept(records: list[dict], kept: list[dict]) -> None:
                 kept[k].setdefault("action_s", {}).setdefault(key, []).extend(seconds)
             if got and "split_backward" in got:
                 kept[k].setdefault("split_backward", {}).update(got["split_backward"])
+            for key in ("saved_bytes_per_microbatch", "held_after_input_bytes"):  # the most counted, per stage
+                into = kept[k].setdefault(key, {})
+                for stage, b in ((got or {}).get(key) or {}).items():
+                    into[stage] = max(into.get(stage, 0), b)
 
 
 def kept_fields(kept: dict) -> dict:
     """An entry's summary.json fields from what it kept (`add_kept`): ``cost_samples`` (its
-    actions' seconds, rounded to 0.1 us as the run's own) and ``split_backward``, in stage order."""
+    actions' seconds, rounded to 0.1 us as the run's own), ``split_backward`` and
+    ``input_freed_share`` (per stage, as the run's own), in stage order."""
     out = {}
     if kept.get("action_s"):
         out["cost_samples"] = {"action_s": {k: [round(x, 7) for x in v] for k, v in sorted(kept["action_s"].items())}}
     if kept.get("split_backward"):
         out["split_backward"] = dict(sorted(kept["split_backward"].items(), key=lambda kv: int(kv[0])))
+    saved, held = kept.get("saved_bytes_per_microbatch"), kept.get("held_after_input_bytes") or {}
+    if saved:  # per stage, as the run's own: the share of a microbatch's saved bytes its I frees
+        stages = sorted(saved, key=int)
+        out["input_freed_share"] = {s: input_freed_share(saved[s], held.get(s)) for s in stages}
     return out
 
 

@@ -11,6 +11,7 @@ from ppx.plan.builders import build
 from ppx.plan.inputs import PlanInputs
 from ppx.plan.sampled import expected
 from ppx.plan.space import Candidate, Skipped
+from ppx.schedules.ir.structure import whole_stages_of
 from ppx.schedules.sim.memory import peak_held
 from ppx.schedules.sim.simulate import simulate
 
@@ -64,14 +65,16 @@ def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
         return Skipped(c.schedule, c.p, c.m, c.v, str(e))
     n = sched.num_stages
     reduce = inputs.reduce_s is not None
+    whole = whole_stages_of(sched) if inputs.runs_whole else set()  # (as its command runs them)
     if inputs.samples:  # a run's: the expected step over draws of its measured costs
         once = lambda costs: simulate(sched, costs, inputs.transport, inputs.lookahead, reduce)  # noqa: E731
-        step, bubble, steady = expected(once, inputs.samples, inputs.parts(n), inputs.parts(n, "params"))
+        step, bubble, steady = expected(once, inputs.samples, inputs.parts(n), inputs.parts(n, "params"), whole)
     else:
-        t = simulate(sched, inputs.costs(n), inputs.transport, inputs.lookahead, reduce)
+        t = simulate(sched, inputs.costs(n, whole), inputs.transport, inputs.lookahead, reduce)
         step, bubble, steady = t.makespan, t.bubble_fraction(), t.steady()
     params = inputs.params(n)
-    held = peak_held(sched, inputs.act(n), inputs.shares(n))
+    shares = [1.0 if s in whole else x for s, x in enumerate(inputs.shares(n))]  # (a whole I frees it all)
+    held = peak_held(sched, inputs.act(n), shares)
     peaks = tuple(
         held[r] + sum(params[s] for s, owner in enumerate(sched.stage_to_rank) if owner == r)
         for r in range(sched.num_ranks)

@@ -62,6 +62,9 @@ class PlanInputs:
     split_weights: tuple[float, ...] | None = None  # what a candidate's command splits its units by (None: even)
     # a drain run's B measured apart on a stage that also split (None there: B costs I + W), or None
     whole_s: tuple[float | None, ...] | None = None
+    # a candidate's command runs a stage whose every I its list follows at once by its W as one
+    # whole backward, in the I (ppx's runtime under train.split_backward=auto): priced at a B there
+    runs_whole: bool = False
 
     @property
     def units(self) -> int:
@@ -104,8 +107,10 @@ class PlanInputs:
         per stage, fewer stages than the values sum groups of them)."""
         return [sum(values[i] * k / n for i, k, n in part) for part in self.parts(num_stages, by)]
 
-    def costs(self, num_stages: int) -> Costs:
-        """The simulator's costs of a candidate with ``num_stages`` stages."""
+    def costs(self, num_stages: int, whole: set[int] = frozenset()) -> Costs:
+        """The simulator's costs of a candidate with ``num_stages`` stages; on its ``whole``
+        stages (run whole: `runs_whole`) an I costs a B (as measured apart, else I + W) and a W
+        nothing."""
         return Costs(
             fwd=self.split(self.fwd_s, num_stages),
             bwd=self.split(self.bwd_s, num_stages),
@@ -116,7 +121,7 @@ class PlanInputs:
             recv_post=self.recv_post_s,
             reduce=self.split(self.reduce_s, num_stages, "params") if self.reduce_s else 0.0,  # gradient bytes
             whole=self._whole(num_stages),
-        )
+        ).run_whole(whole, num_stages)
 
     def _whole(self, num_stages: int) -> list[float] | None:
         """What a B costs per stage of ``num_stages`` where a drain run measured it apart from its

@@ -24,8 +24,16 @@ class PlanSamples:
     """`ppx.schedules.sim.costs.SampledCosts`' interface over a run's samples, for a candidate
     whose stages are ``parts`` of the run's (`PlanInputs.parts`)."""
 
-    def __init__(self, samples: dict, parts: list[tuple], seed: int = 0, reduce_parts: list[tuple] | None = None):
+    def __init__(
+        self,
+        samples: dict,
+        parts: list[tuple],
+        seed: int = 0,
+        reduce_parts: list[tuple] | None = None,
+        whole: set[int] = frozenset(),
+    ):
         self._actions = samples["action_s"]
+        self._whole = whole  # candidate stages run whole: an I draws a B, a W nothing
         self._parts = parts  # per candidate stage: (run stage, numerator, denominator) of its shares
         self._reduce_parts = reduce_parts or parts  # the reduction's, by parameter bytes (`PlanInputs.parts`)
         self._p2p = samples["p2p_s"] or [0.0]
@@ -48,7 +56,14 @@ class PlanSamples:
         return sum(self._draw(u, op) * k / n for u, k, n in (parts or self._parts)[stage])
 
     def work(self, a: Action) -> float:
-        return self._of_stage(a.stage, a.op.value) if a.op.is_compute else 0.0
+        if not a.op.is_compute:
+            return 0.0
+        op = a.op.value
+        if a.stage in self._whole and op in "IW":
+            if op == "W":
+                return 0.0
+            op = "B"
+        return self._of_stage(a.stage, op)
 
     def reduce_cost(self, stage: int) -> float:
         return self._of_stage(stage, REDUCE, self._reduce_parts)
@@ -64,9 +79,14 @@ class PlanSamples:
 
 
 def expected(
-    simulate_once, samples: dict, parts: list[tuple], reduce_parts: list[tuple] | None = None
+    simulate_once,
+    samples: dict,
+    parts: list[tuple],
+    reduce_parts: list[tuple] | None = None,
+    whole: set[int] = frozenset(),
 ) -> tuple[float, float, float]:
     """(mean step, mean bubble, mean steady-state step) of ``simulate_once(costs)`` over `DRAWS`
-    draws of the samples (``reduce_parts``: the data-parallel reduction's shares, else ``parts``)."""
-    runs = [simulate_once(PlanSamples(samples, parts, seed, reduce_parts)) for seed in range(DRAWS)]
+    draws of the samples (``reduce_parts``: the data-parallel reduction's shares, else ``parts``;
+    ``whole``: the candidate's stages run whole)."""
+    runs = [simulate_once(PlanSamples(samples, parts, seed, reduce_parts, whole)) for seed in range(DRAWS)]
     return fmean(t.makespan for t in runs), fmean(t.bubble_fraction() for t in runs), fmean(t.steady() for t in runs)

@@ -154,3 +154,32 @@ def test_a_drain_runs_costs_plan_each_split_family_as_drain_runs_it_too():
     (dual,) = [c for c in candidates(["dualpipev"], [2], [8], [2], two)[0] if c.schedule.endswith("+drain")]
     assert "sits on a rank of overlapped cells (a cell keeps its I)" in evaluate(dual, two).reason
     assert [c.schedule for c in candidates(["zb_h1"], [2], [8], [1], replace(two, whole_s=None))[0]] == ["zb_h1"]
+
+
+def test_a_stage_a_candidate_runs_whole_is_priced_at_a_whole_backward():
+    """Under train.split_backward=auto ppx's runtime runs a stage whose every I its list follows
+    at once by its W as one backward, in the I (ZB-H1's first stage): a plan whose commands run
+    auto prices it so, at the B measured apart where there is one (here cheaper than I + W),
+    and its I frees everything; with `runs_whole` off (a store run's commands) it is priced
+    split, as before."""
+    from ppx.plan.evaluate import evaluate
+    from ppx.plan.space import Candidate
+    from ppx.schedules import Costs
+    from ppx.schedules.ir.action import Action, Op
+
+    split = PlanInputs(  # (stage 0 the heavier: its backward decides the step)
+        fwd_s=(1.0, 0.5), bwd_s=(1.0, 0.5), wgrad_s=(1.0, 0.5), stages=2, whole_s=(1.5, 0.75), act_bytes=(8.0, 8.0)
+    )
+    auto = replace(split, runs_whole=True)
+    zb = Candidate("zb_h1", 2, 8, 1)
+    got, was = evaluate(zb, auto), evaluate(zb, split)
+    assert got.step_s < was.step_s  # stage 0's I and W at a B of 1.5, not 1 + 1
+    costs = auto.costs(2, {0})
+    assert costs.work(Action(0, Op.I, 0)) == 1.5 and costs.work(Action(0, Op.W, 0)) == 0.0
+    assert costs.work(Action(1, Op.I, 0)) == 0.5 and costs.work(Action(1, Op.W, 0)) == 0.5
+    assert split.costs(2) == auto.costs(2)  # (no stage named whole: the costs as measured)
+    # without a B measured apart, a whole stage costs its I + W in the I
+    plain = Costs(fwd=1.0, bwd=[1.0, 2.0], wgrad=[0.5, 1.0]).run_whole({1}, 2)
+    assert plain.work(Action(1, Op.I, 0)) == 3.0 and plain.work(Action(0, Op.I, 0)) == 1.0
+    # 1F1B runs no I: the same either way
+    assert evaluate(Candidate("1f1b", 2, 8, 1), auto).step_s == evaluate(Candidate("1f1b", 2, 8, 1), split).step_s

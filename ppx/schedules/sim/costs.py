@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ppx.schedules.ir.action import Action, Op
 
@@ -44,6 +44,17 @@ class Costs:
 
     def reduce_cost(self, stage: int) -> float:
         return _per_stage(self.reduce, stage)
+
+    def run_whole(self, stages, num_stages: int) -> Costs:
+        """These costs where ``stages`` (of ``num_stages``) run each backward whole, in the I (ppx's
+        runtime on a stage whose every I its list follows at once by its W): an I costs a B
+        (``whole``'s where measured, else I + W), a W nothing."""
+        if not stages:
+            return self
+        b = [self.work(Action(s, Op.B, 0)) for s in range(num_stages)]
+        bwd = [b[s] if s in stages else _per_stage(self.bwd, s) for s in range(num_stages)]
+        wgrad = [0.0 if s in stages else _per_stage(self.wgrad, s) for s in range(num_stages)]
+        return replace(self, bwd=bwd, wgrad=wgrad)
 
     def of(self, a: Action) -> float:
         """The action's work plus the runtime's overhead after it."""
