@@ -83,7 +83,7 @@ def run_costs(run) -> RunCosts:
                     mine[op] = list(got[op])
                     means.setdefault(stage, {})[op] = fmean(got[op])
                 if what == "I and W" and stage < len(share):  # what its I frees, as the entry's I freed it
-                    share[stage] = float(freed.get(str(stage), 0.0))
+                    share[stage] = float(freed[stage]) if stage < len(freed) else 0.0
                 lent.setdefault((what, entry), []).append(stage)
     if not lent:
         return own
@@ -99,7 +99,7 @@ def run_costs(run) -> RunCosts:
     )
 
 
-def _lenders(run) -> list[tuple[str, dict, set[int], dict]]:
+def _lenders(run) -> list[tuple[str, dict, set[int], list]]:
     """(entry, its action seconds, the stages it ran whole, the share of saved bytes its I frees
     per stage) of each ``run.paired`` entry of the run that kept them and costs what the run
     does (`same_costs`), in ``run.paired``'s order."""
@@ -125,7 +125,7 @@ def _lenders(run) -> list[tuple[str, dict, set[int], dict]]:
         except (UserError, OSError, ValueError):
             continue
         whole = {int(st) for st, way in (row.get("split_backward") or {}).items() if (way or {}).get("mode") == "whole"}
-        out.append((entry, samples, whole, row.get("input_freed_share") or {}))
+        out.append((entry, samples, whole, row.get("input_freed_share") or []))
     return out
 
 

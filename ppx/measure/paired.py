@@ -59,8 +59,8 @@ def kept_fields(kept: dict) -> dict:
         out["split_backward"] = dict(sorted(kept["split_backward"].items(), key=lambda kv: int(kv[0])))
     saved, held = kept.get("saved_bytes_per_microbatch"), kept.get("held_after_input_bytes") or {}
     if saved:  # per stage, as the run's own: the share of a microbatch's saved bytes its I frees
-        stages = sorted(saved, key=int)
-        out["input_freed_share"] = {s: input_freed_share(saved[s], held.get(s)) for s in stages}
+        n = max(int(s) for s in saved) + 1
+        out["input_freed_share"] = [input_freed_share(saved.get(str(s), 0), held.get(str(s))) for s in range(n)]
     return out
 
 

@@ -102,6 +102,7 @@ def test_a_plan_from_a_1f1b_llama_run_regroups_its_units_and_names_its_calibrati
     lent = row["cost_samples"]["action_s"]
     assert inputs["wgrad_s"] == pytest.approx([sum(lent[k]) / len(lent[k]) for k in ("0W", "1W")], rel=1e-4)
     assert any(c["schedule"].endswith("+drain") for c in plan["candidates"])
+    assert inputs["input_share"] == pytest.approx(row["input_freed_share"]) and 0 < min(row["input_freed_share"]) < 1
 
 
 def test_known_cost_lists_at_three_stages_per_rank(tmp_path):

@@ -64,7 +64,7 @@ def _value(entries: list[str]) -> str:
 def test_a_1f1b_run_takes_i_and_w_from_zb_h1_beside_it(tmp_path):
     own = _samples(**{"0F": 1, "0B": 3, "1F": 1, "1B": 3})
     lent = _samples(**{"0F": 1.1, "0I": 2.2, "0W": 1, "1F": 1.1, "1I": 2.3, "1W": 1.2})
-    got = run_costs(_run(tmp_path, "1f1b", own, None, {STORE: (lent, STORED, {"0": 0.3, "1": 0.25})}))
+    got = run_costs(_run(tmp_path, "1f1b", own, None, {STORE: (lent, STORED, [0.3, 0.25])}))
     a = got.measured_costs["action_s"]
     assert a["0B"] == pytest.approx(3e-3) and a["1F"] == pytest.approx(1e-3)  # the run's own stay
     assert a["0I"] == pytest.approx(2.2e-3) and a["1W"] == pytest.approx(1.2e-3)  # the entry's, apart
@@ -96,9 +96,7 @@ def test_an_entry_that_ran_a_stage_whole_lends_no_i_and_w_there(tmp_path):
     backward in its I) are not, and stay unknown: a plan refuses what splits it apart."""
     own = _samples(**{"0F": 1, "0B": 3, "1F": 1, "1B": 3})
     entry = _samples(**{"0F": 1, "0I": 3, "0W": 0.001, "1F": 1, "1I": 2.3, "1W": 1.1})
-    got = run_costs(
-        _run(tmp_path, "1f1b", own, None, {"pipeline.schedule=zb_h1": (entry, WHOLE0, {"0": 1.0, "1": 0.3})})
-    )
+    got = run_costs(_run(tmp_path, "1f1b", own, None, {"pipeline.schedule=zb_h1": (entry, WHOLE0, [1.0, 0.3])}))
     assert got.whole_stages == (0,) and got.input_share == (0.0, 0.3)  # (stage 0's B frees all, as ever)
     assert "0I" not in got.measured_costs["action_s"] and got.measured_costs["action_s"]["1W"] > 0
     assert got.lent == (("I and W", (1,), "pipeline.schedule=zb_h1"),)
