@@ -7,6 +7,7 @@ command that would fail is caught before it is printed."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from ppx.plan.evaluate import Result
@@ -85,8 +86,13 @@ def from_run_overrides(best: Result, cfg, inputs: PlanInputs) -> list[str]:
 
 
 def run_command(experiment: str, overrides: list[str]) -> str:
-    """``ppx run <experiment> <overrides>``, as printed."""
-    return " ".join(["ppx run", experiment, *overrides])
+    """``ppx run <experiment> <overrides>``, as printed: a path or value with a space or a quote
+    in quotes, as a shell reads it (a list's brackets are left bare, as the docs write them)."""
+    return " ".join(["ppx run", *(_word(w) for w in [experiment, *overrides])])
+
+
+def _word(text: str) -> str:
+    return shlex.quote(text) if any(c.isspace() or c in "'\"" for c in text) else text
 
 
 def command(best: Result, csv: Path | str, experiment: str, extra: tuple[str, ...] = ()) -> str:
@@ -112,7 +118,7 @@ def check(text: str) -> str | None:
     from ppx import config
     from ppx.errors import UserError
 
-    words = text.split()
+    words = shlex.split(text)
     try:
         config.load(words[2], [w for w in words[3:] if "=" in w])
     except UserError as e:

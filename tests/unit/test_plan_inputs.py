@@ -257,3 +257,22 @@ def test_a_candidate_of_one_stage_a_rank_takes_no_v_from_a_run_that_set_one():
     assert "pipeline.virtual_stages=null" not in from_run_overrides(
         Result("zbv", 2, 4, 2, 1.0, 0.0, (0.0, 0.0), True), cfg, inputs
     )
+
+
+def test_a_printed_run_command_reads_back_as_a_shell_reads_it(tmp_path):
+    """A path with a space (the run's config, the plan's CSV) is quoted in the printed command,
+    and `check` reads it back as the shell would: the config loads."""
+    import shlex
+
+    from ppx import config
+    from ppx.plan.howto import check, run_command
+
+    where = tmp_path / "my runs"
+    where.mkdir()
+    (where / "config.yaml").write_text(config.to_yaml(config.load("1f1b_2cpu", [])))
+    keys = ["pipeline.microbatches=8", "pipeline.layers_per_stage=[3,1]", f"run.root={where}"]
+    text = run_command(str(where / "config.yaml"), keys)
+    assert shlex.split(text) == ["ppx", "run", str(where / "config.yaml"), *keys]
+    assert "pipeline.layers_per_stage=[3,1]" in text.split()  # (a list's brackets bare, as the docs write them)
+    assert check(text) is None
+    assert "microbatches" in check(run_command(str(where / "config.yaml"), ["pipeline.microbatches=3"]))
