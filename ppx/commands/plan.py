@@ -73,7 +73,11 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
     if args.from_run:  # (``run_cfg``: the run's config)
         out.append(first_step_note(args.from_run, run_cfg))
         out.append(lent_note(args.from_run))
-        out.append(refused_split_note(args.from_run, skipped, inputs.whole_stages, run_cfg))
+        from ppx.commands.common import whole_stages
+        from ppx.report.run_dir import RunDir
+
+        ran = tuple(whole_stages(RunDir(args.from_run)))
+        out.append(refused_split_note(args.from_run, skipped, inputs.whole_stages, run_cfg, ran))
         if run_cfg.train.split_backward == "drain" and inputs.whole_s is not None:
             out.append(
                 f"note: {args.from_run} ran train.split_backward=drain: each schedule that splits its backward is "
@@ -86,10 +90,9 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
 
 def lent_note(from_run: str) -> str | None:
     """What the plan's costs took from the run's ``run.paired`` entries (`run_costs`), or None."""
-    from ppx.commands.run_costs import run_costs
-    from ppx.report.run_dir import RunDir
+    from ppx.commands.run_costs import run_costs_at
 
-    return run_costs(RunDir(from_run)).note(from_run)
+    return run_costs_at(str(from_run)).note(from_run)
 
 
 def priced_split_note_of(from_run: str, results, inputs) -> str | None:
@@ -98,13 +101,13 @@ def priced_split_note_of(from_run: str, results, inputs) -> str | None:
     slower than they run. A candidate of other stages than the run's shares its costs out, so
     any B of its counts."""
     from ppx.commands.common import priced_split_note
-    from ppx.commands.run_costs import run_costs
+    from ppx.commands.run_costs import run_costs_at
     from ppx.plan.builders import AUTO, build
     from ppx.report.run_dir import RunDir
     from ppx.schedules.ir.action import Op
 
     run = RunDir(from_run)
-    blind = set(run_costs(run).split_only)
+    blind = set(run_costs_at(str(from_run)).split_only)
     if not blind:
         return None
     names: list[str] = []

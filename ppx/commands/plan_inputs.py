@@ -8,8 +8,9 @@ from dataclasses import replace
 from omegaconf.errors import OmegaConfBaseException
 
 from ppx.commands.common import measured_run, ms_list
-from ppx.commands.run_costs import run_costs
+from ppx.commands.run_costs import run_costs_at
 from ppx.errors import UserError, said
+from ppx.plan.calibrate import runs_whole
 from ppx.plan.inputs import PlanInputs
 from ppx.plan.sizes import parse_sizes
 
@@ -118,7 +119,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
     stages = s.stages or p * s.virtual
     if args.stages is not None and ints("--stages", args.stages) != [p]:
         raise UserError(f"{args.from_run} ran {p} ranks; its costs are per stage, so leave out --stages or give {p}")
-    costs = run_costs(run)  # the run's, and what its run.paired entries ran that it did not
+    costs = run_costs_at(str(run.path))  # the run's, and what its run.paired entries ran that it did not
     c = costs_from(costs.measured_costs, stages)
     whole = costs.whole_stages  # I then W at once: one backward in the I, W not measured apart
     split_known = bool(costs.ops() & {"I", "W"})  # (a candidate splitting a whole stage apart: refused)
@@ -156,21 +157,9 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         if units and run.config.pipeline.balance == "flops"
         else None,
         whole_s=tuple(c.whole) if c.whole is not None else None,
-        runs_whole=runs_whole(run.config),
+        runs_whole=runs_whole(run.config),  # (as the candidates' commands run them)
     )
     return inputs, [p], ints("--microbatches", args.microbatches) or [s.microbatches], str(run.path / "config.yaml")
-
-
-def runs_whole(cfg) -> bool:
-    """Whether a candidate's command from a run of config ``cfg`` runs a stage whose every I its
-    list follows at once by its W whole, in the I: ppx's runtime under auto (a drain run's
-    candidates run auto: `ppx.plan.howto.from_run_overrides`), on a model that stores or keeps
-    a graph (the known-cost model sleeps its I and W apart)."""
-    return (
-        cfg.train.split_backward in ("auto", "drain")
-        and cfg.model.kind != "synthetic"
-        and cfg.pipeline.executor == "ppx"
-    )
 
 
 def _max_stages(cfg) -> int | None:

@@ -9,17 +9,21 @@ An entry lends only where it costs what the run does, action for action
 (`ppx.config.paired.same_costs`: the same config but for the schedule and
 ``train.split_backward``, over as many stages). Per stage, the run keeps its own B and its
 own I and W; a B it never ran whole, or an I and W it never ran apart, come from the first
-entry that ran them (I and W together, never one without the other). A stage a source ran
+entry that ran them (I and W together, never one without the other), and only where the entry
+split that stage the way the plan's commands will (`ppx.plan.calibrate.commands_way`: a storing
+entry lends to commands that store, or to auto's where auto stores too). A stage a source ran
 *whole* (its I followed at once by its W: one backward, in the I) counts as a B of that source.
 The forward is the run's own (a storing stage's forward costs a few percent more: the plan
 prices a split candidate's F at the run's)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from statistics import fmean
 
 from ppx.commands.common import split_only_stages, whole_stages
+from ppx.units import stage_list
 
 
 @dataclass(frozen=True)
@@ -27,29 +31,52 @@ class RunCosts:
     """``measured_costs`` and ``cost_samples`` as summary.json has them, with what entries
     lent; ``whole_stages``: where some stage's I and W were measured apart, the stages whose
     were not (ran whole, or B's only); ``split_only``: stages split on every microbatch with no
-    whole B measured (a B there costs I + W); ``lent``: (what, stages, the entry it came from)."""
+    whole B measured (a B there costs I + W); ``lent``: (what, stages, the entry it came from);
+    ``input_share``: per stage, the share of a microbatch's saved bytes its I frees (summary.json's
+    input_freed_share; an entry's where it lent the I and W), or None; ``unkept``: entries that
+    kept no costs (a run of an older ppx, or without timers); ``other_way``: (entry, stages)
+    whose I and W were not lent, split another way than the commands split them."""
 
     measured_costs: dict
     cost_samples: dict | None
     whole_stages: tuple[int, ...]
     split_only: tuple[int, ...]
     lent: tuple[tuple[str, tuple[int, ...], str], ...] = ()
-    # per stage, the share of a microbatch's saved bytes its I frees (summary.json's
-    # input_freed_share; an entry's where it lent the I and W), or None
     input_share: tuple[float, ...] | None = None
+    unkept: tuple[str, ...] = ()
+    other_way: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def ops(self) -> set[str]:
         """The kinds of action (F, B, I, W) the costs hold."""
         return {key[-1] for key in self.measured_costs["action_s"]}
 
     def note(self, path: str) -> str | None:
-        """The line saying what came from which entry, or None."""
-        if not self.lent:
-            return None
-        from ppx.units import stage_list
-
+        """The line saying what came from which entry, and what did not, or None."""
         parts = [f"{what} on {stage_list(stages)} from {entry!r}" for what, stages, entry in self.lent]
-        return f"note: costs the run did not measure, from run.paired beside it in {path}: " + "; ".join(parts)
+        out = (
+            [f"costs the run did not measure, from run.paired beside it in {path}: " + "; ".join(parts)]
+            if parts
+            else []
+        )
+        out += [
+            f"{entry!r} split {stage_list(stages)} another way than the plan's commands do (train.split_backward): "
+            "its I and W are not used there"
+            for entry, stages in self.other_way
+        ]
+        if self.unkept:
+            out.append(
+                f"{', '.join(repr(e) for e in self.unkept)} kept no action costs in {path} (a run of an older ppx, "
+                "or instrument.timers or instrument.timeline off): run it again to have them priced"
+            )
+        return "note: " + "; ".join(out) if out else None
+
+
+@functools.lru_cache(maxsize=8)
+def run_costs_at(path: str) -> RunCosts:
+    """`run_costs` of the run directory ``path`` (read once per process: a plan asks several times)."""
+    from ppx.report.run_dir import RunDir
+
+    return run_costs(RunDir(path))
 
 
 def run_costs(run) -> RunCosts:
@@ -63,58 +90,75 @@ def run_costs(run) -> RunCosts:
         tuple(split_only_stages(run)),
         input_share=tuple(float(x) for x in shares) if shares else None,
     )
-    lenders = _lenders(run)
+    lenders, unkept = _lenders(run)
     if not lenders or s.cost_samples is None:
-        return own
+        return RunCosts(**{**own.__dict__, "unkept": tuple(unkept)}) if unkept else own
     stages = s.stages or s.world_size
-    means = _by_stage(s.measured_costs["action_s"], set(own.whole_stages))
     draws = _by_stage(s.cost_samples["action_s"], set(own.whole_stages))
     lent: dict[tuple[str, str], list[int]] = {}
+    other: dict[str, list[int]] = {}
     share = list(own.input_share or [0.0] * stages)
-    for entry, samples, whole, freed in lenders:
+    for entry, samples, whole, freed, matches in lenders:
         theirs = _by_stage(samples, whole)
         for stage in range(stages):
             mine, got = draws.setdefault(stage, {}), theirs.get(stage, {})
-            wanted = [("B", ("B",)), ("I and W", ("I", "W"))]
-            for what, ops in wanted:
+            for what, ops in (("B", ("B",)), ("I and W", ("I", "W"))):
                 if any(op in mine for op in ops) or not all(got.get(op) for op in ops):
+                    continue
+                if what == "I and W" and stage not in matches:
+                    other.setdefault(entry, []).append(stage)
                     continue
                 for op in ops:
                     mine[op] = list(got[op])
-                    means.setdefault(stage, {})[op] = fmean(got[op])
                 if what == "I and W" and stage < len(share):  # what its I frees, as the entry's I freed it
                     share[stage] = float(freed[stage]) if stage < len(freed) else 0.0
                 lent.setdefault((what, entry), []).append(stage)
     if not lent:
-        return own
+        return RunCosts(**{**own.__dict__, "unkept": tuple(unkept), "other_way": _stages(other)})
     apart = [st for st in range(stages) if "I" in draws.get(st, {})]
+    flat = _flat(draws, s.cost_samples["action_s"])
+    kept = s.cost_samples["action_s"]
+    means = {  # the run's own means where its samples stand as they were, else theirs
+        k: s.measured_costs["action_s"][k] if kept.get(k) is v and k in s.measured_costs["action_s"] else fmean(v)
+        for k, v in flat.items()
+    }
     return RunCosts(
-        {**s.measured_costs, "action_s": _flat(means, s.measured_costs["action_s"])},
-        {**s.cost_samples, "action_s": _flat(draws, s.cost_samples["action_s"])},
+        {**s.measured_costs, "action_s": means},
+        {**s.cost_samples, "action_s": flat},
         tuple(st for st in range(stages) if st not in apart) if apart else (),  # I and W unknown there
         # (the known-cost model's I + W is its B by construction: nothing priced otherwise)
         () if run.config.model.kind == "synthetic" else tuple(st for st in apart if "B" not in draws[st]),
         tuple((what, tuple(sts), entry) for (what, entry), sts in lent.items()),
         tuple(share) if any(share) else None,
+        tuple(unkept),
+        _stages(other),
     )
 
 
-def _lenders(run) -> list[tuple[str, dict, set[int], list]]:
+def _stages(by_entry: dict[str, list[int]]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    return tuple((entry, tuple(sts)) for entry, sts in by_entry.items())
+
+
+def _lenders(run) -> tuple[list[tuple[str, dict, set[int], list, set[int]]], list[str]]:
     """(entry, its action seconds, the stages it ran whole, the share of saved bytes its I frees
-    per stage) of each ``run.paired`` entry of the run that kept them and costs what the run
-    does (`same_costs`), in ``run.paired``'s order."""
+    per stage, the stages it split as the plan's commands split them) of each ``run.paired`` entry
+    of the run that kept them and costs what the run does (`same_costs`), in ``run.paired``'s
+    order; and the entries that kept none."""
     from omegaconf.errors import OmegaConfBaseException
 
     from ppx.config.paired import same_costs, variants
     from ppx.errors import UserError
+    from ppx.plan.calibrate import commands_way
 
     rows = run.raw_summary.get("paired") or {}
-    if not any((row or {}).get("cost_samples") for row in rows.values()):
-        return []
+    unkept = [e for e, row in rows.items() if not (row or {}).get("cost_samples")]
+    if len(unkept) == len(rows):
+        return [], unkept
     try:
         configs = dict(variants(run.config))
+        way = commands_way(run.config)
     except (UserError, OmegaConfBaseException, OSError, ValueError):  # (a CSV moved since: it lends nothing)
-        return []
+        return [], unkept
     out = []
     for entry, row in rows.items():
         samples = ((row or {}).get("cost_samples") or {}).get("action_s")
@@ -124,15 +168,32 @@ def _lenders(run) -> list[tuple[str, dict, set[int], list]]:
                 continue
         except (UserError, OSError, ValueError):
             continue
-        whole = {int(st) for st, way in (row.get("split_backward") or {}).items() if (way or {}).get("mode") == "whole"}
-        out.append((entry, samples, whole, row.get("input_freed_share") or []))
-    return out
+        ways = {int(st): info or {} for st, info in (row.get("split_backward") or {}).items()}
+        whole = {st for st, info in ways.items() if info.get("mode") == "whole"}
+        stages = {int(k[:-1]) for k in samples if k[:-1].isdigit()}
+        matches = {st for st in stages if _as_commands(way, ways.get(st))}
+        out.append((entry, samples, whole, row.get("input_freed_share") or [], matches))
+    return out, unkept
 
 
-def _by_stage(values: dict, whole: set[int]) -> dict[int, dict[str, object]]:
-    """ "<stage><op>" -> value, as stage -> op -> value; on a ``whole`` stage its I is a B (the
-    whole backward) and its W (nothing) is left out. Keys of other kinds are left out."""
-    out: dict[int, dict[str, object]] = {}
+def _as_commands(way: str | None, info: dict | None) -> bool:
+    """Whether a stage an entry split as ``info`` says (its summary's split_backward) ran as the
+    plan's commands split it (``way``: `commands_way`)."""
+    if way is None or not info:  # (ppx's runtime chose nothing: the known-cost model, torch's executor)
+        return True
+    mode = info.get("mode")
+    if way != "auto":
+        return mode == way
+    if mode == "store":  # auto stores where the stores hold no more than the graph
+        return info.get("store_bytes", 0) <= info.get("graph_bytes", 0)
+    return mode == "graph" and info.get("why") != "train.split_backward=graph"  # (auto's own choice)
+
+
+def _by_stage(values: dict, whole: set[int]) -> dict[int, dict[str, list]]:
+    """ "<stage><op>" -> samples, as stage -> op -> samples; on a ``whole`` stage its I's are B's
+    (the whole backward, joined to any B's it ran) and its W (nothing) is left out. Keys of
+    other kinds are left out; lists not joined are the ones given."""
+    out: dict[int, dict[str, list]] = {}
     for key, value in values.items():
         stage, op = key[:-1], key[-1]
         if not stage.isdigit() or op not in "FBIW":
@@ -142,11 +203,12 @@ def _by_stage(values: dict, whole: set[int]) -> dict[int, dict[str, object]]:
             if op == "W":
                 continue
             op = "B"
-        out.setdefault(st, {})[op] = value
+        ops = out.setdefault(st, {})
+        ops[op] = value if op not in ops else [*ops[op], *value]
     return out
 
 
-def _flat(by_stage: dict[int, dict[str, object]], original: dict) -> dict:
+def _flat(by_stage: dict[int, dict[str, list]], original: dict) -> dict:
     """`_by_stage`'s inverse, with ``original``'s keys of other kinds (reductions) kept."""
     out = {k: v for k, v in original.items() if not (k[:-1].isdigit() and k[-1] in "FBIW")}
     for st, ops in by_stage.items():

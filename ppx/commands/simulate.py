@@ -15,9 +15,9 @@ from ppx.commands.common import (
     require_backward,
     schedule_from,
 )
-from ppx.commands.plan_inputs import runs_whole
-from ppx.commands.run_costs import run_costs
+from ppx.commands.run_costs import run_costs_at
 from ppx.errors import UserError
+from ppx.plan.calibrate import runs_whole
 from ppx.units import count, stage_list
 
 # the cost flags (ms) and their defaults: a simulation from flags, never beside --from-run's costs
@@ -127,7 +127,7 @@ def _take_the_runs_shape(args, run, measured) -> None:
 def _regroupable(run, measured) -> bool:
     """Whether a plan from ``run`` can regroup its stages for any schedule: every stage's I and
     W measured apart (a run that never split, or ran a stage whole, leaves them unknown)."""
-    costs = run_costs(run)
+    costs = run_costs_at(str(run.path))
     return bool(costs.ops() & {"I", "W"}) and not costs.whole_stages
 
 
@@ -158,7 +158,7 @@ def _costs(args, sched, run, measured) -> tuple:
         return costs, "nccl", 0, False
     if sched.training:
         require_backward(args.from_run, measured)
-    own = run_costs(run)  # the run's, and what its run.paired entries ran that it did not
+    own = run_costs_at(str(run.path))  # the run's, and what its run.paired entries ran that it did not
     _split_known(args.from_run, own, sched, list(own.whole_stages), run.config)
     backend = (run.env or {}).get("backend", "gloo")
     transport, lookahead = transport_of(run.config, backend)

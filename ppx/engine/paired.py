@@ -9,7 +9,8 @@ the run's are, its data and zeroed gradients made before, and timed as
 It carries instruments of its own as the run's config sets them (timers, memory counters,
 profiler labels: ``PAIRED<k>:<action>``), so the two steps pay for the same observers; of what
 they record only each action's duration is kept, over the steps the run's own costs come from
-(its timeline's: `kept`), with how each split stage ran its W (first step), so that
+(its timeline's: `kept`), with how each split stage ran its W (first step) and the memory
+counters' bytes per stage (where they counted), so that
 ``ppx plan --from-run`` can price what the run did not run from what an entry ran beside it
 (`ppx.commands.run_costs`). Each step is one ``ppx:paired <entry>`` mark in a trace, outside
 the run's ``ProfilerStep#``. The watchdog observes its actions as it does the run's, under
@@ -29,11 +30,10 @@ from ppx.config.paired import variants
 from ppx.config.resolve import resolve_schedule
 from ppx.engine.precision import step_optimizer
 from ppx.measure.clock import start_together
-from ppx.measure.instruments import Instruments
+from ppx.measure.instruments import Instruments, first_timeline_step
+from ppx.measure.paired import MEMORY
 from ppx.measure.prediction import action_durations
 from ppx.measure.profiler import RecordFunctions
-
-MEMORY = ("saved_bytes_per_microbatch", "held_after_input_bytes")  # per stage, kept where counted
 
 
 class PairedLossNotFinite(RuntimeError):
@@ -67,8 +67,7 @@ class PairedSteps:
         from ppx.engine.loop import build_share, make_optimizer
 
         self.device, self.watchdog = device, watchdog
-        ins = cfg.instrument  # the steps whose action durations are kept: the run's timeline's
-        self.first_kept = cfg.train.steps - ins.timeline_steps if ins.timeline else cfg.train.steps
+        self.first_kept = first_timeline_step(cfg)  # the steps whose action durations are kept: the run's timeline's
         self.shares = []
         for k, (entry, other) in enumerate(variants(cfg)):
             schedule = resolve_schedule(other)
@@ -108,7 +107,7 @@ class PairedSteps:
             opt.zero_grad(set_to_none=True)  # between its steps, weights and optimizer state only
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-        record, spans = inst.end_step(step)  # (its records are not kept: the instruments are there to cost the same)
+        record, spans = inst.end_step(step)  # (only `kept`'s part of them: the instruments are there to cost the same)
         return [t0 + offset, t1 + offset, loss, self.kept(step, pipe, record, spans)]
 
     def kept(self, step: int, pipe, record: dict, spans) -> dict | None:

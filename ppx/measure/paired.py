@@ -13,7 +13,7 @@ import math
 import statistics
 
 from ppx.measure.metrics import middle_half
-from ppx.measure.prediction import input_freed_share
+from ppx.measure.prediction import input_freed_share, most_per_stage
 
 
 def paired_step(records: list[dict]) -> list[tuple[float, float | None]]:
@@ -26,6 +26,9 @@ def paired_step(records: list[dict]) -> list[tuple[float, float | None]]:
         loss = next((s[2] for s in spans if s[2] is not None), None)
         out.append((max(s[1] for s in spans) - min(s[0] for s in spans), loss))
     return out
+
+
+MEMORY = ("saved_bytes_per_microbatch", "held_after_input_bytes")  # an entry's counters kept, per stage
 
 
 def add_kept(records: list[dict], kept: list[dict]) -> None:
@@ -42,10 +45,9 @@ def add_kept(records: list[dict], kept: list[dict]) -> None:
                 kept[k].setdefault("action_s", {}).setdefault(key, []).extend(seconds)
             if got and "split_backward" in got:
                 kept[k].setdefault("split_backward", {}).update(got["split_backward"])
-            for key in ("saved_bytes_per_microbatch", "held_after_input_bytes"):  # the most counted, per stage
-                into = kept[k].setdefault(key, {})
-                for stage, b in ((got or {}).get(key) or {}).items():
-                    into[stage] = max(into.get(stage, 0), b)
+            for key in MEMORY:  # the most counted, per stage
+                if got and got.get(key):
+                    most_per_stage(kept[k].setdefault(key, {}), got[key])
 
 
 def kept_fields(kept: dict) -> dict:

@@ -180,19 +180,26 @@ def input_freed_share(saved: float, held: float | None) -> float:
     return min(1.0, 1.0 - held / saved)
 
 
+def most_per_stage(into: dict, values: dict | None) -> None:
+    """``into[stage]`` = the larger of it and ``values[stage]``, for each stage of ``values``
+    (the memory counters' bytes per stage, "<stage>" -> bytes)."""
+    for stage, b in (values or {}).items():
+        into[stage] = max(into.get(stage, 0), b)
+
+
 def memory_prediction(steps: list[dict], schedule: Schedule, ranks: list[dict]) -> dict:
     """Each rank's peak saved activations predicted from the bytes one microbatch's forward
     saved on each stage (the most over the run's ``steps``, as the memory counters measured
     them) by walking its actions (`ppx.schedules.sim.memory.peak_held`), against ``ranks``' measured
     ``peak_activation_bytes``; {} without the counters or without backwards."""
-    per = [0] * schedule.num_stages
-    held = [None] * schedule.num_stages  # a stage's bytes from I to W where not its forward's (stores, recompute)
+    saved: dict = {}
+    after: dict = {}  # a stage's bytes from I to W where not its forward's (stores, recompute)
     for s in steps:
         for r in s["ranks"]:
-            for stage, b in (r.get("saved_bytes_per_microbatch") or {}).items():
-                per[int(stage)] = max(per[int(stage)], b)
-            for stage, b in (r.get("held_after_input_bytes") or {}).items():
-                held[int(stage)] = max(held[int(stage)] or 0, b)
+            most_per_stage(saved, r.get("saved_bytes_per_microbatch"))
+            most_per_stage(after, r.get("held_after_input_bytes"))
+    per = [saved.get(str(st), 0) for st in range(schedule.num_stages)]
+    held = [after.get(str(st)) for st in range(schedule.num_stages)]
     if not any(per):
         return {}
     share = [input_freed_share(b, h) for b, h in zip(per, held)]

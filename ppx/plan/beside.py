@@ -19,24 +19,28 @@ def beside_note(run_path: str, results, overrides: list[list[str]], run_cfg, exp
     from ppx.config.paired import same_run, variants
     from ppx.config.resolve import resolve_schedule
 
+    unreadable = (UserError, OmegaConfBaseException, OSError, ValueError)  # (a CSV moved since the run)
     if not rows:
         return None
     try:
         # (a floor is the run's own config: its ratio is the job's, not a candidate's)
         entries = [(e, cfg) for e, cfg in variants(run_cfg) if _measured(rows.get(e))]
         shape = (resolve_schedule(run_cfg).num_ranks, run_cfg.pipeline.microbatches)
-        alone, own, found = _with(run_cfg), None, []
-        for r, keys in zip(results, overrides):
-            if (r.p, r.m) != shape:  # (an entry shares the run's p and m)
-                continue
+    except unreadable:
+        return None
+    alone, own, found = _with(run_cfg), None, []
+    for r, keys in zip(results, overrides):
+        if (r.p, r.m) != shape:  # (an entry shares the run's p and m)
+            continue
+        try:
             cand = _with(run_cfg, config.load(experiment, [*keys, "run.paired=[]", "run.dir=null"]))
             if own is None and same_run(cand, alone):
                 own = r
             entry = next((e for e, cfg in entries if same_run(cand, cfg)), None)
-            if entry is not None and all(entry != e for _, e in found):
-                found.append((r, entry))
-    except (UserError, OmegaConfBaseException, OSError, ValueError):  # (a CSV moved since the run)
-        return None
+        except unreadable:  # (this candidate's command does not load: the others still may)
+            continue
+        if entry is not None and all(entry != e for _, e in found):
+            found.append((r, entry))
     if own is None or not found:
         return None
     parts = []

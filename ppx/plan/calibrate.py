@@ -50,31 +50,63 @@ def calibration_way(cfg) -> str | None:
 
 def beside_command(config_yaml: str, cfg, whole: bool = False, apart: bool = False) -> str | None:
     """The one run that measures what a plan from a run of config ``cfg`` lacks: the run's own
-    config, with 1F1B beside it step by step where it lacks whole B's (``whole``) and ZB-H1
-    that splits every stage apart (`calibration_way`) where it lacks I and W (``apart``); a
-    plan --from-run of it takes each from whichever ran it (`ppx.commands.run_costs`). None
-    where ``run.paired`` cannot hold them: data parallel, torch's runtime, or stages that are
-    not one a rank (1F1B's and ZB-H1's are)."""
+    config, step by step beside 1F1B where it lacks whole B's (``whole``) and beside ZB-H1
+    splitting every stage apart, as the plan's commands split (`commands_way`; store under
+    auto), where it lacks I and W (``apart``); interleaved 1F1B and interleaved zero bubble at
+    the run's stages per rank for a run of several. A plan --from-run of it takes each from
+    whichever ran it (`ppx.commands.run_costs`). None where ``run.paired`` cannot hold them (data
+    parallel, torch's runtime, a shape those schedules refuse)."""
+    import copy
+
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ppx.config.paired import same_costs, variants
     from ppx.config.resolve import resolve_schedule
     from ppx.errors import UserError
     from ppx.plan.paired_command import paired_value
-    from ppx.schedules import registry
 
-    if cfg.parallel.data > 1 or registry.runs_on_torch(cfg.pipeline.schedule, cfg.pipeline.executor):
+    if not (whole or apart):
         return None
     try:
         sched = resolve_schedule(cfg)
     except (UserError, OSError, ValueError):  # (a CSV moved since the run)
         return None
-    if sched.num_stages != sched.num_ranks:
-        return None
-    way = calibration_way(cfg)
-    entries = (["pipeline.schedule=1f1b"] if whole else []) + (
-        ["pipeline.schedule=zb_h1" + (f" train.split_backward={way}" if way else "")] if apart else []
-    )
-    if not entries:
+    v = sched.num_stages // sched.num_ranks
+    shape = "" if v == 1 or cfg.pipeline.virtual_stages == v else f" pipeline.virtual_stages={v}"
+    way = commands_way(cfg)
+    way = way if way in ("store", "graph") else calibration_way(cfg)
+    entries = [("pipeline.schedule=1f1b" if v == 1 else "pipeline.schedule=interleaved_1f1b") + shape] if whole else []
+    if apart:
+        split = "pipeline.schedule=zb_h1" if v == 1 else "pipeline.schedule=interleaved_zb"
+        entries.append(split + shape + (f" train.split_backward={way}" if way else ""))
+    beside = copy.deepcopy(cfg)
+    beside.run.paired = entries
+    try:  # (each entry checked as ppx run checks it, and costing what the run does)
+        if not all(same_costs(cfg, other) for _, other in variants(beside)):
+            return None
+    except (UserError, OmegaConfBaseException, OSError, ValueError):
         return None
     return f"ppx run {shlex.quote(config_yaml)} 'run.paired={paired_value(entries)}' run.dir=null"
+
+
+def commands_way(cfg) -> str | None:
+    """How the commands of a plan from a run of config ``cfg`` split a stage's backward: the
+    run's ``train.split_backward`` where it is store or graph, else auto (a drain run's
+    candidates run auto: `ppx.plan.howto.from_run_overrides`), which under torch's tracer keeps
+    every graph; None where ppx's runtime chooses nothing (`calibration_way`: the known-cost
+    model, torch's executor)."""
+    way = calibration_way(cfg)
+    if way is None:
+        return None
+    if cfg.train.split_backward in ("store", "graph"):
+        return cfg.train.split_backward
+    return "graph" if way == "graph" else "auto"
+
+
+def runs_whole(cfg) -> bool:
+    """Whether those commands run a stage whose every I its list follows at once by its W as
+    one whole backward, in the I (ppx's runtime under auto)."""
+    return calibration_way(cfg) is not None and cfg.train.split_backward in ("auto", "drain")
 
 
 def split_calibration(config_yaml: str, way: str | None = None, paired: bool = False) -> str:
@@ -85,18 +117,22 @@ def split_calibration(config_yaml: str, way: str | None = None, paired: bool = F
     return f"ppx run {shlex.quote(config_yaml)} {keys}{' run.paired=[]' if paired else ''} run.dir=null"
 
 
-def refused_split_note(from_run: str | None, skipped, whole: tuple[int, ...], cfg) -> str | None:
+def refused_split_note(
+    from_run: str | None, skipped, whole: tuple[int, ...], cfg, ran_whole: tuple[int, ...] = ()
+) -> str | None:
     """The note naming the split-backward schedules a plan refused for want of I and W costs
-    (``whole``: the run's stages that ran their backward whole; ``cfg``: the run's config), and
-    the run that measures them: the run's own beside ZB-H1 (`beside_command`), else ZB-H1 alone."""
+    (``whole``: the stages whose I and W no one measured apart; ``ran_whole``: those the run
+    itself ran whole; ``cfg``: the run's config), and the run that measures them: the run's own
+    beside ZB-H1 (`beside_command`), else ZB-H1 alone."""
     refused = sorted({s.schedule for s in skipped if s.reason.startswith(SPLIT_REASON)})
     if not from_run or not refused:
         return None
-    why = (
-        f"ran {stage_list(whole)} whole (each I followed at once by its W: one backward, in the I)"
-        if whole
-        else "never split its backward"
-    )
+    if whole and set(whole) <= set(ran_whole):
+        why = f"ran {stage_list(whole)} whole (each I followed at once by its W: one backward, in the I)"
+    elif whole:
+        why = f"has no I and W measured apart on {stage_list(whole)}, nor have its run.paired entries"
+    else:
+        why = "never split its backward"
     return (
         f"note: {from_run} {why}, so its I and W costs are unknown: "
         f"{', '.join(refused)} not planned (costing W at 0 would rank them falsely first); measure them with "

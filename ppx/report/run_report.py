@@ -12,6 +12,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ppx.config.paired import entry_units, floors
+from ppx.measure.instruments import first_timeline_step
 from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
 from ppx.measure.paired import add_kept, kept_fields, paired_lines, paired_step, paired_summary
 from ppx.measure.theory import run_theory
@@ -67,8 +68,7 @@ class RunReport:
         self.metrics.flush()
         self.steps.append(m)
         self.losses.append(loss)
-        inst = self.cfg.instrument
-        if inst.timeline and step >= self.cfg.train.steps - inst.timeline_steps and any("spans" in r for r in records):
+        if step >= first_timeline_step(self.cfg) and any("spans" in r for r in records):
             # {"step", "step_time_s", "ranks": {rank: [Span, ...]}}, Spans on rank 0's clock
             self.timeline.append(
                 {

@@ -64,8 +64,12 @@ def test_a_run_with_a_whole_stage_plans_the_candidates_that_run_it_whole_too():
     assert "zb_auto's order is not known" in why[("zb_auto", 1)]
     from ppx import config
 
-    note = refused_split_note("runs/x", skipped, (0,), config.load("transformer_1f1b_2cpu", []))
+    cfg = config.load("transformer_1f1b_2cpu", [])
+    note = refused_split_note("runs/x", skipped, (0,), cfg, ran_whole=(0,))
     assert "ran stage 0 whole" in note and "train.split_backward=store" in note
+    # where the run did not run it whole itself (a 1F1B run beside a ZB-H1 that did), said so
+    other = refused_split_note("runs/x", skipped, (0,), cfg)
+    assert "has no I and W measured apart on stage 0, nor have its run.paired entries" in other
     assert "train.split_backward" not in split_calibration("c.yaml") and "store" in split_calibration("c.yaml", "store")
     # without whole stages nothing is refused for them
     plain = candidates(names, [2], [8], [1, 2], replace(two, whole_stages=()))[0]
@@ -95,7 +99,15 @@ def test_the_calibration_run_measures_every_stage_apart(overrides, way):
         (["model.kind=synthetic"], "[pipeline.schedule=1f1b,pipeline.schedule=zb_h1]"),  # nothing to store
         (["pipeline.stages=2", "parallel.data=2"], None),  # run.paired runs beside one pipeline
         (["pipeline.executor=torch"], None),  # and on ppx's runtime
-        (["pipeline.schedule=interleaved_1f1b"], None),  # 4 stages on 2 ranks: 1F1B's are 2
+        (  # 4 stages on 2 ranks: the interleaved schedules, at the run's v
+            ["pipeline.schedule=interleaved_1f1b", "pipeline.microbatches=4"],
+            '["pipeline.schedule=interleaved_1f1b pipeline.virtual_stages=2",'
+            '"pipeline.schedule=interleaved_zb pipeline.virtual_stages=2 train.split_backward=store"]',
+        ),
+        (
+            ["train.split_backward=graph"],
+            '[pipeline.schedule=1f1b,"pipeline.schedule=zb_h1 train.split_backward=graph"]',
+        ),
     ],
 )
 def test_one_run_measures_what_a_plan_lacks_beside_it(overrides, entries):
@@ -183,3 +195,23 @@ def test_a_stage_a_candidate_runs_whole_is_priced_at_a_whole_backward():
     assert plain.work(Action(1, Op.I, 0)) == 3.0 and plain.work(Action(0, Op.I, 0)) == 1.0
     # 1F1B runs no I: the same either way
     assert evaluate(Candidate("1f1b", 2, 8, 1), auto).step_s == evaluate(Candidate("1f1b", 2, 8, 1), split).step_s
+
+
+def test_drawn_costs_of_a_stage_run_whole_are_whole_backwards():
+    """Drawn from a run's samples, a candidate stage run whole costs a B in its I (the B's drawn
+    where measured, else an I and a W) and nothing in its W; the other stages as measured; a
+    stage made of parts of two run stages adds each part's."""
+    from ppx.plan.sampled import PlanSamples
+    from ppx.schedules.ir.action import Action, Op
+
+    samples = {
+        "action_s": {"0F": [1.0], "0B": [2.5], "0I": [2.0], "0W": [1.0], "1F": [1.0], "1I": [2.0], "1W": [1.5]},
+        "p2p_s": [],
+        "overhead_s": [],
+    }
+    got = PlanSamples(samples, [((0, 1, 1),), ((1, 1, 1),)], whole={0})
+    assert got.work(Action(0, Op.I, 0)) == 2.5 and got.work(Action(0, Op.W, 0)) == 0.0
+    assert got.work(Action(1, Op.I, 0)) == 2.0 and got.work(Action(1, Op.W, 0)) == 1.5
+    both = PlanSamples(samples, [((0, 1, 2), (1, 1, 2))], whole={0})
+    assert both.work(Action(0, Op.I, 0)) == pytest.approx(2.5 / 2 + (2.0 + 1.5) / 2)
+    assert PlanSamples(samples, [((0, 1, 1),)]).work(Action(0, Op.I, 0)) == 2.0  # (not whole: as measured)

@@ -12,7 +12,7 @@ from ppx.report.run_dir import RunDir
 
 STORE = "pipeline.schedule=zb_h1 train.split_backward=store"
 WHOLE0 = {"0": {"mode": "whole"}, "1": {"mode": "store"}}  # ZB-H1 under auto: stage 0 runs whole
-STORED = {"0": {"mode": "store"}, "1": {"mode": "store"}}
+STORED = {s: {"mode": "store", "graph_bytes": 1000, "store_bytes": 700} for s in ("0", "1")}
 
 
 def _samples(**ms) -> dict:
@@ -125,3 +125,38 @@ def test_a_run_whose_entries_kept_nothing_is_its_own(tmp_path):
     got = run_costs(run)
     assert got.measured_costs is run.summary.measured_costs
     assert got.whole_stages == (0,) and got.split_only == (1,)
+
+
+def test_an_entry_lends_i_and_w_only_where_it_split_as_the_plans_commands_will(tmp_path):
+    """The plan's commands split as the run's config says (store, graph; auto, where auto stores
+    only if the stores hold no more than the graph): a storing entry does not price a graph run's
+    candidates, nor a stage where auto keeps the graph, and the note says so."""
+    own = _samples(**{"0F": 1, "0B": 3, "1F": 1, "1B": 3})
+    lent = _samples(**{"0F": 1, "0I": 2.2, "0W": 1, "1F": 1, "1I": 2.3, "1W": 1.2})
+    graph = run_costs(_run(tmp_path / "g", "1f1b", own, None, {STORE: (lent, STORED)}, ["train.split_backward=graph"]))
+    assert not graph.lent and graph.other_way == ((STORE, (0, 1)),)
+    assert "split stages 0, 1 another way than the plan's commands do" in graph.note("runs/x")
+    larger = {"0": STORED["0"], "1": {"mode": "store", "graph_bytes": 1000, "store_bytes": 1300}}
+    auto = run_costs(_run(tmp_path / "a", "1f1b", own, None, {STORE: (lent, larger)}))
+    assert auto.lent == (("I and W", (0,), STORE),) and auto.other_way == ((STORE, (1,)),)
+    assert auto.whole_stages == (1,)  # (its I and W unknown as auto runs them: a plan refuses splitting it)
+
+
+def test_a_whole_stage_joins_the_b_it_ran_whole_to_the_b_it_ran(tmp_path):
+    """A drain run's first stage ran B's and, at its drain, I's that run whole: both are whole
+    backwards, so both price its B once something is lent."""
+    own = _samples(**{"0F": 1, "0B": 3, "0I": 3.3, "0W": 0.001, "1F": 1, "1B": 3, "1I": 2.3, "1W": 1.1})
+    lent = _samples(**{"0F": 1, "0I": 2.2, "0W": 1, "1F": 1, "1I": 2.3, "1W": 1.2})
+    drain = {"0": {"mode": "whole"}, "1": STORED["1"]}
+    got = run_costs(_run(tmp_path, "zb_h1", own, drain, {STORE: (lent, STORED)}, ["train.split_backward=drain"]))
+    assert got.cost_samples["action_s"]["0B"] == own["0B"] + own["0I"]
+    assert got.measured_costs["action_s"]["0B"] == pytest.approx((3 + 3.3) / 2 * 1e-3)
+    assert got.measured_costs["action_s"]["1B"] == pytest.approx(3e-3)  # (untouched: the run's own mean)
+    assert got.lent == (("I and W", (0,), STORE),)
+
+
+def test_entries_that_kept_no_costs_are_named(tmp_path):
+    own = _samples(**{"0F": 1, "0B": 3, "1F": 1, "1B": 3})
+    got = run_costs(_run(tmp_path, "1f1b", own, None, {STORE: None}))
+    assert got.unkept == (STORE,) and not got.lent
+    assert "kept no action costs" in got.note("runs/x") and "run it again" in got.note("runs/x")
