@@ -60,7 +60,9 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
     """What a plan from flags assumed for the runtime's time per action and the hand-off, and
     where this machine's figures come from (at the plan's largest ``p``); a run's split
     candidates it refused, and why."""
+    from ppx.commands.common import whole_stages
     from ppx.plan.calibrate import calibration_hint, refused_split_note
+    from ppx.report.run_dir import RunDir
 
     out = []
     if not args.from_run:
@@ -73,10 +75,7 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
     if args.from_run:  # (``run_cfg``: the run's config)
         out.append(first_step_note(args.from_run, run_cfg))
         out.append(lent_note(args.from_run))
-        from ppx.commands.common import whole_stages
-        from ppx.report.run_dir import RunDir
-
-        ran = tuple(whole_stages(RunDir(args.from_run)))
+        ran = tuple(whole_stages(RunDir(args.from_run)))  # (those the run itself ran whole)
         out.append(refused_split_note(args.from_run, skipped, inputs.whole_stages, run_cfg, ran))
         if run_cfg.train.split_backward == "drain" and inputs.whole_s is not None:
             out.append(

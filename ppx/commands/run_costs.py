@@ -19,7 +19,7 @@ prices a split candidate's F at the run's)."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import fmean
 
 from ppx.commands.common import split_only_stages, whole_stages
@@ -92,7 +92,7 @@ def run_costs(run) -> RunCosts:
     )
     lenders, unkept = _lenders(run)
     if not lenders or s.cost_samples is None:
-        return RunCosts(**{**own.__dict__, "unkept": tuple(unkept)}) if unkept else own
+        return replace(own, unkept=tuple(unkept))
     stages = s.stages or s.world_size
     draws = _by_stage(s.cost_samples["action_s"], set(own.whole_stages))
     lent: dict[tuple[str, str], list[int]] = {}
@@ -114,7 +114,7 @@ def run_costs(run) -> RunCosts:
                     share[stage] = float(freed[stage]) if stage < len(freed) else 0.0
                 lent.setdefault((what, entry), []).append(stage)
     if not lent:
-        return RunCosts(**{**own.__dict__, "unkept": tuple(unkept), "other_way": _stages(other)})
+        return replace(own, unkept=tuple(unkept), other_way=_stages(other))
     apart = [st for st in range(stages) if "I" in draws.get(st, {})]
     flat = _flat(draws, s.cost_samples["action_s"])
     kept = s.cost_samples["action_s"]
