@@ -8,10 +8,11 @@ import sys
 import time
 from pathlib import Path
 
-from ppx.commands.common import first_step_note
+from ppx.commands.common import first_step_note, noisy_run_note
 from ppx.commands.plan_inputs import calibrated, from_flags, from_run, ints
 from ppx.errors import UserError
 from ppx.plan.space import SPLIT_REASON, schedule_names
+from ppx.units import count
 
 
 def out_dir(text: str | None) -> Path:
@@ -74,6 +75,7 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
         )
     if args.from_run:  # (``run_cfg``: the run's config)
         out.append(first_step_note(args.from_run, run_cfg))
+        out.append(noisy_run_note(args.from_run, RunDir(args.from_run).summary.step_times_s or []))
         out.append(lent_note(args.from_run))
         ran = tuple(whole_stages(RunDir(args.from_run)))  # (those the run itself ran whole)
         out.append(refused_split_note(args.from_run, skipped, inputs.whole_stages, run_cfg, ran))
@@ -92,6 +94,22 @@ def lent_note(from_run: str) -> str | None:
     from ppx.commands.run_costs import run_costs_at
 
     return run_costs_at(str(from_run)).note(from_run)
+
+
+def regrouped_note(from_run: str, shown, inputs) -> str | None:
+    """The note where candidates among those shown (``shown``) run more stages than the run
+    measured: each of their stages is priced at its units' share of a run stage's time, so what
+    a stage costs per call besides its layers' work is not counted again for the extra stages,
+    and they can run slower than planned."""
+    more = sorted({r.label() for r in shown if inputs.stages and r.p * r.v > inputs.stages})
+    if not more:
+        return None
+    return (
+        f"note: {', '.join(more)} run more stages than the {inputs.stages} {from_run} measured: each of their stages "
+        "is priced at its layers' share of a measured stage's time, and what a stage costs per call besides its "
+        "layers' work is not counted again, so they can run slower than planned (ZB-V on llama-tiny, 8 blocks, p=2, "
+        "on CPU: predicted 0.97-1.00x 1F1B's step, measured 1.04-1.06x); measure them before choosing"
+    )
 
 
 def priced_split_note_of(from_run: str, results, inputs) -> str | None:
@@ -178,6 +196,7 @@ def cmd_plan(args) -> int:
         from ppx.plan.rebalance import rebalance_note
 
         notes += [n for n in [rebalance_note(str(args.from_run), inputs, run_cfg)] if n]
+        notes += [n for n in [regrouped_note(str(args.from_run), results[: args.top], inputs)] if n]
         priced = priced_split_note_of(args.from_run, results, inputs)
         if priced:
             notes.append(priced)
@@ -239,7 +258,7 @@ def cmd_plan(args) -> int:
     outputs.write_md(out / "plan.md", inputs, results, skipped, best, how, notes)
     pareto.draw(results, out / "plan.png", inputs.budget_bytes, f"ppx plan: {len(results)} candidates")
     print(
-        f"ppx plan: {len(results)} candidates ({len(skipped)} shapes skipped) in {took:.1f} s, "
+        f"ppx plan: {len(results)} candidates ({count(len(skipped), 'shape')} skipped) in {took:.1f} s, "
         f"costs from {inputs.source}"
     )
     print(table.text(results[: args.top], inputs.microbatch_size))

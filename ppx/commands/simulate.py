@@ -10,6 +10,7 @@ from ppx.commands.common import (
     first_step_note,
     measured_run,
     ms_list,
+    noisy_run_note,
     output_path,
     priced_split_note,
     require_backward,
@@ -40,9 +41,9 @@ def cmd_simulate(args) -> int:
     if args.from_run:
         run, measured = measured_run(args.from_run, backward=False)  # (a forward-only schedule needs none)
         _take_the_runs_shape(args, run, measured)
-        note = first_step_note(args.from_run, run.config)
-        if note:
-            print(note)
+        for note in (first_step_note(args.from_run, run.config), noisy_run_note(args.from_run, measured.step_times_s)):
+            if note:
+                print(note)
     sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual, args.transport or "nccl")
     built = sched.actions
     if args.drain:

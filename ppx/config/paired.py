@@ -146,6 +146,20 @@ def same_run(a, b) -> bool:
     return x.actions == y.actions and list(x.stage_to_rank) == list(y.stage_to_rank)
 
 
+def same_work(a, b) -> bool:
+    """Whether configs ``a`` and ``b`` run the same work in the same order: `same_run`, or the
+    same but for where their lists place sends and receives (a drained list as ``drain`` makes
+    it and as a CSV of the same compute order: they measure alike)."""
+    from ppx.config.resolve import resolve_schedule
+
+    if same_run(a, b):
+        return True
+    if _named_apart(a) != _named_apart(b):
+        return False
+    x, y = resolve_schedule(a), resolve_schedule(b)
+    return x.compute_only().actions == y.compute_only().actions and list(x.stage_to_rank) == list(y.stage_to_rank)
+
+
 def same_costs(a, b) -> bool:
     """Whether configs ``a`` and ``b`` cost the same, action for action: equal but for their
     schedule (its name, v, CSV) and ``train.split_backward``, over as many stages (so each

@@ -1,6 +1,7 @@
 """What the run a plan reads measured of the plan's own candidates: the run's own config, and
 each of its ``run.paired`` entries that runs a candidate as planned, measured step by step
-beside one another in that run. The plan's note holds each one's measured ratio over the run's
+beside one another in that run (the same work in the same order: `ppx.config.paired.same_work`,
+so a drained list matches its CSV however each places its sends). The plan's note holds each one's measured ratio over the run's
 step against the ratio the plan predicts for it, so that a plan says where it and the run that
 fed it disagree (a plan from one noisy run is a prediction, docs/plan.md)."""
 
@@ -16,7 +17,7 @@ def beside_note(run_path: str, results, overrides: list[list[str]], run_cfg, exp
     from omegaconf.errors import OmegaConfBaseException
 
     from ppx import config
-    from ppx.config.paired import same_run, variants
+    from ppx.config.paired import same_work, variants
     from ppx.config.resolve import resolve_schedule
 
     unreadable = (UserError, OmegaConfBaseException, OSError, ValueError)  # (a CSV moved since the run)
@@ -34,9 +35,9 @@ def beside_note(run_path: str, results, overrides: list[list[str]], run_cfg, exp
             continue
         try:
             cand = _with(run_cfg, config.load(experiment, [*keys, "run.paired=[]", "run.dir=null"]))
-            if own is None and same_run(cand, alone):
+            if own is None and same_work(cand, alone):
                 own = r
-            entry = next((e for e, cfg in entries if same_run(cand, cfg)), None)
+            entry = next((e for e, cfg in entries if same_work(cand, cfg)), None)
         except unreadable:  # (this candidate's command does not load: the others still may)
             continue
         if entry is not None and all(entry != e for _, e in found):

@@ -72,3 +72,20 @@ def test_the_plan_holds_what_its_run_measured_beside_it_against_its_prediction()
     assert beside_note("runs/x", *zip(*[zb, gpipe]), run, "transformer_1f1b_2cpu", rows) is None
     other_m = _candidate("zb_h1", 0.098, m=8)  # (an entry shares the run's m)
     assert beside_note("runs/x", *zip(*[own, other_m]), run, "transformer_1f1b_2cpu", rows) is None
+
+
+def test_a_drained_list_matches_its_csv_however_each_places_its_sends(tmp_path):
+    """ZB-H2 drained as train.split_backward=drain makes it and as a CSV of the same compute
+    order are the same work (`same_work`), though their sends sit apart (not `same_run`)."""
+    from ppx import schedules
+    from ppx.config.paired import same_run, same_work
+    from ppx.schedules.ir.structure import drain_only
+
+    csv = tmp_path / "zb_h2_drain.csv"
+    schedules.write_csv(drain_only(schedules.build("zb_h2", 2, 8)).compute_only(), csv)
+    base = ["pipeline.stages=2", "pipeline.microbatches=8", "model.layers=8"]
+    drained = config.load("llama_tiny_1f1b_2cpu", [*base, "pipeline.schedule=zb_h2", "train.split_backward=drain"])
+    listed = config.load("llama_tiny_1f1b_2cpu", [*base, f"pipeline.schedule={csv}"])
+    assert same_work(drained, listed)
+    assert not same_work(drained, config.load("llama_tiny_1f1b_2cpu", [*base, "pipeline.schedule=zb_h2"]))
+    assert not same_run(drained, listed)  # (its sends placed by the CSV's reader, not as drain leaves them)

@@ -215,3 +215,27 @@ def test_drawn_costs_of_a_stage_run_whole_are_whole_backwards():
     both = PlanSamples(samples, [((0, 1, 2), (1, 1, 2))], whole={0})
     assert both.work(Action(0, Op.I, 0)) == pytest.approx(2.5 / 2 + (2.0 + 1.5) / 2)
     assert PlanSamples(samples, [((0, 1, 1),)]).work(Action(0, Op.I, 0)) == 2.0  # (not whole: as measured)
+
+
+def test_a_run_whose_steps_spread_widely_is_noted():
+    """A quiet run's steps spread 5-7% (their middle half over their median); a busy machine's
+    35%: a plan or simulation from it says so. The first step (set-up) is left out."""
+    from ppx.commands.common import noisy_run_note
+
+    quiet = [0.5] + [0.036, 0.037, 0.038, 0.036, 0.039, 0.037, 0.038, 0.036]
+    assert noisy_run_note("runs/x", quiet) is None
+    busy = [0.5] + [0.040, 0.072, 0.055, 0.090, 0.048, 0.080, 0.061, 0.045]
+    note = noisy_run_note("runs/x", busy)
+    assert note.startswith("note: runs/x's steps spread widely") and "run it again on a quiet machine" in note
+    assert noisy_run_note("runs/x", busy[:4]) is None  # (too few steps to tell)
+
+
+def test_a_candidate_with_more_stages_than_the_run_is_noted():
+    from ppx.commands.plan import regrouped_note
+    from ppx.plan.evaluate import Result
+
+    inputs = PlanInputs(fwd_s=(1.0, 1.0), bwd_s=(1.0, 1.0), wgrad_s=(0.5, 0.5), stages=2)
+    shown = [Result(s, 2, 8, v, 1.0, 0.0, (0.0, 0.0), True) for s, v in (("zbv", 2), ("1f1b", 1), ("zb_h1", 1))]
+    note = regrouped_note("runs/x", shown, inputs)
+    assert note.startswith("note: zbv p=2 m=8 v=2 run more stages than the 2 runs/x measured")
+    assert regrouped_note("runs/x", shown[1:], inputs) is None
