@@ -127,14 +127,20 @@ def _cells(row: dict) -> list[str]:
 
 
 def text_table(rows: list[dict]) -> str:
-    table = [[h for h, _, _ in COLUMNS]] + [_cells(r) for r in rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
-    left = {"name", "label"}  # the text columns; numbers and the rest right-aligned
+    left = {k for k, (_, key, _) in enumerate(COLUMNS) if key in ("name", "label")}  # the text columns
+    return "\n".join([_aligned([h for h, _, _ in COLUMNS], [_cells(r) for r in rows], left), NOTE])
+
+
+def _aligned(header: list[str], body: list[list[str]], left: set[int]) -> str:
+    """A terminal table: columns ``left`` (indices) left-aligned, the rest right-aligned."""
+    table = [header, *body]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     lines = [
-        "  ".join(c.ljust(w) if k in left else c.rjust(w) for (_, k, _), c, w in zip(COLUMNS, r, widths)) for r in table
+        "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+        for r in table
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join([*lines, NOTE])
+    return "\n".join(lines)
 
 
 def _md_rows(header: list[str], body: list[list[str]]) -> list[str]:
@@ -312,4 +318,5 @@ def compare(patterns: list[str], out: Path) -> str:
     from ppx.report.html_report import write_compare_html
 
     write_compare_html(out, rows, COLUMNS, title, bubble_series(rows), [NOTE, *notes], tables)
-    return "\n".join([text_table(rows), *notes])
+    pooled = [f"{t}:\n" + _aligned(h, body, {0, 1, 3, 6}) for t, h, body in tables]  # (the notes' figures, as a table)
+    return "\n".join([text_table(rows), *notes, *pooled])

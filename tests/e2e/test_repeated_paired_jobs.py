@@ -43,6 +43,8 @@ def test_a_repeated_paired_sweep_is_pooled_and_an_old_run_names_its_floor(tmp_pa
     got = group["entries"][ENTRIES[1]]
     assert got["per_job"] == drain and math.isclose(got["over_pooled"], pooled) and got["against"] == "floor"
     assert got["verdict"] in ("faster", "slower", "not told apart") and got["verdict"] in note
+    row = next(line for line in r.stdout.splitlines() if line.startswith(f"{ENTRIES[1]}  "))  # and in the terminal
+    assert f"{drain[0]:.3f}, {drain[1]:.3f}  {pooled:.3f}x" in row and row.endswith(got["verdict"]), row
 
     # a run from before floors: no floor marks in its summary, no paired field in its steps
     old = tmp_path / "old"
