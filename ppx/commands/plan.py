@@ -29,6 +29,10 @@ def _names(results, most: int = 4) -> str:
     return shown + (f" and {len(results) - most} more" if len(results) > most else "")
 
 
+MEASURED = 3  # candidates a from-run plan's measuring command holds at least (a prediction from one run
+# moves by 2-3% from run to run: its second and third are worth measuring beside its best)
+
+
 def candidate_overrides(results, out: Path, inputs, run_cfg, best) -> list[list[str]]:
     """Per candidate, the `ppx run` overrides that run it as planned: a family by name (the plan
     built it as `ppx run` does); the automatic schedule and a family's drained list (``+drain``)
@@ -235,9 +239,13 @@ def cmd_plan(args) -> int:
 
         place = {id(r): k for k, r in enumerate(results)}
         baseline = [r for r in results if r.schedule == "1f1b" and r.fits]  # the field's reference, beside them
-        measure, reference = (
-            [(r.label(), r.p, r.m, overrides[place[id(r)]]) for r in rs] for rs in ([best, *close], baseline)
-        )
+        picked = [best, *close]  # and the next best at the run's p and m, to MEASURED of them at least
+        for r in results:
+            if sum((x.p, x.m) == (ps[0], run_cfg.pipeline.microbatches) for x in picked) >= MEASURED:
+                break
+            if r.fits and (r.p, r.m) == (ps[0], run_cfg.pipeline.microbatches) and r not in picked:
+                picked.append(r)
+        measure, reference = ([(r.label(), r.p, r.m, overrides[place[id(r)]]) for r in rs] for rs in (picked, baseline))
         measuring = paired_command(measure, run_cfg, experiment, reference)
     if close:
         notes.append(
