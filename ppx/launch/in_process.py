@@ -1,12 +1,15 @@
 """One rank run inside ``ppx run`` itself (a GPU's single rank: a process that has started
 CUDA cannot fork, and a job of its own would import torch and start CUDA a second time).
 Stopped by SIGTERM, SIGINT or SIGHUP, it ends as a watched job does (`ppx.launch.supervisor`):
-one line, ``incomplete.txt`` saying where the rank was, exit code 128 + the signal. A hang
+one line, ``incomplete.txt`` saying where the rank was, exit code 128 + the signal (the
+process ends there, ``os._exit``: a stop ends ``ppx run``). A hang
 still ends it through its watchdog; a SIGKILL, which no process can catch, says nothing."""
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -38,7 +41,13 @@ def run_in_process(cfg, run_dir: Path, device: str) -> int:
     except Stopped as e:
         states = f"where each rank was: rank 0: {where(run_dir / 'status', 0)}"
         complete = (run_dir / "summary.json").exists()
-        return report_stop(run_dir, e.signum, time.monotonic() - started, states, complete)
+        code = report_stop(run_dir, e.signum, time.monotonic() - started, states, complete)
+        # said and written: end here, as a forked rank does (ppx.launch.worker), not through the
+        # interpreter's finalization, where the interrupted job's gloo threads, never joined, can
+        # abort the process (exit -6, "terminate called without an active exception")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
