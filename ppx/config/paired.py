@@ -94,6 +94,12 @@ def variants(cfg) -> list[tuple[str, object]]:
     return out
 
 
+def entry_config(cfg, entry: str):
+    """The config (an object) entry ``entry`` of the run config ``cfg`` runs, unchecked (`variants`
+    checks); UserError or an OmegaConf error for one that is not."""
+    return OmegaConf.to_object(_with_entry(cfg, entry_overrides(entry)))
+
+
 def entry_units(cfg, entry: str) -> list[int] | None:
     """The model units per stage entry ``entry`` of the run config ``cfg`` ran (its split, as
     `ppx.models.split_of` makes it from the entry's config), or None where it cannot be had here."""
@@ -101,7 +107,7 @@ def entry_units(cfg, entry: str) -> list[int] | None:
     from ppx.config.resolve import resolve_schedule
 
     try:
-        other = OmegaConf.to_object(_with_entry(cfg, entry_overrides(entry)))
+        other = entry_config(cfg, entry)
         return [len(r) for r in models.split_of(other, resolve_schedule(other).num_stages)]
     except (UserError, OmegaConfBaseException):
         return None

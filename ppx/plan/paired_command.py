@@ -61,8 +61,12 @@ def paired_command(
             left.setdefault(f"another p or m than the run's p={p} m={m}", []).append(label)
         elif entry is None:
             left.setdefault("a value with a space", []).append(label)
-        else:
-            entries.setdefault(entry, label)
+        elif entry not in entries:
+            twin = _twin(run_cfg, entry, entries)
+            if twin is None:
+                entries[entry] = label
+            elif label != entries[twin]:  # (zb_auto's list is often 1F1B's: one entry, not a refused pair)
+                left.setdefault(f"the same list as {entries[twin]}", []).append(label)
     if not entries:  # nothing a job of the run's shape can hold: say what is left out
         return Measuring("", [], [], left) if left else None
     base = [] if run_cfg.train.steps >= STEPS else [f"train.steps={STEPS}"]
@@ -82,6 +86,20 @@ def paired_command(
     where = shlex.quote(experiment)
     command = " ".join(["ppx sweep", where, "--repeat", str(REPEAT), f"'run.paired={paired_value(listed)}'", *base])
     return Measuring(command, list(entries.values()), [label for e, label in entries.items() if e in own], left)
+
+
+def _twin(run_cfg, entry: str, entries: dict[str, str]) -> str | None:
+    """The entry among ``entries`` that runs what ``entry`` runs (`same_run`: run.paired refuses
+    two of one config), or None; None too where either cannot be read here (config.load says)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ppx.config.paired import entry_config, same_run
+
+    try:
+        mine = entry_config(run_cfg, entry)
+        return next((e for e in entries if same_run(mine, entry_config(run_cfg, e))), None)
+    except (UserError, OmegaConfBaseException, OSError, ValueError):
+        return None
 
 
 def _floor(run_cfg) -> str:

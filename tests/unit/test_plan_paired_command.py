@@ -67,3 +67,19 @@ def test_the_best_that_is_the_runs_own_config_is_the_floor_and_1f1b_stands_besid
     assert paired_command([best], run, exp) is None  # the run alone: nothing to measure
     # an entry that cannot be one (a key fixed for the job) gives no command, not one that fails
     assert paired_command([_c("zb_h1", 2, 4, "pipeline.schedule=zb_h1", "train.steps=3")], run, exp) is None
+
+
+def test_two_candidates_of_one_list_are_one_entry_the_other_named_as_left_out():
+    """run.paired refuses two entries of one config: a candidate whose list is another's (ZB-V
+    with its default v given; zb_auto's list is often 1F1B's) is named as left out, and the
+    command stands (it was dropped, unsaid, when the plan's three best held both)."""
+    run = config.load(EXP, [])
+    chosen = [
+        _c("zbv p=2 m=4 v=2", 2, 4, "pipeline.schedule=zbv"),
+        _c("zb_h1 p=2 m=4", 2, 4, "pipeline.schedule=zb_h1"),
+        _c("zbv' p=2 m=4 v=2", 2, 4, "pipeline.schedule=zbv", "pipeline.virtual_stages=2"),
+    ]
+    got = paired_command(chosen, run, EXP)
+    assert got.command and got.measured == ["zbv p=2 m=4 v=2", "zb_h1 p=2 m=4"]
+    assert got.left == {"the same list as zbv p=2 m=4 v=2": ["zbv' p=2 m=4 v=2"]}
+    assert "pipeline.virtual_stages=2" not in got.command
