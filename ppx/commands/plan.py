@@ -239,14 +239,12 @@ def cmd_plan(args) -> int:
 
         place = {id(r): k for k, r in enumerate(results)}
         baseline = [r for r in results if r.schedule == "1f1b" and r.fits]  # the field's reference, beside them
-        picked = [best, *close]  # and the next best at the run's p and m, to MEASURED of them at least
-        for r in results:
-            if sum((x.p, x.m) == (ps[0], run_cfg.pipeline.microbatches) for x in picked) >= MEASURED:
-                break
-            if r.fits and (r.p, r.m) == (ps[0], run_cfg.pipeline.microbatches) and r not in picked:
-                picked.append(r)
-        measure, reference = ([(r.label(), r.p, r.m, overrides[place[id(r)]]) for r in rs] for rs in (picked, baseline))
-        measuring = paired_command(measure, run_cfg, experiment, reference)
+        picked = [best, *close]  # and the next best that fit, to MEASURED lists at least
+        rest = [r for r in results if r.fits and r not in picked]
+        measure, more, reference = (
+            [(r.label(), r.p, r.m, overrides[place[id(r)]]) for r in rs] for rs in (picked, rest, baseline)
+        )
+        measuring = paired_command(measure, run_cfg, experiment, reference, more, MEASURED)
     if close:
         notes.append(
             f"note: {_names(close)} predicted within {args.close_pct:g}% of the best's "

@@ -41,12 +41,20 @@ def entry_of(overrides: list[str]) -> str | None:
 
 
 def paired_command(
-    candidates: list[tuple[str, int, int, list[str]]], run_cfg, experiment: str, reference=()
+    candidates: list[tuple[str, int, int, list[str]]],
+    run_cfg,
+    experiment: str,
+    reference=(),
+    more=(),
+    least: int = 0,
 ) -> Measuring | None:
     """The sweep measuring ``candidates`` ((label, p, m, the overrides that run it) of the best
-    first) and ``reference`` (1F1B's, the same; those at the run's p and m only, the others
-    not named as left out) beside the run ``run_cfg`` of ``experiment`` (its config.yaml), or
-    None where there is nothing to hold apart (the run alone) or the command would not run."""
+    first), then those of ``more`` (the next ranked, the same) at the run's p and m until
+    ``least`` lists are measured, and ``reference`` (1F1B's, the same; those at the run's p and
+    m only, the others not named as left out) beside the run ``run_cfg`` of ``experiment`` (its
+    config.yaml), or None where there is nothing to hold apart (the run alone) or the command
+    would not run. A candidate whose list is another's is one entry with it (run.paired
+    refuses two of one config), named as left out."""
     from ppx import config
     from ppx.config.paired import floors
     from ppx.config.resolve import resolve_schedule
@@ -55,18 +63,26 @@ def paired_command(
     entries: dict[str, str] = {}  # entry -> the first candidate's label
     left: dict[str, list[str]] = {}
     reference = [c for c in reference if (c[1], c[2]) == (p, m)]
-    for label, cp, cm, overrides in [*candidates, *reference]:
+    for label, cp, cm, overrides in candidates:
         entry = entry_of(overrides)
         if (cp, cm) != (p, m):
             left.setdefault(f"another p or m than the run's p={p} m={m}", []).append(label)
         elif entry is None:
             left.setdefault("a value with a space", []).append(label)
-        elif entry not in entries:
-            twin = _twin(run_cfg, entry, entries)
-            if twin is None:
-                entries[entry] = label
-            elif label != entries[twin]:  # (zb_auto's list is often 1F1B's: one entry, not a refused pair)
-                left.setdefault(f"the same list as {entries[twin]}", []).append(label)
+        else:
+            twin = _add(run_cfg, entry, label, entries)
+            if twin is not None and label != twin:  # (zb_auto's list is often 1F1B's: one entry, not a refused pair)
+                left.setdefault(f"the same list as {twin}", []).append(label)
+    for label, cp, cm, overrides in more:  # (not promised: a twin, or a value with a space, passed over)
+        if len(entries) >= least:
+            break
+        entry = entry_of(overrides)
+        if (cp, cm) == (p, m) and entry is not None:
+            _add(run_cfg, entry, label, entries)
+    for label, _, _, overrides in reference:
+        entry = entry_of(overrides)
+        if entry is not None:
+            _add(run_cfg, entry, label, entries)
     if not entries:  # nothing a job of the run's shape can hold: say what is left out
         return Measuring("", [], [], left) if left else None
     base = [] if run_cfg.train.steps >= STEPS else [f"train.steps={STEPS}"]
@@ -86,6 +102,18 @@ def paired_command(
     where = shlex.quote(experiment)
     command = " ".join(["ppx sweep", where, "--repeat", str(REPEAT), f"'run.paired={paired_value(listed)}'", *base])
     return Measuring(command, list(entries.values()), [label for e, label in entries.items() if e in own], left)
+
+
+def _add(run_cfg, entry: str, label: str, entries: dict[str, str]) -> str | None:
+    """Adds ``entry`` (of candidate ``label``) to ``entries`` unless one there runs the same; the
+    label of that one, or None where it was added."""
+    if entry in entries:
+        return entries[entry]
+    twin = _twin(run_cfg, entry, entries)
+    if twin is not None:
+        return entries[twin]
+    entries[entry] = label
+    return None
 
 
 def _twin(run_cfg, entry: str, entries: dict[str, str]) -> str | None:

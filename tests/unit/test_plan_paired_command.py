@@ -83,3 +83,21 @@ def test_two_candidates_of_one_list_are_one_entry_the_other_named_as_left_out():
     assert got.command and got.measured == ["zbv p=2 m=4 v=2", "zb_h1 p=2 m=4"]
     assert got.left == {"the same list as zbv p=2 m=4 v=2": ["zbv' p=2 m=4 v=2"]}
     assert "pipeline.virtual_stages=2" not in got.command
+
+
+def test_the_next_ranked_fill_the_command_to_its_least_lists_passing_over_twins():
+    """Beside the best, the next ranked at the run's p and m until three lists are measured; one
+    whose list is already there, or at another m, is passed over unsaid (it was never named)."""
+    run = config.load(EXP, [])
+    best = [_c("zbv p=2 m=4 v=2", 2, 4, "pipeline.schedule=zbv")]
+    more = [
+        _c("zbv' p=2 m=4 v=2", 2, 4, "pipeline.schedule=zbv", "pipeline.virtual_stages=2"),  # the best's list
+        _c("gpipe p=2 m=8", 2, 8, "pipeline.schedule=gpipe", "train.batch_size=32"),  # another m
+        _c("zb_h1 p=2 m=4", 2, 4, "pipeline.schedule=zb_h1"),
+        _c("zb_h2 p=2 m=4", 2, 4, "pipeline.schedule=zb_h2"),
+        _c("gpipe p=2 m=4", 2, 4, "pipeline.schedule=gpipe"),  # (three already)
+    ]
+    got = paired_command(best, run, EXP, more=more, least=3)
+    assert got.measured[:3] == ["zbv p=2 m=4 v=2", "zb_h1 p=2 m=4", "zb_h2 p=2 m=4"] and got.left == {}
+    assert "gpipe" not in got.command
+    assert paired_command(best, run, EXP, more=more).measured == ["zbv p=2 m=4 v=2"]  # (least 0: the best alone)
