@@ -102,11 +102,11 @@ def test_a_plan_from_a_1f1b_llama_run_regroups_its_units_and_names_its_calibrati
     lent = row["cost_samples"]["action_s"]
     assert inputs["wgrad_s"] == pytest.approx([sum(lent[k]) / len(lent[k]) for k in ("0W", "1W")], rel=1e-4)
     assert any(c["schedule"].endswith("+drain") for c in plan["candidates"])
-    # its measuring command holds its three best at the run's p and m at least, and 1F1B (the run's own)
+    # its measuring command holds three lists at the run's p and m at least (1F1B, the run's own, among them or beside)
     line = next(x for x in again.stdout.splitlines() if "jobs pooled: ppx sweep " in x)
     value = next(w for w in shlex.split(line.split("jobs pooled: ", 1)[1]) if w.startswith("run.paired="))
     assert len({(c["p"], c["m"]) for c in plan["candidates"]}) == 1  # (every one at the run's p and m)
-    assert value.count("pipeline.schedule=") >= 4, value
+    assert value.count("pipeline.schedule=") >= 3, value
     assert inputs["input_share"] == pytest.approx(row["input_freed_share"]) and 0 < min(row["input_freed_share"]) < 1
 
 
