@@ -79,9 +79,10 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
         )
     if args.from_run:  # (``run_cfg``: the run's config)
         out.append(first_step_note(args.from_run, run_cfg))
-        out.append(noisy_run_note(args.from_run, RunDir(args.from_run).summary.step_times_s or []))
+        run = RunDir(args.from_run)  # (read once for the notes below)
+        out.append(noisy_run_note(args.from_run, run.summary.step_times_s or []))
         out.append(lent_note(args.from_run))
-        ran = tuple(whole_stages(RunDir(args.from_run)))  # (those the run itself ran whole)
+        ran = tuple(whole_stages(run))  # (those the run itself ran whole)
         out.append(refused_split_note(args.from_run, skipped, inputs.whole_stages, run_cfg, ran))
         if run_cfg.train.split_backward == "drain" and inputs.whole_s is not None:
             out.append(
