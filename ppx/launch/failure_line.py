@@ -5,11 +5,14 @@ job is printed (`ppx.launch.watchdog.claim_cause`)."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 
 from ppx.launch.heartbeat import DIED_WITHIN_S, Beat, gone_peers, silent_peers_elsewhere, stopped_responding
 from ppx.launch.watchdog import Watchdog, cause_path, claim_cause, launcher_alive, read_status, status_path
+
+REPORTING = threading.Lock()  # held while a failure's line is made (`ppx.launch.stop_signal` waits on it)
 
 
 def report_failure(watchdog: Watchdog | None, message: str, own: bool = False, peer: int | None = None) -> None:
@@ -20,6 +23,27 @@ def report_failure(watchdog: Watchdog | None, message: str, own: bool = False, p
     peer), or a peer on another node whose heartbeat stopped (`_peer_cause`): the status file
     says where this rank failed either way. ``own``: a mistake of this rank's own input (a
     UserError), which no peer's death explains; ``peer``: the rank a failed wait was on."""
+    with REPORTING:
+        _report(watchdog, message, own, peer)
+
+
+def name_dead_peer(watchdog: Watchdog) -> bool:
+    """The line naming a peer of this machine whose process ended, if one did and no rank has
+    claimed the job's cause yet, for a rank its launcher stopped before its wait on that peer
+    failed (`ppx.launch.stop_signal`); True if a peer died. This rank's heartbeat first says
+    "stopped", and peers that say so are passed over: ranks stopped together (scancel) do not
+    name each other."""
+    status = watchdog.status_dir
+    watchdog.heartbeat.stop("stopped")
+    gone = gone_peers(status, watchdog.rank, wait_s=0.2, stopped=False)
+    message = _peer_cause(status, watchdog, gone, None) if gone else None
+    if message and not cause_path(status).exists() and claim_cause(status, message):
+        sys.stderr.write(f"ppx: error: {message}\n")
+        sys.stderr.flush()
+    return bool(gone)
+
+
+def _report(watchdog: Watchdog | None, message: str, own: bool, peer: int | None) -> None:
     status = watchdog.status_dir if watchdog else None
     if status is not None and not own and not cause_path(status).exists():
         gone = gone_peers(status, watchdog.rank)
@@ -45,6 +69,8 @@ def _peer_cause(status: Path, watchdog: Watchdog, gone: list[Beat], waited_on: i
     if not gone:
         return None
     peer = _blamed(gone, waited_on)
+    if peer.state == "stopped":  # its own SIGTERM, no peer's death, ended it (`name_dead_peer`)
+        how = "a SIGTERM ended it"
     where = read_status(status_path(status, peer.rank)) or "start-up"
     silent_s = time.time() - peer.wall
     if how == "its heartbeat stopped" and silent_s > DIED_WITHIN_S:

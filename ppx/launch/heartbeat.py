@@ -41,7 +41,7 @@ class Beat:
     host: str
     count: int
     wall: float  # the writer's time.time() at the beat (for messages only)
-    state: str  # "alive", or "done" once the rank has ended on its own
+    state: str  # "alive"; "done" once the rank has ended on its own; "stopped" by a SIGTERM
     pidns: str = "-"  # the writer's pid namespace ("-": unknown): where its pid means that process
 
     @property
@@ -70,12 +70,13 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        """The rank ends on its own: say so, so that its silence is not taken for a freeze."""
+    def stop(self, state: str = "done") -> None:
+        """The rank ends on its own (or, ``state="stopped"``, by a SIGTERM that no peer's death
+        explains): say so, so that its silence is not taken for a freeze, nor its end for a death."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2 * self.interval_s)  # its last "alive" must not land after "done"
-        self._write("done")
+        self._write(state)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -142,17 +143,19 @@ def pid_namespace() -> str:
         return "-"
 
 
-def gone_peers(status_dir: Path, me: int, wait_s: float = 1.0) -> list[Beat]:
-    """The other ranks whose process ended without saying 'done' (killed), among those whose
-    pid this process can look up (the same host and pid namespace: a peer elsewhere is never
-    listed), looked for until one is found or ``wait_s`` passed: a killed process closes its
-    sockets (its peers' waits fail) a moment before /proc shows it a zombie."""
+def gone_peers(status_dir: Path, me: int, wait_s: float = 1.0, stopped: bool = True) -> list[Beat]:
+    """The other ranks whose process ended without saying 'done' (killed; and, if ``stopped``,
+    ended by a SIGTERM that no peer's death explained), among those whose pid this process can
+    look up (the same host and pid namespace: a peer elsewhere is never listed), looked for
+    until one is found or ``wait_s`` passed: a killed process closes its sockets (its peers'
+    waits fail) a moment before /proc shows it a zombie."""
+    states = ("alive", "stopped") if stopped else ("alive",)
     host, ns, end = this_host(), pid_namespace(), time.monotonic() + wait_s
     if ns == "-":
         return []
     while True:
         mine = [b for r, b in sorted(read_beats(status_dir).items()) if r != me and b.host == host and b.pidns == ns]
-        gone = [b for b in mine if b.state == "alive" and not process_alive(b.pid)]
+        gone = [b for b in mine if b.state in states and not process_alive(b.pid)]
         if gone or not mine or time.monotonic() >= end:
             return gone
         time.sleep(0.01)

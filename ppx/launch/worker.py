@@ -23,6 +23,7 @@ from ppx.launch import claim, environment
 from ppx.launch.affinity import pin_local_rank
 from ppx.launch.failure_line import report_failure
 from ppx.launch.faults import FaultInjector
+from ppx.launch.stop_signal import follow_stop_signal
 from ppx.launch.watchdog import SETUP_FLOOR_S, Watchdog
 from ppx.report.run_dir import write_json
 from ppx.report.run_report import RunReport
@@ -73,6 +74,8 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
     try:
         run_dir = _shared_run_dir(cfg, run_dir, ctrl)
         watchdog = Watchdog(rank, cfg.runtime.timeout_s, run_dir / "status").start()
+        if world > 1:
+            follow_stop_signal(watchdog)  # a peer killed under a torchrun of the user's is named
         code = _train(cfg, run_dir, rank, world, device, backend, ctrl, watchdog)
         watchdog.phase("done")
         return code

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from helpers import REPO, ppx, torchrun_ppx
-from helpers.job import LONG_RUN, read_log, signal_mid_run, start_run
+from helpers.job import LONG_RUN, end, read_log, signal_mid_run, start_run, wait_for_step
 from ppx.launch.heartbeat import read_beat
 from ppx.launch.processes import forked_worker_path
 from ppx.launch.watchdog import read_status
@@ -108,6 +108,58 @@ def test_killed_rank_is_named_by_its_peer_without_ppx_run(run_dir):
         ours[0],
     ), ours
     assert (run_dir / "status" / "cause.txt").read_text() == ours[0].removeprefix("ppx: error: ") + "\n"
+
+
+def test_a_survivor_stopped_mid_compute_still_names_the_killed_peer(run_dir):
+    """torchrun SIGTERMs rank 0 within its monitor interval of rank 1's death, while rank 0 is
+    in a 20 s backward (the known-cost model) and has no failed wait to notice it by: rank 0
+    still names rank 1, and ends by the SIGTERM (seconds, not the backward's 20)."""
+    start = time.monotonic()
+    r = torchrun_ppx(
+        2,
+        "run",
+        "1f1b_2cpu",
+        "model.kind=synthetic",
+        "model.hidden=16",
+        "model.bwd_ms=[20000,1]",
+        "runtime.timeout_s=60",
+        "runtime.inject_fault=die@1B1",
+        f"run.dir={run_dir}",
+    )
+    assert r.returncode != 0
+    ours = [line for line in r.stderr.splitlines() if line.startswith("ppx: error:")]
+    # (on 0B0, unless a loaded machine kept rank 1's gradient for it from leaving before the kill)
+    assert len(ours) == 1 and re.fullmatch(
+        r"ppx: error: rank 1 died on 1B1 \(step 0\): its process ended "
+        r"\(rank 0 was on (0B0|wait 0RECV_B0 from rank 1) \(step 0\)\)",
+        ours[0],
+    ), r.stderr[-3000:]
+    assert "exitcode  : -15" in r.stderr  # rank 0 ended by the SIGTERM, as without ppx's handling
+    assert time.monotonic() - start < 20
+
+
+def test_ranks_stopped_together_end_at_once_naming_nobody(run_dir, tmp_path):
+    """scancel's SIGTERM to every rank of a torchrun job: each ends by it within seconds, mid
+    compute or mid wait, and none names another as died (each says "stopped" first)."""
+    log = open(tmp_path / "torchrun.log", "w+")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "ppx.cli"]
+    proc = subprocess.Popen(
+        [*cmd, "run", "1f1b_2cpu", *LONG_RUN, f"run.dir={run_dir}"], cwd=REPO, stdout=log, stderr=log
+    )
+    try:
+        wait_for_step(run_dir, 2)
+        pids = [read_beat(run_dir / "status" / f"rank{r}.beat", r).pid for r in range(2)]
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+        sent = time.monotonic()
+        proc.wait(timeout=60)
+        assert time.monotonic() - sent < 10
+    finally:
+        end(proc, run_dir)
+    out = read_log(log)
+    assert "ppx: error:" not in out, out[-3000:]
+    assert out.count("exitcode  : -15") == 2, out[-3000:]
+    assert [read_beat(run_dir / "status" / f"rank{r}.beat", r).state for r in range(2)] == ["stopped", "stopped"]
 
 
 WATCHDOG_ON_A_GPU = """
