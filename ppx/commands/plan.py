@@ -103,18 +103,31 @@ def lent_note(from_run: str) -> str | None:
 
 def regrouped_note(from_run: str, shown, inputs) -> str | None:
     """The note where candidates among those shown (``shown``) run more stages than the run
-    measured: each of their stages is priced at its units' share of a run stage's time, so what
-    a stage costs per call besides its layers' work is not counted again for the extra stages,
-    and they can run slower than planned."""
-    more = sorted({r.label() for r in shown if inputs.stages and r.p * r.v > inputs.stages})
+    measured and no entry measured at their stage count (`_regrouped`): each of their stages is
+    priced at its units' share of a run stage's time, so what a stage costs per call besides
+    its layers' work is not counted again for the extra stages, and they can run slower than
+    planned; an entry beside the run prices them as measured."""
+    more = sorted({r.label() for r in shown if inputs.stages and r.p * r.v > inputs.stages and _regrouped(r, inputs)})
     if not more:
         return None
     return (
         f"note: {', '.join(more)} run more stages than the {inputs.stages} {from_run} measured: each of their stages "
         "is priced at its layers' share of a measured stage's time, and what a stage costs per call besides its "
         "layers' work is not counted again, so they can run slower than planned (ZB-V on llama-tiny, 8 blocks, p=2, "
-        "on CPU: predicted 0.97-1.00x 1F1B's step, measured 1.04-1.06x); measure them before choosing"
+        "on CPU: predicted 0.97-1.00x 1F1B's step, measured 1.04-1.06x); measure them before choosing, or run "
+        'one in run.paired beside the run ("pipeline.schedule=zbv") to have its stage count priced as it ran'
     )
+
+
+def _regrouped(result, inputs) -> bool:
+    """Whether result's candidate is timed on the run's stages regrouped, not on what an entry
+    measured at its stage count (`ppx.plan.evaluate.timing_inputs`)."""
+    from ppx.plan.builders import build
+    from ppx.plan.evaluate import timing_inputs
+    from ppx.schedules.ir.structure import whole_stages_of
+
+    sched = build(result.schedule, result.p, result.m, result.v, inputs)
+    return timing_inputs(sched, inputs, whole_stages_of(sched) if inputs.runs_whole else set()) is inputs
 
 
 def priced_split_note_of(from_run: str, results, inputs) -> str | None:

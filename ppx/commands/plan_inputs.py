@@ -158,6 +158,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         else None,
         whole_s=tuple(c.whole) if c.whole is not None else None,
         runs_whole=runs_whole(run.config),  # (as the candidates' commands run them)
+        measured_at=costs.at_stages,  # entries of other stage counts: their candidates' costs
     )
     return inputs, [p], ints("--microbatches", args.microbatches) or [s.microbatches], str(run.path / "config.yaml")
 

@@ -14,7 +14,13 @@ split that stage the way the plan's commands will (`ppx.plan.calibrate.commands_
 entry lends to commands that store, or to auto's where auto stores too). A stage a source ran
 *whole* (its I followed at once by its W: one backward, in the I) counts as a B of that source.
 The forward is the run's own (a storing stage's forward costs a few percent more: the plan
-prices a split candidate's F at the run's)."""
+prices a split candidate's F at the run's).
+
+An entry of another stage count (``pipeline.virtual_stages=2`` beside a run of one stage a
+rank: `ppx.config.paired.same_layer_costs`) lends nothing to the run's stages; its actions,
+whole, price the candidates of its stage count whose stages hold its units (``at_stages``):
+a stage's cost is more than its layers' share of a bigger stage's (each call's own work), and
+regrouping the run's stages into more cannot see that."""
 
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from dataclasses import dataclass, replace
 from statistics import fmean
 
 from ppx.commands.common import split_only_stages, whole_stages
+from ppx.plan.inputs import MeasuredAt
 from ppx.units import stage_list
 
 
@@ -35,7 +42,8 @@ class RunCosts:
     ``input_share``: per stage, the share of a microbatch's saved bytes its I frees (summary.json's
     input_freed_share; an entry's where it lent the I and W), or None; ``unkept``: entries that
     kept no costs (a run of an older ppx, or without timers); ``other_way``: (entry, stages)
-    whose I and W were not lent, split another way than the commands split them."""
+    whose I and W were not lent, split another way than the commands split them; ``at_stages``:
+    entries of other stage counts, whose actions price candidates of theirs."""
 
     measured_costs: dict
     cost_samples: dict | None
@@ -45,6 +53,7 @@ class RunCosts:
     input_share: tuple[float, ...] | None = None
     unkept: tuple[str, ...] = ()
     other_way: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    at_stages: tuple[MeasuredAt, ...] = ()
 
     def ops(self) -> set[str]:
         """The kinds of action (F, B, I, W) the costs hold."""
@@ -53,6 +62,10 @@ class RunCosts:
     def note(self, path: str) -> str | None:
         """The line saying what came from which entry, and what did not, or None."""
         parts = [f"{what} on {stage_list(stages)} from {entry!r}" for what, stages, entry in self.lent]
+        parts += [
+            f"every action at {a.stages} stages from {', '.join(map(repr, a.sources))} (a B none ran costs its I + W)"
+            for a in self.at_stages
+        ]
         out = (
             [f"costs the run did not measure, from run.paired beside it in {path}: " + "; ".join(parts)]
             if parts
@@ -79,8 +92,52 @@ def run_costs_at(path: str) -> RunCosts:
     return run_costs(RunDir(path))
 
 
+STALL = 10.0  # a sample over this many times its action's median is a stall of the machine
+
+
 def run_costs(run) -> RunCosts:
-    """The costs of the run (a `RunDir` with measured costs), its entries' lent where it lacks them."""
+    """The costs of the run (a `RunDir` with measured costs), its entries' lent where it lacks
+    them, without stalls (`_without_stalls`)."""
+    return _without_stalls(_with_lent(run))
+
+
+def _without_stalls(costs: RunCosts) -> RunCosts:
+    """``costs`` without the samples over `STALL` times their action's median: a pause of the
+    machine (a collection, the OS), once in a run, that an action's cost does not repeat, and
+    that a plan's expected step, drawing it a few times in a hundred, would charge each step (a
+    65 ms sample among 40 of 1.2 ms put 25% on a predicted step); their means are taken again."""
+    if costs.cost_samples is None:
+        return costs
+    kept = _calm(costs.cost_samples["action_s"])
+    at = tuple(replace(a, action_s=_calm(a.action_s)) for a in costs.at_stages)
+    changed = [k for k, v in kept.items() if v is not costs.cost_samples["action_s"][k]]
+    if not changed and all(a.action_s is b.action_s for a, b in zip(at, costs.at_stages)):
+        return costs
+    means = {**costs.measured_costs["action_s"], **{k: fmean(kept[k]) for k in changed}}
+    return replace(
+        costs,
+        measured_costs={**costs.measured_costs, "action_s": means},
+        cost_samples={**costs.cost_samples, "action_s": kept},
+        at_stages=at,
+    )
+
+
+def _calm(action_s: dict) -> dict:
+    """``action_s`` with each list's stalls left out (the list itself where there are none)."""
+    from statistics import median
+
+    out = {}
+    for key, values in action_s.items():
+        if not isinstance(values, list) or len(values) < 3:
+            out[key] = values
+            continue
+        limit = STALL * median(values)
+        calm = [x for x in values if x <= limit]
+        out[key] = values if len(calm) == len(values) or not calm else calm
+    return out if any(out[k] is not v for k, v in action_s.items()) else action_s
+
+
+def _with_lent(run) -> RunCosts:
     s = run.summary
     shares = run.raw_summary.get("input_freed_share")
     own = RunCosts(
@@ -90,7 +147,8 @@ def run_costs(run) -> RunCosts:
         tuple(split_only_stages(run)),
         input_share=tuple(float(x) for x in shares) if shares else None,
     )
-    lenders, unkept = _lenders(run)
+    lenders, at_stages, unkept = _lenders(run)
+    own = replace(own, at_stages=tuple(at_stages) if s.cost_samples is not None else ())
     if not lenders or s.cost_samples is None:
         return replace(own, unkept=tuple(unkept))
     stages = s.stages or s.world_size
@@ -132,6 +190,7 @@ def run_costs(run) -> RunCosts:
         tuple(share) if any(share) else None,
         tuple(unkept),
         _stages(other),
+        own.at_stages,
     )
 
 
@@ -139,41 +198,55 @@ def _stages(by_entry: dict[str, list[int]]) -> tuple[tuple[str, tuple[int, ...]]
     return tuple((entry, tuple(sts)) for entry, sts in by_entry.items())
 
 
-def _lenders(run) -> tuple[list[tuple[str, dict, set[int], list, set[int]]], list[str]]:
+def _lenders(run) -> tuple[list[tuple[str, dict, set[int], list, set[int]]], list[MeasuredAt], list[str]]:
     """(entry, its action seconds, the stages it ran whole, the share of saved bytes its I frees
     per stage, the stages it split as the plan's commands split them) of each ``run.paired`` entry
     of the run that kept them and costs what the run does (`same_costs`), in ``run.paired``'s
-    order; and the entries that kept none."""
+    order; the entries of other stage counts that cost the same layer for layer
+    (`same_layer_costs`) and split every stage they split as the commands do, merged by stage
+    count and units (each stage's F, B, and I with W from the first that ran them); and the
+    entries that kept none."""
     from omegaconf.errors import OmegaConfBaseException
 
-    from ppx.config.paired import same_costs, variants
+    from ppx.config.paired import same_costs, same_layer_costs, variants
     from ppx.errors import UserError
     from ppx.plan.calibrate import commands_way
 
     rows = run.raw_summary.get("paired") or {}
     unkept = [e for e, row in rows.items() if not (row or {}).get("cost_samples")]
     if len(unkept) == len(rows):
-        return [], unkept
+        return [], [], unkept
     try:
         configs = dict(variants(run.config))
         way = commands_way(run.config)
     except (UserError, OmegaConfBaseException, OSError, ValueError):  # (a CSV moved since: it lends nothing)
-        return [], unkept
-    out = []
+        return [], [], unkept
+    out, elsewhere = [], {}
     for entry, row in rows.items():
         samples = ((row or {}).get("cost_samples") or {}).get("action_s")
         other = configs.get(entry)
         try:
-            if not samples or other is None or not same_costs(run.config, other):
+            if not samples or other is None or not same_layer_costs(run.config, other):
                 continue
+            here = same_costs(run.config, other)
         except (UserError, OSError, ValueError):
             continue
         ways = {int(st): info or {} for st, info in (row.get("split_backward") or {}).items()}
         whole = {st for st, info in ways.items() if info.get("mode") == "whole"}
         stages = {int(k[:-1]) for k in samples if k[:-1].isdigit()}
         matches = {st for st in stages if _as_commands(way, ways.get(st))}
-        out.append((entry, samples, whole, row.get("input_freed_share") or [], matches))
-    return out, unkept
+        if here:
+            out.append((entry, samples, whole, row.get("input_freed_share") or [], matches))
+        elif matches >= stages - whole and row.get("units_per_stage"):
+            names, got = elsewhere.setdefault((len(stages), tuple(row["units_per_stage"])), ([], {}))
+            names.append(entry)
+            for stage, ops in _by_stage(samples, whole).items():  # the first entry's of each op (I and W together)
+                mine = got.setdefault(stage, {})
+                for pair in (("F",), ("B",), ("I", "W")):
+                    if not any(op in mine for op in pair) and all(ops.get(op) for op in pair):
+                        mine.update({op: ops[op] for op in pair})
+    at = [MeasuredAt(n, units, _flat(got, {}), tuple(names)) for (n, units), (names, got) in elsewhere.items()]
+    return out, at, unkept
 
 
 def _as_commands(way: str | None, info: dict | None) -> bool:

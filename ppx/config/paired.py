@@ -173,10 +173,16 @@ def same_costs(a, b) -> bool:
     actions (`ppx.commands.run_costs`)."""
     from ppx.config.resolve import resolve_schedule
 
+    return same_layer_costs(a, b) and resolve_schedule(a).num_stages == resolve_schedule(b).num_stages
+
+
+def same_layer_costs(a, b) -> bool:
+    """Whether configs ``a`` and ``b`` cost the same layer for layer: `same_costs` but over any
+    number of stages (an entry of v=2 beside a run of v=1). What one measured prices the other's
+    candidates at its stage count (`ppx.commands.run_costs`, ``at_stages``)."""
     x, y = _named_apart(a), _named_apart(b)
     x.train.split_backward = y.train.split_backward = "auto"
-    same = (x.pipeline, x.model, x.train) == (y.pipeline, y.model, y.train)  # (what an entry may change)
-    return same and resolve_schedule(a).num_stages == resolve_schedule(b).num_stages
+    return (x.pipeline, x.model, x.train) == (y.pipeline, y.model, y.train)  # (what an entry may change)
 
 
 def _named_apart(cfg):

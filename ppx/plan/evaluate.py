@@ -11,6 +11,7 @@ from ppx.plan.builders import build
 from ppx.plan.inputs import PlanInputs
 from ppx.plan.sampled import expected
 from ppx.plan.space import Candidate, Skipped
+from ppx.schedules.ir.action import Op
 from ppx.schedules.ir.structure import whole_stages_of
 from ppx.schedules.sim.memory import peak_held
 from ppx.schedules.sim.simulate import simulate
@@ -57,6 +58,13 @@ class Result:
         return {**asdict(self), "peak_max_bytes": self.peak_max, "microbatches_per_s": self.throughput}
 
 
+def timing_inputs(sched, inputs: PlanInputs, whole: set[int]) -> PlanInputs:
+    """The inputs that time ``sched`` (its ``whole`` stages run whole): what an entry measured
+    at its stage count, where one did (`PlanInputs.at`), else ``inputs``."""
+    split = {a.stage for row in sched.actions for a in row if a.op is Op.W}
+    return inputs.at(sched.num_stages, split - whole)
+
+
 def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
     """Simulate and size candidate ``c``; a shape the builder refuses comes back Skipped."""
     try:
@@ -66,11 +74,12 @@ def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
     n = sched.num_stages
     reduce = inputs.reduce_s is not None
     whole = whole_stages_of(sched) if inputs.runs_whole else set()  # (as its command runs them)
-    if inputs.samples:  # a run's: the expected step over draws of its measured costs
-        once = lambda costs: simulate(sched, costs, inputs.transport, inputs.lookahead, reduce)  # noqa: E731
-        step, bubble, steady = expected(once, inputs.samples, inputs.parts(n), inputs.parts(n, "params"), whole)
+    timed = timing_inputs(sched, inputs, whole)
+    if timed.samples:  # a run's: the expected step over draws of its measured costs
+        once = lambda costs: simulate(sched, costs, timed.transport, timed.lookahead, reduce)  # noqa: E731
+        step, bubble, steady = expected(once, timed.samples, timed.parts(n), timed.parts(n, "params"), whole)
     else:
-        t = simulate(sched, inputs.costs(n, whole), inputs.transport, inputs.lookahead, reduce)
+        t = simulate(sched, timed.costs(n, whole), timed.transport, timed.lookahead, reduce)
         step, bubble, steady = t.makespan, t.bubble_fraction(), t.steady()
     params = inputs.params(n)
     shares = [1.0 if s in whole else x for s, x in enumerate(inputs.shares(n))]  # (a whole I frees it all)

@@ -18,11 +18,25 @@ each candidate's per-stage values:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from statistics import fmean
 
+from ppx.measure.prediction import costs_from
 from ppx.models.split import split_layers
 from ppx.plan.unit_weights import UnitWeights
 from ppx.schedules.sim.costs import Costs
+
+
+@dataclass(frozen=True)
+class MeasuredAt:
+    """Costs a run's ``run.paired`` entry measured at another stage count than the run's: its
+    ``stages``, the model ``units`` each held, its action seconds (``"<stage><op>"`` -> samples;
+    a stage it ran whole has B's) and the entries they come from (``sources``)."""
+
+    stages: int
+    units: tuple[int, ...]
+    action_s: dict
+    sources: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,8 @@ class PlanInputs:
     # a candidate's command runs a stage whose every I its list follows at once by its W as one
     # whole backward, in the I (ppx's runtime under train.split_backward=auto): priced at a B there
     runs_whole: bool = False
+    # what entries measured at other stage counts than the run's (`at`), or none
+    measured_at: tuple[MeasuredAt, ...] = ()
 
     @property
     def units(self) -> int:
@@ -131,6 +147,50 @@ class PlanInputs:
         units = [b + w if x is None else x for x, b, w in zip(self.whole_s, self.bwd_s, self.wgrad_s)]
         return self.split(units, num_stages)
 
+    def units_at(self, num_stages: int) -> tuple[int, ...] | None:
+        """A run's model units per stage of ``num_stages``, as a candidate's command splits them."""
+        if self.run_units is None:
+            return None
+        return tuple(len(r) for r in split_layers(sum(self.run_units), num_stages, weights=self.split_weights))
+
+    def at(self, num_stages: int, apart: set[int] = frozenset()) -> PlanInputs:
+        """The inputs that time a candidate of ``num_stages`` stages which runs I and W apart on
+        stages ``apart``: what an entry measured at that stage count (`MeasuredAt`) where its
+        stages held the units the candidate's hold and it ran I and W apart on ``apart`` (a
+        stage's call costs more than its units' share of a bigger stage's), else these. Bytes
+        are these inputs', regrouped."""
+        for m in self.measured_at:
+            a = m.action_s
+            if m.stages != num_stages or m.units != self.units_at(num_stages) or self.samples is None:
+                continue
+            if any(not a.get(f"{st}F") or not (a.get(f"{st}B") or a.get(f"{st}I")) for st in range(num_stages)):
+                continue
+            if any(not a.get(f"{st}I") or not a.get(f"{st}W") for st in apart):
+                continue
+            c = costs_from({**self.samples, "action_s": {k: fmean(v) for k, v in a.items() if v}}, num_stages)
+            n = num_stages
+            return replace(
+                self,
+                fwd_s=tuple(c.fwd),
+                bwd_s=tuple(c.bwd),
+                wgrad_s=tuple(c.wgrad),
+                whole_s=tuple(c.whole) if c.whole is not None else None,
+                stages=n,
+                samples={**self.samples, "action_s": a},
+                act_bytes=tuple(self.act(n)) if self.act_bytes else None,
+                input_share=tuple(self.shares(n)) if self.input_share and self.act_bytes else None,
+                param_bytes=tuple(self.params(n)) if self.param_bytes else None,
+                reduce_s=None,  # (entries run beside one pipeline)
+                whole_stages=(),
+                max_stages=None,
+                fixed_stages=None,
+                run_units=None,
+                unit_weights=None,
+                split_weights=None,
+                measured_at=(),
+            )
+        return self
+
     def act(self, num_stages: int) -> list[float]:
         """Bytes one microbatch's forward saves per stage (0 where not given)."""
         return self.split(self.act_bytes, num_stages, "bytes") if self.act_bytes else [0.0] * num_stages
@@ -151,12 +211,15 @@ class PlanInputs:
         """Every field but the samples (thousands of numbers); ``sampled`` says whether there were any."""
         out = asdict(self)
         out["sampled"] = out.pop("samples") is not None
+        out["measured_at"] = [{k: v for k, v in m.items() if k != "action_s"} for m in out["measured_at"]]
         return out
 
     @classmethod
     def from_json(cls, data: dict) -> PlanInputs:
         """The inputs `to_json` wrote (plan.json's ``inputs``), without the samples."""
-        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "sampled"}
+        fields = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k not in ("sampled", "measured_at")
+        }
         if fields.get("unit_weights") is not None:
             fields["unit_weights"] = UnitWeights(**{k: tuple(v) for k, v in fields["unit_weights"].items()})
         return cls(**fields)

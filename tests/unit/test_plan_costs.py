@@ -239,3 +239,54 @@ def test_a_candidate_with_more_stages_than_the_run_is_noted():
     note = regrouped_note("runs/x", shown, inputs)
     assert note.startswith("note: zbv p=2 m=8 v=2 run more stages than the 2 runs/x measured")
     assert regrouped_note("runs/x", shown[1:], inputs) is None
+    # an entry beside the run measured ZB-V's 4 stages: priced as they ran, not regrouped
+    assert regrouped_note("runs/x", shown, _with_zbv_measured()) is None
+
+
+def _with_zbv_measured(units=(2, 2, 1, 1)) -> PlanInputs:
+    """A 2-stage run of 6 units (3 and 3: 1 ms F and 2 ms B a unit) whose ZB-V entry measured
+    4 stages holding ``units`` (the even split's 2, 2, 1, 1 as the candidate's command runs
+    them): a unit's F 1.1 ms, I 1.65 ms and W 0.55 ms (stage 0 run whole: its B), 10% above
+    the run's (a stage's own cost per call)."""
+    from ppx.plan.inputs import MeasuredAt
+
+    own = {"action_s": {"0F": [3e-3], "0B": [6e-3], "1F": [3e-3], "1B": [6e-3]}, "p2p_s": [1e-4], "overhead_s": [0.0]}
+    at = {
+        f"{st}{op}": [n * ms / 1e3] for st, n in enumerate(units) for op, ms in (("F", 1.1), ("I", 1.65), ("W", 0.55))
+    }
+    at = {k: v for k, v in at.items() if k not in ("0I", "0W")} | {"0B": [units[0] * 2.2e-3]}
+    return PlanInputs(
+        fwd_s=(3e-3, 3e-3),
+        bwd_s=(6e-3, 6e-3),
+        wgrad_s=(0.0, 0.0),
+        stages=2,
+        act_bytes=(3000.0, 3000.0),
+        samples=own,
+        run_units=(3, 3),
+        runs_whole=True,
+        measured_at=(MeasuredAt(4, units, at, ("pipeline.schedule=zbv",)),),
+    )
+
+
+def test_an_entry_at_a_candidates_stage_count_times_it_as_the_entry_ran():
+    """ZB-V's 4 stages from a ZB-V entry beside a 1F1B run: the entry's own F, I, W (whole B on
+    stage 0), not the run's stages regrouped; bytes stay the run's, regrouped. Where the entry's
+    stages held other units, or it ran whole a stage the candidate splits apart, regrouped."""
+    from ppx.plan.evaluate import evaluate
+    from ppx.plan.space import Candidate
+
+    inputs = _with_zbv_measured()
+    timed = inputs.at(4, {1, 2, 3})
+    assert timed is not inputs and timed.stages == 4 and timed.run_units is None
+    assert timed.fwd_s == pytest.approx((2.2e-3, 2.2e-3, 1.1e-3, 1.1e-3))
+    assert timed.wgrad_s == pytest.approx((0.0, 1.1e-3, 0.55e-3, 0.55e-3))
+    assert timed.bwd_s[0] == pytest.approx(4.4e-3) and timed.samples["action_s"]["3W"] == [0.55e-3]
+    assert timed.act_bytes == pytest.approx((2000.0, 2000.0, 1000.0, 1000.0))  # the run's, regrouped
+    assert timed.samples["p2p_s"] == [1e-4]  # (hand-offs: the run's)
+    assert inputs.at(4, {0, 1, 2, 3}) is inputs  # stage 0 apart: the entry ran it whole
+    assert _with_zbv_measured(units=(1, 2, 2, 1)).at(4, {1, 2, 3}).stages == 2  # other units: regrouped
+    assert inputs.at(2) is inputs
+    zbv = evaluate(Candidate("zbv", 2, 8, 2), inputs)
+    regrouped = evaluate(Candidate("zbv", 2, 8, 2), _with_zbv_measured(units=(1, 2, 2, 1)))
+    assert zbv.step_s > regrouped.step_s * 1.05  # each stage 10% dearer than its units' share
+    assert zbv.peak_bytes == regrouped.peak_bytes

@@ -47,6 +47,7 @@ def _run(tmp_path, schedule: str, own: dict, ways: dict | None, entries: dict, e
                 "over_run": 1.0,
                 **({"cost_samples": {"action_s": got[0]}, "split_backward": got[1]} if got else {}),
                 **({"input_freed_share": got[2]} if got and len(got) > 2 else {}),
+                **({"units_per_stage": got[3]} if got and len(got) > 3 else {}),
             }
             for e, got in entries.items()
         },
@@ -116,6 +117,44 @@ def test_an_entry_that_costs_otherwise_lends_nothing(tmp_path, entry, why):
     got = run_costs(run)
     assert got.measured_costs is run.summary.measured_costs and not got.lent, why
     assert got.note("runs/x") is None
+
+
+def test_an_entry_of_another_stage_count_prices_that_count_with_its_own_actions(tmp_path):
+    """ZB-V (4 stages) beside a 1F1B run of 2: it lends nothing to the run's stages, and all its
+    actions price 4-stage candidates (its whole stage 0's I as a B). An entry that split a stage
+    another way than the commands do prices nothing."""
+    own = _samples(**{"0F": 1, "0B": 3, "1F": 1, "1B": 3})
+    zbv = _samples(**{f"{s}{op}": 1 for s in range(4) for op in "FIW"})
+    ways = {"0": {"mode": "whole"}, **{str(s): STORED["0"] for s in (1, 2, 3)}}
+    run = _run(
+        tmp_path / "a", "1f1b", own, None, {"pipeline.schedule=zbv": (zbv, ways, [1, 0.3, 0.3, 0.3], [2, 1, 1, 2])}
+    )
+    got = run_costs(run)
+    assert got.measured_costs is run.summary.measured_costs and not got.lent
+    (at,) = got.at_stages
+    assert (at.stages, at.units, at.sources) == (4, (2, 1, 1, 2), ("pipeline.schedule=zbv",))
+    assert at.action_s["0B"] == zbv["0I"] and "0I" not in at.action_s and "0W" not in at.action_s
+    assert at.action_s["3W"] == zbv["3W"]
+    assert "every action at 4 stages from 'pipeline.schedule=zbv'" in got.note("runs/x")
+    graph = {**ways, "2": {"mode": "graph", "why": "train.split_backward=graph"}}
+    other = _run(tmp_path / "b", "1f1b", own, None, {"pipeline.schedule=zbv": (zbv, graph, [], [2, 1, 1, 2])})
+    assert run_costs(other).at_stages == ()
+
+
+def test_a_stall_of_the_machine_is_left_out_of_the_costs(tmp_path):
+    """One sample 50x its action's median (a 65 ms pause among 1.2 ms I's): not the action's
+    cost, left out of the samples and the mean, the run's and an entry's alike; the rest stay."""
+    own = _samples(**{"0F": 1, "0B": 3, "1F": 1, "1B": 3})
+    own["1B"] = [*own["1B"], 0.15]
+    lent = _samples(**{"0F": 1.1, "0I": 2.2, "0W": 1, "1F": 1.1, "1I": 2.3, "1W": 1.2})
+    lent["0W"] = [*lent["0W"], 0.05]
+    got = run_costs(_run(tmp_path, "1f1b", own, None, {STORE: (lent, STORED)}))
+    a, drawn = got.measured_costs["action_s"], got.cost_samples["action_s"]
+    assert drawn["1B"] == own["1B"][:-1] and a["1B"] == pytest.approx(3e-3)
+    assert drawn["0W"] == lent["0W"][:-1] and a["0W"] == pytest.approx(1e-3)
+    assert drawn["0B"] == own["0B"] and a["0F"] == pytest.approx(1e-3)
+    calm = _run(tmp_path / "calm", "1f1b", _samples(**{"0F": 1, "0B": 3, "1F": 1, "1B": 3}), None, {})
+    assert run_costs(calm).measured_costs is calm.summary.measured_costs  # (nothing left out: as it was)
 
 
 def test_a_run_whose_entries_kept_nothing_is_its_own(tmp_path):
