@@ -101,21 +101,26 @@ def lent_note(from_run: str) -> str | None:
     return run_costs_at(str(from_run)).note(from_run)
 
 
-def regrouped_note(from_run: str, shown, inputs) -> str | None:
+def regrouped_note(from_run: str, shown, inputs, cfg=None) -> str | None:
     """The note where candidates among those shown (``shown``) run more stages than the run
     measured and no entry measured at their stage count (`_regrouped`): each of their stages is
     priced at its units' share of a run stage's time, so what a stage costs per call besides
     its layers' work is not counted again for the extra stages, and they can run slower than
-    planned; an entry beside the run prices them as measured."""
-    more = sorted({r.label() for r in shown if inputs.stages and r.p * r.v > inputs.stages and _regrouped(r, inputs)})
+    planned; with the run beside them (`stage_count_command`, from the run's config ``cfg``)
+    a plan prices them as they ran."""
+    from ppx.plan.calibrate import stage_count_command
+
+    more = [r for r in shown if inputs.stages and r.p * r.v > inputs.stages and _regrouped(r, inputs)]
     if not more:
         return None
+    beside = stage_count_command(from_run + "/config.yaml", cfg, [(r.schedule, r.v) for r in more]) if cfg else None
+    how = f"; to plan them as they run, plan --from-run a run of them beside it: `{beside}`" if beside else ""
     return (
-        f"note: {', '.join(more)} run more stages than the {inputs.stages} {from_run} measured: each of their stages "
-        "is priced at its layers' share of a measured stage's time, and what a stage costs per call besides its "
-        "layers' work is not counted again, so they can run slower than planned (ZB-V on llama-tiny, 8 blocks, p=2, "
-        "on CPU: predicted 0.97-1.00x 1F1B's step, measured 1.04-1.06x); measure them before choosing, or run "
-        'one in run.paired beside the run ("pipeline.schedule=zbv") to have its stage count priced as it ran'
+        f"note: {', '.join(sorted({r.label() for r in more}))} run more stages than the {inputs.stages} {from_run} "
+        "measured: each of their stages is priced at its layers' share of a measured stage's time, and what a stage "
+        "costs per call besides its layers' work is not counted again, so they can run slower than planned (ZB-V on "
+        "llama-tiny, 8 blocks, p=2, on CPU: predicted 0.97-1.00x 1F1B's step, measured 1.04-1.06x); measure them "
+        f"before choosing{how}"
     )
 
 
@@ -214,7 +219,7 @@ def cmd_plan(args) -> int:
         from ppx.plan.rebalance import rebalance_note
 
         notes += [n for n in [rebalance_note(str(args.from_run), inputs, run_cfg)] if n]
-        notes += [n for n in [regrouped_note(str(args.from_run), results[: args.top], inputs)] if n]
+        notes += [n for n in [regrouped_note(str(args.from_run), results[: args.top], inputs, run_cfg)] if n]
         priced = priced_split_note_of(args.from_run, results, inputs)
         if priced:
             notes.append(priced)

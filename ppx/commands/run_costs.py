@@ -63,7 +63,8 @@ class RunCosts:
         """The line saying what came from which entry, and what did not, or None."""
         parts = [f"{what} on {stage_list(stages)} from {entry!r}" for what, stages, entry in self.lent]
         parts += [
-            f"every action at {a.stages} stages from {', '.join(map(repr, a.sources))} (a B none ran costs its I + W)"
+            f"every action at {a.stages} stages from {', '.join(map(repr, a.sources))}"
+            + ("" if all(f"{st}B" in a.action_s for st in range(a.stages)) else " (a B none ran costs its I + W)")
             for a in self.at_stages
         ]
         out = (

@@ -89,6 +89,40 @@ def beside_command(config_yaml: str, cfg, whole: bool = False, apart: bool = Fal
     return f"ppx run {shlex.quote(config_yaml)} 'run.paired={paired_value(entries)}' run.dir=null"
 
 
+def stage_count_command(config_yaml: str, cfg, shown: list[tuple[str, int]]) -> str | None:
+    """The run that prices candidates of more stages than a run of config ``cfg`` ran, as they
+    run: its own config with each (candidate name, v) of ``shown`` beside it in ``run.paired``,
+    after the run's own entries (an entry of another stage count lends all its actions to
+    that count: `ppx.commands.run_costs`). None where ``run.paired`` cannot hold them."""
+    import copy
+
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ppx.config.paired import same_layer_costs, variants
+    from ppx.errors import UserError
+    from ppx.plan.builders import DRAIN, family_of
+    from ppx.plan.paired_command import paired_value
+    from ppx.schedules.registry import default_virtual
+
+    entries = list(cfg.run.paired)
+    new = []
+    for name, v in shown:
+        fam = family_of(name)
+        entry = f"pipeline.schedule={fam}" + ("" if v == default_virtual(fam) else f" pipeline.virtual_stages={v}")
+        entry += " train.split_backward=drain" if name.endswith(DRAIN) else ""
+        if entry not in entries:
+            entries.append(entry)
+            new.append(entry)
+    beside = copy.deepcopy(cfg)
+    beside.run.paired = entries
+    try:  # (each entry checked as ppx run checks it, and costing what the run does, layer for layer)
+        if not new or not all(same_layer_costs(cfg, other) for e, other in variants(beside) if e in new):
+            return None
+    except (UserError, OmegaConfBaseException, OSError, ValueError):
+        return None
+    return f"ppx run {shlex.quote(config_yaml)} 'run.paired={paired_value(entries)}' run.dir=null"
+
+
 def commands_way(cfg) -> str | None:
     """How the commands of a plan from a run of config ``cfg`` split a stage's backward: the
     run's ``train.split_backward`` where it is store or graph, else auto (a drain run's

@@ -243,6 +243,40 @@ def test_a_candidate_with_more_stages_than_the_run_is_noted():
     assert regrouped_note("runs/x", shown, _with_zbv_measured()) is None
 
 
+def test_the_run_that_prices_more_stages_as_they_run():
+    """Regrouped candidates get the command that runs them beside the run (after its own
+    entries), each as the plan names it: its default v left out, +drain as drain runs it; none
+    where an entry cannot run beside it (data parallel)."""
+    import shlex
+
+    from ppx import config
+    from ppx.commands.plan import regrouped_note
+    from ppx.config.paired import variants
+    from ppx.plan.calibrate import stage_count_command
+    from ppx.plan.evaluate import Result
+
+    cfg = config.load("transformer_1f1b_2cpu", ["run.paired=[pipeline.schedule=zb_h1]", "model.layers=6"])
+    shown = [("zbv", 2), ("zbv+drain", 2), ("interleaved_1f1b", 3), ("zbv", 2)]
+    got = stage_count_command("my runs/c.yaml", cfg, shown)
+    entries = [
+        "pipeline.schedule=zb_h1",
+        "pipeline.schedule=zbv",
+        "pipeline.schedule=zbv train.split_backward=drain",
+        "pipeline.schedule=interleaved_1f1b pipeline.virtual_stages=3",
+    ]
+    words = shlex.split(got)
+    assert words[:3] == ["ppx", "run", "my runs/c.yaml"] and words[-1] == "run.dir=null"
+    ran = config.load("transformer_1f1b_2cpu", ["model.layers=6", *words[3:-1]])
+    assert [e for e, _ in variants(ran)] == entries  # (as ppx run checks them)
+    assert stage_count_command("c.yaml", config.load("transformer_1f1b_2cpu", ["parallel.data=2"]), shown) is None
+    inputs = PlanInputs(fwd_s=(1.0, 1.0), bwd_s=(1.0, 1.0), wgrad_s=(0.5, 0.5), stages=2)
+    result = Result("zbv", 2, 8, 2, 1.0, 0.0, (0.0, 0.0), True)
+    note = regrouped_note("runs/x", [result], inputs, cfg)
+    assert note.endswith(
+        "`ppx run runs/x/config.yaml 'run.paired=[pipeline.schedule=zb_h1,pipeline.schedule=zbv]' run.dir=null`"
+    )
+
+
 def _with_zbv_measured(units=(2, 2, 1, 1)) -> PlanInputs:
     """A 2-stage run of 6 units (3 and 3: 1 ms F and 2 ms B a unit) whose ZB-V entry measured
     4 stages holding ``units`` (the even split's 2, 2, 1, 1 as the candidate's command runs
