@@ -53,7 +53,8 @@ def cmd_simulate(args) -> int:
         from ppx.schedules.ir.structure import drain_keeps
 
         print(f"note: drain leaves this list as built: {drain_keeps(sched)}")
-    if measured is not None and (sched.num_ranks, sched.stages_per_rank) != (measured.world_size, measured.virtual):
+    shape = (sched.num_ranks, sched.stages_per_rank)
+    if measured is not None and shape != (measured.world_size, measured.virtual) and not _measured_at(run, sched):
         raise UserError(
             f"{args.from_run} ran {measured.world_size} ranks with {count(measured.virtual, 'stage')} each, {args.name} "
             f"has {sched.num_ranks} with {sched.stages_per_rank}; the run's costs are per stage"
@@ -103,11 +104,18 @@ def _take_the_runs_shape(args, run, measured) -> None:
     shape = {"stages": measured.world_size, "microbatches": measured.microbatches, "virtual": measured.virtual_stages}
     own = schedules.default_virtual(args.name)
     fam = formula_family(args.name)
+    wanted = args.virtual or own  # stages per rank: given, else the family's
+    if wanted != measured.virtual and args.stages in (None, ran[0]) and _measured_at(run, ran[0] * wanted):
+        # an entry beside the run ran this many stages: its own actions price them (`_costs`)
+        args.stages, args.virtual = ran[0], wanted
+        args.microbatches = args.microbatches or measured.microbatches
+        return
     if fam is not None and not fam.virtual and measured.virtual != own:  # a V: exactly its own count
         raise UserError(
             f"{args.name} places exactly {count(own, 'stage')} on every rank and {args.from_run} ran "
             f"{measured.virtual} a rank; its costs are per stage: run with pipeline.schedule={args.name} and simulate that run"
             + (" (or plan --from-run this one, which regroups its stages)" if _regroupable(run, measured) else "")
+            + f", or run it beside that run ('run.paired=[pipeline.schedule={args.name}]') and simulate --from-run that"
         )
     if args.virtual is None and measured.virtual != own:
         print(  # not the schedule's default: say whose count this is
@@ -123,6 +131,42 @@ def _take_the_runs_shape(args, run, measured) -> None:
             f"{args.from_run} ran {ran[0]} ranks with {count(ran[1], 'stage')} each; its costs are per "
             "stage, so leave out --stages/--virtual or give the same"
         )
+
+
+def _measured_at(run, sched_or_stages):
+    """What ``run``'s entries measured at the stage count of ``sched_or_stages`` (a schedule or
+    a count), where it differs from the run's and their stages held the units a run of that
+    count holds (`ppx.commands.run_costs`, ``at_stages``), or None."""
+    from ppx import models
+
+    n = sched_or_stages if isinstance(sched_or_stages, int) else sched_or_stages.num_stages
+    if n == (run.summary.stages or run.summary.world_size):
+        return None
+    try:
+        units = tuple(len(r) for r in models.split_of(run.config, n))
+    except (UserError, ValueError):
+        return None
+    return next((a for a in run_costs_at(str(run.path)).at_stages if a.stages == n and a.units == units), None)
+
+
+def _as_run_costs(own, at):
+    """``own`` (`run_costs`) with the actions of ``at`` (a `MeasuredAt`) as its whole costs: its
+    stages without an I ran whole; with one and no B, a B costs I + W."""
+    from dataclasses import replace
+    from statistics import fmean
+
+    a = at.action_s
+    return replace(
+        own,
+        measured_costs={**own.measured_costs, "action_s": {k: fmean(v) for k, v in a.items() if v}},
+        cost_samples={**own.cost_samples, "action_s": a},
+        whole_stages=tuple(st for st in range(at.stages) if f"{st}I" not in a),
+        split_only=tuple(st for st in range(at.stages) if f"{st}I" in a and f"{st}B" not in a),
+        lent=(),
+        at_stages=(),
+        other_way=(),
+        input_share=None,
+    )
 
 
 def _regroupable(run, measured) -> bool:
@@ -160,6 +204,13 @@ def _costs(args, sched, run, measured) -> tuple:
     if sched.training:
         require_backward(args.from_run, measured)
     own = run_costs_at(str(run.path))  # the run's, and what its run.paired entries ran that it did not
+    at = _measured_at(run, sched)
+    if at is not None:  # another stage count than the run's: what its entries ran at this one
+        own = _as_run_costs(own, at)
+        print(
+            f"note: {sched.num_stages} stages from what {', '.join(map(repr, at.sources))} ran beside "
+            f"{args.from_run} (its own run has {measured.stages or measured.world_size})"
+        )
     _split_known(args.from_run, own, sched, list(own.whole_stages), run.config)
     backend = (run.env or {}).get("backend", "gloo")
     transport, lookahead = transport_of(run.config, backend)
@@ -229,6 +280,15 @@ def _print_prediction(args, sched, t, reduce: bool, run, measured) -> None:
             f"measured in {args.from_run} ({measured.schedule} at m={measured.microbatches}, another order than "
             f"this one's): step {step * 1e3:.2f} ms, bubble {bubble:.1%}"
         )
+        at = _measured_at(run, sched)
+        rows = run.raw_summary.get("paired") or {}
+        for entry in at.sources if at else ():  # the entries whose actions these are, as they measured
+            row = rows.get(entry) or {}
+            if row.get("median_step_s"):
+                print(
+                    f"  beside it, {entry!r} measured step {row['median_step_s'] * 1e3:.2f} ms, "
+                    f"{row['over_run']:.3f}x the run's (median of {row['pairs']} pairs)"
+                )
 
 
 def _draw(sched, t, png: str) -> None:

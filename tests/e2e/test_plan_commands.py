@@ -8,6 +8,7 @@ backward gets its split-backward candidates refused, with the run that measures 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import statistics
 
@@ -66,8 +67,6 @@ def test_a_plan_from_a_1f1b_llama_run_regroups_its_units_and_names_its_calibrati
     of the run's stages, rank 1 came out 28% short). The same plan refuses the split-backward
     schedules and names the run that measures them: that run stores on every stage (under auto
     ZB-H1's first stage would run whole and measure no W), so a plan from it refuses none."""
-    import re
-
     first = ppx("run", *KINDS["llama"], *SHORT, f"run.dir={tmp_path / 'calib'}")
     assert first.returncode == 0, first.stderr[-3000:]
     r = ppx("plan", "--from-run", str(tmp_path / "calib"), "-v", "2", "-m", "4", "--out", str(tmp_path / "plan"))
@@ -132,6 +131,14 @@ def test_a_zbv_entry_beside_a_1f1b_run_prices_the_plans_zbv_as_it_ran(tmp_path):
     assert plan["inputs"]["measured_at"] == [{"stages": 4, "units": units, "sources": ["pipeline.schedule=zbv"]}]
     assert "zbv" in {c["schedule"] for c in plan["candidates"]}
     assert "zbv ('pipeline.schedule=zbv') measured " in r.stdout  # beside its prediction
+    # ppx simulate --from-run takes the same: ZB-V at its 4 stages, from what the entry ran
+    sim = ppx("simulate", "zbv", "--from-run", str(tmp_path / "calib"))
+    assert sim.returncode == 0, sim.stderr
+    assert "note: 4 stages from what 'pipeline.schedule=zbv' ran beside" in sim.stdout
+    assert "zbv: 2 ranks, 4 stages, 4 microbatches" in sim.stdout
+    assert re.search(r"beside it, 'pipeline.schedule=zbv' measured step [\d.]+ ms, [\d.]+x the run's", sim.stdout)
+    other = ppx("simulate", "interleaved_1f1b", "--virtual", "3", "--from-run", str(tmp_path / "calib"))
+    assert other.returncode != 0 and "ran 2 ranks with 1 stage each" in other.stderr  # (no entry at 6 stages)
 
 
 def test_known_cost_lists_at_three_stages_per_rank(tmp_path):
