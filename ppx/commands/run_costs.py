@@ -54,6 +54,7 @@ class RunCosts:
     unkept: tuple[str, ...] = ()
     other_way: tuple[tuple[str, tuple[int, ...]], ...] = ()
     at_stages: tuple[MeasuredAt, ...] = ()
+    stalls: int = 0  # samples left out as stalls of the machine (`_without_stalls`)
 
     def ops(self) -> set[str]:
         """The kinds of action (F, B, I, W) the costs hold."""
@@ -77,6 +78,11 @@ class RunCosts:
             "its I and W are not used there"
             for entry, stages in self.other_way
         ]
+        if self.stalls:
+            out.append(
+                f"{self.stalls} action sample(s) in {path} over {STALL:g}x their action's median and "
+                f"{STALL_MIN_S * 1e3:g} ms above it left out as stalls of the machine"
+            )
         if self.unkept:
             out.append(
                 f"{', '.join(repr(e) for e in self.unkept)} kept no action costs in {path} (a run of an older ppx, "
@@ -93,26 +99,34 @@ def run_costs_at(path: str) -> RunCosts:
     return run_costs(RunDir(path))
 
 
-STALL = 10.0  # a sample over this many times its action's median is a stall of the machine
+STALL = 10.0  # a sample over this many times its action's median, and
+STALL_MIN_S = 0.01  # this much above it, is a stall of the machine (where it does not recur every step)
 
 
 def run_costs(run) -> RunCosts:
     """The costs of the run (a `RunDir` with measured costs), its entries' lent where it lacks
     them, without stalls (`_without_stalls`)."""
-    return _without_stalls(_with_lent(run))
+    from ppx.measure.instruments import first_timeline_step
+
+    steps = run.config.train.steps - max(0, first_timeline_step(run.config))
+    return _without_stalls(_with_lent(run), steps)
 
 
-def _without_stalls(costs: RunCosts) -> RunCosts:
-    """``costs`` without the samples over `STALL` times their action's median: a pause of the
-    machine (a collection, the OS), once in a run, that an action's cost does not repeat, and
-    that a plan's expected step, drawing it a few times in a hundred, would charge each step (a
-    65 ms sample among 40 of 1.2 ms put 25% on a predicted step); their means are taken again."""
+def _without_stalls(costs: RunCosts, steps: int) -> RunCosts:
+    """``costs`` without their stalls: samples over `STALL` times their action's median and
+    `STALL_MIN_S` above it, fewer than the ``steps`` the samples come from (a cost every step
+    has, such as a step's first forward gathering its weights, stays). A pause of the machine
+    (a collection, the OS) once in a run is no action's cost, and a plan's expected step,
+    drawing it a few times in a hundred, would charge each step with it (a 65 ms sample among
+    40 of 1.2 ms put 25% on a predicted step); their means are taken again, and the note
+    counts them."""
     if costs.cost_samples is None:
         return costs
-    kept = _calm(costs.cost_samples["action_s"])
-    at = tuple(replace(a, action_s=_calm(a.action_s)) for a in costs.at_stages)
+    dropped: dict[str, int] = {}
+    kept = _calm(costs.cost_samples["action_s"], steps, dropped)
+    at = tuple(replace(a, action_s=_calm(a.action_s, steps, dropped)) for a in costs.at_stages)
     changed = [k for k, v in kept.items() if v is not costs.cost_samples["action_s"][k]]
-    if not changed and all(a.action_s is b.action_s for a, b in zip(at, costs.at_stages)):
+    if not dropped:
         return costs
     means = {**costs.measured_costs["action_s"], **{k: fmean(kept[k]) for k in changed}}
     return replace(
@@ -120,11 +134,13 @@ def _without_stalls(costs: RunCosts) -> RunCosts:
         measured_costs={**costs.measured_costs, "action_s": means},
         cost_samples={**costs.cost_samples, "action_s": kept},
         at_stages=at,
+        stalls=sum(dropped.values()),
     )
 
 
-def _calm(action_s: dict) -> dict:
-    """``action_s`` with each list's stalls left out (the list itself where there are none)."""
+def _calm(action_s: dict, steps: int, dropped: dict[str, int]) -> dict:
+    """``action_s`` with each list's stalls left out (the list itself where there are none),
+    counted into ``dropped`` by key."""
     from statistics import median
 
     out = {}
@@ -132,9 +148,13 @@ def _calm(action_s: dict) -> dict:
         if not isinstance(values, list) or len(values) < 3:
             out[key] = values
             continue
-        limit = STALL * median(values)
-        calm = [x for x in values if x <= limit]
-        out[key] = values if len(calm) == len(values) or not calm else calm
+        mid = median(values)
+        calm = [x for x in values if x <= max(STALL * mid, mid + STALL_MIN_S)]
+        if mid <= 0 or not calm or len(calm) == len(values) or len(values) - len(calm) >= steps:
+            out[key] = values
+            continue
+        out[key] = calm
+        dropped[key] = dropped.get(key, 0) + len(values) - len(calm)
     return out if any(out[k] is not v for k, v in action_s.items()) else action_s
 
 

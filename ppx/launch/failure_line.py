@@ -13,6 +13,7 @@ from ppx.launch.heartbeat import DIED_WITHIN_S, Beat, gone_peers, silent_peers_e
 from ppx.launch.watchdog import Watchdog, cause_path, claim_cause, launcher_alive, read_status, status_path
 
 REPORTING = threading.Lock()  # held while a failure's line is made (`ppx.launch.stop_signal` waits on it)
+STOPPED = threading.Event()  # this rank got a SIGTERM (`ppx.launch.stop_signal`): peers stopped with it are no cause
 
 
 def report_failure(watchdog: Watchdog | None, message: str, own: bool = False, peer: int | None = None) -> None:
@@ -34,7 +35,8 @@ def name_dead_peer(watchdog: Watchdog) -> bool:
     "stopped", and peers that say so are passed over: ranks stopped together (scancel) do not
     name each other."""
     status = watchdog.status_dir
-    watchdog.heartbeat.stop("stopped")
+    if not watchdog.heartbeat.ended:  # (a rank that ended on its own stays "done")
+        watchdog.heartbeat.stop("stopped")
     gone = gone_peers(status, watchdog.rank, wait_s=0.2, stopped=False)
     message = _peer_cause(status, watchdog, gone, None) if gone else None
     if message and not cause_path(status).exists() and claim_cause(status, message):
@@ -46,7 +48,7 @@ def name_dead_peer(watchdog: Watchdog) -> bool:
 def _report(watchdog: Watchdog | None, message: str, own: bool, peer: int | None) -> None:
     status = watchdog.status_dir if watchdog else None
     if status is not None and not own and not cause_path(status).exists():
-        gone = gone_peers(status, watchdog.rank)
+        gone = gone_peers(status, watchdog.rank, stopped=not STOPPED.is_set())
         if gone and launcher_alive():
             watchdog.phase(f"failed {'after' if watchdog.finished else 'on'} {watchdog.label}")
             return
@@ -80,8 +82,9 @@ def _peer_cause(status: Path, watchdog: Watchdog, gone: list[Beat], waited_on: i
 
 
 def _blamed(peers: list[Beat], waited_on: int | None) -> Beat:
-    """Of several silent peers, the one this rank's failed wait was on, else the one whose
-    beat stopped first: a launcher ends a killed rank's neighbours after it, and theirs stop
-    later."""
-    on = [b for b in peers if b.rank == waited_on]
-    return on[0] if on else min(peers, key=lambda b: b.wall)
+    """Of several silent peers (those killed, where some were: one a SIGTERM stopped is no cause
+    beside one), the one this rank's failed wait was on, else the one whose beat stopped first:
+    a launcher ends a killed rank's neighbours after it, and theirs stop later."""
+    pool = [b for b in peers if b.state == "alive"] or peers
+    on = [b for b in pool if b.rank == waited_on]
+    return on[0] if on else min(pool, key=lambda b: b.wall)

@@ -78,6 +78,11 @@ class Heartbeat:
             self._thread.join(timeout=2 * self.interval_s)  # its last "alive" must not land after "done"
         self._write(state)
 
+    @property
+    def ended(self) -> bool:
+        """Whether `stop` has been called: the rank's last state is written."""
+        return self._stop.is_set()
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._write("alive")

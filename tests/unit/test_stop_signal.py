@@ -66,3 +66,94 @@ def test_a_wait_failed_on_a_peer_a_sigterm_ended_names_that_peer(status, capsys)
     report_failure(dog, "rank 0 failed on wait 0RECV_F3 from rank 1 (step 2): Connection closed by peer", peer=1)
     line = "rank 1 died on 1F3 (step 2): a SIGTERM ended it (rank 0 was on wait 0RECV_F3 from rank 1 (step 2))"
     assert capsys.readouterr().err == f"ppx: error: {line}\n"
+
+
+FOLLOWED = """
+import os, signal, sys, time
+from ppx.launch import stop_signal
+from ppx.launch.watchdog import Watchdog
+if sys.argv[2] == "fd-taken":
+    r, w = os.pipe(); os.set_blocking(w, False); signal.set_wakeup_fd(w)
+if sys.argv[2] == "raises":
+    def broken(watchdog):
+        raise BrokenPipeError("stderr's reader is gone")
+    stop_signal.name_dead_peer = broken
+dog = Watchdog(0, 30.0, sys.argv[1]).start()
+dog.phase("0F3", 2)
+followed = stop_signal.follow_stop_signal(dog)
+expected = w if sys.argv[2] == "fd-taken" else stop_signal._pipe[1] if stop_signal._pipe else -1
+now = signal.set_wakeup_fd(-1)  # (the wakeup fd: ours, theirs kept, or none; set again before the line)
+if now != -1:
+    signal.set_wakeup_fd(now, warn_on_full_buffer=False)
+print(followed, now == expected, flush=True)
+if sys.argv[2] == "fork":
+    child = os.fork()
+    if child == 0:
+        time.sleep(30)
+        os._exit(0)
+    time.sleep(0.5)  # (its fork handlers run: a SIGTERM before them reaches the rank's pipe)
+    os.kill(child, signal.SIGTERM)
+    print("child", os.waitpid(child, 0)[1] == signal.SIGTERM, flush=True)
+    time.sleep(1)
+    print("parent alive", flush=True)
+time.sleep(30)  # in Python's sleep: only the thread can end it within the test's time
+"""
+
+
+def _followed(tmp_path, how: str, env=None) -> tuple[subprocess.CompletedProcess, float]:
+    """FOLLOWED run as ``how``, SIGTERMed once it printed its first line: (it, seconds to its end)."""
+    import os
+    import signal
+    import sys
+    import time
+
+    from helpers import REPO
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FOLLOWED, str(tmp_path), how],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    first = proc.stdout.readline()
+    if how == "fork":
+        first += proc.stdout.readline() + proc.stdout.readline()
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, first + out, err), time.monotonic() - sent
+
+
+@pytest.mark.parametrize("how", ["plain", "raises"])
+def test_a_followed_sigterm_ends_the_rank_by_it_at_once(tmp_path, how):
+    """Mid-sleep, with no peer gone (or the naming failing: stderr's reader gone): the rank ends
+    by SIGTERM within a second, its heartbeat saying "stopped", and no line."""
+    r, took = _followed(tmp_path, how)
+    assert r.stdout.startswith("True True"), r.stdout + r.stderr
+    assert r.returncode == -15 and took < 10, (r.returncode, took, r.stderr)
+    if how == "plain":
+        assert r.stderr == "" and read_beat(beat_path(tmp_path, 0), 0).state == "stopped"
+
+
+def test_sigterm_is_left_alone_where_a_launcher_or_another_owner_has_it(tmp_path):
+    """Under ppx run (PPX_LAUNCHER_PID alive), under ppx's srun wrapper (PPX_RUN_DIR), or with
+    another wakeup fd set (kept as it was): not followed; SIGTERM ends the process as ever."""
+    import os
+
+    for env, how in (
+        ({"PPX_LAUNCHER_PID": str(os.getpid())}, "plain"),
+        ({"PPX_RUN_DIR": "x"}, "plain"),
+        ({}, "fd-taken"),
+    ):
+        r, took = _followed(tmp_path, how, env)
+        assert r.stdout.startswith("False True"), (env, how, r.stdout, r.stderr)
+        assert r.returncode == -15 and took < 10
+
+
+def test_a_process_the_rank_forks_ends_by_its_own_sigterm(tmp_path):
+    """A DataLoader's worker, forked from a rank: SIGTERM ends it, and not its rank."""
+    r, _ = _followed(tmp_path, "fork")
+    assert "child True" in r.stdout and "parent alive" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == -15
