@@ -324,3 +324,19 @@ def test_an_entry_at_a_candidates_stage_count_times_it_as_the_entry_ran():
     regrouped = evaluate(Candidate("zbv", 2, 8, 2), _with_zbv_measured(units=(1, 2, 2, 1)))
     assert zbv.step_s > regrouped.step_s * 1.05  # each stage 10% dearer than its units' share
     assert zbv.peak_bytes == regrouped.peak_bytes
+
+
+def test_a_run_that_never_split_plans_what_an_entry_ran_at_its_stage_count():
+    """A 1F1B run (no I, W of its own) with ZB-V beside it: ZB-V is planned on the entry's
+    actions; ZB-H1 (2 stages, the run's own count) is still refused, and so is ZB-V where the
+    entry's stages held other units than the candidate's."""
+    from ppx.plan.space import SPLIT_REASON
+
+    never = replace(_with_zbv_measured(), split_known=False)
+    got, skipped = candidates(["zbv", "zb_h1", "1f1b"], [2], [8], [2], never)
+    assert {c.schedule for c in got} == {"zbv", "1f1b"}
+    assert [s.schedule for s in skipped if s.reason.startswith(SPLIT_REASON)] == ["zb_h1"]
+    other = replace(_with_zbv_measured(units=(1, 2, 2, 1)), split_known=False)
+    assert {c.schedule for c in candidates(["zbv"], [2], [8], [2], other)[0]} == set()
+    whole = replace(_with_zbv_measured(), whole_stages=(0,))  # (a ZB-H1 run under auto: stage 0 whole)
+    assert {c.schedule for c in candidates(["zbv"], [2], [8], [2], whole)[0]} == {"zbv"}
