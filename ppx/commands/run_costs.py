@@ -168,8 +168,9 @@ def _with_lent(run) -> RunCosts:
         tuple(split_only_stages(run)),
         input_share=tuple(float(x) for x in shares) if shares else None,
     )
-    lenders, at_stages, unkept = _lenders(run)
-    own = replace(own, at_stages=tuple(at_stages) if s.cost_samples is not None else ())
+    lenders, at_stages, elsewhere_other, unkept = _lenders(run)
+    if s.cost_samples is not None:  # (entries of other stage counts: what they ran, or how they split)
+        own = replace(own, at_stages=tuple(at_stages), other_way=tuple(elsewhere_other))
     if not lenders or s.cost_samples is None:
         return replace(own, unkept=tuple(unkept))
     stages = s.stages or s.world_size
@@ -193,7 +194,7 @@ def _with_lent(run) -> RunCosts:
                     share[stage] = float(freed[stage]) if stage < len(freed) else 0.0
                 lent.setdefault((what, entry), []).append(stage)
     if not lent:
-        return replace(own, unkept=tuple(unkept), other_way=_stages(other))
+        return replace(own, unkept=tuple(unkept), other_way=_stages(other) + own.other_way)
     apart = [st for st in range(stages) if "I" in draws.get(st, {})]
     flat = _flat(draws, s.cost_samples["action_s"])
     kept = s.cost_samples["action_s"]
@@ -210,7 +211,7 @@ def _with_lent(run) -> RunCosts:
         tuple((what, tuple(sts), entry) for (what, entry), sts in lent.items()),
         tuple(share) if any(share) else None,
         tuple(unkept),
-        _stages(other),
+        _stages(other) + own.other_way,
         own.at_stages,
     )
 
@@ -219,14 +220,15 @@ def _stages(by_entry: dict[str, list[int]]) -> tuple[tuple[str, tuple[int, ...]]
     return tuple((entry, tuple(sts)) for entry, sts in by_entry.items())
 
 
-def _lenders(run) -> tuple[list[tuple[str, dict, set[int], list, set[int]]], list[MeasuredAt], list[str]]:
+def _lenders(run) -> tuple[list[tuple[str, dict, set[int], list, set[int]]], list[MeasuredAt], list, list[str]]:
     """(entry, its action seconds, the stages it ran whole, the share of saved bytes its I frees
     per stage, the stages it split as the plan's commands split them) of each ``run.paired`` entry
     of the run that kept them and costs what the run does (`same_costs`), in ``run.paired``'s
     order; the entries of other stage counts that cost the same layer for layer
     (`same_layer_costs`) and split every stage they split as the commands do, merged by stage
-    count and units (each stage's F, B, and I with W from the first that ran them); and the
-    entries that kept none."""
+    count and units (each stage's F, B, and I with W from the first that ran them); (entry,
+    stages) of those that split stages another way, which lend nothing; and the entries that
+    kept none."""
     from omegaconf.errors import OmegaConfBaseException
 
     from ppx.config.paired import same_costs, same_layer_costs, variants
@@ -236,13 +238,13 @@ def _lenders(run) -> tuple[list[tuple[str, dict, set[int], list, set[int]]], lis
     rows = run.raw_summary.get("paired") or {}
     unkept = [e for e, row in rows.items() if not (row or {}).get("cost_samples")]
     if len(unkept) == len(rows):
-        return [], [], unkept
+        return [], [], [], unkept
     try:
         configs = dict(variants(run.config))
         way = commands_way(run.config)
     except (UserError, OmegaConfBaseException, OSError, ValueError):  # (a CSV moved since: it lends nothing)
-        return [], [], unkept
-    out, elsewhere = [], {}
+        return [], [], [], unkept
+    out, elsewhere, other_way = [], {}, []
     for entry, row in rows.items():
         samples = ((row or {}).get("cost_samples") or {}).get("action_s")
         other = configs.get(entry)
@@ -258,7 +260,9 @@ def _lenders(run) -> tuple[list[tuple[str, dict, set[int], list, set[int]]], lis
         matches = {st for st in stages if _as_commands(way, ways.get(st))}
         if here:
             out.append((entry, samples, whole, row.get("input_freed_share") or [], matches))
-        elif matches >= stages - whole and row.get("units_per_stage"):
+        elif not matches >= stages - whole:  # (the note names it: split another way)
+            other_way.append((entry, tuple(sorted(stages - whole - matches))))
+        elif row.get("units_per_stage"):
             names, got = elsewhere.setdefault((len(stages), tuple(row["units_per_stage"])), ([], {}))
             names.append(entry)
             for stage, ops in _by_stage(samples, whole).items():  # the first entry's of each op (I and W together)
@@ -267,7 +271,7 @@ def _lenders(run) -> tuple[list[tuple[str, dict, set[int], list, set[int]]], lis
                     if not any(op in mine for op in pair) and all(ops.get(op) for op in pair):
                         mine.update({op: ops[op] for op in pair})
     at = [MeasuredAt(n, units, _flat(got, {}), tuple(names)) for (n, units), (names, got) in elsewhere.items()]
-    return out, at, unkept
+    return out, at, other_way, unkept
 
 
 def _as_commands(way: str | None, info: dict | None) -> bool:

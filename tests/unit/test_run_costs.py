@@ -138,7 +138,8 @@ def test_an_entry_of_another_stage_count_prices_that_count_with_its_own_actions(
     assert "every action at 4 stages from 'pipeline.schedule=zbv'" in got.note("runs/x")
     graph = {**ways, "2": {"mode": "graph", "why": "train.split_backward=graph"}}
     other = _run(tmp_path / "b", "1f1b", own, None, {"pipeline.schedule=zbv": (zbv, graph, [], [2, 1, 1, 2])})
-    assert run_costs(other).at_stages == ()
+    assert run_costs(other).at_stages == () and run_costs(other).other_way == (("pipeline.schedule=zbv", (2,)),)
+    assert "split stage 2 another way than the plan's commands do" in run_costs(other).note("runs/x")
 
 
 def test_a_stall_of_the_machine_is_left_out_of_the_costs(tmp_path):
