@@ -23,7 +23,9 @@ class Result:
     starting together, what `ppx run` measures), ``bubble`` idle share of it, ``peak_bytes``
     each rank's predicted peak (activations + params), ``fits`` the budget; ``steady_s`` the
     steady-state step (the longest rank's own span: consecutive steps with no rank waiting at
-    a step boundary, the zero-bubble paper's cost); ``rank_by`` which of the two ranks it."""
+    a step boundary, the zero-bubble paper's cost); ``rank_by`` which of the two ranks it;
+    ``timed_by``: the run.paired entries whose actions at its stage count timed it (none: the
+    run's own costs, regrouped where its stages are more)."""
 
     schedule: str
     p: int
@@ -35,6 +37,7 @@ class Result:
     fits: bool
     steady_s: float = 0.0
     rank_by: str = "sync"
+    timed_by: tuple[str, ...] = ()
 
     @property
     def ranked_s(self) -> float:
@@ -89,4 +92,10 @@ def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
         for r in range(sched.num_ranks)
     )
     fits = inputs.budget_bytes is None or max(peaks) <= inputs.budget_bytes
-    return Result(c.schedule, c.p, c.m, c.v, step, bubble, peaks, fits, steady, inputs.rank_by)
+    at = (
+        [m for m in inputs.measured_at if m.stages == n and m.units == inputs.units_at(n)]
+        if timed is not inputs
+        else []
+    )
+    by = at[0].sources if at else ()
+    return Result(c.schedule, c.p, c.m, c.v, step, bubble, peaks, fits, steady, inputs.rank_by, by)

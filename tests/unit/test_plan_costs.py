@@ -323,6 +323,7 @@ def test_an_entry_at_a_candidates_stage_count_times_it_as_the_entry_ran():
     zbv = evaluate(Candidate("zbv", 2, 8, 2), inputs)
     regrouped = evaluate(Candidate("zbv", 2, 8, 2), _with_zbv_measured(units=(1, 2, 2, 1)))
     assert zbv.step_s > regrouped.step_s * 1.05  # each stage 10% dearer than its units' share
+    assert zbv.timed_by == ("pipeline.schedule=zbv",) and regrouped.timed_by == ()  # (plan.json says which)
     assert zbv.peak_bytes == regrouped.peak_bytes
 
 
