@@ -80,7 +80,7 @@ class RunCosts:
         ]
         if self.stalls:
             out.append(
-                f"{self.stalls} action sample(s) in {path} over {STALL:g}x their action's median and "
+                f"{self.stalls} action sample(s) of {path} or its entries over {STALL:g}x their action's median and "
                 f"{STALL_MIN_S * 1e3:g} ms above it left out as stalls of the machine"
             )
         if self.unkept:
@@ -114,8 +114,8 @@ def run_costs(run) -> RunCosts:
 
 def _without_stalls(costs: RunCosts, steps: int) -> RunCosts:
     """``costs`` without their stalls: samples over `STALL` times their action's median and
-    `STALL_MIN_S` above it, fewer than the ``steps`` the samples come from (a cost every step
-    has, such as a step's first forward gathering its weights, stays). A pause of the machine
+    `STALL_MIN_S` above it, in fewer than half the ``steps`` the samples come from (a cost most
+    steps have, such as a step's first forward gathering its weights, stays). A pause of the machine
     (a collection, the OS) once in a run is no action's cost, and a plan's expected step,
     drawing it a few times in a hundred, would charge each step with it (a 65 ms sample among
     40 of 1.2 ms put 25% on a predicted step); their means are taken again, and the note
@@ -150,7 +150,7 @@ def _calm(action_s: dict, steps: int, dropped: dict[str, int]) -> dict:
             continue
         mid = median(values)
         calm = [x for x in values if x <= max(STALL * mid, mid + STALL_MIN_S)]
-        if mid <= 0 or not calm or len(calm) == len(values) or len(values) - len(calm) >= steps:
+        if mid <= 0 or not calm or len(calm) == len(values) or 2 * (len(values) - len(calm)) >= steps:
             out[key] = values
             continue
         out[key] = calm

@@ -104,11 +104,17 @@ def _take_the_runs_shape(args, run, measured) -> None:
     shape = {"stages": measured.world_size, "microbatches": measured.microbatches, "virtual": measured.virtual_stages}
     own = schedules.default_virtual(args.name)
     fam = formula_family(args.name)
-    wanted = args.virtual or own  # stages per rank: given, else the family's
-    if wanted != measured.virtual and args.stages in (None, ran[0]) and _measured_at(run, ran[0] * wanted):
+    wanted = args.virtual if args.virtual is not None else own  # stages per rank: given, else the family's
+    if wanted >= 1 and wanted != measured.virtual and _measured_at(run, ran[0] * wanted):
         # an entry beside the run ran this many stages: its own actions price them (`_costs`)
+        if args.stages not in (None, ran[0]):
+            raise UserError(
+                f"{args.from_run} ran {ran[0]} ranks, and its run.paired entries {count(wanted, 'stage')} a rank "
+                f"there: leave out --stages or give {ran[0]}"
+            )
         args.stages, args.virtual = ran[0], wanted
-        args.microbatches = args.microbatches or measured.microbatches
+        if args.microbatches is None:
+            args.microbatches = measured.microbatches
         return
     if fam is not None and not fam.virtual and measured.virtual != own:  # a V: exactly its own count
         raise UserError(
@@ -140,7 +146,7 @@ def _measured_at(run, sched_or_stages):
     from ppx import models
 
     n = sched_or_stages if isinstance(sched_or_stages, int) else sched_or_stages.num_stages
-    if n == (run.summary.stages or run.summary.world_size):
+    if n < 1 or n == (run.summary.stages or run.summary.world_size):
         return None
     try:
         units = tuple(len(r) for r in models.split_of(run.config, n))
@@ -211,7 +217,16 @@ def _costs(args, sched, run, measured) -> tuple:
             f"note: {sched.num_stages} stages from what {', '.join(map(repr, at.sources))} ran beside "
             f"{args.from_run} (its own run has {measured.stages or measured.world_size})"
         )
-    _split_known(args.from_run, own, sched, list(own.whole_stages), run.config)
+    try:
+        _split_known(args.from_run, own, sched, list(own.whole_stages), run.config)
+    except UserError:
+        if at is None:
+            raise
+        raise UserError(  # (a run at the run's own count cannot measure these stages)
+            f"what {', '.join(map(repr, at.sources))} ran beside {args.from_run} at {sched.num_stages} stages has "
+            f"no I and W apart where {sched.name} splits them: run it beside that run "
+            f"('run.paired=[\"{_entry_of(args, sched)}\"]') and simulate --from-run that run"
+        ) from None
     backend = (run.env or {}).get("backend", "gloo")
     transport, lookahead = transport_of(run.config, backend)
     reduce = run.config.parallel.data > 1  # its replicas' gradient reductions, at their measured cost
@@ -222,21 +237,42 @@ def _costs(args, sched, run, measured) -> tuple:
         costs = costs.run_whole(whole_stages_of(sched), sched.num_stages)
     if own.note(args.from_run):
         print(own.note(args.from_run))
-    _note_unmeasured_bs(args, sched, run, own)
+    _note_unmeasured_bs(args, sched, run, own, at)
     return costs, transport, lookahead, reduce
 
 
-def _note_unmeasured_bs(args, sched, run, own) -> None:
+def _entry_of(args, sched, whole: bool = False) -> str:
+    """The ``run.paired`` entry that runs ``sched``'s family (``whole``: interleaved 1F1B) at
+    its stages per rank beside the run."""
+    from ppx import schedules
+
+    name = "interleaved_1f1b" if whole else args.name
+    v = sched.stages_per_rank
+    return f"pipeline.schedule={name}" + (
+        "" if v == schedules.default_virtual(name) else f" pipeline.virtual_stages={v}"
+    )
+
+
+def _note_unmeasured_bs(args, sched, run, own, at=None) -> None:
     """Where the list runs a B on a stage whose every backward the run split, and nothing
-    beside it ran one whole (``own``: `run_costs`): those B's cost the run's I + W, the
-    split's own cost included (under --drain, so what drain saves cannot show)."""
+    beside it ran one whole (``own``: `run_costs`; ``at``: the entries' at another stage
+    count, whose stages these are): those B's cost the run's I + W, the split's own cost
+    included (under --drain, so what drain saves cannot show)."""
     from ppx.schedules.ir.action import Op
 
     blind = sorted({a.stage for row in sched.actions for a in row if a.op is Op.B} & set(own.split_only))
-    if blind:
-        what = "drain's B's" if args.drain else f"{sched.name}'s B's"
-        so = ", so what drain saves cannot show" if args.drain else ""
+    if not blind:
+        return
+    what = "drain's B's" if args.drain else f"{sched.name}'s B's"
+    so = ", so what drain saves cannot show" if args.drain else ""
+    if at is None:
         print(priced_split_note(args.from_run, blind, what, run.config, so))
+        return
+    print(
+        f"note: {what} on {stage_list(blind)} cost the I + W that {', '.join(map(repr, at.sources))} ran there beside "
+        f"{args.from_run} (none ran a whole B at {sched.num_stages} stages){so}; one run beside it as "
+        f"'run.paired=[\"{_entry_of(args, sched, whole=True)}\"]' measures them"
+    )
 
 
 def _print_prediction(args, sched, t, reduce: bool, run, measured) -> None:
@@ -280,15 +316,32 @@ def _print_prediction(args, sched, t, reduce: bool, run, measured) -> None:
             f"measured in {args.from_run} ({measured.schedule} at m={measured.microbatches}, another order than "
             f"this one's): step {step * 1e3:.2f} ms, bubble {bubble:.1%}"
         )
-        at = _measured_at(run, sched)
-        rows = run.raw_summary.get("paired") or {}
-        for entry in at.sources if at else ():  # the entries whose actions these are, as they measured
-            row = rows.get(entry) or {}
-            if row.get("median_step_s"):
-                print(
-                    f"  beside it, {entry!r} measured step {row['median_step_s'] * 1e3:.2f} ms, "
-                    f"{row['over_run']:.3f}x the run's (median of {row['pairs']} pairs)"
-                )
+        entry, row = _beside_as(run, sched)
+        if row:
+            step = row["median_step_s"]
+            print(
+                f"  beside it, {entry!r} ran this list: step {step * 1e3:.2f} ms (median of {row['pairs']} pairs, "
+                f"{step / t.makespan - 1:+.1%} against the prediction)"
+            )
+
+
+def _beside_as(run, sched) -> tuple[str | None, dict | None]:
+    """The ``run.paired`` entry of ``run`` that ran ``sched``'s compute order on its ranks, and
+    its summary row, or (None, None)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ppx.config import resolve_schedule
+    from ppx.config.paired import entry_config
+
+    for entry, row in (run.raw_summary.get("paired") or {}).items():
+        try:
+            ran = resolve_schedule(entry_config(run.config, entry))
+        except (UserError, OmegaConfBaseException, OSError, ValueError):
+            continue
+        same = ran.compute_only().actions == sched.compute_only().actions
+        if same and list(ran.stage_to_rank) == list(sched.stage_to_rank) and (row or {}).get("median_step_s"):
+            return entry, row
+    return None, None
 
 
 def _draw(sched, t, png: str) -> None:

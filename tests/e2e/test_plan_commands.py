@@ -135,7 +135,12 @@ def test_a_zbv_entry_beside_a_1f1b_run_prices_the_plans_zbv_as_it_ran(tmp_path):
     assert sim.returncode == 0, sim.stderr
     assert "note: 4 stages from what 'pipeline.schedule=zbv' ran beside" in sim.stdout
     assert "zbv: 2 ranks, 4 stages, 4 microbatches" in sim.stdout
-    assert re.search(r"beside it, 'pipeline.schedule=zbv' measured step [\d.]+ ms, [\d.]+x the run's", sim.stdout)
+    assert re.search(r"beside it, 'pipeline.schedule=zbv' ran this list: step [\d.]+ ms \(median of", sim.stdout)
+    inter = ppx("simulate", "interleaved_1f1b", "--virtual", "2", "--from-run", str(tmp_path / "calib"))
+    assert inter.returncode == 0 and "beside it," not in inter.stdout  # (no entry ran this list)
+    assert "cost the I + W that 'pipeline.schedule=zbv' ran there" in inter.stdout  # (its B's: none ran one)
+    four = ppx("simulate", "zbv", "--stages", "4", "--from-run", str(tmp_path / "calib"))
+    assert four.returncode != 0 and "leave out --stages or give 2" in four.stderr
     other = ppx("simulate", "interleaved_1f1b", "--virtual", "3", "--from-run", str(tmp_path / "calib"))
     assert other.returncode != 0 and "ran 2 ranks with 1 stage each" in other.stderr  # (no entry at 6 stages)
 

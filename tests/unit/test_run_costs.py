@@ -154,12 +154,14 @@ def test_a_stall_of_the_machine_is_left_out_of_the_costs(tmp_path):
     assert drawn["1B"] == own["1B"][:-1] and a["1B"] == pytest.approx(3e-3)
     assert drawn["0W"] == lent["0W"][:-1] and a["0W"] == pytest.approx(1e-3)
     assert drawn["0B"] == own["0B"] and a["0F"] == pytest.approx(1e-3)
-    assert got.stalls == 2 and "2 action sample(s) in runs/x over 10x their action's median" in got.note("runs/x")
+    assert got.stalls == 2 and "2 action sample(s) of runs/x or its entries over 10x their action's median" in got.note(
+        "runs/x"
+    )
     calm = _run(tmp_path / "calm", "1f1b", _samples(**{"0F": 1, "0B": 3, "1F": 1, "1B": 3}), None, {})
     assert run_costs(calm).measured_costs is calm.summary.measured_costs  # (nothing left out: as it was)
-    # one a step (5 timeline steps: a step's first forward gathering its weights) is a cost, and stays
+    # one in most steps (3 of 5 timeline steps: a step's first forward gathering its weights) is a cost, and stays
     every = _samples(**{"0F": 1, "0B": 3, "1F": 1, "1B": 3})
-    every["0F"] = every["0F"] * 5 + [0.05] * 5
+    every["0F"] = every["0F"] * 5 + [0.05] * 3
     again = run_costs(_run(tmp_path / "every", "1f1b", every, None, {}))
     assert again.cost_samples["action_s"]["0F"] == every["0F"] and again.stalls == 0
     # a sub-ms action's 1-4 ms one-off is no stall (under 10 ms above its median)

@@ -87,11 +87,13 @@ if now != -1:
     signal.set_wakeup_fd(now, warn_on_full_buffer=False)
 print(followed, now == expected, flush=True)
 if sys.argv[2] == "fork":
+    ready_r, ready_w = os.pipe()
     child = os.fork()
-    if child == 0:
+    if child == 0:  # (its fork handlers have run: a SIGTERM before them would reach the rank's pipe)
+        os.write(ready_w, b"1")
         time.sleep(30)
         os._exit(0)
-    time.sleep(0.5)  # (its fork handlers run: a SIGTERM before them reaches the rank's pipe)
+    os.read(ready_r, 1)
     os.kill(child, signal.SIGTERM)
     print("child", os.waitpid(child, 0)[1] == signal.SIGTERM, flush=True)
     time.sleep(1)
