@@ -49,6 +49,9 @@ def _report(watchdog: Watchdog | None, message: str, own: bool, peer: int | None
     status = watchdog.status_dir if watchdog else None
     if status is not None and not own and not cause_path(status).exists():
         gone = gone_peers(status, watchdog.rank, stopped=not STOPPED.is_set())
+        if STOPPED.is_set() and not gone:  # stopped itself, a wait failed on peers stopped with it: no cause
+            watchdog.phase(f"stopped on {watchdog.label}")
+            return
         if gone and launcher_alive():
             watchdog.phase(f"failed {'after' if watchdog.finished else 'on'} {watchdog.label}")
             return

@@ -58,6 +58,24 @@ def test_a_cause_already_claimed_is_not_claimed_again(status, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_a_stopped_rank_whose_wait_failed_on_a_peer_stopped_with_it_says_nothing(status, capsys):
+    """scancel: this rank's SIGTERM came (STOPPED), and its wait failed on a peer stopped too:
+    no line (neither the peer's nor its own wait's), its status saying where it stopped."""
+    from ppx.launch.failure_line import STOPPED
+    from ppx.launch.watchdog import read_status, status_path
+
+    _peer(status, 1, "1F3", "stopped")
+    dog = Watchdog(0, 30.0, status)
+    dog.phase("wait 0RECV_F3 from rank 1", 2)
+    STOPPED.set()
+    try:
+        report_failure(dog, "rank 0 failed on wait 0RECV_F3 from rank 1 (step 2): Connection closed by peer", peer=1)
+    finally:
+        STOPPED.clear()
+    assert capsys.readouterr().err == "" and not cause_path(status).exists()
+    assert read_status(status_path(status, 0)) == "stopped on wait 0RECV_F3 from rank 1 (step 2)"
+
+
 def test_a_wait_failed_on_a_peer_a_sigterm_ended_names_that_peer(status, capsys):
     """kill -TERM of rank 1 alone: rank 0, not stopped itself, finds its wait failed and names rank 1."""
     _peer(status, 1, "1F3", "stopped")
