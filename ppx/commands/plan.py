@@ -103,14 +103,19 @@ def lent_note(from_run: str) -> str | None:
 
 def regrouped_note(from_run: str, shown, inputs, cfg=None) -> str | None:
     """The note where candidates among those shown (``shown``) run more stages than the run
-    measured and no entry measured at their stage count (`_regrouped`): each of their stages is
-    priced at its units' share of a run stage's time, so what a stage costs per call besides
-    its layers' work is not counted again for the extra stages, and they can run slower than
-    planned; with the run beside them (`stage_count_command`, from the run's config ``cfg``)
+    measured and no entry measured at their stage count (`timed_at_its_count`): each of their
+    stages is priced at its units' share of a run stage's time, so what a stage costs per call
+    besides its layers' work is not counted again for the extra stages, and they can run slower
+    than planned; with the run beside them (`stage_count_command`, from the run's config ``cfg``)
     a plan prices them as they ran."""
     from ppx.plan.calibrate import stage_count_command
+    from ppx.plan.space import timed_at_its_count
 
-    more = [r for r in shown if inputs.stages and r.p * r.v > inputs.stages and _regrouped(r, inputs)]
+    more = [
+        r
+        for r in shown
+        if inputs.stages and r.p * r.v > inputs.stages and not timed_at_its_count(r.schedule, r.p, r.m, r.v, inputs)
+    ]
     if not more:
         return None
     beside = stage_count_command(from_run + "/config.yaml", cfg, [(r.schedule, r.v) for r in more]) if cfg else None
@@ -122,17 +127,6 @@ def regrouped_note(from_run: str, shown, inputs, cfg=None) -> str | None:
         "llama-tiny, 8 blocks, p=2, on CPU: predicted 0.97-1.00x 1F1B's step, measured 1.04-1.06x); measure them "
         f"before choosing{how}"
     )
-
-
-def _regrouped(result, inputs) -> bool:
-    """Whether result's candidate is timed on the run's stages regrouped, not on what an entry
-    measured at its stage count (`ppx.plan.evaluate.timing_inputs`)."""
-    from ppx.plan.builders import build
-    from ppx.plan.evaluate import timing_inputs
-    from ppx.schedules.ir.structure import whole_stages_of
-
-    sched = build(result.schedule, result.p, result.m, result.v, inputs)
-    return timing_inputs(sched, inputs, whole_stages_of(sched) if inputs.runs_whole else set()) is inputs
 
 
 def priced_split_note_of(from_run: str, results, inputs) -> str | None:

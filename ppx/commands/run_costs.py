@@ -125,9 +125,9 @@ def _without_stalls(costs: RunCosts, steps: int) -> RunCosts:
     dropped: dict[str, int] = {}
     kept = _calm(costs.cost_samples["action_s"], steps, dropped)
     at = tuple(replace(a, action_s=_calm(a.action_s, steps, dropped)) for a in costs.at_stages)
-    changed = [k for k, v in kept.items() if v is not costs.cost_samples["action_s"][k]]
     if not dropped:
         return costs
+    changed = [k for k, v in kept.items() if v is not costs.cost_samples["action_s"][k]]
     means = {**costs.measured_costs["action_s"], **{k: fmean(kept[k]) for k in changed}}
     return replace(
         costs,

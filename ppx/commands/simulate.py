@@ -332,14 +332,14 @@ def _beside_as(run, sched) -> tuple[str | None, dict | None]:
 
     from ppx.config import resolve_schedule
     from ppx.config.paired import entry_config
+    from ppx.schedules.ir.structure import same_compute
 
     for entry, row in (run.raw_summary.get("paired") or {}).items():
         try:
             ran = resolve_schedule(entry_config(run.config, entry))
         except (UserError, OmegaConfBaseException, OSError, ValueError):
             continue
-        same = ran.compute_only().actions == sched.compute_only().actions
-        if same and list(ran.stage_to_rank) == list(sched.stage_to_rank) and (row or {}).get("median_step_s"):
+        if same_compute(ran, sched) and (row or {}).get("median_step_s"):
             return entry, row
     return None, None
 

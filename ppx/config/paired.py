@@ -157,13 +157,13 @@ def same_work(a, b) -> bool:
     same but for where their lists place sends and receives (a drained list as ``drain`` makes
     it and as a CSV of the same compute order: they measure alike)."""
     from ppx.config.resolve import resolve_schedule
+    from ppx.schedules.ir.structure import same_compute
 
     if same_run(a, b):
         return True
     if _named_apart(a) != _named_apart(b):
         return False
-    x, y = resolve_schedule(a), resolve_schedule(b)
-    return x.compute_only().actions == y.compute_only().actions and list(x.stage_to_rank) == list(y.stage_to_rank)
+    return same_compute(resolve_schedule(a), resolve_schedule(b))
 
 
 def same_costs(a, b) -> bool:

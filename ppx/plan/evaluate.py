@@ -8,11 +8,10 @@ from dataclasses import asdict, dataclass
 
 from ppx.errors import ScheduleError
 from ppx.plan.builders import build
-from ppx.plan.inputs import PlanInputs
+from ppx.plan.inputs import MeasuredAt, PlanInputs
 from ppx.plan.sampled import expected
 from ppx.plan.space import Candidate, Skipped
-from ppx.schedules.ir.action import Op
-from ppx.schedules.ir.structure import whole_stages_of
+from ppx.schedules.ir.structure import split_stages, whole_stages_of
 from ppx.schedules.sim.memory import peak_held
 from ppx.schedules.sim.simulate import simulate
 
@@ -61,11 +60,20 @@ class Result:
         return {**asdict(self), "peak_max_bytes": self.peak_max, "microbatches_per_s": self.throughput}
 
 
-def timing_inputs(sched, inputs: PlanInputs, whole: set[int]) -> PlanInputs:
-    """The inputs that time ``sched`` (its ``whole`` stages run whole): what an entry measured
-    at its stage count, where one did (`PlanInputs.at`), else ``inputs``."""
-    split = {a.stage for row in sched.actions for a in row if a.op is Op.W}
-    return inputs.at(sched.num_stages, split - whole)
+def measured_for(sched, inputs: PlanInputs, whole: set[int]) -> MeasuredAt | None:
+    """What an entry measured at ``sched``'s stage count that times it (its ``whole`` stages run
+    whole; `PlanInputs.measured_for`), or None: the run's own costs time it."""
+    return inputs.measured_for(sched.num_stages, split_stages(sched) - whole)
+
+
+def timed_by_an_entry(name: str, p: int, m: int, v: int, inputs: PlanInputs) -> bool:
+    """Whether candidate ``name`` at (p, m, v) is timed on what an entry measured at its stage
+    count (`measured_for`), as its command runs it (`PlanInputs.runs_whole`)."""
+    try:
+        sched = build(name, p, m, v, inputs)
+    except ScheduleError:
+        return False
+    return measured_for(sched, inputs, whole_stages_of(sched) if inputs.runs_whole else set()) is not None
 
 
 def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
@@ -77,7 +85,8 @@ def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
     n = sched.num_stages
     reduce = inputs.reduce_s is not None
     whole = whole_stages_of(sched) if inputs.runs_whole else set()  # (as its command runs them)
-    timed = timing_inputs(sched, inputs, whole)
+    found = measured_for(sched, inputs, whole)
+    timed = inputs if found is None else inputs.timed_on(found)
     if timed.samples:  # a run's: the expected step over draws of its measured costs
         once = lambda costs: simulate(sched, costs, timed.transport, timed.lookahead, reduce)  # noqa: E731
         step, bubble, steady = expected(once, timed.samples, timed.parts(n), timed.parts(n, "params"), whole)
@@ -92,10 +101,5 @@ def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
         for r in range(sched.num_ranks)
     )
     fits = inputs.budget_bytes is None or max(peaks) <= inputs.budget_bytes
-    at = (
-        [m for m in inputs.measured_at if m.stages == n and m.units == inputs.units_at(n)]
-        if timed is not inputs
-        else []
-    )
-    by = at[0].sources if at else ()
+    by = found.sources if found else ()
     return Result(c.schedule, c.p, c.m, c.v, step, bubble, peaks, fits, steady, inputs.rank_by, by)

@@ -153,12 +153,11 @@ class PlanInputs:
             return None
         return tuple(len(r) for r in split_layers(sum(self.run_units), num_stages, weights=self.split_weights))
 
-    def at(self, num_stages: int, apart: set[int] = frozenset()) -> PlanInputs:
-        """The inputs that time a candidate of ``num_stages`` stages which runs I and W apart on
-        stages ``apart``: what an entry measured at that stage count (`MeasuredAt`) where its
-        stages held the units the candidate's hold and it ran I and W apart on ``apart`` (a
-        stage's call costs more than its units' share of a bigger stage's), else these. Bytes
-        are these inputs', regrouped."""
+    def measured_for(self, num_stages: int, apart: set[int] = frozenset()) -> MeasuredAt | None:
+        """What an entry measured at ``num_stages`` stages (`MeasuredAt`) that times a candidate
+        of that many which runs I and W apart on stages ``apart``: its stages held the units the
+        candidate's hold, and it ran I and W apart on ``apart`` (a stage's call costs more than
+        its units' share of a bigger stage's); None where none did."""
         for m in self.measured_at:
             a = m.action_s
             if m.stages != num_stages or m.units != self.units_at(num_stages) or self.samples is None:
@@ -167,29 +166,39 @@ class PlanInputs:
                 continue
             if any(not a.get(f"{st}I") or not a.get(f"{st}W") for st in apart):
                 continue
-            c = costs_from({**self.samples, "action_s": {k: fmean(v) for k, v in a.items() if v}}, num_stages)
-            n = num_stages
-            return replace(
-                self,
-                fwd_s=tuple(c.fwd),
-                bwd_s=tuple(c.bwd),
-                wgrad_s=tuple(c.wgrad),
-                whole_s=tuple(c.whole) if c.whole is not None else None,
-                stages=n,
-                samples={**self.samples, "action_s": a},
-                act_bytes=tuple(self.act(n)) if self.act_bytes else None,
-                input_share=tuple(self.shares(n)) if self.input_share and self.act_bytes else None,
-                param_bytes=tuple(self.params(n)) if self.param_bytes else None,
-                reduce_s=None,  # (entries run beside one pipeline)
-                whole_stages=(),
-                max_stages=None,
-                fixed_stages=None,
-                run_units=None,
-                unit_weights=None,
-                split_weights=None,
-                measured_at=(),
-            )
-        return self
+            return m
+        return None
+
+    def at(self, num_stages: int, apart: set[int] = frozenset()) -> PlanInputs:
+        """The inputs that time a candidate of ``num_stages`` stages which runs I and W apart on
+        stages ``apart``: `timed_on` what an entry measured there (`measured_for`), else these."""
+        m = self.measured_for(num_stages, apart)
+        return self if m is None else self.timed_on(m)
+
+    def timed_on(self, m: MeasuredAt) -> PlanInputs:
+        """These inputs with ``m``'s costs at its stage count; bytes are these inputs', regrouped."""
+        a, n = m.action_s, m.stages
+        c = costs_from({**self.samples, "action_s": {k: fmean(v) for k, v in a.items() if v}}, n)
+        return replace(
+            self,
+            fwd_s=tuple(c.fwd),
+            bwd_s=tuple(c.bwd),
+            wgrad_s=tuple(c.wgrad),
+            whole_s=tuple(c.whole) if c.whole is not None else None,
+            stages=n,
+            samples={**self.samples, "action_s": a},
+            act_bytes=tuple(self.act(n)) if self.act_bytes else None,
+            input_share=tuple(self.shares(n)) if self.input_share and self.act_bytes else None,
+            param_bytes=tuple(self.params(n)) if self.param_bytes else None,
+            reduce_s=None,  # (entries run beside one pipeline)
+            whole_stages=(),
+            max_stages=None,
+            fixed_stages=None,
+            run_units=None,
+            unit_weights=None,
+            split_weights=None,
+            measured_at=(),
+        )
 
     def act(self, num_stages: int) -> list[float]:
         """Bytes one microbatch's forward saves per stage (0 where not given)."""

@@ -61,6 +61,7 @@ def paired_command(
 
     p, m = resolve_schedule(run_cfg).num_ranks, run_cfg.pipeline.microbatches
     entries: dict[str, str] = {}  # entry -> the first candidate's label
+    loaded: dict[str, object] = {}  # entry -> its config, each loaded once (`_twin`)
     left: dict[str, list[str]] = {}
     reference = [c for c in reference if (c[1], c[2]) == (p, m)]
     for label, cp, cm, overrides in candidates:
@@ -70,7 +71,7 @@ def paired_command(
         elif entry is None:
             left.setdefault("a value with a space", []).append(label)
         else:
-            twin = _add(run_cfg, entry, label, entries)
+            twin = _add(run_cfg, entry, label, entries, loaded)
             if twin is not None and label != twin:  # (zb_auto's list is often 1F1B's: one entry, not a refused pair)
                 left.setdefault(f"the same list as {twin}", []).append(label)
     for label, cp, cm, overrides in more:  # (not promised: a twin, or a value with a space, passed over)
@@ -78,11 +79,11 @@ def paired_command(
             break
         entry = entry_of(overrides)
         if (cp, cm) == (p, m) and entry is not None:
-            _add(run_cfg, entry, label, entries)
+            _add(run_cfg, entry, label, entries, loaded)
     for label, _, _, overrides in reference:
         entry = entry_of(overrides)
         if entry is not None:
-            _add(run_cfg, entry, label, entries)
+            _add(run_cfg, entry, label, entries, loaded)
     if not entries:  # nothing a job of the run's shape can hold: say what is left out
         return Measuring("", [], [], left) if left else None
     base = [] if run_cfg.train.steps >= STEPS else [f"train.steps={STEPS}"]
@@ -104,28 +105,34 @@ def paired_command(
     return Measuring(command, list(entries.values()), [label for e, label in entries.items() if e in own], left)
 
 
-def _add(run_cfg, entry: str, label: str, entries: dict[str, str]) -> str | None:
+def _add(run_cfg, entry: str, label: str, entries: dict[str, str], loaded: dict) -> str | None:
     """Adds ``entry`` (of candidate ``label``) to ``entries`` unless one there runs the same; the
-    label of that one, or None where it was added."""
+    label of that one, or None where it was added. ``loaded``: the entries' configs so far."""
     if entry in entries:
         return entries[entry]
-    twin = _twin(run_cfg, entry, entries)
+    twin = _twin(run_cfg, entry, entries, loaded)
     if twin is not None:
         return entries[twin]
     entries[entry] = label
     return None
 
 
-def _twin(run_cfg, entry: str, entries: dict[str, str]) -> str | None:
+def _twin(run_cfg, entry: str, entries: dict[str, str], loaded: dict) -> str | None:
     """The entry among ``entries`` that runs what ``entry`` runs (`same_run`: run.paired refuses
-    two of one config), or None; None too where either cannot be read here (config.load says)."""
+    two of one config), or None; None too where either cannot be read here (config.load says).
+    Each entry's config is loaded once into ``loaded``."""
     from omegaconf.errors import OmegaConfBaseException
 
     from ppx.config.paired import entry_config, same_run
 
+    def config_of(e: str):
+        if e not in loaded:
+            loaded[e] = entry_config(run_cfg, e)
+        return loaded[e]
+
     try:
-        mine = entry_config(run_cfg, entry)
-        return next((e for e in entries if same_run(mine, entry_config(run_cfg, e))), None)
+        mine = config_of(entry)
+        return next((e for e in entries if same_run(mine, config_of(e))), None)
     except (UserError, OmegaConfBaseException, OSError, ValueError):
         return None
 

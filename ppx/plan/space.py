@@ -83,22 +83,15 @@ def _apart(name: str, p: int, m: int, v: int, inputs: PlanInputs) -> str | None:
     return None
 
 
-def _timed_at_its_count(name: str, p: int, m: int, v: int, inputs: PlanInputs) -> bool:
+def timed_at_its_count(name: str, p: int, m: int, v: int, inputs: PlanInputs) -> bool:
     """Whether an entry beside the run measured the candidate's stage count, its I and W where
-    it splits them apart (`ppx.plan.evaluate.timing_inputs`): the run's own I, W and whole
-    stages then do not price it."""
+    it splits them apart (`ppx.plan.evaluate.timed_by_an_entry`): the run's own I, W and whole
+    stages then do not price it, nor are its stages the run's regrouped."""
     if name == AUTO or not inputs.measured_at or p * v == inputs.stages:
         return False
-    from ppx.errors import ScheduleError
-    from ppx.plan.builders import build
-    from ppx.plan.evaluate import timing_inputs
-    from ppx.schedules.ir.structure import whole_stages_of
+    from ppx.plan.evaluate import timed_by_an_entry
 
-    try:
-        sched = build(name, p, m, v, inputs)
-    except ScheduleError:
-        return False
-    return timing_inputs(sched, inputs, whole_stages_of(sched) if inputs.runs_whole else set()) is not inputs
+    return timed_by_an_entry(name, p, m, v, inputs)
 
 
 def shapes(name: str, vs: list[int]) -> list[int]:
@@ -126,7 +119,7 @@ def candidates(
                     why = None if name == AUTO else FAMILIES[family_of(name)].shape_error(p, m, v)
                     why = why or inputs.why_not(p * v)
                     # (an entry ran its stage count, its I and W among it: the run's own do not price it)
-                    own = not why and splits(name) and not _timed_at_its_count(name, p, m, v, inputs)
+                    own = not why and splits(name) and not timed_at_its_count(name, p, m, v, inputs)
                     if own and not inputs.split_known:
                         why = SPLIT_REASON + ": its I and W costs are unknown"
                     if own and not why and inputs.whole_stages:

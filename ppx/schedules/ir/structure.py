@@ -104,11 +104,21 @@ def whole_stages_of(schedule: Schedule) -> set[int]:
     return set(chain.from_iterable(whole_backward_stages(schedule, r) for r in range(schedule.num_ranks)))
 
 
+def split_stages(schedule: Schedule) -> set[int]:
+    """The stages ``schedule`` runs a W on (a backward split into an I and a W)."""
+    return {a.stage for row in schedule.actions for a in row if a.op is Op.W}
+
+
 def split_apart(schedule: Schedule, stages) -> list[int]:
     """Those of ``stages`` that ``schedule`` splits into an I and a W it does not run whole
     (`whole_backward_stages`): where a run that ran them whole measured no I and W apart."""
-    split = {a.stage for row in schedule.actions for a in row if a.op is Op.W}
-    return sorted(split & set(stages) - whole_stages_of(schedule))
+    return sorted(split_stages(schedule) & set(stages) - whole_stages_of(schedule))
+
+
+def same_compute(x: Schedule, y: Schedule) -> bool:
+    """Whether ``x`` and ``y`` run the same compute actions in the same order on the same ranks
+    (wherever their lists place sends and receives)."""
+    return x.compute_only().actions == y.compute_only().actions and list(x.stage_to_rank) == list(y.stage_to_rank)
 
 
 def drain_only(schedule: Schedule) -> Schedule:
