@@ -67,8 +67,11 @@ def test_killed_rank_ends_the_job_and_is_named(run_dir):
     assert [line for line in r.stderr.splitlines() if line.startswith("ppx: error:")] == [
         "ppx: error: rank 1 died: killed by signal SIGKILL (9) on 1B1 (step 0)"
     ], r.stderr
+    # the survivor's status holds the wait it was on: "failed on" it when its wait failed before
+    # torchrun's SIGTERM (0.1 s after the death) ended it; the bare action when the SIGTERM came
+    # first (a loaded machine that did not schedule it in time; CI saw this)
     assert re.fullmatch(
-        r"failed on wait 0RECV_B\d from rank 1 \(step 0\)", read_status(run_dir / "status" / "rank0.txt")
+        r"(failed on )?wait 0RECV_B\d from rank 1 \(step 0\)", read_status(run_dir / "status" / "rank0.txt")
     )
     assert "rank 0 died" not in r.stderr and "stopped responding" not in r.stderr  # the survivor is not blamed
     assert "where each rank was" not in r.stderr  # the died line says what it would
