@@ -46,12 +46,23 @@ def follow_stop_signal(watchdog: Watchdog) -> bool:
         signal.set_wakeup_fd(before)
         os.close(read), os.close(write)
         return False
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the thread does the work
+    # the thread does the work; the handler, run by the main thread as soon as it is back in
+    # Python (a failed wait), marks the rank stopped before its failure line is made, should the
+    # thread not have run yet on a loaded machine (it would blame a peer stopped with it)
+    signal.signal(signal.SIGTERM, lambda signum, frame: STOPPED.set())
     if not _pipe:
         os.register_at_fork(after_in_child=_forget)
     _pipe[:] = [read, write]
     threading.Thread(target=_follow, args=(read, watchdog), name="ppx-stop-signal", daemon=True).start()
     return True
+
+
+def await_stop() -> None:
+    """In the main thread, after its failure line: where a followed SIGTERM stops this rank, wait
+    for the thread to end it by that SIGTERM, as it would have ended without ppx, rather than
+    exit with the rank's own code first."""
+    if STOPPED.is_set() and _pipe:
+        time.sleep(REPORT_WAIT_S + 5.0)  # (the thread ends the process within REPORT_WAIT_S and its naming)
 
 
 def _forget() -> None:

@@ -256,11 +256,14 @@ def report_stop(run_dir: Path, signum: int, after_s: float, states: str, complet
 
 def write_incomplete(run_dir: Path, lines: list[str], append: bool = False) -> None:
     """``<run>/incomplete.txt``: why the run did not complete, a line each (``append``: under
-    srun each node's launcher adds what it saw). A run directory that cannot take it is left
-    as it is."""
+    srun each node's launcher adds what it saw, but not a line the file holds already: two
+    nodes' launchers that both saw only the job's cause write it once). A run directory that
+    cannot take it is left as it is."""
+    path = run_dir / "incomplete.txt"
     try:
-        with open(run_dir / "incomplete.txt", "a" if append else "w") as f:
-            f.write("".join(line + "\n" for line in lines))
+        held = set(path.read_text().splitlines()) if append and path.exists() else set()
+        with open(path, "a" if append else "w") as f:
+            f.write("".join(line + "\n" for line in lines if line not in held))
     except OSError:
         pass
 

@@ -23,7 +23,7 @@ from ppx.launch import claim, environment
 from ppx.launch.affinity import pin_local_rank
 from ppx.launch.failure_line import report_failure
 from ppx.launch.faults import FaultInjector
-from ppx.launch.stop_signal import follow_stop_signal
+from ppx.launch.stop_signal import await_stop, follow_stop_signal
 from ppx.launch.watchdog import SETUP_FLOOR_S, Watchdog
 from ppx.report.run_dir import write_json
 from ppx.report.run_report import RunReport
@@ -81,12 +81,14 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
         return code
     except (ActionFailed, UserError) as e:
         report_failure(watchdog, str(e), own=not isinstance(e, ActionFailed), peer=getattr(e, "peer", None))
+        await_stop()
         return 2 if isinstance(e, UserError) and not isinstance(e, ActionFailed) else 1
     except Exception as e:
         if os.environ.get("PPX_TRACEBACK"):  # for ppx's developers: the whole story, not one line
             traceback.print_exc()
         where = watchdog.where() if watchdog else "start-up"
         report_failure(watchdog, f"rank {rank} failed on {where}: {said(e)}")
+        await_stop()
         return 1
     finally:
         if watchdog is not None:

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from helpers import REPO, ppx, torchrun_ppx
-from helpers.job import LONG_RUN, end, read_log, signal_mid_run, start_run, wait_for_step
+from helpers.job import LONG_RUN, RANK0_UNTIL_B1, end, read_log, signal_mid_run, start_run, wait_for_step
 from ppx.launch.heartbeat import read_beat
 from ppx.launch.processes import forked_worker_path
 from ppx.launch.watchdog import read_status
@@ -67,12 +67,12 @@ def test_killed_rank_ends_the_job_and_is_named(run_dir):
     assert [line for line in r.stderr.splitlines() if line.startswith("ppx: error:")] == [
         "ppx: error: rank 1 died: killed by signal SIGKILL (9) on 1B1 (step 0)"
     ], r.stderr
-    # the survivor's status holds the wait it was on: "failed on" it when its wait failed before
-    # torchrun's SIGTERM (0.1 s after the death) ended it; the bare action when the SIGTERM came
-    # first (a loaded machine that did not schedule it in time; CI saw this)
-    assert re.fullmatch(
-        r"(failed on )?wait 0RECV_B\d from rank 1 \(step 0\)", read_status(run_dir / "status" / "rank0.txt")
-    )
+    # the survivor's status holds the wait it was on, "failed on" it, where its wait failed before
+    # torchrun's SIGTERM (within its 0.5 s monitor interval of the death) ended it; where the
+    # SIGTERM came first (a loaded machine that did not schedule it in time; CI saw this), the
+    # item it was on
+    where = read_status(run_dir / "status" / "rank0.txt")
+    assert re.fullmatch(rf"(failed on )?{RANK0_UNTIL_B1} \(step 0\)", where), where
     assert "rank 0 died" not in r.stderr and "stopped responding" not in r.stderr  # the survivor is not blamed
     assert "where each rank was" not in r.stderr  # the died line says what it would
     assert "torchrun:" not in r.stderr and "Traceback" not in r.stderr
@@ -105,9 +105,9 @@ def test_killed_rank_is_named_by_its_peer_without_ppx_run(run_dir):
     assert r.returncode != 0
     ours = [line for line in r.stderr.splitlines() if line.startswith("ppx: error:")]
     assert len(ours) == 1, r.stderr[-3000:]
-    # rank 0 waits on one of rank 1's gradients (which, the killed send's timing decides)
+    # rank 0 waits on one of rank 1's gradients, or is on its way there (`RANK0_UNTIL_B1`)
     assert re.fullmatch(
-        r"ppx: error: rank 1 died on 1B1 \(step 0\): its process ended \(rank 0 was on wait 0RECV_B\d from rank 1 \(step 0\)\)",
+        rf"ppx: error: rank 1 died on 1B1 \(step 0\): its process ended \(rank 0 was on {RANK0_UNTIL_B1} \(step 0\)\)",
         ours[0],
     ), ours
     assert (run_dir / "status" / "cause.txt").read_text() == ours[0].removeprefix("ppx: error: ") + "\n"
@@ -131,14 +131,15 @@ def test_a_survivor_stopped_mid_compute_still_names_the_killed_peer(run_dir):
     )
     assert r.returncode != 0
     ours = [line for line in r.stderr.splitlines() if line.startswith("ppx: error:")]
-    # (on 0B0, unless a loaded machine kept rank 1's gradient for it from leaving before the kill)
+    # (on 0B0, unless a loaded machine kept rank 1's gradient for it from leaving before the kill,
+    # or kept rank 0 from its wait)
     assert len(ours) == 1 and re.fullmatch(
         r"ppx: error: rank 1 died on 1B1 \(step 0\): its process ended "
-        r"\(rank 0 was on (0B0|wait 0RECV_B0 from rank 1) \(step 0\)\)",
+        r"\(rank 0 was on (0B0|wait 0RECV_B0 from rank 1|(after )?0SEND_F1( 0RECV_B\d)*) \(step 0\)\)",
         ours[0],
     ), r.stderr[-3000:]
     assert "exitcode  : -15" in r.stderr  # rank 0 ended by the SIGTERM, as without ppx's handling
-    assert time.monotonic() - start < 90
+    assert time.monotonic() - start < 100  # (start-up on a loaded machine, and not the backward's 120 s)
 
 
 def test_ranks_stopped_together_end_at_once_naming_nobody(run_dir, tmp_path):

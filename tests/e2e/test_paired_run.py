@@ -4,6 +4,8 @@ step over the run's and whether their losses agree."""
 
 from __future__ import annotations
 
+import re
+
 from helpers import ppx, read_json, read_jsonl
 
 
@@ -76,7 +78,8 @@ def test_an_entry_that_hangs_or_diverges_ends_the_job_naming_it(tmp_path):
         "run.paired=['model.kind=synthetic model.fwd_ms=6000']", f"run.dir={hung}",
     )  # fmt: skip
     assert r.returncode != 0
-    assert "made no progress for 2." in r.stderr
+    late = re.search(r"made no progress for (\d+\.\d) s", r.stderr)  # (2 s, or later on a loaded machine)
+    assert late and float(late.group(1)) >= 2.0, r.stderr
     assert "on paired 'model.kind=synthetic model.fwd_ms=6000': 0F0 (step 0)" in r.stderr, r.stderr
     assert (hung / "incomplete.txt").exists() and not (hung / "summary.json").exists()
     nan = tmp_path / "nan"

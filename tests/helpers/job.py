@@ -24,6 +24,12 @@ LONG_RUN = (
     "logging.report=false",
 )
 
+# where rank 0 of 1f1b_2cpu (p=2, m=4) can be when rank 1 dies on 1B1 (runtime.inject_fault=
+# die@1B1): waiting on rank 1's gradient B0 or B1 (which, the killed send's timing decides), or,
+# on a loaded machine that has not yet brought it there when its launcher's SIGTERM comes, on an
+# item between (the post that sent F1, 0B0, 0F2, the post that sends F2), or just after one
+RANK0_UNTIL_B1 = r"(after )?(0SEND_F1( 0RECV_B\d)*|wait 0RECV_B[01] from rank 1|0B0|0F2|0SEND_F2)"
+
 
 def start_run(experiment: str, run_dir, tmp_path, *overrides: str) -> tuple[subprocess.Popen, object]:
     """``ppx run`` in the background (its output to a file: a pipe nobody reads would fill)."""

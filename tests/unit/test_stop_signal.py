@@ -177,3 +177,53 @@ def test_a_process_the_rank_forks_ends_by_its_own_sigterm(tmp_path):
     r, _ = _followed(tmp_path, "fork")
     assert "child True" in r.stdout and "parent alive" in r.stdout, r.stdout + r.stderr
     assert r.returncode == -15
+
+
+STOPPED_THEN_FAILED = """
+import os, signal, sys, threading
+from ppx.launch import stop_signal
+from ppx.launch.failure_line import STOPPED, report_failure
+from ppx.launch.watchdog import Watchdog
+held = threading.Event()
+if sys.argv[2] == "thread-late":  # the thread not yet run when the main thread's wait fails
+    follow = stop_signal._follow
+    stop_signal._follow = lambda fd, dog: (held.wait(), follow(fd, dog))
+dog = Watchdog(0, 30.0, sys.argv[1]).start()
+dog.phase("wait 0RECV_F3 from rank 1", 2)
+assert stop_signal.follow_stop_signal(dog)
+os.kill(os.getpid(), signal.SIGTERM)
+print("stopped", STOPPED.is_set(), flush=True)  # (the main thread's own handler ran, whatever the thread did)
+report_failure(dog, "rank 0 failed on wait 0RECV_F3 from rank 1 (step 2): Connection closed by peer", peer=1)
+held.set()
+stop_signal.await_stop()
+sys.exit(1)  # the rank's own code, were it not ended by its SIGTERM first
+"""
+
+
+@pytest.mark.parametrize("how", ["thread-late", "plain"])
+def test_a_rank_stopped_before_its_wait_failed_blames_no_stopped_peer_and_ends_by_the_sigterm(status, how):
+    """scancel on a loaded machine: this rank's SIGTERM came and its thread has not run yet (or
+    has) when its wait fails on a peer that a SIGTERM stopped: no line blames the peer, and the
+    rank ends by its SIGTERM, not by its own exit code."""
+    import sys
+
+    from helpers import REPO
+    from ppx.launch.watchdog import read_status, status_path
+
+    _peer(status, 1, "1F3", "stopped")
+    r = subprocess.run(
+        [sys.executable, "-c", STOPPED_THEN_FAILED, str(status), how],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.stdout.startswith("stopped True"), r.stdout + r.stderr
+    assert "ppx: error" not in r.stderr and not cause_path(status).exists(), r.stderr
+    assert r.returncode == -15, (r.returncode, r.stderr)
+    # where the main thread made its line first it says it stopped there; where the thread ended
+    # the rank first (plain, mostly), the action it was on
+    where = read_status(status_path(status, 0))
+    assert where == "stopped on wait 0RECV_F3 from rank 1 (step 2)" or (
+        how == "plain" and where == "wait 0RECV_F3 from rank 1 (step 2)"
+    )
