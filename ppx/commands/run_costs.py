@@ -13,8 +13,11 @@ entry that ran them (I and W together, never one without the other), and only wh
 split that stage the way the plan's commands will (`ppx.plan.calibrate.commands_way`: a storing
 entry lends to commands that store, or to auto's where auto stores too). A stage a source ran
 *whole* (its I followed at once by its W: one backward, in the I) counts as a B of that source.
-The forward is the run's own (a storing stage's forward costs a few percent more: the plan
-prices a split candidate's F at the run's).
+The forward is the run's own; where an entry's forward of a stage costs otherwise (a forward
+that stores for a W costs a few percent more), the difference of the medians goes with the B, or
+the I, it lends there, which follows that forward in each of its microbatches: a split
+candidate's F + I + W is then the storing entry's, and 1F1B's F + B, lent to a run that stored,
+1F1B's.
 
 An entry of another stage count (``pipeline.virtual_stages=2`` beside a run of one stage a
 rank: `ppx.config.paired.same_layer_costs`) lends nothing to the run's stages; its actions,
@@ -55,6 +58,8 @@ class RunCosts:
     other_way: tuple[tuple[str, tuple[int, ...]], ...] = ()
     at_stages: tuple[MeasuredAt, ...] = ()
     stalls: int = 0  # samples left out as stalls of the machine (`_without_stalls`)
+    # (entry, stage, op, seconds): its forward there over the run's, added to the B or I it lent
+    forward_shift: tuple[tuple[str, int, str, float], ...] = ()
 
     def ops(self) -> set[str]:
         """The kinds of action (F, B, I, W) the costs hold."""
@@ -73,6 +78,16 @@ class RunCosts:
             if parts
             else []
         )
+        shifts = [
+            f"stage {stage} {shift * 1e3:+.3f} ms with the {op}'s of {entry!r}"
+            for entry, stage, op, shift in self.forward_shift
+            if abs(shift) >= SHIFT_NOTED * fmean(self.cost_samples["action_s"].get(f"{stage}F") or [abs(shift)])
+        ]
+        if shifts:
+            out.append(
+                "an entry's forward costs otherwise than the run's (a forward that stores for a W costs more), "
+                "and its difference is priced with the backward lent: " + "; ".join(shifts)
+            )
         out += [
             f"{entry!r} split {stage_list(stages)} another way than the plan's commands do (train.split_backward): "
             "its I and W are not used there"
@@ -99,6 +114,7 @@ def run_costs_at(path: str) -> RunCosts:
     return run_costs(RunDir(path))
 
 
+SHIFT_NOTED = 0.01  # an entry's forward over the run's, as a share of the run's, that the note names
 STALL = 10.0  # a sample over this many times its action's median, and
 STALL_MIN_S = 0.01  # this much above it, is a stall of the machine (where it does not recur every step)
 
@@ -178,6 +194,7 @@ def _with_lent(run) -> RunCosts:
     lent: dict[tuple[str, str], list[int]] = {}
     other: dict[str, list[int]] = {}
     share = list(own.input_share or [0.0] * stages)
+    shifted: list[tuple[str, int, str, float]] = []
     for entry, samples, whole, freed, matches in lenders:
         theirs = _by_stage(samples, whole)
         for stage in range(stages):
@@ -188,8 +205,13 @@ def _with_lent(run) -> RunCosts:
                 if what == "I and W" and stage not in matches:
                     other.setdefault(entry, []).append(stage)
                     continue
+                # the entry's forward here over the run's (a storing forward costs more): its cost
+                # goes with the backward lent, which follows that forward in every microbatch
+                shift = _forward_shift(got.get("F"), mine.get("F"))
                 for op in ops:
-                    mine[op] = list(got[op])
+                    mine[op] = [max(0.0, x + shift) for x in got[op]] if shift and op == ops[0] else list(got[op])
+                if shift:
+                    shifted.append((entry, stage, ops[0], shift))
                 if what == "I and W" and stage < len(share):  # what its I frees, as the entry's I freed it
                     share[stage] = float(freed[stage]) if stage < len(freed) else 0.0
                 lent.setdefault((what, entry), []).append(stage)
@@ -213,7 +235,16 @@ def _with_lent(run) -> RunCosts:
         tuple(unkept),
         _stages(other) + own.other_way,
         own.at_stages,
+        forward_shift=tuple(shifted),
     )
+
+
+def _forward_shift(theirs: list | None, mine: list | None) -> float:
+    """Seconds an entry's forward of a stage costs over the run's, 0 where either is unknown: the
+    difference of the medians (a cost every forward has; the tails are in the samples already)."""
+    from statistics import median
+
+    return median(theirs) - median(mine) if theirs and mine else 0.0
 
 
 def _stages(by_entry: dict[str, list[int]]) -> tuple[tuple[str, tuple[int, ...]], ...]:

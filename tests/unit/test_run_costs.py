@@ -68,12 +68,31 @@ def test_a_1f1b_run_takes_i_and_w_from_zb_h1_beside_it(tmp_path):
     got = run_costs(_run(tmp_path, "1f1b", own, None, {STORE: (lent, STORED, [0.3, 0.25])}))
     a = got.measured_costs["action_s"]
     assert a["0B"] == pytest.approx(3e-3) and a["1F"] == pytest.approx(1e-3)  # the run's own stay
-    assert a["0I"] == pytest.approx(2.2e-3) and a["1W"] == pytest.approx(1.2e-3)  # the entry's, apart
-    assert got.cost_samples["action_s"]["1I"] == lent["1I"]
+    # the entry's, apart; its forwards cost 0.1 ms more than the run's (they store), and that goes
+    # with the I it lends, which follows such a forward in each microbatch
+    assert a["0I"] == pytest.approx(2.3e-3) and a["1W"] == pytest.approx(1.2e-3)
+    assert got.cost_samples["action_s"]["1I"] == pytest.approx([x + 1e-4 for x in lent["1I"]])
+    assert got.cost_samples["action_s"]["1W"] == lent["1W"]
     assert got.whole_stages == () and got.split_only == ()
     assert got.lent == (("I and W", (0, 1), STORE),)
     assert got.input_share == (0.3, 0.25)  # what the entry's I freed, with its I
-    assert "I and W on stages 0, 1 from" in got.note("runs/x")
+    note = got.note("runs/x")
+    assert "I and W on stages 0, 1 from" in note
+    assert f"stage 1 +0.100 ms with the I's of {STORE!r}" in note, note
+
+
+def test_a_storing_run_prices_a_b_lent_by_1f1b_at_its_plain_forward(tmp_path):
+    """A ZB-H1 run that stored on every stage: its forwards cost more than 1F1B's beside it, and
+    a B lent there is priced with 1F1B's cheaper forward, so that F + B is 1F1B's."""
+    own = _samples(**{"0F": 1.2, "0I": 2.2, "0W": 1, "1F": 1.2, "1I": 2.3, "1W": 1.1})
+    b = _samples(**{"0F": 1, "0B": 3.1, "1F": 1, "1B": 3.2})
+    got = run_costs(
+        _run(tmp_path, "zb_h1", own, STORED, {"pipeline.schedule=1f1b": (b, {})}, ["train.split_backward=store"])
+    )
+    a = got.measured_costs["action_s"]
+    assert a["1F"] + a["1B"] == pytest.approx((1 + 3.2) * 1e-3) and a["1F"] == pytest.approx(1.2e-3)
+    assert got.lent == (("B", (0, 1), "pipeline.schedule=1f1b"),)
+    assert "stage 0 -0.200 ms with the B's of 'pipeline.schedule=1f1b'" in got.note("runs/x")
 
 
 def test_a_zb_h1_run_takes_b_from_1f1b_and_its_whole_stage_from_a_storing_zb_h1(tmp_path):
