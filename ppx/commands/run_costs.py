@@ -46,7 +46,10 @@ class RunCosts:
     input_freed_share; an entry's where it lent the I and W), or None; ``unkept``: entries that
     kept no costs (a run of an older ppx, or without timers); ``other_way``: (entry, stages)
     whose I and W were not lent, split another way than the commands split them; ``at_stages``:
-    entries of other stage counts, whose actions price candidates of theirs."""
+    entries of other stage counts, whose actions price candidates of theirs; ``forward_shift``:
+    (entry, stage, op, seconds) where an entry's forward of that stage cost otherwise than the
+    run's (medians), that difference added to the B or I it lent there (none from a stage it ran
+    drained, whose forwards stored on a few microbatches only)."""
 
     measured_costs: dict
     cost_samples: dict | None
@@ -58,7 +61,6 @@ class RunCosts:
     other_way: tuple[tuple[str, tuple[int, ...]], ...] = ()
     at_stages: tuple[MeasuredAt, ...] = ()
     stalls: int = 0  # samples left out as stalls of the machine (`_without_stalls`)
-    # (entry, stage, op, seconds): its forward there over the run's, added to the B or I it lent
     forward_shift: tuple[tuple[str, int, str, float], ...] = ()
 
     def ops(self) -> set[str]:
@@ -195,7 +197,7 @@ def _with_lent(run) -> RunCosts:
     other: dict[str, list[int]] = {}
     share = list(own.input_share or [0.0] * stages)
     shifted: list[tuple[str, int, str, float]] = []
-    for entry, samples, whole, freed, matches in lenders:
+    for entry, samples, whole, freed, matches, drained in lenders:
         theirs = _by_stage(samples, whole)
         for stage in range(stages):
             mine, got = draws.setdefault(stage, {}), theirs.get(stage, {})
@@ -207,7 +209,7 @@ def _with_lent(run) -> RunCosts:
                     continue
                 # the entry's forward here over the run's (a storing forward costs more): its cost
                 # goes with the backward lent, which follows that forward in every microbatch
-                shift = _forward_shift(got.get("F"), mine.get("F"))
+                shift = 0.0 if stage in drained else _forward_shift(got.get("F"), mine.get("F"))
                 for op in ops:
                     mine[op] = [max(0.0, x + shift) for x in got[op]] if shift and op == ops[0] else list(got[op])
                 if shift:
@@ -251,9 +253,12 @@ def _stages(by_entry: dict[str, list[int]]) -> tuple[tuple[str, tuple[int, ...]]
     return tuple((entry, tuple(sts)) for entry, sts in by_entry.items())
 
 
-def _lenders(run) -> tuple[list[tuple[str, dict, set[int], list, set[int]]], list[MeasuredAt], list, list[str]]:
+def _lenders(
+    run,
+) -> tuple[list[tuple[str, dict, set[int], list, set[int], set[int]]], list[MeasuredAt], list, list[str]]:
     """(entry, its action seconds, the stages it ran whole, the share of saved bytes its I frees
-    per stage, the stages it split as the plan's commands split them) of each ``run.paired`` entry
+    per stage, the stages it split as the plan's commands split them, the stages it ran drained:
+    some microbatches whole) of each ``run.paired`` entry
     of the run that kept them and costs what the run does (`same_costs`), in ``run.paired``'s
     order; the entries of other stage counts that cost the same layer for layer
     (`same_layer_costs`) and split every stage they split as the commands do, merged by stage
@@ -290,7 +295,8 @@ def _lenders(run) -> tuple[list[tuple[str, dict, set[int], list, set[int]]], lis
         stages = {int(k[:-1]) for k in samples if k[:-1].isdigit()}
         matches = {st for st in stages if _as_commands(way, ways.get(st))}
         if here:
-            out.append((entry, samples, whole, row.get("input_freed_share") or [], matches))
+            drained = {st for st, info in ways.items() if info.get("whole_microbatches")}  # (few forwards stored)
+            out.append((entry, samples, whole, row.get("input_freed_share") or [], matches, drained))
         elif not matches >= stages - whole:  # (the note names it: split another way)
             other_way.append((entry, tuple(sorted(stages - whole - matches))))
         elif row.get("units_per_stage"):

@@ -85,6 +85,7 @@ def as_run_costs(own, at):
         at_stages=(),
         other_way=(),
         input_share=None,
+        forward_shift=(),  # (the run's stages' lending: these are the entries' own)
     )
 
 

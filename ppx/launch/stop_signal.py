@@ -9,7 +9,10 @@ Python (never while it waits inside gloo), so the signal is followed from a thre
 own through Python's wakeup file descriptor. The thread lets a failure line the main thread
 is writing finish, marks this rank's heartbeat "stopped", names a peer that died (not one
 that says "stopped": ranks stopped together, as by scancel, name nobody), and ends the
-process by SIGTERM as it would have ended without it.
+process by SIGTERM as it would have ended without it. The signal's Python handler marks the
+rank stopped too, as soon as the main thread is back in Python (a failed wait), so that its
+failure line blames no peer stopped with it should the thread not have run yet; after that
+line the main thread waits for the thread to end it (`await_stop`).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ included: ``ppx.launch.worker <run dir>``, or torchrun's own with the forked wor
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -259,10 +260,11 @@ def write_incomplete(run_dir: Path, lines: list[str], append: bool = False) -> N
     srun each node's launcher adds what it saw, but not a line the file holds already: two
     nodes' launchers that both saw only the job's cause write it once). A run directory that
     cannot take it is left as it is."""
-    path = run_dir / "incomplete.txt"
     try:
-        held = set(path.read_text().splitlines()) if append and path.exists() else set()
-        with open(path, "a" if append else "w") as f:
+        with open(run_dir / "incomplete.txt", "a+" if append else "w", errors="replace") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)  # (another node's launcher may be appending now)
+            f.seek(0)
+            held = set(f.read().splitlines()) if append else set()
             f.write("".join(line + "\n" for line in lines if line not in held))
     except OSError:
         pass

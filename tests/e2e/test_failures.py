@@ -72,7 +72,8 @@ def test_killed_rank_ends_the_job_and_is_named(run_dir):
     # SIGTERM came first (a loaded machine that did not schedule it in time; CI saw this), the
     # item it was on
     where = read_status(run_dir / "status" / "rank0.txt")
-    assert re.fullmatch(rf"(failed on )?{RANK0_UNTIL_B1} \(step 0\)", where), where
+    # (a compute or a post that failed would be a bug of its own: only a wait fails on the death)
+    assert re.fullmatch(rf"(failed on wait 0RECV_B[01] from rank 1|{RANK0_UNTIL_B1}) \(step 0\)", where), where
     assert "rank 0 died" not in r.stderr and "stopped responding" not in r.stderr  # the survivor is not blamed
     assert "where each rank was" not in r.stderr  # the died line says what it would
     assert "torchrun:" not in r.stderr and "Traceback" not in r.stderr
@@ -135,7 +136,7 @@ def test_a_survivor_stopped_mid_compute_still_names_the_killed_peer(run_dir):
     # or kept rank 0 from its wait)
     assert len(ours) == 1 and re.fullmatch(
         r"ppx: error: rank 1 died on 1B1 \(step 0\): its process ended "
-        r"\(rank 0 was on (0B0|wait 0RECV_B0 from rank 1|(after )?0SEND_F1( 0RECV_B\d)*) \(step 0\)\)",
+        r"\(rank 0 was on (0B0|wait 0RECV_B0 from rank 1|0SEND_F1( 0RECV_B\d)*) \(step 0\)\)",
         ours[0],
     ), r.stderr[-3000:]
     assert "exitcode  : -15" in r.stderr  # rank 0 ended by the SIGTERM, as without ppx's handling

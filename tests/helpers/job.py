@@ -28,7 +28,7 @@ LONG_RUN = (
 # die@1B1): waiting on rank 1's gradient B0 or B1 (which, the killed send's timing decides), or,
 # on a loaded machine that has not yet brought it there when its launcher's SIGTERM comes, on an
 # item between (the post that sent F1, 0B0, 0F2, the post that sends F2), or just after one
-RANK0_UNTIL_B1 = r"(after )?(0SEND_F1( 0RECV_B\d)*|wait 0RECV_B[01] from rank 1|0B0|0F2|0SEND_F2)"
+RANK0_UNTIL_B1 = r"(0SEND_F1( 0RECV_B\d)*|wait 0RECV_B[01] from rank 1|(after )?(0B0|0F2)|0SEND_F2)"
 
 
 def start_run(experiment: str, run_dir, tmp_path, *overrides: str) -> tuple[subprocess.Popen, object]:

@@ -231,3 +231,35 @@ def test_entries_that_kept_no_costs_are_named(tmp_path):
     got = run_costs(_run(tmp_path, "1f1b", own, None, {STORE: None}))
     assert got.unkept == (STORE,) and not got.lent
     assert "kept no action costs" in got.note("runs/x") and "run it again" in got.note("runs/x")
+
+
+def test_an_entry_that_ran_a_stage_drained_lends_its_i_without_its_forwards_difference(tmp_path):
+    """Drained, an entry's stage stored on a few microbatches only: its forward's median is a
+    plain one's, and no difference goes with the I it lends there."""
+    own = _samples(**{"0F": 1, "0B": 3, "1F": 1, "1B": 3})
+    drain = "pipeline.schedule=zb_h1 train.split_backward=drain"
+    ways = {"0": {"mode": "whole"}, "1": {**STORED["1"], "whole_microbatches": [0, 1]}}
+    lent = _samples(**{"0F": 1.2, "0I": 3, "0W": 0.001, "1F": 1.2, "1B": 3.1, "1I": 2.3, "1W": 1.2})
+    got = run_costs(_run(tmp_path, "1f1b", own, None, {drain: (lent, ways)}))
+    assert got.lent == (("I and W", (1,), drain),)
+    assert got.cost_samples["action_s"]["1I"] == lent["1I"] and got.forward_shift == ()
+
+
+def test_simulating_the_stage_count_of_an_entry_keeps_none_of_the_runs_lending(tmp_path):
+    """`ppx simulate --from-run` at an entry's stage count takes that entry's actions: the run's
+    own stages' lending, forward differences included, is not its to note."""
+    from ppx.commands.run_costs import RunCosts
+    from ppx.commands.simulate_run import as_run_costs
+    from ppx.plan.inputs import MeasuredAt
+
+    own = RunCosts(
+        {"action_s": {"0F": 1e-3}},
+        {"action_s": {"0F": [1e-3]}},
+        (),
+        (),
+        lent=(("I and W", (0,), STORE),),
+        forward_shift=((STORE, 0, "I", 5e-4),),
+    )
+    at = MeasuredAt(4, (1, 1, 1, 1), {f"{s}{op}": [1e-3] for s in range(4) for op in "FB"}, ("pipeline.schedule=zbv",))
+    got = as_run_costs(own, at)
+    assert got.forward_shift == () and got.lent == () and got.note("runs/x") is None

@@ -218,7 +218,8 @@ def test_a_rank_stopped_before_its_wait_failed_blames_no_stopped_peer_and_ends_b
         text=True,
         timeout=60,
     )
-    assert r.stdout.startswith("stopped True"), r.stdout + r.stderr
+    # (plain: the thread may end the rank before its main thread prints, on a loaded machine)
+    assert r.stdout.startswith("stopped True") or (how == "plain" and r.stdout == ""), r.stdout + r.stderr
     assert "ppx: error" not in r.stderr and not cause_path(status).exists(), r.stderr
     assert r.returncode == -15, (r.returncode, r.stderr)
     # where the main thread made its line first it says it stopped there; where the thread ended
