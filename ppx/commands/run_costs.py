@@ -124,7 +124,7 @@ STALL_MIN_S = 0.01  # this much above it, is a stall of the machine (where it do
 def run_costs(run) -> RunCosts:
     """The costs of the run (a `RunDir` with measured costs), its entries' lent where it lacks
     them, without stalls (`_without_stalls`)."""
-    from ppx.measure.instruments import first_timeline_step
+    from ppx.measure.spans import first_timeline_step
 
     steps = run.config.train.steps - max(0, first_timeline_step(run.config))
     return _without_stalls(_with_lent(run), steps)

@@ -30,10 +30,11 @@ from ppx.config.paired import variants
 from ppx.config.resolve import resolve_schedule
 from ppx.engine.precision import step_optimizer
 from ppx.measure.clock import start_together
-from ppx.measure.instruments import Instruments, first_timeline_step
+from ppx.measure.instruments import Instruments
 from ppx.measure.paired import MEMORY
 from ppx.measure.prediction import action_durations
 from ppx.measure.profiler import RecordFunctions
+from ppx.measure.spans import first_timeline_step
 
 
 class PairedLossNotFinite(RuntimeError):

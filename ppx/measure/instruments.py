@@ -61,10 +61,3 @@ class Instruments:
         if self.memory is not None:
             record.update(self.memory.end_step(step))
         return record, spans
-
-
-def first_timeline_step(cfg) -> int:
-    """The first step whose spans the run's timeline (and its measured costs) keep: the last
-    ``instrument.timeline_steps`` steps; ``train.steps`` (none) with ``instrument.timeline`` off."""
-    ins = cfg.instrument
-    return cfg.train.steps - ins.timeline_steps if ins.timeline else cfg.train.steps

@@ -81,3 +81,11 @@ def handoffs(step_ranks: Mapping[int, Iterable[Span]], stage_to_rank) -> Iterato
                     got = waits.get((peer, recv))
                     if got is not None:
                         yield Handoff(a, r, sp.start_s, peer, got.start_s, got.end_s)
+
+
+def first_timeline_step(cfg) -> int:
+    """The first step whose spans the run's timeline (and its measured costs) keep: the last
+    ``instrument.timeline_steps`` steps; ``train.steps`` (none) with ``instrument.timeline`` off.
+    (Here, without torch: ``ppx simulate --from-run`` and ``ppx plan --from-run`` read it.)"""
+    ins = cfg.instrument
+    return cfg.train.steps - ins.timeline_steps if ins.timeline else cfg.train.steps

@@ -12,9 +12,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ppx.config.paired import entry_units, floors
-from ppx.measure.instruments import first_timeline_step
 from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
 from ppx.measure.paired import add_kept, kept_fields, paired_lines, paired_step, paired_summary
+from ppx.measure.spans import first_timeline_step
 from ppx.measure.theory import run_theory
 from ppx.report.run_dir import write_json
 from ppx.report.scalars import step_scalars

@@ -263,3 +263,19 @@ def test_simulating_the_stage_count_of_an_entry_keeps_none_of_the_runs_lending(t
     at = MeasuredAt(4, (1, 1, 1, 1), {f"{s}{op}": [1e-3] for s in range(4) for op in "FB"}, ("pipeline.schedule=zbv",))
     got = as_run_costs(own, at)
     assert got.forward_shift == () and got.lent == () and got.note("runs/x") is None
+
+
+def test_simulate_from_a_run_imports_no_torch(tmp_path):
+    """`ppx simulate --from-run` reads files and simulates: it answers without torch (a second
+    and more of import on a laptop-class CPU)."""
+    import subprocess
+    import sys
+
+    own = _samples(**{"0F": 1, "0B": 3, "1F": 1, "1B": 3})
+    run = _run(tmp_path / "run", "1f1b", own, None, {})
+    code = (
+        "import sys; from ppx.cli import main; main(['simulate', '1f1b', '--from-run', sys.argv[1]]); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(run.path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "predicted step time" in r.stdout, r.stdout + r.stderr
