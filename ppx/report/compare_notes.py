@@ -54,9 +54,10 @@ def noise_notes(rows: list[dict], configs: list[dict]) -> list[str]:
 
 
 def paired_notes(paired: list[dict], names: list[str]) -> list[str]:
-    """A note per run that ran configs beside it (``paired``: each run's `job_paired` rows):
-    each entry's median ratio to the floor's step beside it where the run had a floor, then to
-    the run's, with their verdicts (`ppx.measure.paired`)."""
+    """A note per run that ran configs beside it (``paired``: each run's `job_paired` rows, empty
+    for a run whose jobs are pooled: `pooled_notes` gives each job's ratio there): each entry's
+    median ratio to the floor's step beside it where the run had a floor, then to the run's,
+    with their verdicts (`ppx.measure.paired`)."""
     out = []
     for rows, name in zip(paired, names):
         parts = []

@@ -28,6 +28,7 @@ def test_a_repeated_paired_sweep_is_pooled_and_an_old_run_names_its_floor(tmp_pa
     pooled = math.exp(sum(map(math.log, drain)) / 2)
     note = next(line for line in r.stdout.splitlines() if line.startswith("note: 2 jobs of one config"))
     assert "(repeat=1, repeat=2)" in note
+    assert "note: beside repeat=" not in r.stdout  # (each job's ratio is in the pooled note: not a note per job too)
     assert f"'{ENTRIES[1]}' (over the floor's) {drain[0]:.3f}, {drain[1]:.3f}: pooled {pooled:.3f}x (" in note
     floor = [job[ENTRIES[0]]["over_run"] for job in jobs]
     assert f"'{ENTRIES[0]}' (the run's own config: the floor, over the run's) {floor[0]:.3f}, {floor[1]:.3f}: " in note
