@@ -154,6 +154,7 @@ def ran_this(run, sched) -> bool:
     where that cannot be rebuilt, a CSV moved, by name and microbatches)."""
     from ppx import schedules
     from ppx.config import resolve_schedule
+    from ppx.schedules.ir.structure import same_compute
 
     try:
         ran = resolve_schedule(run.config)
@@ -161,7 +162,7 @@ def ran_this(run, sched) -> bool:
         name = run.summary.schedule
         name = Path(name).stem if schedules.is_csv(name) else name  # a CSV's schedule is named by its file
         return name == sched.name and run.summary.microbatches == sched.num_microbatches
-    return ran.compute_only().actions == sched.compute_only().actions
+    return same_compute(ran, sched)
 
 
 def split_known(path: str, costs, sched, whole: list[int], cfg) -> None:
