@@ -98,10 +98,14 @@ def test_a_plan_from_a_1f1b_llama_run_regroups_its_units_and_names_its_calibrati
     assert "measure them with" not in again.stdout
     assert "I and W on stages 0, 1 from 'pipeline.schedule=zb_h1 train.split_backward=store'" in again.stdout
     # its B's are the run's own 1F1B's, its I's and W's the entry's: every split list planned at both
-    inputs, own = plan["inputs"], read_json(tmp_path / "split" / "summary.json")["measured_costs"]["action_s"]
-    assert inputs["whole_s"] == pytest.approx([own["0B"], own["1B"]])
+    # (both with the machine's stalls left out, as the plan leaves them out: a 3-step run's one stall
+    # once put a B at twice its mean)
+    inputs, own = plan["inputs"], read_json(tmp_path / "split" / "summary.json")["cost_samples"]["action_s"]
+    priced = run_costs(RunDir(tmp_path / "split"))
+    means, drawn = priced.measured_costs["action_s"], priced.cost_samples["action_s"]
+    assert inputs["whole_s"] == pytest.approx([means["0B"], means["1B"]], rel=1e-4)
+    assert all(set(drawn[k]) <= set(own[k]) for k in ("0B", "1B")), (drawn, own)  # the run's own B's
     lent = row["cost_samples"]["action_s"]
-    means = run_costs(RunDir(tmp_path / "split")).measured_costs["action_s"]  # (the entry's, stalls left out)
     assert inputs["wgrad_s"] == pytest.approx([means["0W"], means["1W"]], rel=1e-4)
     assert all(min(lent[k]) <= means[k] <= max(lent[k]) for k in ("0W", "1W"))
     assert any(c["schedule"].endswith("+drain") for c in plan["candidates"])
