@@ -79,7 +79,7 @@ class PlanInputs:
     # a candidate's command runs a stage whose every I its list follows at once by its W as one
     # whole backward, in the I (ppx's runtime under train.split_backward=auto): priced at a B there
     runs_whole: bool = False
-    # what entries measured at other stage counts than the run's (`at`), or none
+    # what entries measured at other stage counts than the run's (`measured_for`), or none
     measured_at: tuple[MeasuredAt, ...] = ()
 
     @property
@@ -168,12 +168,6 @@ class PlanInputs:
                 continue
             return m
         return None
-
-    def at(self, num_stages: int, apart: set[int] = frozenset()) -> PlanInputs:
-        """The inputs that time a candidate of ``num_stages`` stages which runs I and W apart on
-        stages ``apart``: `timed_on` what an entry measured there (`measured_for`), else these."""
-        m = self.measured_for(num_stages, apart)
-        return self if m is None else self.timed_on(m)
 
     def timed_on(self, m: MeasuredAt) -> PlanInputs:
         """These inputs with ``m``'s costs at its stage count; bytes are these inputs', regrouped."""

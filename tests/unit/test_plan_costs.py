@@ -302,6 +302,12 @@ def _with_zbv_measured(units=(2, 2, 1, 1)) -> PlanInputs:
     )
 
 
+def _timed_at(inputs: PlanInputs, num_stages: int, apart: set[int] = frozenset()) -> PlanInputs:
+    """The inputs evaluate times a candidate of ``num_stages`` with I and W apart on ``apart`` by."""
+    m = inputs.measured_for(num_stages, apart)
+    return inputs if m is None else inputs.timed_on(m)
+
+
 def test_an_entry_at_a_candidates_stage_count_times_it_as_the_entry_ran():
     """ZB-V's 4 stages from a ZB-V entry beside a 1F1B run: the entry's own F, I, W (whole B on
     stage 0), not the run's stages regrouped; bytes stay the run's, regrouped. Where the entry's
@@ -310,16 +316,16 @@ def test_an_entry_at_a_candidates_stage_count_times_it_as_the_entry_ran():
     from ppx.plan.space import Candidate
 
     inputs = _with_zbv_measured()
-    timed = inputs.at(4, {1, 2, 3})
+    timed = _timed_at(inputs, 4, {1, 2, 3})
     assert timed is not inputs and timed.stages == 4 and timed.run_units is None
     assert timed.fwd_s == pytest.approx((2.2e-3, 2.2e-3, 1.1e-3, 1.1e-3))
     assert timed.wgrad_s == pytest.approx((0.0, 1.1e-3, 0.55e-3, 0.55e-3))
     assert timed.bwd_s[0] == pytest.approx(4.4e-3) and timed.samples["action_s"]["3W"] == [0.55e-3]
     assert timed.act_bytes == pytest.approx((2000.0, 2000.0, 1000.0, 1000.0))  # the run's, regrouped
     assert timed.samples["p2p_s"] == [1e-4]  # (hand-offs: the run's)
-    assert inputs.at(4, {0, 1, 2, 3}) is inputs  # stage 0 apart: the entry ran it whole
-    assert _with_zbv_measured(units=(1, 2, 2, 1)).at(4, {1, 2, 3}).stages == 2  # other units: regrouped
-    assert inputs.at(2) is inputs
+    assert _timed_at(inputs, 4, {0, 1, 2, 3}) is inputs  # stage 0 apart: the entry ran it whole
+    assert _timed_at(_with_zbv_measured(units=(1, 2, 2, 1)), 4, {1, 2, 3}).stages == 2  # other units: regrouped
+    assert _timed_at(inputs, 2) is inputs
     zbv = evaluate(Candidate("zbv", 2, 8, 2), inputs)
     regrouped = evaluate(Candidate("zbv", 2, 8, 2), _with_zbv_measured(units=(1, 2, 2, 1)))
     assert zbv.step_s > regrouped.step_s * 1.05  # each stage 10% dearer than its units' share
