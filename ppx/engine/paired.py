@@ -9,8 +9,9 @@ the run's are, its data and zeroed gradients made before, and timed as
 It carries instruments of its own as the run's config sets them (timers, memory counters,
 profiler labels: ``PAIRED<k>:<action>``), so the two steps pay for the same observers; of what
 they record only each action's duration is kept, over the steps the run's own costs come from
-(its timeline's: `kept`), with how each split stage ran its W (first step) and the memory
-counters' bytes per stage (where they counted), so that
+(its timeline's: `kept`), with how each split stage ran its W (first step), the memory
+counters' bytes per stage (where they counted) and, under fp16, whether an overflow skipped
+its optimizer step, so that
 ``ppx plan --from-run`` can price what the run did not run from what an entry ran beside it
 (`ppx.commands.run_costs`). Each step is one ``ppx:paired <entry>`` mark in a trace, outside
 the run's ``ProfilerStep#``. The watchdog observes its actions as it does the run's, under
@@ -103,20 +104,25 @@ class PairedSteps:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         t1 = time.perf_counter()
+        stepped = None
         if opt is not None:
-            step_optimizer(pipe, opt, self.device)
+            stepped = step_optimizer(pipe, opt, self.device)
             opt.zero_grad(set_to_none=True)  # between its steps, weights and optimizer state only
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
         record, spans = inst.end_step(step)  # (only `kept`'s part of them: the instruments are there to cost the same)
-        return [t0 + offset, t1 + offset, loss, self.kept(step, pipe, record, spans)]
+        return [t0 + offset, t1 + offset, loss, self.kept(step, pipe, record, spans, stepped)]
 
-    def kept(self, step: int, pipe, record: dict, spans) -> dict | None:
+    def kept(self, step: int, pipe, record: dict, spans, stepped: bool | None = None) -> dict | None:
         """What is kept of an entry's step on this rank: each compute action's seconds
         (``action_s``: "<stage><op>" -> [seconds]) in the run's timeline steps, how each split
-        stage ran its W (``split_backward``, first step), and where the memory counters counted,
-        the bytes a microbatch saved and held from I to W per stage; None where nothing is."""
+        stage ran its W (``split_backward``, first step), where the memory counters counted,
+        the bytes a microbatch saved and held from I to W per stage, and under fp16 loss
+        scaling whether its optimizer stepped (``optimizer_stepped``: False on an overflow, as
+        the run's own records say); None where nothing is."""
         out = {k: record[k] for k in MEMORY if record.get(k)}
+        if stepped is not None and pipe.precision is not None and pipe.precision.scaler is not None:
+            out["optimizer_stepped"] = stepped
         if step >= self.first_kept and spans is not None:
             out["action_s"] = action_durations(spans)
         if step == 0 and pipe.split_backward:

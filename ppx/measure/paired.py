@@ -34,27 +34,43 @@ MEMORY = ("saved_bytes_per_microbatch", "held_after_input_bytes")  # an entry's 
 def add_kept(records: list[dict], kept: list[dict]) -> None:
     """Adds what each entry kept of one step on every rank (`ppx.engine.paired.PairedSteps.kept`)
     to ``kept``, one dict per entry: ``action_s`` ("<stage><op>" -> seconds, every rank's),
-    ``split_backward`` (stage -> how it ran its W), and the memory counters' bytes per stage
-    (the most of any step)."""
+    ``split_backward`` (stage -> how it ran its W), the memory counters' bytes per stage
+    (the most of any step), and under fp16 ``optimizer_steps_skipped`` (steps whose
+    optimizer step an overflow skipped: the ranks skip together)."""
     for k in range(len(records[0]["paired"])):
         if len(kept) <= k:
             kept.append({})
-        for r in records:
-            got = r["paired"][k][3] if len(r["paired"][k]) > 3 else None
-            for key, seconds in ((got or {}).get("action_s") or {}).items():
+        skipped = entry_skipped(records, k)
+        if skipped is not None:
+            kept[k]["optimizer_steps_skipped"] = kept[k].get("optimizer_steps_skipped", 0) + skipped
+        for got in entry_kept(records, k):
+            for key, seconds in (got.get("action_s") or {}).items():
                 kept[k].setdefault("action_s", {}).setdefault(key, []).extend(seconds)
-            if got and "split_backward" in got:
+            if "split_backward" in got:
                 kept[k].setdefault("split_backward", {}).update(got["split_backward"])
             for key in MEMORY:  # the most counted, per stage
-                if got and got.get(key):
+                if got.get(key):
                     most_per_stage(kept[k].setdefault(key, {}), got[key])
+
+
+def entry_kept(records: list[dict], k: int) -> list[dict]:
+    """What entry ``k`` kept of one step on each rank that kept anything (`PairedSteps.kept`)."""
+    return [r["paired"][k][3] for r in records if len(r["paired"][k]) > 3 and r["paired"][k][3]]
+
+
+def entry_skipped(records: list[dict], k: int) -> bool | None:
+    """Whether an fp16 overflow skipped entry ``k``'s optimizer step in this step (on any rank:
+    they skip together); None without loss scaling."""
+    stepped = [got["optimizer_stepped"] for got in entry_kept(records, k) if "optimizer_stepped" in got]
+    return not all(stepped) if stepped else None
 
 
 def kept_fields(kept: dict) -> dict:
     """An entry's summary.json fields from what it kept (`add_kept`): ``cost_samples`` (its
     actions' seconds, rounded to 0.1 us as the run's own), ``split_backward`` and
-    ``input_freed_share`` (per stage, as the run's own), in stage order."""
-    out = {}
+    ``input_freed_share`` (per stage, as the run's own), in stage order; under fp16
+    ``optimizer_steps_skipped``, as the run's own."""
+    out = {k: kept[k] for k in ("optimizer_steps_skipped",) if k in kept}
     if kept.get("action_s"):
         out["cost_samples"] = {"action_s": {k: [round(x, 7) for x in v] for k, v in sorted(kept["action_s"].items())}}
     if kept.get("split_backward"):
@@ -176,6 +192,7 @@ def paired_rows(summary: dict) -> list[list[str]]:
         q = row.get("over_run_q1_q3")
         ci = row.get("over_run_ci95")
         losses = "equal" if row["losses_equal"] else f"differ from step {row['first_loss_difference_step']}"
+        losses += skipped_steps(row, " ({})")
         floor = "(the floor: the run's own config)" if row.get("floor") else ""
         if "over_floor" in row:
             floor = f"{row['over_floor']:.3f}x: {verdict(row, 'floor')}"
@@ -207,6 +224,7 @@ def paired_lines(summary: dict) -> list[str]:
             if row["losses_equal"]
             else f"losses differ from step {row['first_loss_difference_step']} (by up to {row['max_loss_difference']:.3g})"
         )
+        losses += skipped_steps(row, "; {}")
         name = f"{entry!r} (the run's own config: the floor)" if row.get("floor") else repr(entry)
         floor = ""
         if "over_floor" in row:
@@ -216,3 +234,10 @@ def paired_lines(summary: dict) -> list[str]:
             f"beside it (median of {row['pairs']} pairs{spread}): {verdict(row)}{floor}; {losses}"
         )
     return out
+
+
+def skipped_steps(row: dict, form: str) -> str:
+    """``form`` holding how many of an entry's optimizer steps an fp16 overflow skipped (its
+    losses then part from the run's where the run's did not skip), or "" where none was."""
+    n = row.get("optimizer_steps_skipped")
+    return form.format(f"{n} optimizer step{'s' * (n != 1)} skipped on an fp16 overflow") if n else ""

@@ -112,3 +112,22 @@ def test_a_profiled_run_keeps_its_steps_and_labels_the_entries_apart(tmp_path):
         assert len(steps) == 2 and own and theirs
         assert all(inside(e) for e in own) and not any(inside(e) for e in theirs)
         assert marks == {"ppx:paired pipeline.schedule=gpipe"}
+
+
+def test_an_fp16_entry_reports_its_skipped_optimizer_steps_as_the_run_does(tmp_path):
+    """fp16 loss scaling: an entry's optimizer steps pass through the same overflow check as the
+    run's, and summary.json and metrics.jsonl say of each entry what they say of the run."""
+    run = tmp_path / "run"
+    r = ppx(
+        "run",
+        "1f1b_2cpu",
+        "train.dtype=fp16",
+        "train.steps=2",
+        "run.paired=[pipeline.schedule=gpipe]",
+        f"run.dir={run}",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_json(run / "summary.json")
+    assert s["paired"]["pipeline.schedule=gpipe"]["optimizer_steps_skipped"] == s["optimizer_steps_skipped"] == 0
+    for line in read_jsonl(run / "metrics.jsonl"):
+        assert line["paired"][0]["optimizer_skipped"] is line["optimizer_skipped"] is False, line

@@ -202,3 +202,28 @@ def test_each_entry_says_the_split_it_ran():
         "pipeline.layers_per_stage=[1,1,1,3]": [1, 1, 1, 3],
         "pipeline.schedule=zb_h1": [2, 1, 1, 2],
     }
+
+
+def test_an_entrys_fp16_skipped_steps_are_counted_once_a_step_and_said():
+    """Under fp16 each rank's kept record says whether the entry's optimizer stepped; a step
+    skipped on an overflow (on every rank together) counts once; its line and the report's row
+    say how many, and where it kept no such flag (fp32) nothing is said."""
+    from ppx.measure.paired import add_kept, entry_skipped, kept_fields, paired_rows
+
+    def step(stepped: list[bool | None]) -> list[dict]:  # one entry, a rank per flag
+        return [{"paired": [[0.0, 1.0, None, {} if s is None else {"optimizer_stepped": s}]]} for s in stepped]
+
+    kept: list[dict] = []
+    for flags in ([True, True], [False, False], [True, True], [False, False]):
+        add_kept(step(flags), kept)
+    assert entry_skipped(step([False, False]), 0) is True and entry_skipped(step([None, None]), 0) is None
+    row = {**paired_summary(["e"], [1.0] * 4, [1.0] * 4, [[(1.0, 1.0)]] * 4)["e"], **kept_fields(kept[0])}
+    assert row["optimizer_steps_skipped"] == 2
+    assert paired_lines({"e": row})[0].endswith(
+        "losses equal at every step; 2 optimizer steps skipped on an fp16 overflow"
+    )
+    assert paired_rows({"e": row})[0][-1] == "equal (2 optimizer steps skipped on an fp16 overflow)"
+    fp32: list[dict] = []
+    add_kept(step([None, None]), fp32)
+    assert "optimizer_steps_skipped" not in kept_fields(fp32[0])
+    assert "skipped" not in paired_lines({"e": {**row, "optimizer_steps_skipped": 0}})[0]
