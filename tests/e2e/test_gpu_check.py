@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -208,7 +209,8 @@ def test_a_run_past_the_budget_is_stopped_with_its_ranks(tmp_path):
     runner = Runner(tmp_path, Machine("cpu", 0, small=True), time.monotonic() + 12)
     start = time.monotonic()
     result = runner.run(RunSpec.of(name, keys, 1.0))
-    assert result.dir is None and result.why.startswith("stopped after 1"), result.why
+    stopped = re.match(r"stopped after (\d+) s", result.why or "")  # (12 s less what starting it took)
+    assert result.dir is None and stopped and 5 <= int(stopped.group(1)) <= 12, result.why
     assert time.monotonic() - start < 45
     left = [c for c in Path("/proc").glob("[0-9]*/cmdline") if name in _read(c)]
     assert left == [], [_read(c) for c in left]
@@ -226,7 +228,8 @@ def test_runs_that_do_not_fit_the_budget_are_skipped(tmp_path):
     assert r.returncode == 0, r.stderr
     (check,) = json.loads((tmp_path / "c" / "gpu-check.json").read_text())["checks"]
     assert check["verdict"] == "SKIPPED" and not (tmp_path / "c" / "runs" / "timers-1f1b").exists()
-    assert "time budget: 1 s left, the run needs about" in check["rows"][0]["figure"]
+    # (1 s less what preparing took: 0 s on a loaded machine)
+    assert re.search(r"time budget: -?[01] s left, the run needs about \d+ s", check["rows"][0]["figure"]), check
 
 
 def test_bad_input_is_one_line_before_any_work(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from statistics import median
 
 import pytest
 
@@ -136,9 +137,10 @@ def test_a_first_stage_whose_every_i_is_followed_by_its_w_runs_whole(shared_run)
     assert f"stage 1 store ({layers} layers' inputs and output gradients from I to W: " in line, line
     assert s["input_freed_share"][0] == 1.0 and 0.1 < s["input_freed_share"][1] < 1
     assert abs(s["memory_prediction_error"]) <= 0.05
-    # its W measures nothing: the I took the stage's whole backward
-    costs = s["measured_costs"]["action_s"]
-    assert costs["0W"] < 0.05 * costs["0I"], costs
+    # its W measures nothing: the I took the stage's whole backward (medians: one W sample a busy
+    # neighbour's core preempted for a millisecond would put a mean of microseconds near 5% of I's)
+    costs = s["cost_samples"]["action_s"]
+    assert median(costs["0W"]) < 0.05 * median(costs["0I"]), costs
 
 
 def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run, tmp_path):
