@@ -97,7 +97,7 @@ class StageRunner:
         x = self._input(x)
         recomputed = self.training and self.recompute is not None
         if self.store is not None:  # a forward re-run in the I stores, not the one it re-runs
-            self.store.forward_mb = None if recomputed or mb in self.whole_mbs else mb
+            self.store.begin(None if recomputed or mb in self.whole_mbs else mb)
         if recomputed:  # keeps x; the graph comes in backward
             out = self.recompute.forward(mb, lambda: self._run(x, target), [x, target])
             self.saved[mb] = (x, None)
@@ -116,7 +116,7 @@ class StageRunner:
         x, out = self.saved[mb]
         if out is None:
             if self.store is not None:
-                self.store.forward_mb = None if mb in self.whole_mbs else mb
+                self.store.begin(None if mb in self.whole_mbs else mb)
             out = self.recompute.recompute(mb)
             self.saved[mb] = (x, out)
         return x, out

@@ -45,6 +45,7 @@ class WeightStore:
         # stores nothing (under train.recompute the first forward, whose I re-runs it)
         self.forward_mb: int | None = None
         self.inputs: dict[int, list] = {}  # mb -> [(layer, input, output's gradient edge), ...] of its forward
+        self.calls: list | None = None  # the running forward's list in ``inputs`` (None: it stores nothing)
         self.pending: dict[int, list] = {}  # mb -> [(layer, input, output gradient), ...] in I's order
         # where the small parameters sit, found once: data parallel puts other parameter objects
         # in these slots, never new slots (a weight tied after this would be counted twice)
@@ -59,10 +60,12 @@ class WeightStore:
         return [p for layer in self.layers for p in layer.params if p.requires_grad]
 
     # -- F ---------------------------------------------------------------------------------
-    def keep(self, layer: RoutedLayer, x: torch.Tensor, edge) -> None:
-        """A routed layer's call in the running forward: its input (kept for W) and the edge
-        where its output's gradient arrives (I asks autograd for it)."""
-        self.inputs.setdefault(self.forward_mb, []).append((layer, x, edge))
+    def begin(self, mb: int | None) -> None:
+        """The forward of ``mb`` starts (None: a forward that stores nothing): each routed
+        layer's call appends its input (kept for W) and the edge where its output's gradient
+        arrives (I asks autograd for it) to ``calls``."""
+        self.forward_mb = mb
+        self.calls = None if mb is None else self.inputs.setdefault(mb, [])
 
     # -- I ---------------------------------------------------------------------------------
     def input_pass(self, mb: int, out: torch.Tensor, x: torch.Tensor, grad_output) -> torch.Tensor | None:
@@ -70,6 +73,8 @@ class WeightStore:
         layer's output gradient, kept with its input for W."""
         small = self.small_params()
         calls = self.inputs.pop(mb, [])
+        if calls is self.calls:  # (its forward's list, done with: a later call without `begin` stores nothing)
+            self.begin(None)
         wants_x = x.requires_grad
         inputs = ([x] if wants_x else []) + small + [edge for _, _, edge in calls]
         grads = torch.autograd.grad(out, inputs, grad_output, allow_unused=True) if inputs else ()
@@ -246,7 +251,7 @@ def measure(store: WeightStore, trial: Callable[[], tuple], exclude: set[int]) -
             kept.clear()
             for layer in store.layers:
                 layer.store = store
-        store.forward_mb = -1
+        store.begin(-1)
         x, out, grad_output = trial()
         store.input_pass(-1, out, x, grad_output)
     held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in store.held(-1)}

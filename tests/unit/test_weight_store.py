@@ -313,7 +313,7 @@ def test_a_stored_linear_is_autograds_to_the_bit_on_every_layout(shape, contiguo
     y_ref = plain(x)
     ref = torch.autograd.grad(y_ref, [x, *plain.parameters()], gy)
     xs = x.detach().requires_grad_(True)
-    store.forward_mb = 0
+    store.begin(0)
     y = routed(xs)
     assert torch.equal(y, y_ref)
     gx = store.input_pass(0, y, xs, gy)
@@ -334,7 +334,7 @@ def test_parameters_swapped_in_their_slots_between_steps_take_the_next_steps_gra
     x = torch.randn(3, 8, requires_grad=True)
 
     def step(mb: int) -> None:
-        store.forward_mb = mb
+        store.begin(mb)
         store.input_pass(mb, mod(x), x, torch.ones(3, 4))
         store.weight_pass(mb)
 
