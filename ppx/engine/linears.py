@@ -105,9 +105,15 @@ class RoutedLayer:
         """Back to the module's own forward (nothing of ppx's left on it)."""
         if self.module.__dict__.get("forward") == self.forward:
             del self.module.forward
-        self.store = self.device_type = self._weight = self._detached = None
+        self.store = self.device_type = None
+        self.forget_weight()
         if self in self.weights.layers:
             self.weights.layers.remove(self)
+
+    def forget_weight(self) -> None:
+        """Drop the weight last stored with, and its detached view (the next storing call takes
+        the weight the layer has then)."""
+        self._weight = self._detached = None
 
     @property
     def params(self) -> list[torch.Tensor]:
@@ -120,7 +126,7 @@ class RoutedLayer:
         # no more Python than it takes, on a small model it is a tenth of the forward (and, storing,
         # each check here cost llama-tiny's stage about 0.03 ms a microbatch)
         w, b = self.weights.of(self)
-        if self.weights.dtype is not None:  # a mixed dtype's copies (in fp32 ppx runs no autocast)
+        if self.weights.mixed:  # (in fp32 ppx runs no autocast)
             device = self.device_type  # x.device costs more than the rest of this forward's Python
             if device is None:
                 device = self.device_type = x.device.type
@@ -162,6 +168,9 @@ class StepWeights:
 
     def __init__(self, dtype: torch.dtype | None):
         self.dtype = dtype  # None: the parameters themselves
+        # the stage runs under autocast: a mixed dtype, whether these copies make it or (data
+        # parallel, which sets ``dtype`` to None) FSDP2's mixed-precision policy does
+        self.mixed = dtype is not None
         self.copies: dict[int, tuple] = {}
         self.storages: set[int] = set()  # data pointers of the copies (not activation memory)
         self.layers: list[RoutedLayer] = []
@@ -179,10 +188,11 @@ class StepWeights:
         """New copies from the current weights (call before each step's first forward)."""
         self.copies.clear()
         self.storages.clear()
+        for layer in self.layers:  # no weight of before kept alive (a copy, or a parameter data parallel replaced)
+            layer.forget_weight()
         if self.dtype is None:
             return
         for layer in self.layers:
-            layer._weight = layer._detached = None  # (no last step's copy kept alive beside the new)
             self.copies[id(layer)] = self._cast(layer)
 
     def _cast(self, layer: RoutedLayer) -> tuple:

@@ -41,11 +41,10 @@ class WeightStore:
         self.layers = [layer for layer in layers if not any(id(p) in shared for p in layer.params)]
         for layer in self.layers:
             layer.store = self
-        # the microbatch whose forward runs (or is re-run) and stores; None: a forward that
-        # stores nothing (under train.recompute the first forward, whose I re-runs it)
-        self.forward_mb: int | None = None
         self.inputs: dict[int, list] = {}  # mb -> [(layer, input, output's gradient edge), ...] of its forward
-        self.calls: list | None = None  # the running forward's list in ``inputs`` (None: it stores nothing)
+        # the list in ``inputs`` of the microbatch whose forward runs (or is re-run) and stores;
+        # None: a forward that stores nothing (under train.recompute the first forward, whose I re-runs it)
+        self.calls: list | None = None
         self.pending: dict[int, list] = {}  # mb -> [(layer, input, output gradient), ...] in I's order
         # where the small parameters sit, found once: data parallel puts other parameter objects
         # in these slots, never new slots (a weight tied after this would be counted twice)
@@ -64,7 +63,6 @@ class WeightStore:
         """The forward of ``mb`` starts (None: a forward that stores nothing): each routed
         layer's call appends its input (kept for W) and the edge where its output's gradient
         arrives (I asks autograd for it) to ``calls``."""
-        self.forward_mb = mb
         self.calls = None if mb is None else self.inputs.setdefault(mb, [])
 
     # -- I ---------------------------------------------------------------------------------
@@ -215,6 +213,7 @@ def choose(
 def _unstore(layers: list[RoutedLayer], info: dict) -> tuple[None, dict]:
     for layer in layers:
         layer.store = None
+        layer.forget_weight()  # (nor the trial's weight kept)
     return None, info
 
 

@@ -105,3 +105,21 @@ def test_reductions_come_after_each_stage_last_backward_and_its_send():
                 for it in later
             )
         assert kinds.count("reduce") == 2 and kinds[-1] == "drain"
+
+
+def test_stores_under_fsdp2s_mixed_precision_keep_the_compute_dtype(tmp_path):
+    """The transformer under ZB-H1 storing, fp16 and selective recomputation, sharded over 2
+    replicas: FSDP2's policy makes the fp16 weights (ppx makes no copies of its own), and each
+    layer's input is still cast as autocast casts it, so W multiplies fp16 by fp16 (a layer
+    norm's fp32 output, stored as it was, met an fp16 output gradient in W and failed the
+    run). Its losses are one pipeline's on the whole batch, to fp16's tolerance."""
+    keys = ["transformer_1f1b_2cpu", "model.hidden=32", "pipeline.schedule=zb_h1", "train.split_backward=store"]
+    keys += ["train.dtype=fp16", "train.recompute=selective", "train.steps=2", "train.batch_size=16"]
+    losses = {}
+    for name, extra in (("one", []), ("shard", ["parallel.data=2", "parallel.data_shard=true"])):
+        r = ppx("run", *keys, *extra, f"run.dir={tmp_path / name}", timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        s = read_json(tmp_path / name / "summary.json")
+        assert {way["mode"] for way in s["split_backward"].values()} == {"store"}, s["split_backward"]
+        losses[name] = s["losses"]
+    assert losses["shard"] == pytest.approx(losses["one"], rel=5e-3)
