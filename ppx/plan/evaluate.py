@@ -24,7 +24,9 @@ class Result:
     steady-state step (the longest rank's own span: consecutive steps with no rank waiting at
     a step boundary, the zero-bubble paper's cost); ``rank_by`` which of the two ranks it;
     ``timed_by``: the run.paired entries whose actions at its stage count timed it (none: the
-    run's own costs, regrouped where its stages are more)."""
+    run's own costs, regrouped where its stages are more); ``sized``: whether any bytes were
+    given (activations or parameters: else every peak is 0 and says nothing), ``budgeted``
+    whether a budget was (else every candidate fits, and that says nothing either)."""
 
     schedule: str
     p: int
@@ -37,6 +39,8 @@ class Result:
     steady_s: float = 0.0
     rank_by: str = "sync"
     timed_by: tuple[str, ...] = ()
+    sized: bool = True
+    budgeted: bool = True
 
     @property
     def ranked_s(self) -> float:
@@ -102,4 +106,6 @@ def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
     )
     fits = inputs.budget_bytes is None or max(peaks) <= inputs.budget_bytes
     by = found.sources if found else ()
-    return Result(c.schedule, c.p, c.m, c.v, step, bubble, peaks, fits, steady, inputs.rank_by, by)
+    sized = inputs.act_bytes is not None or inputs.param_bytes is not None
+    budgeted = inputs.budget_bytes is not None
+    return Result(c.schedule, c.p, c.m, c.v, step, bubble, peaks, fits, steady, inputs.rank_by, by, sized, budgeted)

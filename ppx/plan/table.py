@@ -27,8 +27,8 @@ def rows(results: list[Result], microbatch_size: int | None) -> list[list[str]]:
                 f"{r.steady_s * 1e3:.2f}",
                 f"{rate:.1f}",
                 f"{r.bubble * 100:.1f}",
-                format_bytes(r.peak_max),
-                "yes" if r.fits else "no",
+                format_bytes(r.peak_max) if r.sized else "-",  # (no bytes given: no peak to tell)
+                ("yes" if r.fits else "no") if r.budgeted else "-",  # (no budget: nothing to fit)
             ]
         )
     return out

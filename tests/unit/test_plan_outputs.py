@@ -119,3 +119,25 @@ def test_zb_auto_is_planned_once_per_p_and_m_within_the_budget(tmp_path):
     code, out = plan(tmp_path / "alone", "--schedules", AUTO, "--microbatches", "8", "--mem-budget", "200MiB")
     sched = from_csv(out / "best.csv")
     assert code == 0 and sched.num_microbatches == 8 and sched.num_ranks == 4
+
+
+def test_the_table_says_nothing_of_peaks_or_fitting_where_no_bytes_or_budget_were_given():
+    """Flags alone give no bytes: the table's peak/rank and fits say "-", not "0 B" and "yes";
+    with bytes, the peak; with a budget, whether it fits."""
+    from dataclasses import replace
+
+    from ppx.plan.inputs import PlanInputs
+    from ppx.plan.search import search
+    from ppx.plan.space import candidates
+    from ppx.plan.table import rows
+
+    bare = PlanInputs(fwd_s=(0.01, 0.01), bwd_s=(0.02, 0.02), wgrad_s=(0.0, 0.0), stages=2)
+
+    def table(inputs: PlanInputs) -> list[list[str]]:
+        cands, _ = candidates(["1f1b", "gpipe", "zb_h1"], [2], [4], [1], inputs)
+        return rows(search(cands, inputs, jobs=1)[0], None)
+
+    assert {tuple(r[-2:]) for r in table(bare)} == {("-", "-")}
+    sized = replace(bare, act_bytes=(2.0**20, 2.0**20))
+    assert all(r[-2].endswith("MiB") and r[-1] == "-" for r in table(sized)), table(sized)
+    assert {r[-1] for r in table(replace(sized, budget_bytes=3 * 2.0**20))} == {"yes", "no"}
