@@ -1,8 +1,11 @@
 # ppx: `make run EXP=<experiment> ARGS="key=value ..."` and `make test` set up .venv themselves.
 PYTHON ?= python3
 VENV ?= .venv
-# The torch to install when .venv has none (override for a specific CUDA build).
+# The torch to install when .venv has none (override for a specific CUDA build), and the index
+# to take it from (empty: PyPI; https://download.pytorch.org/whl/cpu: the CPU build, for a machine
+# without a GPU, a few hundred MB where PyPI's Linux wheel brings GBs of CUDA libraries).
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
 EXP ?= gpipe_4gpu
 ARGS ?=
 PYTEST_ARGS ?=
@@ -15,7 +18,7 @@ STAMP := $(VENV)/.ppx-installed
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)"
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -e ".[test,hf]"
 	@touch $(STAMP)
 

@@ -115,7 +115,7 @@ def parser() -> argparse.ArgumentParser:
         help="gloo: receives posted this many compute actions early, -1 all at a rank's first wait "
         "(default 0, or the run's runtime.recv_lookahead with --from-run)",
     )
-    sim.add_argument("--from-run", help="take per-stage costs measured in this run directory instead")
+    sim.add_argument("--from-run", type=run_path, help="take per-stage costs measured in this run directory instead")
     sim.add_argument(
         "--drain",
         action="store_true",
@@ -158,7 +158,10 @@ def _plan_parser(sub) -> None:
         "plan", help="search schedules x p x m x v on given or measured costs under a memory budget, ranked"
     )
     pl.add_argument(
-        "--from-run", metavar="DIR", help="costs, saved bytes, transport and p measured in this run directory"
+        "--from-run",
+        metavar="DIR",
+        type=run_path,
+        help="costs, saved bytes, transport and p measured in this run directory",
     )
     per = "one value or one per stage (or per layer with --per-layer)"
     pl.add_argument("--fwd-ms", metavar="X", help=f"forward ms per microbatch: {per}")
@@ -179,6 +182,7 @@ def _plan_parser(sub) -> None:
     pl.add_argument(
         "--machine-from",
         metavar="DIR",
+        type=run_path,
         help="with cost flags: this machine's runtime overhead per action, hand-off and posting times, transport "
         "and receive lookahead, measured in this run directory (a short calibration run: the plan's header "
         "prints one); default: the flags, else this machine's newest kept calibration (--calibrate), else 0",
@@ -290,6 +294,12 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} -h)\n")
+
+
+def run_path(text: str) -> str:
+    """A run directory as given, without the trailing slashes a shell's completion adds (the
+    notes and commands that name it read ``<run>'s costs``, ``<run>/config.yaml``)."""
+    return text.rstrip("/") or text
 
 
 def _number(text: str) -> float:

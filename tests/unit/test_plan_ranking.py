@@ -106,3 +106,14 @@ def test_nothing_is_near_when_nothing_fits():
 
 def test_the_commands_default_is_the_planners():
     assert parser().parse_args(["plan", "--fwd-ms", "1", "--bwd-ms", "1"]).close_pct == CLOSE_PCT
+
+
+def test_a_run_directory_given_with_a_trailing_slash_is_named_without_it():
+    """Shell completion ends a directory with "/": the notes and printed commands that name the
+    run read "<run>'s costs" and "<run>/config.yaml", not "<run>/'s" and "<run>//config.yaml"."""
+    from ppx.cli import parser
+
+    assert parser().parse_args(["simulate", "zb_h1", "--from-run", "runs/x/"]).from_run == "runs/x"
+    args = parser().parse_args(["plan", "--from-run", "runs/x//", "--machine-from", "calib/"])
+    assert (args.from_run, args.machine_from) == ("runs/x", "calib")
+    assert parser().parse_args(["plan", "--from-run", "/"]).from_run == "/"
