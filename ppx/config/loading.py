@@ -87,7 +87,7 @@ def _with_preset(conf, loaded, overrides: list[str]):
 def load(exp: str | None, overrides: list[str] = ()) -> Config:
     """Defaults <- model.preset's keys <- experiment YAML (a name in experiments/ or a path) <-
     key=value overrides. The preset is read from a first merge of the others."""
-    name, loaded = None, None
+    name, loaded, path = None, None, None
     try:
         if exp is not None and not exp.strip():  # (None: no experiment, the defaults, as tests load them)
             raise UserError("the experiment is empty: give its name (from experiments/) or the path of its YAML file")
@@ -108,7 +108,8 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
             conf = _layers(models.shape_defaults(conf.model), loaded, overrides)
         cfg: Config = OmegaConf.to_object(conf)
     except OmegaConfBaseException as e:
-        raise UserError(_one_line(e)) from None
+        where = f"{path}: " if _from_file(e, loaded, overrides) else ""  # (a key of the file's: which file)
+        raise UserError(where + _one_line(e)) from None
     except Exception as e:  # YAML syntax errors and the like
         if isinstance(e, UserError):
             raise
@@ -126,6 +127,17 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
         except OmegaConfBaseException as e:
             raise UserError(f"runtime.cpu_fallback: {_one_line(e)}") from None
     return cfg
+
+
+def _from_file(e: OmegaConfBaseException, loaded, overrides: list[str]) -> bool:
+    """Whether the key ``e`` is about is the experiment file's, not an override's."""
+    key = getattr(e, "full_key", None)
+    if not key or loaded is None or any(o.partition("=")[0].strip() == key for o in overrides):
+        return False
+    try:
+        return OmegaConf.select(loaded, key, throw_on_missing=False) is not None
+    except OmegaConfBaseException:
+        return False
 
 
 def _one_entry(item: str) -> str:

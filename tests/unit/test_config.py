@@ -118,3 +118,18 @@ def test_a_yaml_error_in_an_override_names_the_override():
     with pytest.raises(UserError) as e:
         config.load(None, ["train.steps=2", "pipeline.schedule=[1f1b"])
     assert str(e.value).startswith("override 'pipeline.schedule=[1f1b': its value is not YAML: "), str(e.value)
+
+
+def test_a_bad_key_of_an_experiment_file_names_the_file_and_of_an_override_does_not(tmp_path):
+    """A typo or a wrong value in the experiment's YAML says which file holds it; the same in an
+    override names the key alone (the command line shows it), also where the file has the key."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("trian:\n  steps: 3\n")
+    with pytest.raises(UserError, match=rf"^{path}: trian: Key 'trian' not in 'Config'. Did you mean: 'train'\?"):
+        config.load(str(path), [])
+    path.write_text("pipeline:\n  stages: two\n")
+    with pytest.raises(UserError, match=rf"^{path}: pipeline.stages: Value 'two'"):
+        config.load(str(path), [])
+    path.write_text("pipeline:\n  stages: 2\n")
+    with pytest.raises(UserError, match=r"^pipeline.stages: Value 'two'"):
+        config.load(str(path), ["pipeline.stages=two"])
