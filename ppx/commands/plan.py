@@ -228,7 +228,8 @@ def cmd_plan(args) -> int:
                 "miss: plan from each of the two runs they name and hold the two plans' candidates side by side"
             )
     if args.from_run and inputs.act_bytes is None:
-        notes.append(f"note: {args.from_run} measured no saved bytes per microbatch: peaks count params only")
+        counted = "peaks count params only" if inputs.param_bytes is not None else "no peaks predicted"
+        notes.append(f"note: {args.from_run} measured no saved bytes per microbatch: {counted}")
     close = near_best(results, args.close_pct)
     # every file first, then the lines: a plan cut short while printing (| head) leaves them whole
     out.mkdir(parents=True, exist_ok=True)

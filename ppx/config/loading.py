@@ -130,14 +130,24 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
 
 
 def _from_file(e: OmegaConfBaseException, loaded, overrides: list[str]) -> bool:
-    """Whether the key ``e`` is about is the experiment file's, not an override's."""
+    """Whether the key ``e`` is about is the experiment file's, not an override's (one that sets
+    it, or a key above it: ``pipeline={stages: two}``)."""
     key = getattr(e, "full_key", None)
-    if not key or loaded is None or any(o.partition("=")[0].strip() == key for o in overrides):
+    if not key or loaded is None:
         return False
-    try:
-        return OmegaConf.select(loaded, key, throw_on_missing=False) is not None
-    except OmegaConfBaseException:
-        return False
+    for o in overrides:
+        given = o.partition("=")[0].strip()
+        if key == given or key.startswith((given + ".", given + "[")):
+            return False
+    node = OmegaConf.to_container(loaded, resolve=False)  # (a null or an interpolation is the file's too)
+    for part in re.findall(r"[^.\[\]]+", key):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False
+    return True
 
 
 def _one_entry(item: str) -> str:

@@ -23,6 +23,11 @@ FIXED = ("pipeline.stages", "train.steps", "model.preset")  # the job's shape an
 
 def entry_overrides(entry: str) -> list[str]:
     """The ``key=value`` overrides of one ``run.paired`` entry; UserError for one that is not."""
+    if not isinstance(entry, str):  # (OmegaConf keeps a mapping or list in a List[str] as it is)
+        raise UserError(
+            f"run.paired: {OmegaConf.to_container(entry) if OmegaConf.is_config(entry) else entry!r} is not a "
+            "string of key=value overrides (write an entry as 'pipeline.schedule=zb_h1 train.split_backward=store')"
+        )
     try:
         items = shlex.split(entry)
     except ValueError as e:

@@ -104,7 +104,8 @@ def write_md(
             "## Best",
             "",
             f"**{best.label()}**: predicted step {best.step_s * 1e3:.2f} ms (sync), steady-state "
-            f"{best.steady_s * 1e3:.2f} ms, bubble {best.bubble:.1%}, peak {format_bytes(best.peak_max)} per rank.",
+            f"{best.steady_s * 1e3:.2f} ms, bubble {best.bubble:.1%}"
+            + (f", peak {format_bytes(best.peak_max)} per rank." if best.sized else " (no bytes given: no peak)."),
             "",
         ]
         parts += ["```", *how, "```", ""]

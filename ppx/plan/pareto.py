@@ -1,5 +1,6 @@
 """plan.png: predicted step time against peak memory per rank, one colour per schedule, the
-Pareto front (no other candidate both faster and smaller) marked, the budget a vertical line."""
+Pareto front (no other candidate both faster and smaller) marked, the budget a vertical line
+(without bytes given, every peak at 0 and no front)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def draw(results: list[Result], path: Path, budget_bytes: float | None, title: s
         ax.scatter(
             [r.peak_max / scale for r in mine], [r.step_s * 1e3 for r in mine], color=colours(k), label=name, s=28
         )
-    edge = front(results)
+    sized = any(r.sized for r in results)  # (no bytes given: every peak 0, and no front to draw)
+    edge = front(results) if sized else []
     if edge:
         ax.plot(
             [r.peak_max / scale for r in edge],
@@ -51,7 +53,13 @@ def draw(results: list[Result], path: Path, budget_bytes: float | None, title: s
         )
     if budget_bytes is not None:
         ax.axvline(budget_bytes / scale, color="red", lw=1.5, label=f"budget {format_bytes(budget_bytes)}")
-    ax.set_xlabel(f"predicted peak memory per rank ({unit}, the busiest rank)")
+    ax.set_xlabel(
+        f"predicted peak memory per rank ({unit}, the busiest rank)"
+        if sized
+        else "peak memory per rank: not predicted (no bytes given: --act-bytes, --param-bytes or a run's)"
+    )
+    if not sized:
+        ax.set_xticks([])
     ax.set_ylabel("predicted step time (ms)")
     ax.set_title(title)
     ax.grid(alpha=0.3)

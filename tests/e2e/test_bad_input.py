@@ -63,6 +63,10 @@ CASES = {
         "runtime.cpu_fallback: model.presett: Key 'presett' not in 'ModelConfig'. Did you mean: 'preset'?",
     ),
     "sharding without replicas": (["gpipe_2cpu", "parallel.data_shard=true"], "it needs parallel.data > 1"),
+    "a paired entry that is no string": (
+        ["gpipe_2cpu", "run.paired=[{a: 1}]"],
+        "run.paired: {'a': 1} is not a string of key=value overrides",
+    ),
     "replicas on torch's executor": (
         ["gpipe_2cpu", "parallel.data=2", "pipeline.executor=torch"],
         "parallel.data=2 runs on ppx's executor",

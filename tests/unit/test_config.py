@@ -131,5 +131,11 @@ def test_a_bad_key_of_an_experiment_file_names_the_file_and_of_an_override_does_
     with pytest.raises(UserError, match=rf"^{path}: pipeline.stages: Value 'two'"):
         config.load(str(path), [])
     path.write_text("pipeline:\n  stages: 2\n")
-    with pytest.raises(UserError, match=r"^pipeline.stages: Value 'two'"):
-        config.load(str(path), ["pipeline.stages=two"])
+    for override in ("pipeline.stages=two", "pipeline={stages: two}"):  # (the key, or one above it)
+        with pytest.raises(UserError, match=r"^pipeline.stages: Value 'two'"):
+            config.load(str(path), [override])
+    # a null and an interpolation the file holds are the file's too
+    for text, said in (("train:\n  steps: null\n", "Incompatible value 'None'"), ("train:\n  steps: ${x.y}\n", "")):
+        path.write_text(text)
+        with pytest.raises(UserError, match=rf"^{path}: train.steps: {said}"):
+            config.load(str(path), [])

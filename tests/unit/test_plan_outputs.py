@@ -141,3 +141,16 @@ def test_the_table_says_nothing_of_peaks_or_fitting_where_no_bytes_or_budget_wer
     sized = replace(bare, act_bytes=(2.0**20, 2.0**20))
     assert all(r[-2].endswith("MiB") and r[-1] == "-" for r in table(sized)), table(sized)
     assert {r[-1] for r in table(replace(sized, budget_bytes=3 * 2.0**20))} == {"yes", "no"}
+
+
+def test_a_plan_without_bytes_says_so_in_plan_md_not_a_peak_of_0_b(tmp_path, capsys):
+    """Flags without --act-bytes or --param-bytes: plan.md's best gives no peak, where it gave
+    "peak 0 B per rank"; with bytes, the peak."""
+    bare = tmp_path / "bare"
+    assert main(["plan", "--fwd-ms", "10", "--bwd-ms", "10", "--schedules", "1f1b,gpipe", "--out", str(bare)]) == 0
+    best = next(line for line in (bare / "plan.md").read_text().splitlines() if line.startswith("**"))
+    assert best.endswith("(no bytes given: no peak).") and "0 B" not in best, best
+    code, out = plan(tmp_path)
+    assert code == 0 and " per rank." in next(
+        x for x in (out / "plan.md").read_text().splitlines() if x.startswith("**")
+    )
