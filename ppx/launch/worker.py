@@ -21,6 +21,7 @@ from ppx.engine.runtime import ActionFailed
 from ppx.errors import UserError, said
 from ppx.launch import claim, environment
 from ppx.launch.affinity import pin_local_rank
+from ppx.launch.closed_stdout import survive_closed_stdout
 from ppx.launch.failure_line import report_failure
 from ppx.launch.faults import FaultInjector
 from ppx.launch.stop_signal import await_stop, follow_stop_signal
@@ -60,6 +61,7 @@ def _shared_run_dir(cfg: Config, run_dir: Path | None, group) -> Path:
 def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    survive_closed_stdout()  # (ppx run ... | head: the run goes on)
     if device_type != "cuda" and cfg.runtime.pin_cpus:  # before any thread starts, so all inherit it
         pin_local_rank(local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     torch.set_num_threads(cfg.runtime.threads_per_rank)

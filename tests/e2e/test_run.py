@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from helpers import DATA, PICTURED_1F1B, ppx, read_json, read_jsonl
+from helpers import DATA, PICTURED_1F1B, REPO, ppx, read_json, read_jsonl
 
 SMALL = ["model.hidden=32", "train.steps=3", "train.batch_size=16"]
 
@@ -150,3 +150,21 @@ def test_a_split_backward_way_under_a_schedule_without_one_is_noted(tmp_path):
     assert read_json(d / "summary.json").get("split_backward") is None
     _, zb = run(tmp_path, "zb", "1f1b_2cpu", "pipeline.schedule=zb_h1", "train.split_backward=store", "train.steps=1")
     assert "changes nothing" not in zb.stderr
+
+
+def test_a_run_whose_output_pipe_closes_goes_on_to_complete(tmp_path):
+    """``ppx run ... | head -1``: rank 0's later progress lines meet a closed pipe; the run
+    goes on to complete (it failed as rank 0's BrokenPipeError, incomplete), exit 0."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "ppx.cli", "run", "gpipe_2cpu", "train.steps=12", f"run.dir={run}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()  # the first progress line, then the reader goes away
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=240) == 0, err[-3000:]
+    assert first.startswith("[gpipe_2cpu] step 0 (1/12)"), first
+    assert (run / "summary.json").exists() and not (run / "incomplete.txt").exists(), err[-3000:]
+    assert len(read_jsonl(run / "metrics.jsonl")) == 12
