@@ -329,7 +329,9 @@ def main(argv=None) -> int:
             time.sleep(5)
         return 2
     except BrokenPipeError:  # the reader went away (ppx keys | head): stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        from ppx.launch.closed_stdout import stdout_to_null
+
+        stdout_to_null()
         return 141
     except OSError as e:  # a path given on the command line or in the config cannot be written or read
         where = f": {e.filename}" if e.filename else ""

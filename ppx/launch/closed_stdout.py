@@ -32,12 +32,18 @@ class _Survives:
             self._to_null()
 
     def _to_null(self) -> None:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, self._stream.fileno())  # (what the buffer still holds goes there too)
-        os.close(null)
+        stdout_to_null(self._stream)
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
+
+
+def stdout_to_null(stream=None) -> None:
+    """Point ``stream``'s file descriptor (sys.stdout's by default) at /dev/null: its reader went
+    away, and what its buffer still holds goes there too, at exit as well."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, (stream or sys.stdout).fileno())
+    os.close(null)
 
 
 def survive_closed_stdout() -> None:
