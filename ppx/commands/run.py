@@ -26,7 +26,7 @@ def cmd_run(args) -> int:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
         device, notice = devices.choose_device(cfg.runtime.device, local, multi_node=have != local)
         rank0 = os.environ.get("RANK") == "0"
-        for line in (notice, _changes_nothing(cfg)):
+        for line in (notice, *_notes(cfg)):
             if line and rank0:
                 print(line, file=sys.stderr)
         # every rank re-loads the same experiment and overrides, so all agree on the fallback
@@ -42,7 +42,7 @@ def cmd_run(args) -> int:
         return run_rank(cfg, None, device)
 
     device, notice = devices.choose_device(cfg.runtime.device, world)
-    for line in (notice, _changes_nothing(cfg)):
+    for line in (notice, *_notes(cfg)):
         if line:
             print(line, file=sys.stderr)
     cfg, stages, world = _cpu_fallback(cfg, args, notice, True) or (cfg, stages, world)
@@ -63,6 +63,29 @@ def cmd_run(args) -> int:
 
     command = processes.torchrun_command(world, run_dir, fork)
     return supervise(command, env, run_dir, world, cfg.runtime.timeout_s)
+
+
+def _notes(cfg) -> list[str]:
+    """The notes a run prints before it starts (stderr, rank 0's)."""
+    return [line for line in (_changes_nothing(cfg), *_out_of_order(cfg)) if line]
+
+
+def _out_of_order(cfg) -> list[str]:
+    """A note for the run's list, and each ``run.paired`` entry's, that adds a stage's
+    gradients out of microbatch order (a CSV of one's own: every family's list adds them in
+    order), so that losses which differ from another schedule's in the last digits are not
+    taken for a wrong gradient."""
+    from ppx.config import resolve_schedule
+    from ppx.config.paired import entry_config
+    from ppx.schedules.ir.structure import out_of_order_note
+
+    configs = [("", cfg)] + [(f"run.paired {e!r}: ", entry_config(cfg, e)) for e in cfg.run.paired]
+    notes = []
+    for label, c in configs:
+        note = out_of_order_note(resolve_schedule(c))
+        if note:
+            notes.append(f"ppx: note: {label}{c.pipeline.schedule} {note}")
+    return notes
 
 
 def _changes_nothing(cfg) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ppx.commands.common import drain_list, output_path, schedule_from
 from ppx.errors import UserError
 from ppx.schedules.ir.action import Op
-from ppx.schedules.ir.structure import drain_keeps
+from ppx.schedules.ir.structure import drain_keeps, out_of_order_note
 
 
 def _own_order(path: str, sched, costs, transport: str) -> str:
@@ -67,6 +67,9 @@ def cmd_schedule(args) -> int:
         th = fam.bubble(p, m, args.virtual)
         line += f", theory {fam.bubble_formula} = {th:.1%}; as a share of the ideal time: {th / (1 - th):.1%}"
     print(line)
+    disorder = out_of_order_note(sched)
+    if disorder:
+        print(f"note: {args.name} {disorder}")
     if args.actions:
         print(sched.format())
     if args.csv:
