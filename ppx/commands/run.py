@@ -26,11 +26,12 @@ def cmd_run(args) -> int:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
         device, notice = devices.choose_device(cfg.runtime.device, local, multi_node=have != local)
         rank0 = os.environ.get("RANK") == "0"
-        for line in (notice, *_notes(cfg)):
-            if line and rank0:
-                print(line, file=sys.stderr)
+        if notice and rank0:
+            print(notice, file=sys.stderr)
         # every rank re-loads the same experiment and overrides, so all agree on the fallback
         cfg, stages, world = _cpu_fallback(cfg, args, notice, rank0) or (cfg, stages, world)
+        for line in _notes(cfg) if rank0 else ():
+            print(line, file=sys.stderr)
         if have != world:
             want = f"pipeline.stages={stages}" + (f" x parallel.data={cfg.parallel.data}" if world != stages else "")
             raise UserError(
@@ -42,10 +43,11 @@ def cmd_run(args) -> int:
         return run_rank(cfg, None, device)
 
     device, notice = devices.choose_device(cfg.runtime.device, world)
-    for line in (notice, *_notes(cfg)):
-        if line:
-            print(line, file=sys.stderr)
+    if notice:
+        print(notice, file=sys.stderr)
     cfg, stages, world = _cpu_fallback(cfg, args, notice, True) or (cfg, stages, world)
+    for line in _notes(cfg):
+        print(line, file=sys.stderr)
     run_dir = claim(cfg)
     (run_dir / "config.yaml").write_text(config.to_yaml(cfg))
     env = processes.worker_env(device, cfg.runtime.threads_per_rank, command)
@@ -66,23 +68,26 @@ def cmd_run(args) -> int:
 
 
 def _notes(cfg) -> list[str]:
-    """The notes a run prints before it starts (stderr, rank 0's)."""
-    return [line for line in (_changes_nothing(cfg), *_out_of_order(cfg)) if line]
+    """The notes a run prints before it starts (stderr, rank 0's), once each."""
+    return list(dict.fromkeys(line for line in (_changes_nothing(cfg), *_out_of_order(cfg)) if line))
 
 
 def _out_of_order(cfg) -> list[str]:
-    """A note for the run's list, and each ``run.paired`` entry's, that adds a stage's
-    gradients out of microbatch order (a CSV of one's own: every family's list adds them in
-    order), so that losses which differ from another schedule's in the last digits are not
-    taken for a wrong gradient."""
+    """A note for the run's list, and each ``run.paired`` entry's, that sums its microbatches
+    out of microbatch order (a CSV of one's own: every family's list keeps it), so that losses
+    which differ from another schedule's in the last digits are not taken for a wrong gradient
+    (`ppx.schedules.ir.sum_order`)."""
     from ppx.config import resolve_schedule
     from ppx.config.paired import entry_config
-    from ppx.schedules.ir.structure import out_of_order_note
+    from ppx.schedules import registry
+    from ppx.schedules.ir.sum_order import out_of_order_note
 
     configs = [("", cfg)] + [(f"run.paired {e!r}: ", entry_config(cfg, e)) for e in cfg.run.paired]
     notes = []
     for label, c in configs:
-        note = out_of_order_note(resolve_schedule(c))
+        # (an I that takes the input's gradient alone adds nothing: the graph's way, torch's runtime)
+        torch = registry.runs_on_torch(c.pipeline.schedule, c.pipeline.executor)
+        note = out_of_order_note(resolve_schedule(c), inputs_add=c.train.split_backward != "graph" and not torch)
         if note:
             notes.append(f"ppx: note: {label}{c.pipeline.schedule} {note}")
     return notes

@@ -5,7 +5,8 @@ from __future__ import annotations
 from ppx.commands.common import drain_list, output_path, schedule_from
 from ppx.errors import UserError
 from ppx.schedules.ir.action import Op
-from ppx.schedules.ir.structure import drain_keeps, out_of_order_note
+from ppx.schedules.ir.structure import drain_keeps
+from ppx.schedules.ir.sum_order import out_of_order_note
 
 
 def _own_order(path: str, sched, costs, transport: str) -> str:

@@ -79,31 +79,3 @@ def test_reduce_grad_goes_where_torch_puts_it(name, p, m, v):
     assert ours == theirs
     if name == "1f1b":
         assert ours == {"0REDUCE_GRAD": "0B3", "1REDUCE_GRAD": "1SEND_B3", "2REDUCE_GRAD": "2SEND_B3"}
-
-
-def test_every_familys_list_adds_gradients_in_microbatch_order_and_a_csv_may_not(tmp_path):
-    """`gradients_out_of_order`: none of the families' lists (nor their drained ones) adds a
-    stage's gradients of a microbatch after a later one's; a CSV that runs a B, or an I (which
-    adds the small weights' gradients under a split that stores), of a later microbatch first does."""
-    from ppx.schedules.auto.auto_zb import auto_zb
-    from ppx.schedules.ir.structure import drain_only, gradients_out_of_order
-    from ppx.schedules.sim.costs import Costs
-
-    for name, fam in schedules.FAMILIES.items():
-        v = 2 if fam.virtual or fam.default_virtual == 2 else 1
-        for p, m in ((2, 4), (4, 8)):
-            built = schedules.build(name, p, m, v)
-            assert gradients_out_of_order(built) is None and gradients_out_of_order(drain_only(built)) is None, name
-    for costs in (Costs(fwd=1, bwd=1, wgrad=1), Costs(fwd=[1, 2, 1], bwd=[2, 1, 1], wgrad=[0.5, 2, 1])):
-        for limit in (None, 6):  # (zb_auto: W's filling idle time, held back on later ranks)
-            assert gradients_out_of_order(auto_zb(3, 6, costs, mem_limit=limit)) is None, (costs, limit)
-    cases = {
-        "0F0,0F1,0B0,0B1\n1F0,1I0,1F1,1B1,1W0\n": (1, 0, 1),  # W0 after B1
-        "0F0,0F1,0B0,0B1\n1F0,1F1,1I1,1I0,1W0,1W1\n": (1, 0, 1),  # I0 after I1, the W's in order
-        "0F0,0F1,0B1,0B0\n1F0,1B0,1F1,1B1\n": (0, 0, 1),
-        "0F0,0F1,0B0,0B1\n1F0,1I0,1F1,1I1,1W0,1W1\n": None,
-    }
-    for text, want in cases.items():
-        path = tmp_path / "mine.csv"
-        path.write_text(text)
-        assert gradients_out_of_order(schedules.from_csv(path)) == want, text

@@ -121,38 +121,6 @@ def same_compute(x: Schedule, y: Schedule) -> bool:
     return x.compute_only().actions == y.compute_only().actions and list(x.stage_to_rank) == list(y.stage_to_rank)
 
 
-def gradients_out_of_order(schedule: Schedule) -> tuple[int, int, int] | None:
-    """The first (stage, microbatch, earlier microbatch) where ``schedule`` adds a stage's
-    gradients of a microbatch after those of a later one, or None where every stage adds them
-    in microbatch order, as every family's list does (and zb_auto's). Weight gradients come
-    with a B or a W, and the small weights' (norms, embeddings) with the I under a split that
-    stores: floating-point sums taken in another order round otherwise, so such a list (a CSV
-    of one's own) gives other schedules' gradients to rounding, not bit for bit."""
-    for row in schedule.actions:
-        for ops in ((Op.B, Op.W), (Op.B, Op.I)):
-            last: dict[int, int] = {}  # stage -> the microbatch whose gradients it added last
-            for a in row:
-                if a.op in ops:
-                    if last.get(a.stage, -1) > a.mb:
-                        return a.stage, a.mb, last[a.stage]
-                    last[a.stage] = a.mb
-    return None
-
-
-def out_of_order_note(schedule: Schedule) -> str | None:
-    """Where ``schedule`` adds gradients out of microbatch order (`gradients_out_of_order`), as
-    a sentence to follow the list's name ("adds stage 1's gradients of microbatch 0 after ..."),
-    or None."""
-    found = gradients_out_of_order(schedule)
-    if found is None:
-        return None
-    stage, mb, later = found
-    return (
-        f"adds stage {stage}'s gradients of microbatch {mb} after microbatch {later}'s: sums in another "
-        "order, so its gradients and losses equal other schedules' to rounding, not bit for bit"
-    )
-
-
 def drain_only(schedule: Schedule) -> Schedule:
     """``schedule`` splitting a backward only where its W can fill the drain
     (``train.split_backward=drain``): on each rank, a microbatch's I becomes one whole B, at
