@@ -75,19 +75,14 @@ def _notes(cfg) -> list[str]:
 def _out_of_order(cfg) -> list[str]:
     """A note for the run's list, and each ``run.paired`` entry's, that sums its microbatches
     out of microbatch order (a CSV of one's own: every family's list keeps it), so that losses
-    which differ from another schedule's in the last digits are not taken for a wrong gradient
-    (`ppx.schedules.ir.sum_order`)."""
-    from ppx.config import resolve_schedule
+    which differ from another schedule's in the last digits are not taken for a wrong gradient."""
     from ppx.config.paired import entry_config
-    from ppx.schedules import registry
-    from ppx.schedules.ir.sum_order import out_of_order_note
+    from ppx.config.resolve import sum_order_note
 
     configs = [("", cfg)] + [(f"run.paired {e!r}: ", entry_config(cfg, e)) for e in cfg.run.paired]
     notes = []
     for label, c in configs:
-        # (an I that takes the input's gradient alone adds nothing: the graph's way, torch's runtime)
-        torch = registry.runs_on_torch(c.pipeline.schedule, c.pipeline.executor)
-        note = out_of_order_note(resolve_schedule(c), inputs_add=c.train.split_backward != "graph" and not torch)
+        note = sum_order_note(c)
         if note:
             notes.append(f"ppx: note: {label}{c.pipeline.schedule} {note}")
     return notes

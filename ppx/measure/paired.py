@@ -192,7 +192,7 @@ def paired_rows(summary: dict) -> list[list[str]]:
         q = row.get("over_run_q1_q3")
         ci = row.get("over_run_ci95")
         losses = "equal" if row["losses_equal"] else f"differ from step {row['first_loss_difference_step']}"
-        losses += skipped_steps(row, " ({})")
+        losses += unordered(row, "; {}") + skipped_steps(row, " ({})")
         floor = "(the floor: the run's own config)" if row.get("floor") else ""
         if "over_floor" in row:
             floor = f"{row['over_floor']:.3f}x: {verdict(row, 'floor')}"
@@ -224,7 +224,7 @@ def paired_lines(summary: dict) -> list[str]:
             if row["losses_equal"]
             else f"losses differ from step {row['first_loss_difference_step']} (by up to {row['max_loss_difference']:.3g})"
         )
-        losses += skipped_steps(row, "; {}")
+        losses += unordered(row, ": {}") + skipped_steps(row, "; {}")
         name = f"{entry!r} (the run's own config: the floor)" if row.get("floor") else repr(entry)
         floor = ""
         if "over_floor" in row:
@@ -234,6 +234,16 @@ def paired_lines(summary: dict) -> list[str]:
             f"beside it (median of {row['pairs']} pairs{spread}): {verdict(row)}{floor}; {losses}"
         )
     return out
+
+
+def unordered(row: dict, form: str) -> str:
+    """``form`` holding which list sums its microbatches out of microbatch order, where the
+    losses differ (``sums_out_of_order``), or ""."""
+    who = row.get("sums_out_of_order", [])
+    if row["losses_equal"] or not who:
+        return ""
+    lists = "both lists sum" if len(who) == 2 else ("the run's list sums" if who == ["run"] else "its list sums")
+    return form.format(f"{lists} the microbatches out of microbatch order: rounding, not a wrong gradient")
 
 
 def skipped_steps(row: dict, form: str) -> str:

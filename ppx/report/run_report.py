@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ppx.config.paired import entry_units, floors
+from ppx.config.paired import entry_units, floors, sums_out_of_order
 from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
 from ppx.measure.paired import add_kept, entry_skipped, kept_fields, paired_lines, paired_step, paired_summary
 from ppx.measure.spans import first_timeline_step
@@ -151,6 +151,9 @@ class RunReport:
             summary["paired"] = paired_summary(entries, times, self.losses, self.paired, floors(cfg))
             for k, (entry, row) in enumerate(summary["paired"].items()):  # the split each ran (an entry may change it)
                 row["units_per_stage"] = entry_units(cfg, entry)
+                unordered = sums_out_of_order(cfg, entry)
+                if unordered:  # (their losses may differ by rounding: said beside a difference)
+                    row["sums_out_of_order"] = unordered
                 row.update(kept_fields(self.paired_kept[k] if k < len(self.paired_kept) else {}))
             for line in paired_lines(summary["paired"]):
                 print(line, flush=True)

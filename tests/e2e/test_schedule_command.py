@@ -107,5 +107,9 @@ def test_a_csv_that_sums_out_of_microbatch_order_is_noted_where_it_is_shown_and_
     assert r.returncode == 0, r.stderr[-2000:]
     notes = [line for line in r.stderr.splitlines() if line.startswith("ppx: note:")]
     assert notes == [f"ppx: note: {said[weights]}", f"ppx: note: run.paired '{entry}': {said[loss]}"], r.stderr
-    for row in json.loads((run / "summary.json").read_text())["paired"].values():
+    rows = json.loads((run / "summary.json").read_text())["paired"]
+    assert rows[entry]["sums_out_of_order"] == ["run", "entry"] and rows["pipeline.schedule=1f1b"][
+        "sums_out_of_order"
+    ] == ["run"]
+    for row in rows.values():  # (said beside the losses where they differ)
         assert row["losses_equal"] or row["max_loss_difference"] < 1e-5, row

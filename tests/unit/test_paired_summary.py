@@ -227,3 +227,24 @@ def test_an_entrys_fp16_skipped_steps_are_counted_once_a_step_and_said():
     add_kept(step([None, None]), fp32)
     assert "optimizer_steps_skipped" not in kept_fields(fp32[0])
     assert "skipped" not in paired_lines({"e": {**row, "optimizer_steps_skipped": 0}})[0]
+
+
+def test_losses_that_differ_beside_a_list_summing_out_of_order_say_which_list():
+    """``sums_out_of_order`` (the run's, the entry's or both lists): the line and report.html's
+    row name it where the losses differ, and say nothing of it where they are equal."""
+    from ppx.measure.paired import paired_rows
+
+    out = paired_summary(
+        ["a", "b"], [1.0, 1.0], [3.0, 2.0], [[(1.0, 3.0), (1.0, 3.0)], [(1.0, 2.0 + 1e-7), (1.0, 2.0)]]
+    )
+    out["a"]["sums_out_of_order"] = ["entry"]
+    out["b"]["sums_out_of_order"] = ["run", "entry"]
+    lines = paired_lines(out)
+    said = "its list sums the microbatches out of microbatch order: rounding, not a wrong gradient"
+    assert lines[0].endswith(f"losses differ from step 1 (by up to {1e-7:.3g}): {said}"), lines[0]
+    assert lines[1].endswith("; losses equal at every step"), lines[1]
+    assert paired_rows({"a": out["a"]})[0][-1] == f"differ from step 1; {said}"
+    out["b"].update(losses_equal=False, first_loss_difference_step=0, max_loss_difference=1e-7)
+    assert "both lists sum the microbatches out of microbatch order" in paired_lines(out)[1]
+    out["b"]["sums_out_of_order"] = ["run"]
+    assert "the run's list sums the microbatches" in paired_lines(out)[1]
