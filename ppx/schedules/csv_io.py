@@ -11,10 +11,10 @@ there; `read_csv` skips all three (ppx scales the loss by 1/microbatches instead
 from __future__ import annotations
 
 import csv
-from collections import Counter
 from pathlib import Path
 
 from ppx.errors import ScheduleError
+from ppx.schedules.csv_checks import check_written
 from ppx.schedules.ir.action import parse_cell
 from ppx.schedules.ir.schedule import Schedule
 from ppx.schedules.placing.placement import place_comms
@@ -52,27 +52,38 @@ def read_csv(path: str | Path, name: str | None = None) -> Schedule:
     """Load a CSV schedule (compute-only or with comms); the stage-to-rank map and the
     microbatch count are inferred from the actions, and training from whether any backward
     appears. Returns the actions as written; `add_comms` fills in missing communication."""
+    return _read(path, name)[0]
+
+
+def _read(path: str | Path, name: str | None = None) -> tuple[Schedule, list[list[int]]]:
+    """`read_csv`'s schedule, and per rank the cell (counted from 0 in its row, empty cells
+    included) of each of its actions, for errors that point into the file."""
     path = Path(path)
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:  # (a byte-order mark is not an action)
             texts = [
-                [c for c in row if c.strip() and c.strip().lstrip("0123456789") not in TORCH_ONLY]
+                [(k, c) for k, c in enumerate(row) if c.strip() and c.strip().lstrip("0123456789") not in TORCH_ONLY]
                 for row in csv.reader(f)
             ]
     except OSError as e:
         raise ScheduleError(f"cannot read schedule CSV {path}: {e.strerror}") from None
     except UnicodeDecodeError as e:
         raise ScheduleError(f"schedule CSV {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
-    rows, overlaps = [], []  # actions per rank; compute indices starting an overlapped cell
-    for row in texts:
-        actions, cells = [], set()
-        for c in row:
-            parts = parse_cell(c)
+    rows, overlaps, cells = [], [], []  # actions per rank; compute indices starting an overlapped cell; cells
+    for r, row in enumerate(texts):
+        actions, starts, at = [], set(), []
+        for k, c in row:
+            try:
+                parts = parse_cell(c)
+            except ScheduleError as e:
+                raise ScheduleError(f"schedule CSV {path}: rank {r} cell {k}: {e}") from None
             if len(parts) == 2:
-                cells.add(sum(a.op.is_compute for a in actions))
+                starts.add(sum(a.op.is_compute for a in actions))
             actions += parts
+            at += [k] * len(parts)
         rows.append(actions)
-        overlaps.append(frozenset(cells))
+        overlaps.append(frozenset(starts))
+        cells.append(at)
     if not rows or not any(rows):
         raise ScheduleError(f"schedule CSV {path} holds no actions")
     owner: dict[int, int] = {}
@@ -86,7 +97,7 @@ def read_csv(path: str | Path, name: str | None = None) -> Schedule:
         raise ScheduleError(f"schedule CSV {path}: stages {missing} have no actions")
     m = max(a.mb for row in rows for a in row) + 1
     training = any(a.op.is_backward for row in rows for a in row)
-    return Schedule(
+    schedule = Schedule(
         name or path.stem,
         m,
         tuple(owner[s] for s in range(stages)),
@@ -94,17 +105,14 @@ def read_csv(path: str | Path, name: str | None = None) -> Schedule:
         training,
         overlaps=tuple(overlaps) if any(overlaps) else None,
     )
+    return schedule, cells
 
 
 def from_csv(path: str | Path, transport: str = "nccl") -> Schedule:
     """Load, complete (comms placed to run under ``transport``) and validate a schedule
     written as torch-style CSV; one with comms is checked as written."""
-    loaded = read_csv(path)
-    for r, row in enumerate(loaded.actions):  # as written, before the comms it implies are added
-        counts = Counter(row)
-        for k, a in enumerate(row):
-            if counts[a] > 1:
-                raise ScheduleError(f"schedule CSV {path}: rank {r} step {k} ({a}): {a} appears {counts[a]} times")
+    loaded, cells = _read(path)
+    check_written(path, loaded, cells)  # as written, before the comms it implies are added
     has_comms = any(a.op.is_comm for row in loaded.actions for a in row)
     if not has_comms:
         return place_comms(loaded, transport)

@@ -31,7 +31,7 @@ def test_csv_with_torch_idle_cells(tmp_path):
 def test_csv_names_a_duplicate_as_written(tmp_path):
     path = tmp_path / "dup.csv"
     path.write_text("0F0,0F1,0B0,0B1\n1F0,1F1,1F1,1B0,1B1\n")
-    with pytest.raises(ScheduleError, match=r"rank 1 step 1 \(1F1\): 1F1 appears 2 times"):
+    with pytest.raises(ScheduleError, match=r"dup.csv: rank 1 cell 2 \(1F1\): 1F1 is written twice \(cells 1 and 2\)"):
         schedules.from_csv(path)
 
 
@@ -79,3 +79,33 @@ def test_reduce_grad_goes_where_torch_puts_it(name, p, m, v):
     assert ours == theirs
     if name == "1f1b":
         assert ours == {"0REDUCE_GRAD": "0B3", "1REDUCE_GRAD": "1SEND_B3", "2REDUCE_GRAD": "2SEND_B3"}
+
+
+@pytest.mark.parametrize(
+    "rank1, said",
+    [
+        ("1F0,1B0,1F1,1B1,1B2,1F2,1F3,1B3", "rank 1 cell 4 (1B2): backward before its forward 1F2 (cell 5)"),
+        ("1F0,1I0,1B0,1F1,1B1", "rank 1 cell 1 (1I0): microbatch 0's backward on stage 1 is written both whole (1B0)"),
+        ("1F0,1I0,1F1,1I1,1W1,1B2", "rank 1 cell 1 (1I0): 1I0 has no 1W0: an I's weight gradients come in its W"),
+        ("1F0,1W0,1I0,1F1,1B1", "rank 1 cell 1 (1W0): weight gradient before its input gradient 1I0 (cell 2)"),
+        ("1F0,1B0,,1F1,1F1,1B1", "rank 1 cell 4 (1F1): 1F1 is written twice (cells 3 and 4)"),  # (empty cells counted)
+        ("1F0,1X1", "rank 1 cell 1: cannot parse action '1X1'"),
+    ],
+)
+def test_a_csv_order_is_refused_naming_the_cell_as_written(tmp_path, rank1, said):
+    """Errors point into the file (rank = row, cell counted from 0 with empty cells), not into
+    the list with the sends and receives ppx adds, which the file never held."""
+    path = tmp_path / "mine.csv"
+    path.write_text("0F0,0F1,0F2,0B0,0B1,0B2\n" + rank1 + "\n")
+    with pytest.raises(ScheduleError) as e:
+        schedules.from_csv(path)
+    assert str(e.value).startswith(f"schedule CSV {path}: {said}"), str(e.value)
+
+
+def test_a_csv_whose_microbatch_indices_skip_says_how_many_it_runs(tmp_path):
+    path = tmp_path / "mine.csv"
+    path.write_text("0F0,0F1,0F2,0F9,0B0,0B1,0B2,0B9\n1F0,1F1,1F2,1F9,1B0,1B1,1B2,1B9\n")
+    with pytest.raises(
+        ScheduleError, match=r"microbatches 3-8 appear in no cell, where its largest is 9: .* \(10 here\)"
+    ):
+        schedules.from_csv(path)

@@ -6,7 +6,7 @@ Layers, lowest first: ppx/__init__.py, ppx/errors.py and ppx/paths.py < schedule
 measure < engine < report < plan < launch < gpucheck < commands < ppx/cli.py.
 
 Inside ppx/schedules/ the same rule holds between its rooms, lowest first: ir < families <
-comms < sim < placing < auto < the package's own modules (registry, csv_io, grid and
+comms < sim < placing < auto < the package's own modules (registry, csv_io, csv_checks, grid and
 __init__.py)."""
 
 from __future__ import annotations
@@ -47,10 +47,12 @@ ROOMS = [
     ("sim",),
     ("placing",),
     ("auto",),
-    ("", "registry", "csv_io", "grid"),
+    ("", "registry", "csv_io", "csv_checks", "grid"),
 ]
 ROOM_OF = {part: k for k, parts in enumerate(ROOMS) for part in parts}
-ROOM_NAME = [f"ppx.schedules.{parts[0]}" for parts in ROOMS[:-1]] + ["ppx.schedules (registry, csv_io, grid)"]
+ROOM_NAME = [f"ppx.schedules.{parts[0]}" for parts in ROOMS[:-1]] + [
+    "ppx.schedules (registry, csv_io, csv_checks, grid)"
+]
 
 
 @dataclass(frozen=True)
@@ -357,12 +359,12 @@ def test_the_room_check_passes_rooms_in_order(tmp_path):
         (
             "from ppx.schedules import build\n",
             "ppx/schedules/ir/action.py:2: ppx.schedules.ir.action (ppx.schedules.ir) imports "
-            "ppx.schedules from the higher room ppx.schedules (registry, csv_io, grid)",
+            "ppx.schedules from the higher room ppx.schedules (registry, csv_io, csv_checks, grid)",
         ),
         (
             "import ppx.schedules.registry\n",
             "ppx/schedules/ir/action.py:2: ppx.schedules.ir.action (ppx.schedules.ir) imports "
-            "ppx.schedules.registry from the higher room ppx.schedules (registry, csv_io, grid)",
+            "ppx.schedules.registry from the higher room ppx.schedules (registry, csv_io, csv_checks, grid)",
         ),
     ],
 )

@@ -1,0 +1,69 @@
+"""A schedule CSV's compute order checked as written, before ppx places its sends and
+receives: each error names the file, the rank (its row) and the cell (counted from 0 in that
+row, empty cells included), where the checks of the placed list would name a position in a
+list with sends and receives the file never held."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ppx.errors import ScheduleError
+from ppx.schedules.ir.action import Action, Op
+from ppx.schedules.ir.schedule import Schedule
+
+
+def check_written(path: str | Path, schedule: Schedule, cells: list[list[int]]) -> None:
+    """ScheduleError, in one line, for the first thing wrong in ``schedule`` as written
+    (``cells[r][i]``: the cell of row r that holds its i-th action): a microbatch no action
+    names (a CSV runs as many as its largest index + 1), an action twice, a backward written
+    both whole and split, an I without its W (or a W without its I), a backward before its
+    forward, a W before its I."""
+    m = schedule.num_microbatches
+    used = {a.mb for row in schedule.actions for a in row}
+    if len(used) < m:
+        missing = sorted(set(range(m)) - used)
+        said = f"microbatch {missing[0]}" if len(missing) == 1 else f"microbatches {_span(missing)}"
+        raise ScheduleError(
+            f"schedule CSV {path}: {said} appear{'s' if len(missing) == 1 else ''} in no cell, where its largest "
+            f"is {m - 1}: a CSV runs as many microbatches as its largest index + 1 ({m} here)"
+        )
+    for r, row in enumerate(schedule.actions):
+        at: dict[Action, int] = {}  # each action -> its index in the row
+        for i, a in enumerate(row):
+            if a in at:
+                raise ScheduleError(
+                    f"{_cell(path, r, cells[r][i], a)}: {a} is written twice (cells {cells[r][at[a]]} and {cells[r][i]})"
+                )
+            at[a] = i
+        for i, a in enumerate(row):
+            where = _cell(path, r, cells[r][i], a)
+            twin = a._replace(op=Op.B if a.op is not Op.B else Op.I)
+            if a.op in (Op.I, Op.W) and twin in at:
+                raise ScheduleError(
+                    f"{where}: microbatch {a.mb}'s backward on stage {a.stage} is written both whole ({twin}) "
+                    "and split (an I and its W): one or the other"
+                )
+            forward = a._replace(op=Op.F)
+            if a.op in (Op.B, Op.I) and at.get(forward, -1) > i:
+                raise ScheduleError(f"{where}: backward before its forward {forward} (cell {cells[r][at[forward]]})")
+            if a.op is Op.I and a._replace(op=Op.W) not in at:
+                raise ScheduleError(f"{where}: {a} has no {a._replace(op=Op.W)}: an I's weight gradients come in its W")
+            if a.op is Op.W:
+                i_ = a._replace(op=Op.I)
+                if i_ not in at:
+                    raise ScheduleError(f"{where}: {a} has no {i_}: a W follows its input gradient's I")
+                if at[i_] > i:
+                    raise ScheduleError(
+                        f"{where}: weight gradient before its input gradient {i_} (cell {cells[r][at[i_]]})"
+                    )
+
+
+def _cell(path, r: int, cell: int, a: Action) -> str:
+    return f"schedule CSV {path}: rank {r} cell {cell} ({a})"
+
+
+def _span(mbs: list[int]) -> str:
+    """3-8 for a run of microbatches, else the list."""
+    if mbs == list(range(mbs[0], mbs[-1] + 1)):
+        return f"{mbs[0]}-{mbs[-1]}"
+    return ", ".join(map(str, mbs))
