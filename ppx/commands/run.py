@@ -12,7 +12,7 @@ from ppx.errors import UserError
 def cmd_run(args) -> int:
     from ppx import config
     from ppx.launch import devices, processes, slurm
-    from ppx.launch.claim import claim
+    from ppx.launch.claim import claim, write_config
 
     cfg = config.load(args.experiment, args.overrides)
     stages, world = _processes(cfg)
@@ -49,7 +49,7 @@ def cmd_run(args) -> int:
     for line in _notes(cfg):
         print(line, file=sys.stderr)
     run_dir = claim(cfg)
-    (run_dir / "config.yaml").write_text(config.to_yaml(cfg))
+    write_config(run_dir, cfg)
     env = processes.worker_env(device, cfg.runtime.threads_per_rank, command)
     fork = device == "cpu" and cfg.runtime.fork_ranks and sys.platform.startswith("linux")  # CUDA cannot fork
     if world == 1 and not fork:
@@ -69,7 +69,22 @@ def cmd_run(args) -> int:
 
 def _notes(cfg) -> list[str]:
     """The notes a run prints before it starts (stderr, rank 0's), once each."""
-    return list(dict.fromkeys(line for line in (_changes_nothing(cfg), *_out_of_order(cfg)) if line))
+    lines = (_changes_nothing(cfg), _forward_only_csv(cfg), *_out_of_order(cfg))
+    return list(dict.fromkeys(line for line in lines if line))
+
+
+def _forward_only_csv(cfg) -> str | None:
+    """A note where the run's CSV holds no backward: it runs forward only and changes no weight
+    (which a list named forward_only says by its name)."""
+    from ppx.config import resolve_schedule
+    from ppx.schedules import is_csv
+
+    if not is_csv(cfg.pipeline.schedule) or resolve_schedule(cfg).training:
+        return None
+    return (
+        f"ppx: note: {cfg.pipeline.schedule} holds no backward (B, or I and W): the run computes forwards and "
+        "losses only and changes no weight, as pipeline.schedule=forward_only does"
+    )
 
 
 def _out_of_order(cfg) -> list[str]:

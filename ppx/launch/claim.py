@@ -1,7 +1,9 @@
-"""Run directories are claimed once, atomically, and never overwritten."""
+"""Run directories are claimed once, atomically, and never overwritten, and given what the
+run was asked to run (`write_config`)."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
@@ -42,3 +44,26 @@ def claim(cfg: Config) -> Path:
         except FileExistsError:
             continue
     raise UserError(f"could not create a new run directory under {base}")
+
+
+def write_config(path: Path, cfg: Config) -> None:
+    """The run's ``config.yaml`` (the resolved config) and, under ``schedules/``, a copy of each
+    schedule CSV it reads (its own and its run.paired entries'), as they are now: the order a
+    run ran stays with it when the file is edited, moved or deleted."""
+    from ppx import config
+    from ppx.config.paired import entry_config
+    from ppx.schedules import is_csv
+
+    (path / "config.yaml").write_text(config.to_yaml(cfg))
+    names = [cfg.pipeline.schedule] + [entry_config(cfg, e).pipeline.schedule for e in cfg.run.paired]
+    copied: dict[str, Path] = {}  # the CSV's path as the config gives it -> its copy
+    for name in names:
+        if not is_csv(name) or name in copied:
+            continue
+        out = path / "schedules" / Path(name).name
+        k = 1
+        while out in copied.values():  # two CSVs of one name from two folders: both kept
+            out, k = out.with_name(f"{Path(name).stem}-{k}.csv"), k + 1
+        out.parent.mkdir(exist_ok=True)
+        shutil.copyfile(name, out)
+        copied[name] = out

@@ -46,7 +46,7 @@ def _shared_run_dir(cfg: Config, run_dir: Path | None, group) -> Path:
     if dist.get_rank() == 0:
         try:
             path = claim.claim(cfg)
-            (path / "config.yaml").write_text(config_mod.to_yaml(cfg))
+            claim.write_config(path, cfg)
             box = [str(path)]
         except UserError as e:
             box = ["error:" + str(e)]

@@ -12,6 +12,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ppx.config.paired import entry_units, floors, sums_out_of_order
+from ppx.config.resolve import sum_order_note
 from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
 from ppx.measure.paired import add_kept, entry_skipped, kept_fields, paired_lines, paired_step, paired_summary
 from ppx.measure.spans import first_timeline_step
@@ -145,6 +146,9 @@ class RunReport:
         if self.timeline:
             summary.update(self._prediction(summary))
         summary.update(self._memory_prediction(summary))
+        unordered = sum_order_note(cfg)
+        if unordered:  # a CSV of one's own: its losses may differ from every family's by rounding
+            summary["sums_out_of_order"] = unordered
         if self.paired:  # run.paired: each entry's steps against the run's beside them
             times = [s["step_time_s"] for s in self.steps]
             entries = list(cfg.run.paired)

@@ -107,9 +107,28 @@ def test_a_csv_that_sums_out_of_microbatch_order_is_noted_where_it_is_shown_and_
     assert r.returncode == 0, r.stderr[-2000:]
     notes = [line for line in r.stderr.splitlines() if line.startswith("ppx: note:")]
     assert notes == [f"ppx: note: {said[weights]}", f"ppx: note: run.paired '{entry}': {said[loss]}"], r.stderr
-    rows = json.loads((run / "summary.json").read_text())["paired"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["sums_out_of_order"] == said[weights].removeprefix(f"{weights} ")  # (the run's own list)
+    assert {p.name: p.read_text() for p in (run / "schedules").iterdir()} == {p.name: p.read_text() for p in said}
+    rows = summary["paired"]
     assert rows[entry]["sums_out_of_order"] == ["run", "entry"] and rows["pipeline.schedule=1f1b"][
         "sums_out_of_order"
     ] == ["run"]
     for row in rows.values():  # (said beside the losses where they differ)
         assert row["losses_equal"] or row["max_loss_difference"] < 1e-5, row
+
+
+def test_a_csv_without_a_backward_runs_forward_only_and_says_so(tmp_path):
+    csv = tmp_path / "forwards.csv"
+    csv.write_text("0F0,0F1\n1F0,1F1\n")
+    r = ppx(
+        "run",
+        "1f1b_2cpu",
+        f"pipeline.schedule={csv}",
+        "pipeline.microbatches=2",
+        "train.steps=2",
+        f"run.dir={tmp_path / 'run'}",
+        "logging.report=false",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"ppx: note: {csv} holds no backward (B, or I and W): the run computes forwards and losses only" in r.stderr

@@ -12,3 +12,28 @@ def test_run_directories_claimed_in_one_second_are_distinct(tmp_path):
     stamp = first.name
     if second.name.startswith(stamp):
         assert second.name == f"{stamp}-1"
+
+
+def test_a_run_keeps_a_copy_of_each_schedule_csv_it_reads(tmp_path):
+    """write_config: config.yaml, and under schedules/ the run's CSV and its run.paired entries'
+    as they were (two of one name from two folders both kept; a name, or one CSV twice, once)."""
+    from ppx.launch.claim import write_config
+
+    mine, other = tmp_path / "a" / "order.csv", tmp_path / "b" / "order.csv"
+    for path, rank1 in ((mine, "1F0,1B0,1F1,1B1"), (other, "1F0,1F1,1B0,1B1")):
+        path.parent.mkdir()
+        path.write_text(f"0F0,0F1,0B0,0B1\n{rank1}\n")
+    entries = [f"pipeline.schedule={other}", "pipeline.schedule=zb_h1", f"pipeline.schedule={mine} train.lr=0.1"]
+    cfg = config.load("1f1b_2cpu", [f"pipeline.schedule={mine}", "pipeline.microbatches=2", f"run.paired={entries}"])
+    run = tmp_path / "run"
+    run.mkdir()
+    write_config(run, cfg)
+    mine.write_text("edited after the run started\n")
+    assert config.from_yaml(run / "config.yaml").pipeline.schedule == str(mine)
+    assert sorted(p.name for p in (run / "schedules").iterdir()) == ["order-1.csv", "order.csv"]
+    assert (run / "schedules" / "order.csv").read_text() == "0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n"
+    assert (run / "schedules" / "order-1.csv").read_text() == other.read_text()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    write_config(plain, config.load("1f1b_2cpu", []))
+    assert sorted(p.name for p in plain.iterdir()) == ["config.yaml"]  # (no CSV: no folder)
