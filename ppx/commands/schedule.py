@@ -52,6 +52,11 @@ def cmd_schedule(args) -> int:
         + (f", I = {args.bwd:g}, W = {args.wgrad:g}" if args.wgrad else "")
         + ")"
     )
+    s2r = list(sched.stage_to_rank)
+    if sched.num_stages == p and s2r != list(range(p)):  # (the grid names no stage where a rank holds one)
+        print(
+            "stages on other ranks than their number: " + ", ".join(f"stage {s} on rank {r}" for s, r in enumerate(s2r))
+        )
     print(render_grid(sched, costs, args.transport))
     timeline = schedules.simulate(sched, costs, args.transport)
     fam = schedules.FAMILIES.get(sched.name)

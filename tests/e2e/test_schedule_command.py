@@ -132,3 +132,14 @@ def test_a_csv_without_a_backward_runs_forward_only_and_says_so(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"ppx: note: {csv} holds no backward (B, or I and W): the run computes forwards and losses only" in r.stderr
+
+
+def test_a_csv_whose_rows_put_stages_on_other_ranks_says_where(tmp_path):
+    """One stage per rank: the grid names no stage, so rows swapped by mistake would look alike."""
+    csv = tmp_path / "swapped.csv"
+    csv.write_text("1F0,1F1,1B0,1B1\n0F0,0F1,0B0,0B1\n")
+    out = ppx("schedule", str(csv)).stdout.splitlines()
+    assert out[1] == "stages on other ranks than their number: stage 0 on rank 1, stage 1 on rank 0", out
+    assert not any(
+        line.startswith("stages on") for line in ppx("schedule", "1f1b", "-p", "2", "-m", "2").stdout.splitlines()
+    )
