@@ -53,7 +53,9 @@ def cmd_schedule(args) -> int:
         + ")"
     )
     s2r = list(sched.stage_to_rank)
-    if sched.num_stages == p and s2r != list(range(p)):  # (the grid names no stage where a rank holds one)
+    if sched.num_stages <= p and s2r != list(
+        range(sched.num_stages)
+    ):  # (the grid names no stage where a rank holds one)
         print(
             "stages on other ranks than their number: " + ", ".join(f"stage {s} on rank {r}" for s, r in enumerate(s2r))
         )

@@ -48,17 +48,17 @@ def claim(cfg: Config) -> Path:
 
 def write_config(path: Path, cfg: Config) -> None:
     """The run's ``config.yaml`` (the resolved config) and, under ``schedules/``, a copy of each
-    schedule CSV it reads (its own and its run.paired entries'), as they are now: the order a
-    run ran stays with it when the file is edited, moved or deleted."""
+    schedule CSV it reads (its own, then its run.paired entries', each file once), as they are
+    now: the order a run ran stays with it when the file is edited, moved or deleted."""
     from ppx import config
     from ppx.config.paired import entry_config
     from ppx.schedules import is_csv
 
     (path / "config.yaml").write_text(config.to_yaml(cfg))
     names = [cfg.pipeline.schedule] + [entry_config(cfg, e).pipeline.schedule for e in cfg.run.paired]
-    copied: dict[str, Path] = {}  # the CSV's path as the config gives it -> its copy
+    copied: dict[Path, Path] = {}  # the CSV's file -> its copy
     for name in names:
-        if not is_csv(name) or name in copied:
+        if not is_csv(name) or Path(name).resolve() in copied:
             continue
         out = path / "schedules" / Path(name).name
         k = 1
@@ -66,4 +66,4 @@ def write_config(path: Path, cfg: Config) -> None:
             out, k = out.with_name(f"{Path(name).stem}-{k}.csv"), k + 1
         out.parent.mkdir(exist_ok=True)
         shutil.copyfile(name, out)
-        copied[name] = out
+        copied[Path(name).resolve()] = out

@@ -15,9 +15,10 @@ from ppx.schedules.ir.schedule import Schedule
 def check_written(path: str | Path, schedule: Schedule, cells: list[list[int]]) -> None:
     """ScheduleError, in one line, for the first thing wrong in ``schedule`` as written
     (``cells[r][i]``: the cell of row r that holds its i-th action): a microbatch no action
-    names (a CSV runs as many as its largest index + 1), an action twice, a backward written
-    both whole and split, an I without its W (or a W without its I), a backward before its
-    forward, a W before its I."""
+    names (a CSV runs as many as its largest index + 1), an action twice, an overlapped cell of
+    one microbatch, a stage without some microbatch's forward (or, training, backward), a
+    backward written both whole and split, an I without its W (or a W without its I), a
+    backward before its forward (or without one), a W before its I."""
     m = schedule.num_microbatches
     used = {a.mb for row in schedule.actions for a in row}
     if len(used) < m:
@@ -34,6 +35,11 @@ def check_written(path: str | Path, schedule: Schedule, cells: list[list[int]]) 
                 raise ScheduleError(
                     f"{_cell(path, r, cells[r][i], a)}: {a} is written twice (cells {cells[r][at[a]]} and {cells[r][i]})"
                 )
+            if i and cells[r][i - 1] == cells[r][i] and (row[i - 1].stage, row[i - 1].mb) == (a.stage, a.mb):
+                raise ScheduleError(
+                    f"{_cell(path, r, cells[r][i], a)}: an overlapped cell holds a forward and a backward of two "
+                    f"microbatches, not {row[i - 1]} and its own backward"
+                )
             at[a] = i
         for i, a in enumerate(row):
             where = _cell(path, r, cells[r][i], a)
@@ -44,7 +50,9 @@ def check_written(path: str | Path, schedule: Schedule, cells: list[list[int]]) 
                     "and split (an I and its W): one or the other"
                 )
             forward = a._replace(op=Op.F)
-            if a.op in (Op.B, Op.I) and at.get(forward, -1) > i:
+            if a.op in (Op.B, Op.I) and forward not in at:
+                raise ScheduleError(f"{where}: {a} has no forward {forward} on this rank")
+            if a.op in (Op.B, Op.I) and at[forward] > i:
                 raise ScheduleError(f"{where}: backward before its forward {forward} (cell {cells[r][at[forward]]})")
             if a.op is Op.I and a._replace(op=Op.W) not in at:
                 raise ScheduleError(f"{where}: {a} has no {a._replace(op=Op.W)}: an I's weight gradients come in its W")
@@ -56,6 +64,25 @@ def check_written(path: str | Path, schedule: Schedule, cells: list[list[int]]) 
                     raise ScheduleError(
                         f"{where}: weight gradient before its input gradient {i_} (cell {cells[r][at[i_]]})"
                     )
+        _every_microbatch(path, schedule, r, at)
+
+
+def _every_microbatch(path, schedule: Schedule, r: int, at: dict) -> None:
+    """Each stage of row ``r`` runs every microbatch's forward, and when training its backward
+    (a B, or an I: whose W `check_written` asks for)."""
+    m = schedule.num_microbatches
+    for stage in sorted({a.stage for a in at}):
+        for mb in range(m):
+            forward = Action(stage, Op.F, mb)
+            if forward not in at:
+                raise ScheduleError(
+                    f"schedule CSV {path}: rank {r}: stage {stage} has no forward of microbatch {mb} ({forward})"
+                )
+            if schedule.training and Action(stage, Op.B, mb) not in at and Action(stage, Op.I, mb) not in at:
+                raise ScheduleError(
+                    f"schedule CSV {path}: rank {r}: stage {stage} has no backward of microbatch {mb} "
+                    f"({stage}B{mb}, or {stage}I{mb} and {stage}W{mb})"
+                )
 
 
 def _cell(path, r: int, cell: int, a: Action) -> str:

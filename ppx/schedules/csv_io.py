@@ -11,6 +11,7 @@ there; `read_csv` skips all three (ppx scales the loss by 1/microbatches instead
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 from ppx.errors import ScheduleError
@@ -69,6 +70,8 @@ def _read(path: str | Path, name: str | None = None) -> tuple[Schedule, list[lis
         raise ScheduleError(f"cannot read schedule CSV {path}: {e.strerror}") from None
     except UnicodeDecodeError as e:
         raise ScheduleError(f"schedule CSV {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+    while texts and not texts[-1]:  # (blank lines at the end: no ranks)
+        texts.pop()
     rows, overlaps, cells = [], [], []  # actions per rank; compute indices starting an overlapped cell; cells
     for r, row in enumerate(texts):
         actions, starts, at = [], set(), []
@@ -120,8 +123,10 @@ def from_csv(path: str | Path, transport: str = "nccl") -> Schedule:
         validate(loaded, transport)
     except ScheduleError as e:
         place_comms(loaded.compute_only(), transport)  # the order itself wrong: that error instead
+        # (its steps are the file's actions: named by their cells)
+        said = re.sub(r"rank (\d+) step (\d+)", lambda g: f"rank {g[1]} cell {cells[int(g[1])][int(g[2])]}", str(e))
         raise ScheduleError(
-            f"{e} (with the sends and receives written in {Path(path).name}: drop its SEND/RECV cells and ppx "
-            "places its own, which run)"
+            f"schedule CSV {path}: {said} (with the sends and receives written in it: drop its SEND/RECV cells and "
+            "ppx places its own, which run)"
         ) from None
     return loaded

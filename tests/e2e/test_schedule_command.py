@@ -43,7 +43,7 @@ def test_torchs_deferred_receives_for_zbv_are_refused_with_the_way_out(tmp_path)
     r = ppx("schedule", str(path))
     assert r.returncode != 0
     err = r.stderr.strip()
-    assert err.startswith("ppx: error: rank 0 step ") and "are in a different order" in err, err
+    assert err.startswith(f"ppx: error: schedule CSV {path}: rank 0 cell ") and "are in a different order" in err, err
     assert err.endswith("drop its SEND/RECV cells and ppx places its own, which run)"), err
     assert len(err.splitlines()) == 1
 
@@ -143,3 +143,6 @@ def test_a_csv_whose_rows_put_stages_on_other_ranks_says_where(tmp_path):
     assert not any(
         line.startswith("stages on") for line in ppx("schedule", "1f1b", "-p", "2", "-m", "2").stdout.splitlines()
     )
+    csv.write_text("0F0,0B0\n\n1F0,1B0\n")  # (an idle rank between them)
+    out = ppx("schedule", str(csv)).stdout.splitlines()
+    assert out[1] == "stages on other ranks than their number: stage 0 on rank 0, stage 1 on rank 2", out

@@ -23,7 +23,8 @@ def test_a_run_keeps_a_copy_of_each_schedule_csv_it_reads(tmp_path):
     for path, rank1 in ((mine, "1F0,1B0,1F1,1B1"), (other, "1F0,1F1,1B0,1B1")):
         path.parent.mkdir()
         path.write_text(f"0F0,0F1,0B0,0B1\n{rank1}\n")
-    entries = [f"pipeline.schedule={other}", "pipeline.schedule=zb_h1", f"pipeline.schedule={mine} train.lr=0.1"]
+    again = tmp_path / "a" / ".." / "a" / "order.csv"  # (the same file spelled otherwise: one copy)
+    entries = [f"pipeline.schedule={other}", "pipeline.schedule=zb_h1", f"pipeline.schedule={again} train.lr=0.1"]
     cfg = config.load("1f1b_2cpu", [f"pipeline.schedule={mine}", "pipeline.microbatches=2", f"run.paired={entries}"])
     run = tmp_path / "run"
     run.mkdir()

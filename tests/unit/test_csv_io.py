@@ -84,12 +84,19 @@ def test_reduce_grad_goes_where_torch_puts_it(name, p, m, v):
 @pytest.mark.parametrize(
     "rank1, said",
     [
-        ("1F0,1B0,1F1,1B1,1B2,1F2,1F3,1B3", "rank 1 cell 4 (1B2): backward before its forward 1F2 (cell 5)"),
+        ("1F0,1B0,1F1,1B1,1B2,1F2", "rank 1 cell 4 (1B2): backward before its forward 1F2 (cell 5)"),
         ("1F0,1I0,1B0,1F1,1B1", "rank 1 cell 1 (1I0): microbatch 0's backward on stage 1 is written both whole (1B0)"),
         ("1F0,1I0,1F1,1I1,1W1,1B2", "rank 1 cell 1 (1I0): 1I0 has no 1W0: an I's weight gradients come in its W"),
         ("1F0,1W0,1I0,1F1,1B1", "rank 1 cell 1 (1W0): weight gradient before its input gradient 1I0 (cell 2)"),
         ("1F0,1B0,,1F1,1F1,1B1", "rank 1 cell 4 (1F1): 1F1 is written twice (cells 3 and 4)"),  # (empty cells counted)
         ("1F0,1X1", "rank 1 cell 1: cannot parse action '1X1'"),
+        ("1F0,1B0,1B1,1F2,1B2", "rank 1 cell 2 (1B1): 1B1 has no forward 1F1 on this rank"),
+        ("1F0,1B0,1F2,1B2", "rank 1: stage 1 has no forward of microbatch 1 (1F1)"),
+        ("1F0,1F1,1F2,1B0,1B2", "rank 1: stage 1 has no backward of microbatch 1 (1B1, or 1I1 and 1W1)"),
+        (
+            "(1F0;1B0)OVERLAP_F_B,1F1,1B1",
+            "rank 1 cell 0 (1B0): an overlapped cell holds a forward and a backward of two",
+        ),
     ],
 )
 def test_a_csv_order_is_refused_naming_the_cell_as_written(tmp_path, rank1, said):
@@ -109,3 +116,17 @@ def test_a_csv_whose_microbatch_indices_skip_says_how_many_it_runs(tmp_path):
         ScheduleError, match=r"microbatches 3-8 appear in no cell, where its largest is 9: .* \(10 here\)"
     ):
         schedules.from_csv(path)
+
+
+def test_a_csv_with_its_own_comms_is_refused_naming_the_cell_and_blank_end_lines_are_no_ranks(tmp_path):
+    """The checks of a list with sends and receives written in it name the file's cells (two
+    empty ones before 2F0 here); blank lines at the end of a file add no idle rank."""
+    path = tmp_path / "il.csv"
+    schedules.write_csv(schedules.build("interleaved_1f1b", 2, 4, 2), path)
+    text = path.read_text()
+    assert "2RECV_F0,2F0," in text
+    path.write_text(text.replace("2RECV_F0,2F0,", ",,2F0,2RECV_F0,", 1) + "\n\n")
+    with pytest.raises(ScheduleError, match=r"il.csv: rank 0 cell 7 \(2RECV_F0\): no later 2F0 consumes it"):
+        schedules.from_csv(path)
+    path.write_text(text + "\n\n")
+    assert schedules.from_csv(path).num_ranks == 2
