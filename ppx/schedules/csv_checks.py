@@ -1,7 +1,7 @@
 """A schedule CSV's compute order checked as written, before ppx places its sends and
-receives: each error names the file, the rank (its row) and the cell (counted from 0 in that
-row, empty cells included), where the checks of the placed list would name a position in a
-list with sends and receives the file never held."""
+receives: each error names the file, the rank (its row) and, where one cell is wrong, the cell
+(counted from 0 in that row, empty and REDUCE_GRAD cells included), where the checks of the
+placed list would name a position in a list with sends and receives the file never held."""
 
 from __future__ import annotations
 
