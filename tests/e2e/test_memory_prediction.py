@@ -190,8 +190,13 @@ def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run, 
     steps = {c["schedule"]: c["step_s"] for c in read_json(tmp_path / "p" / "plan.json")["candidates"]}
     told = f"1f1b ('pipeline.schedule=1f1b') measured {row['over_run']:.3f}x"
     assert told in r.stdout and f"predicted {steps['1f1b'] / steps['zb_h1']:.3f}x" in r.stdout, r.stdout
-    r = ppx("simulate", "zb_h2", "--from-run", str(tmp_path / "both"))  # (a list that splits stage 0 apart)
-    assert r.returncode == 0 and lent in r.stdout and "no whole B" not in r.stdout, r.stdout + r.stderr
+    # a simulation's note names what its list runs of what was lent: ZB-H2 (stage 0 whole, stage 1
+    # split, as the run measured them) runs none of it; 1F1B the B on stage 1
+    r = ppx("simulate", "zb_h2", "--from-run", str(tmp_path / "both"))
+    assert r.returncode == 0 and "no whole B" not in r.stdout and "did not measure" not in r.stdout, r.stdout
+    r = ppx("simulate", "1f1b", "--from-run", str(tmp_path / "both"))
+    lent_b = f"costs the run did not measure, from run.paired beside it in {tmp_path / 'both'}: B on stage 1 from 'pipeline.schedule=1f1b'"
+    assert r.returncode == 0 and lent_b in r.stdout and "I and W on stage 0" not in r.stdout, r.stdout
     r = ppx("simulate", "1f1b", "--from-run", str(run.dir))
     assert r.returncode == 0 and "no whole B" not in r.stdout, r.stdout
     # a drain run at m = p ran every W after its stage's last forward: no whole B there either, and said why

@@ -279,3 +279,20 @@ def test_simulate_from_a_run_imports_no_torch(tmp_path):
     )
     r = subprocess.run([sys.executable, "-c", code, str(run.path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "predicted step time" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_simulation_names_only_the_lent_costs_its_list_runs():
+    """`ppx simulate --from-run`'s note: a B an entry lent for a stage the list splits (or an I
+    and W for one it runs whole) prices nothing of it, and goes unnamed."""
+    from ppx import schedules
+    from ppx.commands.run_costs import RunCosts
+    from ppx.commands.simulate_run import used_only
+
+    lent = (("B", (1,), "pipeline.schedule=1f1b"), ("I and W", (0, 1), "pipeline.schedule=zb_h1"))
+    own = RunCosts({"action_s": {}}, None, (), (), lent=lent, forward_shift=(("pipeline.schedule=1f1b", 1, "B", 1e-3),))
+    zb = schedules.build("zb_h1", 2, 4)
+    got = used_only(own, zb, set())
+    assert got.lent == (("I and W", (0, 1), "pipeline.schedule=zb_h1"),) and got.forward_shift == ()
+    assert used_only(own, zb, {0}).lent == (("I and W", (1,), "pipeline.schedule=zb_h1"),)  # (stage 0 whole: B's)
+    got = used_only(own, schedules.build("1f1b", 2, 4), set())
+    assert got.lent == (("B", (1,), "pipeline.schedule=1f1b"),) and got.forward_shift == own.forward_shift
