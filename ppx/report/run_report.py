@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from ppx.config.paired import entry_units, floors, sums_out_of_order
 from ppx.config.resolve import sum_order_note
+from ppx.errors import UserError
 from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
 from ppx.measure.paired import add_kept, entry_skipped, kept_fields, paired_lines, paired_step, paired_summary
 from ppx.measure.spans import first_timeline_step
@@ -146,7 +147,7 @@ class RunReport:
         if self.timeline:
             summary.update(self._prediction(summary))
         summary.update(self._memory_prediction(summary))
-        unordered = sum_order_note(cfg)
+        unordered = _said_of_order(sum_order_note, cfg)
         if unordered:  # a CSV of one's own: its losses may differ from every family's by rounding
             summary["sums_out_of_order"] = unordered
         if self.paired:  # run.paired: each entry's steps against the run's beside them
@@ -155,7 +156,7 @@ class RunReport:
             summary["paired"] = paired_summary(entries, times, self.losses, self.paired, floors(cfg))
             for k, (entry, row) in enumerate(summary["paired"].items()):  # the split each ran (an entry may change it)
                 row["units_per_stage"] = entry_units(cfg, entry)
-                unordered = sums_out_of_order(cfg, entry)
+                unordered = _said_of_order(sums_out_of_order, cfg, entry)
                 if unordered:  # (their losses may differ by rounding: said beside a difference)
                     row["sums_out_of_order"] = unordered
                 row.update(kept_fields(self.paired_kept[k] if k < len(self.paired_kept) else {}))
@@ -314,3 +315,13 @@ class RunReport:
             if self.theory is not None:
                 sub += f" vs {self.theory:.1%} theory (idle / step time)"
         draw_step(last["ranks"], self.run_dir / "timeline.png", sub, sched.stage_to_rank)
+
+
+def _said_of_order(read, *args):
+    """``read(*args)`` (whether lists sum out of microbatch order: they read the CSVs again), or
+    None where a CSV the run ran from was changed or removed since it started (the run's own
+    copies are under schedules/): the summary is written whatever became of the files."""
+    try:
+        return read(*args)
+    except UserError:
+        return None

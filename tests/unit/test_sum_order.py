@@ -70,3 +70,18 @@ def test_the_run_notes_an_is_order_only_where_its_is_add_gradients(tmp_path):
     entry = f"pipeline.schedule={path}"
     got = _notes(config.load(None, [*base, "pipeline.schedule=1f1b", f"run.paired=['{entry}']"]))
     assert got == [f"ppx: note: run.paired '{entry}': {path} {note}"]
+
+
+def test_the_summary_of_a_run_whose_csv_went_away_says_nothing_of_its_order(tmp_path):
+    """The summary reads the CSVs again at the run's end: one removed meanwhile is not a failed run."""
+    from ppx.config.resolve import sum_order_note
+    from ppx.report.run_report import _said_of_order
+
+    path = tmp_path / "mine.csv"
+    path.write_text(RANK0 + "1F0,1F1,1F2,1I0,1I2,1I1,1W0,1W1,1W2\n")
+    cfg = config.load(
+        None, ["model.kind=mlp", "pipeline.stages=2", "pipeline.microbatches=3", f"pipeline.schedule={path}"]
+    )
+    assert _said_of_order(sum_order_note, cfg).startswith("runs stage 1's I of microbatch 1")
+    path.unlink()
+    assert _said_of_order(sum_order_note, cfg) is None
