@@ -79,9 +79,8 @@ def test_the_summary_of_a_run_whose_csv_went_away_says_nothing_of_its_order(tmp_
 
     path = tmp_path / "mine.csv"
     path.write_text(RANK0 + "1F0,1F1,1F2,1I0,1I2,1I1,1W0,1W1,1W2\n")
-    cfg = config.load(
-        None, ["model.kind=mlp", "pipeline.stages=2", "pipeline.microbatches=3", f"pipeline.schedule={path}"]
-    )
+    base = ["model.kind=mlp", "pipeline.stages=2", "pipeline.microbatches=3", "train.batch_size=6"]
+    cfg = config.load(None, [*base, f"pipeline.schedule={path}"])
     assert _said_of_order(sum_order_note, cfg).startswith("runs stage 1's I of microbatch 1")
     path.unlink()
     assert _said_of_order(sum_order_note, cfg) is None
