@@ -105,15 +105,6 @@ def entry_config(cfg, entry: str):
     return OmegaConf.to_object(_with_entry(cfg, entry_overrides(entry)))
 
 
-def sums_out_of_order(cfg, entry: str) -> list[str]:
-    """Which of the run's list ("run") and entry ``entry``'s ("entry") sum their microbatches
-    out of microbatch order (`ppx.config.resolve.sum_order_note`), so that their losses may
-    differ in the last digits; [] for neither (every family's list)."""
-    from ppx.config.resolve import sum_order_note
-
-    return [who for who, c in (("run", cfg), ("entry", entry_config(cfg, entry))) if sum_order_note(c)]
-
-
 def entry_units(cfg, entry: str) -> list[int] | None:
     """The model units per stage entry ``entry`` of the run config ``cfg`` ran (its split, as
     `ppx.models.split_of` makes it from the entry's config), or None where it cannot be had here."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ppx.config.paired import entry_units, floors, sums_out_of_order
+from ppx.config.paired import entry_config, entry_units, floors
 from ppx.config.resolve import sum_order_note
 from ppx.errors import UserError
 from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
@@ -156,9 +156,10 @@ class RunReport:
             summary["paired"] = paired_summary(entries, times, self.losses, self.paired, floors(cfg))
             for k, (entry, row) in enumerate(summary["paired"].items()):  # the split each ran (an entry may change it)
                 row["units_per_stage"] = entry_units(cfg, entry)
-                unordered = _said_of_order(sums_out_of_order, cfg, entry)
-                if unordered:  # (their losses may differ by rounding: said beside a difference)
-                    row["sums_out_of_order"] = unordered
+                who = ["run"] if summary.get("sums_out_of_order") else []
+                who += ["entry"] if _said_of_order(sum_order_note, entry_config(cfg, entry)) else []
+                if who:  # (their losses may differ by rounding: said beside a difference)
+                    row["sums_out_of_order"] = who
                 row.update(kept_fields(self.paired_kept[k] if k < len(self.paired_kept) else {}))
             for line in paired_lines(summary["paired"]):
                 print(line, flush=True)
