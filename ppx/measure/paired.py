@@ -31,16 +31,19 @@ def paired_step(records: list[dict]) -> list[tuple[float, float | None]]:
 MEMORY = ("saved_bytes_per_microbatch", "held_after_input_bytes")  # an entry's counters kept, per stage
 
 
-def add_kept(records: list[dict], kept: list[dict]) -> None:
+def add_kept(records: list[dict], kept: list[dict]) -> list[bool | None]:
     """Adds what each entry kept of one step on every rank (`ppx.engine.paired.PairedSteps.kept`)
     to ``kept``, one dict per entry: ``action_s`` ("<stage><op>" -> seconds, every rank's),
     ``split_backward`` (stage -> how it ran its W), the memory counters' bytes per stage
     (the most of any step), and under fp16 ``optimizer_steps_skipped`` (steps whose
-    optimizer step an overflow skipped: the ranks skip together)."""
+    optimizer step an overflow skipped: the ranks skip together). Returns, per entry, whether an
+    overflow skipped its optimizer step in this step (`entry_skipped`)."""
+    skips = []
     for k in range(len(records[0]["paired"])):
         if len(kept) <= k:
             kept.append({})
         skipped = entry_skipped(records, k)
+        skips.append(skipped)
         if skipped is not None:
             kept[k]["optimizer_steps_skipped"] = kept[k].get("optimizer_steps_skipped", 0) + skipped
         for got in entry_kept(records, k):
@@ -51,6 +54,7 @@ def add_kept(records: list[dict], kept: list[dict]) -> None:
             for key in MEMORY:  # the most counted, per stage
                 if got.get(key):
                     most_per_stage(kept[k].setdefault(key, {}), got[key])
+    return skips
 
 
 def entry_kept(records: list[dict], k: int) -> list[dict]:

@@ -15,7 +15,7 @@ from ppx.config.paired import entry_config, entry_units, floors
 from ppx.config.resolve import sum_order_note
 from ppx.errors import UserError
 from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
-from ppx.measure.paired import add_kept, entry_skipped, kept_fields, paired_lines, paired_step, paired_summary
+from ppx.measure.paired import add_kept, kept_fields, paired_lines, paired_step, paired_summary
 from ppx.measure.spans import first_timeline_step
 from ppx.measure.theory import run_theory
 from ppx.report.run_dir import write_json
@@ -64,14 +64,10 @@ class RunReport:
         }
         if "paired" in records[0]:  # run.paired: each entry's step beside this one
             self.paired.append(paired_step(records))
-            add_kept(records, self.paired_kept)
+            skips = add_kept(records, self.paired_kept)
             line["paired"] = [
-                {
-                    "step_time_s": t,
-                    "loss": x,
-                    **({"optimizer_skipped": s} if (s := entry_skipped(records, k)) is not None else {}),
-                }
-                for k, (t, x) in enumerate(self.paired[-1])
+                {"step_time_s": t, "loss": x, **({"optimizer_skipped": s} if s is not None else {})}
+                for (t, x), s in zip(self.paired[-1], skips)
             ]
         self.metrics.write(json.dumps(line) + "\n")
         self.metrics.flush()
