@@ -82,13 +82,23 @@ def points(axes) -> list[list[str]]:
     return [[f"{k}={v}" for (k, _), v in zip(axes, combo)] for combo in itertools.product(*(vs for _, vs in axes))]
 
 
-def point_name(overrides: list[str]) -> str:
-    """'pipeline.schedule=gpipe' -> 'schedule=gpipe': the key's last part, the whole value."""
+def point_name(overrides: list[str], whole_paths: bool = False) -> str:
+    """'pipeline.schedule=gpipe' -> 'schedule=gpipe': the key's last part and the value; a
+    path's last part ('pipeline.schedule=/tmp/x/my.csv' -> 'schedule=my.csv'), or with
+    ``whole_paths`` the whole path, its slashes as underscores."""
     out = []
     for o in overrides:
         key, _, value = o.partition("=")
-        out.append(f"{key.split('.')[-1]}={value.replace('/', '_')}")
+        value = value.replace("/", "_") if whole_paths else value.rstrip("/").rsplit("/", 1)[-1]
+        out.append(f"{key.split('.')[-1]}={value}")
     return ",".join(out)
+
+
+def point_names(grid: list[list[str]]) -> list[str]:
+    """Each point's run folder name (`point_name`), paths by their last part unless two points
+    would then share a name (two ``my.csv`` in two folders): then by their whole paths."""
+    names = [point_name(p) for p in grid]
+    return names if len(set(names)) == len(names) else [point_name(p, whole_paths=True) for p in grid]
 
 
 def in_rounds(grid: list[list[str]], names: list[str], repeat: int) -> list[tuple[list[str], str, int]]:
@@ -157,7 +167,7 @@ def run_sweep(
     if both is not None:  # the swept values would win, the fixed one silently lost
         raise UserError(f"{both} is swept and also given as an override; give it in --sweep only")
     grid = points(axes)
-    names = [point_name(p) for p in grid]
+    names = point_names(grid)
     twice = next((n for n in names if names.count(n) > 1), None)
     if twice is not None:
         raise UserError(f"two sweep points would share the run folder {twice!r}; give each value once")

@@ -15,8 +15,9 @@ from ppx.report.run_dir import RunDir
 
 def noise_notes(rows: list[dict], configs: list[dict]) -> list[str]:
     """Notes on what the table cannot order: runs of one config (`timing_key`) whose median
-    steps differ (the machine's run-to-run noise, which a run's own steps do not show), and runs
-    of one model, batch and p whose middle halves of steps overlap."""
+    steps differ (the machine's run-to-run noise, which a run's own steps do not show), or,
+    where no config ran twice, that the table holds no such noise (runs of one model, batch
+    and p, each once); and runs of one model, batch and p whose middle halves of steps overlap."""
     names = note_names(rows)
     out = []
     same: dict[str, list[int]] = {}
@@ -34,6 +35,13 @@ def noise_notes(rows: list[dict], configs: list[dict]) -> list[str]:
         )
     group_of = {k: i for i, g in enumerate(groups) for k in g}
     kin = [tuple(c.get(x) for x in ("model.kind", "train.batch_size", "pipeline.stages")) for c in configs]
+    timed = [kin[k] for g in same.values() for k in g]
+    if not groups and len(timed) > len(set(timed)):
+        out.append(
+            "note: each config ran once, so this table holds none of this machine's run-to-run noise, which no "
+            "run's own steps show; ppx sweep --repeat N runs each config again, and run.paired runs configs "
+            "step by step beside each other, before a difference of a few % ranks them"
+        )
     spans = [(k, tuple(map(float, r["step_range"].split("-")))) for k, r in enumerate(rows) if r.get("step_range")]
     pairs = [
         (names[a], names[b])

@@ -211,6 +211,7 @@ def test_small_sweep_and_compare(tmp_path):
         assert abs(row["predicted_error_pt"]) < 5  # measured vs predicted bubble over the same steps
         assert row["step_range"] is None  # 3 steps: no quartiles (their range would be their extremes)
     assert "schedule=gpipe,microbatches=4" in r.stdout  # the terminal table
+    assert "note: each config ran once, so this table holds none of this machine's run-to-run noise" in table
     # ppx compare on globs, into a chosen folder
     out = tmp_path / "cmp"
     c = ppx("compare", str(sweep / "schedule=gpipe*"), str(sweep / "schedule=1f1b,microbatches=4"), "--out", str(out))

@@ -8,6 +8,15 @@ def test_sweep_points_get_distinct_folders():
     assert point_name(["train.lr=1.5"]) != point_name(["train.lr=0.5"])
 
 
+def test_a_swept_path_names_its_folder_by_its_last_part_unless_two_share_it():
+    from ppx.launch.sweep import parse_spec, point_names, points
+
+    grid = points(parse_spec("pipeline.schedule=/tmp/a/mine.csv,1f1b train.lr=0.5"))
+    assert point_names(grid) == ["schedule=mine.csv,lr=0.5", "schedule=1f1b,lr=0.5"]
+    grid = points(parse_spec("pipeline.schedule=/tmp/a/mine.csv,/tmp/b/mine.csv"))
+    assert point_names(grid) == ["schedule=_tmp_a_mine.csv", "schedule=_tmp_b_mine.csv"]
+
+
 def test_a_sweep_across_schedules_compares_them_at_equal_work(tmp_path):
     from ppx.launch.sweep import equal_work, parse_spec
 
