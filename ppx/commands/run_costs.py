@@ -63,6 +63,24 @@ class RunCosts:
     stalls: int = 0  # samples left out as stalls of the machine (`_without_stalls`)
     forward_shift: tuple[tuple[str, int, str, float], ...] = ()
 
+    def used_by(self, sched, whole: set[int] = frozenset()) -> RunCosts:
+        """These costs naming, of what entries lent, only what ``sched`` runs: a B lent for a
+        stage the list splits (or an I and W for one it runs whole, ``whole``) prices nothing
+        of it."""
+        from ppx.schedules.ir.action import Op
+
+        runs = {
+            (a.stage, "B" if a.op is Op.B or a.stage in whole else "I and W")
+            for row in sched.actions
+            for a in row
+            if a.op in (Op.B, Op.I)
+        }
+        lent = tuple(
+            (what, kept, e) for what, sts, e in self.lent if (kept := tuple(st for st in sts if (st, what) in runs))
+        )
+        shifts = tuple(x for x in self.forward_shift if (x[1], "B" if x[2] == "B" else "I and W") in runs)
+        return replace(self, lent=lent, forward_shift=shifts)
+
     def ops(self) -> set[str]:
         """The kinds of action (F, B, I, W) the costs hold."""
         return {key[-1] for key in self.measured_costs["action_s"]}

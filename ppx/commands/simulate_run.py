@@ -48,31 +48,11 @@ def costs_of_run(args, sched, run, measured) -> tuple:
 
         whole = whole_stages_of(sched)
         costs = costs.run_whole(whole, sched.num_stages)
-    note = used_only(own, sched, whole).note(args.from_run)
+    note = own.used_by(sched, whole).note(args.from_run)
     if note:
         print(note)
     note_unmeasured_bs(args, sched, run, own, at)
     return costs, transport, lookahead, reduce
-
-
-def used_only(own, sched, whole: set[int]):
-    """``own`` naming, of what its entries lent, only what ``sched`` runs: a B lent for a stage
-    the list splits (or an I and W for one it runs whole, ``whole``) prices nothing of it."""
-    from dataclasses import replace
-
-    from ppx.schedules.ir.action import Op
-
-    runs = {
-        (a.stage, "B" if a.op is Op.B or a.stage in whole else "I and W")
-        for row in sched.actions
-        for a in row
-        if a.op in (Op.B, Op.I)
-    }
-    lent = tuple(
-        (what, kept, e) for what, sts, e in own.lent if (kept := tuple(st for st in sts if (st, what) in runs))
-    )
-    shifts = tuple(x for x in own.forward_shift if (x[1], "B" if x[2] == "B" else "I and W") in runs)
-    return replace(own, lent=lent, forward_shift=shifts)
 
 
 def measured_at(run, sched_or_stages):

@@ -286,13 +286,12 @@ def test_a_simulation_names_only_the_lent_costs_its_list_runs():
     and W for one it runs whole) prices nothing of it, and goes unnamed."""
     from ppx import schedules
     from ppx.commands.run_costs import RunCosts
-    from ppx.commands.simulate_run import used_only
 
     lent = (("B", (1,), "pipeline.schedule=1f1b"), ("I and W", (0, 1), "pipeline.schedule=zb_h1"))
     own = RunCosts({"action_s": {}}, None, (), (), lent=lent, forward_shift=(("pipeline.schedule=1f1b", 1, "B", 1e-3),))
     zb = schedules.build("zb_h1", 2, 4)
-    got = used_only(own, zb, set())
+    got = own.used_by(zb)
     assert got.lent == (("I and W", (0, 1), "pipeline.schedule=zb_h1"),) and got.forward_shift == ()
-    assert used_only(own, zb, {0}).lent == (("I and W", (1,), "pipeline.schedule=zb_h1"),)  # (stage 0 whole: B's)
-    got = used_only(own, schedules.build("1f1b", 2, 4), set())
+    assert own.used_by(zb, {0}).lent == (("I and W", (1,), "pipeline.schedule=zb_h1"),)  # (stage 0 whole: B's)
+    got = own.used_by(schedules.build("1f1b", 2, 4))
     assert got.lent == (("B", (1,), "pipeline.schedule=1f1b"),) and got.forward_shift == own.forward_shift
