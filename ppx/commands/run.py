@@ -11,11 +11,11 @@ from ppx.errors import UserError
 
 def cmd_run(args) -> int:
     from ppx import config
+    from ppx.config import resolve_schedule
     from ppx.launch import devices, processes, slurm
     from ppx.launch.claim import claim, write_config
 
     cfg = config.load(args.experiment, args.overrides)
-    stages, world = _processes(cfg)
     command = " ".join(shlex.quote(a) for a in ["ppx", "run", args.experiment, *args.overrides])
     mode = processes.launched_by()
     if mode is not None:
@@ -29,8 +29,10 @@ def cmd_run(args) -> int:
         if notice and rank0:
             print(notice, file=sys.stderr)
         # every rank re-loads the same experiment and overrides, so all agree on the fallback
-        cfg, stages, world = _cpu_fallback(cfg, args, notice, rank0) or (cfg, stages, world)
-        for line in _notes(cfg) if rank0 else ():
+        cfg = _cpu_fallback(cfg, args, notice, rank0) or cfg
+        sched = resolve_schedule(cfg)
+        stages, world = _processes(cfg, sched)
+        for line in _notes(cfg, sched, _entries(cfg)) if rank0 else ():
             print(line, file=sys.stderr)
         if have != world:
             want = f"pipeline.stages={stages}" + (f" x parallel.data={cfg.parallel.data}" if world != stages else "")
@@ -42,14 +44,19 @@ def cmd_run(args) -> int:
 
         return run_rank(cfg, None, device)
 
-    device, notice = devices.choose_device(cfg.runtime.device, world)
+    sched = resolve_schedule(cfg)
+    device, notice = devices.choose_device(cfg.runtime.device, _processes(cfg, sched)[1])
     if notice:
         print(notice, file=sys.stderr)
-    cfg, stages, world = _cpu_fallback(cfg, args, notice, True) or (cfg, stages, world)
-    for line in _notes(cfg):
+    fell = _cpu_fallback(cfg, args, notice, True)
+    if fell is not None:
+        cfg, sched = fell, resolve_schedule(fell)
+    world = _processes(cfg, sched)[1]
+    entries = _entries(cfg)
+    for line in _notes(cfg, sched, entries):
         print(line, file=sys.stderr)
     run_dir = claim(cfg)
-    write_config(run_dir, cfg)
+    write_config(run_dir, cfg, [e.pipeline.schedule for e in entries])
     env = processes.worker_env(device, cfg.runtime.threads_per_rank, command)
     fork = device == "cpu" and cfg.runtime.fork_ranks and sys.platform.startswith("linux")  # CUDA cannot fork
     if world == 1 and not fork:
@@ -67,19 +74,26 @@ def cmd_run(args) -> int:
     return supervise(command, env, run_dir, world, cfg.runtime.timeout_s)
 
 
-def _notes(cfg) -> list[str]:
-    """The notes a run prints before it starts (stderr, rank 0's), once each."""
-    lines = (_changes_nothing(cfg), _forward_only_csv(cfg), *_out_of_order(cfg))
+def _entries(cfg) -> list:
+    """The configs the run's ``run.paired`` entries run (checked with the run's)."""
+    from ppx.config.paired import entry_config
+
+    return [entry_config(cfg, e) for e in cfg.run.paired]
+
+
+def _notes(cfg, sched, entries: list) -> list[str]:
+    """The notes a run prints before it starts (stderr, rank 0's), once each: ``sched`` is the
+    run's list, ``entries`` its run.paired entries' configs."""
+    lines = (_changes_nothing(cfg, sched), _forward_only_csv(cfg, sched), *_out_of_order(cfg, sched, entries))
     return list(dict.fromkeys(line for line in lines if line))
 
 
-def _forward_only_csv(cfg) -> str | None:
+def _forward_only_csv(cfg, sched) -> str | None:
     """A note where the run's CSV holds no backward: it runs forward only and changes no weight
     (which a list named forward_only says by its name)."""
-    from ppx.config import resolve_schedule
     from ppx.schedules import is_csv
 
-    if not is_csv(cfg.pipeline.schedule) or resolve_schedule(cfg).training:
+    if not is_csv(cfg.pipeline.schedule) or sched.training:
         return None
     return (
         f"ppx: note: {cfg.pipeline.schedule} holds no backward (B, or I and W): the run computes forwards and "
@@ -87,45 +101,40 @@ def _forward_only_csv(cfg) -> str | None:
     )
 
 
-def _out_of_order(cfg) -> list[str]:
+def _out_of_order(cfg, sched, entries: list) -> list[str]:
     """A note for the run's list, and each ``run.paired`` entry's, that sums its microbatches
     out of microbatch order (a CSV of one's own: every family's list keeps it), so that losses
     which differ from another schedule's in the last digits are not taken for a wrong gradient."""
-    from ppx.config.paired import entry_config
     from ppx.config.resolve import sum_order_note
 
-    configs = [("", cfg)] + [(f"run.paired {e!r}: ", entry_config(cfg, e)) for e in cfg.run.paired]
+    configs = [("", cfg, sched)] + [(f"run.paired {e!r}: ", c, None) for e, c in zip(cfg.run.paired, entries)]
     notes = []
-    for label, c in configs:
-        note = sum_order_note(c)
+    for label, c, built in configs:
+        note = sum_order_note(c, built)
         if note:
             notes.append(f"ppx: note: {label}{c.pipeline.schedule} {note}")
     return notes
 
 
-def _changes_nothing(cfg) -> str | None:
+def _changes_nothing(cfg, sched) -> str | None:
     """A note where the config sets ``train.split_backward`` for a schedule that splits no
     backward (an experiment's setting, kept across a sweep of schedules: not an error)."""
-    from ppx.config import resolve_schedule
-
     way = cfg.train.split_backward
-    if way == "auto" or resolve_schedule(cfg).splits_backward:
+    if way == "auto" or sched.splits_backward:
         return None
     return f"ppx: note: train.split_backward={way} changes nothing here: {cfg.pipeline.schedule} splits no backward into I and W"
 
 
-def _processes(cfg) -> tuple[int, int]:
-    """(pipeline ranks, processes of the job: pipeline ranks x parallel.data)."""
-    from ppx.config import resolve_schedule
-
-    stages = resolve_schedule(cfg).num_ranks
-    return stages, stages * cfg.parallel.data
+def _processes(cfg, sched) -> tuple[int, int]:
+    """(pipeline ranks, processes of the job: pipeline ranks x parallel.data) of ``cfg`` running
+    its list ``sched``."""
+    return sched.num_ranks, sched.num_ranks * cfg.parallel.data
 
 
 def _cpu_fallback(cfg, args, notice: str | None, speak: bool):
-    """(config, pipeline ranks, processes) once the run fell back to CPU (``notice``) and the
-    experiment has runtime.cpu_fallback: re-loaded with those overrides before the command
-    line's, named in one notice line; None when nothing changes."""
+    """The config once the run fell back to CPU (``notice``) and the experiment has
+    runtime.cpu_fallback: re-loaded with those overrides before the command line's, named in
+    one notice line; None when nothing changes."""
     from ppx import config
 
     if not notice or not cfg.runtime.cpu_fallback:
@@ -142,4 +151,4 @@ def _cpu_fallback(cfg, args, notice: str | None, speak: bool):
             f"ppx: on CPU, runtime.cpu_fallback applies: {' '.join(applies) or '(nothing the command line leaves)'}",
             file=sys.stderr,
         )
-    return (cfg, *_processes(cfg))
+    return cfg

@@ -37,15 +37,17 @@ def _built(cfg: Config) -> Schedule:
     return schedules.build(p.schedule, p.stages, p.microbatches, virtual_stages(cfg))
 
 
-def sum_order_note(cfg: Config) -> str | None:
-    """Where the config's list sums its microbatches out of microbatch order (a CSV of one's
-    own: every family's list keeps it), as words to follow its name, or None
-    (`ppx.schedules.ir.sum_order`); its I's counted only where they add gradients (not under
-    the graph's way, whose I takes the input's gradient alone, nor on torch's runtime)."""
+def sum_order_note(cfg: Config, sched: Schedule | None = None) -> str | None:
+    """Where the config's list (``sched``, resolved already, or None) sums its microbatches out
+    of microbatch order (a CSV of one's own: every family's list keeps it), as words to follow
+    its name, or None (`ppx.schedules.ir.sum_order`); its I's counted only where they add
+    gradients (not under the graph's way, whose I takes the input's gradient alone, nor on
+    torch's runtime)."""
     from ppx.schedules.ir.sum_order import out_of_order_note
 
     torch = schedules.runs_on_torch(cfg.pipeline.schedule, cfg.pipeline.executor)
-    return out_of_order_note(resolve_schedule(cfg), inputs_add=cfg.train.split_backward != "graph" and not torch)
+    sched = resolve_schedule(cfg) if sched is None else sched
+    return out_of_order_note(sched, inputs_add=cfg.train.split_backward != "graph" and not torch)
 
 
 def virtual_stages(cfg: Config) -> int:

@@ -46,16 +46,19 @@ def claim(cfg: Config) -> Path:
     raise UserError(f"could not create a new run directory under {base}")
 
 
-def write_config(path: Path, cfg: Config) -> None:
+def write_config(path: Path, cfg: Config, entry_schedules: list[str] | None = None) -> None:
     """The run's ``config.yaml`` (the resolved config) and, under ``schedules/``, a copy of each
-    schedule CSV it reads (its own, then its run.paired entries', each file once), as they are
-    now: the order a run ran stays with it when the file is edited, moved or deleted."""
+    schedule CSV it reads (its own, then its run.paired entries' (``entry_schedules``, or read
+    from their configs), each file once), as they are now: the order a run ran stays with it
+    when the file is edited, moved or deleted."""
     from ppx import config
     from ppx.config.paired import entry_config
     from ppx.schedules import is_csv
 
     (path / "config.yaml").write_text(config.to_yaml(cfg))
-    names = [cfg.pipeline.schedule] + [entry_config(cfg, e).pipeline.schedule for e in cfg.run.paired]
+    if entry_schedules is None:
+        entry_schedules = [entry_config(cfg, e).pipeline.schedule for e in cfg.run.paired]
+    names = [cfg.pipeline.schedule, *entry_schedules]
     copied: dict[Path, Path] = {}  # the CSV's file -> its copy
     for name in names:
         if not is_csv(name) or Path(name).resolve() in copied:

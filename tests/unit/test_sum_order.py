@@ -57,18 +57,22 @@ def test_the_run_notes_an_is_order_only_where_its_is_add_gradients(tmp_path):
     """An I adds gradients only under a split that stores (its small weights'): under the
     graph's way, or torch's runtime, I's out of order change no sum, and `ppx run` says nothing;
     a run.paired entry's note names the entry."""
-    from ppx.commands.run import _notes
+    from ppx.commands.run import _entries, _notes
+    from ppx.config import resolve_schedule
+
+    def notes(cfg):
+        return _notes(cfg, resolve_schedule(cfg), _entries(cfg))
 
     path = tmp_path / "mine.csv"
     path.write_text(RANK0 + "1F0,1F1,1F2,1I0,1I2,1I1,1W0,1W1,1W2\n")
     base = ["model.kind=mlp", "pipeline.stages=2", "pipeline.microbatches=3", "train.batch_size=6"]
     note = out_of_order_note(schedules.from_csv(path))
     assert note.startswith("runs stage 1's I of microbatch 1 after microbatch 2's, where a split backward that stores")
-    assert _notes(config.load(None, [*base, f"pipeline.schedule={path}"])) == [f"ppx: note: {path} {note}"]
+    assert notes(config.load(None, [*base, f"pipeline.schedule={path}"])) == [f"ppx: note: {path} {note}"]
     for way in ("train.split_backward=graph", "pipeline.executor=torch"):
-        assert _notes(config.load(None, [*base, f"pipeline.schedule={path}", way])) == [], way
+        assert notes(config.load(None, [*base, f"pipeline.schedule={path}", way])) == [], way
     entry = f"pipeline.schedule={path}"
-    got = _notes(config.load(None, [*base, "pipeline.schedule=1f1b", f"run.paired=['{entry}']"]))
+    got = notes(config.load(None, [*base, "pipeline.schedule=1f1b", f"run.paired=['{entry}']"]))
     assert got == [f"ppx: note: run.paired '{entry}': {path} {note}"]
 
 
