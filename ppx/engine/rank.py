@@ -215,6 +215,15 @@ def build_runners(
     }
 
 
+def microbatch_keys(cfg: Config, data_parallel: DataParallel | None = None):
+    """(step, microbatch) -> the key of that microbatch's dropout masks on this replica
+    (`ppx.models.seeding.microbatch_key`)."""
+    from ppx.models.seeding import microbatch_key
+
+    seed, replica = cfg.train.seed, 0 if data_parallel is None else data_parallel.layout.dp_rank
+    return lambda step, mb: microbatch_key(seed, step, replica, mb)
+
+
 def sample_microbatch(cfg: Config, precision: Precision, microbatches: int, device) -> SampleMicrobatch:
     """A microbatch of the run's shapes, for the split backward's trial forward; its
     ``boundary`` is what travels between stages (shape, in the compute dtype)."""
@@ -272,6 +281,7 @@ def build_rank(
         clock=clock,
         reduce_grads=None if data_parallel is None else data_parallel.reduce,
         global_ranks=None if data_parallel is None else data_parallel.layout.pipeline_ranks,
+        microbatch_key=microbatch_keys(cfg, data_parallel),
     )
     layout = data_parallel.layout if data_parallel is not None else None
     tied = TiedGrads.build(cfg, kind, schedule, rank, modules, layout) if schedule.training else None

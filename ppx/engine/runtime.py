@@ -17,6 +17,7 @@ from ppx.engine.observers import run_observed
 from ppx.engine.stage import StageRunner
 from ppx.errors import said
 from ppx.models.action_clock import PART_OF, ActionClock
+from ppx.models.seeding import microbatch
 from ppx.schedules.comms.lowering import peer_of
 from ppx.schedules.comms.program import Item, compile_program
 from ppx.schedules.ir.action import Action, Op
@@ -64,7 +65,8 @@ class Runtime:
     (data parallel) reduces a stage's gradients across the replicas: the program then has a
     ``reduce`` item per stage after its last backward. ``global_ranks`` (data parallel: this
     replica's process ranks, by pipeline rank) name this rank in errors as the job numbers
-    its processes; labels name pipeline ranks, as the schedule does."""
+    its processes; labels name pipeline ranks, as the schedule does. ``microbatch_key(step,
+    mb)`` keys each compute action's dropout masks (`ppx.models.seeding.microbatch`)."""
 
     def __init__(
         self,
@@ -80,6 +82,7 @@ class Runtime:
         clock: ActionClock,
         reduce_grads: Callable[[int], None] | None = None,
         global_ranks: Sequence[int] | None = None,
+        microbatch_key: Callable[[int, int], int] | None = None,
     ):
         self.schedule, self.rank, self.stages, self.comm = schedule, rank, stages, comm
         self.names = list(global_ranks) if global_ranks is not None else list(range(schedule.num_ranks))
@@ -94,6 +97,7 @@ class Runtime:
             reduce=reduce_grads is not None and schedule.training,
         )
         self.reduce_grads = reduce_grads
+        self.microbatch_key = microbatch_key
         self.last_stage = schedule.num_stages - 1
         self._handlers = {
             "post": self._post,
@@ -183,7 +187,8 @@ class Runtime:
 
     def _compute(self, item: Item) -> None:
         a = item.actions[0]
-        with self.clock.action(PART_OF[a.op]):
+        key = None if self.microbatch_key is None else self.microbatch_key(self.step_index, a.mb)
+        with self.clock.action(PART_OF[a.op]), microbatch(key):
             self._run_action(a)
 
     def _reduce(self, item: Item) -> None:

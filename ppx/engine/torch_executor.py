@@ -21,8 +21,9 @@ import torch
 
 from ppx import models
 from ppx.engine.observers import run_observed
-from ppx.engine.rank import StageShare, build_stage_modules
+from ppx.engine.rank import StageShare, build_stage_modules, microbatch_keys
 from ppx.models.action_clock import PART_OF, ActionClock
+from ppx.models.seeding import microbatch
 from ppx.schedules import registry
 from ppx.schedules.comms.program import Item
 from ppx.schedules.csv_io import write_csv
@@ -46,6 +47,7 @@ class TorchPipeline(StageShare):
         self.observers = list(observers)
         self.clock = ActionClock()
         self.live: set = set()  # (stage, microbatch) whose activations torch holds for a backward
+        self.keys, self.step_index = microbatch_keys(cfg), -1  # each microbatch's dropout masks
         stages = schedule.stages_of(rank)
         self.modules = build_stage_modules(cfg, schedule.num_stages, stages, device, self.clock)
         m = schedule.num_microbatches
@@ -76,7 +78,7 @@ class TorchPipeline(StageShare):
 
         def wrapped(original, kind):
             def run(op, chunk_id, args, kwargs):
-                with self.clock.action(PART_OF[op]):
+                with self.clock.action(PART_OF[op]), microbatch(self.keys(self.step_index, chunk_id)):
                     out = original(chunk_id, *args, **kwargs)
                 if op is Op.F:
                     self.live.add((s, chunk_id))
@@ -120,6 +122,7 @@ class TorchPipeline(StageShare):
         return x.to(self.device), y.to(self.device)
 
     def step(self, step: int, batch=None):
+        self.step_index = step
         x, y = batch if batch is not None else self.microbatches(step)
         losses: list = []
         kwargs = {}

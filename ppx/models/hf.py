@@ -9,7 +9,9 @@ checkpoint's). Only the hidden states travel between stages; each stage builds w
 need besides them once per shape (position ids, the rotary embedding's cos and sin, and the
 causal mask, sliding-window where the config says, per layer type), as the base model's
 forward would. Each unit is initialised by the model's own ``_init_weights`` under its own seed
-(`ppx.models.seeding`), so a layer's weights are the same whatever the split.
+(`ppx.models.seeding`), so a layer's weights are the same whatever the split, and draws its
+dropout masks from a seed of the microbatch and the unit (`seed_unit`), the same whatever the
+schedule, the split or a recomputation.
 
 Tied embeddings (GPT-2; any config with ``tie_word_embeddings``): the first stage holds the
 token embedding, the last stage a head whose weight starts as that embedding; the engine sums
@@ -25,7 +27,7 @@ from torch import nn
 from ppx.errors import UserError
 from ppx.models import hf_config, hf_norms, hf_parts
 from ppx.models.precision_ops import to_compute_dtype
-from ppx.models.seeding import BLOCK, EMBEDDING, HEAD, seeded
+from ppx.models.seeding import BLOCK, EMBEDDING, HEAD, seed_unit, seeded
 from ppx.models.transformer import boundary, loss, make_batch
 
 __all__ = ["boundary", "build_stage", "loss", "make_batch", "tied_units"]
@@ -143,6 +145,7 @@ class HFStage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         base, names = self.base, self.names
         if self.first:
+            seed_unit(0)
             h = getattr(base, names.embed[0])(x)
             if names.positions:
                 h = h + getattr(base, names.positions[0])(torch.arange(x.shape[1], device=x.device))
@@ -154,6 +157,7 @@ class HFStage(nn.Module):
             kwargs = {"attention_mask": masks[self._layer_type(int(i))], "position_ids": pos}
             if rope is not None:
                 kwargs["position_embeddings"] = rope
+            seed_unit(int(i) + 1)
             out = layer(x, **kwargs)
             x = out[0] if isinstance(out, tuple) else out
         if self.last:

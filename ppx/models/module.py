@@ -5,7 +5,8 @@ Every stage builds the whole model with the run's seed (so a unit's weights are 
 whatever the split) and keeps its units, under their names in your model (a stage's state_dict
 keys are your model's). A stage's forward calls its units in turn, as your model's forward
 does. A parameter several units share (a tied embedding) is held by each stage that has one
-of them, and the engine sums its copies' gradients every step (``tied_units``). Data and loss:
+of them, and the engine sums its copies' gradients every step (``tied_units``). Each unit's
+dropout masks are seeded by the microbatch and the unit (`ppx.models.seeding.seed_unit`). Data and loss:
 ``model.batch_fn`` / ``model.loss_fn`` (import paths), or ppx's (``model.data``: the transformer
 kind's token walks and next-token cross-entropy, or the MLP kind's regression and MSE). The
 activation between stages has the shape your units hand on, found by running the model once
@@ -18,7 +19,7 @@ from torch import nn
 
 from ppx.errors import UserError, said
 from ppx.models import mlp, module_spec, transformer
-from ppx.models.seeding import mix
+from ppx.models.seeding import mix, seed_unit
 
 _LOSS: dict = {}  # the run's loss (set when a stage is built; the kind's ``loss`` takes no config)
 
@@ -27,10 +28,11 @@ class UnitStage(nn.Module):
     """Units ``names`` of ``model``, called in turn, kept under their dotted names; ``tied``:
     this stage's copies of parameters several units share, by their name in ``model``."""
 
-    def __init__(self, model: nn.Module, names: list[str], tied: dict[str, nn.Parameter]):
+    def __init__(self, model: nn.Module, names: list[str], tied: dict[str, nn.Parameter], first: int = 0):
         super().__init__()
         subs = dict(model.named_modules())
         self.units = list(names)
+        self.first_unit = first  # the index of names[0] among the model's units (`seed_unit`)
         for name in names:
             parent = self
             *path, last = name.split(".")
@@ -45,7 +47,8 @@ class UnitStage(nn.Module):
         self._tied = {key: mine[id(q)] for key, q in tied.items()}
 
     def forward(self, x):
-        for name in self.units:
+        for k, name in enumerate(self.units):
+            seed_unit(self.first_unit + k)
             x = self.get_submodule(name)(x)
         return x
 
@@ -72,7 +75,7 @@ def build_stage(cfg, seed: int, stage: int, num_stages: int, blocks: range, cloc
     mine = [names[u] for u in blocks]
     held = {id(p) for n in mine for p in model.get_submodule(n).parameters()}
     tied = {key: model.get_parameter(key) for key, units in module_spec.shared_in(model, names) if len(units) > 1}
-    return UnitStage(model, mine, {k: p for k, p in tied.items() if id(p) in held})
+    return UnitStage(model, mine, {k: p for k, p in tied.items() if id(p) in held}, blocks.start)
 
 
 def tied_units(cfg) -> dict[str, tuple[int, ...]]:

@@ -1,5 +1,8 @@
 """Deterministic initialisation: every block is built under its own seed, so the weights of
-block i are the same whatever the stage count or split."""
+block i are the same whatever the stage count or split. And deterministic dropout: a unit's
+random ops (dropout masks) draw from a seed of (run seed, step, replica, microbatch, unit), so
+they are the same whatever the schedule, the stage count or a recomputation of the forward
+(`microbatch`, `seed_unit`)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,8 @@ import contextlib
 
 import torch
 
-EMBEDDING, HEAD, TEACHER, DATA = 1, 2, 3, 4  # tags for the non-block parts
+EMBEDDING, HEAD, TEACHER, DATA = 1, 2, 3, 4  # tags for the non-block parts (hf.py: 5, GPT-2's positions)
+DROPOUT = 6  # the tag under which microbatches key their dropout masks
 BLOCK = 1000  # block i uses tag BLOCK + i
 
 
@@ -25,3 +29,35 @@ def seeded(seed: int, tag: int):
 
 def generator(seed: int, tag: int) -> torch.Generator:
     return torch.Generator().manual_seed(mix(seed, tag))
+
+
+_KEY: list[int | None] = [None]  # the running microbatch's key (`microbatch`), or None
+
+
+def microbatch_key(seed: int, step: int, replica: int, mb: int) -> int:
+    """The key of microbatch ``mb`` of ``step`` on data-parallel replica ``replica``."""
+    return mix(mix(mix(mix(seed, DROPOUT), step), replica), mb)
+
+
+@contextlib.contextmanager
+def microbatch(key: int | None):
+    """Run the body (a microbatch's forward, or its backward, which may re-run that forward)
+    with ``key`` (`microbatch_key`) current for `seed_unit`."""
+    before, _KEY[0] = _KEY[0], key
+    try:
+        yield
+    finally:
+        _KEY[0] = before
+
+
+def seed_unit(unit: int) -> None:
+    """Before unit ``unit`` (its index in the model, whatever the split) runs: seed the
+    generators its random ops draw from (the CPU's, and the current GPU's) from the current
+    microbatch's key; nothing outside one (a trial forward, a check)."""
+    key = _KEY[0]
+    if key is None:
+        return
+    seed = mix(key, BLOCK + unit)
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed(seed)

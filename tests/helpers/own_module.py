@@ -8,10 +8,13 @@ from torch import nn
 
 
 def build(model) -> nn.Module:
-    width = model.args.get("width", 16)
-    return nn.Sequential(
-        *[nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(model.args.get("depth", 4))]
-    )
+    """``model.args``: width, depth, and dropout (after each block's activation; 0: none)."""
+    width, drop = model.args.get("width", 16), model.args.get("dropout", 0.0)
+    return nn.Sequential(*[_block(width, drop) for _ in range(model.args.get("depth", 4))])
+
+
+def _block(width: int, drop: float) -> nn.Module:
+    return nn.Sequential(nn.Linear(width, width), nn.Tanh(), *([nn.Dropout(drop)] if drop else []))
 
 
 def batch(model, seed: int, batch_size: int, step: int):
