@@ -84,8 +84,29 @@ def _entries(cfg) -> list:
 def _notes(cfg, sched, entries: list) -> list[str]:
     """The notes a run prints before it starts (stderr, rank 0's), once each: ``sched`` is the
     run's list, ``entries`` its run.paired entries' configs."""
-    lines = (_changes_nothing(cfg, sched), _forward_only_csv(cfg, sched), *_out_of_order(cfg, sched, entries))
+    lines = (
+        _changes_nothing(cfg, sched),
+        _forward_only_csv(cfg, sched),
+        *_out_of_order(cfg, sched, entries),
+        _forward_unchecked(cfg),
+    )
     return list(dict.fromkeys(line for line in lines if line))
+
+
+def _forward_unchecked(cfg) -> str | None:
+    """A note where your model's forward could not be read (torch.fx fails on it), so ppx did
+    not check that it calls its units in turn, as the layer split runs them."""
+    if cfg.model.kind != "module" or cfg.pipeline.split != "layers":
+        return None
+    from ppx.models import module_forward, module_spec
+
+    why = module_forward.untraced(*module_spec.described(cfg.model))
+    if why is None:
+        return None
+    return (
+        f"ppx: note: torch.fx cannot trace the forward of model.module={cfg.model.module} ({why}), so ppx did not "
+        "check that it only calls model.units in turn: the layer split runs them so, whatever the forward does"
+    )
 
 
 def _forward_only_csv(cfg, sched) -> str | None:

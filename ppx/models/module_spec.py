@@ -132,8 +132,9 @@ def shape_defaults(model) -> dict:
 
 def check(cfg) -> None:
     """The module imports and builds, its units cover it and chain (one forward on the meta
-    device, handing one shape from unit to unit), model.layers is their count, and
-    model.split_points (if given) become pipeline.layers_per_stage."""
+    device, handing one shape from unit to unit), its forward calls them in turn and does
+    nothing else (`ppx.models.module_forward`, for the layer split), model.layers is their
+    count, and model.split_points (if given) become pipeline.layers_per_stage."""
     from ppx.schedules import registry
 
     m, p = cfg.model, cfg.pipeline
@@ -174,6 +175,16 @@ def check(cfg) -> None:
     on_torch = registry.runs_on_torch(p.schedule, p.executor)
     mbs = cfg.train.batch_size // cfg.parallel.data // p.microbatches  # (>= 1: rules.check_parallel ran first)
     (unit_shapes if on_torch else boundary)(m, mbs, (module, names))
+    if p.split == "layers":  # (torch's tracer cuts the forward itself)
+        from ppx.models.module_forward import problem
+
+        wrong = problem(module, names)
+        if wrong:
+            raise UserError(
+                f"model.module={m.module}: its forward {wrong}; ppx's split runs model.units one after the other, "
+                "each unit's output the next one's input, so it would train another model than yours: put what "
+                "the forward does between units inside one, or give model.units in the order the forward calls them"
+            )
     tied = [n for n, k in shared_in(module, names) if len(k) > 1]
     if tied and on_torch:
         raise UserError(f"model.module: {tied[0]} is shared by several units; torch's executor does not sum its copies")

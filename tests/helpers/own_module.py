@@ -79,3 +79,34 @@ def reads_values_last(model) -> nn.Module:
     """Three units, the first 128 times the others' FLOPs (counted, it would take a stage
     alone), the last unable to run on the meta device (the checks never run the last)."""
     return nn.Sequential(_Wide(16), nn.Linear(16, 16), _ReadsValues(16))
+
+
+class _Chain(nn.Module):
+    """inp, blocks.0-2, out, as a user writes them; ``way`` what its forward does besides:
+    plain (nothing), skip (adds inp's output to the last block's), twice (calls blocks.0 twice),
+    scaled (returns the output doubled), tuple (returns the output and the last block's),
+    branch (Python control flow on a value: torch.fx cannot trace it)."""
+
+    def __init__(self, way: str, width: int = 16):
+        super().__init__()
+        self.way = way
+        self.inp, self.out = nn.Linear(width, width), nn.Linear(width, width)
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(3))
+
+    def forward(self, x: torch.Tensor):
+        h = self.inp(x)
+        first = h
+        for k, block in enumerate(self.blocks):
+            h = block(h)
+            if k == 0 and self.way == "twice":
+                h = block(h)
+        if self.way == "skip":
+            h = h + first
+        if self.way == "branch" and h.sum() > 0:
+            h = -h
+        out = self.out(h)
+        return (out, h) if self.way == "tuple" else out * 2 if self.way == "scaled" else out
+
+
+def chain(model) -> nn.Module:
+    return _Chain(model.args.get("way", "plain"))

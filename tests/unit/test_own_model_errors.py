@@ -14,6 +14,14 @@ pytest.importorskip("transformers")
 
 # helpers/own_module.py's: 4 x (Linear, Tanh), 8 units (a Sequential stands for its children)
 SEQUENTIAL = ["1f1b_2cpu", "model.kind=module", "model.data=regression", "model.args={width: 16, depth: 4}"]
+# helpers/own_module.py's chain: inp, blocks.0-2, out, whose forward does what model.args.way says
+CHAIN = [
+    *SEQUENTIAL[:3],
+    "model.module=helpers.own_module:chain",
+    "model.units=[inp,blocks,out]",
+    "model.hidden=16",
+    "model.layers=5",
+]
 
 
 CASES = {
@@ -104,6 +112,23 @@ CASES = {
         + ["pipeline.executor=torch"],
         "model.kind=module: unit 0.0 fails on its input (shape (8, 64), torch.float32): RuntimeError: ",
     ),
+    "module whose forward adds a skip across units": (
+        [*CHAIN, "model.args={way: skip}"],
+        "model.module=helpers.own_module:chain: its forward does more than call its units in turn: "
+        "add(blocks_2, inp) before unit out; ppx's split runs model.units one after the other",
+    ),
+    "module whose forward calls a unit twice": (
+        [*CHAIN, "model.args={way: twice}"],
+        "its forward calls unit blocks.0 2 times, where the split runs each unit once",
+    ),
+    "module units in another order than its forward's": (
+        [*CHAIN, "model.units=[inp,blocks,out]", "model.units=[out,blocks,inp]"],
+        "its forward calls its units in the order inp, blocks.0, blocks.1, blocks.2, out, where model.units gives out,",
+    ),
+    "module whose forward changes the last unit's output": (
+        [*CHAIN, "model.args={way: scaled}"],
+        "its forward returns mul(out, 2), not the last unit's output",
+    ),
     "module split points beside another split": (
         ["examples/tiny_gpt.yaml", "model.split_points=[blocks.2]", "pipeline.layers_per_stage=[2,4]"],
         "give model.split_points or pipeline.layers_per_stage, not both",
@@ -190,3 +215,21 @@ def test_a_config_with_split_points_loads_again_as_it_was_saved(monkeypatch, tmp
         "examples/tiny_gpt.yaml", ["model.split_points=[blocks.2]", "run.paired=[pipeline.schedule=gpipe]"]
     )
     assert paired.run.paired == ["pipeline.schedule=gpipe"]
+
+
+def test_a_forward_that_only_calls_its_units_passes_and_one_fx_cannot_read_is_named(monkeypatch):
+    """A tuple whose first item is the last unit's output is the forward's output; a forward
+    torch.fx cannot trace is not checked, and `ppx run` says so."""
+    from ppx.commands.run import _forward_unchecked
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    for way in ("plain", "tuple"):
+        assert _forward_unchecked(config.load(CHAIN[0], [*CHAIN[1:], f"model.args={{way: {way}}}"])) is None
+    cfg = config.load(CHAIN[0], [*CHAIN[1:], "model.args={way: branch}"])
+    assert _forward_unchecked(cfg).startswith(
+        "ppx: note: torch.fx cannot trace the forward of model.module=helpers.own_module:chain (TraceError: "
+    )
+    # torch's tracer split cuts the forward itself: nothing to check there
+    cfg = config.load(CHAIN[0], [*CHAIN[1:], "model.args={way: skip}", "pipeline.split=tracer"])
+    assert _forward_unchecked(cfg) is None

@@ -1,0 +1,107 @@
+"""Whether your model's forward calls its units in turn and does nothing else
+(``model.kind=module``): ppx's layer split runs the units one after the other, each unit's
+output the next one's input, so a forward that does more (a skip connection across units, a
+scale, a cast, another order, a unit called twice) would train another model than yours.
+
+Read from the forward's graph, traced with the units as leaves (`torch.fx`, on the model built
+on the meta device: no memory, no compute). Work whose result reaches neither a unit nor the
+output (a print of a shape) is left alone. A forward torch.fx cannot trace (Python control flow
+on values, ...) is not checked: `untraced` says why."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+from torch import fx, nn
+
+
+class _UnitsAsLeaves(fx.Tracer):
+    def __init__(self, units: set[str]):
+        super().__init__()
+        self.units = units
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return qualname in self.units or super().is_leaf_module(m, qualname)
+
+
+def trace(module: nn.Module, names: list[str]) -> fx.Graph | str:
+    """The forward's graph with the units as leaves, or why torch.fx cannot trace it (what the
+    forward prints while traced is not shown)."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return _UnitsAsLeaves(set(names)).trace(module)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return f"{type(e).__name__}: {first[:160]}" if first else type(e).__name__
+
+
+def untraced(module: nn.Module, names: list[str]) -> str | None:
+    """Why the forward cannot be checked (torch.fx fails on it), or None."""
+    got = trace(module, names)
+    return got if isinstance(got, str) else None
+
+
+def problem(module: nn.Module, names: list[str]) -> str | None:
+    """What the forward does besides calling ``names`` in turn and returning the last one's
+    output (alone, or first of a tuple or list), in words, or None where it does only that (or
+    cannot be traced: `untraced`)."""
+    graph = trace(module, names)
+    if isinstance(graph, str):
+        return None
+    nodes = list(graph.nodes)
+    calls = [n for n in nodes if n.op == "call_module" and n.target in names]
+    order = [n.target for n in calls]
+    if order != names:
+        twice = next((t for t in order if order.count(t) > 1), None)
+        if twice is not None:
+            return f"calls unit {twice} {order.count(twice)} times, where the split runs each unit once"
+        missing = [t for t in names if t not in order]
+        if missing:
+            return f"never calls unit {missing[0]}, which the split runs"
+        return f"calls its units in the order {', '.join(order)}, where model.units gives {', '.join(names)}"
+    live = _feeding(calls[-1])
+    extra = [n for n in nodes if n in live and n.op not in ("placeholder", "output") and n not in calls]
+    if extra:
+        at = nodes.index(extra[0])
+        unit = next(c.target for c in calls if nodes.index(c) > at)
+        return f"does more than call its units in turn: {_op(extra[0])} before unit {unit}"
+    inputs = [n for n in nodes if n.op == "placeholder"]
+    for k, call in enumerate(calls):
+        before = calls[k - 1] if k else inputs[0] if inputs else None
+        if list(call.args) != [before] or call.kwargs:
+            what = f"unit {calls[k - 1].target}'s output" if k else "the forward's input"
+            return f"hands unit {call.target} {_said(call.args, call.kwargs)}, not {what} alone"
+    result = next(n for n in nodes if n.op == "output").args[0]
+    first = result[0] if isinstance(result, (tuple, list)) and result else result
+    if first is not calls[-1]:
+        what = _op(result) if isinstance(result, fx.Node) else _said([result], {})
+        return f"returns {what}, not the last unit's output"
+    return None
+
+
+def _feeding(output: fx.Node) -> set:
+    """The nodes whose results reach ``output``."""
+    seen, todo = set(), [output]
+    while todo:
+        node = todo.pop()
+        for up in node.all_input_nodes:
+            if up not in seen:
+                seen.add(up)
+                todo.append(up)
+    return seen
+
+
+def _op(node: fx.Node) -> str:
+    """A node in words: ``add(blocks_3, embed)``, ``float(head)``, ``act (not a unit)``."""
+    if node.op == "call_module":
+        return f"{node.target} (not a unit)"
+    if node.op == "get_attr":
+        return f"its attribute {node.target}"
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+    return f"{name}({_said(node.args, node.kwargs)})"
+
+
+def _said(args, kwargs) -> str:
+    parts = [str(a) for a in args] + [f"{k}={v}" for k, v in kwargs.items()]
+    return ", ".join(parts) or "nothing"
