@@ -1,4 +1,4 @@
-"""``model.kind=hf``: a Hugging Face causal LM (Llama, Qwen2, Mistral, GPT-2, and any other laid
+"""``model.kind=hf``: a Hugging Face causal LM (Llama, Qwen2, Mistral, GPT-2, GPT-NeoX, and any other laid
 out as they are: `ppx.models.hf_parts`) from its config (`ppx.models.hf_config`), randomly
 initialised from the seed, split into units like llama's: [token embedding (with GPT-2's
 learned positions and dropout), decoder layer 0, ..., decoder layer L-1, final norm + LM head].

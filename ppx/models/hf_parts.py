@@ -12,7 +12,7 @@ from torch import nn
 
 from ppx.errors import UserError
 
-NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_norm")
+NORM_NAMES = ("norm", "ln_f", "final_layernorm", "final_norm", "final_layer_norm")
 
 
 @dataclass

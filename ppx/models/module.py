@@ -105,10 +105,11 @@ def unit_shapes(cfg, microbatch_size: int, described: tuple | None = None) -> li
     """Each unit's output (name, shape, dtype) but the last's, from one run of a first
     microbatch on the meta device (no memory, no compute) through ``described`` (the model
     built on meta and its unit names, `module_spec.described`: built here when None); a unit
-    that fails on what it is handed, or a batch function that fails, is one line."""
+    that fails on what it is handed, a batch function that fails, or (with ppx's loss) a last
+    output that does not fit the loss, is one line."""
     model, names = described or module_spec.described(cfg)
     try:
-        x, _ = make_batch(cfg, 0, microbatch_size, 0)
+        x, target = make_batch(cfg, 0, microbatch_size, 0)
         h = x.to("meta")
     except UserError:
         raise
@@ -117,17 +118,50 @@ def unit_shapes(cfg, microbatch_size: int, described: tuple | None = None) -> li
         raise UserError(f"{where}: a first microbatch's inputs failed: {said(e)}") from None
     shapes = []
     with torch.no_grad():
-        for name in names[:-1]:  # (not the last: its output stays on its stage, and it may do what meta cannot)
+        for name in names[:-1]:  # (the last one stays on its stage: `_fits_the_loss` tries it)
             try:
                 h = model.get_submodule(name)(h)
             except Exception as e:  # the units as named do not chain: say where, before any process starts
+                hint = ""
+                if name == names[0] and not h.is_floating_point() and not cfg.batch_fn and cfg.data == "tokens":
+                    hint = " (model.data=tokens hands on token ids; model.data=regression, or model.batch_fn, floats)"
                 raise UserError(
                     f"model.kind=module: unit {name} fails on its input (shape {tuple(h.shape)}, {h.dtype}): {said(e)}"
+                    + hint
                 ) from None
             if not isinstance(h, torch.Tensor):
                 raise UserError(f"model.kind=module: unit {name} returns {type(h).__name__}; ppx sends one tensor")
             shapes.append((name, tuple(h.shape), h.dtype))
+        if not cfg.loss_fn:
+            _fits_the_loss(cfg, model, names[-1], h, target)
     return shapes
+
+
+def _fits_the_loss(cfg, model: nn.Module, name: str, h: torch.Tensor, target: torch.Tensor) -> None:
+    """The last unit's output fits ppx's loss for ``model.data`` (one tensor; regression: the
+    targets' shape; tokens: a score per vocabulary entry for each target token), where that
+    unit runs on the meta device (one that does what meta cannot is left to the run)."""
+    try:
+        out = model.get_submodule(name)(h)
+    except Exception:
+        return
+    loss = "MSE against the targets" if cfg.data == "regression" else "next-token cross-entropy"
+    if not isinstance(out, torch.Tensor):
+        raise UserError(
+            f"model.kind=module: the last unit {name} returns {type(out).__name__}; ppx's loss ({loss}, model.data="
+            f"{cfg.data}) takes one tensor: return it alone, or give model.loss_fn"
+        )
+    t = tuple(target.shape)
+    if cfg.data == "regression":
+        fits, want = tuple(out.shape) == t, f"{t}, the targets'"
+    else:
+        fits = out.dim() == len(t) + 1 and tuple(out.shape[:-1]) == t and out.shape[-1] >= cfg.vocab_size
+        want = f"{(*t, cfg.vocab_size)}, a score per vocabulary entry (model.vocab_size) for each target token"
+    if not fits:
+        raise UserError(
+            f"model.kind=module: the last unit {name} returns shape {tuple(out.shape)} where ppx's loss ({loss}, "
+            f"model.data={cfg.data}) wants {want}; change the model, or give model.data or model.loss_fn"
+        )
 
 
 def boundary(cfg, microbatch_size: int, described: tuple | None = None):

@@ -24,10 +24,18 @@ def load_function(path: str, key: str = "model.module") -> Callable:
     if not path or path.count(":") != 1 or not all(path.split(":")):
         raise UserError(f"{key}={path!r} must look like package.module:function")
     name, attr = path.split(":")
+    if "/" in name or name.endswith(".py"):
+        raise UserError(
+            f"{key}={path}: give the module's import path (package.module:function, dots, no .py), not a file's; "
+            "ppx imports it from the current directory or PYTHONPATH"
+        )
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
         mod = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        where = f"from the current directory ({Path.cwd()}) or PYTHONPATH"
+        raise UserError(f"{key}={path}: cannot import {name}: {said(e)} (ppx imports it {where})") from None
     except Exception as e:
         raise UserError(f"{key}={path}: cannot import {name}: {said(e)}") from None
     fn = getattr(mod, attr, None)
@@ -70,7 +78,12 @@ def build(model):
     except UserError:
         raise
     except Exception as e:
-        raise UserError(f"model.module={model.module} raised {said(e)}") from None
+        how = (
+            " (ppx called the class with the model section: name a function that builds it)"
+            if isinstance(fn, type)
+            else ""
+        )
+        raise UserError(f"model.module={model.module} raised {said(e)}{how}") from None
     if not isinstance(got, nn.Module):
         raise UserError(f"model.module={model.module} returned {type(got).__name__}, not an nn.Module")
     return got
@@ -95,6 +108,8 @@ def units(model, module) -> list[str]:
         if name not in subs or not name:
             raise UserError(f"model.units: {name!r} is not a submodule of {type(module).__name__}")
         m = subs[name]
+        if isinstance(m, nn.ModuleList) and not len(m):
+            raise UserError(f"model.units: {name} is an empty ModuleList: no unit to run")
         if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m):
             names += [f"{name}.{child}" for child, _ in m.named_children()]
         else:
@@ -158,9 +173,15 @@ def check(cfg) -> None:
             raise UserError(f"model.split_points: {missing[0]!r} is not a unit (units: {', '.join(names)})")
         starts = [names.index(s) for s in m.split_points]
         if len(starts) != stages - 1 or starts != sorted(set(starts)) or starts[0] == 0:
+            n = stages - 1
+            which = (
+                "the unit where stage 1 begins"
+                if n == 1
+                else f"the {n} units where stages 1-{n} begin, in forward order"
+            )
             raise UserError(
-                f"model.split_points: {len(starts)} points for {stages} stages; give {stages - 1} "
-                f"unit{'s' if stages != 2 else ''} in forward order, the first stage beginning at the first unit"
+                f"model.split_points: {len(starts)} points for {stages} stages; give {which} (stage 0 begins at the "
+                f"first unit, {names[0]}: leave it out)"
             )
         bounds = [0, *starts, len(names)]
         split = [b - a for a, b in zip(bounds, bounds[1:])]

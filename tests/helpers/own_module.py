@@ -110,3 +110,18 @@ class _Chain(nn.Module):
 
 def chain(model) -> nn.Module:
     return _Chain(model.args.get("way", "plain"))
+
+
+class _Pair(nn.Module):
+    def forward(self, x: torch.Tensor):
+        return x, x.sum()
+
+
+def pair_last(model) -> nn.Module:
+    """A last unit that returns a tuple (ppx's loss takes one tensor)."""
+    return nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16), _Pair())
+
+
+def narrow_head(model) -> nn.Module:
+    """One output per sample where the regression targets have 16."""
+    return nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 1))

@@ -25,6 +25,7 @@ ARCH = {
     "qwen2": ["model.hf_overrides={intermediate_size: 64, num_key_value_heads: 2}"],
     "mistral": ["model.hf_overrides={intermediate_size: 64, num_key_value_heads: 2, sliding_window: 6}"],
     "gpt2": ["model.hf_overrides={resid_pdrop: 0.0, embd_pdrop: 0.0, attn_pdrop: 0.0}"],
+    "gpt_neox": ["model.hf_overrides={intermediate_size: 64}"],  # its final norm is final_layer_norm
 }
 
 

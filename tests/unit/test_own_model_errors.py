@@ -129,6 +129,43 @@ CASES = {
         [*CHAIN, "model.args={way: scaled}"],
         "its forward returns mul(out, 2), not the last unit's output",
     ),
+    "module split point at the first unit": (
+        ["examples/tiny_gpt.yaml", "model.split_points=[embed]"],
+        "model.split_points: 1 points for 2 stages; give the unit where stage 1 begins (stage 0 begins at the first "
+        "unit, embed: leave it out)",
+    ),
+    "module class whose constructor takes no model section": (
+        [*SEQUENTIAL, "model.module=torch.nn:Linear"],
+        "model.module=torch.nn:Linear raised TypeError: ",
+    ),
+    "module given as a file path": (
+        ["examples/tiny_gpt.yaml", "model.module=examples/tiny_gpt.py:build"],
+        "model.module=examples/tiny_gpt.py:build: give the module's import path (package.module:function, dots, no "
+        ".py), not a file's",
+    ),
+    "module that is not on the path": (
+        ["examples/tiny_gpt.yaml", "model.module=nosuch.models:build"],
+        "model.module=nosuch.models:build: cannot import nosuch.models: ModuleNotFoundError: No module named 'nosuch' "
+        "(ppx imports it from the current directory (",
+    ),
+    "module with an empty ModuleList for units": (
+        ["examples/tiny_gpt.yaml", "model.args.depth=0"],
+        "model.units: blocks is an empty ModuleList: no unit to run",
+    ),
+    "module whose last unit returns a tuple": (
+        [*SEQUENTIAL, "model.module=helpers.own_module:pair_last", "model.layers=3", "model.hidden=16"],
+        "model.kind=module: the last unit 2 returns tuple; ppx's loss (MSE against the targets, model.data=regression) "
+        "takes one tensor: return it alone, or give model.loss_fn",
+    ),
+    "module whose output does not fit the targets": (
+        [*SEQUENTIAL, "model.module=helpers.own_module:narrow_head", "model.layers=3", "model.hidden=16"],
+        "model.kind=module: the last unit 2 returns shape (8, 1) where ppx's loss (MSE against the targets, "
+        "model.data=regression) wants (8, 16), the targets'",
+    ),
+    "module of floats given token ids": (
+        [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.layers=8", "model.data=tokens"],
+        "(model.data=tokens hands on token ids; model.data=regression, or model.batch_fn, floats)",
+    ),
     "module split points beside another split": (
         ["examples/tiny_gpt.yaml", "model.split_points=[blocks.2]", "pipeline.layers_per_stage=[2,4]"],
         "give model.split_points or pipeline.layers_per_stage, not both",
