@@ -40,6 +40,7 @@ COLUMNS = [  # (header, key, format)
     ("steps q1-q3 ms", "step_range", "{}"),
     ("samples/s", "throughput", "{:.1f}"),
     ("bubble", "bubble", "{:.1%}"),
+    ("timeline bubble", "timeline_bubble", "{:.1%}"),
     ("predicted", "predicted", "{:.1%}"),
     ("pred err pt", "predicted_error_pt", "{:+.1f}"),
     ("theory", "theory", "{:.1%}"),
@@ -49,11 +50,11 @@ COLUMNS = [  # (header, key, format)
 ]
 
 
-NOTE = (  # under both tables: pred err pt is not the bubble column minus the predicted one
+NOTE = (  # under both tables: pred err pt is the timeline bubble minus the predicted one, not the bubble's
     "step ms = the median step; steps q1-q3 = the middle half of the run's steps; "
-    "bubble = measured idle / step time (median over steps); predicted = the simulator's bubble from the run's "
-    "measured action costs; pred err pt = measured minus predicted bubble over the steps the costs come "
-    "from (the timeline's), in points; theory = the schedule's formula with equal per-stage costs, or on the "
+    "bubble = measured idle / step time (median over steps); timeline bubble = idle / step time over the "
+    "timeline's steps, whose action costs the prediction takes; predicted = the simulator's bubble from those "
+    "costs; pred err pt = timeline bubble minus predicted, in points; theory = the schedule's formula with equal per-stage costs, or on the "
     "known-cost model the exact value at its costs (bubble_theory_basis)."
 )
 
@@ -101,6 +102,7 @@ def load_row(run: RunDir, base: Path | None = None) -> dict:
         "throughput": s.throughput,
         "bubble": s.bubble_fraction,
         "theory": s.bubble_fraction_theory,
+        "timeline_bubble": s.measured_bubble_fraction,
         "predicted": s.predicted_bubble_fraction,
         "v": s.virtual,
         "predicted_error_pt": _points(s.prediction_error_bubble_fraction),

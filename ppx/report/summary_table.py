@@ -15,7 +15,9 @@ def _pct(f) -> str:
 
 
 def summary_rows(summary: dict) -> list[list[str]]:
-    """Theory against measured, as text: [what, measured, predicted, theory]."""
+    """Theory against measured, as text: [what, measured, predicted, theory]. A prediction
+    (from the timeline steps' action costs) sits beside what those steps measured, the theory
+    beside the median over all steps."""
     pred = summary.get("predicted") or {}
     err = summary.get("prediction_error") or {}
     rows = [["step time (median)", _ms(summary.get("step_time_s")), "", _ms(summary.get("ideal_step_time_s"))]]
@@ -23,25 +25,31 @@ def summary_rows(summary: dict) -> list[list[str]]:
         measured = _ms(summary.get("measured_step_time_s"))
         rows.append(["step time (timeline steps, mean)", measured, f"{_ms(pred.get('step_time_s'))}", ""])
         rows.append(["measured against predicted", f"{err.get('step_time', 0):+.1%}", "", ""])
-    b = summary.get("bubble_fraction")
+    b, b_pred = summary.get("bubble_fraction"), pred.get("bubble_fraction")
+    timeline = summary.get("measured_bubble_fraction")
+    apart = timeline is not None  # (a run without one: the prediction beside the median)
     rows.append(
         [
             "bubble, idle / step time",
             _pct(b),
-            _pct(pred.get("bubble_fraction")),
+            "" if apart else _pct(b_pred),
             _pct(summary.get("bubble_fraction_theory")),
         ]
     )
-    if "measured_bubble_fraction" in summary:
-        rows.append(["bubble, idle / step time (timeline steps)", _pct(summary["measured_bubble_fraction"]), "", ""])
+    if apart:
+        rows.append(["bubble, idle / step time (timeline steps)", _pct(timeline), _pct(b_pred), ""])
     rows.append(
         [
             "bubble, idle / busy time",
             _pct(summary.get("bubble_over_ideal")),
-            _pct(over_ideal(pred.get("bubble_fraction"))),
+            "" if apart else _pct(over_ideal(b_pred)),
             _pct(summary.get("bubble_over_ideal_theory")),
         ]
     )
+    if apart:
+        rows.append(
+            ["bubble, idle / busy time (timeline steps)", _pct(over_ideal(timeline)), _pct(over_ideal(b_pred)), ""]
+        )
     tput = summary.get("throughput_samples_per_s")
     rows.append(["throughput", "" if tput is None else f"{tput:.1f} samples/s", "", ""])
     loss = next((x for x in reversed(summary.get("losses") or []) if x is not None), None)

@@ -202,7 +202,9 @@ def test_small_sweep_and_compare(tmp_path):
     for png in ("compare.png", "bubble.png"):
         assert (sweep / png).read_bytes()[:4] == b"\x89PNG"
     table = (sweep / "compare.md").read_text()
-    assert table.count("| schedule=") == 4 and "| bubble | predicted | pred err pt | theory |" in table
+    assert (
+        table.count("| schedule=") == 4 and "| bubble | timeline bubble | predicted | pred err pt | theory |" in table
+    )
     rows = json.loads((sweep / "compare.json").read_text())
     for row in rows:
         p, m = 2, row["microbatches"]

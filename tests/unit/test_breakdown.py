@@ -62,6 +62,16 @@ def test_text_summary_holds_theory_against_measured_and_the_config():
     assert text.endswith("```yaml\npipeline:\n  schedule: 1f1b\n```\n")
 
 
+def test_a_predicted_bubble_sits_beside_the_bubble_of_the_steps_it_was_predicted_for():
+    """The prediction comes from the timeline steps' costs: beside their bubble, not the median
+    over all steps (which the theory stands beside)."""
+    s = {**summary(), "measured_bubble_fraction": 0.25, "predicted": {"bubble_fraction": 0.24, "step_time_s": 0.02}}
+    text = summary_markdown(s)
+    assert "| bubble, idle / step time | 21.0% |  | 20.0% |" in text
+    assert "| bubble, idle / step time (timeline steps) | 25.0% | 24.0% |  |" in text
+    assert "| bubble, idle / busy time (timeline steps) | 33.3% | 31.6% |  |" in text
+
+
 def test_text_summary_of_a_split_backward_has_its_table():
     split = {"0": {"mode": "whole", "why": "every I is followed at once by its W"}}
     text = summary_markdown({**summary(), "split_backward": split, "input_freed_share": [1.0]})
