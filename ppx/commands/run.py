@@ -13,7 +13,7 @@ def cmd_run(args) -> int:
     from ppx import config
     from ppx.config import resolve_schedule
     from ppx.launch import devices, processes, slurm
-    from ppx.launch.claim import claim, write_config
+    from ppx.launch.claim import check_free, claim, write_config
 
     cfg = config.load(args.experiment, args.overrides)
     command = " ".join(shlex.quote(a) for a in ["ppx", "run", args.experiment, *args.overrides])
@@ -44,6 +44,7 @@ def cmd_run(args) -> int:
 
         return run_rank(cfg, None, device)
 
+    check_free(cfg)  # (before the device's notice: a run that cannot start says one line)
     sched = resolve_schedule(cfg)
     device, notice = devices.choose_device(cfg.runtime.device, _processes(cfg, sched)[1])
     if notice:

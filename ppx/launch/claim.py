@@ -11,6 +11,18 @@ from ppx.config import Config
 from ppx.errors import UserError
 
 
+def check_free(cfg: Config) -> None:
+    """Refuse, before anything else is said or done, a ``run.dir`` that exists or lies under a
+    file, and a ``run.root`` that is a file or lies under one (`claim` still claims atomically)."""
+    path = Path(cfg.run.dir) if cfg.run.dir else Path(cfg.run.root) / cfg.run.name
+    if cfg.run.dir and path.exists():
+        raise UserError(f"run directory {path} already exists; ppx never overwrites a run")
+    above = next((q for q in [path, *path.parents] if q.exists()), None)
+    if above is not None and not above.is_dir():
+        key = f"run.dir={cfg.run.dir}" if cfg.run.dir else f"run.root={cfg.run.root}"
+        raise UserError(f"{key}: {above} is a file, not a folder")
+
+
 def claim(cfg: Config) -> Path:
     """Create the run directory atomically: exactly ``run.dir`` if given (it must not exist),
     else ``<run.root>/<run.name>/<YYYYmmdd-HHMMSS>[-N]``."""

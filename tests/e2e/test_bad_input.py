@@ -194,10 +194,21 @@ def test_existing_run_directory_is_never_overwritten(tmp_path):
     d = tmp_path / "taken"
     d.mkdir()
     (d / "summary.json").write_text("precious")
-    r = ppx("run", "gpipe_2cpu", f"run.dir={d}", timeout=60)
+    # (gpipe_4gpu: where it would fall back to CPU, the refusal comes before the fallback's notice)
+    for experiment in ("gpipe_2cpu", "gpipe_4gpu"):
+        r = ppx("run", experiment, f"run.dir={d}", timeout=60)
+        assert r.returncode == 2
+        assert r.stderr.strip() == f"ppx: error: run directory {d} already exists; ppx never overwrites a run"
+        assert (d / "summary.json").read_text() == "precious" and len(list(d.iterdir())) == 1
+
+
+def test_a_sweep_under_a_file_is_one_line(tmp_path):
+    (tmp_path / "afile").write_text("")
+    r = ppx("sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2,4", f"run.root={tmp_path / 'afile'}", timeout=60)
     assert r.returncode == 2
-    assert r.stderr.strip() == f"ppx: error: run directory {d} already exists; ppx never overwrites a run"
-    assert (d / "summary.json").read_text() == "precious" and len(list(d.iterdir())) == 1
+    assert (
+        r.stderr.strip() == f"ppx: error: run.root={tmp_path / 'afile'}: {tmp_path / 'afile'} is a file, not a folder"
+    )
 
 
 def test_stages_not_matching_the_process_count(tmp_path):
