@@ -74,7 +74,7 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
         measured = inputs.source != "flags"  # this machine's figures: --machine-from, --calibrate or kept
         out.append(
             f"note: assumed {inputs.overhead_s * 1e3:.4g} ms of runtime overhead per action and "
-            f"{inputs.p2p_s * 1e3:.4g} ms per hand-off ({inputs.source})"
+            f"{inputs.p2p_s * 1e3:.4g} ms per hand-off ({inputs.source.removeprefix('flags; ')})"
             + ("" if measured else "; " + calibration_hint(p))
         )
     if args.from_run:  # (``run_cfg``: the run's config)
