@@ -11,15 +11,17 @@ from ppx.config import Config
 from ppx.errors import UserError
 
 
-def check_free(cfg: Config) -> None:
+def check_free(cfg: Config, one_run: bool = True) -> None:
     """Refuse, before anything else is said or done, a ``run.dir`` that exists or lies under a
-    file, and a ``run.root`` that is a file or lies under one (`claim` still claims atomically)."""
-    path = Path(cfg.run.dir) if cfg.run.dir else Path(cfg.run.root) / cfg.run.name
-    if cfg.run.dir and path.exists():
+    file, and a ``run.root`` that is a file or lies under one (`claim` still claims atomically).
+    ``one_run`` False (a sweep, whose runs go under run.root whatever run.dir says): run.root's only."""
+    own = bool(cfg.run.dir) and one_run
+    path = Path(cfg.run.dir) if own else Path(cfg.run.root) / cfg.run.name
+    if own and path.exists():
         raise UserError(f"run directory {path} already exists; ppx never overwrites a run")
     above = next((q for q in [path, *path.parents] if q.exists()), None)
     if above is not None and not above.is_dir():
-        key = f"run.dir={cfg.run.dir}" if cfg.run.dir else f"run.root={cfg.run.root}"
+        key = f"run.dir={cfg.run.dir}" if own else f"run.root={cfg.run.root}"
         raise UserError(f"{key}: {above} is a file, not a folder")
 
 

@@ -188,7 +188,7 @@ def run_sweep(
             "set model.cost_per=stage to charge them per stage",
             flush=True,
         )
-    check_free(cfgs[0])  # run.root a file, or under one: its one line
+    check_free(cfgs[0], one_run=False)  # run.root a file, or under one: its one line
     root = Path(cfgs[0].run.root) / cfgs[0].run.name / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     if root.exists():
         raise UserError(f"sweep directory {root} already exists")
