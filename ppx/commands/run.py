@@ -96,8 +96,8 @@ def _notes(cfg, sched, entries: list) -> list[str]:
 
 def _forward_unchecked(cfg) -> str | None:
     """A note where your model's forward could not be read (torch.fx fails on it), so ppx did
-    not check that it calls its units in turn, as the layer split runs them."""
-    if cfg.model.kind != "module" or cfg.pipeline.split != "layers":
+    not check that it calls its units in turn, as either split runs them."""
+    if cfg.model.kind != "module":
         return None
     from ppx.models import module_forward, module_spec
 
@@ -106,7 +106,7 @@ def _forward_unchecked(cfg) -> str | None:
         return None
     return (
         f"ppx: note: torch.fx cannot trace the forward of model.module={cfg.model.module} ({why}), so ppx did not "
-        "check that it only calls model.units in turn: the layer split runs them so, whatever the forward does"
+        "check that it only calls model.units in turn: ppx runs them so, whatever the forward does"
     )
 
 

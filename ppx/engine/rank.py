@@ -23,6 +23,7 @@ from ppx.engine.stage import StageRunner
 from ppx.engine.tied import TiedGrads
 from ppx.models.action_clock import ActionClock
 from ppx.models.costs import recompute_modes
+from ppx.models.seeding import seed_unit
 from ppx.schedules.ir.action import Op
 from ppx.schedules.ir.schedule import Schedule
 from ppx.schedules.ir.structure import whole_backward_stages
@@ -45,7 +46,9 @@ def build_stage_modules(
 def traced_stage_modules(cfg: Config, ranges: Sequence[range], stages: Sequence[int], device) -> dict[int, nn.Module]:
     """torch.distributed.pipelining's tracer split: the whole model, traced on one microbatch
     and cut before the first block of every stage but the first (same blocks per stage as
-    the layer split, same parameters, now as one GraphModule per stage)."""
+    the layer split, same parameters, now as one GraphModule per stage). A stage's dropout
+    masks are keyed by its first unit (`ppx.models.seeding.seed_unit`): the same on every
+    schedule and recomputation, not on another stage count."""
     from torch.distributed.pipelining import SplitPoint, pipeline
 
     kind = models.kind(cfg.model.kind)
@@ -58,7 +61,10 @@ def traced_stage_modules(cfg: Config, ranges: Sequence[range], stages: Sequence[
         pipe = pipeline(whole, mb_args=(example,), split_spec=spec)
     if pipe.num_stages != len(ranges):
         raise RuntimeError(f"the tracer made {pipe.num_stages} stages, expected {len(ranges)}")
-    return {s: pipe.get_stage_module(s).to(device) for s in stages}
+    out = {s: pipe.get_stage_module(s).to(device) for s in stages}
+    for s, module in out.items():  # the traced graph calls no seed_unit: the stage's first unit keys its masks
+        module.register_forward_pre_hook(lambda _m, _a, first=ranges[s].start: seed_unit(first))
+    return out
 
 
 def build_reference(cfg: Config, device="cpu") -> nn.Module:

@@ -97,7 +97,7 @@ class Recompute:
         saved: list = []
 
         def policy(ctx, op, *args, **kwargs):
-            if op in SAVE_OPS:
+            if saves(op, args, kwargs):
                 saved.extend(t.detach() for t in _tensors(getattr(ctx, "op_output", None)))
                 return CheckpointPolicy.MUST_SAVE
             return CheckpointPolicy.PREFER_RECOMPUTE
@@ -122,6 +122,21 @@ class Recompute:
         finally:
             if clock is not None:
                 clock.recomputing = None
+
+
+def saves(op, args: tuple, kwargs: dict) -> bool:
+    """Whether selective recomputation keeps ``op``'s output: one of `SAVE_OPS`, but not an
+    attention with dropout, which re-runs: its kernel draws from the generator (on a GPU, an
+    offset it advances), so a kept output would leave the unit's later dropouts other masks
+    than its forward drew (`ppx.models.seeding`)."""
+    if op not in SAVE_OPS:
+        return False
+    names = [a.name for a in op._schema.arguments]
+    if "dropout_p" not in names:
+        return True
+    at = names.index("dropout_p")
+    p = kwargs.get("dropout_p", args[at] if at < len(args) else 0.0)
+    return not p
 
 
 def _drop(t: torch.Tensor) -> None:

@@ -154,9 +154,15 @@ def _fits_the_loss(cfg, model: nn.Module, name: str, h: torch.Tensor, target: to
     t = tuple(target.shape)
     if cfg.data == "regression":
         fits, want = tuple(out.shape) == t, f"{t}, the targets'"
-    else:
-        fits = out.dim() == len(t) + 1 and tuple(out.shape[:-1]) == t and out.shape[-1] >= cfg.vocab_size
-        want = f"{(*t, cfg.vocab_size)}, a score per vocabulary entry (model.vocab_size) for each target token"
+    else:  # (the loss flattens both: a score per class, the last dimension, for each target)
+        fits = out.dim() >= 2 and out.numel() == target.numel() * out.shape[-1]
+        want = f"{(*t, 'classes')}, a score per class for each target"
+        if target.numel() and not target.is_floating_point():  # (this batch's labels: each a class)
+            fits = fits and int(target.max()) < out.shape[-1]
+            want += f", more classes than the first microbatch's largest label ({int(target.max())})"
+        if not cfg.batch_fn:  # ppx's token walks: every entry of the vocabulary is a class
+            fits = fits and out.shape[-1] >= cfg.vocab_size
+            want = f"{(*t, cfg.vocab_size)}, a score per vocabulary entry (model.vocab_size) for each target token"
     if not fits:
         raise UserError(
             f"model.kind=module: the last unit {name} returns shape {tuple(out.shape)} where ppx's loss ({loss}, "

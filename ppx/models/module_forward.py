@@ -11,18 +11,35 @@ on values, ...) is not checked: `untraced` says why."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 
 from torch import fx, nn
 
 
 class _UnitsAsLeaves(fx.Tracer):
+    """The units are leaves; a module holding units is traced into, torch's own too (an
+    nn.TransformerEncoder whose layers are the units)."""
+
     def __init__(self, units: set[str]):
         super().__init__()
         self.units = units
+        self.holders = {u.rsplit(".", k)[0] for u in units for k in range(1, u.count(".") + 1)}
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return qualname in self.units or super().is_leaf_module(m, qualname)
+        if qualname in self.units:
+            return True
+        return qualname not in self.holders and super().is_leaf_module(m, qualname)
+
+
+def _defaults(module: nn.Module) -> dict:
+    """The forward's arguments after its first that have defaults, at their defaults: ppx hands
+    the first unit one tensor, so an optional mask stays None (torch.fx would trace it as given)."""
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
 
 
 def trace(module: nn.Module, names: list[str]) -> fx.Graph | str:
@@ -30,7 +47,7 @@ def trace(module: nn.Module, names: list[str]) -> fx.Graph | str:
     forward prints while traced is not shown)."""
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            return _UnitsAsLeaves(set(names)).trace(module)
+            return _UnitsAsLeaves(set(names)).trace(module, concrete_args=_defaults(module) or None)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return f"{type(e).__name__}: {first[:160]}" if first else type(e).__name__
@@ -61,11 +78,20 @@ def problem(module: nn.Module, names: list[str]) -> str | None:
             return f"never calls unit {missing[0]}, which the split runs"
         return f"calls its units in the order {', '.join(order)}, where model.units gives {', '.join(names)}"
     live = _feeding(calls[-1])
-    extra = [n for n in nodes if n in live and n.op not in ("placeholder", "output") and n not in calls]
+    # what feeds the last unit, and in-place work on anything of the chain (``h.mul_(2)``)
+    chain = live | set(calls)
+    extra = [
+        n
+        for n in nodes
+        if n.op not in ("placeholder", "output")
+        and n not in calls
+        and (n in live or _in_place(n) and any(a in chain for a in n.all_input_nodes))
+    ]
     if extra:
         at = nodes.index(extra[0])
-        unit = next(c.target for c in calls if nodes.index(c) > at)
-        return f"does more than call its units in turn: {_op(extra[0])} before unit {unit}"
+        later = [c.target for c in calls if nodes.index(c) > at]
+        where = f"before unit {later[0]}" if later else f"after unit {calls[-1].target}"
+        return f"does more than call its units in turn: {_op(extra[0])} {where}"
     inputs = [n for n in nodes if n.op == "placeholder"]
     for k, call in enumerate(calls):
         before = calls[k - 1] if k else inputs[0] if inputs else None
@@ -78,6 +104,14 @@ def problem(module: nn.Module, names: list[str]) -> str | None:
         what = _op(result) if isinstance(result, fx.Node) else _said([result], {})
         return f"returns {what}, not the last unit's output"
     return None
+
+
+def _in_place(node: fx.Node) -> bool:
+    """A call that changes its input: ``mul_``, ``relu_``, ``inplace=True``."""
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return node.op in ("call_method", "call_function") and (
+        (name.endswith("_") and not name.startswith("_")) or node.kwargs.get("inplace") is True
+    )
 
 
 def _feeding(output: fx.Node) -> set:

@@ -24,18 +24,20 @@ def load_function(path: str, key: str = "model.module") -> Callable:
     if not path or path.count(":") != 1 or not all(path.split(":")):
         raise UserError(f"{key}={path!r} must look like package.module:function")
     name, attr = path.split(":")
-    if "/" in name or name.endswith(".py"):
-        raise UserError(
-            f"{key}={path}: give the module's import path (package.module:function, dots, no .py), not a file's; "
-            "ppx imports it from the current directory or PYTHONPATH"
-        )
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
         mod = importlib.import_module(name)
     except ModuleNotFoundError as e:
-        where = f"from the current directory ({Path.cwd()}) or PYTHONPATH"
-        raise UserError(f"{key}={path}: cannot import {name}: {said(e)} (ppx imports it {where})") from None
+        if "/" in name or name.endswith(".py"):
+            raise UserError(
+                f"{key}={path}: give the module's import path (package.module:function, dots, no .py), not a "
+                "file's; ppx imports it from the current directory or PYTHONPATH"
+            ) from None
+        # (the module itself, or a package on its path: not something it imports)
+        ours = e.name is not None and (name == e.name or name.startswith(e.name + "."))
+        where = f" (ppx imports it from the current directory, {Path.cwd()}, or PYTHONPATH)" if ours else ""
+        raise UserError(f"{key}={path}: cannot import {name}: {said(e)}{where}") from None
     except Exception as e:
         raise UserError(f"{key}={path}: cannot import {name}: {said(e)}") from None
     fn = getattr(mod, attr, None)
@@ -148,7 +150,7 @@ def shape_defaults(model) -> dict:
 def check(cfg) -> None:
     """The module imports and builds, its units cover it and chain (one forward on the meta
     device, handing one shape from unit to unit), its forward calls them in turn and does
-    nothing else (`ppx.models.module_forward`, for the layer split), model.layers is their
+    nothing else (`ppx.models.module_forward`), model.layers is their
     count, and model.split_points (if given) become pipeline.layers_per_stage."""
     from ppx.schedules import registry
 
@@ -196,16 +198,15 @@ def check(cfg) -> None:
     on_torch = registry.runs_on_torch(p.schedule, p.executor)
     mbs = cfg.train.batch_size // cfg.parallel.data // p.microbatches  # (>= 1: rules.check_parallel ran first)
     (unit_shapes if on_torch else boundary)(m, mbs, (module, names))
-    if p.split == "layers":  # (torch's tracer cuts the forward itself)
-        from ppx.models.module_forward import problem
+    from ppx.models.module_forward import problem
 
-        wrong = problem(module, names)
-        if wrong:
-            raise UserError(
-                f"model.module={m.module}: its forward {wrong}; ppx's split runs model.units one after the other, "
-                "each unit's output the next one's input, so it would train another model than yours: put what "
-                "the forward does between units inside one, or give model.units in the order the forward calls them"
-            )
+    wrong = problem(module, names)  # (torch's tracer too traces the units' chain, not your forward)
+    if wrong:
+        raise UserError(
+            f"model.module={m.module}: its forward {wrong}; ppx's split runs model.units one after the other, "
+            "each unit's output the next one's input, so it would train another model than yours: put what "
+            "the forward does between units inside one, or give model.units in the order the forward calls them"
+        )
     tied = [n for n, k in shared_in(module, names) if len(k) > 1]
     if tied and on_torch:
         raise UserError(f"model.module: {tied[0]} is shared by several units; torch's executor does not sum its copies")

@@ -32,6 +32,7 @@ def generator(seed: int, tag: int) -> torch.Generator:
 
 
 _KEY: list[int | None] = [None]  # the running microbatch's key (`microbatch`), or None
+_SAVED: list = [None]  # the generators' states as the microbatch found them, once a unit seeded them
 
 
 def microbatch_key(seed: int, step: int, replica: int, mb: int) -> int:
@@ -42,12 +43,19 @@ def microbatch_key(seed: int, step: int, replica: int, mb: int) -> int:
 @contextlib.contextmanager
 def microbatch(key: int | None):
     """Run the body (a microbatch's forward, or its backward, which may re-run that forward)
-    with ``key`` (`microbatch_key`) current for `seed_unit`."""
-    before, _KEY[0] = _KEY[0], key
+    with ``key`` (`microbatch_key`) current for `seed_unit`; the generators it seeded are given
+    back their states after (what draws from them outside, a batch function, sees no schedule)."""
+    before = _KEY[0], _SAVED[0]
+    _KEY[0], _SAVED[0] = key, None
     try:
         yield
     finally:
-        _KEY[0] = before
+        if _SAVED[0] is not None:
+            cpu, gpu = _SAVED[0]
+            torch.default_generator.set_state(cpu)
+            if gpu is not None:
+                torch.cuda.set_rng_state(gpu)
+        _KEY[0], _SAVED[0] = before
 
 
 def seed_unit(unit: int) -> None:
@@ -57,7 +65,10 @@ def seed_unit(unit: int) -> None:
     key = _KEY[0]
     if key is None:
         return
+    gpu = torch.cuda.is_initialized()
+    if _SAVED[0] is None:
+        _SAVED[0] = (torch.default_generator.get_state(), torch.cuda.get_rng_state() if gpu else None)
     seed = mix(key, BLOCK + unit)
     torch.default_generator.manual_seed(seed)
-    if torch.cuda.is_initialized():
+    if gpu:
         torch.cuda.manual_seed(seed)

@@ -59,6 +59,18 @@ CASES = {
 }
 
 
+# torch's tracer split: its graph calls no unit's seeding, so a stage's first unit keys its
+# masks: the same on every schedule and recomputation at one split (held against each other)
+TRACER = {
+    label: MODULE + COMMON + ["pipeline.split=tracer", *extra]
+    for label, extra in {
+        "tracer-1f1b": ["pipeline.schedule=1f1b"],
+        "tracer-gpipe-recompute_full": ["pipeline.schedule=gpipe", "train.recompute=full"],
+        "tracer-zb_h1": ["pipeline.schedule=zb_h1"],
+    }.items()
+}
+
+
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     import os
 
@@ -68,7 +80,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
     )
     try:
-        for name, o in CASES.items():
+        for name, o in (CASES | TRACER).items():
             cfg = config.load(None, [*o, "pipeline.stages=2"])
             pipe = build_share(cfg, resolve_schedule(cfg), Layout(2, 1, rank), torch.device("cpu"), "gloo", [])
             loss = pipe.step(0)
@@ -124,3 +136,16 @@ def test_the_masks_are_drawn(monkeypatch, model):
     torch.manual_seed(123)
     assert one_process(o, keyed=False)[0] != pytest.approx(keyed, rel=1e-6)
     assert one_process(o)[0] == keyed
+
+
+def test_under_the_tracer_a_stage_draws_the_same_masks_on_every_schedule_and_recomputation(pipelined):
+    runs = {name: [torch.load(pipelined / f"{name}.rank{r}.pt") for r in range(2)] for name in TRACER}
+    losses = {name: next(x["loss"] for x in parts if x["loss"] is not None) for name, parts in runs.items()}
+    assert len(set(losses.values())) == 1, losses
+    grads = {name: {n: g for x in parts for n, g in x["grads"].items()} for name, parts in runs.items()}
+    first, *others = grads.values()
+    for other in others:
+        for n, g in first.items():
+            torch.testing.assert_close(other[n], g, rtol=1e-6, atol=1e-7, msg=lambda s, n=n: f"{n}: {s}")
+    # and dropout acts there: without keys, two runs of one config draw apart
+    assert losses["tracer-1f1b"] != pytest.approx(one_process(TRACER["tracer-1f1b"], keyed=False)[0], rel=1e-6)

@@ -85,7 +85,8 @@ class _Chain(nn.Module):
     """inp, blocks.0-2, out, as a user writes them; ``way`` what its forward does besides:
     plain (nothing), skip (adds inp's output to the last block's), twice (calls blocks.0 twice),
     scaled (returns the output doubled), tuple (returns the output and the last block's),
-    branch (Python control flow on a value: torch.fx cannot trace it)."""
+    branch (Python control flow on a value: torch.fx cannot trace it), in_place (doubles the
+    last block's output in place), masked (an optional mask, None as ppx calls it)."""
 
     def __init__(self, way: str, width: int = 16):
         super().__init__()
@@ -93,8 +94,10 @@ class _Chain(nn.Module):
         self.inp, self.out = nn.Linear(width, width), nn.Linear(width, width)
         self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(3))
 
-    def forward(self, x: torch.Tensor):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None):
         h = self.inp(x)
+        if mask is not None:
+            h = h * mask
         first = h
         for k, block in enumerate(self.blocks):
             h = block(h)
@@ -104,6 +107,8 @@ class _Chain(nn.Module):
             h = h + first
         if self.way == "branch" and h.sum() > 0:
             h = -h
+        if self.way == "in_place":
+            h.mul_(2)
         out = self.out(h)
         return (out, h) if self.way == "tuple" else out * 2 if self.way == "scaled" else out
 
@@ -125,3 +130,14 @@ def pair_last(model) -> nn.Module:
 def narrow_head(model) -> nn.Module:
     """One output per sample where the regression targets have 16."""
     return nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 1))
+
+
+def classes(model, seed: int, batch_size: int, step: int):
+    """A classifier's batch: 16 features, a label of 10 classes per sample."""
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    return torch.randn(batch_size, 16, generator=g), torch.randint(0, 10, (batch_size,), generator=g)
+
+
+def classifier(model) -> nn.Module:
+    """10 scores per sample (``model.args.classes``: other than 10, the loss cannot take them)."""
+    return nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, model.args.get("classes", 10)))

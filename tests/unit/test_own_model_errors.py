@@ -125,6 +125,10 @@ CASES = {
         [*CHAIN, "model.units=[inp,blocks,out]", "model.units=[out,blocks,inp]"],
         "its forward calls its units in the order inp, blocks.0, blocks.1, blocks.2, out, where model.units gives out,",
     ),
+    "module whose forward changes a unit's output in place": (
+        [*CHAIN, "model.args={way: in_place}"],
+        "its forward does more than call its units in turn: mul_(blocks_2, 2) before unit out",
+    ),
     "module whose forward changes the last unit's output": (
         [*CHAIN, "model.args={way: scaled}"],
         "its forward returns mul(out, 2), not the last unit's output",
@@ -136,7 +140,7 @@ CASES = {
     ),
     "module class whose constructor takes no model section": (
         [*SEQUENTIAL, "model.module=torch.nn:Linear"],
-        "model.module=torch.nn:Linear raised TypeError: ",
+        "(ppx called the class with the model section: name a function that builds it)",
     ),
     "module given as a file path": (
         ["examples/tiny_gpt.yaml", "model.module=examples/tiny_gpt.py:build"],
@@ -146,7 +150,7 @@ CASES = {
     "module that is not on the path": (
         ["examples/tiny_gpt.yaml", "model.module=nosuch.models:build"],
         "model.module=nosuch.models:build: cannot import nosuch.models: ModuleNotFoundError: No module named 'nosuch' "
-        "(ppx imports it from the current directory (",
+        "(ppx imports it from the current directory, ",
     ),
     "module with an empty ModuleList for units": (
         ["examples/tiny_gpt.yaml", "model.args.depth=0"],
@@ -161,6 +165,13 @@ CASES = {
         [*SEQUENTIAL, "model.module=helpers.own_module:narrow_head", "model.layers=3", "model.hidden=16"],
         "model.kind=module: the last unit 2 returns shape (8, 1) where ppx's loss (MSE against the targets, "
         "model.data=regression) wants (8, 16), the targets'",
+    ),
+    "module whose scores do not fit its own labels": (
+        [*SEQUENTIAL[:3], "model.module=helpers.own_module:classifier", "model.batch_fn=helpers.own_module:classes"]
+        + ["model.layers=3", "model.args={classes: 1}", "model.data=tokens"],
+        "model.kind=module: the last unit 2 returns shape (8, 1) where ppx's loss (next-token cross-entropy, "
+        "model.data=tokens) wants (8, 'classes'), a score per class for each target, more classes than the first "
+        "microbatch's largest label (8)",
     ),
     "module of floats given token ids": (
         [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.layers=8", "model.data=tokens"],
@@ -261,12 +272,27 @@ def test_a_forward_that_only_calls_its_units_passes_and_one_fx_cannot_read_is_na
 
     monkeypatch.chdir(REPO)
     monkeypatch.syspath_prepend(str(REPO / "tests"))
-    for way in ("plain", "tuple"):
+    for way in ("plain", "tuple"):  # (and the chain's forward takes an optional mask, None as ppx calls it)
         assert _forward_unchecked(config.load(CHAIN[0], [*CHAIN[1:], f"model.args={{way: {way}}}"])) is None
+    # a classifier's 10 scores against its own labels (not ppx's vocabulary): what the loss takes
+    classify = ["model.module=helpers.own_module:classifier", "model.batch_fn=helpers.own_module:classes"]
+    config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:3], *classify, "model.layers=3", "model.data=tokens"])
     cfg = config.load(CHAIN[0], [*CHAIN[1:], "model.args={way: branch}"])
     assert _forward_unchecked(cfg).startswith(
         "ppx: note: torch.fx cannot trace the forward of model.module=helpers.own_module:chain (TraceError: "
     )
-    # torch's tracer split cuts the forward itself: nothing to check there
-    cfg = config.load(CHAIN[0], [*CHAIN[1:], "model.args={way: skip}", "pipeline.split=tracer"])
-    assert _forward_unchecked(cfg) is None
+    # torch's tracer split traces the units' chain too, not the forward: refused alike
+    with pytest.raises(UserError, match="its forward does more than call its units in turn: add"):
+        config.load(CHAIN[0], [*CHAIN[1:], "model.args={way: skip}", "pipeline.split=tracer"])
+
+
+def test_a_package_your_module_lacks_is_named_without_a_hint_at_the_path(monkeypatch):
+    """The module was found: what it imports is missing, not the module (no hint at the path)."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    with pytest.raises(UserError) as e:
+        config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], "model.module=helpers.missing_dependency:build"])
+    assert str(e.value) == (
+        "model.module=helpers.missing_dependency:build: cannot import helpers.missing_dependency: "
+        "ModuleNotFoundError: No module named 'ppx_no_such_dependency'"
+    )

@@ -145,3 +145,24 @@ def test_memory_counters_see_a_checkpointed_region_by_its_inputs():
         seen[name] = tracker.live_bytes
     assert seen["checkpoint"] == x.numel() * 4  # the region's input, nothing from inside it
     assert seen["plain"] == (64 + 256 + 256) * 8 * 4  # input, first linear's output, GELU's output
+
+
+def test_an_attention_with_dropout_is_recomputed_not_kept():
+    """Its kernel draws from the generator: kept, a recomputed unit's later dropouts would draw
+    other masks than its forward (on a GPU, the generator's offset would not advance)."""
+    from ppx.engine.recompute import saves
+
+    q = torch.zeros(1, 1, 2, 2)
+    aten = torch.ops.aten
+    cases = {  # op: (args with dropout_p = 0.1, where dropout_p sits)
+        aten._scaled_dot_product_flash_attention.default: 3,
+        aten._scaled_dot_product_flash_attention_for_cpu.default: 3,
+        aten._scaled_dot_product_efficient_attention.default: 5,
+        aten._scaled_dot_product_cudnn_attention.default: 5,
+        aten._scaled_dot_product_attention_math.default: 4,
+    }
+    for op, at in cases.items():
+        args = [q, q, q] + [None] * (at - 3)
+        assert saves(op, tuple(args + [0.0]), {}) and saves(op, tuple(args), {}), op  # no dropout: kept
+        assert not saves(op, tuple(args + [0.1]), {}) and not saves(op, (q, q, q), {"dropout_p": 0.1}), op
+    assert saves(aten.mm.default, (q, q), {}) and not saves(aten.add.Tensor, (q, q), {})
