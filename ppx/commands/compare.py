@@ -9,16 +9,19 @@ from ppx.commands.common import wrote
 from ppx.errors import UserError
 
 
-def compare_into(patterns: list[str], out: Path) -> None:
-    """Compare the runs ``patterns`` name into ``out``: the table printed, the files and their
-    TensorBoard folder written and listed, the report.html named last."""
+def compare_into(patterns: list[str], out: Path, pages: bool = True, tensorboard: bool = True) -> None:
+    """Compare the runs ``patterns`` name into ``out``: the table printed, the files (with
+    ``pages``, the pictures and report.html, named last) and (``tensorboard``) their
+    TensorBoard folder written and listed."""
     from ppx.report.compare import compare
     from ppx.report.tensorboard import log_comparison
 
-    print(compare(patterns, out))
-    log_comparison(out)
+    print(compare(patterns, out, pages))
+    if tensorboard:
+        log_comparison(out)
     wrote(out)
-    print(f"ppx: report: {out / 'report.html'}")
+    if pages:
+        print(f"ppx: report: {out / 'report.html'}")
 
 
 def cmd_compare(args) -> int:
@@ -61,5 +64,7 @@ def cmd_sweep(args) -> int:
     done = [r for r in runs if r.is_complete]
     if not done:
         raise UserError(f"no run of the sweep completed; see {root}")
-    compare_into([str(root)], root)
+    # what its runs drew (logging.report, logging.tensorboard) the sweep's comparison draws
+    logged = [r.config.logging for r in done]
+    compare_into([str(root)], root, any(x.report for x in logged), any(x.tensorboard for x in logged))
     return 0 if len(done) == len(runs) else 1

@@ -316,7 +316,8 @@ class LoggingConfig:
     report: bool = _f(
         True,
         "draw report.html, breakdown.png and timeline.png as the run ends (about 1.5 s of a CPU run);"
-        " false: the JSON files only (summary, metrics, timeline.json)",
+        " false: the JSON files only (summary, metrics, timeline.json), and a sweep of such runs compares them"
+        " in compare.md and compare.json only",
     )
 
 

@@ -288,9 +288,9 @@ def _commit(run: RunDir) -> str | None:
         return None
 
 
-def compare(patterns: list[str], out: Path) -> str:
-    """Write compare.md, compare.json, compare.png (and bubble.png) and report.html to ``out``
-    (which must not hold a comparison yet); return the terminal table."""
+def compare(patterns: list[str], out: Path, pages: bool = True) -> str:
+    """Write compare.md, compare.json and, with ``pages``, compare.png (and bubble.png) and
+    report.html to ``out`` (which must not hold a comparison yet); return the terminal table."""
     runs = find_runs(patterns)
     base = Path(patterns[0]) if len(patterns) == 1 and Path(patterns[0]).is_dir() else None
     rows = [load_row(r, base) for r in runs]
@@ -316,10 +316,11 @@ def compare(patterns: list[str], out: Path) -> str:
         (out / "paired.json").write_text(json.dumps(pooled_json(paired, groups, names), indent=2) + "\n")
     shared = shared_label(configs)
     title = "1 run" if len(rows) == 1 else f"{len(rows)} runs" + (f"; all: {shared}" if shared else "")
-    plot_runs(rows, out / "compare.png", title)
-    plot_bubble_vs_microbatches(rows, out / "bubble.png")
-    from ppx.report.html_report import write_compare_html
+    if pages:  # (a sweep whose runs drew no pages draws none either: logging.report=false)
+        plot_runs(rows, out / "compare.png", title)
+        plot_bubble_vs_microbatches(rows, out / "bubble.png")
+        from ppx.report.html_report import write_compare_html
 
-    write_compare_html(out, rows, COLUMNS, title, bubble_series(rows), [NOTE, *notes], tables)
+        write_compare_html(out, rows, COLUMNS, title, bubble_series(rows), [NOTE, *notes], tables)
     pooled = [f"{t}:\n" + _aligned(h, body, {0, 1, 3, 6}) for t, h, body in tables]  # (the notes' figures, as a table)
     return "\n".join([text_table(rows), *notes, *pooled])

@@ -17,8 +17,15 @@ ENTRIES = ["pipeline.schedule=1f1b", "pipeline.schedule=zb_h1 train.split_backwa
 
 def test_a_repeated_paired_sweep_is_pooled_and_an_old_run_names_its_floor(tmp_path):
     listed = "[" + ",".join(f'"{e}"' for e in ENTRIES) + "]"
-    r = ppx(
-        "sweep", "1f1b_2cpu", "--repeat", "2", "train.steps=6", f"run.paired={listed}", f"run.root={tmp_path / 'runs'}"
+    r = ppx(  # (its runs draw their pages, so the sweep's comparison draws its page too)
+        "sweep",
+        "1f1b_2cpu",
+        "--repeat",
+        "2",
+        "train.steps=6",
+        f"run.paired={listed}",
+        f"run.root={tmp_path / 'runs'}",
+        "logging.report=true",
     )
     assert r.returncode == 0, r.stderr
     assert "ppx sweep: [1/2] (round 1 of 2)" in r.stdout and "ppx sweep: [2/2] (round 2 of 2)" in r.stdout
