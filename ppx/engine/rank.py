@@ -223,9 +223,12 @@ def build_runners(
 
 def microbatch_keys(cfg: Config, data_parallel: DataParallel | None = None):
     """(step, microbatch) -> the key of that microbatch's dropout masks on this replica
-    (`ppx.models.seeding.microbatch_key`)."""
+    (`ppx.models.seeding.microbatch_key`); None for a kind whose units draw nothing (its
+    ``SEEDS_UNITS`` unset: ppx's own, without dropout), whose actions then pay nothing for it."""
     from ppx.models.seeding import microbatch_key
 
+    if not getattr(models.kind(cfg.model.kind), "SEEDS_UNITS", False):
+        return None
     seed, replica = cfg.train.seed, 0 if data_parallel is None else data_parallel.layout.dp_rank
     return lambda step, mb: microbatch_key(seed, step, replica, mb)
 

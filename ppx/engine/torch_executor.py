@@ -78,7 +78,8 @@ class TorchPipeline(StageShare):
 
         def wrapped(original, kind):
             def run(op, chunk_id, args, kwargs):
-                with self.clock.action(PART_OF[op]), microbatch(self.keys(self.step_index, chunk_id)):
+                key = None if self.keys is None else self.keys(self.step_index, chunk_id)
+                with self.clock.action(PART_OF[op]), microbatch(key):
                     out = original(chunk_id, *args, **kwargs)
                 if op is Op.F:
                     self.live.add((s, chunk_id))

@@ -31,6 +31,7 @@ from ppx.models.seeding import BLOCK, EMBEDDING, HEAD, seed_unit, seeded
 from ppx.models.transformer import boundary, loss, make_batch
 
 __all__ = ["boundary", "build_stage", "loss", "make_batch", "tied_units"]
+SEEDS_UNITS = True  # each unit seeds its random ops per microbatch (`seed_unit`): the runtime keys each action
 POSITIONS = 5  # the seeding tag of GPT-2's learned positions (the token embedding's is EMBEDDING)
 
 

@@ -19,7 +19,9 @@ class ModelKind(Protocol):
     ``pipeline.split=tracer``; list the kind in ``TRACEABLE``), ``calibrate(device)``
     (measure the device once, before any timed step) and ``tied_units(cfg)`` (units that hold
     a copy of one weight, by name, e.g. ``{"embedding": (0, last)}``: `ppx.engine.tied` sums
-    their gradients every step). A kind whose embedding and head are
+    their gradients every step), and ``SEEDS_UNITS = True`` for a kind whose units draw random
+    numbers (dropout) and seed them with `ppx.models.seeding.seed_unit`: the runtime then keys
+    each action by its microbatch. A kind whose embedding and head are
     split like blocks lists how many such units it has in ``EXTRA_UNITS`` (`ppx.models`); its
     ``build_stage`` then gets a range of units (llama's: [embedding, blocks..., head])."""
 

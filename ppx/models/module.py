@@ -22,6 +22,7 @@ from ppx.models import mlp, module_spec, transformer
 from ppx.models.seeding import mix, seed_unit
 
 _LOSS: dict = {}  # the run's loss (set when a stage is built; the kind's ``loss`` takes no config)
+SEEDS_UNITS = True  # each unit seeds its random ops per microbatch (`seed_unit`): the runtime keys each action
 
 
 class UnitStage(nn.Module):
