@@ -95,6 +95,19 @@ class DataParallel:
             m.set_reshard_after_backward(False)
             m.set_requires_gradient_sync(False)
 
+    def accumulate(self, stage: int) -> None:
+        """After a weight pass outside autograd (a split backward's W): the gradients it added
+        join FSDP2's fp32 accumulator now, as FSDP2's post-backward moves an autograd
+        backward's after each microbatch (mixed precision only; else nothing to move). Without
+        it two W's in a row would sum in the compute dtype first, and the losses would differ
+        from a whole backward's by its rounding."""
+        state = self._state_of(self.modules[stage])
+        for s in state._state_ctx.all_states:
+            for group in s._fsdp_param_groups:
+                for param in group.fsdp_params:
+                    param.accumulate_unsharded_grad_if_needed()
+                    param.to_accumulated_grad_if_needed()
+
     def reduce(self, stage: int) -> None:
         """Reduce stage ``stage``'s accumulated gradients across the replicas (averaged): its
         FSDP post-backward, which the split or manual backward passes never triggered."""

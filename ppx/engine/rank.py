@@ -3,6 +3,7 @@ and the microbatches it feeds."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -274,9 +275,11 @@ def build_rank(
         split_report[s] = {"mode": "whole", "why": "every I is followed at once by its W: one backward, in the I"}
     if data_parallel is not None:  # wrapped after the trials, which run on the stage's own parameters
         data_parallel.wrap(modules, precision.dtype if precision.mixed else None)
-        for r in runners.values():  # FSDP2's mixed-precision policy makes the one copy per step
+        for s, r in runners.items():  # FSDP2's mixed-precision policy makes the one copy per step
             r.weights.dtype = None
             r.weights.refresh()
+            if precision.mixed and s in split:  # its W's gradients into FSDP2's fp32 sum, one by one
+                r.after_weight_pass = functools.partial(data_parallel.accumulate, s)
     lookahead = 0 if comm.coalesce else cfg.runtime.recv_lookahead
     runtime = Runtime(
         schedule,

@@ -57,6 +57,9 @@ class StageRunner:
         self.recompute = recompute
         self.store = store
         self.weights, self._stale = weights, True
+        # after each W: where the W's gradients go once added (data parallel in a mixed dtype:
+        # FSDP2's fp32 accumulator, `DataParallel.accumulate`); None: they stay in .grad
+        self.after_weight_pass: Callable[[], None] | None = None
 
     def _run(self, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
         """The stage's forward (the loss on the last stage), under the precision's autocast."""
@@ -158,15 +161,17 @@ class StageRunner:
             return
         if self.store is not None:
             self.store.weight_pass(mb)
-            return
-        x, out = self._graph(mb)  # recomputed already by its I (or here, if the schedule had none)
-        del self.saved[mb]
-        grad_output = self.grad_outputs.pop(mb)
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        grads = torch.autograd.grad(out, params, grad_output, allow_unused=True)
-        for p, g in zip(params, grads):
-            if g is not None:
-                p.grad = g if p.grad is None else p.grad + g
+        else:
+            x, out = self._graph(mb)  # recomputed already by its I (or here, if the schedule had none)
+            del self.saved[mb]
+            grad_output = self.grad_outputs.pop(mb)
+            params = [p for p in self.module.parameters() if p.requires_grad]
+            grads = torch.autograd.grad(out, params, grad_output, allow_unused=True)
+            for p, g in zip(params, grads):
+                if g is not None:
+                    p.grad = g if p.grad is None else p.grad + g
+        if self.after_weight_pass is not None:
+            self.after_weight_pass()
 
     def in_flight(self) -> int:
         """Microbatches whose activations (or stores) are held for a backward still to come."""

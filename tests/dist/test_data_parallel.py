@@ -58,6 +58,21 @@ for _how in ("replicate", "shard"):
     ]  # fmt: skip
 
 
+# bf16: FSDP2's policy sums each microbatch's gradient into fp32; a split backward's W adds its
+# own outside autograd, and W's in a row (ZB-H1's drain) must join that sum one by one, as a whole
+# backward's do: every schedule's gradients then equal to the bit (held against each other)
+BF16 = {
+    f"transformer-{sched}-{how}-bf16": [*CASES[f"transformer-{base}-{how}"], "train.dtype=bf16", *extra]
+    for sched, base, extra in (
+        ("1f1b", "1f1b", []),
+        ("zb_h1_store", "zb_h1", ["train.split_backward=store"]),
+        ("zb_h1_graph", "zb_h1", ["train.split_backward=graph"]),
+    )
+    for how in ("replicate", "shard")
+}
+CASES |= BF16
+
+
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -86,7 +101,20 @@ def replicated(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("how", ["replicate", "shard"])
+def test_in_bf16_a_split_backward_sums_its_replicas_gradients_as_a_whole_one_does(replicated, how):
+    runs = {
+        name: [torch.load(replicated / f"{name}.rank{r}.pt") for r in range(P * D)] for name in BF16 if f"-{how}-" in name
+    }
+    (whole, *split) = runs.values()
+    for parts in split:
+        assert [x["loss"] for x in parts] == [x["loss"] for x in whole]
+        for mine, theirs in zip(parts, whole):
+            for s, grads in theirs["grads"].items():
+                assert all(torch.equal(a, b) for a, b in zip(mine["grads"][s], grads))
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n not in BF16])
 def test_replicas_gradients_equal_single_process_reference(replicated, name):
     o = CASES[name]
     ref_loss, ref_grads = reference([x for x in o if not x.startswith("parallel.")])
