@@ -207,14 +207,12 @@ class RunReport:
             return {}
         for r in summary["ranks"]:
             r["predicted_peak_activation_bytes"] = out["predicted_peak_activation_bytes"][r["rank"]]
-        # one unit for the line, the largest figure's: a recomputing rank's 2 KiB is not 0.00 MiB
+        # one unit for the line, the largest figure's; a rank that would read 0.00 in it (a fully
+        # recomputing rank's 2 KiB beside another's MiB) says its own
         unit, size = byte_unit(
             max(max(r["predicted_peak_activation_bytes"], r["peak_activation_bytes"]) for r in summary["ranks"])
         )
-        pairs = ", ".join(
-            f"rank {r['rank']} {r['predicted_peak_activation_bytes'] / size:.2f}/{r['peak_activation_bytes'] / size:.2f}"
-            for r in summary["ranks"]
-        )
+        pairs = ", ".join(_memory_pair(r, size) for r in summary["ranks"])
         err = out["memory_prediction_error"]
         print(
             f"ppx: peak saved activations, predicted/measured {unit}: {pairs}"
@@ -322,3 +320,13 @@ def _said_of_order(read, *args):
         return read(*args)
     except UserError:
         return None
+
+
+def _memory_pair(rank: dict, size: int) -> str:
+    """``rank r predicted/measured`` in the line's unit (``size`` bytes), or in the rank's own
+    unit, named, where the line's would read 0.00."""
+    pred, meas = rank["predicted_peak_activation_bytes"], rank["peak_activation_bytes"]
+    if max(pred, meas) / size >= 0.005:
+        return f"rank {rank['rank']} {pred / size:.2f}/{meas / size:.2f}"
+    own, own_size = byte_unit(max(pred, meas))
+    return f"rank {rank['rank']} {pred / own_size:.2f}/{meas / own_size:.2f} {own}"
