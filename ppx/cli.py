@@ -131,7 +131,11 @@ def parser() -> argparse.ArgumentParser:
     cmp_.set_defaults(fn=_command("compare"))
     swp = sub.add_parser("sweep", help="run the product of config values, then compare")
     swp.add_argument("experiment", help="a name in experiments/ or a YAML path, as for ppx run")
-    swp.add_argument("--sweep", help='e.g. "pipeline.schedule=gpipe,1f1b pipeline.microbatches=2,4,8"')
+    swp.add_argument(
+        "--sweep",
+        action="append",
+        help='e.g. "pipeline.schedule=gpipe,1f1b pipeline.microbatches=2,4,8" (every key in one --sweep)',
+    )
     swp.add_argument(
         "--repeat",
         type=int,

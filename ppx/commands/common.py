@@ -127,6 +127,8 @@ def output_path(option: str, path) -> None:
     """Fail before any work when ``path`` (an output file) could not be written."""
     if path is None:
         return
+    if Path(path).is_dir():
+        raise UserError(f"{option} {path} is a folder; give a file's path")
     folder = Path(path).parent
     if not folder.is_dir():
         raise UserError(f"{option} {path}: folder {folder} does not exist")

@@ -31,9 +31,13 @@ def cmd_compare(args) -> int:
         out = Path(args.out)
         # never into a run (its report.html and tb/ would be the comparison's); a sweep's folder,
         # which holds runs, takes its comparison (slurm/compare.sbatch), once (`compare`)
-        if out.is_file() or any((out / f).exists() for f in ("config.yaml", "summary.json")):
+        run = next((q for q in out.resolve().parents if _is_run(q)), None)
+        if any((out / f).exists() for f in ("config.yaml", "summary.json")):
+            run = out
+        if out.is_file() or run is not None:
+            where = "" if run is None or run.resolve() == out.resolve() else f" (inside the run {run})"
             raise UserError(
-                f"--out {out} is a run's folder or a file; ppx never writes into a run (choose another --out)"
+                f"--out {out} is a run's folder or a file{where}; ppx never writes into a run (choose another --out)"
             )
     else:  # runs/compare/<time>, or <time>-2, ... when a comparison of the same second has it
         base = Path("runs") / "compare" / time.strftime("%Y%m%d-%H%M%S")
@@ -44,12 +48,26 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def _is_run(folder: Path) -> bool:
+    """A run's folder: its config.yaml beside what a run writes (a project's own config.yaml
+    above an --out is no run)."""
+    return (folder / "config.yaml").exists() and any(
+        (folder / f).exists() for f in ("summary.json", "env.json", "metrics.jsonl", "incomplete.txt")
+    )
+
+
 def cmd_sweep(args) -> int:
     from ppx.launch.sweep import SweepStopped, run_sweep
     from ppx.report.run_dir import RunDir
 
+    if args.sweep and len(args.sweep) > 1:  # (the last would silently replace the others)
+        raise UserError(
+            f'--sweep given {len(args.sweep)} times; give every key in one: --sweep "{" ".join(args.sweep)}"'
+        )
     try:
-        root = run_sweep(args.experiment, args.sweep, args.overrides, args.launcher, args.repeat)
+        root = run_sweep(
+            args.experiment, args.sweep[0] if args.sweep else None, args.overrides, args.launcher, args.repeat
+        )
     except SweepStopped as e:
         print(
             f"ppx sweep: stopped by {e}: point {e.point}/{e.points} was ended, no later point ran; "

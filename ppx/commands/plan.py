@@ -4,6 +4,7 @@ plan.md, plan.json, plan.png and best.csv written."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -163,6 +164,9 @@ def priced_split_note_of(from_run: str, results, inputs) -> str | None:
 def _check(args) -> None:
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
+    cpus = os.cpu_count() or 1
+    if args.jobs is not None and args.jobs > cpus:  # (each job a process: thousands would swamp the machine)
+        raise UserError(f"--jobs {args.jobs}: this machine has {cpus} CPUs; give at most {cpus}")
     if args.top < 1:
         raise UserError(f"--top must be >= 1, got {args.top}")
     if not args.close_pct >= 0:

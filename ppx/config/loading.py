@@ -36,6 +36,8 @@ def find_experiment(exp: str) -> Path:
     if p.suffix in (".yaml", ".yml") or os.sep in exp:
         if p.is_file():
             return p
+        if p.is_dir():
+            raise UserError(f"experiment file {exp} is a folder; give an experiment's YAML file")
         shipped = [d / p.name for d in experiments_dirs() if os.sep not in exp and (d / p.name).is_file()]
         hint = f" (did you mean the shipped experiment {p.stem}?)" if shipped else ""
         raise UserError(f"experiment file {exp} does not exist{hint}")
@@ -44,6 +46,22 @@ def find_experiment(exp: str) -> Path:
             return d / f"{exp}.yaml"
     known = sorted({q.stem for d in experiments_dirs() if d.is_dir() for q in d.glob("*.yaml")})
     raise UserError(f"unknown experiment {exp!r}; choose from {', '.join(known) or '(none found)'}")
+
+
+def _read_yaml(path: Path):
+    """An experiment file's keys (None: empty); one line where it holds no mapping of keys (a
+    bare value, a list) or is no text."""
+    try:
+        loaded = OmegaConf.load(path)
+    except UnicodeDecodeError:
+        raise UserError(f"experiment file {path} is not a text file (YAML)") from None
+    except OSError as e:
+        if "Invalid loaded object type" not in str(e):
+            raise
+        loaded = ()  # (OmegaConf refuses a bare number or string: no mapping of keys)
+    if not isinstance(loaded, DictConfig) and loaded is not None:
+        raise UserError(f"experiment file {path} must hold a mapping of keys (key: value lines)")
+    return loaded
 
 
 def _one_line(e: OmegaConfBaseException) -> str:
@@ -94,9 +112,7 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
         if exp:
             path = find_experiment(exp)
             name = path.stem
-            loaded = OmegaConf.load(path)
-            if not isinstance(loaded, DictConfig) and loaded is not None:
-                raise UserError(f"experiment file {path} must hold a mapping of keys")
+            loaded = _read_yaml(path)
         for item in overrides:
             if "=" not in item or not item.partition("=")[0].strip():
                 raise UserError(f"override {item!r} must look like key=value")

@@ -22,12 +22,24 @@ def check(cfg: Config) -> None:
     check_train(cfg)
     check_runtime(cfg)
     check_model(cfg)
+    check_stage_count(cfg)
     sched = resolve_schedule(cfg)
     check_schedule(cfg, sched)
     check_instrument(cfg)
     check_profile(cfg)
     check_fault(cfg, sched)
     check_run(cfg)
+
+
+def check_stage_count(cfg: Config) -> None:
+    """More stages than the model has units fails at the split: say so before the schedule's
+    list is built (100000 stages' would take minutes); the split's own message."""
+    p = cfg.pipeline
+    if schedules.is_csv(p.schedule) or p.layers_per_stage is not None:
+        return  # (a CSV's stages come from its file; layers_per_stage is checked against the stages)
+    n = p.stages * (p.virtual_stages or schedules.default_virtual(p.schedule))
+    if n > models.unit_count(cfg.model):
+        models.stage_units(cfg.model, n)  # raises the split's line
 
 
 def check_shape(cfg: Config) -> None:

@@ -246,11 +246,31 @@ OTHER_COMMANDS = {
         "stages (0), microbatches (8) and virtual stages (1) must be >= 1",
     ),
     "simulate: zero microbatches": (["simulate", "1f1b", "-m", "0"], "microbatches (0)"),
+    "simulate: a picture into a folder": (
+        ["simulate", "1f1b", "--png", "/tmp"],
+        "--png /tmp is a folder; give a file's path",
+    ),
+    "schedule: a CSV into a folder": (
+        ["schedule", "1f1b", "--csv", "/tmp"],
+        "--csv /tmp is a folder; give a file's path",
+    ),
+    "schedule: a list too big to build": (
+        ["schedule", "1f1b", "-p", "100000", "-m", "100000"],
+        "100000 ranks x 1 stages x 100000 microbatches = 10000000000 stage-microbatches: ppx builds lists of at most",
+    ),
+    "split: far more stages than layers": (
+        ["split", "1f1b_2cpu", "pipeline.stages=100000"],
+        "100000 stages but model.layers=4: every stage needs at least one layer",
+    ),
     "schedule: a CSV's shape overridden": (
         ["schedule", str(DATA / "1f1b_p2_m4.csv"), "-m", "8"],
         "1f1b_p2_m4.csv is a schedule for 2 ranks, 1 stage each and 4 microbatches; --microbatches 8",
     ),
     "schedule: comms without a CSV": (["schedule", "1f1b", "--with-comms"], "--with-comms only shapes the --csv file"),
+    "sweep: --sweep twice": (
+        ["sweep", "gpipe_2cpu", "--sweep", "pipeline.schedule=gpipe,1f1b", "--sweep", "pipeline.microbatches=2,4"],
+        '--sweep given 2 times; give every key in one: --sweep "pipeline.schedule=gpipe,1f1b pipeline.microbatches=2,4"',
+    ),
     "sweep: a key twice": (
         ["sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2 pipeline.microbatches=8"],
         "sweep key pipeline.microbatches is given twice",

@@ -114,6 +114,23 @@ def test_a_yaml_syntax_error_names_its_line_and_column(tmp_path, text, where):
     assert str(e.value).startswith(f"{path}: {where}") and "\n" not in str(e.value), str(e.value)
 
 
+def test_an_experiment_that_is_no_mapping_of_keys_is_one_line(tmp_path):
+    """A folder, a bare value, a list, a binary file: each named as what it is."""
+    (tmp_path / "dir.yaml").mkdir()
+    (tmp_path / "scalar.yaml").write_text("5\n")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    (tmp_path / "bin.yaml").write_bytes(bytes(range(128, 256)))
+    for name, said in (
+        ("dir", "is a folder; give an experiment's YAML file"),
+        ("scalar", "must hold a mapping of keys (key: value lines)"),
+        ("list", "must hold a mapping of keys (key: value lines)"),
+        ("bin", "is not a text file (YAML)"),
+    ):
+        with pytest.raises(UserError) as e:
+            config.load(str(tmp_path / f"{name}.yaml"), [])
+        assert str(e.value) == f"experiment file {tmp_path / name}.yaml {said}"
+
+
 def test_a_yaml_error_in_an_override_names_the_override():
     with pytest.raises(UserError) as e:
         config.load(None, ["train.steps=2", "pipeline.schedule=[1f1b"])

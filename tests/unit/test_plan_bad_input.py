@@ -44,6 +44,7 @@ CASES = {
     "bad m": (COSTS + ["--microbatches", "8,x"], "--microbatches 8,x: give whole numbers"),
     "zero v": (COSTS + ["--virtual", "0"], "--virtual 0: every value must be >= 1"),
     "zero jobs": (COSTS + ["--jobs", "0"], "--jobs must be >= 1"),
+    "more jobs than CPUs": (COSTS + ["--jobs", "100000"], "--jobs 100000: this machine has "),
     "negative close": (COSTS + ["--close-pct", "-1"], "--close-pct must be >= 0, got -1"),
     "zero top": (COSTS + ["--top", "0"], "--top must be >= 1"),
     "negative p2p": (COSTS + ["--p2p-ms", "-2"], "--p2p-ms must be >= 0"),
