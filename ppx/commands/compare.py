@@ -44,8 +44,19 @@ def cmd_compare(args) -> int:
         out = next(
             o for k in range(1, 1000) if not (o := base.with_name(base.name + (f"-{k}" if k > 1 else ""))).exists()
         )
-    compare_into(args.runs, out)
+    # a sweep's folder compared into itself (slurm/compare.sbatch): drawn as its runs were
+    own = len(args.runs) == 1 and Path(args.runs[0]).resolve() == out.resolve()
+    compare_into(args.runs, out, *(_drawn(out) if own else (True, True)))
     return 0
+
+
+def _drawn(sweep: Path) -> tuple[bool, bool]:
+    """(pages, TensorBoard) for a sweep's comparison: what its completed runs drew
+    (logging.report, logging.tensorboard), any of them."""
+    from ppx.report.run_dir import RunDir
+
+    logged = [r.config.logging for r in (RunDir(p) for p in sweep.iterdir() if p.is_dir()) if r.is_complete]
+    return any(x.report for x in logged), any(x.tensorboard for x in logged)
 
 
 def _is_run(folder: Path) -> bool:
@@ -82,7 +93,5 @@ def cmd_sweep(args) -> int:
     done = [r for r in runs if r.is_complete]
     if not done:
         raise UserError(f"no run of the sweep completed; see {root}")
-    # what its runs drew (logging.report, logging.tensorboard) the sweep's comparison draws
-    logged = [r.config.logging for r in done]
-    compare_into([str(root)], root, any(x.report for x in logged), any(x.tensorboard for x in logged))
+    compare_into([str(root)], root, *_drawn(root))
     return 0 if len(done) == len(runs) else 1

@@ -37,7 +37,7 @@ def check_stage_count(cfg: Config) -> None:
     p = cfg.pipeline
     if schedules.is_csv(p.schedule) or p.layers_per_stage is not None:
         return  # (a CSV's stages come from its file; layers_per_stage is checked against the stages)
-    n = p.stages * (p.virtual_stages or schedules.default_virtual(p.schedule))
+    n = p.stages * (schedules.default_virtual(p.schedule) if p.virtual_stages is None else p.virtual_stages)
     if n > models.unit_count(cfg.model):
         models.stage_units(cfg.model, n)  # raises the split's line
 

@@ -131,6 +131,8 @@ class StageRunner:
         if self.store is not None and mb not in self.whole_mbs:
             grad_in = self.backward_input(mb, grad_output)
             self.store.weight_pass(mb)
+            if self.after_weight_pass is not None:
+                self.after_weight_pass()
             return grad_in
         x, out = self._graph(mb)
         del self.saved[mb]

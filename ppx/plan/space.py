@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppx.errors import UserError
+from ppx.errors import ScheduleError, UserError
 from ppx.plan.builders import AUTO, DRAIN, family_of
 from ppx.plan.inputs import PlanInputs
 from ppx.schedules.registry import FAMILIES
@@ -77,7 +77,11 @@ def _apart(name: str, p: int, m: int, v: int, inputs: PlanInputs) -> str | None:
         return SPLIT_REASON + f": {whole} ran whole, zb_auto's order is not known"
     if p * v != inputs.stages:  # its stages cut the run's otherwise: a whole stage's layers land in split ones
         return SPLIT_REASON + f": {whole} ran whole, and {p * v} stages cut the run's {inputs.stages} otherwise"
-    apart = split_apart(build(family_of(name), p, m, v, inputs.transport), inputs.whole_stages)
+    try:
+        built = build(family_of(name), p, m, v, inputs.transport)
+    except ScheduleError as e:  # (a list past what ppx builds: refused as the run would refuse it)
+        return str(e)
+    apart = split_apart(built, inputs.whole_stages)
     if apart:
         return SPLIT_REASON + f": it splits {stage_list(apart)}, which the run ran whole"
     return None

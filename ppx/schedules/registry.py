@@ -269,7 +269,7 @@ def default_virtual(name: str) -> int:
     return fam.default_virtual if fam else 1
 
 
-MAX_STAGE_MICROBATCHES = 2**17  # a list's stages x microbatches: 100 ranks x 1000 microbatches take 1.6 s
+MAX_STAGE_MICROBATCHES = 2**18  # a list's stages x microbatches: 100 ranks x 1000 microbatches take 1.6 s
 
 
 def build(
