@@ -290,7 +290,7 @@ def build(
     if stages * v * microbatches > MAX_STAGE_MICROBATCHES:
         raise ScheduleError(
             f"{stages} ranks x {v} stages x {microbatches} microbatches = {stages * v * microbatches} stage-"
-            f"microbatches: ppx builds lists of at most {MAX_STAGE_MICROBATCHES} (about 2 s of building and "
+            f"microbatches: ppx builds lists of at most {MAX_STAGE_MICROBATCHES} (a few seconds of building and "
             "checking)"
         )
     return place_comms(fam.make(stages, microbatches, v), transport)
