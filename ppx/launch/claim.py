@@ -34,10 +34,8 @@ def claim(cfg: Config) -> Path:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.mkdir()
         except (FileExistsError, NotADirectoryError):
-            if path.exists():
-                raise UserError(f"run directory {path} already exists; ppx never overwrites a run") from None
-            above = next(q for q in path.parents if q.exists())  # a file where a folder must go
-            raise UserError(f"run.dir={path}: {above} is a file, not a folder") from None
+            check_free(cfg)  # what is in the way (it, or a file where a folder must go), said as before the run
+            raise UserError(f"run.dir={path}: cannot create it (something else was there a moment ago)") from None
         except OSError as e:  # read-only, no permission, /proc: the key that named the place
             raise UserError(f"run.dir={path}: cannot create it ({e.strerror or e})") from None
         return path
@@ -45,8 +43,8 @@ def claim(cfg: Config) -> Path:
     try:
         base.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        above = next(q for q in [base, *base.parents] if q.exists())
-        raise UserError(f"run.root={cfg.run.root}: {above} is a file, not a folder") from None
+        check_free(cfg)  # the file where a folder must go
+        raise UserError(f"run.root={cfg.run.root}: cannot create {base} (a file was there a moment ago)") from None
     except OSError as e:
         raise UserError(f"run.root={cfg.run.root}: cannot create {base} ({e.strerror or e})") from None
     stamp = time.strftime("%Y%m%d-%H%M%S")
