@@ -101,12 +101,15 @@ class DataParallel:
         backward's after each microbatch (mixed precision only; else nothing to move). Without
         it two W's in a row would sum in the compute dtype first, and the losses would differ
         from a whole backward's by its rounding."""
+        for group in self._param_groups(stage):
+            for param in group.fsdp_params:
+                param.accumulate_unsharded_grad_if_needed()
+                param.to_accumulated_grad_if_needed()
+
+    def _param_groups(self, stage: int):
+        """FSDP2's parameter groups of stage ``stage``'s module."""
         state = self._state_of(self.modules[stage])
-        for s in state._state_ctx.all_states:
-            for group in s._fsdp_param_groups:
-                for param in group.fsdp_params:
-                    param.accumulate_unsharded_grad_if_needed()
-                    param.to_accumulated_grad_if_needed()
+        return [group for s in state._state_ctx.all_states for group in s._fsdp_param_groups]
 
     def reduce(self, stage: int) -> None:
         """Reduce stage ``stage``'s accumulated gradients across the replicas (averaged): its
@@ -115,8 +118,6 @@ class DataParallel:
         m.set_is_last_backward(True)
         m.set_reshard_after_backward(True)
         m.set_requires_gradient_sync(True)
-        state = self._state_of(m)
-        for s in state._state_ctx.all_states:
-            for group in s._fsdp_param_groups:
-                group.post_backward()
-        state._root_post_backward_final_callback()
+        for group in self._param_groups(stage):
+            group.post_backward()
+        self._state_of(m)._root_post_backward_final_callback()
