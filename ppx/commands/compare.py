@@ -31,9 +31,10 @@ def cmd_compare(args) -> int:
         out = Path(args.out)
         # never into a run (its report.html and tb/ would be the comparison's); a sweep's folder,
         # which holds runs, takes its comparison (slurm/compare.sbatch), once (`compare`)
-        run = next((q for q in out.resolve().parents if _is_run(q)), None)
         if any((out / f).exists() for f in ("config.yaml", "summary.json")):
             run = out
+        else:
+            run = next((q for q in out.resolve().parents if _is_run(q)), None)
         if out.is_file() or run is not None:
             where = "" if run is None or run.resolve() == out.resolve() else f" (inside the run {run})"
             raise UserError(
@@ -46,16 +47,21 @@ def cmd_compare(args) -> int:
         )
     # a sweep's folder compared into itself (slurm/compare.sbatch): drawn as its runs were
     own = len(args.runs) == 1 and Path(args.runs[0]).resolve() == out.resolve()
-    compare_into(args.runs, out, *(_drawn(out) if own else (True, True)))
+    compare_into(args.runs, out, *(_drawn(_runs_in(out)) if own else (True, True)))
     return 0
 
 
-def _drawn(sweep: Path) -> tuple[bool, bool]:
-    """(pages, TensorBoard) for a sweep's comparison: what its completed runs drew
-    (logging.report, logging.tensorboard), any of them."""
+def _runs_in(sweep: Path) -> list:
+    """The run folders of a sweep's folder (`RunDir`s), completed or not."""
     from ppx.report.run_dir import RunDir
 
-    logged = [r.config.logging for r in (RunDir(p) for p in sweep.iterdir() if p.is_dir()) if r.is_complete]
+    return [RunDir(p) for p in sweep.iterdir() if p.is_dir()]
+
+
+def _drawn(runs: list) -> tuple[bool, bool]:
+    """(pages, TensorBoard) for a sweep's comparison: what its completed runs drew
+    (logging.report, logging.tensorboard), any of them."""
+    logged = [r.config.logging for r in runs if r.is_complete]
     return any(x.report for x in logged), any(x.tensorboard for x in logged)
 
 
@@ -69,7 +75,6 @@ def _is_run(folder: Path) -> bool:
 
 def cmd_sweep(args) -> int:
     from ppx.launch.sweep import SweepStopped, run_sweep
-    from ppx.report.run_dir import RunDir
 
     if args.sweep and len(args.sweep) > 1:  # (the last would silently replace the others)
         raise UserError(
@@ -89,9 +94,9 @@ def cmd_sweep(args) -> int:
         return 128 + e.signum
     if args.launcher != "local":
         return 0
-    runs = [RunDir(p) for p in root.iterdir() if p.is_dir()]
+    runs = _runs_in(root)
     done = [r for r in runs if r.is_complete]
     if not done:
         raise UserError(f"no run of the sweep completed; see {root}")
-    compare_into([str(root)], root, *_drawn(root))
+    compare_into([str(root)], root, *_drawn(done))
     return 0 if len(done) == len(runs) else 1
