@@ -16,7 +16,7 @@ import torch.distributed as dist
 from test_gradients import reference
 
 from helpers import free_port
-from helpers.spawn import spawn
+from helpers.spawn import gloo_group, spawn
 from ppx import config
 from ppx.config import resolve_schedule
 from ppx.engine.data_parallel import Layout
@@ -74,11 +74,7 @@ CASES |= BF16
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
-    )
-    try:
+    with gloo_group(rank, world, port):
         for name, o in CASES.items():
             cfg = config.load(None, o)
             layout = Layout(P, D, rank)
@@ -90,8 +86,6 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             }
             torch.save({"loss": loss, "grads": grads}, Path(out) / f"{name}.rank{rank}.pt")
             dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

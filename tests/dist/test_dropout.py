@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from helpers import REPO, free_port
-from helpers.spawn import spawn
+from helpers.spawn import gloo_group, spawn
 from ppx import config, models
 from ppx.config import resolve_schedule
 from ppx.engine.data_parallel import Layout
@@ -75,11 +75,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     import os
 
     os.chdir(REPO / "tests")  # helpers.own_module imports from tests/
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
-    )
-    try:
+    with gloo_group(rank, world, port):
         for name, o in (CASES | TRACER).items():
             cfg = config.load(None, [*o, "pipeline.stages=2"])
             pipe = build_share(cfg, resolve_schedule(cfg), Layout(2, 1, rank), torch.device("cpu"), "gloo", [])
@@ -87,8 +83,6 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             grads = {n: q.grad.clone() for mod in pipe.modules.values() for n, q in mod.named_parameters()}
             torch.save({"loss": loss, "grads": grads}, Path(out) / f"{name}.rank{rank}.pt")
             dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

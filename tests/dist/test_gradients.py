@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from helpers import free_port
-from helpers.spawn import spawn
+from helpers.spawn import gloo_group, spawn
 from ppx import config, models
 from ppx.config import resolve_schedule
 from ppx.engine.comm import P2P
@@ -253,11 +253,7 @@ CASES = [(p, name) for p in STAGE_COUNTS for name, _ in cases(p)]
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
-    )
-    try:
+    with gloo_group(rank, world, port):
         for name, o in cases(world):
             cfg = config.load(None, o)
             if cfg.pipeline.executor == "torch":
@@ -271,8 +267,6 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             }
             torch.save({"loss": loss, "grads": grads}, Path(out) / f"{name}.rank{rank}.pt")
             dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

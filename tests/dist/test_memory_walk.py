@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from helpers import free_port
-from helpers.spawn import spawn
+from helpers.spawn import gloo_group, spawn
 from ppx import config
 from ppx.config import resolve_schedule
 from ppx.engine.comm import P2P
@@ -46,11 +46,7 @@ def overrides(name: str) -> list[str]:
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
-    )
-    try:
+    with gloo_group(rank, world, port):
         for name in EVERY:
             cfg = config.load(None, overrides(name))
             schedule = resolve_schedule(cfg)
@@ -65,8 +61,6 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             if rank == 0:
                 predicted = memory_prediction([{"ranks": ranks}], schedule, ranks)
                 torch.save({"ranks": ranks, "predicted": predicted}, Path(out) / f"{name}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

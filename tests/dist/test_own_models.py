@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from helpers import REPO, free_port
-from helpers.spawn import spawn
+from helpers.spawn import gloo_group, spawn
 from ppx import config, models
 from ppx.config import resolve_schedule
 from ppx.engine.data_parallel import Layout
@@ -127,11 +127,7 @@ def _worker(rank: int, world: int, port: int, out: str, which: str) -> None:
     import os
 
     os.chdir(REPO)  # examples.tiny_gpt imports from the checkout's root
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
-    )
-    try:
+    with gloo_group(rank, world, port):
         todo = DP if which == "dp" else cases(world)
         for name, o in todo.items():
             cfg = config.load(None, o)
@@ -141,8 +137,6 @@ def _worker(rank: int, world: int, port: int, out: str, which: str) -> None:
             grads = {s: {n: _local(q.grad) for n, q in mod.named_parameters()} for s, mod in pipe.modules.items()}
             torch.save({"loss": loss, "grads": grads, "replica": layout.dp_rank}, Path(out) / f"{name}.rank{rank}.pt")
             dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

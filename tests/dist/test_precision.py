@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from helpers import free_port
-from helpers.spawn import spawn
+from helpers.spawn import gloo_group, spawn
 from ppx import config, models
 from ppx.config import resolve_schedule
 from ppx.engine.comm import P2P
@@ -104,11 +104,7 @@ class RecordingP2P(P2P):
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
-    )
-    try:
+    with gloo_group(rank, world, port):
         comm = P2P.for_backend("gloo")
         recording = RecordingP2P(*comm.groups.values())
         for name, o in CASES.items():
@@ -135,8 +131,6 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             )
             dist.barrier()
         _overflow(rank, out)
-    finally:
-        dist.destroy_process_group()
 
 
 def _overflow(rank: int, out: str) -> None:

@@ -6,7 +6,9 @@ with (at a process's first job): what a job needs that a test sets later goes in
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+from datetime import timedelta
 
 import torch.multiprocessing as mp
 
@@ -17,3 +19,20 @@ def spawn(fn, args: tuple, nprocs: int) -> None:
     """``fn(rank, *args)`` in ``nprocs`` processes, joined; as ``mp.spawn``, an error in any is raised here."""
     multiprocessing.set_forkserver_preload(PRELOAD)  # read when the server starts: the first job
     mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
+
+@contextlib.contextmanager
+def gloo_group(rank: int, world: int, port: int, timeout_s: float = 120):
+    """A job's process group over gloo on this machine (one thread a process), destroyed after
+    the body, whatever it raised."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
