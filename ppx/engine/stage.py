@@ -130,9 +130,7 @@ class StageRunner:
         # lists every B of a split stage in whole_mbs: this runs for a runner used on its own)
         if self.store is not None and mb not in self.whole_mbs:
             grad_in = self.backward_input(mb, grad_output)
-            self.store.weight_pass(mb)
-            if self.after_weight_pass is not None:
-                self.after_weight_pass()
+            self.backward_weight(mb)
             return grad_in
         x, out = self._graph(mb)
         del self.saved[mb]
