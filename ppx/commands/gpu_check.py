@@ -11,6 +11,9 @@ from pathlib import Path
 
 from ppx.errors import UserError
 
+NO_GPU = (
+    "gpu-check: no CUDA device visible here, nothing checked (--on-cpu runs its CPU paths, --dry-run lists its runs)"
+)
 DEFAULT_BUDGET_S = 540.0  # the runs' share of 10 minutes on one H100, the rest for the set-up and the report
 
 
@@ -28,9 +31,8 @@ def cmd_gpu_check(args) -> int:
     if args.dry_run:
         return _dry_run(args.gpus if args.gpus is not None else max(gpu_count(), 1), only)
     gpus = 0 if args.on_cpu else gpu_count()
-    if gpus == 0 and not args.on_cpu:
-        print("ppx gpu-check: no CUDA device visible here: nothing to check")
-        return 0
+    if gpus == 0 and not args.on_cpu:  # a check that checked nothing must not read as a pass
+        raise UserError(NO_GPU)
     docs = Path(args.docs) if args.docs else None
     if docs is not None:
         from ppx.gpucheck.report import check_doc

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers import CUDA_DEVICES, GPU_ENV, ppx, read_json
+from ppx.commands.gpu_check import NO_GPU
 from ppx.gpucheck import memory, nccl, overlap, precision, profiler, saved, sizes, timers
 from ppx.gpucheck.machine import Machine
 from ppx.gpucheck.report import BEGIN, END
@@ -24,7 +25,7 @@ from ppx.gpucheck.runs import Runner, Runs, RunSpec
 from ppx.gpucheck.traces import load, profiler_traces, timeline_slices
 from ppx.report.run_dir import RunDir
 
-NOTHING = "ppx gpu-check: no CUDA device visible here: nothing to check\n"
+NOTHING = f"ppx: error: {NO_GPU}\n"
 
 
 # every test that reads these runs is marked timing (the fixture runs in its first
@@ -39,15 +40,16 @@ def cpu_check(tmp_path_factory):
     return base / "check", doc, r
 
 
-def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(tmp_path):
+def test_without_cuda_it_fails_in_one_line_and_writes_nothing(tmp_path):
     r = ppx("gpu-check", cwd=tmp_path)
-    assert (r.returncode, r.stdout, r.stderr) == (0, NOTHING, "")
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", NOTHING)
     assert list(tmp_path.iterdir()) == []
     code = (
-        "import sys; from ppx.cli import main; main(['gpu-check']); assert 'torch' not in sys.modules, 'torch imported'"
+        "import sys; from ppx.cli import main; rc = main(['gpu-check']); assert 'torch' not in sys.modules, 'torch imported'; "
+        "sys.exit(rc)"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert (r.returncode, r.stdout) == (0, NOTHING), r.stderr  # the answer takes no torch (1.5 s) to give
+    assert (r.returncode, r.stderr) == (2, NOTHING), r.stdout  # the answer takes no torch (1.5 s) to give
 
 
 @pytest.mark.timing
