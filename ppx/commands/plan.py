@@ -4,7 +4,6 @@ plan.md, plan.json, plan.png and best.csv written."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -161,12 +160,25 @@ def priced_split_note_of(from_run: str, results, inputs) -> str | None:
     return priced_split_note(from_run, sorted(blind), "the B's of " + ", ".join(sorted(names)), run.config)
 
 
+def _reasons(skipped) -> str:
+    """Why the first three skipped shapes were skipped, each reason once (with every schedule
+    it held for)."""
+    by_reason: dict[str, list[str]] = {}
+    for s in skipped:
+        names = by_reason.setdefault(s.reason, [])
+        if s.schedule not in names:
+            names.append(s.schedule)
+    return "; ".join(f"{', '.join(names)}: {reason}" for reason, names in list(by_reason.items())[:3])
+
+
 def _check(args) -> None:
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
-    cpus = os.cpu_count() or 1
+    from ppx.plan.search import usable_cpus
+
+    cpus = usable_cpus()
     if args.jobs is not None and args.jobs > cpus:  # (each job a process: thousands would swamp the machine)
-        raise UserError(f"--jobs {args.jobs}: this machine has {cpus} CPUs; give at most {cpus}")
+        raise UserError(f"--jobs {args.jobs}: this process may use {count(cpus, 'CPU')}; give at most {cpus}")
     if args.top < 1:
         raise UserError(f"--top must be >= 1, got {args.top}")
     if not args.close_pct >= 0:
@@ -199,7 +211,7 @@ def cmd_plan(args) -> int:
     out = out_dir(args.out)
     cands, skipped = candidates(names, ps, ms, vs, inputs)  # shapes only: before any calibration runs
     if not cands:
-        raise UserError("no candidate to plan: " + "; ".join(f"{s.schedule}: {s.reason}" for s in skipped[:3]))
+        raise UserError("no candidate to plan: " + _reasons(skipped))
     unread = None
     if not args.from_run:
         inputs, unread = calibrated(args, inputs, ps)
@@ -208,7 +220,7 @@ def cmd_plan(args) -> int:
     skipped += refused
     took = time.perf_counter() - start
     if not results:
-        raise UserError("no candidate could be built: " + "; ".join(f"{s.schedule}: {s.reason}" for s in skipped[:3]))
+        raise UserError("no candidate could be built: " + _reasons(skipped))
     best = next((r for r in results if r.fits), None)
     run_cfg = config_of(args.from_run) if args.from_run else None
     notes = [n for n in [cluster_note(max(ps)), unread] if n]

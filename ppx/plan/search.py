@@ -12,9 +12,17 @@ from ppx.plan.inputs import PlanInputs
 from ppx.plan.space import Candidate, Skipped
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a SLURM job's or taskset's share, not
+    the machine's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def default_jobs() -> int:
-    """min(2, CPU count)."""
-    return min(2, os.cpu_count() or 1)
+    """min(2, the CPUs this process may use)."""
+    return min(2, usable_cpus())
 
 
 def rank(results: list[Result]) -> list[Result]:

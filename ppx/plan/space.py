@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ppx.errors import ScheduleError, UserError
 from ppx.plan.builders import AUTO, DRAIN, family_of
 from ppx.plan.inputs import PlanInputs
-from ppx.schedules.registry import FAMILIES
+from ppx.schedules.registry import FAMILIES, size_error
 from ppx.units import stage_list
 
 SPLIT_REASON = (  # a skipped shape's reason
@@ -110,7 +110,7 @@ def candidates(
     names: list[str], ps: list[int], ms: list[int], vs: list[int], inputs: PlanInputs
 ) -> tuple[list[Candidate], list[Skipped]]:
     """Every candidate of the space, and the shapes skipped with their reasons (a family's
-    shape rule, or stages the costs cannot be split into). From a run that measured its B's
+    shape rule, a list larger than ppx builds, or stages the costs cannot be split into). From a run that measured its B's
     apart from its I and W (``train.split_backward=drain``), each family that splits its
     backward is tried as drain runs it too (``<name>+drain``)."""
     out, skipped = [], []
@@ -121,7 +121,7 @@ def candidates(
             for m in ms:
                 for v in shapes(name, vs):
                     why = None if name == AUTO else FAMILIES[family_of(name)].shape_error(p, m, v)
-                    why = why or inputs.why_not(p * v)
+                    why = why or size_error(p, v, m) or inputs.why_not(p * v)
                     # (an entry ran its stage count, its I and W among it: the run's own do not price it)
                     own = not why and splits(name) and not timed_at_its_count(name, p, m, v, inputs)
                     if own and not inputs.split_known:

@@ -287,13 +287,21 @@ def build(
     why = fam.shape_error(stages, microbatches, v)
     if why:
         raise ScheduleError(why)
-    if stages * v * microbatches > MAX_STAGE_MICROBATCHES:
-        raise ScheduleError(
-            f"{stages} ranks x {v} stages x {microbatches} microbatches = {stages * v * microbatches} stage-"
-            f"microbatches: ppx builds lists of at most {MAX_STAGE_MICROBATCHES} (a few seconds of building and "
-            "checking)"
-        )
+    too_large = size_error(stages, v, microbatches)
+    if too_large:
+        raise ScheduleError(too_large)
     return place_comms(fam.make(stages, microbatches, v), transport)
+
+
+def size_error(ranks: int, v: int, microbatches: int) -> str | None:
+    """Why a list of ``ranks`` x ``v`` stages x ``microbatches`` is too large to build, or None."""
+    n = ranks * v * microbatches
+    if n <= MAX_STAGE_MICROBATCHES:
+        return None
+    return (
+        f"{ranks} ranks x {v} stages x {microbatches} microbatches = {n} stage-microbatches: ppx builds lists "
+        f"of at most {MAX_STAGE_MICROBATCHES} (a few seconds of building and checking)"
+    )
 
 
 def _fixed_virtual_error(name: str, fam: Family, v: int) -> str:

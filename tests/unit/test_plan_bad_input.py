@@ -44,7 +44,12 @@ CASES = {
     "bad m": (COSTS + ["--microbatches", "8,x"], "--microbatches 8,x: give whole numbers"),
     "zero v": (COSTS + ["--virtual", "0"], "--virtual 0: every value must be >= 1"),
     "zero jobs": (COSTS + ["--jobs", "0"], "--jobs must be >= 1"),
-    "more jobs than CPUs": (COSTS + ["--jobs", "100000"], "--jobs 100000: this machine has "),
+    "more jobs than CPUs": (COSTS + ["--jobs", "100000"], "--jobs 100000: this process may use "),
+    "a list larger than ppx builds": (
+        COSTS + ["--stages", "8", "--microbatches", "40000", "--schedules", "1f1b,zb_h1,zbv"],
+        "no candidate to plan: 1f1b, zb_h1: 8 ranks x 1 stages x 40000 microbatches = 320000 stage-microbatches: "
+        "ppx builds lists of at most 262144 (a few seconds of building and checking); zbv: 8 ranks x 2 stages",
+    ),
     "negative close": (COSTS + ["--close-pct", "-1"], "--close-pct must be >= 0, got -1"),
     "zero top": (COSTS + ["--top", "0"], "--top must be >= 1"),
     "negative p2p": (COSTS + ["--p2p-ms", "-2"], "--p2p-ms must be >= 0"),

@@ -11,6 +11,7 @@ from ppx.plan.evaluate import evaluate
 from ppx.plan.inputs import PlanInputs
 from ppx.plan.search import CLOSE_PCT, near_best, rank, search
 from ppx.plan.space import Candidate, candidates
+from ppx.schedules.registry import MAX_STAGE_MICROBATCHES
 
 P, M, MIB = 4, 8, 2**20
 
@@ -78,6 +79,26 @@ def test_refused_shapes_are_kept_with_their_reason():
     given = inputs()
     cands, skipped = candidates(["interleaved_1f1b"], [P], [6], [2], given)
     assert not cands and skipped[0].reason and skipped[0].m == 6
+
+
+def test_a_list_larger_than_ppx_builds_is_skipped_not_planned():
+    """ppx run refuses a list of more than MAX_STAGE_MICROBATCHES stage-microbatches: a plan
+    skips such a shape with the run's reason (p x v x m), at v=1 as at v=2, zb_auto too."""
+    m = (MAX_STAGE_MICROBATCHES // (2 * P * P) + 1) * P  # fits at v=1, not at v=2 (a multiple of p: interleaved)
+    cands, skipped = candidates(["1f1b", "interleaved_1f1b", "zb_auto"], [P], [4, m], [2], inputs())
+    assert sorted((c.schedule, c.m) for c in cands) == [
+        ("1f1b", 4),
+        ("1f1b", m),
+        ("interleaved_1f1b", 4),
+        ("zb_auto", 4),
+        ("zb_auto", m),
+    ]
+    (big,) = [s for s in skipped if s.m == m]
+    assert (big.schedule, big.v) == ("interleaved_1f1b", 2)
+    assert big.reason.startswith(f"{P} ranks x 2 stages x {m} microbatches = {2 * P * m} stage-microbatches")
+    over = MAX_STAGE_MICROBATCHES // P + 1
+    cands, skipped = candidates(["1f1b", "zb_auto"], [P], [over], [1], inputs())
+    assert not cands and {s.schedule for s in skipped} == {"1f1b", "zb_auto"}
 
 
 def test_rank_puts_what_fits_first_then_by_throughput_then_memory():
