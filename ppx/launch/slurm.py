@@ -90,12 +90,16 @@ def _sbatch(args: list[str], env: dict) -> str:
     return out.stdout.strip().split(";")[0]
 
 
-def submit(experiment: str, grid: list[tuple[list[str], str]], overrides: list[str], root: Path) -> list[str]:
+def submit(
+    experiment: str, grid: list[tuple[list[str], str]], overrides: list[str], root: Path, created: Path | None = None
+) -> list[str]:
     """Submit every point (its overrides and run folder name), then the comparison; returns
     the job ids (comparison last). Extra sbatch options (``--nodes 2 --partition gpu``)
-    come from ``PPX_SBATCH_ARGS``."""
+    come from ``PPX_SBATCH_ARGS``. Where nothing could be submitted, the sweep folder is
+    removed, and ``created`` with it (the first of its parents the sweep made)."""
     extra = shlex.split(os.environ.get("PPX_SBATCH_ARGS", ""))
     root = root.resolve()
+    made = (created or root).resolve()
     (root / "slurm").mkdir(exist_ok=True)
     ids = []
     for point, name in grid:
@@ -103,8 +107,8 @@ def submit(experiment: str, grid: list[tuple[list[str], str]], overrides: list[s
         try:
             job = _sbatch([*extra, f"--output={root / 'slurm'}/%j.out", str(template("pp.sbatch"))], env)
         except UserError:
-            if not ids:  # nothing submitted: leave no sweep folder behind
-                shutil.rmtree(root)
+            if not ids:  # nothing submitted: leave no sweep folder behind, nor the folders made for it
+                shutil.rmtree(made)
             raise
         what = [*point, f"({name.rsplit(',', 1)[-1]})"] if "repeat=" in name else point  # (a repeated sweep's round)
         print(f"ppx sweep: submitted job {job}: {' '.join(what)}", flush=True)

@@ -192,13 +192,14 @@ def run_sweep(
     root = Path(cfgs[0].run.root) / cfgs[0].run.name / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     if root.exists():
         raise UserError(f"sweep directory {root} already exists")
+    created = next(d for d in [*reversed(root.parents), root] if not d.exists())  # the first folder made here
     root.mkdir(parents=True)
     grid, names, rounds = map(list, zip(*in_rounds(grid, names, repeat)))
     print(f"ppx sweep: {len(grid)} runs into {root}", flush=True)
     if launcher == "slurm":
         from ppx.launch.slurm import submit
 
-        submit(experiment, list(zip(grid, names)), overrides, root)
+        submit(experiment, list(zip(grid, names)), overrides, root, created)
         return root
     failed = []
     for k, point in enumerate(grid, 1):
