@@ -34,7 +34,9 @@ def cmd_compare(args) -> int:
         if any((out / f).exists() for f in ("config.yaml", "summary.json")):
             run = out
         else:
-            run = next((q for q in out.resolve().parents if _is_run(q)), None)
+            from ppx.report.run_dir import is_run_folder
+
+            run = next((q for q in out.resolve().parents if is_run_folder(q)), None)
         if out.is_file() or run is not None:
             where = "" if run is None or run.resolve() == out.resolve() else f" (inside the run {run})"
             raise UserError(
@@ -63,14 +65,6 @@ def _drawn(runs: list) -> tuple[bool, bool]:
     (logging.report, logging.tensorboard), any of them."""
     logged = [r.config.logging for r in runs if r.is_complete]
     return any(x.report for x in logged), any(x.tensorboard for x in logged)
-
-
-def _is_run(folder: Path) -> bool:
-    """A run's folder: its config.yaml beside what a run writes (a project's own config.yaml
-    above an --out is no run)."""
-    return (folder / "config.yaml").exists() and any(
-        (folder / f).exists() for f in ("summary.json", "env.json", "metrics.jsonl", "incomplete.txt")
-    )
 
 
 def cmd_sweep(args) -> int:

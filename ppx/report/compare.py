@@ -27,7 +27,7 @@ from ppx.report.compare_notes import (
     pooled_table,
 )
 from ppx.report.labels import flat_config, run_labels, shared_label
-from ppx.report.run_dir import RunDir
+from ppx.report.run_dir import RunDir, is_run_folder
 
 COLUMNS = [  # (header, key, format)
     ("run", "name", "{}"),
@@ -61,8 +61,9 @@ NOTE = (  # under both tables: pred err pt is the timeline bubble minus the pred
 
 def find_runs(patterns: list[str]) -> list[RunDir]:
     """Completed run directories (holding summary.json) named by paths or globs; a folder
-    without a summary.json contributes every run below it. Runs that did not complete
-    (incomplete.txt, no summary.json) are left out, in one line on stderr saying which."""
+    without a summary.json contributes every run below it. Runs that did not complete (or
+    have not yet: incomplete.txt, or `is_run_folder`, without a summary.json) are left out, in
+    one line on stderr saying which."""
     found: list[Path] = []
     left: list[Path] = []
     for pat in patterns:
@@ -74,9 +75,9 @@ def find_runs(patterns: list[str]) -> list[RunDir]:
                 found.append(m)
             elif m.is_dir():  # in the order the runs finished (a sweep's order)
                 found += [p.parent for p in sorted(m.rglob("summary.json"), key=lambda p: p.stat().st_mtime)]
-                left += [
-                    p.parent for p in sorted(m.rglob("incomplete.txt")) if not (p.parent / "summary.json").exists()
-                ]
+                begun = {p.parent for p in m.rglob("incomplete.txt")}
+                begun |= {p.parent for p in m.rglob("config.yaml") if is_run_folder(p.parent)}
+                left += [d for d in sorted(begun) if not (d / "summary.json").exists()]
     unique, left = list(dict.fromkeys(found)), list(dict.fromkeys(left))
     names = ", ".join(map(str, left[:3])) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
     if not unique:

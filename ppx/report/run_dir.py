@@ -128,6 +128,16 @@ class Summary:
         return self.bubble_fraction if self.measured_bubble_fraction is None else self.measured_bubble_fraction
 
 
+RUN_FILES = ("summary.json", "env.json", "metrics.jsonl", "incomplete.txt")  # one of them beside config.yaml
+
+
+def is_run_folder(folder: Path) -> bool:
+    """Whether ``folder`` is a run's, completed or not: its config.yaml beside a file only a
+    run writes (a project's own config.yaml is no run). A run whose every process was killed
+    at once (SIGKILL, an OOM killer) has no incomplete.txt, and is one still."""
+    return (folder / "config.yaml").exists() and any((folder / f).exists() for f in RUN_FILES)
+
+
 class RunDir:
     """A run directory read back: each file is read once, when first asked for; a missing or
     unreadable file is a one-line `UserError`."""

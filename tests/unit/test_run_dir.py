@@ -129,6 +129,17 @@ def test_compare_leaves_out_a_run_that_did_not_complete_and_says_so(run, capsys)
     assert capsys.readouterr().err == f"ppx compare: left out 1 run(s) that did not complete: {failed}\n"
     with pytest.raises(UserError, match=f"no completed run .* \\(1 that did not complete: {failed}\\)"):
         find_runs([str(failed)])
+    # every process killed at once (SIGKILL, an OOM killer): no incomplete.txt, but a run's files
+    killed = run.parent / "killed"
+    killed.mkdir()
+    (killed / "config.yaml").write_text((run / "config.yaml").read_text())
+    (killed / "env.json").write_text("{}")
+    project = run.parent / "project"  # a config.yaml of one's own is no run
+    project.mkdir()
+    (project / "config.yaml").write_text("a: 1\n")
+    (found,) = find_runs([str(run.parent)])
+    assert found.path == run
+    assert capsys.readouterr().err == f"ppx compare: left out 2 run(s) that did not complete: {failed}, {killed}\n"
 
 
 def test_simulate_from_run_reads_summary_config_and_env(run, capsys):
