@@ -61,7 +61,7 @@ def cmd_schedule(args) -> int:
         )
     print(render_grid(sched, costs, args.transport))
     timeline = schedules.simulate(sched, costs, args.transport)
-    fam = schedules.FAMILIES.get(sched.name)
+    fam = schedules.formula_family(args.name)  # (a CSV has none, whatever its file is called)
     line = f"bubble (idle share of the step): simulated {timeline.bubble_fraction():.1%}"
     if schedules.is_csv(args.name):
         line += _own_order(args.name, sched, costs, args.transport)

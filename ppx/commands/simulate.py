@@ -181,7 +181,7 @@ def _print_prediction(args, sched, t, reduce: bool, run, measured) -> None:
             + (f", data-parallel reduction {t.dp_comm[r] * 1e3:.2f} ms" if reduce else "")
             + f", idle {t.idle(r) * 1e3:.2f} ms"
         )
-    fam = schedules.FAMILIES.get(sched.name)
+    fam = schedules.formula_family(args.name)  # (a CSV has none, whatever its file is called)
     if fam is not None and not args.drained:  # (a list drain changed is not the family's: no formula)
         print(f"theory ({fam.bubble_formula}): {fam.bubble(p, m, args.virtual):.1%}")
     if measured is None:

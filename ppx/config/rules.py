@@ -159,10 +159,16 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
             f"pipeline.schedule {p.schedule} is for {sched.num_ranks} ranks and {sched.num_microbatches} "
             f"microbatches, but pipeline.stages={p.stages} and pipeline.microbatches={p.microbatches}"
         )
-    if schedules.is_csv(p.schedule) and p.virtual_stages not in (None, sched.stages_per_rank):
+    held = [len(sched.stages_of(r)) for r in range(sched.num_ranks)]
+    if schedules.is_csv(p.schedule) and p.virtual_stages is not None and set(held) != {p.virtual_stages}:
+        places = (
+            f"{count(held[0], 'stage')} on each rank"
+            if len(set(held)) == 1
+            else "its stages unevenly (" + ", ".join(f"rank {r} {n}" for r, n in enumerate(held)) + ")"
+        )
         raise UserError(
-            f"pipeline.schedule {p.schedule} places {count(sched.stages_per_rank, 'stage')} on each rank, but "
-            f"pipeline.virtual_stages={p.virtual_stages} (a CSV's own count holds: leave the key null)"
+            f"pipeline.schedule {p.schedule} places {places}, but pipeline.virtual_stages={p.virtual_stages} "
+            "(a CSV's own count holds: leave the key null)"
         )
     check_precision(cfg, sched)
     # other kinds ignore the costs, but a value of the wrong type is an error, not a silent no-op

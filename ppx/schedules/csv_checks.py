@@ -22,10 +22,10 @@ def check_written(path: str | Path, schedule: Schedule, cells: list[list[int]]) 
     m = schedule.num_microbatches
     used = {a.mb for row in schedule.actions for a in row}
     if len(used) < m:
-        missing = sorted(set(range(m)) - used)
-        said = f"microbatch {missing[0]}" if len(missing) == 1 else f"microbatches {_span(missing)}"
+        one = m - len(used) == 1
+        said = f"microbatch{'' if one else 'es'} {spans_missing(used, m)}"
         raise ScheduleError(
-            f"schedule CSV {path}: {said} appear{'s' if len(missing) == 1 else ''} in no cell, where its largest "
+            f"schedule CSV {path}: {said} appear{'s' if one else ''} in no cell, where its largest "
             f"is {m - 1}: a CSV runs as many microbatches as its largest index + 1 ({m} here)"
         )
     for r, row in enumerate(schedule.actions):
@@ -89,8 +89,13 @@ def _cell(path, r: int, cell: int, a: Action) -> str:
     return f"schedule CSV {path}: rank {r} cell {cell} ({a})"
 
 
-def _span(mbs: list[int]) -> str:
-    """3-8 for a run of microbatches, else the list."""
-    if mbs == list(range(mbs[0], mbs[-1] + 1)):
-        return f"{mbs[0]}-{mbs[-1]}"
-    return ", ".join(map(str, mbs))
+def spans_missing(present: set[int], n: int, most: int = 8) -> str:
+    """The numbers of 0..n-1 not in ``present``, as runs (``3-8, 11``; the first ``most`` runs
+    and how many more), found from the present ones: a cell's index of 10^9 costs no list of
+    10^9."""
+    runs, start = [], 0
+    for k in sorted(present) + [n]:
+        if k > start:
+            runs.append(str(start) if k == start + 1 else f"{start}-{k - 1}")
+        start = max(start, k + 1)
+    return ", ".join(runs[:most]) + (f" and {len(runs) - most} more runs" if len(runs) > most else "")

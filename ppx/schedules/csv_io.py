@@ -15,11 +15,12 @@ import re
 from pathlib import Path
 
 from ppx.errors import ScheduleError
-from ppx.schedules.csv_checks import check_written
+from ppx.schedules.csv_checks import check_written, spans_missing
 from ppx.schedules.ir.action import parse_cell
 from ppx.schedules.ir.schedule import Schedule
 from ppx.schedules.placing.placement import place_comms
 from ppx.schedules.placing.validate import validate
+from ppx.schedules.registry import MAX_STAGE_MICROBATCHES
 
 TORCH_ONLY = ("REDUCE_GRAD", "UNSHARD", "RESHARD")
 
@@ -72,6 +73,12 @@ def _read(path: str | Path, name: str | None = None) -> tuple[Schedule, list[lis
         raise ScheduleError(f"schedule CSV {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
     while texts and not texts[-1]:  # (blank lines at the end: no ranks)
         texts.pop()
+    empty = next((r for r, row in enumerate(texts) if not row), None)
+    if empty is not None and any(texts):  # (a file of blank lines holds no actions: said below)
+        raise ScheduleError(
+            f"schedule CSV {path}: row {empty} holds no action: each row is one rank's actions (rank {empty} here); "
+            "remove the blank row"
+        )
     rows, overlaps, cells = [], [], []  # actions per rank; compute indices starting an overlapped cell; cells
     for r, row in enumerate(texts):
         actions, starts, at = [], set(), []
@@ -95,10 +102,17 @@ def _read(path: str | Path, name: str | None = None) -> tuple[Schedule, list[lis
             if owner.setdefault(a.stage, r) != r:
                 raise ScheduleError(f"schedule CSV {path}: stage {a.stage} appears on ranks {owner[a.stage]} and {r}")
     stages = max(owner) + 1
-    missing = [s for s in range(stages) if s not in owner]
-    if missing:
-        raise ScheduleError(f"schedule CSV {path}: stages {missing} have no actions")
+    if len(owner) < stages:
+        one = stages - len(owner) == 1
+        said = f"stage{'' if one else 's'} {spans_missing(set(owner), stages)} ha{'s' if one else 've'}"
+        raise ScheduleError(f"schedule CSV {path}: {said} no actions, where its largest is {stages - 1}")
     m = max(a.mb for row in rows for a in row) + 1
+    n = sum(map(len, rows))
+    if stages * m > MAX_STAGE_MICROBATCHES and n >= stages * m:  # (a gap among them is said by check_written)
+        raise ScheduleError(
+            f"schedule CSV {path}: {stages} stages x {m} microbatches = {stages * m} stage-microbatches: ppx builds "
+            f"lists of at most {MAX_STAGE_MICROBATCHES}"
+        )
     training = any(a.op.is_backward for row in rows for a in row)
     schedule = Schedule(
         name or path.stem,
@@ -125,8 +139,9 @@ def from_csv(path: str | Path, transport: str = "nccl") -> Schedule:
         place_comms(loaded.compute_only(), transport)  # the order itself wrong: that error instead
         # (its steps are the file's actions: named by their cells)
         said = re.sub(r"rank (\d+) step (\d+)", lambda g: f"rank {g[1]} cell {cells[int(g[1])][int(g[2])]}", str(e))
+        how = "under NCCL, as ppx run checks them on every backend" if transport == "nccl" else f"under {transport}"
         raise ScheduleError(
-            f"schedule CSV {path}: {said} (with the sends and receives written in it: drop its SEND/RECV cells and "
-            "ppx places its own, which run)"
+            f"schedule CSV {path}: {said} (with the sends and receives written in it, {how}: drop its SEND/RECV "
+            "cells and ppx places its own, which run)"
         ) from None
     return loaded

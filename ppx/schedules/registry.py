@@ -234,7 +234,8 @@ def virtual_help() -> str:
 
 
 def is_csv(name: str) -> bool:
-    return name.endswith(".csv")
+    """Whether ``name`` names a schedule CSV (``mine.csv``, ``MINE.CSV``)."""
+    return name.lower().endswith(".csv")
 
 
 def is_torch(name: str) -> bool:
@@ -257,9 +258,11 @@ def family(name: str) -> Family:
     try:
         return FAMILIES[family_name(name)]
     except KeyError:
+        file = "/" in name or "." in name  # (a path: a schedule file's name ends in .csv)
         raise ScheduleError(
             f"unknown schedule {name!r}; choose from {', '.join(FAMILIES)}, "
             f"or torch.distributed.pipelining's {', '.join(TORCH_SCHEDULES)}"
+            + (", or a schedule CSV, a file whose name ends in .csv" if file else "")
         ) from None
 
 

@@ -17,6 +17,22 @@ def test_exported_interleaved_csv_runs_as_built(tmp_path):
     assert schedules.from_csv(path).actions == schedules.build("interleaved_1f1b", 3, 6, 2).actions
 
 
+def test_a_csv_named_as_a_family_is_given_no_formula(tmp_path):
+    """A 1F1B order saved as zb_h1.csv (an exported list, edited): its own bubble only, in
+    ppx schedule and ppx simulate, not ZB-H1's closed form (the file's stem is no family)."""
+    path = tmp_path / "zb_h1.csv"
+    schedules.write_csv(schedules.build("1f1b", 2, 4).compute_only(), path)
+    r = ppx("schedule", str(path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == (
+        "bubble (idle share of the step): simulated 20.0% (a CSV order: no theory; this is its own bubble)"
+    )
+    r = ppx("simulate", str(path))
+    assert r.returncode == 0 and "theory" not in r.stdout, r.stdout
+    r = ppx("simulate", "zb_h1", "-p", "2", "-m", "4")  # (the family has it)
+    assert "theory ((p-1)/(3m+p-1)" in r.stdout, r.stdout
+
+
 def test_a_csv_with_torchs_own_comms_prints_the_orders_own_bubble_too(tmp_path):
     """torch's LoopedBFS with its own sends and receives runs as written, but its early
     receives hold ranks back on NCCL; ppx prints that and the order's own bubble."""
@@ -143,6 +159,9 @@ def test_a_csv_whose_rows_put_stages_on_other_ranks_says_where(tmp_path):
     assert not any(
         line.startswith("stages on") for line in ppx("schedule", "1f1b", "-p", "2", "-m", "2").stdout.splitlines()
     )
-    csv.write_text("0F0,0B0\n\n1F0,1B0\n")  # (an idle rank between them)
+    csv.write_text("0F0,0B0\n2F0,2B0\n1F0,1B0\n")
     out = ppx("schedule", str(csv)).stdout.splitlines()
-    assert out[1] == "stages on other ranks than their number: stage 0 on rank 0, stage 1 on rank 2", out
+    assert out[1] == "stages on other ranks than their number: stage 0 on rank 0, stage 1 on rank 2, stage 2 on rank 1"
+    csv.write_text("0F0,0B0\n\n1F0,1B0\n")  # (a blank row is no idle rank: every rank holds a stage)
+    r = ppx("schedule", str(csv))
+    assert (r.returncode, r.stdout) == (2, "") and "row 1 holds no action" in r.stderr, r.stderr

@@ -80,6 +80,15 @@ def test_schedule_csv_must_match_stages(tmp_path):
     assert config.load(None, [*ok, "pipeline.virtual_stages=1"]).pipeline.virtual_stages == 1
     with pytest.raises(UserError, match="places 1 stage on each rank, but pipeline.virtual_stages=2"):
         config.load(None, [*ok, "pipeline.virtual_stages=2"])
+    # stages held unevenly (rank 1 two of three): each rank's count said, not "1 on each rank"
+    uneven = tmp_path / "uneven.csv"
+    uneven.write_text("0F0,0F1,0B0,0B1\n1F0,2F0,1F1,2F1,2B0,1B0,2B1,1B1\n")
+    ok = [f"pipeline.schedule={uneven}", "pipeline.stages=2", "pipeline.microbatches=2", "model.layers=3"]
+    assert config.load(None, ok).pipeline.virtual_stages is None
+    with pytest.raises(
+        UserError, match=r"places its stages unevenly \(rank 0 1, rank 1 2\), but pipeline.virtual_stages=2"
+    ):
+        config.load(None, [*ok, "pipeline.virtual_stages=2"])
 
 
 def test_overrides_read_back_as_their_values_and_summary_only_is_valid_config():

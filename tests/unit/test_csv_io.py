@@ -130,3 +130,57 @@ def test_a_csv_with_its_own_comms_is_refused_naming_the_cell_and_blank_end_lines
         schedules.from_csv(path)
     path.write_text(text + "\n\n")
     assert schedules.from_csv(path).num_ranks == 2
+
+
+def test_an_index_far_beyond_the_file_is_one_line_at_once(tmp_path):
+    """A typed 10^9 names what is missing in runs, found from the cells written (it was a list
+    of 10^9 numbers: 24 GB, then the kernel's OOM killer, nothing said)."""
+    path = tmp_path / "typo.csv"
+    path.write_text("0F0,0F1,0B0,0F2,0B1,0F3,0B2,0B999999999\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B999999999\n")
+    with pytest.raises(ScheduleError, match=r"typo.csv: microbatches 4-999999998 appear in no cell, where its largest"):
+        schedules.from_csv(path)
+    path.write_text("0F0,0B0\n1000000000F0,1000000000B0\n")
+    with pytest.raises(ScheduleError) as e:
+        schedules.from_csv(path)
+    assert str(e.value) == f"schedule CSV {path}: stages 1-999999999 have no actions, where its largest is 1000000000"
+    path.write_text("0F0,0B0\n2F0,2B0\n4F0,4B0\n")
+    with pytest.raises(ScheduleError, match=r"stages 1, 3 have no actions, where its largest is 4$"):
+        schedules.from_csv(path)
+
+
+def test_a_file_larger_than_ppx_builds_is_refused_as_a_family_would_be(tmp_path):
+    from ppx.schedules.registry import MAX_STAGE_MICROBATCHES
+
+    m = MAX_STAGE_MICROBATCHES // 2 + 1
+    path = tmp_path / "big.csv"
+    path.write_text(",".join(f"{s}F{k}" for s in (0, 1) for k in range(m)) + "\n")
+    with pytest.raises(ScheduleError, match=rf"big.csv: 2 stages x {m} microbatches = {2 * m} stage-microbatches"):
+        schedules.from_csv(path)
+
+
+def test_a_blank_row_between_ranks_is_refused_not_an_idle_rank(tmp_path):
+    path = tmp_path / "gap.csv"
+    path.write_text("0F0,0F1,0B0,0B1\n\n1F0,1B0,1F1,1B1\n")
+    with pytest.raises(ScheduleError) as e:
+        schedules.from_csv(path)
+    assert str(e.value) == (
+        f"schedule CSV {path}: row 1 holds no action: each row is one rank's actions (rank 1 here); remove the blank row"
+    )
+
+
+@pytest.mark.parametrize("cell", ["\uff100F0", "0F\u0663"])  # a full-width 0 and an Arabic-Indic 3
+def test_digits_are_ascii_ones(tmp_path, cell):
+    """int() reads other scripts' digits: ０F0 was read as 0F0, 0F٣ as 0F3."""
+    path = tmp_path / "digits.csv"
+    path.write_text(f"{cell},0B0\n")
+    with pytest.raises(ScheduleError, match=r"rank 0 cell 0: cannot parse action"):
+        schedules.from_csv(path)
+
+
+def test_a_csv_is_named_by_its_suffix_in_any_case(tmp_path):
+    assert schedules.is_csv("MINE.CSV") and schedules.is_csv("a/b.Csv") and not schedules.is_csv("mine.txt")
+    with pytest.raises(ScheduleError, match=r"or a schedule CSV, a file whose name ends in \.csv$"):
+        schedules.build("plans/best.txt", 2, 4)
+    with pytest.raises(ScheduleError) as e:
+        schedules.build("zz_top", 2, 4)
+    assert ".csv" not in str(e.value)

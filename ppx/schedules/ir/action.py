@@ -49,8 +49,9 @@ class Op(str, enum.Enum):
 COMPUTE_OPS = frozenset({Op.F, Op.B, Op.I, Op.W})
 
 OVERLAP = "OVERLAP_F_B"
-_OVERLAP_RE = re.compile(r"^\s*\(([^;()]+);([^;()]+)\)" + OVERLAP + r"\s*$")
-_ACTION_RE = re.compile(r"^\s*(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)\s*$")
+# ASCII digits only: int() reads other scripts' digits too, and a cell would then name another action
+_OVERLAP_RE = re.compile(r"^\s*\(([^;()]+);([^;()]+)\)" + OVERLAP + r"\s*$", re.ASCII)
+_ACTION_RE = re.compile(r"^\s*(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)\s*$", re.ASCII)
 
 
 class Action(NamedTuple):
