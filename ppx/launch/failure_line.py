@@ -9,7 +9,14 @@ import threading
 import time
 from pathlib import Path
 
-from ppx.launch.heartbeat import DIED_WITHIN_S, Beat, gone_peers, silent_peers_elsewhere, stopped_responding
+from ppx.launch.heartbeat import (
+    DIED_WITHIN_S,
+    Beat,
+    gone_peers,
+    note_gone,
+    silent_peers_elsewhere,
+    stopped_responding,
+)
 from ppx.launch.watchdog import Watchdog, cause_path, claim_cause, launcher_alive, read_status, status_path
 
 REPORTING = threading.Lock()  # held while a failure's line is made (`ppx.launch.stop_signal` waits on it)
@@ -53,6 +60,7 @@ def _report(watchdog: Watchdog | None, message: str, own: bool, peer: int | None
             watchdog.phase(f"stopped on {watchdog.label}")
             return
         if gone and launcher_alive():
+            note_gone(status, [b.rank for b in gone])  # (the launcher names them, SIGTERM'd ones too)
             watchdog.phase(f"failed {'after' if watchdog.finished else 'on'} {watchdog.label}")
             return
         message = _peer_cause(status, watchdog, gone, peer) or message

@@ -166,6 +166,25 @@ def gone_peers(status_dir: Path, me: int, wait_s: float = 1.0, stopped: bool = T
         time.sleep(0.01)
 
 
+def note_gone(status_dir: Path, ranks: list[int]) -> None:
+    """Keep that a failing rank found ``ranks``' processes ended (``gone.txt``, a rank a line):
+    a rank ended by a plain ``kill`` (SIGTERM) is then told from those torchrun SIGTERMs after
+    the first failure (`ppx.launch.supervisor.killed`). A folder that cannot take it keeps none."""
+    try:
+        with open(Path(status_dir) / "gone.txt", "a") as f:
+            f.write("".join(f"{r}\n" for r in ranks))
+    except OSError:
+        pass
+
+
+def read_gone(status_dir: Path) -> set[int]:
+    """The ranks `note_gone` kept."""
+    try:
+        return {int(x) for x in (Path(status_dir) / "gone.txt").read_text().split()}
+    except (OSError, ValueError):
+        return set()
+
+
 def silent_peers_elsewhere(status_dir: Path, me: int, window_s: float = CHECK_WINDOW_S) -> list[Beat]:
     """The other ranks this process cannot look up (another host or pid namespace) whose
     heartbeat says 'alive' and did not move in ``window_s``: ended (killed) or frozen, which

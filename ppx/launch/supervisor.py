@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from ppx.launch.heartbeat import INTERVAL_S, read_beats, stopped_responding
+from ppx.launch.heartbeat import INTERVAL_S, read_beats, read_gone, stopped_responding
 from ppx.launch.processes import forked_worker_path, process_alive
 from ppx.launch.watchdog import cause_path, read_status, status_path
 
@@ -166,12 +166,13 @@ class Supervisor:
         states = [f"rank {r}: {read_status(status_path(self.status, r)) or 'not started'}" for r in range(self.world)]
         return "where each rank was: " + "; ".join(states)
 
-    def _failures(self) -> list[tuple[int, int]]:
-        """(rank, exit code) of each rank torchrun saw fail, from its JSON (none if absent)."""
+    def _failures(self) -> list[tuple[int, int, bool]]:
+        """(rank, exit code, seen first: `killed`) of each rank torchrun saw fail, from its JSON
+        (none if absent)."""
         try:
             failed = json.loads(self.exits.read_text())
-            return sorted((int(rank), int(f["exitcode"])) for rank, f in failed.items())
-        except (OSError, ValueError, KeyError, TypeError):
+            return sorted((int(rank), int(f["exitcode"]), bool(f.get("first"))) for rank, f in failed.items())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return []
 
     # -- ending the job
@@ -228,11 +229,15 @@ def _wait(done, timeout_s: float) -> None:
         time.sleep(0.05)
 
 
-def killed(failures: list[tuple[int, int]], status: Path) -> list[str]:
-    """A line for each rank a signal killed, of the (rank, exit code) pairs torchrun saw fail,
-    naming the action its status file (in ``status``) says it was on. torchrun SIGTERMs the
-    other workers once one has failed: those are not causes, unless every one was."""
-    causes = [f for f in failures if f[1] != -signal.SIGTERM] or failures
+def killed(failures: list[tuple[int, int, bool]], status: Path) -> list[str]:
+    """A line for each rank a signal killed, of the (rank, exit code, seen first) torchrun saw
+    fail, naming the action its status file (in ``status``) says it was on. torchrun SIGTERMs
+    the other workers once it has seen one fail: a SIGTERM is a cause (a ``kill <pid>``) only
+    where torchrun saw it first (``seen first``) or a failing peer found that rank's process
+    already gone (`note_gone`), or where every failure was one."""
+    gone = read_gone(status)
+    causes = [(rank, code) for rank, code, first in failures if first or rank in gone or code != -signal.SIGTERM]
+    causes = causes or [(rank, code) for rank, code, _ in failures]
     return [
         f"rank {rank} died: killed by signal {_signal_name(-code)} ({-code}) on {where(status, rank)}"
         for rank, code in causes

@@ -82,6 +82,10 @@ def _report_every_failed_fork() -> None:
         context = getattr(self, "_pc", None)  # torch's private fields: read only where they are
         procs, error_files = getattr(context, "processes", None), getattr(self, "error_files", None)
         if result is not None and result.failures and procs is not None and error_files is not None:
+            for failure in result.failures.values():
+                # torchrun's poll SIGTERMs the survivors (`close`) before it returns the failure it
+                # saw first: a SIGTERM added below may be its own, the one it saw first never (`killed`)
+                failure.seen_first = True
             for rank, proc in enumerate(procs):
                 if rank not in result.failures and proc.exitcode not in (None, 0):
                     result.failures[rank] = ProcessFailure(rank, proc.pid, proc.exitcode, error_files[rank])
@@ -111,7 +115,10 @@ def main(argv: list[str]) -> int:
     except ChildFailedError as e:
         failures = sorted(e.failures.items())
         if exits:
-            failed = {str(rank): {"exitcode": f.exitcode, "pid": f.pid} for rank, f in failures}
+            failed = {
+                str(rank): {"exitcode": f.exitcode, "pid": f.pid, "first": getattr(f, "seen_first", False)}
+                for rank, f in failures
+            }
             with open(exits, "w") as f:
                 json.dump(failed, f)
             return 1
@@ -121,7 +128,11 @@ def main(argv: list[str]) -> int:
         )
         run_dir = os.environ.get("PPX_RUN_DIR")
         if run_dir:
-            _explain(Path(run_dir), [(rank, f.exitcode) for rank, f in failures], summary)
+            _explain(
+                Path(run_dir),
+                [(rank, f.exitcode, getattr(f, "seen_first", False)) for rank, f in failures],
+                summary,
+            )
         else:
             print(summary, file=sys.stderr, flush=True)
         return 1
@@ -140,7 +151,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _explain(run_dir: Path, failures: list[tuple[int, int]], summary: str) -> None:
+def _explain(run_dir: Path, failures: list[tuple[int, int, bool]], summary: str) -> None:
     """A failed job under srun: each rank of this node that a signal killed is named with the
     action its status file says it was on, as the job's cause unless a peer named it first
     (`claim_cause`); else ``summary`` (a rank that raised has printed its own line). Either

@@ -16,6 +16,7 @@ import pytest
 from ppx.launch.heartbeat import (
     Heartbeat,
     beat_path,
+    note_gone,
     pid_namespace,
     read_beat,
     read_beats,
@@ -184,6 +185,28 @@ def test_a_rank_killed_by_a_signal_is_named_with_it_and_its_action(tmp_path, cap
         f"ppx: run directory (incomplete): {tmp_path}\n"
     )
     assert (tmp_path / "incomplete.txt").read_text() == "rank 1 died: killed by signal SIGKILL (9) on 1B2 (step 10)\n"
+
+
+@pytest.mark.parametrize("evidence", ["none", "seen first", "found gone"])
+def test_a_sigterm_is_a_cause_only_where_torchrun_did_not_send_it(tmp_path, capsys, evidence):
+    """torchrun SIGTERMs the survivors once it has seen one rank fail, and ppx's fork hook adds
+    them to its failures (exit -15, not first): no cause. A plain `kill` of a rank is one:
+    torchrun saw it first, or a failing peer found its process gone (gone.txt)."""
+    sup = supervisor(tmp_path, world=3)
+    failed = {"0": {"exitcode": 1, "pid": 10, "first": evidence != "seen first"}}
+    failed["1"] = {"exitcode": -15, "pid": 11, "first": evidence == "seen first"}
+    failed["2"] = {"exitcode": -15, "pid": 12, "first": False}  # (torchrun's own SIGTERM, in each case)
+    (tmp_path / "status" / "torchrun.json").write_text(json.dumps(failed))
+    if evidence == "found gone":
+        note_gone(tmp_path / "status", [1])
+    (tmp_path / "status" / "rank1.txt").write_text("step start (step 7)\n")
+    assert sup._failed(1) == 1
+    err = capsys.readouterr().err.splitlines()
+    if evidence == "none":
+        assert err[0].startswith("ppx: error: the job failed (exit 1); where each rank was: ")
+    else:
+        assert err[0] == "ppx: error: rank 1 died: killed by signal SIGTERM (15) on step start (step 7)"
+    assert "rank 2 died" not in "\n".join(err)
 
 
 def test_a_failure_without_a_signal_says_where_each_rank_was(tmp_path, capsys):
