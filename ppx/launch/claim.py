@@ -62,7 +62,16 @@ def write_config(path: Path, cfg: Config, entry_schedules: list[str] | None = No
     """The run's ``config.yaml`` (the resolved config) and, under ``schedules/``, a copy of each
     schedule CSV it reads (its own, then its run.paired entries' (``entry_schedules``, or read
     from their configs), each file once), as they are now: the order a run ran stays with it
-    when the file is edited, moved or deleted."""
+    when the file is edited, moved or deleted. Where they cannot be written (a full disk), the
+    run directory `claim` just made is removed again and that is one line."""
+    try:
+        _write_config(path, cfg, entry_schedules)
+    except OSError as e:
+        shutil.rmtree(path, ignore_errors=True)  # (made by `claim` a moment ago: nothing else is in it)
+        raise UserError(f"cannot write the run directory {path}: {e.strerror or e}") from None
+
+
+def _write_config(path: Path, cfg: Config, entry_schedules: list[str] | None) -> None:
     from ppx import config
     from ppx.config.paired import entry_config
     from ppx.schedules import is_csv

@@ -119,8 +119,11 @@ def main(argv: list[str]) -> int:
                 str(rank): {"exitcode": f.exitcode, "pid": f.pid, "first": getattr(f, "seen_first", False)}
                 for rank, f in failures
             }
-            with open(exits, "w") as f:
-                json.dump(failed, f)
+            try:
+                with open(exits, "w") as f:
+                    json.dump(failed, f)
+            except OSError:  # (a full disk: the launcher says the job failed and where each rank was)
+                pass
             return 1
         summary = f"torchrun: {e.name} failed: " + "; ".join(
             f"rank {rank}: exit code {f.exitcode}" + (f" ({f.signal_name()})" if f.exitcode < 0 else "")

@@ -77,6 +77,8 @@ def claim_cause(status_dir: Path | None, line: str) -> bool:
         return True
     try:
         os.write(fd, f"{line}\n".encode())
+    except OSError:  # (a full disk: the file claims the cause, the line is still said)
+        pass
     finally:
         os.close(fd)
     return True

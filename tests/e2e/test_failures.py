@@ -381,3 +381,45 @@ def test_a_stopped_sweep_ends_its_running_point_and_runs_no_more(tmp_path):
     assert (point / "incomplete.txt").read_text().startswith("stopped: ppx run received SIGTERM")
     assert not (point.parent / "microbatches=4").exists() and left == [], left
     assert took < 10, out[-3000:]
+
+
+def _file_size_limit(nbytes: int):
+    """A child's files held to ``nbytes`` (RLIMIT_FSIZE; SIGXFSZ ignored, so a write past it
+    fails with EFBIG, as one on a full disk fails with ENOSPC)."""
+
+    def limit() -> None:
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+
+    return limit
+
+
+@pytest.mark.parametrize("nbytes", [100, 30_000], ids=["at-start", "mid-run"])
+def test_a_run_that_cannot_write_its_files_says_so_in_one_line(tmp_path, nbytes):
+    """Files that cannot grow (a full disk): before the run, one line and no run folder left;
+    mid-run, the rank's own line with the error and the job ended, no traceback (a cause file
+    that could not be written made the failing rank raise again, its line lost)."""
+    run_dir = tmp_path / "run"
+    args = ["1f1b_2cpu", "train.steps=400", f"run.dir={run_dir}", "logging.wandb.mode=disabled"]
+    r = subprocess.run(
+        [sys.executable, "-m", "ppx.cli", "run", *args, "logging.report=false", "logging.tensorboard=false"],
+        preexec_fn=_file_size_limit(nbytes),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+    )
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    if nbytes == 100:
+        assert (r.returncode, r.stderr) == (
+            2,
+            f"ppx: error: cannot write the run directory {run_dir}: File too large\n",
+        )
+        assert not run_dir.exists()
+    else:
+        assert r.returncode == 1, r.stderr[-3000:]
+        line = r"ppx: error: rank 0 failed on step metrics \(step \d+\): OSError: \[Errno 27\] File too large\n"
+        assert re.search(line, r.stderr), r.stderr[-3000:]
+        assert (run_dir / "incomplete.txt").exists()
