@@ -215,14 +215,20 @@ def plot_runs(rows: list[dict], path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
+TITLE = (  # bubble.png's and report.html's
+    "measured bubble (dots), predicted from measured costs (x), the run's theory (rings),\n"
+    "closed form at equal costs (dashed)"
+)
 SERIES_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B2", "#937860", "#DA8BC3"]
 
 
 def bubble_series(rows: list[dict]) -> list[dict] | None:
     """The bubble-against-m picture's data, one series per (schedule, p, v): its ``name`` and
-    ``color``, the ``theory`` curve at every m up to the largest (``[(m, bubble)]``, where the
-    family has one), the ``measured`` and ``predicted`` points. None when the runs do not vary
-    microbatches (or one has no bubble). bubble.png and report.html draw the same series."""
+    ``color``, the ``theory`` curve at every m up to the largest (``[(m, bubble)]``: the
+    family's closed form at equal costs, where it has one), the ``measured`` and ``predicted``
+    points, and each run's own theory (``run_theory``: the table's, exact at the known-cost
+    model's costs, which need not be equal). None when the runs do not vary microbatches (or
+    one has no bubble). bubble.png and report.html draw the same series."""
     if len({r["microbatches"] for r in rows}) < 2 or any(r["bubble"] is None for r in rows):
         return None
     dense = range(1, max(r["microbatches"] for r in rows) + 1)
@@ -230,7 +236,7 @@ def bubble_series(rows: list[dict]) -> list[dict] | None:
     for k, key in enumerate(sorted({(r["schedule"], r["world_size"], r["v"]) for r in rows})):
         sched, p, v = key
         pts = sorted(
-            (r["microbatches"], r["bubble"], r["predicted"])
+            (r["microbatches"], r["bubble"], r["predicted"], r["theory"])
             for r in rows
             if (r["schedule"], r["world_size"], r["v"]) == key
         )
@@ -240,8 +246,9 @@ def bubble_series(rows: list[dict]) -> list[dict] | None:
                 "name": f"{sched} (p={p}{f', v={v}' if v > 1 else ''})",
                 "color": SERIES_COLORS[k % len(SERIES_COLORS)],
                 "theory": [(m, t) for m, t in theory if t is not None],
-                "measured": [(m, b) for m, b, _ in pts],
-                "predicted": [(m, pr) for m, _, pr in pts if pr is not None],
+                "measured": [(m, b) for m, b, _, _ in pts],
+                "predicted": [(m, pr) for m, _, pr, _ in pts if pr is not None],
+                "run_theory": [(m, t) for m, _, _, t in pts if t is not None],
             }
         )
     return out
@@ -267,13 +274,15 @@ def plot_bubble_vs_microbatches(rows: list[dict], path: Path) -> bool:
         ax.plot(*zip(*s["measured"]), "o", color=color, label=s["name"])
         if s["predicted"]:
             ax.plot(*zip(*s["predicted"]), "x", color=color, ms=7)
+        if s["run_theory"]:
+            ax.plot(*zip(*s["run_theory"]), "o", color=color, ms=11, mfc="none", mew=1.2)
     ax.set_xscale("log", base=2)
     ax.set_xticks(ms)
     ax.set_xticklabels([str(m) for m in ms])
     ax.set_xlabel("microbatches m")
     ax.set_ylabel("bubble (idle / step time)")
     ax.set_ylim(0, 1)
-    ax.set_title("measured bubble (dots), predicted from measured costs (x), theory (dashed)", fontsize=10)
+    ax.set_title(TITLE, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -293,8 +293,8 @@ def runs_figure(rows: list[dict]) -> object:
 
 
 def bubble_figure(series: list[dict]) -> object:
-    """Bubble against m (`ppx.report.compare.bubble_series`): theory dashed, measured dots,
-    predicted crosses, one colour per (schedule, p, v)."""
+    """Bubble against m (`ppx.report.compare.bubble_series`): the closed form dashed, measured
+    dots, predicted crosses, each run's theory rings, one colour per (schedule, p, v)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -315,10 +315,21 @@ def bubble_figure(series: list[dict]) -> object:
                 mode="markers",
                 marker=dict(color=s["color"], size=9, symbol="x"),
             )
+        if s.get("run_theory"):
+            m, t = zip(*s["run_theory"])
+            fig.add_scatter(
+                name=f"{s['name']} the run's theory",
+                x=m,
+                y=t,
+                mode="markers",
+                marker=dict(color=s["color"], size=14, symbol="circle-open"),
+            )
+    from ppx.report.compare import TITLE
+
     _layout(
         fig,
         height=460,
-        title=dict(text="measured bubble (dots), predicted from measured costs (x), theory (dashed)", font_size=13),
+        title=dict(text=TITLE.replace("\n", "<br>"), font_size=13),
         xaxis=dict(type="log", title="microbatches m", tickvals=ms, ticktext=[str(m) for m in ms]),
         yaxis=dict(title="bubble (idle / step time)", range=[0, 1], tickformat=".0%"),
     )

@@ -250,7 +250,12 @@ def test_compare_page_has_the_runs_and_the_bubble_against_m(tmp_path):
     assert 'id="runs-table" data-runs="6"' in page and page.count("<tr>") == 7
     assert page.count('href="a/report.html"') == 2  # the runs that have a page link to it
     assert 'id="runs"' in page and 'id="bubble"' in page
-    names = [t["name"] for t in new_plot(page, "bubble")[0]]
-    assert names == [f"{s} (p=2){w}" for s in ("1f1b", "gpipe") for w in (" theory", "", " predicted")]
+    traces = new_plot(page, "bubble")[0]
+    names = [t["name"] for t in traces]
+    kinds = (" theory", "", " predicted", " the run's theory")
+    assert names == [f"{s} (p=2){w}" for s in ("1f1b", "gpipe") for w in kinds]
+    # each run's own theory (the table's column) beside the closed form, which may differ
+    rings = next(t for t in traces if t["name"] == "1f1b (p=2) the run's theory")
+    assert list(zip(rings["x"], rings["y"])) == [(m, 1 / (m + 1)) for m in (2, 4, 8)]
     no_m = write_compare_html(tmp_path, rows[:1], COLUMNS, "1 run", bubble_series(rows[:1])).read_text()
     assert '<div id="bubble"' not in no_m and 'class="missing"' in no_m
