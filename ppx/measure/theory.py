@@ -22,6 +22,9 @@ class Theory:
     bubble_fraction: float | None  # idle / step time; None without a closed form or known costs
     ideal_step_time_s: float | None  # the known-cost model's zero-communication step, else None
     basis: str  # how bubble_fraction was obtained, for summary.json
+    # each rank's idle / step time where the costs are known (the known-cost model: unequal
+    # stages idle apart); None where theory says one share for every rank (the closed form)
+    idle_fraction_by_rank: tuple[float, ...] | None = None
 
 
 def known_cost_timeline(cfg, schedule: Schedule, transport: tuple[str, int]):
@@ -52,6 +55,7 @@ def run_theory(cfg, schedule: Schedule, backend: str) -> Theory:
             t.bubble_fraction(),
             t.makespan,
             "simulated at the known-cost model's per-stage costs with zero communication (exact)",
+            tuple(t.idle(r) / t.makespan if t.makespan > 0 else 0.0 for r in range(schedule.num_ranks)),
         )
     fam = schedules.formula_family(cfg.pipeline.schedule)
     if fam is None:

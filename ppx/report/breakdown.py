@@ -47,6 +47,7 @@ def draw_breakdown(summary: dict, path: Path, title: str | None = None) -> None:
     ranks = summary["ranks"]
     step_ms = summary["step_time_s"] * 1e3
     theory = summary.get("bubble_fraction_theory")
+    theories = rank_theories(summary)
     peaks = [r.get("peak_activation_bytes") for r in ranks]
     memory = any(b is not None for b in peaks)
     n = len(ranks)
@@ -66,12 +67,12 @@ def draw_breakdown(summary: dict, path: Path, title: str | None = None) -> None:
     ax.bar(xs, idle, 0.6, bottom=bottom, color=IDLE_COLOR, edgecolor="#999999", hatch="//", lw=0.6)
     ax.axhline(step_ms, color="black", lw=1.2)
     top = max([step_ms] + [b + i for b, i in zip(bottom, idle)])
-    for x, r in zip(xs, ranks):
+    for x, r, th in zip(xs, ranks, theories):
         share = r["idle_s"] * 1e3 / step_ms if step_ms > 0 else 0.0
-        text = f"idle {share:.0%}" + (f"\n(theory {theory:.0%})" if theory is not None else "")
+        text = f"idle {share:.0%}" + (f"\n(theory {th:.0%})" if th is not None else "")
         ax.text(x, top * 1.02, text, ha="center", va="bottom", fontsize=8)
-        if theory is not None:  # in theory the top `theory` of the step is idle on every rank
-            ax.hlines(step_ms * (1 - theory), x - 0.38, x + 0.38, colors="#C44E52", linestyles="--", lw=1.6)
+        if th is not None:  # in theory the top `th` of the step is idle on this rank
+            ax.hlines(step_ms * (1 - th), x - 0.38, x + 0.38, colors="#C44E52", linestyles="--", lw=1.6)
     ax.set_ylim(0, top * 1.22)
     ax.set_xticks(xs)
     ax.set_xticklabels([f"rank {r['rank']}" for r in ranks])
@@ -80,7 +81,7 @@ def draw_breakdown(summary: dict, path: Path, title: str | None = None) -> None:
     handles.append(Patch(facecolor=IDLE_COLOR, edgecolor="#999999", hatch="//", label="idle"))
     handles.append(Line2D([], [], color="black", lw=1.2, label=f"step time {step_ms:.2f} ms"))
     if theory is not None:
-        label = f"theory: idle above this line ({theory:.0%} of the step)"
+        label = theory_label(summary, f"{theory:.0%}")
         handles.append(Line2D([], [], color="#C44E52", ls="--", lw=1.6, label=label))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, fontsize=8, frameon=False)
     ax.set_title("time in the step by rank", fontsize=10)
@@ -99,3 +100,19 @@ def draw_breakdown(summary: dict, path: Path, title: str | None = None) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
+
+
+def rank_theories(summary: dict) -> list[float | None]:
+    """Each rank's theoretical idle share of the step, in ``summary["ranks"]``'s order: its own
+    where the run's costs are known (``idle_fraction_theory_by_rank``: unequal stages idle
+    apart), else the bubble's, which theory gives every rank (None: no theory)."""
+    by_rank = summary.get("idle_fraction_theory_by_rank")
+    theory = summary.get("bubble_fraction_theory")
+    return [by_rank[r["rank"]] if by_rank else theory for r in summary["ranks"]]
+
+
+def theory_label(summary: dict, bubble: str) -> str:
+    """The legend's words for the theory marks (``bubble``: the bubble, formatted)."""
+    if summary.get("idle_fraction_theory_by_rank"):
+        return f"theory: idle above this line, each rank's at the model's costs (the step's bubble {bubble})"
+    return f"theory: idle above this line ({bubble} of the step)"

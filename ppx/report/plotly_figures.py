@@ -14,7 +14,7 @@ has no other annotations (step starts are shapes)."""
 from __future__ import annotations
 
 from ppx.measure.spans import handoffs
-from ppx.report.breakdown import parts_of
+from ppx.report.breakdown import parts_of, rank_theories, theory_label
 from ppx.report.gantt import COLORS, stage_shades
 from ppx.units import byte_unit
 
@@ -221,11 +221,11 @@ def breakdown_figure(summary: dict) -> object:
             customdata=share,
             hovertemplate=f"{name}: %{{y:.3f}} ms (%{{customdata:.1%}} of the step)<extra>%{{x}}</extra>",
         )
-    if theory is not None:  # in theory the top `theory` of the step is idle on every rank
+    if theory is not None:  # in theory the top `th` of the step is idle on a rank
         fig.add_scatter(
-            name=f"theory: idle above this ({theory:.1%} of the step)",
+            name=theory_label(summary, f"{theory:.1%}").replace(" line", ""),
             x=xs,
-            y=[step_ms * (1 - theory)] * len(xs),
+            y=[step_ms * (1 - th) for th in rank_theories(summary)],
             mode="markers",
             marker=dict(symbol="line-ew-open", size=60, color="#C44E52", line=dict(width=2)),
             hovertemplate="theory: busy up to %{y:.3f} ms<extra>%{x}</extra>",

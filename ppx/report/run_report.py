@@ -127,6 +127,7 @@ class RunReport:
             "bubble_fraction_theory": self.theory,
             "bubble_over_ideal_theory": over_ideal(self.theory),
             "bubble_theory_basis": self.held_against.basis,
+            "idle_fraction_theory_by_rank": self.held_against.idle_fraction_by_rank,
             "ideal_step_time_s": self.held_against.ideal_step_time_s,
             "bubble_normalisation": "bubble_fraction = idle / step time; bubble_over_ideal = idle / busy time",
         }

@@ -5,6 +5,7 @@ import pytest
 
 from ppx import config, schedules
 from ppx.measure.theory import run_theory
+from ppx.report.breakdown import rank_theories
 
 
 def theory(*overrides, backend="gloo"):
@@ -35,6 +36,16 @@ def test_known_cost_theory_follows_unequal_costs():
     assert t.ideal_step_time_s == pytest.approx(0.005 + 4 * 0.030 + 0.010)
     assert t.bubble_fraction == pytest.approx(1 - (4 * 0.015 + 4 * 0.030) / 2 / 0.135)
     assert t.bubble_fraction != pytest.approx(schedules.theory_bubble("1f1b", 2, 4))
+    # each rank idles its own share: stage 0 busy 60 of 135 ms, stage 1 120 (breakdown.png marks each)
+    assert t.idle_fraction_by_rank == pytest.approx((75 / 135, 15 / 135))
+    assert sum(t.idle_fraction_by_rank) / 2 == pytest.approx(t.bubble_fraction)
+    summary = {"bubble_fraction_theory": t.bubble_fraction, "ranks": [{"rank": 1}, {"rank": 0}]}
+    assert rank_theories({**summary, "idle_fraction_theory_by_rank": list(t.idle_fraction_by_rank)}) == [
+        pytest.approx(15 / 135),
+        pytest.approx(75 / 135),
+    ]
+    assert rank_theories(summary) == [t.bubble_fraction] * 2  # (no rank's own: the bubble's, every rank's)
+    assert theory("model.kind=mlp", "pipeline.schedule=1f1b").idle_fraction_by_rank is None
     # ZB-H1 without a weight-gradient cost has no W to fill the bubble with
     zb = theory(
         "model.kind=synthetic", "model.fwd_ms=5", "model.bwd_ms=10", "model.wgrad_ms=0", "pipeline.schedule=zb_h1"
