@@ -25,3 +25,22 @@ def step_scalars(line: dict, batch_size: int) -> dict[str, float]:
             if r.get(key) is not None:
                 out[f"{key}/rank{r['rank']}"] = r[key]
     return out
+
+
+def run_scalars(summary: dict) -> dict[str, float]:
+    """The run's own values under `step_scalars`'s names (its medians over steps, the run's
+    throughput, the prediction from measured costs), for a sink's run summary, where the last
+    step's would stand for the run (W&B's runs table shows a summary). The loss stays the last
+    step's."""
+    line = {k: summary.get(k) for k in ("step_time_s", "bubble_fraction", "bubble_over_ideal")}
+    line.update(bubble_fraction_theory=summary.get("bubble_fraction_theory"), ranks=summary.get("ranks", []))
+    line["bubble_over_ideal_theory"] = summary.get("bubble_over_ideal_theory")
+    out = step_scalars(line, 0) if line["step_time_s"] else {}
+    if out:
+        out["time/throughput_samples_per_s"] = summary["throughput_samples_per_s"]
+    pred = summary.get("predicted") or {}
+    if pred.get("step_time_s") is not None:
+        out["predicted/step_time_s"] = pred["step_time_s"]
+    if pred.get("bubble_fraction") is not None:
+        out["predicted/bubble_fraction"] = pred["bubble_fraction"]
+    return out

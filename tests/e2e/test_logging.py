@@ -120,6 +120,13 @@ def test_wandb_offline_run_holds_the_logged_history(profiled_run):
     assert all("bubble/measured" in row and "compute_s/rank1" in row for row in rows)
     final = wandb_file.summary(wb)
     assert final["bubble_fraction"] == pytest.approx(summary["bubble_fraction"])
+    # the runs table's names hold the run's figures (medians), not its last step's
+    assert final["time/step_time_s"] == pytest.approx(summary["step_time_s"])
+    assert final["time/throughput_samples_per_s"] == pytest.approx(summary["throughput_samples_per_s"])
+    assert final["bubble/measured"] == pytest.approx(summary["bubble_fraction"])
+    assert final["compute_s/rank1"] == pytest.approx(summary["ranks"][1]["compute_s"])
+    assert final["predicted/step_time_s"] == pytest.approx(summary["predicted"]["step_time_s"])
+    assert rows[-1]["time/step_time_s"] == pytest.approx(summary["step_times_s"][-1])  # (the history keeps each step's)
     p, m = summary["stages"], summary["microbatches"]
     assert final["bubble_fraction_theory"] == pytest.approx((p - 1) / (m + p - 1))
     assert final["timeline/_type"] == "image-file"  # the Gantt picture
