@@ -43,7 +43,9 @@ def _base(source: str):
     """The config ``source`` names, before any override."""
     tf = transformers()
     path = Path(source).expanduser()
-    if path.is_file() or path.is_dir():
+    # a model type's name is itself, though a folder of that name (a run's: run.dir=gpt2) is here
+    named = source in tf.CONFIG_MAPPING and path.is_dir() and not (path / "config.json").is_file()
+    if (path.is_file() or path.is_dir()) and not named:
         folder = path if path.is_dir() else path.parent
         if path.is_dir() and not (path / "config.json").is_file():
             raise UserError(f"model.hf_config {source}: the folder holds no config.json")

@@ -82,6 +82,20 @@ def test_a_missing_path_or_folder_without_config_is_one_line(tmp_path):
         config.load(None, ["model.kind=hf", f"model.hf_config={tmp_path}"])
 
 
+def test_a_folder_named_as_a_model_type_does_not_hide_it(tmp_path, monkeypatch):
+    """A run's folder named gpt2 (run.dir=gpt2) beside the run: gpt2 still names the model type
+    there; a gpt2 folder that holds a config.json is that config."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gpt2").mkdir()
+    assert type(hf_config.resolve(load("gpt2").model)).__name__ == "GPT2Config"
+    tf.LlamaConfig(num_hidden_layers=5, hidden_size=48, num_attention_heads=6, vocab_size=100).save_pretrained(
+        tmp_path / "gpt2"
+    )
+    assert type(hf_config.resolve(config.load(None, ["model.kind=hf", "model.hf_config=gpt2"]).model)).__name__ == (
+        "LlamaConfig"
+    )
+
+
 def test_a_hub_id_comes_from_the_local_cache_only(tmp_path):
     """A hub id resolves from a Hugging Face cache laid out as huggingface_hub lays it out,
     with the network off; an id not in it is one line."""
