@@ -90,7 +90,8 @@ def cmd_sweep(args) -> int:
         return 0
     runs = _runs_in(root)
     done = [r for r in runs if r.is_complete]
-    if not done:
-        raise UserError(f"no run of the sweep completed; see {root}")
+    if not done:  # (runs that failed, not bad input: 1, as a sweep with some failed points)
+        print(f"ppx: error: no run of the sweep completed; see {root}", file=sys.stderr, flush=True)
+        return 1
     compare_into([str(root)], root, *_drawn(done))
     return 0 if len(done) == len(runs) else 1

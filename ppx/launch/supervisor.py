@@ -145,6 +145,9 @@ class Supervisor:
 
     def _failed(self, code: int) -> int:
         lines = killed(self._failures(), self.status)
+        if code < 0 and not lines:  # torchrun itself ended by a signal: the ranks did not fail first
+            lines = [f"torchrun, which runs the ranks, was killed by signal {_signal_name(-code)} ({-code}); "]
+            lines[0] += self._where_each()
         code = code if code > 0 else 128 - code
         if not lines:
             failed = f"the job failed (exit {code}); {self._where_each()}"

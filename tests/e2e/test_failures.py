@@ -423,3 +423,21 @@ def test_a_run_that_cannot_write_its_files_says_so_in_one_line(tmp_path, nbytes)
         line = r"ppx: error: rank 0 failed on step metrics \(step \d+\): OSError: \[Errno 27\] File too large\n"
         assert re.search(line, r.stderr), r.stderr[-3000:]
         assert (run_dir / "incomplete.txt").exists()
+
+
+def test_a_sweep_whose_every_point_failed_exits_1_not_as_bad_input(tmp_path):
+    """Runs that failed are no bad input (exit 2): 1, as for a sweep with some failed points."""
+    r = ppx(
+        "sweep",
+        "1f1b_2cpu",
+        "--sweep",
+        "pipeline.microbatches=2,4",
+        "runtime.inject_fault=die@1F0",
+        "train.steps=2",
+        "logging.wandb.mode=disabled",
+        f"run.root={tmp_path}",
+        timeout=180,
+    )
+    (sweep,) = (tmp_path / "1f1b_2cpu").iterdir()
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1] == f"ppx: error: no run of the sweep completed; see {sweep}"

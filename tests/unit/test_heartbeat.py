@@ -209,6 +209,17 @@ def test_a_sigterm_is_a_cause_only_where_torchrun_did_not_send_it(tmp_path, caps
     assert "rank 2 died" not in "\n".join(err)
 
 
+def test_torchrun_killed_itself_is_named_so(tmp_path, capsys):
+    """torchrun's agent ended by a signal (kill -9 of it) before any rank failed: not "the job failed"."""
+    sup = supervisor(tmp_path)
+    (tmp_path / "status" / "rank0.txt").write_text("0F1 (step 3)\n")
+    assert sup._failed(-9) == 137
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "ppx: error: torchrun, which runs the ranks, was killed by signal SIGKILL (9); where each rank was: "
+        "rank 0: 0F1 (step 3); rank 1: not started"
+    )
+
+
 def test_a_failure_without_a_signal_says_where_each_rank_was(tmp_path, capsys):
     sup = supervisor(tmp_path)
     (tmp_path / "status" / "rank0.txt").write_text("wait 0RECV_F2 from rank 1 (step 0)\n")
