@@ -19,6 +19,10 @@ def check_free(cfg: Config, one_run: bool = True) -> None:
     path = Path(cfg.run.dir) if own else Path(cfg.run.root) / cfg.run.name
     if own and path.exists():
         raise UserError(f"run directory {path} already exists; ppx never overwrites a run")
+    if own and path.is_symlink():  # (a link to nothing: exists() says no, mkdir says it is there)
+        raise UserError(
+            f"run.dir={cfg.run.dir} is a link to {path.readlink()}, which does not exist; give another run.dir"
+        )
     above = next((q for q in [path, *path.parents] if q.exists()), None)
     if above is not None and not above.is_dir():
         key = f"run.dir={cfg.run.dir}" if own else f"run.root={cfg.run.root}"

@@ -38,3 +38,21 @@ def test_a_run_keeps_a_copy_of_each_schedule_csv_it_reads(tmp_path):
     plain.mkdir()
     write_config(plain, config.load("1f1b_2cpu", []))
     assert sorted(p.name for p in plain.iterdir()) == ["config.yaml"]  # (no CSV: no folder)
+
+
+def test_a_run_dir_that_is_a_link_to_nothing_is_said_so(tmp_path):
+    import pytest
+
+    from ppx.errors import UserError
+    from ppx.launch.claim import check_free
+
+    link = tmp_path / "run"
+    link.symlink_to(tmp_path / "nowhere")
+    cfg = config.load("gpipe_2cpu", [f"run.dir={link}"])
+    with pytest.raises(UserError) as e:
+        check_free(cfg)
+    assert (
+        str(e.value)
+        == f"run.dir={link} is a link to {tmp_path / 'nowhere'}, which does not exist; give another run.dir"
+    )
+    assert not (tmp_path / "nowhere").exists()
