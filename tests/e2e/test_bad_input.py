@@ -211,22 +211,6 @@ def test_a_sweep_under_a_file_is_one_line(tmp_path):
     )
 
 
-def test_a_slurm_sweep_that_submits_nothing_leaves_no_folder(tmp_path):
-    """No sbatch on the PATH: one line, and neither the sweep folder nor the folders made for it
-    (run.root, <run.name>) are left behind; a run.root that was there already stays."""
-    root = tmp_path / "new" / "root"
-    args = ("sweep", "gpipe_2cpu", "--launcher", "slurm", "--sweep", "pipeline.microbatches=2,4")
-    r = ppx(*args, f"run.root={root}", env={"PATH": str(tmp_path / "no-bin")}, timeout=60)
-    assert (r.returncode, r.stderr.splitlines()) == (
-        2,
-        ["ppx: error: sbatch not found: --launcher slurm needs a SLURM cluster"],
-    )
-    assert list(tmp_path.iterdir()) == []
-    root.mkdir(parents=True)
-    r = ppx(*args, f"run.root={root}", env={"PATH": str(tmp_path / "no-bin")}, timeout=60)
-    assert r.returncode == 2 and list(root.iterdir()) == []
-
-
 def test_stages_not_matching_the_process_count(tmp_path):
     """Started by torchrun with 2 processes for a 4-stage experiment: rank 0 says so in one
     line and every rank exits before any process group starts."""
