@@ -13,6 +13,7 @@ import pytest
 from helpers import REPO, ppx
 
 
+@pytest.mark.timing  # (a forward of 12 s against a timeout of 5 s)
 def test_a_sweep_with_a_failed_point_compares_the_rest_and_exits_1(tmp_path):
     """One point's forward (12 s) outlives runtime.timeout_s=5: the watchdog ends that run, the
     sweep goes on, compares what completed, names the failure and exits 1."""

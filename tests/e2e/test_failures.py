@@ -197,7 +197,6 @@ def test_watchdog_follows_the_gpu_and_names_where_it_hangs(tmp_path):
     assert read_status(tmp_path / "rank0.txt") == "wait sends (step 3); the GPU is on 0B5"
 
 
-@pytest.mark.timing
 # a run long enough to be stopped in the middle: the known-cost model sleeps its actions out,
 # so the ranks cost the machine little while they wait for the test
 @pytest.mark.timing
