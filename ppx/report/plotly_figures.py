@@ -304,26 +304,12 @@ def bubble_figure(series: list[dict]) -> object:
             m, t = zip(*s["theory"])
             dash = f"4px,{2 + 2 * k}px"
             fig.add_scatter(name=f"{s['name']} theory", x=m, y=t, mode="lines", line=dict(color=s["color"], dash=dash))
-        m, b = zip(*s["measured"])
-        fig.add_scatter(name=s["name"], x=m, y=b, mode="markers", marker=dict(color=s["color"], size=9))
-        if s["predicted"]:
-            m, pr = zip(*s["predicted"])
-            fig.add_scatter(
-                name=f"{s['name']} predicted",
-                x=m,
-                y=pr,
-                mode="markers",
-                marker=dict(color=s["color"], size=9, symbol="x"),
-            )
-        if s.get("run_theory"):
-            m, t = zip(*s["run_theory"])
-            fig.add_scatter(
-                name=f"{s['name']} the run's theory",
-                x=m,
-                y=t,
-                mode="markers",
-                marker=dict(color=s["color"], size=14, symbol="circle-open"),
-            )
+        marks = (("measured", "", 9, "circle"), ("predicted", " predicted", 9, "x"))
+        for key, suffix, size, symbol in (*marks, ("run_theory", " the run's theory", 14, "circle-open")):
+            if s.get(key):
+                m, y = zip(*s[key])
+                marker = dict(color=s["color"], size=size, symbol=symbol)
+                fig.add_scatter(name=f"{s['name']}{suffix}", x=m, y=y, mode="markers", marker=marker)
     from ppx.report.compare import TITLE
 
     _layout(
