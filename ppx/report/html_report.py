@@ -165,7 +165,9 @@ def write_run_html(
     ranks = summary.get("ranks") or []
     if median is not None:
         k, step = median
-        page.add(f'<p class="note">Step {k}, the median step (its parts add up to its step time).</p>')
+        even = len(summary.get("step_times_s") or []) % 2 == 0
+        which = ", of an even count the slower of the two middle ones" if even else ""
+        page.add(f'<p class="note">Step {k}, the median step{which} (its parts add up to its step time).</p>')
         page.figure(figs.breakdown_figure(step), "breakdown")
     else:
         page.missing("No breakdown: the run had instrument.timers off.")
