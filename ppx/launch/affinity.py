@@ -26,9 +26,20 @@ def cpu_block(local_rank: int, local_world: int, cpus: Sequence[int]) -> list[in
     return [cpus[local_rank % n]]
 
 
-def pin_local_rank(local_rank: int, local_world: int) -> list[int]:
-    """Pin this process to its block (of the CPUs it may use now); returns the block."""
-    block = cpu_block(local_rank, local_world, sorted(os.sched_getaffinity(0)))
+def pin_order(rank: int, world: int, local_rank: int, local_world: int, data: int) -> int:
+    """This rank's place among its node's for `cpu_block`: its local rank, but replica by
+    replica where the node holds the whole job under data parallel (the job numbers ranks
+    pipeline rank x ``data`` + replica, so round robin would put a replica's pipeline
+    neighbours, ``data`` apart, on one CPU; a replica's ranks in a row put them on two)."""
+    if data <= 1 or local_world != world:
+        return local_rank
+    return rank // data + (world // data) * (rank % data)
+
+
+def pin_local_rank(order: int, local_world: int) -> list[int]:
+    """Pin this process to the block of its place ``order`` (`pin_order`) among the CPUs it may
+    use now; returns the block."""
+    block = cpu_block(order, local_world, sorted(os.sched_getaffinity(0)))
     os.sched_setaffinity(0, block)
     return block
 

@@ -20,7 +20,7 @@ from ppx.engine.loop import train
 from ppx.engine.runtime import ActionFailed
 from ppx.errors import UserError, said
 from ppx.launch import claim, environment
-from ppx.launch.affinity import pin_local_rank
+from ppx.launch.affinity import pin_local_rank, pin_order
 from ppx.launch.closed_stdout import survive_closed_stdout
 from ppx.launch.failure_line import report_failure
 from ppx.launch.faults import FaultInjector
@@ -63,7 +63,8 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     survive_closed_stdout()  # (ppx run ... | head: the run goes on)
     if device_type != "cuda" and cfg.runtime.pin_cpus:  # before any thread starts, so all inherit it
-        pin_local_rank(local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        pin_local_rank(pin_order(rank, world, local_rank, local_world, cfg.parallel.data), local_world)
     torch.set_num_threads(cfg.runtime.threads_per_rank)
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)

@@ -6,6 +6,7 @@ TensorBoard and W&B scalars, timeline.json, the breakdown and the prediction."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -43,7 +44,11 @@ def test_replicas_train_like_one_pipeline_on_the_global_batch(runs, how):
     one = read_json(runs["one"] / "summary.json")
     dp = read_json(runs[how] / "summary.json")
     assert (dp["world_size"], dp["data_parallel"], dp["processes"]) == (2, 2, 4)
-    assert len(read_json(runs[how] / "env.json")["ranks"]) == 4
+    ranks = read_json(runs[how] / "env.json")["ranks"]
+    assert len(ranks) == 4
+    # runtime.pin_cpus: a replica's pipeline neighbours never share a CPU (on 2 CPUs, 0 and 1)
+    cpus = {(r["pipeline_rank"], r["replica"]): r["cpus"] for r in ranks}
+    assert len(os.sched_getaffinity(0)) < 2 or all(cpus[0, d] != cpus[1, d] for d in range(2)), cpus
     assert dp["losses"] == pytest.approx(one["losses"], rel=1e-5)
     assert dp["losses"] != pytest.approx(one["losses"][:1] * 3, rel=1e-9)  # it trains: losses move
 
