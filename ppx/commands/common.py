@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ppx.errors import UserError
+from ppx.errors import ScheduleError, UserError
 from ppx.units import count, stage_list
 
 
@@ -38,7 +38,21 @@ def schedule_from(name: str, stages, microbatches, virtual, transport: str = "nc
             f"{name}: torch.distributed.pipelining's schedule runs the order of ppx's {schedules.family_name(name)}",
             flush=True,
         )
-    return schedules.build(name, stages, microbatches, virtual, transport)
+    try:
+        return schedules.build(name, stages, microbatches, virtual, transport)
+    except ScheduleError as e:  # a shape rule names the config's keys: these are the options
+        said = str(e)
+        for key, option in FLAGS.items():
+            said = said.replace(key, option)
+        raise ScheduleError(said) from None
+
+
+# the config keys a shape rule names -> the options of ppx schedule and ppx simulate
+FLAGS = {
+    "pipeline.microbatches": "--microbatches (-m)",
+    "pipeline.virtual_stages": "--virtual (-v)",
+    "pipeline.stages": "--stages (-p)",
+}
 
 
 def ms_list(option: str, text: str, count: int | None) -> list[float]:

@@ -258,6 +258,10 @@ OTHER_COMMANDS = {
         ["schedule", "1f1b", "-p", "100000", "-m", "100000"],
         "100000 ranks x 1 stages x 100000 microbatches = 10000000000 stage-microbatches: ppx builds lists of at most",
     ),
+    "schedule: a shape rule names the options typed": (
+        ["schedule", "interleaved_1f1b", "-p", "4", "-m", "6"],
+        "interleaved_1f1b needs --microbatches (-m) (6) to be a multiple of --stages (-p) (4)",
+    ),
     "split: far more stages than layers": (
         ["split", "1f1b_2cpu", "pipeline.stages=100000"],
         "100000 stages but model.layers=4: every stage needs at least one layer",
