@@ -24,7 +24,10 @@ SHAPE_KEYS = {  # ppx's model key -> the Hugging Face config's
     "heads": "num_attention_heads",
     "vocab_size": "vocab_size",
 }
-INSTALL = "model.kind=hf needs Hugging Face transformers: pip install 'ppx[hf]' (or pip install transformers)"
+INSTALL = (
+    "model.kind=hf needs Hugging Face transformers: make setup in the checkout (or pip install -e '.[hf]' there, "
+    "or pip install transformers)"
+)
 
 
 def transformers():

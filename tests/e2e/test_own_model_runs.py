@@ -79,6 +79,7 @@ def test_without_transformers_one_line_says_how_to_install_it(tmp_path):
     r = ppx("run", "hf_llama_tiny_1f1b_2cpu", f"run.root={tmp_path / 'runs'}", env={"PYTHONPATH": str(tmp_path)})
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().splitlines() == [
-        "ppx: error: model.kind=hf needs Hugging Face transformers: pip install 'ppx[hf]' (or pip install transformers)"
+        "ppx: error: model.kind=hf needs Hugging Face transformers: make setup in the checkout (or pip install -e "
+        "'.[hf]' there, or pip install transformers)"
     ]
     assert not (tmp_path / "runs").exists()
