@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from ppx.errors import ScheduleError, UserError
-from ppx.units import count, stage_list
+from ppx.units import stage_list
 
 
 def schedule_from(name: str, stages, microbatches, virtual, transport: str = "nccl"):
@@ -19,15 +19,15 @@ def schedule_from(name: str, stages, microbatches, virtual, transport: str = "nc
 
     if schedules.is_csv(name):
         sched = schedules.from_csv(name, transport)
-        v = sched.stages_per_rank
-        for option, given, has in (
-            ("--stages", stages, sched.num_ranks),
-            ("--microbatches", microbatches, sched.num_microbatches),
-            ("--virtual", virtual, v),
+        held = set(sched.stages_held())
+        for option, given, fits in (
+            ("--stages", stages, lambda x: x == sched.num_ranks),
+            ("--microbatches", microbatches, lambda x: x == sched.num_microbatches),
+            ("--virtual", virtual, lambda x: held == {x}),
         ):
-            if given is not None and given != has:
+            if given is not None and not fits(given):
                 raise UserError(
-                    f"{name} is a schedule for {sched.num_ranks} ranks, {count(v, 'stage')} each and "
+                    f"{name} is a schedule for {sched.num_ranks} ranks, placing {sched.holding()}, and "
                     f"{sched.num_microbatches} microbatches; {option} {given} does not match (leave it out)"
                 )
         return sched
@@ -44,7 +44,7 @@ def schedule_from(name: str, stages, microbatches, virtual, transport: str = "nc
         said = str(e)
         for key, option in FLAGS.items():
             said = said.replace(key, option)
-        raise ScheduleError(said) from None
+        raise ScheduleError(said.replace(" or null", " or left out")) from None
 
 
 # the config keys a shape rule names -> the options of ppx schedule and ppx simulate

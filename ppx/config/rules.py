@@ -10,7 +10,6 @@ from ppx.config.resolve import resolve_schedule
 from ppx.config.schema import Config
 from ppx.errors import UserError
 from ppx.schedules.ir.schedule import Schedule
-from ppx.units import count
 
 MAX_TIMEOUT_S = 1e9  # runtime.timeout_s's ceiling (31 years): a timedelta holds it
 
@@ -159,15 +158,9 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
             f"pipeline.schedule {p.schedule} is for {sched.num_ranks} ranks and {sched.num_microbatches} "
             f"microbatches, but pipeline.stages={p.stages} and pipeline.microbatches={p.microbatches}"
         )
-    held = [len(sched.stages_of(r)) for r in range(sched.num_ranks)]
-    if schedules.is_csv(p.schedule) and p.virtual_stages is not None and set(held) != {p.virtual_stages}:
-        places = (
-            f"{count(held[0], 'stage')} on each rank"
-            if len(set(held)) == 1
-            else "its stages unevenly (" + ", ".join(f"rank {r} {n}" for r, n in enumerate(held)) + ")"
-        )
+    if schedules.is_csv(p.schedule) and p.virtual_stages is not None and set(sched.stages_held()) != {p.virtual_stages}:
         raise UserError(
-            f"pipeline.schedule {p.schedule} places {places}, but pipeline.virtual_stages={p.virtual_stages} "
+            f"pipeline.schedule {p.schedule} places {sched.holding()}, but pipeline.virtual_stages={p.virtual_stages} "
             "(a CSV's own count holds: leave the key null)"
         )
     check_precision(cfg, sched)

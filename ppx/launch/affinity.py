@@ -27,13 +27,17 @@ def cpu_block(local_rank: int, local_world: int, cpus: Sequence[int]) -> list[in
 
 
 def pin_order(rank: int, world: int, local_rank: int, local_world: int, data: int) -> int:
-    """This rank's place among its node's for `cpu_block`: its local rank, but replica by
-    replica where the node holds the whole job under data parallel (the job numbers ranks
-    pipeline rank x ``data`` + replica, so round robin would put a replica's pipeline
-    neighbours, ``data`` apart, on one CPU; a replica's ranks in a row put them on two)."""
-    if data <= 1 or local_world != world:
+    """This rank's place among its node's ranks for `cpu_block`: replica by replica, then by
+    pipeline rank (the job numbers ranks pipeline rank x ``data`` + replica, so by local rank
+    round robin would put a replica's pipeline neighbours, ``data`` apart, on one CPU). The
+    node's ranks are the ``local_world`` from ``rank - local_rank`` on, as torchrun numbers them."""
+    from ppx.engine.data_parallel import Layout
+
+    if data <= 1:
         return local_rank
-    return rank // data + (world // data) * (rank % data)
+    first = rank - local_rank
+    place = lambda g: (Layout(world // data, data, g).dp_rank, Layout(world // data, data, g).pp_rank)  # noqa: E731
+    return sorted(range(first, first + local_world), key=place).index(rank)
 
 
 def pin_local_rank(order: int, local_world: int) -> list[int]:

@@ -72,7 +72,9 @@ def write_config(path: Path, cfg: Config, entry_schedules: list[str] | None = No
         _write_config(path, cfg, entry_schedules)
     except OSError as e:
         shutil.rmtree(path, ignore_errors=True)  # (made by `claim` a moment ago: nothing else is in it)
-        raise UserError(f"cannot write the run directory {path}: {e.strerror or e}") from None
+        outside = e.filename is not None and Path(path).resolve() not in Path(e.filename).resolve().parents
+        what = f"cannot read {e.filename}" if outside else f"cannot write the run directory {path}"
+        raise UserError(f"{what}: {e.strerror or e}") from None
 
 
 def _write_config(path: Path, cfg: Config, entry_schedules: list[str] | None) -> None:

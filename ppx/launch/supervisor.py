@@ -144,9 +144,14 @@ class Supervisor:
         return report_stop(self.run_dir, signum, time.monotonic() - self.started, states, complete)
 
     def _failed(self, code: int) -> int:
-        lines = killed(self._failures(), self.status)
-        if code < 0 and not lines:  # torchrun itself ended by a signal: the ranks did not fail first
-            lines = [f"torchrun, which runs the ranks, was killed by signal {_signal_name(-code)} ({-code}); "]
+        failures = self._failures()
+        lines = killed(failures, self.status)
+        # torchrun itself ended by a signal (killed; or stopped: it returns 128 + a stop signal),
+        # no rank having failed before: not "the job failed"
+        sig = -code if code < 0 else code - 128 if code - 128 in STOP_SIGNALS and not failures else None
+        if sig is not None and not lines and not read_status(cause_path(self.status)):
+            how = "killed" if code < 0 else "stopped"
+            lines = [f"torchrun, which runs the ranks, was {how} by signal {_signal_name(sig)} ({sig}); "]
             lines[0] += self._where_each()
         code = code if code > 0 else 128 - code
         if not lines:

@@ -259,8 +259,8 @@ OTHER_COMMANDS = {
         "100000 ranks x 1 stages x 100000 microbatches = 10000000000 stage-microbatches: ppx builds lists of at most",
     ),
     "schedule: a shape rule names the options typed": (
-        ["schedule", "interleaved_1f1b", "-p", "4", "-m", "6"],
-        "interleaved_1f1b needs --microbatches (-m) (6) to be a multiple of --stages (-p) (4)",
+        ["schedule", "zbv", "-p", "2", "-m", "8", "-v", "3"],
+        "in a V (stage s on rank s, then on rank 2p-1-s): --virtual (-v) must be 2 or left out (got 3)",
     ),
     "split: far more stages than layers": (
         ["split", "1f1b_2cpu", "pipeline.stages=100000"],
@@ -268,7 +268,7 @@ OTHER_COMMANDS = {
     ),
     "schedule: a CSV's shape overridden": (
         ["schedule", str(DATA / "1f1b_p2_m4.csv"), "-m", "8"],
-        "1f1b_p2_m4.csv is a schedule for 2 ranks, 1 stage each and 4 microbatches; --microbatches 8",
+        "1f1b_p2_m4.csv is a schedule for 2 ranks, placing 1 stage on each rank, and 4 microbatches; --microbatches 8",
     ),
     "schedule: comms without a CSV": (["schedule", "1f1b", "--with-comms"], "--with-comms only shapes the --csv file"),
     "sweep: --sweep twice": (

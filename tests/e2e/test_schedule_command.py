@@ -165,3 +165,17 @@ def test_a_csv_whose_rows_put_stages_on_other_ranks_says_where(tmp_path):
     csv.write_text("0F0,0B0\n\n1F0,1B0\n")  # (a blank row is no idle rank: every rank holds a stage)
     r = ppx("schedule", str(csv))
     assert (r.returncode, r.stdout) == (2, "") and "row 1 holds no action" in r.stderr, r.stderr
+
+
+def test_a_csv_holding_its_stages_unevenly_refuses_any_virtual_option(tmp_path):
+    """Ranks holding 1 and 2 stages: -v 1 was taken (the rounded-down count), -v 2 said "1 stage each"."""
+    csv = tmp_path / "uneven.csv"
+    csv.write_text("0F0,0F1,0B0,0B1\n1F0,2F0,1F1,2F1,2B0,1B0,2B1,1B1\n")
+    assert ppx("schedule", str(csv)).returncode == 0
+    for v in ("1", "2"):
+        r = ppx("schedule", str(csv), "-v", v)
+        assert r.returncode == 2, r.stdout
+        assert r.stderr.strip() == (
+            f"ppx: error: {csv} is a schedule for 2 ranks, placing its stages unevenly (rank 0 1, rank 1 2), and "
+            f"2 microbatches; --virtual {v} does not match (leave it out)"
+        )

@@ -21,4 +21,5 @@ def test_data_parallel_keeps_a_replicas_pipeline_neighbours_on_two_cpus():
     assert cpus[0] != cpus[2] and cpus[1] != cpus[3]
     assert [pin_order(r, 6, r, 6, 2) for r in range(6)] == [0, 3, 1, 4, 2, 5]  # p=3 x d=2, replica by replica
     assert [pin_order(r, 4, r, 4, 1) for r in range(4)] == [0, 1, 2, 3]
-    assert pin_order(5, 8, 1, 4, 2) == 1  # (a node holding part of the job: its local rank)
+    # a node holding part of the job (global ranks 4-7 of 8, d=2): its own ranks, replica by replica
+    assert [pin_order(g, 8, g - 4, 4, 2) for g in range(4, 8)] == [0, 2, 1, 3]

@@ -56,3 +56,21 @@ def test_a_run_dir_that_is_a_link_to_nothing_is_said_so(tmp_path):
         == f"run.dir={link} is a link to {tmp_path / 'nowhere'}, which does not exist; give another run.dir"
     )
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_schedule_that_cannot_be_read_is_said_so_and_no_run_folder_is_left(tmp_path):
+    import pytest
+
+    from ppx import schedules
+    from ppx.errors import UserError
+    from ppx.launch.claim import write_config
+
+    csv = tmp_path / "mine.csv"
+    schedules.write_csv(schedules.build("1f1b", 2, 4).compute_only(), csv)
+    cfg = config.load("gpipe_2cpu", [f"pipeline.schedule={csv}", f"run.root={tmp_path / 'runs'}"])
+    run = claim(cfg)
+    csv.unlink()  # (gone between the config's checks and the run's copy)
+    with pytest.raises(UserError) as e:
+        write_config(run, cfg)
+    assert str(e.value) == f"cannot read {csv}: No such file or directory"
+    assert not run.exists()

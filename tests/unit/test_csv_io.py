@@ -184,3 +184,11 @@ def test_a_csv_is_named_by_its_suffix_in_any_case(tmp_path):
     with pytest.raises(ScheduleError) as e:
         schedules.build("zz_top", 2, 4)
     assert ".csv" not in str(e.value)
+
+
+def test_a_cell_padded_with_other_whitespace_still_reads(tmp_path):
+    """A spreadsheet's no-break space around a cell is padding, as a space is (only the digits
+    must be ASCII)."""
+    path = tmp_path / "nbsp.csv"
+    path.write_text("0F0\u00a0,\u00a00B0\n")
+    assert [str(a) for a in schedules.from_csv(path).compute_only().actions[0]] == ["0F0", "0B0"]

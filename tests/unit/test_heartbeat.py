@@ -220,6 +220,20 @@ def test_torchrun_killed_itself_is_named_so(tmp_path, capsys):
     )
 
 
+@pytest.mark.parametrize("cause", [False, True])
+def test_torchrun_stopped_by_a_signal_is_named_so_unless_a_rank_failed_first(tmp_path, capsys, cause):
+    """torchrun catches SIGTERM and returns 143: with no rank failed, that is its own stop; a
+    rank's cause line, where one failed first, stands instead."""
+    sup = supervisor(tmp_path)
+    if cause:
+        (tmp_path / "status" / "cause.txt").write_text("rank 1 failed on 1F0 (step 0): RuntimeError: boom\n")
+    assert sup._failed(143) == 143
+    err = capsys.readouterr().err
+    assert ("torchrun, which runs the ranks, was stopped by signal SIGTERM (15); " in err) is not cause, err
+    if cause:
+        assert (tmp_path / "incomplete.txt").read_text().startswith("rank 1 failed on 1F0 (step 0)")
+
+
 def test_a_failure_without_a_signal_says_where_each_rank_was(tmp_path, capsys):
     sup = supervisor(tmp_path)
     (tmp_path / "status" / "rank0.txt").write_text("wait 0RECV_F2 from rank 1 (step 0)\n")

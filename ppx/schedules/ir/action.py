@@ -49,9 +49,9 @@ class Op(str, enum.Enum):
 COMPUTE_OPS = frozenset({Op.F, Op.B, Op.I, Op.W})
 
 OVERLAP = "OVERLAP_F_B"
-# ASCII digits only: int() reads other scripts' digits too, and a cell would then name another action
-_OVERLAP_RE = re.compile(r"^\s*\(([^;()]+);([^;()]+)\)" + OVERLAP + r"\s*$", re.ASCII)
-_ACTION_RE = re.compile(r"^\s*(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)\s*$", re.ASCII)
+_OVERLAP_RE = re.compile(r"^\s*\(([^;()]+);([^;()]+)\)" + OVERLAP + r"\s*$")
+# ASCII digits only (\d takes other scripts' digits, which int() reads: a cell would name another action)
+_ACTION_RE = re.compile(r"^\s*([0-9]+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)([0-9]+)\s*$")
 
 
 class Action(NamedTuple):

@@ -50,6 +50,17 @@ class Schedule:
         """v: stages per rank (interleaved schedules place v on each rank; others 1)."""
         return self.num_stages // self.num_ranks
 
+    def stages_held(self) -> list[int]:
+        """How many stages each rank holds (a CSV may hold them unevenly)."""
+        return [len(self.stages_of(r)) for r in range(self.num_ranks)]
+
+    def holding(self) -> str:
+        """'2 stages on each rank', or 'its stages unevenly (rank 0 1, rank 1 2)'."""
+        held = self.stages_held()
+        if len(set(held)) == 1:
+            return f"{held[0]} stage{'' if held[0] == 1 else 's'} on each rank"
+        return "its stages unevenly (" + ", ".join(f"rank {r} {n}" for r, n in enumerate(held)) + ")"
+
     def cells(self, rank: int) -> frozenset[int]:
         """Rank ``rank``'s overlapped cells: compute indices k where actions k and k+1 form one."""
         return self.overlaps[rank] if self.overlaps else frozenset()
