@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 from ppx.errors import said
-from ppx.measure.metrics import PER_RANK
 from ppx.report.scalars import run_scalars
 
 
@@ -53,13 +52,6 @@ class WandbSink:
                     _warn(f"W&B offline failed too ({said(e2)}); not logging to W&B")
             else:
                 _warn(f"W&B failed ({first}); not logging to W&B")
-        # the runs table shows a run's summary: its step scalars there are the run's own (medians,
-        # `run_scalars`, set at the end), not W&B's default, the last step's
-        self._guard("define_metric", self._summaries_set_at_the_end)
-
-    def _summaries_set_at_the_end(self) -> None:
-        for prefix in ("time", "bubble", *PER_RANK):
-            self.run.define_metric(f"{prefix}/*", summary="none")
 
     def _guard(self, what: str, fn) -> None:
         if self.run is None:
@@ -90,7 +82,6 @@ class WandbSink:
                 "status",
             )
             self.run.summary.update({k: summary[k] for k in keys if summary.get(k) is not None})
-            self.run.summary.update(run_scalars(summary))  # (W&B would keep the last step's)
             ranks = summary.get("ranks", [])
             if ranks:
                 cols = sorted({k for r in ranks for k in r}, key=lambda k: (k != "rank", k))
@@ -111,6 +102,11 @@ class WandbSink:
                 for p in extra:
                     art.add_file(str(p))
                 self.run.log_artifact(art)
+            # the runs table shows a run's summary: its step scalars there are the run's own
+            # (medians, `run_scalars`), not the last step's, W&B's default, which a run that did
+            # not complete keeps; set once the last step's row is committed, which sets the default
+            self.run.log({}, **at, commit=True)
+            self.run.summary.update(run_scalars(summary))
             mode = self.run.settings.mode
             self.run.finish()
             if mode == "offline":
