@@ -20,7 +20,7 @@ from ppx.schedules.ir.action import parse_cell
 from ppx.schedules.ir.schedule import Schedule
 from ppx.schedules.placing.placement import place_comms
 from ppx.schedules.placing.validate import validate
-from ppx.schedules.registry import MAX_STAGE_MICROBATCHES
+from ppx.schedules.registry import too_many
 
 TORCH_ONLY = ("REDUCE_GRAD", "UNSHARD", "RESHARD")
 
@@ -108,11 +108,9 @@ def _read(path: str | Path, name: str | None = None) -> tuple[Schedule, list[lis
         raise ScheduleError(f"schedule CSV {path}: {said} no actions, where its largest is {stages - 1}")
     m = max(a.mb for row in rows for a in row) + 1
     n = sum(map(len, rows))
-    if stages * m > MAX_STAGE_MICROBATCHES and n >= stages * m:  # (a gap among them is said by check_written)
-        raise ScheduleError(
-            f"schedule CSV {path}: {stages} stages x {m} microbatches = {stages * m} stage-microbatches: ppx builds "
-            f"lists of at most {MAX_STAGE_MICROBATCHES}"
-        )
+    too_large = too_many(stages, m, f"{stages} stages x {m} microbatches")
+    if too_large and n >= stages * m:  # (a gap among them is said by check_written)
+        raise ScheduleError(f"schedule CSV {path}: {too_large}")
     training = any(a.op.is_backward for row in rows for a in row)
     schedule = Schedule(
         name or path.stem,

@@ -298,12 +298,18 @@ def build(
 
 def size_error(ranks: int, v: int, microbatches: int) -> str | None:
     """Why a list of ``ranks`` x ``v`` stages x ``microbatches`` is too large to build, or None."""
-    n = ranks * v * microbatches
+    return too_many(ranks * v, microbatches, f"{ranks} ranks x {v} stages x {microbatches} microbatches")
+
+
+def too_many(stages: int, microbatches: int, shape: str) -> str | None:
+    """Why a list of ``stages`` (all ranks') x ``microbatches`` is too large to build (``shape``:
+    how the message names them), or None."""
+    n = stages * microbatches
     if n <= MAX_STAGE_MICROBATCHES:
         return None
     return (
-        f"{ranks} ranks x {v} stages x {microbatches} microbatches = {n} stage-microbatches: ppx builds lists "
-        f"of at most {MAX_STAGE_MICROBATCHES} (a few seconds of building and checking)"
+        f"{shape} = {n} stage-microbatches: ppx builds lists of at most {MAX_STAGE_MICROBATCHES} (a few seconds "
+        "of building and checking)"
     )
 
 
