@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ppx.schedules.ir.action import Action, Op, overlap_string
+from ppx.units import count
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class Schedule:
         """'2 stages on each rank', or 'its stages unevenly (rank 0 1, rank 1 2)'."""
         held = self.stages_held()
         if len(set(held)) == 1:
-            return f"{held[0]} stage{'' if held[0] == 1 else 's'} on each rank"
+            return f"{count(held[0], 'stage')} on each rank"
         return "its stages unevenly (" + ", ".join(f"rank {r} {n}" for r, n in enumerate(held)) + ")"
 
     def cells(self, rank: int) -> frozenset[int]:
