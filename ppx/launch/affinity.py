@@ -36,8 +36,8 @@ def pin_order(rank: int, world: int, local_rank: int, local_world: int, data: in
     if data <= 1:
         return local_rank
     first = rank - local_rank
-    place = lambda g: (Layout(world // data, data, g).dp_rank, Layout(world // data, data, g).pp_rank)  # noqa: E731
-    return sorted(range(first, first + local_world), key=place).index(rank)
+    layouts = [Layout(world // data, data, g) for g in range(first, first + local_world)]
+    return sorted(layouts, key=lambda x: (x.dp_rank, x.pp_rank)).index(Layout(world // data, data, rank))
 
 
 def pin_local_rank(order: int, local_world: int) -> list[int]:
