@@ -32,12 +32,10 @@ def run_scalars(summary: dict) -> dict[str, float]:
     throughput, the prediction from measured costs), for a sink's run summary, where the last
     step's would stand for the run (W&B's runs table shows a summary). The loss stays the last
     step's."""
-    line = {k: summary.get(k) for k in ("step_time_s", "bubble_fraction", "bubble_over_ideal")}
-    line.update(bubble_fraction_theory=summary.get("bubble_fraction_theory"), ranks=summary.get("ranks", []))
-    line["bubble_over_ideal_theory"] = summary.get("bubble_over_ideal_theory")
-    out = step_scalars(line, 0) if line["step_time_s"] else {}
-    if out:
-        out["time/throughput_samples_per_s"] = summary["throughput_samples_per_s"]
+    keys = ("step_time_s", "bubble_fraction", "bubble_over_ideal", "bubble_fraction_theory", "bubble_over_ideal_theory")
+    line = {k: summary.get(k) for k in keys} | {"ranks": summary.get("ranks", [])}
+    # (throughput: the batch over the median step, as summary.json's own)
+    out = step_scalars(line, summary["batch_size"]) if line["step_time_s"] else {}
     pred = summary.get("predicted") or {}
     if pred.get("step_time_s") is not None:
         out["predicted/step_time_s"] = pred["step_time_s"]
