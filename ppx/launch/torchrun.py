@@ -114,10 +114,11 @@ def main(argv: list[str]) -> int:
         torchrun_main(argv)
     except ChildFailedError as e:
         failures = sorted(e.failures.items())
+        seen = [(rank, f.exitcode, getattr(f, "seen_first", False)) for rank, f in failures]  # (`killed`'s)
         if exits:
             failed = {
-                str(rank): {"exitcode": f.exitcode, "pid": f.pid, "first": getattr(f, "seen_first", False)}
-                for rank, f in failures
+                str(r): {"exitcode": code, "pid": f.pid, "first": first}
+                for (r, code, first), (_, f) in zip(seen, failures)
             }
             try:
                 with open(exits, "w") as f:
@@ -131,11 +132,7 @@ def main(argv: list[str]) -> int:
         )
         run_dir = os.environ.get("PPX_RUN_DIR")
         if run_dir:
-            _explain(
-                Path(run_dir),
-                [(rank, f.exitcode, getattr(f, "seen_first", False)) for rank, f in failures],
-                summary,
-            )
+            _explain(Path(run_dir), seen, summary)
         else:
             print(summary, file=sys.stderr, flush=True)
         return 1
