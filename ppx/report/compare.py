@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import json
 import math
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -73,11 +74,10 @@ def find_runs(patterns: list[str]) -> list[RunDir]:
         for m in map(Path, matches):
             if (m / "summary.json").exists():
                 found.append(m)
-            elif m.is_dir():  # in the order the runs finished (a sweep's order)
-                found += [p.parent for p in sorted(m.rglob("summary.json"), key=lambda p: p.stat().st_mtime)]
-                begun = {p.parent for p in m.rglob("incomplete.txt")}
-                begun |= {p.parent for p in m.rglob("config.yaml") if is_run_folder(p.parent)}
-                left += [d for d in sorted(begun) if not (d / "summary.json").exists()]
+            elif m.is_dir():
+                done, begun = _runs_below(m)
+                found += done
+                left += begun
     unique, left = list(dict.fromkeys(found)), list(dict.fromkeys(left))
     names = ", ".join(map(str, left[:3])) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
     if not unique:
@@ -86,6 +86,21 @@ def find_runs(patterns: list[str]) -> list[RunDir]:
     if left:
         print(f"ppx compare: left out {len(left)} run(s) that did not complete: {names}", file=sys.stderr)
     return [RunDir(p) for p in unique]
+
+
+def _runs_below(folder: Path) -> tuple[list[Path], list[Path]]:
+    """One walk of ``folder``: the runs below it that completed (summary.json), in the order
+    they finished (a sweep's order), and those begun that did not (incomplete.txt, or
+    `is_run_folder`, without a summary.json), by path."""
+    done: list[Path] = []
+    begun: list[Path] = []
+    for root, _, files in os.walk(folder):
+        here = Path(root)
+        if "summary.json" in files:
+            done.append(here)
+        elif "incomplete.txt" in files or ("config.yaml" in files and is_run_folder(here)):
+            begun.append(here)
+    return sorted(done, key=lambda d: (d / "summary.json").stat().st_mtime), sorted(begun)
 
 
 def load_row(run: RunDir, base: Path | None = None) -> dict:
