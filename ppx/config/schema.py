@@ -142,8 +142,8 @@ class ModelConfig:
     units: Optional[List[str]] = _f(
         None,
         "module: the submodules (dotted names) your model's forward calls in turn, the split's units: a ModuleList "
-        "or Sequential name stands for its children; null: the model's own children, if it is an nn.Sequential; "
-        "model.layers is set to their number",
+        "or Sequential name stands for its children; null: the model's own children, each one unit (a Sequential "
+        "among them too), if it is an nn.Sequential; model.layers is set to their number",
     )
     split_points: Optional[List[str]] = _f(
         None,

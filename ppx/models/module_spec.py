@@ -103,10 +103,9 @@ def units(model, module) -> list[str]:
                 f"model.units: {type(module).__name__} is not an nn.Sequential; name the submodules its forward "
                 "calls in turn (e.g. model.units=[embed,blocks,head])"
             )
-        given = [n for n, _ in module.named_children()]
     subs = dict(module.named_modules())
-    names = []
-    for name in given:
+    names = [n for n, _ in module.named_children()] if given is None else []  # a Sequential's children, as they are
+    for name in given or ():
         if name not in subs or not name:
             raise UserError(f"model.units: {name!r} is not a submodule of {type(module).__name__}")
         m = subs[name]
@@ -162,7 +161,10 @@ def check(cfg) -> None:
             load_function(getattr(m, key), f"model.{key}")
     module, names = described(m)
     if m.layers != len(names):
-        raise UserError(f"model.layers={m.layers} but model.units are {len(names)}: leave model.layers out")
+        raise UserError(
+            f"model.layers={m.layers} but the module has {len(names)} units: give model.layers={len(names)} "
+            "(or no model.layers, in the experiment file too)"
+        )
     stages = p.stages * (p.virtual_stages or registry.default_virtual(p.schedule))
     if stages > len(names):
         raise UserError(

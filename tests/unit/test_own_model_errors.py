@@ -82,6 +82,12 @@ CASES = {
         ["examples/tiny_gpt.yaml", "model.units=[embed,head]"],
         "model.units do not cover the module: blocks.0.norm1.weight",
     ),
+    # 1f1b_2cpu's own model.layers (4, the MLP's) kept for a module of 3 units: say the count to give
+    "module whose units are not the experiment's model.layers": (
+        [*SEQUENTIAL[:3], "model.module=helpers.own_module:classifier", "model.hidden=16"],
+        "model.layers=4 but the module has 3 units: give model.layers=3 (or no model.layers, in the experiment "
+        "file too)",
+    ),
     "module more stages than units": (
         ["examples/tiny_gpt.yaml", "pipeline.stages=8"],
         "8 stages but the module has 6 units",
@@ -91,14 +97,14 @@ CASES = {
         "embed.tokens.weight is shared by several units; torch's executor does not sum its copies",
     ),
     "module units that do not chain": (
-        [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.layers=8", "model.hidden=64"],
-        "model.kind=module: unit 0.0 fails on its input (shape (8, 64), torch.float32): RuntimeError: ",
+        [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.layers=4", "model.hidden=64"],
+        "model.kind=module: unit 0 fails on its input (shape (8, 64), torch.float32): RuntimeError: ",
     ),
     "module batch function that fails": (
         [
             *SEQUENTIAL,
             "model.module=helpers.own_module:build",
-            "model.layers=8",
+            "model.layers=4",
             "model.batch_fn=helpers.own_module:batch_that_fails",
         ],
         "model.batch_fn=helpers.own_module:batch_that_fails: a first microbatch's inputs failed: RuntimeError: no dataset here",
@@ -108,9 +114,9 @@ CASES = {
         "the units hand on tensors of different shapes (0 (8, 32), 1 (8, 16)); ppx sends one",
     ),
     "module units that do not chain under torch's executor": (
-        [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.layers=8", "model.hidden=64"]
+        [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.layers=4", "model.hidden=64"]
         + ["pipeline.executor=torch"],
-        "model.kind=module: unit 0.0 fails on its input (shape (8, 64), torch.float32): RuntimeError: ",
+        "model.kind=module: unit 0 fails on its input (shape (8, 64), torch.float32): RuntimeError: ",
     ),
     "module whose forward adds a skip across units": (
         [*CHAIN, "model.args={way: skip}"],
@@ -174,7 +180,7 @@ CASES = {
         "microbatch's largest label (8)",
     ),
     "module of floats given token ids": (
-        [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.layers=8", "model.data=tokens"],
+        [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.layers=4", "model.data=tokens"],
         "(model.data=tokens hands on token ids; model.data=regression, or model.batch_fn, floats)",
     ),
     "module split points beside another split": (
@@ -215,13 +221,29 @@ def test_a_model_function_reads_its_args_as_attributes_wherever_it_is_called(mon
     monkeypatch.chdir(REPO)
     monkeypatch.syspath_prepend(str(REPO / "tests"))
     own = ["model.module=helpers.own_module:build_by_attribute", "model.batch_fn=helpers.own_module:batch_by_attribute"]
-    cfg = config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], *own, "model.layers=8", "model.hidden=16"])
+    cfg = config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], *own, "model.layers=4", "model.hidden=16"])
     assert isinstance(cfg.model.args, dict)  # the resolved config's: a plain dict
     assert len(module_spec.build(cfg.model)) == 4
     x, y = module.make_batch(cfg.model, 0, 8, 0)  # the batch function too
     assert x.shape == y.shape == (8, 16)
-    stage = module.build_stage(cfg.model, 0, 1, 2, range(4, 8))
+    stage = module.build_stage(cfg.model, 0, 1, 2, range(2, 4))
     assert [n for n, _ in stage.named_parameters()] == ["2.0.weight", "2.0.bias", "3.0.weight", "3.0.bias"]
+
+
+def test_an_nn_sequentials_children_are_its_units_as_they_are_and_a_named_sequential_its_childrens(monkeypatch):
+    """docs/config.md's model.units: null takes the model's own children, each one unit (a
+    Sequential block too: they were taken apart, Linear from its Tanh, into parameter-free
+    units); a Sequential named in model.units stands for its children."""
+    from ppx.models import module_spec
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    cfg = config.load(
+        SEQUENTIAL[0], [*SEQUENTIAL[1:], "model.module=helpers.own_module:build", "model.layers=4", "model.hidden=16"]
+    )
+    assert module_spec.described(cfg.model)[1] == ["0", "1", "2", "3"]
+    cfg.model.units = ["0", "1", "2", "3"]
+    assert module_spec.described(cfg.model)[1] == [f"{k}.{j}" for k in range(4) for j in range(2)]
 
 
 def test_units_of_different_shapes_are_accepted_for_torchs_executor(monkeypatch):
