@@ -132,9 +132,11 @@ def train(
 
 
 def make_optimizer(cfg, pipe) -> torch.optim.Optimizer:
-    """``train.optimizer`` over this rank's parameters at ``train.lr``."""
+    """``train.optimizer`` over this rank's parameters at ``train.lr``: none where its stages
+    hold only parameter-free units (an activation, a reshape), as an empty group, so that the
+    rank steps (and agrees on fp16's overflow) with the others."""
     opt_cls = torch.optim.SGD if cfg.train.optimizer == "sgd" else torch.optim.AdamW
-    return opt_cls(pipe.parameters(), lr=cfg.train.lr)
+    return opt_cls([{"params": list(pipe.parameters())}], lr=cfg.train.lr)
 
 
 def timed_step(pipe, opt, inst, step: int, offset: float, ctrl, prof, device) -> tuple:

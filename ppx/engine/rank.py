@@ -257,7 +257,13 @@ def build_rank(
     # (not the known-cost model: its I and W are its own sleeps, its gradients the action's)
     merge = cfg.train.split_backward in ("auto", "drain") and schedule.training and cfg.model.kind != "synthetic"
     whole = whole_backward_stages(schedule, rank) if merge else set()
-    split -= whole
+    # a stage holding no trainable parameter (activations only) has no W to defer: its I is all of it
+    bare = (
+        set()
+        if cfg.model.kind == "synthetic"
+        else {s for s in split if not any(p.requires_grad for p in modules[s].parameters())}
+    )
+    split -= whole | bare
     precision = Precision(cfg.train.dtype, device)
     modes = recompute_modes(cfg.train.recompute, num_stages)
     recompute = {s: Recompute(modes[s], clock) for s in modules if modes[s] != "none" and schedule.training}
@@ -269,10 +275,11 @@ def build_rank(
         runners[s].whole_mbs = frozenset(a.mb for a in schedule.actions[rank] if a.stage == s and a.op is Op.B)
         if runners[s].whole_mbs and split_report.get(s):
             split_report[s]["whole_microbatches"] = sorted(runners[s].whole_mbs)
-    for s in whole:  # (never storing: a whole stage's I runs `backward`, which must not take the storing way)
+    for s in whole | bare:  # (never storing: a whole stage's I runs `backward`, which must not take the storing way)
         assert runners[s].store is None, f"stage {s} runs whole and stores"
         runners[s].whole_in_input = True
-        split_report[s] = {"mode": "whole", "why": "every I is followed at once by its W: one backward, in the I"}
+        why = "each I followed at once by its W" if s in whole else "it holds no parameter, so no W"
+        split_report[s] = {"mode": "whole", "why": f"{why}: one backward, in the I"}
     if data_parallel is not None:  # wrapped after the trials, which run on the stage's own parameters
         data_parallel.wrap(modules, precision.dtype if precision.mixed else None)
         for s, r in runners.items():  # FSDP2's mixed-precision policy makes the one copy per step

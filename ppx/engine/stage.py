@@ -134,7 +134,8 @@ class StageRunner:
             return grad_in
         x, out = self._graph(mb)
         del self.saved[mb]
-        torch.autograd.backward(out, grad_output)
+        if out.requires_grad:  # (a first stage of parameter-free units has nothing to differentiate)
+            torch.autograd.backward(out, grad_output)
         return None if self.first else x.grad
 
     def backward_input(self, mb: int, grad_output: torch.Tensor | None) -> torch.Tensor | None:

@@ -42,7 +42,7 @@ def split_line(summary: dict) -> str | None:
     for stage, info in (summary.get("split_backward") or {}).items():
         mode = info.get("mode", "?")
         if mode == "whole":
-            detail = "each I followed at once by its W: one backward, in the I"
+            detail = info.get("why") or "each I followed at once by its W: one backward, in the I"
         elif mode == "store" and "stored_layers" in info:
             n = info["stored_layers"]
             whose = "1 layer's" if n == 1 else f"{n} layers'"

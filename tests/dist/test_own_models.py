@@ -107,6 +107,20 @@ def cases(p: int) -> dict[str, list[str]]:
             "train.batch_size=8",
             "train.seed=3",
         ]
+        # a stage of parameter-free units (an activation): no W to defer, no optimizer state
+        for end, cut in (("last", "[3,1]"), ("first", "[1,3]")):
+            out[f"parameter_free_{end}_stage-zb_h1"] = [
+                "model.kind=module",
+                f"model.module=helpers.own_module:parameter_free_{end}",
+                "model.data=regression",
+                "model.hidden=16",
+                f"pipeline.layers_per_stage={cut}",
+                "pipeline.schedule=zb_h1",
+                "pipeline.stages=2",
+                "pipeline.microbatches=4",
+                "train.batch_size=8",
+                "train.seed=3",
+            ]
         out["module-1f1b-tracer"] = overrides("module", "1f1b", 2, "model.args.tied=false", "pipeline.split=tracer")
         out["module-zb_h1-tracer-split_points"] = overrides(
             "module", "zb_h1", 2, "model.args.tied=false", "pipeline.split=tracer", "model.split_points=[blocks.1]"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import ppx, read_json
+from helpers import REPO, ppx, read_json
 
 pytest.importorskip("transformers")
 
@@ -83,3 +83,31 @@ def test_without_transformers_one_line_says_how_to_install_it(tmp_path):
         "'.[hf]' there, or pip install transformers)"
     ]
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_stage_of_parameter_free_units_trains_as_one_process_does(tmp_path):
+    """A last stage of an activation alone (helpers/own_module.py's Linear, Tanh, Linear, Tanh
+    cut [3, 1]): its rank builds an optimizer of no parameter and runs its backward whole (no W
+    to defer); it failed after the ranks started ("optimizer got an empty parameter list"), and
+    a plan printed such a command. Its losses are the unsplit model's, step after step."""
+    own = ["1f1b_2cpu", "model.kind=module", "model.module=helpers.own_module:parameter_free_last"]
+    own += ["model.data=regression", "model.hidden=16", "model.layers=4", "train.steps=3"]
+    tests = {"PYTHONPATH": str(REPO / "tests")}
+    r = ppx(
+        "run",
+        *own,
+        "pipeline.schedule=zb_h1",
+        "pipeline.layers_per_stage=[3,1]",
+        f"run.dir={tmp_path / 'p2'}",
+        env=tests,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_json(tmp_path / "p2" / "summary.json")
+    assert s["split_backward"]["1"] == {
+        "mode": "whole",
+        "why": "it holds no parameter, so no W: one backward, in the I",
+    }
+    assert "stage 1 whole (it holds no parameter, so no W: one backward, in the I)" in r.stdout
+    one = ppx("run", *own, "pipeline.stages=1", f"run.dir={tmp_path / 'p1'}", env=tests)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert s["losses"] == read_json(tmp_path / "p1" / "summary.json")["losses"]

@@ -141,3 +141,15 @@ def classes(model, seed: int, batch_size: int, step: int):
 def classifier(model) -> nn.Module:
     """10 scores per sample (``model.args.classes``: other than 10, the loss cannot take them)."""
     return nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, model.args.get("classes", 10)))
+
+
+def parameter_free_last(model) -> nn.Module:
+    """Linear, Tanh, Linear, Tanh: cut [3, 1], the last stage holds no parameter."""
+    w = model.hidden
+    return nn.Sequential(nn.Linear(w, w), nn.Tanh(), nn.Linear(w, w), nn.Tanh())
+
+
+def parameter_free_first(model) -> nn.Module:
+    """Tanh, Linear, Tanh, Linear: cut [1, 3], the first stage holds no parameter."""
+    w = model.hidden
+    return nn.Sequential(nn.Tanh(), nn.Linear(w, w), nn.Tanh(), nn.Linear(w, w))

@@ -167,7 +167,7 @@ def test_run_page_without_timers_shows_what_exists(tmp_path):
 
 
 SPLIT = {  # summary.json's split_backward, as ppx run writes it under auto
-    "0": {"mode": "whole", "why": "every I is followed at once by its W: one backward, in the I"},
+    "0": {"mode": "whole", "why": "each I followed at once by its W: one backward, in the I"},
     "1": {
         "mode": "store",
         "stored_layers": 29,
