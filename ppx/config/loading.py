@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from omegaconf.nodes import StringNode
 
 from ppx import models
 from ppx.config.rules import check
@@ -83,8 +84,31 @@ def _layers(preset: dict | None, loaded, overrides: list[str]):
     if preset:
         conf = OmegaConf.merge(conf, {"model": preset})
     conf = OmegaConf.merge(conf, loaded or {})
-    conf.merge_with_dotlist(list(overrides))
+    merge_overrides(conf, overrides)
     return conf
+
+
+def merge_overrides(conf: DictConfig, overrides) -> None:
+    """``key=value`` overrides into ``conf``, in order, their values read as YAML (OmegaConf's
+    dotlist), except that a key of text keeps what was typed: ``run.name=007``,
+    ``logging.wandb.project=no`` are the text, not 7 and False (``null`` is still null)."""
+    for item in overrides:
+        key, _, text = item.partition("=")
+        value = OmegaConf.from_dotlist([item]) if isinstance(_node(conf, key.strip()), StringNode) else None
+        if value is not None and isinstance(OmegaConf.select(value, key.strip()), (bool, int, float)):
+            OmegaConf.update(conf, key.strip(), text.strip(), merge=True)
+        else:
+            conf.merge_with_dotlist([item])
+
+
+def _node(conf: DictConfig, key: str):
+    """The node at dotted ``key`` of ``conf``, or None where there is none."""
+    node = conf
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            return None
+        node = node._get_node(part)
+    return node
 
 
 def _with_preset(conf, loaded, overrides: list[str]):
@@ -139,7 +163,7 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
         variants(cfg)
     if cfg.runtime.cpu_fallback:  # keys and types checked on every machine, not only where it applies
         try:
-            copy.deepcopy(_schema()).merge_with_dotlist(list(cfg.runtime.cpu_fallback))
+            merge_overrides(copy.deepcopy(_schema()), cfg.runtime.cpu_fallback)
         except OmegaConfBaseException as e:
             raise UserError(f"runtime.cpu_fallback: {_one_line(e)}") from None
     return cfg

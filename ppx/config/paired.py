@@ -202,8 +202,8 @@ def _named_apart(cfg):
 def _with_entry(cfg, overrides: list[str]):
     """The run config ``cfg`` (as an OmegaConf config) with an entry's ``overrides`` on top and
     no run.paired of its own, unchecked."""
-    from ppx.config.loading import _schema
+    from ppx.config.loading import _schema, merge_overrides
 
     conf = OmegaConf.merge(_schema(), OmegaConf.structured(cfg))
-    conf.merge_with_dotlist([*overrides, "run.paired=[]"])
+    merge_overrides(conf, [*overrides, "run.paired=[]"])
     return conf

@@ -108,6 +108,21 @@ def test_overrides_read_back_as_their_values_and_summary_only_is_valid_config():
     assert cfg.logging.wandb.mode == "disabled" and cfg.logging.report is False
 
 
+def test_an_override_of_a_text_key_keeps_the_text_typed(tmp_path):
+    """YAML read ``run.name=007`` as 7, ``yes`` as True: the run went to a folder ``True``, the
+    W&B project ``no`` became 'False'. A key of text keeps what was typed; null is null, a
+    quoted value its text, a number key a number, and a YAML file's values stay YAML's."""
+    typed = {"007": "007", "yes": "yes", "off": "off", "1e3": "1e3", '"007"': "007", "null": None}
+    for text, want in typed.items():
+        assert config.load("1f1b_2cpu", [f"run.dir={text}"]).run.dir == want, text
+    cfg = config.load("1f1b_2cpu", ["logging.wandb.project=no", "run.name=1.5", "train.steps=3"])
+    assert (cfg.logging.wandb.project, cfg.run.name, cfg.train.steps) == ("no", "1.5", 3)
+    with pytest.raises(UserError, match="could not be converted to Integer"):
+        config.load("1f1b_2cpu", ["train.steps=yes"])
+    (tmp_path / "e.yaml").write_text("run:\n  name: 007\n")  # (YAML's own reading, as any YAML tool's)
+    assert config.load(str(tmp_path / "e.yaml")).run.name == "7"
+
+
 @pytest.mark.parametrize(
     "text, where",
     [
