@@ -219,17 +219,18 @@ def _unstore(layers: list[RoutedLayer], info: dict) -> tuple[None, dict]:
 
 def measure(store: WeightStore, trial: Callable[[], tuple], exclude: set[int]) -> tuple[int, int]:
     """(bytes one microbatch's forward saves the graph's way, bytes its stores hold from I to
-    W), by storage, leaving out parameters and ``exclude`` (weight copies): one forward the
+    W), by storage, leaving out parameters and ``exclude`` (the weight copies' storages, a live set:
+    the trial's forward may cast them): one forward the
     graph's way, then one forward and I that store, under a forked RNG, every gradient they
     leave reset."""
     module = store.module
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()} | exclude
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     saved: dict[int, int] = {}
     kept: list[torch.Tensor] = []  # alive until the trial ends: no address counted twice
 
     def pack(t: torch.Tensor) -> int:
         ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
+        if ptr not in params and ptr not in exclude:  # (read now: the trial's forward casts the copies)
             saved[ptr] = t.untyped_storage().nbytes()
         kept.append(t)
         # not the tensor: a node saving its own output would then hold itself, a cycle through
