@@ -39,6 +39,7 @@ def _command(name: str):
 def parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="ppx", description="pipeline-parallel experiment harness")
     sub = ap.add_subparsers(dest="command", required=True)
+    ap.commands = sub.choices  # name -> its parser: an error after parsing names the sub-command's usage
     run = sub.add_parser("run", help="run an experiment: ppx run <name or yaml> [key=value ...]")
     run.add_argument("experiment", help="a name in experiments/ (e.g. gpipe_4gpu) or a YAML path")
     run.add_argument(
@@ -322,7 +323,7 @@ def main(argv=None) -> int:
     args, extra = ap.parse_known_args(argv)
     if extra:  # key=value overrides may come after options: ppx sweep EXP --sweep ... a=1 b=2
         if not hasattr(args, "overrides") or any(x.startswith("-") for x in extra):
-            ap.error(f"unrecognized arguments: {' '.join(extra)}")
+            ap.commands.get(args.command, ap).error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = list(args.overrides) + extra
     try:
         return args.fn(args)

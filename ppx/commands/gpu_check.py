@@ -11,9 +11,7 @@ from pathlib import Path
 
 from ppx.errors import UserError
 
-NO_GPU = (
-    "gpu-check: no CUDA device visible here, nothing checked (--on-cpu runs its CPU paths, --dry-run lists its runs)"
-)
+NO_GPU = "gpu-check: no CUDA device visible here, nothing checked (--dry-run lists its runs)"
 DEFAULT_BUDGET_S = 540.0  # the runs' share of 10 minutes on one H100, the rest for the set-up and the report
 
 

@@ -39,8 +39,8 @@ def find_experiment(exp: str) -> Path:
             return p
         if p.is_dir():
             raise UserError(f"experiment file {exp} is a folder; give an experiment's YAML file")
-        shipped = [d / p.name for d in experiments_dirs() if os.sep not in exp and (d / p.name).is_file()]
-        hint = f" (did you mean the shipped experiment {p.stem}?)" if shipped else ""
+        named = [d / p.name for d in experiments_dirs() if os.sep not in exp and (d / p.name).is_file()]
+        hint = f" (did you mean the experiment {p.stem}?)" if named else ""
         raise UserError(f"experiment file {exp} does not exist{hint}")
     for d in experiments_dirs():
         if (d / f"{exp}.yaml").is_file():

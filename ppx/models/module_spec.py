@@ -178,15 +178,14 @@ def check(cfg) -> None:
         starts = [names.index(s) for s in m.split_points]
         if len(starts) != stages - 1 or starts != sorted(set(starts)) or starts[0] == 0:
             n = stages - 1
-            which = (
-                "the unit where stage 1 begins"
-                if n == 1
-                else f"the {n} units where stages 1-{n} begin, in forward order"
-            )
-            raise UserError(
-                f"model.split_points: {len(starts)} points for {stages} stages; give {which} (stage 0 begins at the "
-                f"first unit, {names[0]}: leave it out)"
-            )
+            which = "the unit where stage 1 begins" if n == 1 else f"the {n} units where stages 1-{n} begin"
+            if starts[0] == 0:
+                wrong = f"{names[0]} is the first unit, where stage 0 begins: leave it out"
+            elif len(starts) != n:
+                wrong = f"{len(starts)} point{'s' if len(starts) != 1 else ''} for {stages} stages"
+            else:
+                wrong = "the points are not in forward order" if starts != sorted(starts) else "a point is given twice"
+            raise UserError(f"model.split_points: {wrong}; give {which}, in forward order")
         bounds = [0, *starts, len(names)]
         split = [b - a for a, b in zip(bounds, bounds[1:])]
         # (a config checked once holds both, its split points' split: a run's config.yaml, run.paired's entries)

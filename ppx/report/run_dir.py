@@ -166,6 +166,12 @@ class RunDir:
     @cached_property
     def raw_summary(self) -> dict[str, Any]:
         """summary.json as written."""
+        if not (self.path / "summary.json").exists() and not is_run_folder(self.path):
+            runs = next(self.path.rglob("summary.json"), None) is not None
+            raise UserError(
+                f"{self._name} is not a run directory (no config.yaml beside a run's files)"
+                + ("; it holds runs: name one of them" if runs else "")
+            )
         text = self._text("summary.json", " (the run did not complete)")
         try:
             data = json.loads(text)

@@ -288,8 +288,8 @@ def build(
     if v != fam.default_virtual and not fam.virtual:
         raise ScheduleError(_fixed_virtual_error(name, fam, v))
     why = fam.shape_error(stages, microbatches, v)
-    if why:
-        raise ScheduleError(why)
+    if why:  # (a torch alias checks its family's list: both named)
+        raise ScheduleError(why if fam.name == name else f"{name} (as {fam.name}): {why}")
     too_large = size_error(stages, v, microbatches)
     if too_large:
         raise ScheduleError(too_large)

@@ -185,7 +185,7 @@ def test_a_run_directory_under_a_file_or_an_experiment_file_named_wrongly_is_one
         == f"ppx: error: run.dir={tmp_path / 'afile' / 'a' / 'b'}: {tmp_path / 'afile'} is a file, not a folder"
     )
     r = ppx("run", "gpipe_2cpu.yaml", f"run.root={tmp_path}", timeout=60)
-    assert r.returncode == 2 and r.stderr.strip().endswith("(did you mean the shipped experiment gpipe_2cpu?)")
+    assert r.returncode == 2 and r.stderr.strip().endswith("(did you mean the experiment gpipe_2cpu?)")
     r = ppx("simulate", "1f1b", "--from-run", str(tmp_path / "afile"), timeout=60)
     assert r.returncode == 2 and r.stderr.strip() == f"ppx: error: {tmp_path / 'afile'} is not a run directory (a file)"
 

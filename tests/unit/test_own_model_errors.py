@@ -141,8 +141,17 @@ CASES = {
     ),
     "module split point at the first unit": (
         ["examples/tiny_gpt.yaml", "model.split_points=[embed]"],
-        "model.split_points: 1 points for 2 stages; give the unit where stage 1 begins (stage 0 begins at the first "
-        "unit, embed: leave it out)",
+        "model.split_points: embed is the first unit, where stage 0 begins: leave it out; give the unit where stage 1 "
+        "begins, in forward order",
+    ),
+    "module split points too few": (
+        ["examples/tiny_gpt.yaml", "pipeline.stages=3", "model.split_points=[blocks.2]"],
+        "model.split_points: 1 point for 3 stages; give the 2 units where stages 1-2 begin, in forward order",
+    ),
+    "module split points out of order": (
+        ["examples/tiny_gpt.yaml", "pipeline.stages=3", "model.split_points=[blocks.2,blocks.1]"],
+        "model.split_points: the points are not in forward order; give the 2 units where stages 1-2 begin, in "
+        "forward order",
     ),
     "module class whose constructor takes no model section": (
         [*SEQUENTIAL, "model.module=torch.nn:Linear"],

@@ -141,3 +141,15 @@ def test_costs_from_a_run_that_trains_nothing_or_never_split_are_refused(tmp_pat
     capsys.readouterr()
     assert main(["simulate", "1f1b", "--from-run", str(whole), "--fwd-ms", "5"]) == 2  # (it was ignored)
     assert capsys.readouterr().err.strip() == "ppx: error: --from-run takes the run's costs; leave out --fwd-ms"
+
+
+@pytest.mark.parametrize("argv", [["run", "1f1b_2cpu", "--steps", "3"], ["plan", *COSTS, "--bogus"]])
+def test_an_unknown_option_names_its_sub_commands_usage(argv, capsys):
+    """(It pointed at ``ppx -h``, which lists the sub-commands, not ``--steps``'s absence.)"""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"ppx {argv[0]}: error: unrecognized arguments: ") and err.endswith(
+        f"(usage: ppx {argv[0]} -h)\n"
+    )

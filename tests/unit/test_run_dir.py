@@ -152,6 +152,11 @@ def test_simulate_from_run_reads_summary_config_and_env(run, capsys):
     (run / "summary.json").unlink()
     assert main(["simulate", "1f1b", "--from-run", str(run)]) == 2
     assert capsys.readouterr().err.strip() == f"ppx: error: {run} has no summary.json (the run did not complete)"
+    # a folder of runs (a sweep's, run.root) is no run: said so, not "the run did not complete"
+    (run / "summary.json").write_text("{}")
+    assert main(["simulate", "1f1b", "--from-run", str(run.parent)]) == 2
+    said = f"ppx: error: {run.parent} is not a run directory (no config.yaml beside a run's files); it holds runs: name one of them"
+    assert capsys.readouterr().err.strip() == said
 
 
 def test_stages_per_rank_come_from_the_stages_over_the_ranks():

@@ -54,6 +54,13 @@ def closed_form(name: str, p: int, m: int, v: int = 1) -> float:
     raise AssertionError(f"no closed form for {name}: add it to this test")
 
 
+def test_a_torch_alias_of_a_shape_its_family_refuses_is_named_with_it():
+    """(torch_interleaved1f1b at m=3 said only ``interleaved_1f1b needs ...``: another schedule.)"""
+    with pytest.raises(ScheduleError) as e:
+        schedules.build("torch_interleaved1f1b", 2, 3)
+    assert str(e.value).startswith("torch_interleaved1f1b (as interleaved_1f1b): interleaved_1f1b needs pipeline.")
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("p", [1, 2, 3, 4])
 @pytest.mark.parametrize("m", [1, 2, 4, 8])
