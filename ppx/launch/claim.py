@@ -51,15 +51,20 @@ def claim(cfg: Config) -> Path:
         raise UserError(f"run.root={cfg.run.root}: cannot create {base} (a file was there a moment ago)") from None
     except OSError as e:
         raise UserError(f"run.root={cfg.run.root}: cannot create {base} ({e.strerror or e})") from None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return new_folder(base, time.strftime("%Y%m%d-%H%M%S"))
+
+
+def new_folder(base: Path, name: str) -> Path:
+    """A new folder ``base/<name>``, or ``<name>-1``, ``-2``, ... where that exists: made here,
+    so two runs (or sweeps) begun in the same second get one each."""
     for n in range(1000):
-        path = base / (stamp if n == 0 else f"{stamp}-{n}")
+        path = base / (name if n == 0 else f"{name}-{n}")
         try:
             path.mkdir()
             return path
         except FileExistsError:
             continue
-    raise UserError(f"could not create a new run directory under {base}")
+    raise UserError(f"could not create a new folder {name} under {base}")
 
 
 def write_config(path: Path, cfg: Config, entry_schedules: list[str] | None = None) -> None:

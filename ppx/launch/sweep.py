@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ppx import config
 from ppx.errors import UserError
-from ppx.launch.claim import check_free
+from ppx.launch.claim import check_free, new_folder
 from ppx.launch.supervisor import STOP_SIGNALS
 
 
@@ -189,11 +189,11 @@ def run_sweep(
             flush=True,
         )
     check_free(cfgs[0], one_run=False)  # run.root a file, or under one: its one line
-    root = Path(cfgs[0].run.root) / cfgs[0].run.name / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
-    if root.exists():
-        raise UserError(f"sweep directory {root} already exists")
-    created = next(d for d in [*reversed(root.parents), root] if not d.exists())  # the first folder made here
-    root.mkdir(parents=True)
+    parent = Path(cfgs[0].run.root) / cfgs[0].run.name
+    made = next((d for d in [*reversed(parent.parents), parent] if not d.exists()), None)
+    parent.mkdir(parents=True, exist_ok=True)
+    root = new_folder(parent, f"sweep-{time.strftime('%Y%m%d-%H%M%S')}")  # (another begun this second: -1)
+    created = made or root  # the first folder made here
     grid, names, rounds = map(list, zip(*in_rounds(grid, names, repeat)))
     print(f"ppx sweep: {len(grid)} runs into {root}", flush=True)
     if launcher == "slurm":

@@ -1,7 +1,7 @@
 """Run directories claimed by the launcher (ppx.launch.claim)."""
 
 from ppx import config
-from ppx.launch.claim import claim
+from ppx.launch.claim import claim, new_folder
 
 
 def test_run_directories_claimed_in_one_second_are_distinct(tmp_path):
@@ -12,6 +12,16 @@ def test_run_directories_claimed_in_one_second_are_distinct(tmp_path):
     stamp = first.name
     if second.name.startswith(stamp):
         assert second.name == f"{stamp}-1"
+
+
+def test_a_sweep_begun_in_the_same_second_as_another_gets_a_folder_of_its_own(tmp_path):
+    """(The second sweep of a second stopped: ``sweep directory ... already exists``.)
+    `ppx.launch.sweep.run_sweep` takes its folder as a run takes its own."""
+    (tmp_path / "sweep-20261130-030618").mkdir()
+    (tmp_path / "sweep-20261130-030618-1").mkdir()
+    got = new_folder(tmp_path, "sweep-20261130-030618")
+    assert got == tmp_path / "sweep-20261130-030618-2" and got.is_dir()
+    assert new_folder(tmp_path, "sweep-20261130-030619") == tmp_path / "sweep-20261130-030619"
 
 
 def test_a_run_keeps_a_copy_of_each_schedule_csv_it_reads(tmp_path):
