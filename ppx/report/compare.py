@@ -60,11 +60,11 @@ NOTE = (  # under both tables: pred err pt is the timeline bubble minus the pred
 )
 
 
-def find_runs(patterns: list[str]) -> list[RunDir]:
+def find_runs(patterns: list[str], left_out: list[Path] | None = None) -> list[RunDir]:
     """Completed run directories (holding summary.json) named by paths or globs; a folder
     without a summary.json contributes every run below it. Runs that did not complete (or
     have not yet: incomplete.txt, or `is_run_folder`, without a summary.json) are left out, in
-    one line on stderr saying which."""
+    one line on stderr saying which, and added to ``left_out``."""
     found: list[Path] = []
     left: list[Path] = []
     for pat in patterns:
@@ -85,6 +85,8 @@ def find_runs(patterns: list[str]) -> list[RunDir]:
         raise UserError(f"no completed run (summary.json) under {' '.join(patterns)}{failed}")
     if left:
         print(f"ppx compare: left out {len(left)} run(s) that did not complete: {names}", file=sys.stderr)
+    if left_out is not None:
+        left_out += left
     return [RunDir(p) for p in unique]
 
 
@@ -316,7 +318,8 @@ def _commit(run: RunDir) -> str | None:
 def compare(patterns: list[str], out: Path, pages: bool = True) -> str:
     """Write compare.md, compare.json and, with ``pages``, compare.png (and bubble.png) and
     report.html to ``out`` (which must not hold a comparison yet); return the terminal table."""
-    runs = find_runs(patterns)
+    left: list[Path] = []
+    runs = find_runs(patterns, left)
     base = Path(patterns[0]) if len(patterns) == 1 and Path(patterns[0]).is_dir() else None
     rows = [load_row(r, base) for r in runs]
     configs = [flat_config(r) for r in runs]
@@ -330,6 +333,9 @@ def compare(patterns: list[str], out: Path, pages: bool = True) -> str:
     pooled = {k for group, _ in groups for k in group}  # (their note lists each job's ratio, pooled)
     notes = noise_notes(rows, configs) + paired_notes([{} if k in pooled else p for k, p in enumerate(paired)], names)
     notes += pooled_notes(groups, names, [_commit(r) for r in runs])
+    if left:  # (the table has no row for them: say which)
+        where = [str(p.relative_to(base)) if base and p.is_relative_to(base) else str(p) for p in left]
+        notes.append(f"note: left out {len(left)} run(s) that did not complete: {listed(where, most=6)}")
     tables = [  # each pooled group's entries: (its heading, header, rows)
         (f"run.paired pooled over {listed([names[k] for k in g], most=6)}", POOLED_HEADER, pooled_table(p))
         for g, p in groups
