@@ -273,7 +273,9 @@ class InstrumentConfig:
         "small model's step), so the other steps record only the peak memory and the microbatches in flight",
     )
     timeline: bool = _f(
-        True, "write timeline.json (Chrome/Perfetto) and timeline.png (with logging.report); needs instrument.timers"
+        True,
+        "write timeline.json (Chrome/Perfetto) and timeline.png (with logging.report); needs instrument.timers; "
+        "the measured costs and the prediction come from its steps (false: none)",
     )
     timeline_steps: int = _f(
         5,

@@ -178,6 +178,8 @@ class RunReport:
             print(f"ppx: report: {report}", flush=True)
         if not cfg.instrument.timers:  # say why the bubble, timeline and prediction are missing
             print("ppx: instrument.timers=false: no per-action times, so no bubble, timeline or prediction", flush=True)
+        elif not cfg.instrument.timeline:
+            print("ppx: instrument.timeline=false: no timeline, so no measured costs or prediction", flush=True)
         print(f"ppx: run directory: {self.run_dir}", flush=True)
 
     def _units(self) -> list[int]:

@@ -391,6 +391,7 @@ def test_simulate_from_a_run_without_a_timeline_says_why(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     s = json.loads((run / "summary.json").read_text())
     assert "bubble_fraction" in s and "measured_costs" not in s and not (run / "timeline.json").exists()
+    assert "ppx: instrument.timeline=false: no timeline, so no measured costs or prediction" in r.stdout
     r = ppx("simulate", "gpipe", "--from-run", str(run))
     assert r.returncode == 2
     assert (
