@@ -3,7 +3,7 @@ then runs it (summary.json's units_per_stage)."""
 
 from __future__ import annotations
 
-from helpers import ppx, read_json
+from helpers import REPO, ppx, read_json
 
 
 def test_the_split_printed_is_the_one_a_run_runs(tmp_path):
@@ -27,6 +27,11 @@ def test_alike_units_and_bad_input():
     r = ppx("split", "1f1b_2cpu")
     last = "units per stage 2, 2: split evenly (pipeline.balance weighs the units of llama, hf and module models only)"
     assert r.returncode == 0 and r.stdout.splitlines()[-1] == last
+    # a module whose units cannot be counted (its last reads values, which meta tensors have not)
+    own = ["model.kind=module", "model.data=regression", "model.module=helpers.own_module:reads_values_last"]
+    r = ppx("split", "1f1b_2cpu", *own, "model.layers=3", "model.hidden=16", env={"PYTHONPATH": str(REPO / "tests")})
+    said = "units per stage 2, 1: split evenly (no unit's forward FLOPs counted: a unit that cannot run on the meta "
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == said + "device, or no matmul)", r.stdout + r.stderr
     bad = ppx("split", "llama_tiny_1f1b_2cpu", "pipeline.balance=even")
     assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.splitlines()) == 1
     assert bad.stderr.startswith("ppx: error: ") and "pipeline.balance" in bad.stderr

@@ -153,3 +153,8 @@ def parameter_free_first(model) -> nn.Module:
     """Tanh, Linear, Tanh, Linear: cut [1, 3], the first stage holds no parameter."""
     w = model.hidden
     return nn.Sequential(nn.Tanh(), nn.Linear(w, w), nn.Tanh(), nn.Linear(w, w))
+
+
+def batch_normed(model) -> nn.Module:
+    """Linear, BatchNorm1d, Linear (a BatchNorm in training refuses a batch of one sample)."""
+    return nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16), nn.Linear(16, 16))

@@ -120,6 +120,15 @@ def test_a_unit_that_cannot_run_on_meta_leaves_your_split_even(monkeypatch):
     assert [len(r) for r in models.split_of(cfg, 2)] == [2, 1]
 
 
+def test_a_batchnorm_unit_is_counted_on_two_samples(monkeypatch):
+    """(Counted on one sample, BatchNorm1d refused it: the split went even, ppx split said
+    llama, hf and module models only are weighed.) Per sample: each Linear 2 x 16 x 16."""
+    monkeypatch.syspath_prepend(str(REPO / "tests"))  # helpers.own_module
+    own = ["model.kind=module", "model.data=regression", "model.module=helpers.own_module:batch_normed"]
+    cfg = config.load("1f1b_2cpu", [*own, "model.layers=3", "model.hidden=16"])
+    assert models.split_weights(cfg.model, "flops") == (512.0, 0.0, 512.0)
+
+
 @needs_transformers
 def test_a_plan_regroups_the_stages_a_run_ran_not_those_its_config_makes_now():
     """A run's summary.json says the split it ran (an hf run from before its FLOPs were counted
