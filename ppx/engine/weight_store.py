@@ -224,7 +224,7 @@ def measure(store: WeightStore, trial: Callable[[], tuple], exclude: set[int]) -
     graph's way, then one forward and I that store, under a forked RNG, every gradient they
     leave reset."""
     module = store.module
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    params = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())}
     saved: dict[int, int] = {}
     kept: list[torch.Tensor] = []  # alive until the trial ends: no address counted twice
 

@@ -125,10 +125,11 @@ class MemoryTracker:
 
     def _param_storages(self) -> set[int]:
         """Storage pointers of the parameters as the modules hold them now (a sharded,
-        unused DTensor parameter has none of its own)."""
-        return {
-            p.untyped_storage().data_ptr() for m in self.modules.values() for p in m.parameters() if not _is_dtensor(p)
-        }
+        unused DTensor parameter has none of its own), and of their buffers (a BatchNorm's
+        statistics, a constant a forward multiplies by: state every microbatch shares, no
+        activation of one)."""
+        held = (t for m in self.modules.values() for t in (*m.parameters(), *m.buffers()))
+        return {t.untyped_storage().data_ptr() for t in held if not _is_dtensor(t)}
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         """Autograd's pack hook: note the storage ``t`` keeps alive. Called for every tensor a
