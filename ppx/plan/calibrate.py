@@ -49,7 +49,17 @@ def calibration_way(cfg) -> str | None:
 
 
 def beside_command(config_yaml: str, cfg, whole: bool = False, apart: bool = False) -> str | None:
-    """The one run that measures what a plan from a run of config ``cfg`` lacks: the run's own
+    """`beside_entries` as the command that runs them beside the run's own config."""
+    from ppx.plan.paired_command import paired_value
+
+    entries = beside_entries(cfg, whole, apart)
+    if entries is None:
+        return None
+    return f"ppx run {shlex.quote(config_yaml)} 'run.paired={paired_value(entries)}' run.dir=null"
+
+
+def beside_entries(cfg, whole: bool = False, apart: bool = False) -> list[str] | None:
+    """The entries of the one run that measures what a plan from a run of config ``cfg`` lacks: the run's own
     config, step by step beside 1F1B where it lacks whole B's (``whole``) and beside ZB-H1
     splitting every stage apart, as the plan's commands split (`commands_way`; store under
     auto), where it lacks I and W (``apart``); interleaved 1F1B and interleaved zero bubble at
@@ -63,7 +73,6 @@ def beside_command(config_yaml: str, cfg, whole: bool = False, apart: bool = Fal
     from ppx.config.paired import same_costs, variants
     from ppx.config.resolve import resolve_schedule
     from ppx.errors import UserError
-    from ppx.plan.paired_command import paired_value
 
     if not (whole or apart):
         return None
@@ -86,7 +95,7 @@ def beside_command(config_yaml: str, cfg, whole: bool = False, apart: bool = Fal
             return None
     except (UserError, OmegaConfBaseException, OSError, ValueError):
         return None
-    return f"ppx run {shlex.quote(config_yaml)} 'run.paired={paired_value(entries)}' run.dir=null"
+    return entries
 
 
 def stage_count_command(config_yaml: str, cfg, shown: list[tuple[str, int]]) -> str | None:
@@ -167,10 +176,35 @@ def refused_split_note(
         why = f"has no I and W measured apart on {stage_list(whole)}, nor have its run.paired entries"
     else:
         why = "never split its backward"
+    said = f"note: {from_run} {why}, so its I and W costs are unknown: {', '.join(refused)} not planned (costing W at 0 would rank them falsely first); "
+    apart = beside_entries(cfg, apart=True)
+    if whole and apart and set(apart) <= set(cfg.run.paired or ()) and commands_way(cfg) == "auto":
+        # it ran that entry already, which stored there where auto keeps the graph (the stores
+        # would hold more): no entry beside it measures those stages as auto's commands run them
+        return (
+            said
+            + f"its entry {apart[-1]!r} stored {stage_list(whole)}, where the plan's commands (train.split_backward"
+            "=auto) keep the graph, the stores holding more; plan from a run that splits every stage the graph's "
+            f"way: `{_graph_command(from_run + '/config.yaml', cfg)}`"
+        )
+    return said + f"measure them with `{split_command(from_run + '/config.yaml', cfg)}` and plan --from-run that run"
+
+
+def _graph_command(config_yaml: str, cfg) -> str:
+    """The run of config ``cfg`` under ``train.split_backward=graph`` beside ZB-H1 the graph's
+    way (else ZB-H1 alone so): a plan from it runs its commands the graph's way, as measured."""
+    import copy
+
+    from ppx.plan.paired_command import paired_value
+
+    graph = copy.deepcopy(cfg)
+    graph.train.split_backward = "graph"
+    entries = beside_entries(graph, apart=True)
+    if entries is None:
+        return split_calibration(config_yaml, "graph", bool(cfg.run.paired))
     return (
-        f"note: {from_run} {why}, so its I and W costs are unknown: "
-        f"{', '.join(refused)} not planned (costing W at 0 would rank them falsely first); measure them with "
-        f"`{split_command(from_run + '/config.yaml', cfg)}` and plan --from-run that run"
+        f"ppx run {shlex.quote(config_yaml)} train.split_backward=graph 'run.paired={paired_value(entries)}' "
+        "run.dir=null"
     )
 
 

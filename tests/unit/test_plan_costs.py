@@ -71,6 +71,13 @@ def test_a_run_with_a_whole_stage_plans_the_candidates_that_run_it_whole_too():
     other = refused_split_note("runs/x", skipped, (0,), cfg)
     assert "has no I and W measured apart on stage 0, nor have its run.paired entries" in other
     assert "train.split_backward" not in split_calibration("c.yaml") and "store" in split_calibration("c.yaml", "store")
+    # a run beside that note's own entry already (which stored stage 0, where auto keeps the
+    # graph: the plan did not take its I and W, and named the same run again): the graph's way
+    cfg.run.paired = ["pipeline.schedule=1f1b", "pipeline.schedule=zb_h1 train.split_backward=store"]
+    again = refused_split_note("runs/x", skipped, (0,), cfg)
+    assert "its entry 'pipeline.schedule=zb_h1 train.split_backward=store' stored stage 0, where the plan's" in again
+    graph = """`ppx run runs/x/config.yaml train.split_backward=graph 'run.paired=["pipeline.schedule=zb_h1 train.split_backward=graph"]' run.dir=null`"""
+    assert again.endswith(graph), again
     # without whole stages nothing is refused for them
     plain = candidates(names, [2], [8], [1, 2], replace(two, whole_stages=()))[0]
     assert {("zbv", 2), ("zb_auto", 1)} <= {(c.schedule, c.v) for c in plain}
