@@ -177,17 +177,23 @@ def refused_split_note(
     else:
         why = "never split its backward"
     said = f"note: {from_run} {why}, so its I and W costs are unknown: {', '.join(refused)} not planned (costing W at 0 would rank them falsely first); "
-    apart = beside_entries(cfg, apart=True)
-    if whole and apart and set(apart) <= set(cfg.run.paired or ()) and commands_way(cfg) == "auto":
-        # it ran that entry already, which stored there where auto keeps the graph (the stores
-        # would hold more): no entry beside it measures those stages as auto's commands run them
+    if whole and ran_beside(cfg):
         return (
             said
-            + f"its entry {apart[-1]!r} stored {stage_list(whole)}, where the plan's commands (train.split_backward"
-            "=auto) keep the graph, the stores holding more; plan from a run that splits every stage the graph's "
-            f"way: `{_graph_command(from_run + '/config.yaml', cfg)}`"
+            + f"its entry {beside_entries(cfg, apart=True)[-1]!r} stored {stage_list(whole)}, where the plan's commands "
+            "(train.split_backward=auto) keep the graph, the stores holding more; plan from a run that splits every "
+            f"stage the graph's way: `{split_command(from_run + '/config.yaml', cfg)}`"
         )
     return said + f"measure them with `{split_command(from_run + '/config.yaml', cfg)}` and plan --from-run that run"
+
+
+def ran_beside(cfg) -> bool:
+    """Whether a run of config ``cfg`` ran beside it already the storing ZB-H1 entry that
+    `split_command` would name, under auto: where its I and W were still not taken, that entry
+    stored a stage where auto keeps the graph (the stores would hold more), which no entry
+    beside a run of auto measures as auto's commands run it."""
+    apart = beside_entries(cfg, apart=True)
+    return bool(apart) and set(apart) <= set(cfg.run.paired or ()) and commands_way(cfg) == "auto"
 
 
 def _graph_command(config_yaml: str, cfg) -> str:
@@ -210,7 +216,10 @@ def _graph_command(config_yaml: str, cfg) -> str:
 
 def split_command(config_yaml: str, cfg) -> str:
     """The run that measures I and W apart for a run of config ``cfg``: its own config with
-    ZB-H1 beside it (`beside_command`), else ZB-H1 alone (`split_calibration`)."""
+    ZB-H1 beside it (`beside_command`), else ZB-H1 alone (`split_calibration`); where the run
+    ran that already (`ran_beside`), the same the graph's way (`_graph_command`)."""
+    if ran_beside(cfg):
+        return _graph_command(config_yaml, cfg)
     return beside_command(config_yaml, cfg, apart=True) or split_calibration(
         config_yaml, calibration_way(cfg), bool(cfg.run.paired)
     )
