@@ -209,6 +209,16 @@ TORCH_CLASSES = {
 }
 
 
+def _torch_1f1b_shape_error(p: int, m: int, v: int) -> str | None:
+    """torch's Schedule1F1B refuses fewer microbatches than stages (where ppx's 1F1B runs them)."""
+    if m < p:
+        return f"needs pipeline.microbatches ({m}) >= pipeline.stages ({p}), as torch's Schedule1F1B refuses fewer"
+    return None
+
+
+TORCH_SHAPE_RULES = {"torch_1f1b": _torch_1f1b_shape_error}  # torch's own, beside its family's
+
+
 def names() -> tuple[str, ...]:
     """Every schedule name: ppx's families, then torch's."""
     return (*FAMILIES, *TORCH_SCHEDULES)
@@ -290,6 +300,8 @@ def build(
     why = fam.shape_error(stages, microbatches, v)
     if why:  # (a torch alias checks its family's list: both named)
         raise ScheduleError(why if fam.name == name else f"{name} (as {fam.name}): {why}")
+    if name in TORCH_SHAPE_RULES and (why := TORCH_SHAPE_RULES[name](stages, microbatches, v)):
+        raise ScheduleError(f"{name} {why}")
     too_large = size_error(stages, v, microbatches)
     if too_large:
         raise ScheduleError(too_large)

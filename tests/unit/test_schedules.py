@@ -59,6 +59,10 @@ def test_a_torch_alias_of_a_shape_its_family_refuses_is_named_with_it():
     with pytest.raises(ScheduleError) as e:
         schedules.build("torch_interleaved1f1b", 2, 3)
     assert str(e.value).startswith("torch_interleaved1f1b (as interleaved_1f1b): interleaved_1f1b needs pipeline.")
+    # torch's own rules beside its family's: Schedule1F1B refused m < p after the ranks had started
+    with pytest.raises(ScheduleError, match=r"torch_1f1b needs pipeline.microbatches \(3\) >= pipeline.stages \(4\)"):
+        schedules.build("torch_1f1b", 4, 3)
+    assert schedules.build("1f1b", 4, 3) and schedules.build("torch_1f1b", 4, 4)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
