@@ -13,6 +13,7 @@ the theory and the simulator.
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 from pathlib import Path
@@ -57,12 +58,19 @@ class TorchPipeline(StageShare):
             self._wrap(stage, s)
             pstages.append(stage)
         name = cfg.pipeline.schedule
+        # each microbatch's loss scaled by 1/m before its backward, as ppx's runtime does
+        # (`StageRunner`), not the summed gradients divided by m after (torch's scale_grads):
+        # the same floats where 1/m is inexact (m = 3, 5, 6: they differed in the last bit)
+        scale = 1.0 / m
+        loss_fn = functools.partial(_scaled_loss, self.kind.loss, scale)
         if registry.is_torch(name):
             cls = getattr(pipelining, registry.TORCH_CLASSES[name])
             first = pstages if issubclass(cls, PipelineScheduleMulti) else pstages[0]
-            self.torch_schedule = cls(first, n_microbatches=m, loss_fn=self.kind.loss)
+            self.torch_schedule = cls(first, n_microbatches=m, loss_fn=loss_fn, scale_grads=False)
         else:  # ppx's own list (comms included), exported to torch's CSV form and run by torch's runtime
-            self.torch_schedule = _PipelineScheduleRuntime(pstages, n_microbatches=m, loss_fn=self.kind.loss)
+            self.torch_schedule = _PipelineScheduleRuntime(
+                pstages, n_microbatches=m, loss_fn=loss_fn, scale_grads=False
+            )
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "schedule.csv"
                 write_csv(schedule, path)
@@ -135,4 +143,9 @@ class TorchPipeline(StageShare):
             self.torch_schedule.step(**kwargs)
         if not self.owns_last:
             return None
-        return float(sum(v.detach() for v in losses) / len(losses))
+        return float(sum(v.detach() for v in losses))  # (each scaled by 1/m, added in microbatch order)
+
+
+def _scaled_loss(loss, scale: float, output, target):
+    """``loss(output, target) * scale``: a microbatch's share of the batch's loss."""
+    return loss(output, target) * scale

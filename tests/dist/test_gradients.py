@@ -105,7 +105,10 @@ def cases(p: int) -> list[tuple[str, list[str]]]:
     ]
     # stores on every stage, the first too (auto runs ZB-H1's and ZB-V's first stage whole: each
     # of its I's is followed at once by its W)
-    out += [(f"{mo}-{s}-even-store", overrides(mo, s, p) + ["train.split_backward=store"]) for mo, s in [("llama", "zb_h1"), ("transformer", "zbv")]]
+    out += [
+        (f"{mo}-{s}-even-store", overrides(mo, s, p) + ["train.split_backward=store"])
+        for mo, s in [("llama", "zb_h1"), ("transformer", "zbv")]
+    ]
     # store with the embedding alone on stage 0: that stage has no Linear to store and keeps its graph
     alone = {2: "[1,5]", 4: "[1,2,2,1]"}[p]
     out.append(
@@ -115,7 +118,9 @@ def cases(p: int) -> list[tuple[str, list[str]]]:
         )
     )
     # ZB-V with as many microbatches as ranks: its stage p runs whole too (its gradient stays on its rank)
-    out.append(("transformer-zbv-few-microbatches", overrides("transformer", "zbv", p) + [f"pipeline.microbatches={p}"]))
+    out.append(
+        ("transformer-zbv-few-microbatches", overrides("transformer", "zbv", p) + [f"pipeline.microbatches={p}"])
+    )
     # receives posted 0 (the lowered list's place) or 2 compute actions before their consumer
     # (default -1: all of them at the rank's first wait)
     out += [
@@ -140,6 +145,10 @@ def cases(p: int) -> list[tuple[str, list[str]]]:
         ("llama-zb_h1-drain-csv-store", drain_csv_overrides("llama", p) + ["train.split_backward=store"]),
         ("transformer-zb_h1-drain-csv-graph", drain_csv_overrides("transformer", p) + ["train.split_backward=graph"]),
     ]
+    # m = 5: 1/m inexact, which torch's runtime applied to the summed gradients (scale_grads), not
+    # to each microbatch's loss, as ppx's does: they differed in the last bit
+    five = overrides("transformer", "1f1b", p) + ["pipeline.microbatches=5", "train.batch_size=20"]
+    out += [("transformer-1f1b-m5", five), ("transformer-1f1b-m5-torch_executor", five + ["pipeline.executor=torch"])]
     out.append(("mlp-zb_auto-csv", auto_csv_overrides(p)))
     # the memory-using orders: 2p microbatches with the paper's accounting (I frees 0.6), steady cost
     out.append(("mlp-zb_auto-2p-steady-csv", auto_csv_overrides(p, limit=2 * p, share=0.6, cost="steady")))
@@ -192,7 +201,9 @@ def drain_csv_overrides(model: str, p: int) -> list[str]:
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     write_csv(drain_only(schedules.build("zb_h1", p, m)), tmp)
     os.replace(tmp, path)
-    keep = [o for o in overrides(model, "zb_h1", p) if not o.startswith(("pipeline.schedule=", "pipeline.microbatches="))]
+    keep = [
+        o for o in overrides(model, "zb_h1", p) if not o.startswith(("pipeline.schedule=", "pipeline.microbatches="))
+    ]
     return keep + [f"pipeline.schedule={path}", f"pipeline.microbatches={m}"]
 
 
@@ -322,7 +333,11 @@ def test_gradients_equal_single_process_reference(pipelined, p, name):
 
 # schedules run on the same model, split and microbatches: every stage adds its microbatches'
 # gradients in microbatch order, so they agree to the bit (looped_bfs, in torch's order, did not)
-SAME_WORK = [("naive_m4", "gpipe", "1f1b", "zb_h1"), ("interleaved", "looped_bfs", "interleaved_zb"), ("zbv", "dualpipev")]
+SAME_WORK = [
+    ("naive_m4", "gpipe", "1f1b", "zb_h1"),
+    ("interleaved", "looped_bfs", "interleaved_zb"),
+    ("zbv", "dualpipev"),
+]
 
 
 @pytest.mark.parametrize("p", [2, 4])
@@ -345,3 +360,21 @@ def test_schedules_of_the_same_work_give_the_same_bits(pipelined, p, model):
             assert differ == [], f"{name} against {first}: parameters {differ} differ in their bits"
             compared += 1
     assert compared
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_torchs_runtime_gives_ppxs_bits_where_one_over_m_is_inexact(pipelined, p):
+    out = pipelined(p)
+    runs = []
+    for name in ("transformer-1f1b-m5", "transformer-1f1b-m5-torch_executor"):
+        parts = [torch.load(out / f"{name}.rank{r}.pt") for r in range(p)]
+        by_stage = {stage: g for x in parts for stage, g in x["grads"].items()}
+        runs.append(
+            (
+                next(x["loss"] for x in parts if x["loss"] is not None),
+                [g for st in sorted(by_stage) for g in by_stage[st]],
+            )
+        )
+    (loss, grads), (torch_loss, torch_grads) = runs
+    assert torch_loss == loss
+    assert [k for k, (a, b) in enumerate(zip(grads, torch_grads)) if not torch.equal(a, b)] == []

@@ -125,7 +125,7 @@ def test_torch_backend_runs_in_the_harness_with_the_same_losses(shared_run, tmp_
     assert b.returncode == 0, b.stderr[-3000:]
     sa, sb = read_json(a.dir / "summary.json"), read_json(tmp_path / "torch" / "summary.json")
     assert sa["schedule"] == "1f1b"
-    assert sb["losses"] == pytest.approx(sa["losses"], rel=1e-6)
+    assert sb["losses"] == sa["losses"]  # (bit for bit: each microbatch's loss scaled by 1/m, as ppx's runtime does)
     p, m = sa["stages"], sa["microbatches"]
     assert sb["schedule"] == "torch_1f1b" and sb["bubble_fraction_theory"] == pytest.approx((p - 1) / (m + p - 1))
     assert all(r["compute_s"] > 0 for r in sb["ranks"])  # ppx's timers around torch's actions
