@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ppx.models.precision_ops import to_compute_dtype
+
 
 class Embed(nn.Module):
     def __init__(self, vocab: int, width: int, seq_len: int):
@@ -24,7 +26,10 @@ class Embed(nn.Module):
             nn.init.normal_(table.weight, std=0.02)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
+        x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
+        # in bf16 (fp16) the residual stream in the compute dtype from here, as on every later
+        # stage (the pipeline sends it so): the same losses however the blocks are split
+        return to_compute_dtype(x)
 
 
 class Block(nn.Module):

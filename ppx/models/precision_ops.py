@@ -34,7 +34,7 @@ NARROW = (torch.bfloat16, torch.float16)  # the compute dtypes the lean ops keep
 def to_compute_dtype(x: torch.Tensor) -> torch.Tensor:
     """``x`` in autocast's dtype where autocast is on (a floating ``x``), else ``x``."""
     kind = x.device.type
-    if x.is_floating_point() and torch.is_autocast_enabled(kind):
+    if x.is_floating_point() and torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
         return x.to(torch.get_autocast_dtype(kind))
     return x
 

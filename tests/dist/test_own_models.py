@@ -81,6 +81,7 @@ def cases(p: int) -> dict[str, list[str]]:
         out = {f"{mo}-{s}": overrides(mo, s, 2) for mo in MODELS for s in TRAINING}
         out |= {f"{mo}-zb_h1-recompute_full": overrides(mo, "zb_h1", 2, "train.recompute=full") for mo in MODELS}
         out |= {f"{mo}-zbv-bf16": overrides(mo, "zbv", 2, "train.dtype=bf16") for mo in MODELS}
+        out["module-1f1b-bf16-m8"] = overrides("module", "1f1b", 2, "train.dtype=bf16", "pipeline.microbatches=8")
         # torch's tracer cuts the module at the same units (untied: the tracer does not sum copies)
         # an nn.Sequential without model.units, the user's batch and loss functions
         out["sequential-zb_h1-own_batch_and_loss"] = [
@@ -235,3 +236,18 @@ def test_p4_gives_the_unsplit_models_gradients(pipelined, name):
 def test_two_replicas_give_the_unsplit_models_gradients(pipelined, name):
     out = pipelined("dp")
     check([torch.load(out / f"{name}.rank{r}.pt") for r in range(4)], name, DP[name], replicas=2)
+
+
+def test_a_module_whose_stream_is_in_the_compute_dtype_gives_the_same_bf16_bits_on_any_split(pipelined):
+    """examples/tiny_gpt.py casts its embedding's output (`to_compute_dtype`): 1F1B's two
+    stages and ZB-V's four give one loss and the same gradients (its fp32 stream was rounded
+    at each boundary: 1e-5 of the loss apart)."""
+    out = pipelined("p2")
+    got = []
+    for name in ("module-1f1b-bf16-m8", "module-zbv-bf16"):
+        parts = [torch.load(out / f"{name}.rank{r}.pt") for r in range(2)]
+        grads = {n: g for x in parts for stage in x["grads"].values() for n, g in stage.items()}
+        got.append((next(x["loss"] for x in parts if x["loss"] is not None), grads))
+    (loss, grads), (zbv_loss, zbv_grads) = got
+    assert zbv_loss == loss and grads.keys() == zbv_grads.keys()
+    assert [n for n in grads if not torch.equal(grads[n], zbv_grads[n])] == []
