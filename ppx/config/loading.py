@@ -91,10 +91,14 @@ def _layers(preset: dict | None, loaded, overrides: list[str]):
 def merge_overrides(conf: DictConfig, overrides) -> None:
     """``key=value`` overrides into ``conf``, in order, their values read as YAML (OmegaConf's
     dotlist), except that a key of text keeps what was typed: ``run.name=007``,
-    ``logging.wandb.project=no`` are the text, not 7 and False (``null`` is still null)."""
+    ``logging.wandb.project=no`` are the text, not 7 and False (``null`` is still null, and
+    ``${...}`` an interpolation; a list's elements are YAML's)."""
     for item in overrides:
         key, _, text = item.partition("=")
-        value = OmegaConf.from_dotlist([item]) if isinstance(_node(conf, key.strip()), StringNode) else None
+        text_key = (
+            isinstance(_node(conf, key.strip()), StringNode) and "${" not in text
+        )  # (an interpolation: OmegaConf's)
+        value = OmegaConf.from_dotlist([item]) if text_key else None
         if value is not None and isinstance(OmegaConf.select(value, key.strip()), (bool, int, float)):
             OmegaConf.update(conf, key.strip(), text.strip(), merge=True)
         else:

@@ -117,6 +117,7 @@ def test_an_override_of_a_text_key_keeps_the_text_typed(tmp_path):
         assert config.load("1f1b_2cpu", [f"run.dir={text}"]).run.dir == want, text
     cfg = config.load("1f1b_2cpu", ["logging.wandb.project=no", "run.name=1.5", "train.steps=3"])
     assert (cfg.logging.wandb.project, cfg.run.name, cfg.train.steps) == ("no", "1.5", 3)
+    assert config.load("1f1b_2cpu", ["run.name=${model.kind}-big"]).run.name == "mlp-big"  # (OmegaConf's, still)
     with pytest.raises(UserError, match="could not be converted to Integer"):
         config.load("1f1b_2cpu", ["train.steps=yes"])
     (tmp_path / "e.yaml").write_text("run:\n  name: 007\n")  # (YAML's own reading, as any YAML tool's)
