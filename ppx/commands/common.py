@@ -90,7 +90,10 @@ def whole_stages(run) -> list[int]:
     """The stages a run (a `RunDir`) ran whole under a split schedule (its I followed at once
     by its W, so the I took the whole backward): their I and W were not measured apart."""
     ways = run.raw_summary.get("split_backward") or {}
-    return sorted(int(s) for s, way in ways.items() if (way or {}).get("mode") == "whole")
+    # (a stage of no parameter is whole too, but its I is its backward and its W nothing, measured)
+    return sorted(
+        int(s) for s, way in ways.items() if (way or {}).get("mode") == "whole" and not way.get("no_parameters")
+    )
 
 
 def split_only_stages(run) -> list[int]:

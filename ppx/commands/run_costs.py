@@ -309,7 +309,7 @@ def _lenders(
         except (UserError, OSError, ValueError):
             continue
         ways = {int(st): info or {} for st, info in (row.get("split_backward") or {}).items()}
-        whole = {st for st, info in ways.items() if info.get("mode") == "whole"}
+        whole = {st for st, info in ways.items() if info.get("mode") == "whole" and not info.get("no_parameters")}
         stages = {int(k[:-1]) for k in samples if k[:-1].isdigit()}
         matches = {st for st in stages if _as_commands(way, ways.get(st))}
         if here:
@@ -332,8 +332,8 @@ def _lenders(
 def _as_commands(way: str | None, info: dict | None) -> bool:
     """Whether a stage an entry split as ``info`` says (its summary's split_backward) ran as the
     plan's commands split it (``way``: `commands_way`)."""
-    if way is None or not info:  # (ppx's runtime chose nothing: the known-cost model, torch's executor)
-        return True
+    if way is None or not info or info.get("no_parameters"):  # (ppx's runtime chose nothing: the known-cost
+        return True  # model, torch's executor; a stage of no parameter runs one way under every way)
     mode = info.get("mode")
     if way != "auto":
         return mode == way

@@ -172,12 +172,12 @@ def split_known(path: str, costs, sched, whole: list[int], cfg) -> None:
     """Fail where ``sched`` splits a backward that the run ``path`` never split, or ran whole
     (``whole``: its stages whose I took the whole backward) where ``sched`` would not: their I
     and W costs are unknown, not B and 0 (as `ppx plan --from-run` refuses those candidates)."""
-    from ppx.plan.calibrate import split_command
+    from ppx.plan.calibrate import measuring_command
     from ppx.schedules.ir.action import Op
     from ppx.schedules.ir.structure import split_apart
 
     splits = any(a.op is Op.W for row in sched.actions for a in row)
-    why = None
+    why, apart = None, []
     if splits and not costs.ops() & {"I", "W"}:
         why = "never split its backward"
     elif apart := split_apart(sched, whole):
@@ -185,6 +185,5 @@ def split_known(path: str, costs, sched, whole: list[int], cfg) -> None:
     if why:
         raise UserError(
             f"{path} {why}, so its I and W costs are unknown; measure them with "
-            f"`{split_command(path + '/config.yaml', cfg)}` and simulate "
-            "--from-run that run"
+            f"`{measuring_command(path, cfg, apart)}` and simulate --from-run that run"
         )

@@ -280,6 +280,8 @@ def build_rank(
         runners[s].whole_in_input = True
         why = "each I followed at once by its W" if s in whole else "it holds no parameter, so no W"
         split_report[s] = {"mode": "whole", "why": f"{why}: one backward, in the I"}
+        if s not in whole:  # (its I and W are measured apart all the same: I the backward, W nothing)
+            split_report[s]["no_parameters"] = True
     if data_parallel is not None:  # wrapped after the trials, which run on the stage's own parameters
         data_parallel.wrap(modules, precision.dtype if precision.mixed else None)
         for s, r in runners.items():  # FSDP2's mixed-precision policy makes the one copy per step

@@ -177,35 +177,56 @@ def refused_split_note(
     else:
         why = "never split its backward"
     said = f"note: {from_run} {why}, so its I and W costs are unknown: {', '.join(refused)} not planned (costing W at 0 would rank them falsely first); "
-    if whole and ran_beside(cfg):
+    entry = stored_entry(from_run, cfg, whole)
+    if entry:
         return (
-            said
-            + f"its entry {beside_entries(cfg, apart=True)[-1]!r} stored {stage_list(whole)}, where the plan's commands "
-            "(train.split_backward=auto) keep the graph, the stores holding more; plan from a run that splits every "
-            f"stage the graph's way: `{split_command(from_run + '/config.yaml', cfg)}`"
+            said + f"its entry {entry!r} stored {stage_list(whole)}, where the plan's commands (train.split_backward="
+            "auto) keep the graph, the stores holding more; plan from a run that splits every stage the graph's "
+            f"way: `{measuring_command(from_run, cfg, whole)}`"
         )
-    return said + f"measure them with `{split_command(from_run + '/config.yaml', cfg)}` and plan --from-run that run"
+    return said + f"measure them with `{measuring_command(from_run, cfg, whole)}` and plan --from-run that run"
 
 
-def ran_beside(cfg) -> bool:
-    """Whether a run of config ``cfg`` ran beside it already the storing ZB-H1 entry that
-    `split_command` would name, under auto: where its I and W were still not taken, that entry
-    stored a stage where auto keeps the graph (the stores would hold more), which no entry
-    beside a run of auto measures as auto's commands run it."""
+def stored_entry(run: str, cfg, stages) -> str | None:
+    """The storing ZB-H1 entry (`beside_entries`') that the run ``run`` (of config ``cfg``)
+    ran beside it already, where it stored one of ``stages`` with stores holding more than the
+    graph: auto, which the plan's commands run, keeps the graph there, so that entry's I and
+    W are not theirs, and no entry beside a run under auto measures them. None else."""
+    from ppx.errors import UserError
+    from ppx.report.run_dir import RunDir
+
     apart = beside_entries(cfg, apart=True)
-    return bool(apart) and set(apart) <= set(cfg.run.paired or ()) and commands_way(cfg) == "auto"
+    if not stages or not apart or commands_way(cfg) != "auto" or apart[-1] not in (cfg.run.paired or ()):
+        return None
+    try:
+        row = (RunDir(run).raw_summary.get("paired") or {}).get(apart[-1]) or {}
+    except UserError:
+        return None
+    ways = row.get("split_backward") or {}
+    for stage in stages:
+        info = ways.get(str(stage)) or {}
+        if info.get("mode") == "store" and info.get("store_bytes", 0) > info.get("graph_bytes", 0):
+            return apart[-1]
+    return None
 
 
-def _graph_command(config_yaml: str, cfg) -> str:
-    """The run of config ``cfg`` under ``train.split_backward=graph`` beside ZB-H1 the graph's
-    way (else ZB-H1 alone so): a plan from it runs its commands the graph's way, as measured."""
+def measuring_command(run: str, cfg, stages=()) -> str:
+    """The run that measures I and W apart on ``stages`` for the run ``run`` of config
+    ``cfg``: `split_command`, or where the run's storing entry could not (`stored_entry`) the
+    run under ``train.split_backward=graph`` beside ZB-H1 the graph's way (and beside 1F1B
+    where the run had that entry too), else ZB-H1 alone so: a plan from it runs its commands
+    the graph's way, as measured."""
     import copy
 
     from ppx.plan.paired_command import paired_value
 
+    config_yaml = run + "/config.yaml"
+    if not stored_entry(run, cfg, stages):
+        return split_command(config_yaml, cfg)
     graph = copy.deepcopy(cfg)
     graph.train.split_backward = "graph"
-    entries = beside_entries(graph, apart=True)
+    whole = (beside_entries(cfg, whole=True) or [None])[0] in (cfg.run.paired or ())
+    entries = beside_entries(graph, whole=whole, apart=True)
     if entries is None:
         return split_calibration(config_yaml, "graph", bool(cfg.run.paired))
     return (
@@ -216,10 +237,7 @@ def _graph_command(config_yaml: str, cfg) -> str:
 
 def split_command(config_yaml: str, cfg) -> str:
     """The run that measures I and W apart for a run of config ``cfg``: its own config with
-    ZB-H1 beside it (`beside_command`), else ZB-H1 alone (`split_calibration`); where the run
-    ran that already (`ran_beside`), the same the graph's way (`_graph_command`)."""
-    if ran_beside(cfg):
-        return _graph_command(config_yaml, cfg)
+    ZB-H1 beside it (`beside_command`), else ZB-H1 alone (`split_calibration`)."""
     return beside_command(config_yaml, cfg, apart=True) or split_calibration(
         config_yaml, calibration_way(cfg), bool(cfg.run.paired)
     )

@@ -12,7 +12,7 @@ from ppx.errors import UserError
 
 pytest.importorskip("transformers")
 
-# helpers/own_module.py's: 4 x (Linear, Tanh), 8 units (a Sequential stands for its children)
+# helpers/own_module.py's: 4 x (Linear, Tanh), 4 units (an nn.Sequential's own children, as they are)
 SEQUENTIAL = ["1f1b_2cpu", "model.kind=module", "model.data=regression", "model.args={width: 16, depth: 4}"]
 # helpers/own_module.py's chain: inp, blocks.0-2, out, whose forward does what model.args.way says
 CHAIN = [

@@ -71,16 +71,37 @@ def test_a_run_with_a_whole_stage_plans_the_candidates_that_run_it_whole_too():
     other = refused_split_note("runs/x", skipped, (0,), cfg)
     assert "has no I and W measured apart on stage 0, nor have its run.paired entries" in other
     assert "train.split_backward" not in split_calibration("c.yaml") and "store" in split_calibration("c.yaml", "store")
-    # a run beside that note's own entry already (which stored stage 0, where auto keeps the
-    # graph: the plan did not take its I and W, and named the same run again): the graph's way
-    cfg.run.paired = ["pipeline.schedule=1f1b", "pipeline.schedule=zb_h1 train.split_backward=store"]
-    again = refused_split_note("runs/x", skipped, (0,), cfg)
-    assert "its entry 'pipeline.schedule=zb_h1 train.split_backward=store' stored stage 0, where the plan's" in again
-    graph = """`ppx run runs/x/config.yaml train.split_backward=graph 'run.paired=["pipeline.schedule=zb_h1 train.split_backward=graph"]' run.dir=null`"""
-    assert again.endswith(graph), again
     # without whole stages nothing is refused for them
     plain = candidates(names, [2], [8], [1, 2], replace(two, whole_stages=()))[0]
     assert {("zbv", 2), ("zb_auto", 1)} <= {(c.schedule, c.v) for c in plain}
+
+
+def test_a_run_beside_the_notes_own_entry_that_stored_more_than_the_graph_is_told_the_graphs_way(tmp_path):
+    """The note's storing ZB-H1 entry ran beside the run already and stored stage 0, where auto
+    (the plan's commands) keeps the graph, its stores holding more: the plan did not take its I
+    and W, and named the same run again. It names the run the graph's way, beside 1F1B as the
+    run was; where the entry's stores held less (or it kept no split), the usual run."""
+    import json
+
+    from ppx import config
+    from ppx.plan.calibrate import refused_split_note
+
+    two = PlanInputs(fwd_s=(0.01,) * 2, bwd_s=(0.01,) * 2, wgrad_s=(0.005,) * 2, stages=2, whole_stages=(0,))
+    skipped = candidates(["zbv"], [2], [8], [2], two)[1]
+    entry = "pipeline.schedule=zb_h1 train.split_backward=store"
+    cfg = config.load("transformer_1f1b_2cpu", [f'run.paired=[pipeline.schedule=1f1b,"{entry}"]'])
+    run = tmp_path / "run"
+    run.mkdir()
+    for store, told in ((2000, True), (700, False)):
+        ways = {"0": {"mode": "store", "store_bytes": store, "graph_bytes": 1000}}
+        (run / "summary.json").write_text(json.dumps({"paired": {entry: {"split_backward": ways}}}))
+        note = refused_split_note(str(run), skipped, (0,), cfg)
+        said = (
+            f"its entry {entry!r} stored stage 0, where the plan's commands (train.split_backward=auto) keep the graph"
+        )
+        assert (said in note) == told, note
+        graph = f"""`ppx run {run}/config.yaml train.split_backward=graph 'run.paired=[pipeline.schedule=1f1b,"pipeline.schedule=zb_h1 train.split_backward=graph"]' run.dir=null`"""
+        assert note.endswith(graph) == told, note
 
 
 @pytest.mark.parametrize(

@@ -295,3 +295,18 @@ def test_a_simulation_names_only_the_lent_costs_its_list_runs():
     assert own.used_by(zb, {0}).lent == (("I and W", (1,), "pipeline.schedule=zb_h1"),)  # (stage 0 whole: B's)
     got = own.used_by(schedules.build("1f1b", 2, 4))
     assert got.lent == (("B", (1,), "pipeline.schedule=1f1b"),) and got.forward_shift == own.forward_shift
+
+
+def test_a_stage_of_no_parameter_is_not_a_stage_run_whole_to_a_plan(tmp_path):
+    """A stage holding no parameter runs its backward whole (its I) under every way, and its W
+    (nothing) is measured all the same: its I and W are known, so the plan refuses no split
+    candidate for it (it refused zbv and the rest, and named a run that could not help)."""
+    from ppx.commands.common import whole_stages
+    from ppx.commands.run_costs import _as_commands
+    from ppx.report.run_dir import RunDir
+
+    bare = {"mode": "whole", "why": "it holds no parameter, so no W: one backward, in the I", "no_parameters": True}
+    ways = {"0": {"mode": "whole", "why": "each I followed at once by its W: one backward, in the I"}, "1": bare}
+    (tmp_path / "summary.json").write_text(json.dumps({"split_backward": ways}))
+    assert whole_stages(RunDir(tmp_path)) == [0]
+    assert all(_as_commands(way, bare) for way in ("auto", "store", "graph"))
