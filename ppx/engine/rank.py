@@ -24,6 +24,7 @@ from ppx.engine.stage import StageRunner
 from ppx.engine.tied import TiedGrads
 from ppx.models.action_clock import ActionClock
 from ppx.models.costs import recompute_modes
+from ppx.models.precision_ops import tracing
 from ppx.models.seeding import seed_unit
 from ppx.schedules.ir.action import Op
 from ppx.schedules.ir.schedule import Schedule
@@ -57,7 +58,8 @@ def traced_stage_modules(cfg: Config, ranges: Sequence[range], stages: Sequence[
     x, _ = kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, 0)
     example = x[: microbatch_size(cfg, cfg.pipeline.microbatches)]
     spec = {kind.block_name(cfg.model, r.start): SplitPoint.BEGINNING for r in ranges[1:]}
-    with warnings.catch_warnings():  # torch's own deprecation notices from inside the tracer
+    mixed = Precision(cfg.train.dtype, "cpu").mixed  # (fp32: no cast to leave in the graph)
+    with warnings.catch_warnings(), tracing(mixed):  # (torch's own deprecation notices from inside the tracer)
         warnings.simplefilter("ignore", FutureWarning)
         pipe = pipeline(whole, mb_args=(example,), split_spec=spec)
     if pipe.num_stages != len(ranges):

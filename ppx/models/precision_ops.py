@@ -23,6 +23,8 @@ Their backwards are not differentiable again (``once_differentiable``: a second 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
@@ -32,11 +34,56 @@ NARROW = (torch.bfloat16, torch.float16)  # the compute dtypes the lean ops keep
 
 
 def to_compute_dtype(x: torch.Tensor) -> torch.Tensor:
-    """``x`` in autocast's dtype where autocast is on (a floating ``x``), else ``x``."""
+    """``x`` in autocast's dtype where autocast is on (a floating ``x``), else ``x``. While
+    torch's tracer runs the model (`tracing`: autocast is off there) it leaves a node that
+    decides when the graph runs, so a traced split casts where the layer split does."""
+    if _TRACING[0] and x.is_floating_point():
+        return _cast_when_run(x)
     kind = x.device.type
     if x.is_floating_point() and torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
         return x.to(torch.get_autocast_dtype(kind))
     return x
+
+
+_TRACING = [False]
+
+
+@contextlib.contextmanager
+def tracing(on: bool = True):
+    """While torch's tracer runs a model of a mixed-precision run (``on``;
+    `ppx.engine.rank.traced_stage_modules`)."""
+    _TRACING[0] = on
+    try:
+        yield
+    finally:
+        _TRACING[0] = False
+
+
+@torch.library.custom_op("ppx::to_compute_dtype", mutates_args=())
+def _cast_when_run(x: torch.Tensor) -> torch.Tensor:
+    """`to_compute_dtype` as one op of a traced graph: autocast's dtype where it is on when the
+    graph runs, else a copy (an op returns no alias of its input)."""
+    kind = x.device.type
+    dtype = x.dtype
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)
+    return x.to(dtype, copy=True)
+
+
+@_cast_when_run.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)  # (traced without autocast: the input's dtype)
+
+
+def _cast_back(ctx, grad: torch.Tensor):
+    return grad.to(ctx.dtype)
+
+
+def _cast_setup(ctx, inputs, output) -> None:
+    ctx.dtype = inputs[0].dtype
+
+
+_cast_when_run.register_autograd(_cast_back, setup_context=_cast_setup)
 
 
 class _LeanRMSNorm(torch.autograd.Function):
