@@ -199,11 +199,11 @@ def noisy_run_note(path: str, step_times: list[float]) -> str | None:
     )
 
 
-def drain_list(sched):
-    """``--drain``: ``sched`` as ``train.split_backward=drain`` runs it (`drain_only`); a list
-    that splits no backward refused in one line."""
-    from ppx.schedules.ir.structure import drain_only
+def drain_list(sched, transport: str = "nccl"):
+    """``--drain``: ``sched`` as ``train.split_backward=drain`` runs it (`ppx.schedules.drained`,
+    placed for ``transport``); a list that splits no backward refused in one line."""
+    from ppx.schedules import drained
 
     if not sched.splits_backward:
         raise UserError(f"--drain: {sched.name} splits no backward into I and W")
-    return drain_only(sched)
+    return drained(sched, transport)

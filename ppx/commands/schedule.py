@@ -39,7 +39,7 @@ def cmd_schedule(args) -> int:
     sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual, args.transport)
     full = sched
     if args.drain:
-        sched = drain_list(sched)
+        sched = drain_list(sched, args.transport)
     if args.wgrad is None:  # a split backward's W shows in the grid, as the theory (t_f = t_b = t_w) counts it
         args.wgrad = int(any(a.op is Op.W for row in sched.actions for a in row))
     args.virtual = sched.stages_per_rank

@@ -44,7 +44,7 @@ def cmd_simulate(args) -> int:
     sched = schedule_from(args.name, args.stages, args.microbatches, args.virtual, args.transport or "nccl")
     built = sched.actions
     if args.drain:
-        sched = drain_list(sched)
+        sched = drain_list(sched, args.transport or "nccl")
     args.drained = sched.actions != built  # (a list drain leaves as built keeps its family's formula)
     if args.drain and not args.drained:
         from ppx.schedules.ir.structure import drain_keeps

@@ -13,7 +13,7 @@ def resolve_schedule(cfg: Config) -> Schedule:
     list of the same order; under ``train.split_backward=drain``, split only where a W fills
     the drain (`drain_only`)."""
     sched = _built(cfg)
-    return drain_only(sched) if cfg.train.split_backward == "drain" else sched
+    return schedules.drained(sched) if cfg.train.split_backward == "drain" else sched
 
 
 def drain_changed(cfg: Config) -> bool:

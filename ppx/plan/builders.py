@@ -38,13 +38,14 @@ def build(name: str, p: int, m: int, v: int, inputs: PlanInputs) -> Schedule:
     """The placed, validated schedule of a candidate; ScheduleError for a shape it refuses (or,
     ``+drain``, where drain changes nothing: every W follows its stage's last F)."""
     if name.endswith(DRAIN):
-        from ppx.schedules.ir.structure import drain_keeps, drain_only
+        from ppx.schedules.ir.structure import drain_keeps
+        from ppx.schedules.registry import drained
 
         full = build(family_of(name), p, m, v, inputs)
-        drained = drain_only(full)
-        if drained.actions == full.actions:
+        out = drained(full, inputs.transport)
+        if out is full:
             raise ScheduleError(f"drain changes nothing at m={m}: {drain_keeps(full)}")
-        return drained
+        return out
     if name == AUTO:
         costs = inputs.costs(p)
         act = inputs.act(p) if inputs.act_bytes else None

@@ -76,7 +76,9 @@ def test_the_plan_holds_what_its_run_measured_beside_it_against_its_prediction()
 
 def test_a_drained_list_matches_its_csv_however_each_places_its_sends(tmp_path):
     """ZB-H2 drained as train.split_backward=drain makes it and as a CSV of the same compute
-    order are the same work (`same_work`), though their sends sit apart (not `same_run`)."""
+    order are the same work (`same_work`), and the same run: the drained list's sends are
+    placed for its own order, as the CSV's reader places them (they sat apart, where the built
+    list's placement was kept)."""
     from ppx import schedules
     from ppx.config.paired import same_run, same_work
     from ppx.schedules.ir.structure import drain_only
@@ -88,4 +90,4 @@ def test_a_drained_list_matches_its_csv_however_each_places_its_sends(tmp_path):
     listed = config.load("llama_tiny_1f1b_2cpu", [*base, f"pipeline.schedule={csv}"])
     assert same_work(drained, listed)
     assert not same_work(drained, config.load("llama_tiny_1f1b_2cpu", [*base, "pipeline.schedule=zb_h2"]))
-    assert not same_run(drained, listed)  # (its sends placed by the CSV's reader, not as drain leaves them)
+    assert same_run(drained, listed)
