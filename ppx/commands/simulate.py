@@ -183,7 +183,11 @@ def _print_prediction(args, sched, t, reduce: bool, run, measured) -> None:
         )
     fam = schedules.formula_family(args.name)  # (a CSV has none, whatever its file is called)
     if fam is not None and not args.drained:  # (a list drain changed is not the family's: no formula)
-        print(f"theory ({fam.bubble_formula}): {fam.bubble(p, m, args.virtual):.1%}")
+        exact = measured is not None and run.config.model.kind == "synthetic" and ran_this(run, sched)
+        if exact and measured.bubble_fraction_theory is not None:  # (ppx run's, at the stages' own costs)
+            print(f"theory (the known-cost model's, each stage at its own costs): {measured.bubble_fraction_theory:.1%}")
+        else:
+            print(f"theory ({fam.bubble_formula}): {fam.bubble(p, m, args.virtual):.1%}")
     if measured is None:
         return
     step = measured.step_time_of_costs_s  # over the steps the costs come from, as the run's own report

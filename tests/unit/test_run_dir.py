@@ -152,6 +152,14 @@ def test_simulate_from_run_reads_summary_config_and_env(run, capsys):
     (run / "summary.json").unlink()
     assert main(["simulate", "1f1b", "--from-run", str(run)]) == 2
     assert capsys.readouterr().err.strip() == f"ppx: error: {run} has no summary.json (the run did not complete)"
+    # the known-cost model's run: its theory at its stages' own costs, as ppx run says it (the
+    # closed form at equal costs said 27.3% beside a run of theory 40.0%)
+    (run / "summary.json").write_text(json.dumps({**SUMMARY, "bubble_fraction_theory": 0.4}))
+    cfg = config.load("1f1b_2cpu", ["train.steps=2", "model.kind=synthetic"])
+    (run / "config.yaml").write_text(config.to_yaml(cfg))
+    assert main(["simulate", "1f1b", "--from-run", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "theory (the known-cost model's, each stage at its own costs): 40.0%" in out and "(p-1)/(m+p-1)" not in out
     # a folder of runs (a sweep's, run.root) is no run: said so, not "the run did not complete"
     (run / "summary.json").write_text("{}")
     assert main(["simulate", "1f1b", "--from-run", str(run.parent)]) == 2
