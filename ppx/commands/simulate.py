@@ -185,7 +185,9 @@ def _print_prediction(args, sched, t, reduce: bool, run, measured) -> None:
     if fam is not None and not args.drained:  # (a list drain changed is not the family's: no formula)
         exact = measured is not None and run.config.model.kind == "synthetic" and ran_this(run, sched)
         if exact and measured.bubble_fraction_theory is not None:  # (ppx run's, at the stages' own costs)
-            print(f"theory (the known-cost model's, each stage at its own costs): {measured.bubble_fraction_theory:.1%}")
+            print(
+                f"theory (the known-cost model's, each stage at its own costs): {measured.bubble_fraction_theory:.1%}"
+            )
         else:
             print(f"theory ({fam.bubble_formula}): {fam.bubble(p, m, args.virtual):.1%}")
     if measured is None:
