@@ -159,8 +159,8 @@ def same_run(a, b) -> bool:
 
 def same_work(a, b) -> bool:
     """Whether configs ``a`` and ``b`` run the same work in the same order: `same_run`, or the
-    same but for where their lists place sends and receives (a drained list as ``drain`` makes
-    it and as a CSV of the same compute order: they measure alike)."""
+    same but for where their lists place sends and receives (a list and a CSV of its compute
+    order holding sends of its own: they measure alike)."""
     from ppx.config.resolve import resolve_schedule
     from ppx.schedules.ir.structure import same_compute
 

@@ -11,7 +11,7 @@ from ppx.schedules.ir.structure import drain_only
 def resolve_schedule(cfg: Config) -> Schedule:
     """The validated schedule (with comms) the config asks for; torch's schedules as ppx's
     list of the same order; under ``train.split_backward=drain``, split only where a W fills
-    the drain (`drain_only`)."""
+    the drain (`ppx.schedules.drained`: `drain_only`, its sends placed for that order)."""
     sched = _built(cfg)
     return schedules.drained(sched) if cfg.train.split_backward == "drain" else sched
 

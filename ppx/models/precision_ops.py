@@ -19,11 +19,13 @@ its activations in the compute dtype, as bf16 training with bf16 parameters does
   F.cross_entropy's on the fp32 logits to rounding (mean over every token: no ignored index,
   which ppx's token data never has); in fp32 it is F.cross_entropy itself.
 
-Their backwards are not differentiable again (``once_differentiable``: a second backward fails)."""
+The lean ops' backwards are not differentiable again (``once_differentiable``: a second backward
+fails)."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 from torch import nn
@@ -38,9 +40,11 @@ def to_compute_dtype(x: torch.Tensor) -> torch.Tensor:
     torch's tracer runs the model (`tracing`: autocast is off there) it leaves a node that
     decides when the graph runs, so a traced split casts where the layer split does."""
     if _TRACING[0] and x.is_floating_point():
-        return _cast_when_run(x)
+        return _traced_cast()(x)
     kind = x.device.type
-    if x.is_floating_point() and torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+    if (
+        x.is_floating_point() and kind != "meta" and torch.is_autocast_enabled(kind)
+    ):  # (meta: the checks' device, no autocast)
         return x.to(torch.get_autocast_dtype(kind))
     return x
 
@@ -52,27 +56,33 @@ _TRACING = [False]
 def tracing(on: bool = True):
     """While torch's tracer runs a model of a mixed-precision run (``on``;
     `ppx.engine.rank.traced_stage_modules`)."""
-    _TRACING[0] = on
+    before, _TRACING[0] = _TRACING[0], on
     try:
         yield
     finally:
-        _TRACING[0] = False
+        _TRACING[0] = before
 
 
-@torch.library.custom_op("ppx::to_compute_dtype", mutates_args=())
-def _cast_when_run(x: torch.Tensor) -> torch.Tensor:
-    """`to_compute_dtype` as one op of a traced graph: autocast's dtype where it is on when the
-    graph runs, else a copy (an op returns no alias of its input)."""
-    kind = x.device.type
-    dtype = x.dtype
-    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
-        dtype = torch.get_autocast_dtype(kind)
-    return x.to(dtype, copy=True)
+@functools.cache
+def _traced_cast():
+    """`to_compute_dtype` as one op of a traced graph (``ppx::to_compute_dtype``): autocast's
+    dtype where it is on when the graph runs, else a copy (an op returns no alias of its
+    input). Registered on first use, by the first trace (a run that traces nothing never
+    registers it), its types given as objects, not this module's postponed strings (which
+    torch 2.4's `custom_op` cannot read)."""
 
+    def cast(x):
+        kind = x.device.type
+        dtype = x.dtype
+        if kind != "meta" and torch.is_autocast_enabled(kind):
+            dtype = torch.get_autocast_dtype(kind)
+        return x.to(dtype, copy=True)
 
-@_cast_when_run.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x)  # (traced without autocast: the input's dtype)
+    cast.__annotations__ = {"x": torch.Tensor, "return": torch.Tensor}
+    op = torch.library.custom_op("ppx::to_compute_dtype", cast, mutates_args=())
+    op.register_fake(lambda x: torch.empty_like(x))  # (traced without autocast: the input's dtype)
+    op.register_autograd(_cast_back, setup_context=_cast_setup)  # (differentiable again: a plain cast)
+    return op
 
 
 def _cast_back(ctx, grad: torch.Tensor):
@@ -81,9 +91,6 @@ def _cast_back(ctx, grad: torch.Tensor):
 
 def _cast_setup(ctx, inputs, output) -> None:
     ctx.dtype = inputs[0].dtype
-
-
-_cast_when_run.register_autograd(_cast_back, setup_context=_cast_setup)
 
 
 class _LeanRMSNorm(torch.autograd.Function):

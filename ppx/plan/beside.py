@@ -1,7 +1,7 @@
 """What the run a plan reads measured of the plan's own candidates: the run's own config, and
 each of its ``run.paired`` entries that runs a candidate as planned, measured step by step
 beside one another in that run (the same work in the same order: `ppx.config.paired.same_work`,
-so a drained list matches its CSV however each places its sends). The plan's note holds each
+so a list matches a CSV of its compute order wherever each places its sends). The plan's note holds each
 one's measured ratio over the run's step against the ratio the plan predicts for it, so that a
 plan says where it and the run that fed it disagree (a plan from one noisy run is a
 prediction, docs/plan.md)."""

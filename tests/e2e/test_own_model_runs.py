@@ -106,6 +106,7 @@ def test_a_stage_of_parameter_free_units_trains_as_one_process_does(tmp_path):
     assert s["split_backward"]["1"] == {
         "mode": "whole",
         "why": "it holds no parameter, so no W: one backward, in the I",
+        "no_parameters": True,
     }
     assert "stage 1 whole (it holds no parameter, so no W: one backward, in the I)" in r.stdout
     # its buffer, which every microbatch's forward saves, is the stage's state, not a microbatch's
