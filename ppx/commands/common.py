@@ -90,10 +90,14 @@ def whole_stages(run) -> list[int]:
     """The stages a run (a `RunDir`) ran whole under a split schedule (its I followed at once
     by its W, so the I took the whole backward): their I and W were not measured apart."""
     ways = run.raw_summary.get("split_backward") or {}
-    # (a stage of no parameter is whole too, but its I is its backward and its W nothing, measured)
-    return sorted(
-        int(s) for s, way in ways.items() if (way or {}).get("mode") == "whole" and not way.get("no_parameters")
-    )
+    return sorted(int(s) for s, way in ways.items() if ran_whole(way))
+
+
+def ran_whole(way: dict | None) -> bool:
+    """Whether a stage's ``split_backward`` entry (a run's or an entry's) says it ran whole with
+    its I and W not measured apart: not a stage of no parameter, whose I is its backward and
+    whose W, nothing, is measured all the same."""
+    return (way or {}).get("mode") == "whole" and not way.get("no_parameters")
 
 
 def split_only_stages(run) -> list[int]:

@@ -31,7 +31,7 @@ import functools
 from dataclasses import dataclass, replace
 from statistics import fmean
 
-from ppx.commands.common import split_only_stages, whole_stages
+from ppx.commands.common import ran_whole, split_only_stages, whole_stages
 from ppx.plan.inputs import MeasuredAt
 from ppx.units import stage_list
 
@@ -309,7 +309,7 @@ def _lenders(
         except (UserError, OSError, ValueError):
             continue
         ways = {int(st): info or {} for st, info in (row.get("split_backward") or {}).items()}
-        whole = {st for st, info in ways.items() if info.get("mode") == "whole" and not info.get("no_parameters")}
+        whole = {st for st, info in ways.items() if ran_whole(info)}
         stages = {int(k[:-1]) for k in samples if k[:-1].isdigit()}
         matches = {st for st in stages if _as_commands(way, ways.get(st))}
         if here:
@@ -332,8 +332,10 @@ def _lenders(
 def _as_commands(way: str | None, info: dict | None) -> bool:
     """Whether a stage an entry split as ``info`` says (its summary's split_backward) ran as the
     plan's commands split it (``way``: `commands_way`)."""
-    if way is None or not info or info.get("no_parameters"):  # (ppx's runtime chose nothing: the known-cost
-        return True  # model, torch's executor; a stage of no parameter runs one way under every way)
+    # (ppx's runtime chose nothing: the known-cost model, torch's executor; a stage of no
+    # parameter runs one way under every way)
+    if way is None or not info or info.get("no_parameters"):
+        return True
     mode = info.get("mode")
     if way != "auto":
         return mode == way
