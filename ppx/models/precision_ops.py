@@ -39,14 +39,18 @@ def to_compute_dtype(x: torch.Tensor) -> torch.Tensor:
     """``x`` in autocast's dtype where autocast is on (a floating ``x``), else ``x``. While
     torch's tracer runs the model (`tracing`: autocast is off there) it leaves a node that
     decides when the graph runs, so a traced split casts where the layer split does."""
-    if _TRACING[0] and x.is_floating_point():
+    if not x.is_floating_point():
+        return x
+    if _TRACING[0]:
         return _traced_cast()(x)
-    kind = x.device.type
-    if (
-        x.is_floating_point() and kind != "meta" and torch.is_autocast_enabled(kind)
-    ):  # (meta: the checks' device, no autocast)
-        return x.to(torch.get_autocast_dtype(kind))
-    return x
+    dtype = _autocast_dtype(x.device.type)
+    return x if dtype is None else x.to(dtype)
+
+
+def _autocast_dtype(kind: str) -> torch.dtype | None:
+    """Autocast's dtype on device type ``kind`` where it is on, else None (on the meta device,
+    where the checks run the model, there is no autocast to ask)."""
+    return torch.get_autocast_dtype(kind) if kind != "meta" and torch.is_autocast_enabled(kind) else None
 
 
 _TRACING = [False]
@@ -72,11 +76,7 @@ def _traced_cast():
     torch 2.4's `custom_op` cannot read)."""
 
     def cast(x):
-        kind = x.device.type
-        dtype = x.dtype
-        if kind != "meta" and torch.is_autocast_enabled(kind):
-            dtype = torch.get_autocast_dtype(kind)
-        return x.to(dtype, copy=True)
+        return x.to(_autocast_dtype(x.device.type) or x.dtype, copy=True)
 
     cast.__annotations__ = {"x": torch.Tensor, "return": torch.Tensor}
     op = torch.library.custom_op("ppx::to_compute_dtype", cast, mutates_args=())
