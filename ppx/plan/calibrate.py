@@ -182,9 +182,9 @@ def refused_split_note(
         return (
             said + f"its entry {entry!r} stored {stage_list(whole)}, where the plan's commands (train.split_backward="
             "auto) keep the graph, the stores holding more; plan from a run that splits every stage the graph's "
-            f"way: `{measuring_command(from_run, cfg, whole)}`"
+            f"way: `{_graph_command(from_run + '/config.yaml', cfg)}`"
         )
-    return said + f"measure them with `{measuring_command(from_run, cfg, whole)}` and plan --from-run that run"
+    return said + f"measure them with `{split_command(from_run + '/config.yaml', cfg)}` and plan --from-run that run"
 
 
 def stored_entry(run: str, cfg, stages) -> str | None:
@@ -212,17 +212,20 @@ def stored_entry(run: str, cfg, stages) -> str | None:
 
 def measuring_command(run: str, cfg, stages=()) -> str:
     """The run that measures I and W apart on ``stages`` for the run ``run`` of config
-    ``cfg``: `split_command`, or where the run's storing entry could not (`stored_entry`) the
-    run under ``train.split_backward=graph`` beside ZB-H1 the graph's way (and beside 1F1B
-    where the run had that entry too), else ZB-H1 alone so: a plan from it runs its commands
-    the graph's way, as measured."""
+    ``cfg``: `split_command`, or where the run's storing entry could not (`stored_entry`)
+    `_graph_command`."""
+    config_yaml = run + "/config.yaml"
+    return _graph_command(config_yaml, cfg) if stored_entry(run, cfg, stages) else split_command(config_yaml, cfg)
+
+
+def _graph_command(config_yaml: str, cfg) -> str:
+    """The run of config ``cfg`` under ``train.split_backward=graph`` beside ZB-H1 the graph's
+    way (and beside 1F1B where the run had that entry too), else ZB-H1 alone so: a plan from
+    it runs its commands the graph's way, as measured."""
     import copy
 
     from ppx.plan.paired_command import paired_value
 
-    config_yaml = run + "/config.yaml"
-    if not stored_entry(run, cfg, stages):
-        return split_command(config_yaml, cfg)
     graph = copy.deepcopy(cfg)
     graph.train.split_backward = "graph"
     whole = (beside_entries(cfg, whole=True) or [None])[0] in (cfg.run.paired or ())
