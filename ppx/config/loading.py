@@ -95,12 +95,10 @@ def merge_overrides(conf: DictConfig, overrides) -> None:
     ``${...}`` an interpolation; a list's elements are YAML's)."""
     for item in overrides:
         key, _, text = item.partition("=")
-        text_key = (
-            isinstance(_node(conf, key.strip()), StringNode) and "${" not in text
-        )  # (an interpolation: OmegaConf's)
-        value = OmegaConf.from_dotlist([item]) if text_key else None
-        if value is not None and isinstance(OmegaConf.select(value, key.strip()), (bool, int, float)):
-            OmegaConf.update(conf, key.strip(), text.strip(), merge=True)
+        key = key.strip()
+        text_key = isinstance(_node(conf, key), StringNode) and "${" not in text  # (${...}: OmegaConf's)
+        if text_key and isinstance(OmegaConf.select(OmegaConf.from_dotlist([item]), key), (bool, int, float)):
+            OmegaConf.update(conf, key, text.strip(), merge=True)
         else:
             conf.merge_with_dotlist([item])
 
