@@ -12,6 +12,12 @@ def byte_unit(n: float) -> tuple[str, int]:
     return "TiB", 1024**4
 
 
+def size(n: float) -> str:
+    """'64.0 MiB': ``n`` bytes in the unit it reads best in, to a tenth."""
+    unit, scale = byte_unit(abs(n))
+    return f"{n:.0f} B" if unit == "B" else f"{n / scale:.1f} {unit}"
+
+
 def count(n: int, noun: str) -> str:
     """'1 stage', '2 stages': ``n`` and ``noun``, plural but for one."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -116,8 +116,13 @@ def test_last_stage_slower_at_zb_h1s_memory_reaches_the_bound():
 
 
 def test_a_limit_below_one_microbatch_is_refused():
-    with pytest.raises(ScheduleError, match="rank 1's memory limit 1.5 is below one microbatch's saved activations"):
-        auto_zb(2, 4, Costs(1, 1, 1), act_bytes=[1, 2], mem_limit=1.5)
+    # bytes read as sizes; without act_bytes the limit counts microbatches
+    with pytest.raises(
+        ScheduleError, match=r"rank 1's memory limit 50.0 MiB is below one microbatch's saved activations \(64.0 MiB\)"
+    ):
+        auto_zb(2, 4, Costs(1, 1, 1), act_bytes=[2**20, 2**26], mem_limit=50 * 2**20)
+    with pytest.raises(ScheduleError, match=r"rank 0's memory limit 0.5 microbatches is below .* \(1 microbatch\)"):
+        auto_zb(2, 4, Costs(1, 1, 1), mem_limit=0.5)
     with pytest.raises(ScheduleError, match="act_bytes must be 3 sizes"):
         auto_zb(3, 4, Costs(1, 1, 1), act_bytes=[1, 2])
 

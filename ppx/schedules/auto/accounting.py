@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from ppx.errors import ScheduleError
+from ppx.units import size
 from ppx.schedules.ir.action import Action, Op
 
 
@@ -82,12 +83,14 @@ def memory(
         limits = [float(x) for x in mem_limit]
     if len(limits) != p:
         raise ScheduleError(f"zb_auto: mem_limit must be one value or {p} (one per rank), got {len(limits)}")
-    for r, (limit, size) in enumerate(zip(limits, act)):
+    # the limits count bytes where act_bytes are given, else microbatches of a stage
+    amount = (lambda x: f"{x:g} microbatch" + ("" if x == 1 else "es")) if act_bytes is None else size
+    for r, (limit, one) in enumerate(zip(limits, act)):
         if not math.isfinite(limit) and limit > 0:
             continue
-        if size > 0 and limit < size * (1 - 1e-12):
+        if one > 0 and limit < one * (1 - 1e-12):
             raise ScheduleError(
-                f"zb_auto: rank {r}'s memory limit {limit:g} is below one microbatch's saved activations "
-                f"({size:g}): no schedule fits"
+                f"zb_auto: rank {r}'s memory limit {amount(limit)} is below one microbatch's saved activations "
+                f"({amount(one)}): no schedule fits"
             )
     return Memory(tuple(act), tuple(share), tuple(limits))
