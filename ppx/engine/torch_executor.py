@@ -87,7 +87,9 @@ class TorchPipeline(StageShare):
         def wrapped(original, kind):
             def run(op, chunk_id, args, kwargs):
                 key = None if self.keys is None else self.keys(self.step_index, chunk_id)
-                with self.clock.action(PART_OF[op]), microbatch(key):
+                # torch's first stage skips its I and runs the whole backward in its W
+                part = "full" if op is Op.W and stage.stage_index == 0 else PART_OF[op]
+                with self.clock.action(part), microbatch(key):
                     out = original(chunk_id, *args, **kwargs)
                 if op is Op.F:
                     self.live.add((s, chunk_id))

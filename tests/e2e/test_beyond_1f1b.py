@@ -101,8 +101,11 @@ def test_ppx_schedule_runs_in_torchs_runtime(runs):
     assert [r["peak_inflight_microbatches"] for r in mine["ranks"]] == [
         r["peak_inflight_microbatches"] for r in ref["ranks"]
     ]
-    assert {"0I", "0W", "3I", "3W"} <= set(mine["measured_costs"]["action_s"])
-    assert mine["measured_costs"]["action_s"]["0W"] == pytest.approx(T / 1e3, rel=0.1)
+    costs = mine["measured_costs"]["action_s"]
+    assert {"0I", "0W", "3I", "3W"} <= set(costs)
+    # torch's first stage skips its I and runs the whole backward in its W; the others split
+    assert costs["0I"] < 0.1 * T / 1e3 and costs["0W"] == pytest.approx(2 * T / 1e3, rel=0.1), costs
+    assert costs["3I"] == pytest.approx(T / 1e3, rel=0.1) and costs["3W"] == pytest.approx(T / 1e3, rel=0.1), costs
     assert mine["bubble_fraction_theory"] == pytest.approx(ref["bubble_fraction_theory"])
 
 
