@@ -73,7 +73,14 @@ def cmd_schedule(args) -> int:
         line += " (drain leaves this list as built: " + drain_keeps(full) + ")"
     if fam is not None and not drained:
         th = fam.bubble(p, m, args.virtual)
-        line += f", theory {fam.bubble_formula} = {th:.1%}; as a share of the ideal time: {th / (1 - th):.1%}"
+        sim = timeline.bubble_fraction()
+        if abs(sim - th) < 5e-4:
+            line += f", theory {fam.bubble_formula} = {th:.1%}; as a share of the ideal time: {th / (1 - th):.1%}"
+        else:  # slots the formula does not assume: the simulation is these slots' theory
+            line += (
+                f", theory {fam.bubble_formula} = {th:.1%} at the equal costs it assumes; as a share of the ideal "
+                f"time: simulated {sim / (1 - sim):.1%}, theory {th / (1 - th):.1%}"
+            )
     print(line)
     disorder = out_of_order_note(sched)
     if disorder:

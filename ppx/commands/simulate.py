@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from ppx.commands.common import (
@@ -61,6 +62,11 @@ def cmd_simulate(args) -> int:
     transport = args.transport or transport
     lookahead = args.recv_lookahead if args.recv_lookahead is not None else lookahead
     t = schedules.simulate(sched, costs, transport, lookahead, reduce)
+    # the flags' costs are known: their theory is this list at them with zero communication
+    args.theory = None
+    if measured is None:
+        free = dataclasses.replace(costs, p2p=0.0, send_post=0.0, recv_post=0.0, overhead=0.0)
+        args.theory = schedules.simulate(sched, free, transport, lookahead).bubble_fraction()
     _print_prediction(args, sched, t, reduce, run, measured)
     if args.png:
         _draw(sched, t, args.png)
@@ -182,14 +188,18 @@ def _print_prediction(args, sched, t, reduce: bool, run, measured) -> None:
             + f", idle {t.idle(r) * 1e3:.2f} ms"
         )
     fam = schedules.formula_family(args.name)  # (a CSV has none, whatever its file is called)
-    if fam is not None and not args.drained:  # (a list drain changed is not the family's: no formula)
-        exact = measured is not None and run.config.model.kind == "synthetic" and ran_this(run, sched)
-        if exact and measured.bubble_fraction_theory is not None:  # (ppx run's, at the stages' own costs)
+    exact = measured is not None and run.config.model.kind == "synthetic" and ran_this(run, sched)
+    if exact and measured.bubble_fraction_theory is not None:  # (ppx run's, its own list at its stages' costs)
+        print(f"theory (the known-cost model's, each stage at its own costs): {measured.bubble_fraction_theory:.1%}")
+    elif fam is not None and not args.drained:  # (a list drain changed is not the family's: no formula)
+        closed = fam.bubble(p, m, args.virtual)
+        if args.theory is None or abs(args.theory - closed) < 5e-4:
+            print(f"theory ({fam.bubble_formula}): {closed:.1%}")
+        else:  # unequal stages, or W apart from what the formula assumes: the formula is not these costs'
             print(
-                f"theory (the known-cost model's, each stage at its own costs): {measured.bubble_fraction_theory:.1%}"
+                f"theory (this list at these costs, zero communication): {args.theory:.1%} (the closed form "
+                f"{fam.bubble_formula} says {closed:.1%}, at the equal costs it assumes)"
             )
-        else:
-            print(f"theory ({fam.bubble_formula}): {fam.bubble(p, m, args.virtual):.1%}")
     if measured is None:
         return
     step = measured.step_time_of_costs_s  # over the steps the costs come from, as the run's own report

@@ -29,7 +29,7 @@ def test_a_csv_named_as_a_family_is_given_no_formula(tmp_path):
     )
     r = ppx("simulate", str(path))
     assert r.returncode == 0 and "theory" not in r.stdout, r.stdout
-    r = ppx("simulate", "zb_h1", "-p", "2", "-m", "4")  # (the family has it)
+    r = ppx("simulate", "zb_h1", "-p", "2", "-m", "4", "--wgrad-ms", "10", "--bwd-ms", "10")  # (the family has it)
     assert "theory ((p-1)/(3m+p-1)" in r.stdout, r.stdout
 
 

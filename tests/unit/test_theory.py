@@ -152,3 +152,27 @@ def test_schedule_and_simulate_keep_the_theory_where_drain_changes_nothing(capsy
     assert "theory (" in out and "note: drain leaves this list as built: every W follows" in out
     assert main(["simulate", "zb_h1", "-p", "4", "-m", "8", "--drain"]) == 0
     assert "theory" not in capsys.readouterr().out
+
+
+def test_simulate_and_schedule_give_the_theory_of_the_costs_they_are_given(capsys):
+    """From cost flags the theory is the list at those costs with zero communication, as `ppx
+    run` gives a known-cost run's: unequal stages (or a W the formula does not assume) are not
+    the closed form's, which is named beside it; at the formula's own costs, the formula."""
+    from ppx.cli import main
+
+    assert main(["simulate", "1f1b", "-p", "3", "-m", "5", "--fwd-ms", "10,10,15", "--bwd-ms", "20,20,30"]) == 0
+    out = capsys.readouterr().out
+    # the last stage sets the pace: (m + p - 1) F + B of it less what the others' wait overlaps
+    assert "predicted step time 285.00 ms, bubble 38.6%" in out, out
+    assert (
+        "theory (this list at these costs, zero communication): 38.6% (the closed form (p-1)/(m+p-1) says 28.6%" in out
+    )
+    assert main(["simulate", "1f1b", "-p", "3", "-m", "5", "--p2p-ms", "1"]) == 0
+    out = capsys.readouterr().out  # equal stages: the formula, whatever the hand-offs cost the prediction
+    assert "theory ((p-1)/(m+p-1)): 28.6%" in out and "predicted step time 221.00 ms" in out, out
+    assert main(["schedule", "zb_h1", "-p", "4", "-m", "8", "--fwd", "1", "--bwd", "2", "--wgrad", "1"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("bubble (idle share of the step): simulated 15.8%, theory (p-1)/(3m+p-1)"), line
+    assert line.endswith(
+        "= 11.1% at the equal costs it assumes; as a share of the ideal time: simulated 18.8%, theory 12.5%"
+    )
