@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from ppx.errors import ScheduleError
-from ppx.units import size
 from ppx.schedules.ir.action import Action, Op
+from ppx.units import size
 
 
 @dataclass(frozen=True)
