@@ -133,24 +133,28 @@ class MemoryTracker:
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         """Autograd's pack hook: note the storage ``t`` keeps alive. Called for every tensor a
-        forward saves (169 in a forward of 4 llama blocks), so it does no more than it must."""
+        forward saves (169 in a forward of 4 llama blocks), so it does no more than it must. It
+        keeps ``t`` detached: a node saving its own output would otherwise hold itself, a cycle
+        through autograd's C++ graph that Python's collector never frees, left behind wherever a
+        backward does not run that node (a W that takes the weights' gradients alone, under
+        ``train.split_backward=graph``, and its stage input's chain)."""
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         if ptr in self._params:
-            return t
+            return t.detach()
         if self._unsharded and not self._looked:  # once per forward: the unsharded copies' storages
             self._params, self._looked = self._param_storages(), True
             if ptr in self._params:
-                return t
+                return t.detach()
         for copies in self.weight_copies:
             if ptr in copies:
-                return t
+                return t.detach()
         if t.requires_grad or not t._is_view():
             self._seen[ptr] = storage.nbytes()
         else:  # a saved view of data: its own bytes
             own = t.numel() * t.element_size()
             self._seen[(ptr, t.storage_offset(), own)] = own
-        return t
+        return t.detach()
 
     def before(self, item) -> None:
         if not self.counting:

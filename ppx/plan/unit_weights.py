@@ -73,7 +73,7 @@ def _one_unit(module, x, loss) -> tuple:
         storage = t.untyped_storage()
         if storage._cdata not in own:
             kept[storage._cdata] = storage.nbytes()
-        return t
+        return t.detach()  # (not t: a node saving its own output would hold itself, a cycle never freed)
 
     with FlopCounterMode(display=False) as counter, saved_tensors_hooks(pack, lambda t: t):
         if x.is_floating_point():

@@ -35,3 +35,26 @@ def test_param_bytes_are_the_ranks_parameters():
     tracker = MemoryTracker(stages, True, lambda: 0, torch.device("cpu"))
     tracker.begin_step(0)
     assert tracker.end_step(0)["param_bytes"] == ((10 * 5 + 5) + 5 * 2) * 4
+
+
+def test_counting_saved_bytes_keeps_nothing_alive_after_the_graph_goes():
+    """A node that saves its own output (exp's) on a path no backward runs (train.split_backward=graph:
+    its W takes the weights' gradients only, and the input's I kept the graph): once the graph is
+    dropped, nothing the forward saved stays alive, as without the counter's hooks (whose packed
+    tensor, holding its node, made a cycle autograd's C++ graph never frees: a run's memory grew
+    by every counted microbatch)."""
+    import gc
+    import weakref
+
+    layer = torch.nn.Linear(8, 8)
+    tracker = MemoryTracker({0: layer}, True, lambda: 1, torch.device("cpu"))
+    with tracker._hooks:
+        x = torch.randn(4, 8, requires_grad=True)
+        y = torch.exp(x)  # saves its output
+        out = layer(y).sum()
+    alive = weakref.ref(y)
+    torch.autograd.grad(out, [x], retain_graph=True)  # I: the input's gradient, the graph kept
+    torch.autograd.grad(out, list(layer.parameters()))  # W: the weights', exp's node never runs
+    del x, y, out
+    gc.collect()
+    assert alive() is None, "the counted forward's saved output outlived its graph"
