@@ -82,7 +82,7 @@ class StageShare:
     maps its stage indices to modules, ``schedule`` is the schedule, ``observers`` wrap every
     item the executor runs, and `in_flight` counts the microbatches held for a backward. The
     rest has a default for an executor without it: ``precision`` (fp16's loss scaling for the
-    optimizer step), ``split_backward`` (for summary.json), `held_by_store`, `weight_copies`
+    optimizer step), ``split_backward`` (for summary.json), `held_by_store`, `held_with_graph`, `weight_copies`
     and `whole_stages` (for the memory counters)."""
 
     modules: dict
@@ -97,6 +97,10 @@ class StageShare:
     def held_by_store(self, stage: int, mb: int) -> list | None:
         """What ``stage`` holds of ``mb`` for its W outside autograd's saved tensors (None: nothing)."""
         return None
+
+    def held_with_graph(self, stage: int, mb: int) -> list:
+        """What a stage that keeps its graph from its I to its W holds of ``mb`` beside it."""
+        return []
 
     def weight_copies(self) -> list[set]:
         """The storage pointers of the stages' compute-dtype weight copies (none: no copies)."""
@@ -146,6 +150,12 @@ class RankPipeline(StageShare):
         from its forward on, their output gradients too from its I (None: not storing)."""
         store = self.runtime.stages[stage].store
         return None if store is None else store.held(mb)
+
+    def held_with_graph(self, stage: int, mb: int) -> list:
+        """What a stage that keeps its graph from its I to its W holds of ``mb`` beside it: the
+        output gradient its W takes again (none on the last stage, whose I starts from the loss)."""
+        g = self.runtime.stages[stage].grad_outputs.get(mb)
+        return [] if g is None else [g]
 
     def weight_copies(self) -> list[set]:
         """The storage pointers of each stage's weight copies (sets updated in place)."""

@@ -218,8 +218,8 @@ def _unstore(layers: list[RoutedLayer], info: dict) -> tuple[None, dict]:
 
 
 def measure(store: WeightStore, trial: Callable[[], tuple], exclude: set[int]) -> tuple[int, int]:
-    """(bytes one microbatch's forward saves the graph's way, bytes its stores hold from I to
-    W), by storage, leaving out parameters and ``exclude`` (the weight copies' storages, a live set:
+    """(bytes the graph's way holds of one microbatch from its I to its W: what its forward
+    saved, and the output gradient its W takes again; bytes its stores hold from I to W), by storage, leaving out parameters and ``exclude`` (the weight copies' storages, a live set:
     the trial's forward may cast them): one forward the
     graph's way, then one forward and I that store, under a forked RNG, every gradient they
     leave reset."""
@@ -246,7 +246,9 @@ def measure(store: WeightStore, trial: Callable[[], tuple], exclude: set[int]) -
             layer.store = None
         try:
             with saved_tensors_hooks(pack, unpack):
-                trial()
+                _, _, grad_output = trial()
+            if grad_output is not None:  # (none on the last stage: its I starts from the loss)
+                saved[grad_output.untyped_storage().data_ptr()] = grad_output.untyped_storage().nbytes()
         finally:
             kept.clear()
             for layer in store.layers:

@@ -18,7 +18,7 @@ from ppx.measure.timers import CudaTimer, WallTimer
 class Instruments:
     def __init__(self, cfg, pipe, device: torch.device):
         """``pipe``: the rank's share (`ppx.engine.rank.StageShare`: modules, schedule, in_flight,
-        held_by_store, weight_copies, whole_stages)."""
+        held_by_store, held_with_graph, weight_copies, whole_stages)."""
         ins = cfg.instrument
         self.timer = None
         if ins.timers:
@@ -34,6 +34,7 @@ class Instruments:
                 pipe.weight_copies(),
                 ins.memory_steps,
                 pipe.whole_stages(),
+                pipe.held_with_graph,
             )
         self.labels = RecordFunctions() if cfg.profile.enabled else None
 

@@ -83,7 +83,9 @@ class MemoryTracker:
     output gradients, instead of the graph; None: not storing); ``weight_copies``:
     sets of storage pointers of the step's weight copies (the executor updates them in place);
     ``count_steps``: the saved bytes are counted in steps 0 .. count_steps - 1 (0: every step);
-    ``whole_stages``: the stages whose I runs the whole backward (their W nothing), counted as a B."""
+    ``whole_stages``: the stages whose I runs the whole backward (their W nothing), counted as a B;
+    ``held_with_graph(stage, mb)``: what a stage that keeps its graph from its I to its W holds
+    of ``mb`` beside it (the output gradient its W takes again)."""
 
     def __init__(
         self,
@@ -95,11 +97,13 @@ class MemoryTracker:
         weight_copies: Sequence[set] = (),
         count_steps: int = 0,
         whole_stages: frozenset = frozenset(),
+        held_with_graph: Callable[[int, int], list] | None = None,
     ):
         self.training, self.in_flight, self.device = training, in_flight, device
         self.modules = modules
         self.held_by_store, self.weight_copies = held_by_store, list(weight_copies)
         self.count_steps, self.whole_stages = count_steps, frozenset(whole_stages)
+        self.held_with_graph = held_with_graph or (lambda stage, mb: [])
         self._params = self._param_storages()
         self.param_bytes = sum(_local(p).numel() * p.element_size() for m in modules.values() for p in m.parameters())
         # data parallel (torch's replicate / FSDP2): the parameters a forward uses are unsharded
@@ -190,11 +194,19 @@ class MemoryTracker:
                 self._seen = {}
                 self._note(kept)
             if kept is not None or self._seen:  # the stores, or the forward the I re-ran (recompute), to W
+                if kept is None:  # (and the output gradient the W takes again)
+                    self._note(self.held_with_graph(a.stage, a.mb))
                 after = sum(self._seen.values())
                 self.after_input[a.stage] = max(self.after_input.get(a.stage, 0), after)
                 # as the accounting has it: what F saved gone, then what the I holds
                 self._release(self.held.pop((a.stage, a.mb), ()))
                 self._hold(a.stage, a.mb, count=False)
+            else:  # the graph stays as F saved it, and beside it the output gradient the W takes again
+                self._note(self.held_with_graph(a.stage, a.mb))
+                self._hold(a.stage, a.mb, count=False)
+                held = set(self.held.get((a.stage, a.mb), ()))
+                after = sum(self._refs[k][0] for k in held)
+                self.after_input[a.stage] = max(self.after_input.get(a.stage, 0), after)
 
     def _stored(self, stage: int, mb: int) -> list | None:
         return None if self.held_by_store is None else self.held_by_store(stage, mb)
