@@ -50,11 +50,30 @@ def meta_model(config) -> nn.Module:
 def _real(full: nn.Module, module: nn.Module, seed: int, tag: int) -> nn.Module:
     """``module`` (of the meta model ``full``) on the CPU, initialised by the model's own rule
     under seed (``seed``, ``tag``)."""
-    module.to_empty(device="cpu")
+    _empty_on_cpu(module)
     with seeded(seed, tag), torch.no_grad():
         for sub in module.modules():
             full._init_weights(sub)
     return module
+
+
+def _empty_on_cpu(module: nn.Module) -> None:
+    """``module.to_empty(device="cpu")``, each parameter and buffer replaced, not swapped in
+    place (which fails on the fake tensors a plan weighs a model's units with: the meta model
+    still holds them), one tensor still one where the module ties it twice."""
+    made: dict[int, torch.Tensor] = {}
+
+    def empty(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:
+            new = torch.empty_like(t, device="cpu")
+            made[id(t)] = nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else new
+        return made[id(t)]
+
+    for sub in module.modules():
+        for table in (sub._parameters, sub._buffers):
+            for name, t in table.items():
+                if t is not None:
+                    table[name] = empty(t)
 
 
 class HFStage(nn.Module):
