@@ -80,10 +80,11 @@ def test_interleaved_about_halves_the_bubble(runs):
 
 
 @pytest.mark.timing
-@pytest.mark.parametrize("name", PPX_EXECUTED)
+@pytest.mark.parametrize("name", list(VARIANTS))
 def test_simulator_predicts_the_measured_step(runs, name):
     # the 5% target is a benchmark row (make bench); here only a margin a broken simulator
-    # or a mismatched cost (a missing action, a wrong stage) would break
+    # or a mismatched cost (a missing action, a wrong stage) would break; torch's runtime too,
+    # whose waits ppx's timers do not see (its overhead: the least gap between two computes)
     s = runs[name]
     assert abs(s["prediction_error"]["step_time"]) <= 0.15, s["predicted"]
     assert abs(s["prediction_error"]["bubble_fraction"]) <= 0.10
