@@ -7,6 +7,7 @@ import argparse
 import importlib
 import math
 import os
+import re
 import sys
 import time
 
@@ -318,9 +319,22 @@ def _number(text: str) -> float:
     return value
 
 
+def _joined_negatives(argv: list[str]) -> list[str]:
+    """``--opt -5GiB`` as ``--opt=-5GiB``: argparse takes a value that starts with a dash and
+    is not a plain number (a size, a list) for an option and says "expected one argument"; no
+    option of ppx's starts with a digit, so the value reaches the option's own check."""
+    out: list[str] = []
+    for arg in argv:
+        if out and re.match(r"-\d", arg) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv=None) -> int:
     ap = parser()
-    args, extra = ap.parse_known_args(argv)
+    args, extra = ap.parse_known_args(_joined_negatives(sys.argv[1:] if argv is None else list(argv)))
     if extra:  # key=value overrides may come after options: ppx sweep EXP --sweep ... a=1 b=2
         if not hasattr(args, "overrides") or any(x.startswith("-") for x in extra):
             ap.commands.get(args.command, ap).error(f"unrecognized arguments: {' '.join(extra)}")

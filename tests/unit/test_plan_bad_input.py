@@ -18,6 +18,9 @@ CASES = {
     "a budget with no bytes": (COSTS + ["--mem-budget", "40GiB"], "--mem-budget 40GiB: nothing to hold against it"),
     "malformed ms": (["--fwd-ms", "ten", "--bwd-ms", "20"], "--fwd-ms ten: give milliseconds"),
     "negative ms": (["--fwd-ms", "-1", "--bwd-ms", "20"], "--fwd-ms must not be negative"),
+    # (a value that starts with a dash and is no plain number: argparse said "expected one argument")
+    "negative ms in a list": (["--fwd-ms", "-1,2", "--bwd-ms", "20"], "--fwd-ms must not be negative"),
+    "negative size": (COSTS + ["--act-bytes", "1GiB", "--mem-budget", "-5GiB"], "--mem-budget '-5GiB': give a size"),
     "nan ms": (["--fwd-ms", "10", "--bwd-ms", "nan"], "--bwd-ms must be finite milliseconds, got nan"),
     "infinite ms in a list": (["--fwd-ms", "1,inf", "--bwd-ms", "2"], "--fwd-ms must be finite milliseconds"),
     "no work at all": (["--fwd-ms", "0", "--bwd-ms", "0,0"], "--fwd-ms, --bwd-ms and --wgrad-ms are all 0"),
