@@ -12,10 +12,12 @@ def byte_unit(n: float) -> tuple[str, int]:
     return "TiB", 1024**4
 
 
-def size(n: float) -> str:
-    """'64.0 MiB': ``n`` bytes in the unit it reads best in, to a tenth."""
+def format_bytes(n: float) -> str:
+    """'512.0 MiB', '1.50 GiB', '64.0 KiB', '12 B': ``n`` bytes in the unit `byte_unit` picks."""
     unit, scale = byte_unit(abs(n))
-    return f"{n:.0f} B" if unit == "B" else f"{n / scale:.1f} {unit}"
+    if unit == "B":
+        return f"{n:.0f} B"
+    return f"{n / scale:.{2 if unit in ('GiB', 'TiB') else 1}f} {unit}"
 
 
 def count(n: int, noun: str) -> str:

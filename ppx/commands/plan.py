@@ -190,8 +190,8 @@ def cmd_plan(args) -> int:
     from ppx.plan.howto import EXPERIMENT, check, command, full_command, run_command
     from ppx.plan.scale import cluster_note
     from ppx.plan.search import near_best, search
-    from ppx.plan.sizes import format_bytes
     from ppx.plan.space import candidates
+    from ppx.units import format_bytes
 
     _check(args)
     names = schedule_names(args.schedules)

@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ppx.plan.evaluate import Result
-from ppx.plan.sizes import format_bytes
-from ppx.units import byte_unit
+from ppx.units import byte_unit, format_bytes
 
 
 def front(results: list[Result]) -> list[Result]:

@@ -6,7 +6,6 @@ import math
 import re
 
 from ppx.errors import UserError
-from ppx.units import byte_unit
 
 UNITS = {
     "": 1,
@@ -42,11 +41,3 @@ def parse_sizes(option: str, text: str) -> list[float]:
     if any(not p.strip() for p in parts):
         raise UserError(f"{option} {text!r}: an empty entry in the list")
     return [parse_size(option, p) for p in parts]
-
-
-def format_bytes(n: float) -> str:
-    """'512.0 MiB', '1.50 GiB', '64.0 KiB', '12 B' (the unit `byte_unit` picks for pictures)."""
-    unit, scale = byte_unit(abs(n))
-    if unit == "B":
-        return f"{n:.0f} B"
-    return f"{n / scale:.{2 if unit in ('GiB', 'TiB') else 1}f} {unit}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ppx.plan.evaluate import Result
-from ppx.plan.sizes import format_bytes
+from ppx.units import format_bytes
 
 
 def header(microbatch_size: int | None) -> list[str]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ppx.errors import UserError
-from ppx.plan.sizes import format_bytes, parse_size, parse_sizes
+from ppx.plan.sizes import parse_size, parse_sizes
+from ppx.units import format_bytes
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from itertools import accumulate
 
 from ppx.errors import ScheduleError
 from ppx.schedules.ir.action import Action, Op
-from ppx.units import size
+from ppx.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def memory(
     if len(limits) != p:
         raise ScheduleError(f"zb_auto: mem_limit must be one value or {p} (one per rank), got {len(limits)}")
     # the limits count bytes where act_bytes are given, else microbatches of a stage
-    amount = (lambda x: f"{x:g} microbatch" + ("" if x == 1 else "es")) if act_bytes is None else size
+    amount = (lambda x: f"{x:g} microbatch" + ("" if x == 1 else "es")) if act_bytes is None else format_bytes
     for r, (limit, one) in enumerate(zip(limits, act)):
         if not math.isfinite(limit) and limit > 0:
             continue
