@@ -30,11 +30,7 @@ def cost_samples(steps: list[dict], schedule: Schedule) -> dict:
     for k, s in enumerate(steps):
         for r, spans in s["ranks"].items():
             computes = sum(1 for sp in spans if sp.kind == "compute")
-            if computes > 1 and computes == len(spans) and schedule.num_ranks > 1:
-                # computes alone on a rank with peers (torch's runtime posts and waits out of the
-                # timers' reach): the gaps hold its waits too, the least of them the overhead alone
-                overhead.append(max(0.0, min(b.start_s - a.end_s for a, b in zip(spans, spans[1:]))))
-            elif computes and spans:  # the rank's own time that is neither compute, posting nor waiting
+            if computes and spans:  # the rank's own time that is neither compute, posting nor waiting
                 covered = sum(sp.end_s - sp.start_s for sp in spans)
                 overhead.append((spans[-1].end_s - spans[0].start_s - covered) / computes)
             for key, seconds in action_durations(spans).items():
@@ -175,10 +171,11 @@ def predict_expected(
 
 
 def input_freed_share(saved: float, held: float | None) -> float:
-    """The share of a microbatch's saved bytes its I frees: 0 where the stage keeps its graph
-    as its forward saved it (``held`` None), else 1 - held / saved, below 0 where the stage
-    holds more from its I to its W than its forward saved (stores larger than the graph; under
-    ``train.recompute`` the graph or the stores of the forward the I re-ran)."""
+    """The share of a microbatch's saved bytes its I frees: 0 where nothing was measured from
+    its I to its W (``held`` None), else 1 - held / saved, below 0 where the stage holds more
+    from its I to its W than its forward saved (its graph with the output gradient its W takes
+    again; stores larger than the graph; under ``train.recompute`` the graph or the stores of
+    the forward the I re-ran)."""
     if held is None or not saved:
         return 0.0
     return min(1.0, 1.0 - held / saved)
@@ -197,7 +194,7 @@ def memory_prediction(steps: list[dict], schedule: Schedule, ranks: list[dict]) 
     them) by walking its actions (`ppx.schedules.sim.memory.peak_held`), against ``ranks``' measured
     ``peak_activation_bytes``; {} without the counters or without backwards."""
     saved: dict = {}
-    after: dict = {}  # a stage's bytes from I to W where not its forward's (stores, recompute)
+    after: dict = {}  # a stage's bytes from I to W (its graph and output gradient, stores, recompute)
     for s in steps:
         for r in s["ranks"]:
             most_per_stage(saved, r.get("saved_bytes_per_microbatch"))

@@ -64,21 +64,3 @@ def test_a_stage_that_ran_bs_and_is_and_ws_keeps_its_b_apart():
 
     assert c.work(Action(1, Op.B, 0)) == 2.5 and c.work(Action(0, Op.B, 0)) == 2.0 and c.work(Action(1, Op.I, 0)) == 2.0
     assert costs_from({"action_s": {"0F": 1.0, "0B": 2.0}, "p2p_s": 0.0}, 1).whole is None
-
-
-def test_a_rank_seen_computing_only_takes_its_least_gap_for_the_overhead():
-    """torch's runtime posts and waits out of ppx's timers' reach, so a rank's spans are its
-    computes alone and the gaps between them hold its waits: the overhead per action is the least
-    gap (every gap counted made the prediction wait twice: torch_1f1b at p=3 predicted 20% long).
-    ppx's runtime, whose waits are spans of their own, keeps the mean of what they leave."""
-    sched = schedules.build("1f1b", 2, 2)
-    computes = [
-        span("compute", "0F0", ["0F0"], 0.0, 1.0),
-        span("compute", "0F1", ["0F1"], 1.1, 2.1),  # 0.1 s: overhead alone
-        span("compute", "0B0", ["0B0"], 3.1, 5.1),  # 1 s: a wait for the gradient
-        span("compute", "0B1", ["0B1"], 5.3, 7.3),
-    ]
-    assert cost_samples([{"step": 0, "ranks": {0: computes}}], sched)["overhead_s"] == [pytest.approx(0.1)]
-    waited = [*computes[:2], span("wait", "0RECV_B0", ["0RECV_B0"], 2.1, 3.1), *computes[2:]]
-    # (ppx's runtime: what neither computes nor waits is overhead, per compute: 0.1 + 0.2 over 4)
-    assert cost_samples([{"step": 0, "ranks": {0: waited}}], sched)["overhead_s"] == [pytest.approx(0.3 / 4)]
