@@ -48,6 +48,7 @@ class TorchPipeline(StageShare):
         self.observers = list(observers)
         self.clock = ActionClock()
         self.live: set = set()  # (stage, microbatch) whose activations torch holds for a backward
+        self.open_forward = None  # the last stage's forward item, open until its loss is computed
         self.keys, self.step_index = microbatch_keys(cfg), -1  # each microbatch's dropout masks
         stages = schedule.stages_of(rank)
         self.modules = build_stage_modules(cfg, schedule.num_stages, stages, device, self.clock)
@@ -57,6 +58,7 @@ class TorchPipeline(StageShare):
             stage = PipelineStage(self.modules[s], s, schedule.num_stages, self.device)
             self._wrap(stage, s)
             pstages.append(stage)
+        self.pipeline_stages = dict(zip(stages, pstages))
         name = cfg.pipeline.schedule
         # each microbatch's loss scaled by 1/m before its backward, as ppx's runtime does
         # (`StageRunner`), not the summed gradients divided by m after (torch's scale_grads):
@@ -80,6 +82,21 @@ class TorchPipeline(StageShare):
     def in_flight(self) -> int:
         return len(self.live)
 
+    def held_with_graph(self, stage: int, mb: int) -> list:
+        """What torch holds of ``mb`` from its I to its W beside the graph (its stage's
+        ``backward_state``): the output gradient, the input's gradient (kept on the input), and
+        the gradients at the intermediates its W starts from."""
+        state = self.pipeline_stages[stage].backward_state.get(mb)
+        if state is None:
+            return []
+        inputs, groups, _, output_grads = state
+        held = [g for g in output_grads or () if isinstance(g, torch.Tensor)]
+        held += [x.grad for x in inputs or () if isinstance(x, torch.Tensor) and x.grad is not None]
+        for group in groups or ():
+            for grads in group.get("grads") or ():
+                held += [g for g in grads or () if isinstance(g, torch.Tensor)]
+        return held
+
     def _wrap(self, stage, s: int) -> None:
         """Run ppx's observers around torch's per-microbatch forward, backward (full, or
         input-gradient only) and weight-gradient calls, each inside the rank's clock."""
@@ -102,6 +119,13 @@ class TorchPipeline(StageShare):
                 if kind is Op.B and not kwargs.get("full_backward", args[1] if len(args) > 1 else True):
                     op = Op.I
                 item = Item("compute", (Action(s, op, chunk_id),), f"{s}{op.value}{chunk_id}")
+                if op is Op.F and stage.is_last:  # its item ends after the loss torch computes next
+                    self._end_forward()
+                    for o in self.observers:
+                        o.before(item)
+                    out = run(op, chunk_id, args, kwargs)
+                    self.open_forward = item
+                    return out
                 return run_observed(self.observers, item, run, op, chunk_id, args, kwargs)
 
             return call
@@ -111,19 +135,24 @@ class TorchPipeline(StageShare):
         stage.backward_weight_one_chunk = wrapped(stage.backward_weight_one_chunk, Op.W)
 
     def _count_loss_with_forward(self) -> None:
-        from ppx.measure.memory import MemoryTracker
-
+        """The last stage's forward item holds the loss torch computes after it (ppx's runtime
+        computes it inside the forward): its timers and memory counters count it with it."""
         sched = self.torch_schedule
         original = sched._maybe_compute_loss
 
-        def maybe_compute_loss(stage, output, target_mbs, mb_index, *args, **kwargs):
-            tracker = next((o for o in self.observers if isinstance(o, MemoryTracker)), None)
-            if tracker is None or not stage.is_last:
-                return original(stage, output, target_mbs, mb_index, *args, **kwargs)
-            with tracker.part_of_forward(stage.stage_index, mb_index):
-                return original(stage, output, target_mbs, mb_index, *args, **kwargs)
+        def maybe_compute_loss(*args, **kwargs):
+            out = original(*args, **kwargs)
+            self._end_forward()
+            return out
 
         sched._maybe_compute_loss = maybe_compute_loss
+
+    def _end_forward(self) -> None:
+        """The observers' ``after`` of the last stage's open forward item, if one is open."""
+        item, self.open_forward = self.open_forward, None
+        if item is not None:
+            for o in reversed(self.observers):
+                o.after(item)
 
     def microbatches(self, step: int):
         """This step's whole batch on this rank's device (torch's schedule splits it), made
@@ -143,6 +172,7 @@ class TorchPipeline(StageShare):
             self.torch_schedule.step(x, **kwargs)
         else:
             self.torch_schedule.step(**kwargs)
+        self._end_forward()  # (a forward torch computed no loss after)
         if not self.owns_last:
             return None
         return float(sum(v.detach() for v in losses))  # (each scaled by 1/m, added in microbatch order)

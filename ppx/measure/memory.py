@@ -29,10 +29,10 @@ and the microbatches in flight, which cost nothing measurable.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import resource
 import sys
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -122,6 +122,8 @@ class MemoryTracker:
         self.per_microbatch: dict[int, int] = {}  # stage -> most bytes one microbatch's forward saved
         self.after_input: dict[int, int] = {}  # stage -> most bytes one microbatch held from its I to its W
         self._seen: dict = {}
+        self._fresh: dict = {}  # key -> weak references to what this forward (or I) saved of it
+        self._weak: dict = {}  # key -> weak references to what keeps it, of every holder
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
@@ -153,12 +155,15 @@ class MemoryTracker:
         for copies in self.weight_copies:
             if ptr in copies:
                 return t.detach()
+        kept = t.detach()
         if t.requires_grad or not t._is_view():
-            self._seen[ptr] = storage.nbytes()
+            key, nbytes = ptr, storage.nbytes()
         else:  # a saved view of data: its own bytes
-            own = t.numel() * t.element_size()
-            self._seen[(ptr, t.storage_offset(), own)] = own
-        return t.detach()
+            nbytes = t.numel() * t.element_size()
+            key = (ptr, t.storage_offset(), nbytes)
+        self._seen[key] = nbytes
+        self._fresh.setdefault(key, []).append(weakref.ref(kept))  # (gone when autograd frees it)
+        return kept
 
     def before(self, item) -> None:
         if not self.counting:
@@ -166,7 +171,7 @@ class MemoryTracker:
         # an I too: under train.recompute it re-runs the forward, whose graph a stage that
         # keeps its graph holds until the W (an I that recomputes nothing saves nothing)
         if item.kind == "compute" and (item.actions[0].op is Op.F or item.actions[0].op is Op.I and self.training):
-            self._seen, self._looked = {}, False
+            self._seen, self._fresh, self._looked = {}, {}, False
             self._hooks.__enter__()
 
     def after(self, item) -> None:
@@ -185,13 +190,14 @@ class MemoryTracker:
             self._release(self.held.pop((a.stage, a.mb), ()))
         elif a.op is Op.I and self.training:
             self._hooks.__exit__(None, None, None)
+            self._forget_freed(self.held.get((a.stage, a.mb), ()))  # what the I itself let go
             if a.stage in self.whole_stages:  # the whole backward ran here: all freed, nothing held to the W
                 self.after_input.setdefault(a.stage, 0)
                 self._release(self.held.pop((a.stage, a.mb), ()))
                 return
             kept = self._stored(a.stage, a.mb)
             if kept is not None:  # the graph went at this I (a recomputed one too): the stores stay until W
-                self._seen = {}
+                self._seen, self._fresh = {}, {}
                 self._note(kept)
             if kept is not None or self._seen:  # the stores, or the forward the I re-ran (recompute), to W
                 if kept is None:  # (and the output gradient the W takes again)
@@ -214,7 +220,24 @@ class MemoryTracker:
     def _note(self, tensors) -> None:
         """Tensors held for backward outside autograd's saved ones, by storage."""
         for tensor in tensors:
-            self._seen[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+            key = tensor.untyped_storage().data_ptr()
+            self._seen[key] = tensor.untyped_storage().nbytes()
+            self._fresh.setdefault(key, []).append(weakref.ref(tensor))
+
+    def _forget_freed(self, keys) -> None:
+        """Drop, from every holder, the storages among ``keys`` that nothing keeps any more: a
+        backward freed them before the action that releases them in the accounting (torch's I
+        detaches its outputs, freeing what only they kept: a loss's logits). Their addresses
+        are free for the next forward's tensors, which would otherwise count as shared."""
+        for key in [k for k in keys if k in self._refs and self._weak.get(k)]:
+            if any(ref() is not None for ref in self._weak[key]):
+                continue
+            nbytes, references = self._refs.pop(key)
+            del self._weak[key]
+            if references:
+                self.live_bytes -= nbytes
+            for held in self.held.values():
+                held[:] = [k for k in held if k != key]
 
     def _release(self, keys) -> None:
         for ptr in keys:
@@ -228,6 +251,10 @@ class MemoryTracker:
         """The storages just seen stay alive until microbatch ``mb``'s backward on ``stage``
         (``count``: they are what its forward saved)."""
         if self.training:
+            self._forget_freed(list(self._seen))  # (an address freed early, taken again by this forward)
+            for key, refs in self._fresh.items():
+                self._weak.setdefault(key, []).extend(refs)
+            self._fresh = {}
             if count:
                 mb_bytes = sum(self._seen.values())
                 self.per_microbatch[stage] = max(self.per_microbatch.get(stage, 0), mb_bytes)
@@ -238,22 +265,6 @@ class MemoryTracker:
                     self.live_bytes += nbytes
                 ref[1] += 1
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-
-    @contextlib.contextmanager
-    def part_of_forward(self, stage: int, mb: int):
-        """Count what autograd saves inside this block as microbatch ``mb``'s forward on
-        ``stage``: torch's executor computes the loss after the stage's forward, where ppx's
-        own runtime computes it inside."""
-        if not self.counting:
-            yield
-            return
-        self._seen = {}
-        with self._hooks:
-            yield
-        self._hold(stage, mb, count=False)
-        if self.training:  # the microbatch's bytes: its forward's and these, each storage once
-            nbytes = sum(self._refs[k][0] for k in set(self.held[(stage, mb)]))
-            self.per_microbatch[stage] = max(self.per_microbatch.get(stage, 0), nbytes)
 
     def end_step(self, step: int) -> dict:
         if self.device.type == "cuda":

@@ -12,9 +12,9 @@ from ppx.plan import table
 from ppx.plan.builders import build
 from ppx.plan.evaluate import Result
 from ppx.plan.inputs import PlanInputs
-from ppx.plan.sizes import format_bytes
 from ppx.plan.space import Skipped
 from ppx.schedules.csv_io import write_csv
+from ppx.units import format_bytes
 
 
 def write_json(
@@ -72,7 +72,7 @@ def _inputs_lines(inputs: PlanInputs) -> list[str]:
         lines.append(f"- saved bytes per microbatch: {', '.join(format_bytes(b) for b in inputs.act_bytes)}")
     if inputs.input_share:
         lines.append(
-            f"- share of them an I frees (stores to W; below 0: adds, recomputed): "
+            f"- share of them an I frees (stores to W; below 0: holds more, a graph with its output gradient or a recomputed forward): "
             f"{', '.join(f'{s:.2f}' for s in inputs.input_share)}"
         )
     if inputs.param_bytes:

@@ -102,6 +102,10 @@ def test_ppx_schedule_runs_in_torchs_runtime(runs):
     assert [r["peak_inflight_microbatches"] for r in mine["ranks"]] == [
         r["peak_inflight_microbatches"] for r in ref["ranks"]
     ]
+    # from I to W torch holds the graph and the output gradient, as ppx's graph way does, and
+    # more (the input's gradient, the gradients at the intermediates its W starts from)
+    shares = zip(mine["input_freed_share"], ref["input_freed_share"])
+    assert all(t <= r + 1e-9 for t, r in shares) and min(mine["input_freed_share"]) < -1, mine["input_freed_share"]
     costs = mine["measured_costs"]["action_s"]
     assert {"0I", "0W", "3I", "3W"} <= set(costs)
     # torch's first stage skips its I and runs the whole backward in its W; the others split

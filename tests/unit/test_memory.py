@@ -58,3 +58,33 @@ def test_counting_saved_bytes_keeps_nothing_alive_after_the_graph_goes():
     del x, y, out
     gc.collect()
     assert alive() is None, "the counted forward's saved output outlived its graph"
+
+
+def test_what_a_backward_frees_before_its_release_leaves_the_count_at_once():
+    """torch's I detaches its stage's outputs, freeing what only they kept (a loss's logits)
+    before the W that releases the microbatch in the accounting: the counters drop those bytes
+    at the I (they held them to the W, and the next forward's tensors at the freed addresses
+    counted as shared: the saved bytes and the peak moved from run to run)."""
+    from ppx.schedules.comms.program import Item
+    from ppx.schedules.ir.action import Action, Op
+
+    def item(op):
+        return Item("compute", (Action(0, op, 0),), f"0{op.value}0")
+
+    layer = torch.nn.Linear(8, 8)
+    tracker = MemoryTracker({0: layer}, True, lambda: 1, torch.device("cpu"))
+    tracker.begin_step(0)
+    x = torch.randn(4, 8, requires_grad=True)
+    tracker.before(item(Op.F))
+    h = layer(x)  # saves x
+    out = torch.exp(h)  # saves its output, which only its node keeps once `out` goes
+    tracker.after(item(Op.F))
+    saved = tracker.per_microbatch[0]
+    assert saved == 2 * 4 * 8 * 4 and tracker.live_bytes == saved
+    torch.autograd.grad(h, [x], torch.ones_like(h), retain_graph=True)  # the input's gradient
+    del out  # the output side let go: exp's node and its saved output freed
+    tracker.before(item(Op.I))
+    tracker.after(item(Op.I))
+    assert tracker.after_input[0] == saved - 4 * 8 * 4 and tracker.live_bytes == saved - 4 * 8 * 4
+    tracker.after(item(Op.W))
+    assert tracker.live_bytes == 0 and tracker.peak_bytes == saved
