@@ -62,7 +62,8 @@ def cmd_schedule(args) -> int:
     print(render_grid(sched, costs, args.transport))
     timeline = schedules.simulate(sched, costs, args.transport)
     fam = schedules.formula_family(args.name)  # (a CSV has none, whatever its file is called)
-    line = f"bubble (idle share of the step): simulated {timeline.bubble_fraction():.1%}"
+    sim = timeline.bubble_fraction()
+    line = f"bubble (idle share of the step): simulated {sim:.1%}"
     if schedules.is_csv(args.name):
         line += _own_order(args.name, sched, costs, args.transport)
     drained = sched.actions != full.actions
@@ -73,7 +74,6 @@ def cmd_schedule(args) -> int:
         line += " (drain leaves this list as built: " + drain_keeps(full) + ")"
     if fam is not None and not drained:
         th = fam.bubble(p, m, args.virtual)
-        sim = timeline.bubble_fraction()
         if abs(sim - th) < 5e-4:
             line += f", theory {fam.bubble_formula} = {th:.1%}; as a share of the ideal time: {th / (1 - th):.1%}"
         else:  # slots the formula does not assume: the simulation is these slots' theory
