@@ -122,8 +122,8 @@ class MemoryTracker:
         self.per_microbatch: dict[int, int] = {}  # stage -> most bytes one microbatch's forward saved
         self.after_input: dict[int, int] = {}  # stage -> most bytes one microbatch held from its I to its W
         self._seen: dict = {}
-        self._fresh: dict = {}  # key -> weak references to what this forward (or I) saved of it
-        self._weak: dict = {}  # key -> weak references to what keeps it, of every holder
+        self._fresh: dict = {}  # key -> a weak reference to the storage this forward (or I) saw there
+        self._alive: dict = {}  # key -> a weak reference to the storage counted there (gone when it is freed)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
@@ -162,7 +162,7 @@ class MemoryTracker:
             nbytes = t.numel() * t.element_size()
             key = (ptr, t.storage_offset(), nbytes)
         self._seen[key] = nbytes
-        self._fresh.setdefault(key, []).append(weakref.ref(kept))  # (gone when autograd frees it)
+        self._fresh[key] = weakref.ref(storage)  # (torch keeps a storage's Python object while it lives)
         return kept
 
     def before(self, item) -> None:
@@ -190,7 +190,8 @@ class MemoryTracker:
             self._release(self.held.pop((a.stage, a.mb), ()))
         elif a.op is Op.I and self.training:
             self._hooks.__exit__(None, None, None)
-            self._forget_freed(self.held.get((a.stage, a.mb), ()))  # what the I itself let go
+            if a.stage not in self.whole_stages and self._stored(a.stage, a.mb) is None:
+                self._forget_freed(self.held.get((a.stage, a.mb), ()))  # what the I let go (the graph stays)
             if a.stage in self.whole_stages:  # the whole backward ran here: all freed, nothing held to the W
                 self.after_input.setdefault(a.stage, 0)
                 self._release(self.held.pop((a.stage, a.mb), ()))
@@ -222,22 +223,23 @@ class MemoryTracker:
         for tensor in tensors:
             key = tensor.untyped_storage().data_ptr()
             self._seen[key] = tensor.untyped_storage().nbytes()
-            self._fresh.setdefault(key, []).append(weakref.ref(tensor))
+            self._fresh[key] = weakref.ref(tensor.untyped_storage())
 
     def _forget_freed(self, keys) -> None:
-        """Drop, from every holder, the storages among ``keys`` that nothing keeps any more: a
-        backward freed them before the action that releases them in the accounting (torch's I
-        detaches its outputs, freeing what only they kept: a loss's logits). Their addresses
-        are free for the next forward's tensors, which would otherwise count as shared."""
-        for key in [k for k in keys if k in self._refs and self._weak.get(k)]:
-            if any(ref() is not None for ref in self._weak[key]):
-                continue
+        """Drop, from every holder, the storages among ``keys`` that are freed: a backward let
+        them go before the action that releases them in the accounting (torch's I detaches its
+        stage's outputs, freeing what only they kept: cross-entropy's log-probabilities). Their
+        addresses are free for the next forward's tensors, which would otherwise count as shared."""
+        dead = {k for k in keys if k in self._refs and k in self._alive and self._alive[k]() is None}
+        if not dead:
+            return
+        for key in dead:
             nbytes, references = self._refs.pop(key)
-            del self._weak[key]
+            del self._alive[key]
             if references:
                 self.live_bytes -= nbytes
-            for held in self.held.values():
-                held[:] = [k for k in held if k != key]
+        for held in self.held.values():
+            held[:] = [k for k in held if k not in dead]
 
     def _release(self, keys) -> None:
         for ptr in keys:
@@ -246,14 +248,14 @@ class MemoryTracker:
             if ref[1] == 0:
                 self.live_bytes -= ref[0]
                 del self._refs[ptr]
+                self._alive.pop(ptr, None)
 
     def _hold(self, stage: int, mb: int, count: bool = True) -> None:
         """The storages just seen stay alive until microbatch ``mb``'s backward on ``stage``
         (``count``: they are what its forward saved)."""
         if self.training:
             self._forget_freed(list(self._seen))  # (an address freed early, taken again by this forward)
-            for key, refs in self._fresh.items():
-                self._weak.setdefault(key, []).extend(refs)
+            self._alive.update(self._fresh)
             self._fresh = {}
             if count:
                 mb_bytes = sum(self._seen.values())

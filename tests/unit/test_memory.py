@@ -88,3 +88,13 @@ def test_what_a_backward_frees_before_its_release_leaves_the_count_at_once():
     assert tracker.after_input[0] == saved - 4 * 8 * 4 and tracker.live_bytes == saved - 4 * 8 * 4
     tracker.after(item(Op.W))
     assert tracker.live_bytes == 0 and tracker.peak_bytes == saved
+    # a storage something else still keeps (torch's kept outputs, the caller's batch) stays counted
+    tracker.begin_step(1)
+    tracker.before(item(Op.F))
+    out = torch.exp(layer(x))
+    tracker.after(item(Op.F))
+    alias = out.detach()[0]  # keeps exp's output storage alive
+    del out
+    tracker.before(item(Op.I))
+    tracker.after(item(Op.I))
+    assert tracker.after_input[0] == saved and alias.numel() == 8
