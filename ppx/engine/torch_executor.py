@@ -23,6 +23,7 @@ import torch
 from ppx import models
 from ppx.engine.observers import run_observed
 from ppx.engine.rank import StageShare, build_stage_modules, microbatch_keys
+from ppx.measure.profiler import RecordFunctions
 from ppx.models.action_clock import PART_OF, ActionClock
 from ppx.models.seeding import microbatch
 from ppx.schedules import registry
@@ -119,14 +120,28 @@ class TorchPipeline(StageShare):
                 if kind is Op.B and not kwargs.get("full_backward", args[1] if len(args) > 1 else True):
                     op = Op.I
                 item = Item("compute", (Action(s, op, chunk_id),), f"{s}{op.value}{chunk_id}")
-                if op is Op.F and stage.is_last:  # its item ends after the loss torch computes next
-                    self._end_forward()
-                    for o in self.observers:
-                        o.before(item)
-                    out = run(op, chunk_id, args, kwargs)
-                    self.open_forward = item
-                    return out
+                if op is Op.F and stage.is_last:  # its item (and clock) end after the loss torch computes next
+                    return forward_with_loss(item, chunk_id, args, kwargs)
                 return run_observed(self.observers, item, run, op, chunk_id, args, kwargs)
+
+            def forward_with_loss(item, chunk_id, args, kwargs):
+                self._end_forward()
+                for o in self.observers:
+                    o.before(item)
+                key = None if self.keys is None else self.keys(self.step_index, chunk_id)
+                self.clock.begin(PART_OF[Op.F])
+                try:
+                    with microbatch(key):
+                        out = original(chunk_id, *args, **kwargs)
+                except BaseException:
+                    self.clock.end()
+                    raise
+                self.live.add((s, chunk_id))
+                for o in self.observers:  # a label closes where torch's own range around the forward does
+                    if isinstance(o, RecordFunctions):
+                        o.after(item)
+                self.open_forward = item
+                return out
 
             return call
 
@@ -141,7 +156,13 @@ class TorchPipeline(StageShare):
         original = sched._maybe_compute_loss
 
         def maybe_compute_loss(*args, **kwargs):
-            out = original(*args, **kwargs)
+            try:
+                out = original(*args, **kwargs)
+            except BaseException:  # (its item stays unended, as any item that raises)
+                if self.open_forward is not None:
+                    self.open_forward = None
+                    self.clock.end()
+                raise
             self._end_forward()
             return out
 
@@ -151,8 +172,10 @@ class TorchPipeline(StageShare):
         """The observers' ``after`` of the last stage's open forward item, if one is open."""
         item, self.open_forward = self.open_forward, None
         if item is not None:
+            self.clock.end()
             for o in reversed(self.observers):
-                o.after(item)
+                if not isinstance(o, RecordFunctions):
+                    o.after(item)
 
     def microbatches(self, step: int):
         """This step's whole batch on this rank's device (torch's schedule splits it), made
@@ -168,10 +191,12 @@ class TorchPipeline(StageShare):
         kwargs = {}
         if self.owns_last:
             kwargs = {"target": y, "losses": losses}
+        # (return_outputs=False: torch would keep every microbatch's output to the step's end and
+        # join them, memory and time no one reads)
         if self.owns_first:
-            self.torch_schedule.step(x, **kwargs)
+            self.torch_schedule.step(x, **kwargs, return_outputs=False)
         else:
-            self.torch_schedule.step(**kwargs)
+            self.torch_schedule.step(**kwargs, return_outputs=False)
         self._end_forward()  # (a forward torch computed no loss after)
         if not self.owns_last:
             return None
