@@ -319,14 +319,23 @@ def _number(text: str) -> float:
     return value
 
 
-def _joined_negatives(argv: list[str]) -> list[str]:
-    """``--opt -5GiB`` as ``--opt=-5GiB``: argparse takes a value that starts with a dash and
-    is not a plain number (a size, a list) for an option and says "expected one argument"; no
-    option of ppx's starts with a digit, so the value reaches the option's own check."""
-    out: list[str] = []
-    for arg in argv:
-        if out and re.match(r"-\d", arg) and out[-1].startswith("--") and "=" not in out[-1]:
-            out[-1] = f"{out[-1]}={arg}"
+NEGATIVE = re.compile(r"-(\d|\.\d|inf\b|nan\b)", re.IGNORECASE)
+
+
+def _joined_negatives(ap, argv: list[str]) -> list[str]:
+    """``--opt -5GiB`` as ``--opt=-5GiB`` (``-m -8,16`` as ``-m-8,16``) for an option of the
+    command that takes one value: argparse takes a value that starts with a dash and is not a
+    plain number (a size, a list, -inf) for an option and says "expected one argument"; so the
+    value reaches the option's own check. Nothing after ``--``."""
+    sub, out = None, []
+    for k, arg in enumerate(argv):
+        if arg == "--":
+            return out + argv[k:]
+        if sub is None and not arg.startswith("-"):
+            sub = ap.commands.get(arg)
+        action = sub._option_string_actions.get(out[-1]) if sub is not None and out else None
+        if action is not None and action.nargs is None and action.option_strings and NEGATIVE.match(arg):
+            out[-1] = f"{out[-1]}={arg}" if out[-1].startswith("--") else out[-1] + arg
         else:
             out.append(arg)
     return out
@@ -334,7 +343,7 @@ def _joined_negatives(argv: list[str]) -> list[str]:
 
 def main(argv=None) -> int:
     ap = parser()
-    args, extra = ap.parse_known_args(_joined_negatives(sys.argv[1:] if argv is None else list(argv)))
+    args, extra = ap.parse_known_args(_joined_negatives(ap, sys.argv[1:] if argv is None else list(argv)))
     if extra:  # key=value overrides may come after options: ppx sweep EXP --sweep ... a=1 b=2
         if not hasattr(args, "overrides") or any(x.startswith("-") for x in extra):
             ap.commands.get(args.command, ap).error(f"unrecognized arguments: {' '.join(extra)}")
