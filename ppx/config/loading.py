@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from omegaconf.nodes import StringNode
 
@@ -90,17 +90,32 @@ def _layers(preset: dict | None, loaded, overrides: list[str]):
 
 def merge_overrides(conf: DictConfig, overrides) -> None:
     """``key=value`` overrides into ``conf``, in order, their values read as YAML (OmegaConf's
-    dotlist), except that a key of text keeps what was typed: ``run.name=007``,
-    ``logging.wandb.project=no`` are the text, not 7 and False (``null`` is still null, and
-    ``${...}`` an interpolation; a list's elements are YAML's)."""
+    dotlist), except that a key of text, or a list of text, keeps what was typed: ``run.name=007``,
+    ``logging.wandb.project=no``, ``model.units=[007,yes]`` are the text, not 7, False and
+    [7, True] (``null`` is still null, and ``${...}`` an interpolation)."""
     for item in overrides:
         key, _, text = item.partition("=")
         key = key.strip()
-        text_key = isinstance(_node(conf, key), StringNode) and "${" not in text  # (${...}: OmegaConf's)
-        if text_key and isinstance(OmegaConf.select(OmegaConf.from_dotlist([item]), key), (bool, int, float)):
-            OmegaConf.update(conf, key, text.strip(), merge=True)
-        else:
-            conf.merge_with_dotlist([item])
+        node = _node(conf, key)
+        typed = "${" not in text  # (${...}: OmegaConf's)
+        if typed and isinstance(node, StringNode):
+            if isinstance(OmegaConf.select(OmegaConf.from_dotlist([item]), key), (bool, int, float)):
+                OmegaConf.update(conf, key, text.strip(), merge=True)
+                continue
+        elif typed and _text_list(node) and text.strip().startswith("["):
+            try:
+                words = yaml.load(text, Loader=yaml.BaseLoader)  # (every scalar the text typed)
+            except yaml.YAMLError:  # (OmegaConf's reading below says what is wrong)
+                words = None
+            if isinstance(words, list) and all(isinstance(w, str) for w in words):
+                OmegaConf.update(conf, key, words, merge=False)
+                continue
+        conf.merge_with_dotlist([item])
+
+
+def _text_list(node) -> bool:
+    """Whether ``node`` is a list of text (``model.units``, ``run.paired``)."""
+    return isinstance(node, ListConfig) and getattr(node._metadata, "element_type", None) is str
 
 
 def _node(conf: DictConfig, key: str):

@@ -122,6 +122,10 @@ def test_an_override_of_a_text_key_keeps_the_text_typed(tmp_path):
         config.load("1f1b_2cpu", ["train.steps=yes"])
     (tmp_path / "e.yaml").write_text("run:\n  name: 007\n")  # (YAML's own reading, as any YAML tool's)
     assert config.load(str(tmp_path / "e.yaml")).run.name == "7"
+    # a list of text too (its elements were YAML's: [7, True]); a list of numbers stays numbers
+    cfg = config.load("1f1b_2cpu", ['logging.wandb.tags=[007, yes, "a b"]', "pipeline.layers_per_stage=[3,1]"])
+    assert list(cfg.logging.wandb.tags) == ["007", "yes", "a b"] and list(cfg.pipeline.layers_per_stage) == [3, 1]
+    assert config.load("1f1b_2cpu", ["model.units=null"]).model.units is None
 
 
 @pytest.mark.parametrize(
