@@ -190,30 +190,27 @@ class MemoryTracker:
             self._release(self.held.pop((a.stage, a.mb), ()))
         elif a.op is Op.I and self.training:
             self._hooks.__exit__(None, None, None)
-            if a.stage not in self.whole_stages and self._stored(a.stage, a.mb) is None:
-                self._forget_freed(self.held.get((a.stage, a.mb), ()))  # what the I let go (the graph stays)
+            key = (a.stage, a.mb)
             if a.stage in self.whole_stages:  # the whole backward ran here: all freed, nothing held to the W
                 self.after_input.setdefault(a.stage, 0)
-                self._release(self.held.pop((a.stage, a.mb), ()))
+                self._release(self.held.pop(key, ()))
                 return
+            rerun = bool(self._seen)  # the forward the I re-ran (train.recompute)
             kept = self._stored(a.stage, a.mb)
             if kept is not None:  # the graph went at this I (a recomputed one too): the stores stay until W
                 self._seen, self._fresh = {}, {}
                 self._note(kept)
-            if kept is not None or self._seen:  # the stores, or the forward the I re-ran (recompute), to W
-                if kept is None:  # (and the output gradient the W takes again)
-                    self._note(self.held_with_graph(a.stage, a.mb))
-                after = sum(self._seen.values())
-                self.after_input[a.stage] = max(self.after_input.get(a.stage, 0), after)
-                # as the accounting has it: what F saved gone, then what the I holds
-                self._release(self.held.pop((a.stage, a.mb), ()))
-                self._hold(a.stage, a.mb, count=False)
-            else:  # the graph stays as F saved it, and beside it the output gradient the W takes again
+            else:  # the graph stays, less what the I let go, with the output gradient the W takes again
+                self._forget_freed(self.held.get(key, ()))
                 self._note(self.held_with_graph(a.stage, a.mb))
+            if kept is not None or rerun:  # as the accounting has it: what F saved gone, then what the I holds
+                after = sum(self._seen.values())
+                self._release(self.held.pop(key, ()))
                 self._hold(a.stage, a.mb, count=False)
-                held = set(self.held.get((a.stage, a.mb), ()))
-                after = sum(self._refs[k][0] for k in held)
-                self.after_input[a.stage] = max(self.after_input.get(a.stage, 0), after)
+            else:  # the graph as F saved it, and beside it what the I added
+                self._hold(a.stage, a.mb, count=False)
+                after = sum(self._refs[k][0] for k in set(self.held.get(key, ())))
+            self.after_input[a.stage] = max(self.after_input.get(a.stage, 0), after)
 
     def _stored(self, stage: int, mb: int) -> list | None:
         return None if self.held_by_store is None else self.held_by_store(stage, mb)
