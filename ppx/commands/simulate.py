@@ -62,12 +62,7 @@ def cmd_simulate(args) -> int:
     transport = args.transport or transport
     lookahead = args.recv_lookahead if args.recv_lookahead is not None else lookahead
     t = schedules.simulate(sched, costs, transport, lookahead, reduce)
-    # the flags' costs are known: their theory is this list at them with zero communication
-    args.theory = None
-    if measured is None:
-        free = dataclasses.replace(costs, p2p=0.0, send_post=0.0, recv_post=0.0, overhead=0.0)
-        args.theory = schedules.simulate(sched, free, transport, lookahead).bubble_fraction()
-    _print_prediction(args, sched, t, reduce, run, measured)
+    _print_prediction(args, sched, t, reduce, run, measured, (costs, transport, lookahead))
     if args.png:
         _draw(sched, t, args.png)
     return 0
@@ -169,7 +164,16 @@ def _costs(args, sched, run, measured) -> tuple:
     return costs_of_run(args, sched, run, measured)
 
 
-def _print_prediction(args, sched, t, reduce: bool, run, measured) -> None:
+def _zero_communication(sched, costs, transport: str, lookahead: int) -> float:
+    """The bubble of ``sched`` at ``costs`` with no hand-off, posting or overhead cost: known
+    costs' theory, as `ppx run` gives a known-cost run's."""
+    from ppx import schedules
+
+    free = dataclasses.replace(costs, p2p=0.0, send_post=0.0, recv_post=0.0, overhead=0.0)
+    return schedules.simulate(sched, free, transport, lookahead).bubble_fraction()
+
+
+def _print_prediction(args, sched, t, reduce: bool, run, measured, simulated: tuple) -> None:
     """The predicted step, each rank's split of it, the theory and (--from-run) the run's own."""
     from ppx import schedules
 
@@ -193,11 +197,12 @@ def _print_prediction(args, sched, t, reduce: bool, run, measured) -> None:
         print(f"theory (the known-cost model's, each stage at its own costs): {measured.bubble_fraction_theory:.1%}")
     elif fam is not None and not args.drained:  # (a list drain changed is not the family's: no formula)
         closed = fam.bubble(p, m, args.virtual)
-        if args.theory is None or abs(args.theory - closed) < 5e-4:
+        exact = None if measured is not None else _zero_communication(sched, *simulated)  # (the flags' costs)
+        if exact is None or abs(exact - closed) < 5e-4:
             print(f"theory ({fam.bubble_formula}): {closed:.1%}")
         else:  # unequal stages, or W apart from what the formula assumes: the formula is not these costs'
             print(
-                f"theory (this list at these costs, zero communication): {args.theory:.1%} (the closed form "
+                f"theory (this list at these costs, zero communication): {exact:.1%} (the closed form "
                 f"{fam.bubble_formula} says {closed:.1%}, at the equal costs it assumes)"
             )
     if measured is None:

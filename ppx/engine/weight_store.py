@@ -219,10 +219,10 @@ def _unstore(layers: list[RoutedLayer], info: dict) -> tuple[None, dict]:
 
 def measure(store: WeightStore, trial: Callable[[], tuple], exclude: set[int]) -> tuple[int, int]:
     """(bytes the graph's way holds of one microbatch from its I to its W: what its forward
-    saved, and the output gradient its W takes again; bytes its stores hold from I to W), by storage, leaving out parameters and ``exclude`` (the weight copies' storages, a live set:
-    the trial's forward may cast them): one forward the
-    graph's way, then one forward and I that store, under a forked RNG, every gradient they
-    leave reset."""
+    saved, and the output gradient its W takes again; bytes its stores hold from I to W), by
+    storage, leaving out parameters and ``exclude`` (the weight copies' storages, a live set:
+    the trial's forward may cast them): one forward the graph's way, then one forward and I
+    that store, under a forked RNG, every gradient they leave reset."""
     module = store.module
     params = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())}
     saved: dict[int, int] = {}
