@@ -132,7 +132,7 @@ class RoutedLayer:
             if torch.is_autocast_enabled(device):
                 dtype = torch.get_autocast_dtype(device)
                 if x.dtype != dtype and x.is_floating_point():
-                    x = x.to(dtype)  # what autocast's cast would do, in the graph the same way
+                    x = self.weights.cast(x, dtype)  # autocast's cast, in the graph the same way
         store = self.store
         calls = None if store is None else store.calls
         if calls is None or not torch.is_grad_enabled():
@@ -173,6 +173,26 @@ class StepWeights:
         self.copies: dict[int, tuple] = {}
         self.storages: set[int] = set()  # data pointers of the copies (not activation memory)
         self.layers: list[RoutedLayer] = []
+        self._last_cast: tuple | None = None  # (input, its version, grad mode, its cast): the last `cast`
+
+    def cast(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``x`` in ``dtype``, one copy for every layer that takes the same ``x`` in a row
+        (Llama's q, k and v projections take one norm's output, its gate and up projections
+        another): autocast casts it again for each layer, and each layer's graph keeps its own
+        copy. The layers' input gradients then meet in ``dtype`` at the copy, before its cast
+        back, as they do where the model hands the layers a tensor already in ``dtype`` (ppx's
+        own models). `forget_cast` after each forward: nothing kept past it."""
+        last, grad = self._last_cast, torch.is_grad_enabled()
+        if last is not None and last[0] is x and last[1] == x._version and last[2] == grad:
+            if last[3].dtype == dtype:
+                return last[3]
+        y = x.to(dtype)
+        self._last_cast = (x, x._version, grad, y)
+        return y
+
+    def forget_cast(self) -> None:
+        """Drop the last `cast` (the end of a forward)."""
+        self._last_cast = None
 
     def of(self, layer: RoutedLayer) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.dtype is None:  # the parameters as the module holds them now (FSDP swaps them there)
@@ -187,6 +207,7 @@ class StepWeights:
         """New copies from the current weights (call before each step's first forward)."""
         self.copies.clear()
         self.storages.clear()
+        self._last_cast = None
         for layer in self.layers:  # no weight of before kept alive (a copy, or a parameter data parallel replaced)
             layer.forget_weight()
         if self.dtype is None:

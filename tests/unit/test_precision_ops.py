@@ -132,7 +132,10 @@ def _microbatch_bytes(model: str, dtype: str) -> tuple[int, list[torch.Tensor]]:
 def test_a_bf16_microbatch_saves_about_half_an_fp32_ones_bytes(model):
     fp32, _ = _microbatch_bytes(model, "fp32")
     bf16, wide = _microbatch_bytes(model, "bf16")
-    assert 0.45 <= bf16 / fp32 <= 0.55, (bf16, fp32)
+    # Hugging Face's Llama saves under half: in fp32 its RMSNorm's graph keeps the input and the
+    # normalised input (8 bytes an element), in bf16 the lean norm its bf16 input (2 bytes)
+    low = 0.40 if model == "hf-llama" else 0.45
+    assert low <= bf16 / fp32 <= 0.55, (bf16, fp32)
     tokens = 3 * 24
     assert all(t.numel() <= 4 * tokens for t in wide), [tuple(t.shape) for t in wide]  # per-token statistics only
 
