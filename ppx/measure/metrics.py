@@ -108,7 +108,9 @@ def run_summary(steps: list[dict]) -> dict:
     out = {"step_time_s": med(s["step_time_s"] for s in steps)}
     if "bubble_fraction" in steps[0]:
         out["bubble_fraction"] = med(s["bubble_fraction"] for s in steps)
-        out["bubble_over_ideal"] = over_ideal(out["bubble_fraction"])
+        # each its own median (of an even count the middle two's mean, which over_ideal does not keep)
+        ratios = [s["bubble_over_ideal"] for s in steps]
+        out["bubble_over_ideal"] = None if None in ratios else med(ratios)
     ranks = []
     for r, first in enumerate(steps[0]["ranks"]):
         rows = [s["ranks"][r] for s in steps]

@@ -37,7 +37,7 @@ def summary_rows(summary: dict) -> list[list[str]]:
         ]
     )
     if apart:
-        rows.append(["bubble, idle / step time (timeline steps)", _pct(timeline), _pct(b_pred), ""])
+        rows.append(["bubble, idle / step time (timeline steps, mean)", _pct(timeline), _pct(b_pred), ""])
     rows.append(
         [
             "bubble, idle / busy time",
@@ -48,7 +48,12 @@ def summary_rows(summary: dict) -> list[list[str]]:
     )
     if apart:
         rows.append(
-            ["bubble, idle / busy time (timeline steps)", _pct(over_ideal(timeline)), _pct(over_ideal(b_pred)), ""]
+            [
+                "bubble, idle / busy time (timeline steps, of the mean)",
+                _pct(over_ideal(timeline)),
+                _pct(over_ideal(b_pred)),
+                "",
+            ]
         )
     tput = summary.get("throughput_samples_per_s")
     rows.append(["throughput", "" if tput is None else f"{tput:.1f} samples/s", "", ""])

@@ -68,8 +68,8 @@ def test_a_predicted_bubble_sits_beside_the_bubble_of_the_steps_it_was_predicted
     s = {**summary(), "measured_bubble_fraction": 0.25, "predicted": {"bubble_fraction": 0.24, "step_time_s": 0.02}}
     text = summary_markdown(s)
     assert "| bubble, idle / step time | 21.0% |  | 20.0% |" in text
-    assert "| bubble, idle / step time (timeline steps) | 25.0% | 24.0% |  |" in text
-    assert "| bubble, idle / busy time (timeline steps) | 33.3% | 31.6% |  |" in text
+    assert "| bubble, idle / step time (timeline steps, mean) | 25.0% | 24.0% |  |" in text
+    assert "| bubble, idle / busy time (timeline steps, of the mean) | 33.3% | 31.6% |  |" in text
 
 
 def test_text_summary_of_a_split_backward_has_its_table():

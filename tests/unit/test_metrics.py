@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from helpers.spans import span
-from ppx.measure.metrics import step_breakdown
+from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
 
 
 def test_waits_split_into_idle_before_the_send_and_transfer_after_it():
@@ -42,3 +42,17 @@ def test_waits_split_into_idle_before_the_send_and_transfer_after_it():
     assert one["idle_s"] == pytest.approx(2.3 - 1.0 - 0.5)  # the 0.8 s before the send, plus nothing else
     assert m["ranks"][0]["transfer_s"] == 0.0
     assert step_breakdown([r0, r1])["ranks"][1]["idle_s"] == pytest.approx(2.3 - 1.0 - 0.2)  # no spans: all idle
+
+
+def test_a_runs_bubble_over_ideal_is_the_median_of_its_steps_even_of_an_even_count():
+    """Each normalisation is its own median: idle / busy of the median idle / step would, of an
+    even count of steps, be no step's figure (the middle two's mean does not convert)."""
+    steps = [
+        {"step_time_s": 1.0, "bubble_fraction": b, "bubble_over_ideal": over_ideal(b), "ranks": []}
+        for b in (0.1, 0.2, 0.5, 0.6)
+    ]
+    out = run_summary(steps)
+    assert out["bubble_fraction"] == pytest.approx(0.35)
+    assert out["bubble_over_ideal"] == pytest.approx((0.25 + 1.0) / 2)  # not 0.35 / 0.65
+    steps[0]["bubble_over_ideal"] = None  # (a step all idle has none)
+    assert run_summary(steps)["bubble_over_ideal"] is None
