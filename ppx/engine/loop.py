@@ -87,7 +87,7 @@ def train(
     watchdog.phase("aligning clocks")
     offset = offset_to_rank0(ctrl)
 
-    prof = make_profiler(cfg.profile, run_dir, rank, device)  # NO_PROFILER when off: its marks do nothing
+    prof = make_profiler(cfg.profile, run_dir, layout.pp_rank, device, layout.dp_rank)  # NO_PROFILER when off
     with prof, StepCollector(cfg.runtime.gc_steps) as collector:
         for step in range(cfg.train.steps):
             beside = paired.run(step, offset, ctrl, prof) if paired is not None and step % 2 else None

@@ -43,7 +43,7 @@ class StepProfiler:
     one ``profile.step()`` call to the next, so everything between steps too) are switched off.
     ``prof.label("ppx:...")`` marks the work ppx does between steps."""
 
-    def __init__(self, prof_cfg, run_dir: Path, rank: int, device: torch.device):
+    def __init__(self, prof_cfg, run_dir: Path, worker: str, device: torch.device):
         activities = [ProfilerActivity.CPU]
         if device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
@@ -54,7 +54,7 @@ class StepProfiler:
             schedule=schedule(
                 wait=prof_cfg.wait, warmup=prof_cfg.warmup, active=prof_cfg.active, repeat=prof_cfg.repeat
             ),
-            on_trace_ready=tensorboard_trace_handler(str(traces), worker_name=f"rank{rank}"),
+            on_trace_ready=tensorboard_trace_handler(str(traces), worker_name=worker),
             record_shapes=prof_cfg.record_shapes,
             profile_memory=prof_cfg.profile_memory,
             with_stack=prof_cfg.with_stack,
@@ -114,6 +114,10 @@ class _NoProfiler:
 NO_PROFILER = _NoProfiler()
 
 
-def make_profiler(prof_cfg, run_dir: Path, rank: int, device: torch.device):
-    """A `StepProfiler` when ``profile.enabled``, else `NO_PROFILER`."""
-    return StepProfiler(prof_cfg, run_dir, rank, device) if prof_cfg.enabled else NO_PROFILER
+def make_profiler(prof_cfg, run_dir: Path, rank: int, device: torch.device, replica: int = 0):
+    """A `StepProfiler` when ``profile.enabled``, else `NO_PROFILER`. ``rank``: the pipeline
+    rank, as every rank-indexed file names it; a replica's but the first (``parallel.data``)
+    traces are ``rank<r>-replica<d>``."""
+    if not prof_cfg.enabled:
+        return NO_PROFILER
+    return StepProfiler(prof_cfg, run_dir, f"rank{rank}" + (f"-replica{replica}" if replica else ""), device)

@@ -22,7 +22,8 @@ def runs(tmp_path_factory):
     for name, extra in (
         ("one", []),
         ("replicate", ["parallel.data=2", "logging.wandb.mode=offline"]),
-        ("shard", ["parallel.data=2", "parallel.data_shard=true"]),
+        # profiled at step 2 (wait 1, warmup 1, active 1): each replica's traces of its own
+        ("shard", ["parallel.data=2", "parallel.data_shard=true", "profile.enabled=true", "profile.active=1"]),
         # FSDP2 with fp16 loss scaling (DTensor gradients unscaled) and selective recomputation
         # (its first forward's all-gather inside the checkpoint's dispatch mode)
         (
@@ -51,6 +52,18 @@ def test_replicas_train_like_one_pipeline_on_the_global_batch(runs, how):
     assert len(os.sched_getaffinity(0)) < 2 or all(cpus[0, d] != cpus[1, d] for d in range(2)), cpus
     assert dp["losses"] == pytest.approx(one["losses"], rel=1e-5)
     assert dp["losses"] != pytest.approx(one["losses"][:1] * 3, rel=1e-9)  # it trains: losses move
+
+
+def test_each_replicas_profiler_traces_are_named_by_its_pipeline_rank(runs):
+    """rank<r> is pipeline rank r, as in every rank-indexed file; the other replica's
+    rank<r>-replica1 (process 2r+1, whose traces were rank<2r+1>)."""
+    traces = {t.name.split(".")[0]: t for t in (runs["shard"] / "tb").glob("*.pt.trace.json")}
+    assert sorted(traces) == ["rank0", "rank0-replica1", "rank1", "rank1-replica1"]
+    for name, t in traces.items():
+        stage = name[4]
+        labels = {e["name"] for e in json.loads(t.read_text())["traceEvents"] if e.get("ph") == "X"}
+        assert {f"PP:{stage}F0", f"PP:{stage}B1", "ProfilerStep#2"} <= labels, (name, sorted(labels)[:20])
+        assert not any(x.startswith(f"PP:{1 - int(stage)}") for x in labels), name
 
 
 def test_sharded_replicas_train_in_fp16_with_recomputation(runs):
