@@ -98,9 +98,9 @@ class WandbSink:
             if extra or traces:
                 art = wandb.Artifact(f"traces-{self.run.id}", type="profiler-traces")
                 for p in traces:
-                    art.add_file(str(p), name=f"traces/{p.name}")
+                    art.add_file(str(p.resolve()), name=f"traces/{p.name}", policy="immutable")
                 for p in extra:
-                    art.add_file(str(p))
+                    art.add_file(str(p.resolve()), policy="immutable")
                 self.run.log_artifact(art)
             # the runs table shows a run's summary: its step scalars there are the run's own
             # (medians, `run_scalars`), not the last step's, W&B's default, which a run that did

@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -137,7 +138,11 @@ def test_wandb_offline_run_holds_the_logged_history(profiled_run):
     assert re.search(r'<div id="timeline"[^>]* data-ranks="2"', page) and 'id="breakdown"' in page
     assert f"ppx: report: {run / 'report.html'}\nppx: run directory: {run}" in r.stdout
     artifacts = [rec.artifact for rec in wandb_file.records(wb) if rec.WhichOneof("record_type") == "artifact"]
-    assert any(a.type == "profiler-traces" for a in artifacts)
+    (traces,) = [a for a in artifacts if a.type == "profiler-traces"]
+    files = {e.path: Path(e.local_path) for e in traces.manifest.contents}
+    assert "timeline.json" in files and any(f.startswith("traces/rank0.") for f in files), files
+    # read where they are in the run directory: no copy of every trace kept outside it, run after run
+    assert all(p.is_relative_to(run.resolve()) for p in files.values()), files
     info = wandb_file.run_info(wb)
     assert info["project"] == "ppx" and info["group"] == "1f1b_2cpu"
     assert info["config"]["pipeline"]["schedule"] == "1f1b"
