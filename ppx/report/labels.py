@@ -20,6 +20,19 @@ SHORT = {STAGES: "p", VIRTUAL: "v", MICRO: "m", "model.kind": "model"}
 # what names or records a run rather than what it runs: never a difference of its own
 IGNORED = ("run.", "logging.", "profile.", "instrument.")
 UNREAD = "run.config_unread"  # flat_config's mark where a run's config.yaml could not be read
+# a model kind's own keys: no part of a run of another kind (an mlp run has model.fwd_ms in its
+# config, at its default, but nothing reads it)
+KIND_KEYS = {
+    "synthetic": ("model.fwd_ms", "model.bwd_ms", "model.wgrad_ms", "model.cost_per"),
+    "hf": ("model.hf_config", "model.hf_overrides"),
+    "module": tuple(f"model.{k}" for k in ("module", "args", "units", "split_points", "data", "batch_fn", "loss_fn")),
+}
+
+
+def _reads(config: dict[str, Any], key: str) -> bool:
+    """Whether a run of ``config`` (flattened) reads ``key``: any but another model kind's own."""
+    kind = config.get("model.kind")
+    return not any(key in keys for k, keys in KIND_KEYS.items() if k != kind)
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -121,7 +134,7 @@ def run_labels(configs: list[dict[str, Any]], folders: list[str]) -> list[str]:
     labels = []
     for c in configs:
         vs = by_schedule[c.get(SCHEDULE)]
-        shown = [k for k in keys if k in c and (k != VIRTUAL or len(vs) > 1 or (c[k] or 1) > 1)]
+        shown = [k for k in keys if k in c and _reads(c, k) and (k != VIRTUAL or len(vs) > 1 or (c[k] or 1) > 1)]
         # a key this run leaves unset (None, {}, []) says little of it: left out where others speak
         shown = [k for k in shown if c[k] not in (None, {}, [])] or shown
         labels.append(" ".join(_part(k, c[k], names) for k in shown))

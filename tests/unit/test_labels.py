@@ -149,3 +149,16 @@ def test_keys_a_run_leaves_unset_are_left_out_of_its_label_where_others_name_it(
         "model=mlp",
         "model=module module=my:build units=blocks args={'w': 8}",
     ]
+
+
+def test_a_model_kinds_own_keys_are_no_part_of_another_kinds_label():
+    """A known-cost run beside an mlp run: the mlp run's config holds model.fwd_ms at its
+    default, which nothing of it reads; its label names its model, not fwd_ms=10."""
+    mlp = cfg(**{"model.fwd_ms": 10.0, "model.bwd_ms": 20.0, "model.hf_config": None})
+    known = cfg(**{"model.kind": "synthetic", "model.fwd_ms": 2.0, "model.bwd_ms": 20.0, "model.hf_config": None})
+    hf = cfg(**{"model.kind": "hf", "model.fwd_ms": 5.0, "model.bwd_ms": 20.0, "model.hf_config": "llama"})
+    assert run_labels([mlp, known, hf], ["a", "b", "c"]) == [
+        "model=mlp",
+        "model=synthetic fwd_ms=2",
+        "model=hf hf_config=llama",
+    ]
