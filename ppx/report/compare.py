@@ -124,8 +124,8 @@ def load_row(run: RunDir, base: Path | None = None) -> dict:
         "predicted": s.predicted_bubble_fraction,
         "v": s.virtual,
         "predicted_error_pt": _points(s.prediction_error_bubble_fraction),
-        "peak_act_kib": s.peak_activation_bytes / 1024 or None,
-        "peak_mem_mib": s.peak_memory_bytes / 2**20 or None,
+        "peak_act_kib": None if s.peak_activation_bytes is None else s.peak_activation_bytes / 1024,
+        "peak_mem_mib": None if s.peak_memory_bytes is None else s.peak_memory_bytes / 2**20,
         "final_loss": s.final_loss,
     }
 
@@ -211,7 +211,8 @@ def plot_runs(rows: list[dict], path: Path, title: str = "") -> None:
         ax.bar(x, values, color="#4C72B0")
         ax.set_title(name, fontsize=10)
     ax = axes[1][0]
-    ax.bar([i - 0.27 for i in x], [r["bubble"] or 0 for r in rows], width=0.27, label="measured", color="#DD8452")
+    measured = [measured_beside_prediction(r) or 0 for r in rows]
+    ax.bar([i - 0.27 for i in x], measured, width=0.27, label="measured", color="#DD8452")
     ax.bar(x, [r["predicted"] or 0 for r in rows], width=0.27, label="predicted (simulator)", color="#8172B2")
     ax.bar([i + 0.27 for i in x], [r["theory"] or 0 for r in rows], width=0.27, label="theory", color="#BBBBBB")
     ax.set_title("bubble (idle / step time)", fontsize=10)
@@ -232,8 +233,15 @@ def plot_runs(rows: list[dict], path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
+def measured_beside_prediction(row: dict) -> float | None:
+    """The measured bubble a picture draws beside the prediction: the timeline steps' (the
+    steps whose costs the prediction takes, as the table's pred err pt), or the median over
+    the run's steps where it has no timeline (and then no prediction)."""
+    return row["bubble"] if row.get("timeline_bubble") is None else row["timeline_bubble"]
+
+
 TITLE = (  # bubble.png's and report.html's
-    "measured bubble (dots), predicted from measured costs (x), the run's theory (rings),\n"
+    "measured bubble of the timeline steps (dots), predicted from their costs (x), the run's theory (rings),\n"
     "closed form at equal costs (dashed)"
 )
 SERIES_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B2", "#937860", "#DA8BC3"]
@@ -253,7 +261,7 @@ def bubble_series(rows: list[dict]) -> list[dict] | None:
     for k, key in enumerate(sorted({(r["schedule"], r["world_size"], r["v"]) for r in rows})):
         sched, p, v = key
         pts = sorted(
-            (r["microbatches"], r["bubble"], r["predicted"], r["theory"])
+            (r["microbatches"], measured_beside_prediction(r), r["predicted"], r["theory"])
             for r in rows
             if (r["schedule"], r["world_size"], r["v"]) == key
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ppx.measure.spans import handoffs
 from ppx.report.breakdown import parts_of, rank_theories, theory_label
+from ppx.report.compare import measured_beside_prediction
 from ppx.report.gantt import COLORS, stage_shades
 from ppx.units import byte_unit
 
@@ -284,8 +285,10 @@ def runs_figure(rows: list[dict]) -> object:
         row=1,
         col=1,
     )
-    for key, name, color in (("bubble", "measured", "#DD8452"), ("predicted", "predicted (simulator)", "#8172B2")):
-        fig.add_trace(go.Bar(name=name, x=labels, y=[r[key] for r in rows], marker_color=color), row=1, col=2)
+    measured = [measured_beside_prediction(r) for r in rows]
+    fig.add_trace(go.Bar(name="measured", x=labels, y=measured, marker_color="#DD8452"), row=1, col=2)
+    predicted = [r["predicted"] for r in rows]
+    fig.add_trace(go.Bar(name="predicted (simulator)", x=labels, y=predicted, marker_color="#8172B2"), row=1, col=2)
     fig.add_trace(go.Bar(name="theory", x=labels, y=[r["theory"] for r in rows], marker_color="#BBBBBB"), row=1, col=2)
     fig.update_yaxes(tickformat=".0%", row=1, col=2)
     _layout(fig, barmode="group", height=420, legend=dict(orientation="h", y=-0.2))

@@ -107,14 +107,15 @@ class Summary:
         return self.losses[-1] if self.losses else None
 
     @property
-    def peak_activation_bytes(self) -> int:
-        """The busiest rank's peak of saved activations (0 when not measured)."""
-        return max((r.peak_activation_bytes or 0 for r in self.ranks), default=0)
+    def peak_activation_bytes(self) -> int | None:
+        """The busiest rank's peak of saved activations (None when not measured; 0 is a
+        measurement: a forward-only run saves nothing)."""
+        return _peak(r.peak_activation_bytes for r in self.ranks)
 
     @property
-    def peak_memory_bytes(self) -> int:
-        """The highest rank's peak memory (0 when not measured)."""
-        return max((r.peak_memory_bytes or 0 for r in self.ranks), default=0)
+    def peak_memory_bytes(self) -> int | None:
+        """The highest rank's peak memory (None when not measured)."""
+        return _peak(r.peak_memory_bytes for r in self.ranks)
 
     @property
     def step_time_of_costs_s(self) -> float:
@@ -203,3 +204,9 @@ class RunDir:
     def metrics(self) -> list[dict]:
         """metrics.jsonl: one dict per step, in step order."""
         return [json.loads(line) for line in self._text("metrics.jsonl").splitlines() if line.strip()]
+
+
+def _peak(values) -> int | None:
+    """The largest of the ranks' values that were measured, or None."""
+    got = [v for v in values if v is not None]
+    return max(got) if got else None

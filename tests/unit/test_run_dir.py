@@ -83,7 +83,7 @@ def test_optional_fields_are_none_and_derived_ones_fall_back(run):
     rd = RunDir(run)
     s = rd.summary
     assert s.bubble_fraction is None and s.predicted_bubble_fraction is None and s.measured_costs is None
-    assert s.virtual == 1 and s.final_loss is None and s.peak_memory_bytes == 0
+    assert s.virtual == 1 and s.final_loss is None and s.peak_memory_bytes is None  # (not measured: not 0)
     assert s.throughput == pytest.approx(32 / 0.011) and s.step_time_of_costs_s == 0.011
     assert rd.env is None
 
@@ -116,6 +116,23 @@ def test_compare_rows_come_from_the_run_dir(run):
     assert (row["bubble"], row["theory"], row["predicted"]) == (0.3, 0.2, 0.25)
     assert row["predicted_error_pt"] == pytest.approx(4.0)
     assert (row["peak_act_kib"], row["peak_mem_mib"], row["final_loss"]) == (4.0, 2.0, 0.25)
+    # a forward-only run saves nothing: 0 is its measurement, the table's 0.0, not "-" (not measured)
+    saved_nothing = dict(SUMMARY, ranks=[{"rank": r, "peak_activation_bytes": 0} for r in (0, 1)])
+    (run / "summary.json").write_text(json.dumps(saved_nothing))
+    row = load_row(find_runs([str(run.parent)])[0], run.parent)
+    assert (row["peak_act_kib"], row["peak_mem_mib"]) == (0.0, None)
+
+
+def test_pictures_draw_the_timeline_steps_bubble_beside_the_prediction():
+    """The prediction is of the timeline steps: the measured point beside it is theirs, the
+    median over every step only where a run has no timeline."""
+    from ppx.report.compare import bubble_series
+
+    row = {"schedule": "1f1b", "world_size": 2, "v": 1, "theory": 0.2, "predicted": 0.25}
+    rows = [dict(row, microbatches=4, bubble=0.3, timeline_bubble=0.26), dict(row, microbatches=8, bubble=0.1)]
+    rows[1]["timeline_bubble"] = None
+    (series,) = bubble_series(rows)
+    assert series["measured"] == [(4, 0.26), (8, 0.1)] and series["predicted"] == [(4, 0.25), (8, 0.25)]
 
 
 def test_compare_leaves_out_a_run_that_did_not_complete_and_says_so(run, capsys):
