@@ -9,6 +9,9 @@ until the job ends,
   then to torchrun's process group;
 - forwards SIGTERM, SIGINT and SIGHUP sent to ``ppx run`` (a ``timeout``, a job manager,
   Ctrl-C) the same way, then exits 128 + the signal (143 for SIGTERM, 130 for SIGINT);
+- ends the job when every rank has ended and torchrun has not (its agent frozen) for
+  ``runtime.timeout_s``: the run kept where it completed, else how each rank ended (its exit
+  status, read from /proc while torchrun has not reaped it) or its own line;
 - once torchrun has ended on its own with an error, explains it: a rank killed by a signal
   (torchrun's exit codes, `ppx.launch.torchrun`) "died: killed by signal SIGKILL (9)" on the
   action its status file names; otherwise the rank that failed first has said why in its own
@@ -89,11 +92,16 @@ class Supervisor:
             frozen = self._frozen(beats)
             if frozen:
                 return self._end_frozen(frozen)
-            if self._complete(beats):  # torchrun's agent has had its time to reap the ranks and go
+            complete = self._complete(beats)
+            if complete or self._all_ended(beats):  # torchrun's agent has had its time to reap the ranks and go
                 now = time.monotonic()
                 self._done_at = self._done_at or now
                 if now - self._done_at > max(self.timeout_s, 3 * INTERVAL_S):
-                    return self._end_lingering(now - self._done_at)
+                    if complete:
+                        return self._end_lingering(now - self._done_at)
+                    return self._end_unreaped(beats, now - self._done_at)
+            else:
+                self._done_at = None
             time.sleep(POLL_S)
 
     def _complete(self, beats: dict) -> bool:
@@ -114,6 +122,28 @@ class Supervisor:
             flush=True,
         )
         return 0
+
+    def _all_ended(self, beats: dict) -> bool:
+        """Every rank has beaten and none of their processes runs now (ended, or a zombie that
+        torchrun's agent, frozen, neither reaps nor reports)."""
+        return len(beats) >= self.world and not any(self._ours(b.pid) for b in beats.values())
+
+    def _end_unreaped(self, beats: dict, after_s: float) -> int:
+        """Every rank ended, the run incomplete, and torchrun did not end: end it, naming how each
+        rank that did not finish ended (its exit status, read before the job's end reaps it) and
+        where it was, unless a rank's own line said why (``status/cause.txt``)."""
+        ended = [
+            f"rank {r} {_how_it_ended(b.pid)} on {where(self.status, r)}"
+            for r, b in sorted(beats.items())
+            if b.state != "done"
+        ]
+        self._end_job()
+        cause = read_status(cause_path(self.status))
+        line = f"torchrun had not ended {after_s:.1f} s after every rank had; it was ended"
+        lines = [cause, line] if cause else [*ended, line]
+        for text in lines[1:] if cause else lines:  # (the rank printed its own line)
+            print(f"ppx: error: {text}", file=sys.stderr, flush=True)
+        return self._incomplete(lines, 1)
 
     # -- the three ways a job ends early
     def _frozen(self, beats: dict) -> list[tuple[int, int, float]]:
@@ -286,6 +316,19 @@ def write_incomplete(run_dir: Path, lines: list[str], append: bool = False) -> N
 def where(status: Path, rank: int) -> str:
     """Where rank ``rank`` was, by its status file in ``status``."""
     return read_status(status_path(status, rank)) or "start-up (before its first status)"
+
+
+def _how_it_ended(pid: int) -> str:
+    """How process ``pid`` ended, from its exit status while it is a zombie (/proc's stat
+    field 52, Linux 3.5 on): "died: killed by signal SIGKILL (9)", "exited with code 1", or,
+    where it is gone, "ended"."""
+    try:
+        status = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[49])
+    except (OSError, IndexError, ValueError):
+        return "ended"
+    if status & 0x7F:
+        return f"died: killed by signal {_signal_name(status & 0x7F)} ({status & 0x7F})"
+    return f"exited with code {status >> 8}"
 
 
 def _signal_name(sig: int) -> str:

@@ -8,6 +8,7 @@ import signal
 
 from helpers import ppx
 from helpers.job import end, read_log, start_run, wait_for_step, workers
+from ppx.launch.heartbeat import beat_path, read_beat
 
 
 def test_a_killed_rank_alone_on_cpu_is_named_too(run_dir):
@@ -41,6 +42,29 @@ def test_a_frozen_torchrun_after_a_complete_run_is_ended_and_the_run_kept(run_di
         assert proc.returncode == 0, out[-3000:]
         assert "ppx: torchrun had not ended" in out and "(the run is complete: " in out, out[-3000:]
         assert (run_dir / "summary.json").exists() and not (run_dir / "incomplete.txt").exists()
+        assert workers(run_dir) == []
+    finally:
+        end(proc, run_dir)
+
+
+def test_a_frozen_torchrun_and_a_killed_rank_end_the_job_naming_the_rank(run_dir, tmp_path):
+    """torchrun's agent stopped, then rank 1 killed: neither reaps nor reports it, and rank 0,
+    finding its peer gone, leaves the naming to the launcher. ``ppx run`` ends the job
+    runtime.timeout_s after every rank has ended, naming the killed rank from its exit status
+    (it waited for torchrun until a SIGTERM, naming nobody)."""
+    proc, log = start_run("gpipe_2cpu", run_dir, tmp_path, "runtime.timeout_s=4")
+    try:
+        wait_for_step(run_dir, 2)
+        (agent,) = [pid for pid in workers(run_dir) if _parent(pid) == proc.pid]
+        os.kill(agent, signal.SIGSTOP)
+        os.kill(read_beat(beat_path(run_dir / "status", 1), 1).pid, signal.SIGKILL)
+        proc.wait(timeout=120)
+        out = read_log(log)
+        assert proc.returncode == 1, out[-3000:]
+        errors = [x for x in out.splitlines() if x.startswith("ppx: error: ")]
+        assert len(errors) == 2 and errors[0].startswith("ppx: error: rank 1 died: killed by signal SIGKILL (9) on ")
+        assert errors[1].startswith("ppx: error: torchrun had not ended "), out[-3000:]
+        assert (run_dir / "incomplete.txt").read_text() == "".join(x[len("ppx: error: ") :] + "\n" for x in errors)
         assert workers(run_dir) == []
     finally:
         end(proc, run_dir)
