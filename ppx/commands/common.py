@@ -144,12 +144,20 @@ def require_backward(path: str, summary) -> None:
         )
 
 
-def output_path(option: str, path) -> None:
-    """Fail before any work when ``path`` (an output file) could not be written."""
+def output_path(option: str, path, suffix: str) -> None:
+    """Fail before any work when ``path`` (an output file, named ``*<suffix>``) could not be
+    written, or would be written into a run."""
+    from ppx.report.run_dir import run_holding
+
     if path is None:
         return
     if Path(path).is_dir():
         raise UserError(f"{option} {path} is a folder; give a file's path")
+    if Path(path).suffix.lower() != suffix:
+        raise UserError(f"{option} {path}: give a {suffix} file's path")
+    run = run_holding(Path(path).parent)
+    if run is not None:
+        raise UserError(f"{option} {path} is inside the run {run}; ppx never writes into a run (give another path)")
     folder = Path(path).parent
     if not folder.is_dir():
         raise UserError(f"{option} {path}: folder {folder} does not exist")

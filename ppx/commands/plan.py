@@ -20,6 +20,11 @@ def out_dir(text: str | None) -> Path:
     out = Path(text) if text else Path("plans") / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} exists and is not empty; give a new folder")
+    from ppx.report.run_dir import run_holding
+
+    run = run_holding(out)
+    if run is not None:
+        raise UserError(f"--out {out} is inside the run {run}; ppx never writes into a run (give another folder)")
     return out
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ppx.config import Config
 from ppx.errors import UserError
+from ppx.report.run_dir import run_holding
 
 
 def check_free(cfg: Config, one_run: bool = True) -> None:
@@ -24,9 +25,12 @@ def check_free(cfg: Config, one_run: bool = True) -> None:
             f"run.dir={cfg.run.dir} is a link to {path.readlink()}, which does not exist; give another run.dir"
         )
     above = next((q for q in [path, *path.parents] if q.exists()), None)
+    key = f"run.dir={cfg.run.dir}" if own else f"run.root={cfg.run.root}"
     if above is not None and not above.is_dir():
-        key = f"run.dir={cfg.run.dir}" if own else f"run.root={cfg.run.root}"
         raise UserError(f"{key}: {above} is a file, not a folder")
+    run = run_holding(path)
+    if run is not None:
+        raise UserError(f"{key}: the run would go inside the run {run}; ppx never writes into a run")
 
 
 def claim(cfg: Config) -> Path:

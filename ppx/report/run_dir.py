@@ -139,6 +139,13 @@ def is_run_folder(folder: Path) -> bool:
     return (folder / "config.yaml").exists() and any((folder / f).exists() for f in RUN_FILES)
 
 
+def run_holding(path: str | Path) -> Path | None:
+    """The run folder that ``path`` is or lies in (the nearest), or None: where ppx never
+    writes (a run's files are the run's alone)."""
+    p = Path(path).absolute()
+    return next((q for q in [p, *p.parents] if is_run_folder(q)), None)
+
+
 class RunDir:
     """A run directory read back: each file is read once, when first asked for; a missing or
     unreadable file is a one-line `UserError`."""
@@ -189,10 +196,18 @@ class RunDir:
     @cached_property
     def config(self):
         """config.yaml, the resolved config the run ran with (`ppx.config.Config`)."""
+        import yaml
+        from omegaconf.errors import OmegaConfBaseException
+
         from ppx import config
 
-        self._text("config.yaml")
-        return config.from_yaml(self.path / "config.yaml")
+        if not self._text("config.yaml").strip():
+            raise UserError(f"{self._name}/config.yaml is empty")
+        try:
+            return config.from_yaml(self.path / "config.yaml")
+        except (OmegaConfBaseException, yaml.YAMLError, ValueError, TypeError) as e:  # another ppx's keys, a damaged file
+            said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"{self._name}/config.yaml: this ppx cannot read it ({said})") from None
 
     @cached_property
     def env(self) -> dict | None:

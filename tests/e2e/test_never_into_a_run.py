@@ -1,0 +1,61 @@
+"""ppx never writes into a run: every command that writes a file or a folder refuses a path
+inside a run directory, in one line before any work; and a run's config.yaml that this ppx
+cannot read is one line, not a traceback."""
+
+from __future__ import annotations
+
+import shutil
+
+from helpers import ppx
+from helpers.run import PICTURED_1F1B
+
+
+def _files(folder):
+    return {p.relative_to(folder): p.stat().st_mtime_ns for p in folder.rglob("*")}
+
+
+def test_no_command_writes_into_a_run(shared_run):
+    run = shared_run(*PICTURED_1F1B).dir  # read only: shared with other files
+    before = _files(run)
+    inside = f"is inside the run {run}; ppx never writes into a run"
+    cases = [
+        (["schedule", "1f1b", "-p", "2", "-m", "4", "--csv", str(run / "x.csv")], f"--csv {run / 'x.csv'} {inside}"),
+        (["simulate", "1f1b", "--png", str(run / "timeline.png")], f"--png {run / 'timeline.png'} {inside}"),
+        (
+            ["plan", "--fwd-ms", "10", "--bwd-ms", "20", "-p", "2", "-m", "4", "--out", str(run / "plan")],
+            f"--out {run / 'plan'} {inside}",
+        ),
+        (["run", "1f1b_2cpu", f"run.dir={run / 'status' / 'x'}"], f"the run would go inside the run {run}"),
+        (["run", "1f1b_2cpu", f"run.root={run}", "run.name=tb"], f"the run would go inside the run {run}"),
+        (["sweep", "1f1b_2cpu", "--sweep", "pipeline.microbatches=2,4", f"run.root={run}"], "inside the run"),
+    ]
+    for args, said in cases:
+        r = ppx(*args, timeout=60)
+        assert (r.returncode, r.stdout) == (2, ""), (args, r.stdout, r.stderr)
+        assert r.stderr.startswith("ppx: error: ") and said in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert _files(run) == before
+
+
+def test_an_output_file_of_another_kind_is_refused_before_the_work(tmp_path):
+    r = ppx("simulate", "1f1b", "--png", str(tmp_path / "x.txt"))
+    assert (r.returncode, r.stdout) == (2, "")  # (it printed the simulation, then matplotlib's traceback)
+    assert r.stderr == f"ppx: error: --png {tmp_path / 'x.txt'}: give a .png file's path\n"
+    r = ppx("schedule", "1f1b", "--csv", str(tmp_path / "x.yaml"))
+    assert (r.returncode, r.stderr) == (2, f"ppx: error: --csv {tmp_path / 'x.yaml'}: give a .csv file's path\n")
+
+
+def test_a_runs_config_this_ppx_cannot_read_is_one_line(shared_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(shared_run(*PICTURED_1F1B).dir, run)
+    with open(run / "config.yaml", "a") as f:
+        f.write("from_another_version: {a: 1}\n")  # (a run of a later ppx)
+    said = f"ppx: error: {run}/config.yaml: this ppx cannot read it (Key 'from_another_version' not in 'Config')\n"
+    for args in (
+        ["simulate", "1f1b", "--from-run", str(run)],
+        ["plan", "--from-run", str(run), "--out", str(tmp_path / "p")],
+    ):
+        r = ppx(*args, timeout=120)
+        assert (r.returncode, r.stderr) == (2, said), r.stderr[-2000:]
+    (run / "config.yaml").write_text("")
+    r = ppx("simulate", "1f1b", "--from-run", str(run))
+    assert (r.returncode, r.stderr) == (2, f"ppx: error: {run}/config.yaml is empty\n")  # (it simulated the defaults)
