@@ -205,7 +205,7 @@ class RunDir:
             raise UserError(f"{self._name}/config.yaml is empty")
         try:
             return config.from_yaml(self.path / "config.yaml")
-        except (OmegaConfBaseException, yaml.YAMLError, ValueError, TypeError) as e:  # another ppx's keys, a damaged file
+        except (OmegaConfBaseException, yaml.YAMLError, ValueError, TypeError) as e:  # another ppx's keys
             said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(f"{self._name}/config.yaml: this ppx cannot read it ({said})") from None
 
