@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from ppx.launch.crash_stacks import stacks_note
 from ppx.launch.heartbeat import INTERVAL_S, read_beats, read_gone, stopped_responding
 from ppx.launch.processes import forked_worker_path, process_alive
 from ppx.launch.watchdog import cause_path, read_status, status_path
@@ -278,6 +279,7 @@ def killed(failures: list[tuple[int, int, bool]], status: Path) -> list[str]:
     causes = causes or [(rank, code) for rank, code, _ in failures]
     return [
         f"rank {rank} died: killed by signal {_signal_name(-code)} ({-code}) on {where(status, rank)}"
+        + stacks_note(status, rank)
         for rank, code in causes
         if code < 0
     ]

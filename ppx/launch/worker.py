@@ -22,6 +22,7 @@ from ppx.errors import UserError, said
 from ppx.launch import claim, environment
 from ppx.launch.affinity import pin_local_rank, pin_order
 from ppx.launch.closed_stdout import survive_closed_stdout
+from ppx.launch.crash_stacks import stacks_to_file
 from ppx.launch.failure_line import report_failure
 from ppx.launch.faults import FaultInjector
 from ppx.launch.stop_signal import await_stop, follow_stop_signal
@@ -77,6 +78,7 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
     try:
         run_dir = _shared_run_dir(cfg, run_dir, ctrl)
         watchdog = Watchdog(rank, cfg.runtime.timeout_s, run_dir / "status").start()
+        stacks_to_file(run_dir / "status", rank)
         if world > 1:
             follow_stop_signal(watchdog)  # a peer killed under a torchrun of the user's is named
         code = _train(cfg, run_dir, rank, world, device, backend, ctrl, watchdog)

@@ -221,15 +221,23 @@ def test_frozen_rank_is_named_and_the_job_ends_within_the_timeout(run_dir, tmp_p
     assert (run_dir / "incomplete.txt").read_text().startswith("rank 2 stopped responding")
 
 
-def test_rank_killed_from_outside_is_named_with_the_signal(run_dir, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV], ids=["KILL", "SEGV"])
+def test_rank_killed_from_outside_is_named_with_the_signal(run_dir, tmp_path, sig):
+    """A crash's (SIGSEGV's) Python stacks go to the rank's file in status/, which the line
+    names: torch's faulthandler printed 70-odd lines of them before it."""
     proc, log = start_run("1f1b_2cpu", run_dir, tmp_path, "runtime.timeout_s=30")
-    killed = lambda: os.kill(read_beat(run_dir / "status" / "rank1.beat", 1).pid, signal.SIGKILL)  # noqa: E731
+    killed = lambda: os.kill(read_beat(run_dir / "status" / "rank1.beat", 1).pid, sig)  # noqa: E731
     _, left = signal_mid_run(proc, run_dir, 2, killed, timeout=60)
     out = read_log(log)
     where = read_status(run_dir / "status" / "rank1.txt")
     assert proc.returncode == 1, out[-3000:]
-    assert f"ppx: error: rank 1 died: killed by signal SIGKILL (9) on {where}\n" in out, out[-3000:]
-    assert "(step " in where and left == []
+    stacks = run_dir / "status" / "rank1.stacks"
+    line = f"rank 1 died: killed by signal {sig.name} ({sig.value}) on {where}"
+    if sig == signal.SIGSEGV:
+        line += f"; Python's stacks at the crash: {stacks}"
+        assert stacks.read_text().startswith("Fatal Python error: Segmentation fault")
+    assert out.splitlines()[-2:] == [f"ppx: error: {line}", f"ppx: run directory (incomplete): {run_dir}"], out[-3000:]
+    assert "Fatal Python error" not in out and "(step " in where and left == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
