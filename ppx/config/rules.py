@@ -28,6 +28,7 @@ def check(cfg: Config) -> None:
     check_profile(cfg)
     check_fault(cfg, sched)
     check_run(cfg)
+    check_wandb(cfg)
 
 
 def check_stage_count(cfg: Config) -> None:
@@ -255,3 +256,23 @@ def check_run(cfg: Config) -> None:
             f"run.name={name!r} must be a plain folder name (no '/', not '.' or '..'): runs go to "
             "<run.root>/<run.name>/<id>; use run.root or run.dir to put them elsewhere"
         )
+
+
+# what W&B's settings refuse in a project name (wandb.sdk.wandb_settings.Settings.validate_project)
+WANDB_PROJECT_REFUSES = "/\\#?%:"
+
+
+def check_wandb(cfg: Config) -> None:
+    """What W&B's own settings refuse, its project name and tags, said before the run, not as
+    a warning after it that it went without W&B."""
+    wb = cfg.logging.wandb
+    if wb.mode == "disabled":
+        return
+    project = wb.project or ""
+    bad = [c for c in WANDB_PROJECT_REFUSES if c in project]
+    if bad or len(project) > 128:
+        why = f"refuses {' '.join(bad)} in a project name" if bad else "takes project names of 128 characters at most"
+        raise UserError(f"logging.wandb.project={project!r}: W&B {why} (or logging.wandb.mode=disabled)")
+    for tag in map(str, wb.tags):
+        if not 1 <= len(tag) <= 64:
+            raise UserError(f"logging.wandb.tags: {tag[:24]!r} has {len(tag)} characters; W&B takes tags of 1 to 64")

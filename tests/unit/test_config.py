@@ -185,3 +185,32 @@ def test_a_bad_key_of_an_experiment_file_names_the_file_and_of_an_override_does_
         path.write_text(text)
         with pytest.raises(UserError, match=rf"^{path}: train.steps: {said}"):
             config.load(str(path), [])
+
+
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        ("logging.wandb.project=team/exp", r"logging.wandb.project='team/exp': W&B refuses / in a project name"),
+        ("logging.wandb.project=a:b?", r"W&B refuses \? : in a project name"),
+        ("logging.wandb.project=" + "p" * 129, "W&B takes project names of 128 characters at most"),
+        (
+            "logging.wandb.tags=[ok," + "t" * 65 + "]",
+            "logging.wandb.tags: 'tttt.*' has 65 characters; W&B takes tags of 1 to 64",
+        ),
+    ],
+)
+def test_what_wandb_refuses_is_said_before_the_run(override, said):
+    """It was a warning after the run that the run went without W&B; W&B's own settings refuse
+    the same (the project's characters: each one alone)."""
+    from wandb.sdk.wandb_settings import Settings
+
+    from ppx.config.rules import WANDB_PROJECT_REFUSES, check
+
+    with pytest.raises(UserError, match=said):
+        check(config.load("1f1b_2cpu", [override]))
+    check(config.load("1f1b_2cpu", [override, "logging.wandb.mode=disabled"]))  # (no W&B: nothing refused)
+    for c in WANDB_PROJECT_REFUSES:
+        with pytest.raises(Exception, match="Invalid project name"):
+            Settings(project=f"a{c}b")
+    Settings(project="ppx sweep_1.2-x", run_tags=("t" * 64,))  # what ppx lets through, W&B takes
+    check(config.load("1f1b_2cpu", ["logging.wandb.project=ppx sweep_1.2-x", "logging.wandb.tags=[" + "t" * 64 + "]"]))
