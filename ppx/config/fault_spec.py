@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ppx.errors import UserError
+from ppx.errors import ScheduleError, UserError
 from ppx.schedules.ir.action import Action
 
 
@@ -11,4 +11,7 @@ def parse_fault(spec: str) -> tuple[str, Action]:
     kind, _, action = spec.partition("@")
     if kind not in ("hang", "die") or not action:
         raise UserError(f"runtime.inject_fault={spec!r} must look like hang@<action> or die@<action>, e.g. hang@1F2")
-    return kind, Action.parse(action)
+    try:
+        return kind, Action.parse(action)
+    except ScheduleError as e:  # (the action's own words, then which key they are of)
+        raise UserError(f"runtime.inject_fault={spec!r}: {e}") from None

@@ -173,6 +173,10 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
         raise UserError(_yaml_error(e, exp, overrides)) from None
     if cfg.run.name is None:
         cfg.run.name = name or "default"
+    for key in ("root", "dir"):  # ~ typed as the home folder (no shell expands it after "run.root=")
+        value = getattr(cfg.run, key)
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(cfg.run, key, os.path.expanduser(value))
     check(cfg)
     if cfg.run.paired:  # each entry a config of its own, checked now, before any work
         from ppx.config.paired import variants

@@ -60,7 +60,7 @@ def _split_values(values: str) -> list[str]:
         else:
             cur += ch
     out.append(cur)
-    return [v for v in out if v]
+    return out
 
 
 def parse_spec(spec: str) -> list[tuple[str, list[str]]]:
@@ -73,7 +73,10 @@ def parse_spec(spec: str) -> list[tuple[str, list[str]]]:
             raise UserError(f"sweep item {part!r} must look like key=v1,v2,...")
         if key in (k for k, _ in axes):
             raise UserError(f"sweep key {key} is given twice; list all its values once: {key}=v1,v2,...")
-        axes.append((key, _split_values(values)))
+        split = _split_values(values)
+        if "" in split:  # ('pipeline.microbatches=,4': a typo, not a point fewer)
+            raise UserError(f"sweep item {part!r} has an empty value; list them as {key}=v1,v2,...")
+        axes.append((key, split))
     if not axes:
         raise UserError("the sweep is empty; give e.g. pipeline.schedule=gpipe,1f1b")
     return axes

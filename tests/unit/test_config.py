@@ -214,3 +214,15 @@ def test_what_wandb_refuses_is_said_before_the_run(override, said):
             Settings(project=f"a{c}b")
     Settings(project="ppx sweep_1.2-x", run_tags=("t" * 64,))  # what ppx lets through, W&B takes
     check(config.load("1f1b_2cpu", ["logging.wandb.project=ppx sweep_1.2-x", "logging.wandb.tags=[" + "t" * 64 + "]"]))
+
+
+def test_a_home_folder_typed_as_tilde_is_the_home_folder(monkeypatch, tmp_path):
+    """No shell expands ~ after "run.root=": ppx made a folder named ~ in the working folder."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = config.load("1f1b_2cpu", ["run.root=~/runs", "run.dir=~/x/y"])
+    assert (cfg.run.root, cfg.run.dir) == (str(tmp_path / "runs"), str(tmp_path / "x" / "y"))
+
+
+def test_a_fault_whose_action_does_not_parse_names_the_key():
+    with pytest.raises(UserError, match=r"^runtime.inject_fault='hang@zz': cannot parse action 'zz'"):
+        config.load("1f1b_2cpu", ["runtime.inject_fault=hang@zz"])

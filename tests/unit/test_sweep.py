@@ -48,3 +48,15 @@ def test_a_repeated_sweep_runs_in_rounds_each_folder_naming_its_round():
     ]
     assert [r for _, _, r in got] == [1, 1, 2, 2] and [p for p, _, _ in got] == grid * 2
     assert [name for _, name, _ in in_rounds([[]], [""], 3)] == ["repeat=1", "repeat=2", "repeat=3"]
+
+
+def test_an_empty_value_is_refused_not_dropped():
+    import pytest
+
+    from ppx.errors import UserError
+    from ppx.launch.sweep import parse_spec
+
+    for spec in ("pipeline.microbatches=,4", "pipeline.microbatches=2,4,", "pipeline.microbatches=2,,4"):
+        with pytest.raises(UserError, match=r"has an empty value; list them as pipeline.microbatches=v1,v2,"):
+            parse_spec(spec)
+    assert parse_spec("pipeline.layers_per_stage=[3,1],[2,2]") == [("pipeline.layers_per_stage", ["[3,1]", "[2,2]"])]
