@@ -166,6 +166,9 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
         cfg: Config = OmegaConf.to_object(conf)
     except OmegaConfBaseException as e:
         where = f"{path}: " if _from_file(e, loaded, overrides) else ""  # (a key of the file's: which file)
+        section = None if getattr(e, "full_key", None) else _not_a_section(loaded)
+        if section is not None:  # (OmegaConf's merge names neither: "Merge error: int is not a subclass of ...")
+            where = f"{path}: {section}: "
         raise UserError(where + _one_line(e)) from None
     except Exception as e:  # YAML syntax errors and the like
         if isinstance(e, UserError):
@@ -188,6 +191,18 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
         except OmegaConfBaseException as e:
             raise UserError(f"runtime.cpu_fallback: {_one_line(e)}") from None
     return cfg
+
+
+def _not_a_section(loaded) -> str | None:
+    """The first key of the experiment file ``loaded`` that holds a value where the schema has
+    a section of keys (``pipeline: 3``), or None."""
+    if loaded is None:
+        return None
+    schema = _schema()
+    for key, value in OmegaConf.to_container(loaded, resolve=False).items():
+        if isinstance(schema.get(key), DictConfig) and not isinstance(value, dict) and value is not None:
+            return key
+    return None
 
 
 def _from_file(e: OmegaConfBaseException, loaded, overrides: list[str]) -> bool:

@@ -226,3 +226,10 @@ def test_a_home_folder_typed_as_tilde_is_the_home_folder(monkeypatch, tmp_path):
 def test_a_fault_whose_action_does_not_parse_names_the_key():
     with pytest.raises(UserError, match=r"^runtime.inject_fault='hang@zz': cannot parse action 'zz'"):
         config.load("1f1b_2cpu", ["runtime.inject_fault=hang@zz"])
+
+
+def test_a_value_where_a_section_goes_names_the_file_and_the_section(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("model: {kind: mlp}\npipeline: 3\n")
+    with pytest.raises(UserError, match=rf"^{path}: pipeline: Merge error: int is not a subclass of PipelineConfig"):
+        config.load(str(path))
