@@ -26,16 +26,18 @@ def cmd_gpu_check(args) -> int:
         raise UserError("--gpus is for --dry-run (a run uses the GPUs it finds)")
     if args.gpus is not None and args.gpus < 1:
         raise UserError(f"--gpus must be at least 1, got {args.gpus}")
+    docs = Path(args.docs) if args.docs else None
+    if docs is not None:  # (a dry run checks what the check would write to, too)
+        from ppx.gpucheck.report import check_doc
+
+        check_doc(docs)
+    if args.out is not None and Path(args.out).exists():
+        raise UserError(f"--out {args.out} already exists (a check never overwrites one)")
     if args.dry_run:
         return _dry_run(args.gpus if args.gpus is not None else max(gpu_count(), 1), only)
     gpus = 0 if args.on_cpu else gpu_count()
     if gpus == 0 and not args.on_cpu:  # a check that checked nothing must not read as a pass
         raise UserError(NO_GPU)
-    docs = Path(args.docs) if args.docs else None
-    if docs is not None:
-        from ppx.gpucheck.report import check_doc
-
-        check_doc(docs)
     out = _new_folder(args.out)
     return _check(out, gpus, args.on_cpu, args.budget_s or DEFAULT_BUDGET_S, only, docs)
 

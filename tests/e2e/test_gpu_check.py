@@ -249,6 +249,9 @@ def test_bad_input_is_one_line_before_any_work(tmp_path):
             ["--on-cpu", "--out", str(tmp_path / "new"), "--docs", str(tmp_path / "plain.md")],
             "no <!-- gpu-check:begin -->",
         ),
+        # a dry run checks what the check would write to, as the check does
+        (["--dry-run", "--out", str(tmp_path / "taken")], "already exists (a check never overwrites one)"),
+        (["--dry-run", "--docs", str(tmp_path / "plain.md")], "no <!-- gpu-check:begin -->"),
     ]
     for args, message in cases:
         r = ppx("gpu-check", *args, cwd=tmp_path)
