@@ -135,7 +135,27 @@ def unit_shapes(cfg, microbatch_size: int, described: tuple | None = None) -> li
             shapes.append((name, tuple(h.shape), h.dtype))
         if not cfg.loss_fn:
             _fits_the_loss(cfg, model, names[-1], h, target)
+        else:
+            _loss_is_one_number(cfg, model, names[-1], h, target)
     return shapes
+
+
+def _loss_is_one_number(cfg, model: nn.Module, name: str, h: torch.Tensor, target) -> None:
+    """``model.loss_fn`` gives one number (a scalar tensor: the backward starts from it) for the
+    last unit's output, where both run on the meta device (what meta cannot run is left to the
+    run, whose first backward failed on it: "grad can be implicitly created only for scalar
+    outputs")."""
+    fn = module_spec.load_function(cfg.loss_fn, "model.loss_fn")
+    try:
+        loss = fn(model.get_submodule(name)(h), target.to("meta") if isinstance(target, torch.Tensor) else target)
+    except Exception:
+        return
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        what = f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise UserError(
+            f"model.loss_fn={cfg.loss_fn} returns {what} for a microbatch; ppx needs one number, a scalar tensor "
+            "(the mean over the microbatch)"
+        )
 
 
 def _fits_the_loss(cfg, model: nn.Module, name: str, h: torch.Tensor, target: torch.Tensor) -> None:

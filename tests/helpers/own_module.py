@@ -29,6 +29,11 @@ def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (output - target).abs().mean()  # L1: not ppx's own MSE or cross-entropy
 
 
+def loss_per_sample(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """A mistake: one loss per sample, not their mean (the backward needs one number)."""
+    return (output - target).abs().mean(-1)
+
+
 def build_by_attribute(model) -> nn.Module:
     """docs/running.md's way: ``model.args.width``, as attributes."""
     a = model.args

@@ -188,6 +188,11 @@ CASES = {
         "model.data=tokens) wants (8, 'classes'), a score per class for each target, more classes than the first "
         "microbatch's largest label (8)",
     ),
+    "module whose loss is not one number": (
+        [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.layers=4", "model.hidden=16"]
+        + ["model.loss_fn=helpers.own_module:loss_per_sample"],
+        "model.loss_fn=helpers.own_module:loss_per_sample returns shape (8,) for a microbatch; ppx needs one number",
+    ),
     "module of floats given token ids": (
         [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.layers=4", "model.data=tokens"],
         "(model.data=tokens hands on token ids; model.data=regression, or model.batch_fn, floats)",
