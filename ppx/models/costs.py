@@ -43,7 +43,12 @@ def per_stage_ms(name: str, value, num_stages: int | None, per: str = "stage") -
         raise UserError(f"{name} must be finite milliseconds, got {value}")
     if any(v < 0 for v in values):
         raise UserError(f"{name} must not be negative, got {values}")
+    if any(v > MAX_MS for v in values):  # (1e308 is finite, but a step's sum of them is not)
+        raise UserError(f"{name} must be at most {MAX_MS:g} ms (about 30 years), got {value}")
     return values
+
+
+MAX_MS = 1e12
 
 
 def per_layer(cfg) -> bool:

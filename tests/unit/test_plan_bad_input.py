@@ -23,6 +23,8 @@ CASES = {
     "negative size": (COSTS + ["--act-bytes", "1GiB", "--mem-budget", "-5GiB"], "--mem-budget '-5GiB': give a size"),
     "nan ms": (["--fwd-ms", "10", "--bwd-ms", "nan"], "--bwd-ms must be finite milliseconds, got nan"),
     "infinite ms in a list": (["--fwd-ms", "1,inf", "--bwd-ms", "2"], "--fwd-ms must be finite milliseconds"),
+    # finite, but a step's sum of them is not (the plan ranked infinite steps)
+    "ms too large to add": (["--fwd-ms", "1e308", "--bwd-ms", "2"], "--fwd-ms must be at most 1e+12 ms"),
     "no work at all": (["--fwd-ms", "0", "--bwd-ms", "0,0"], "--fwd-ms, --bwd-ms and --wgrad-ms are all 0"),
     "lists of two lengths": (["--fwd-ms", "1,2,3", "--bwd-ms", "1,2"], "cost lists of different lengths"),
     "list against --stages": (COSTS[:1] + ["1,2,3"] + COSTS[2:] + ["--stages", "4"], "--stages 4 but the cost lists"),
