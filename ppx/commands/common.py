@@ -144,17 +144,21 @@ def require_backward(path: str, summary) -> None:
         )
 
 
-def output_path(option: str, path, suffix: str) -> None:
-    """Fail before any work when ``path`` (an output file, named ``*<suffix>``) could not be
-    written, or would be written into a run."""
+def output_path(option: str, path, picture: bool = False) -> None:
+    """Fail before any work when ``path`` (an output file; ``picture``: one matplotlib draws,
+    named by its format) could not be written, or would be written into a run."""
     from ppx.report.run_dir import run_holding
 
     if path is None:
         return
     if Path(path).is_dir():
         raise UserError(f"{option} {path} is a folder; give a file's path")
-    if Path(path).suffix.lower() != suffix:
-        raise UserError(f"{option} {path}: give a {suffix} file's path")
+    if picture:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        kinds = FigureCanvasBase.get_supported_filetypes()
+        if Path(path).suffix.lower().lstrip(".") not in kinds:
+            raise UserError(f"{option} {path}: name a picture file, e.g. .png (or {', '.join(sorted(kinds))})")
     run = run_holding(Path(path).parent)
     if run is not None:
         raise UserError(f"{option} {path} is inside the run {run}; ppx never writes into a run (give another path)")

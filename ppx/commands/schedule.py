@@ -28,7 +28,7 @@ def cmd_schedule(args) -> int:
     from ppx import schedules
     from ppx.schedules.grid import render_grid
 
-    output_path("--csv", args.csv, ".csv")
+    output_path("--csv", args.csv)
     if args.with_comms and not args.csv:
         raise UserError("--with-comms only shapes the --csv file; add --csv FILE (or use --actions to print comms)")
 

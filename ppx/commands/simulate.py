@@ -71,7 +71,7 @@ def cmd_simulate(args) -> int:
 def _check_flags(args) -> None:
     """The cost flags (their defaults filled in unless --from-run, which refuses them) and
     the latencies and lookahead, checked before anything is built."""
-    output_path("--png", args.png, ".png")
+    output_path("--png", args.png, picture=True)
     given = [f"--{k.replace('_', '-')}" for k in COST_DEFAULTS if getattr(args, k) is not None]
     if args.from_run and given:
         raise UserError(f"--from-run takes the run's costs; leave out {', '.join(given)}")

@@ -326,8 +326,13 @@ class LoggingConfig:
 @dataclass
 class RunConfig:
     name: Optional[str] = _f(None, "experiment name; default: the experiment file's name")
-    root: str = _f("runs", "parent folder of run directories: <root>/<name>/<run id>/")
-    dir: Optional[str] = _f(None, "exact run directory (must not exist yet); overrides run.root")
+    root: str = _f(
+        "runs", "parent folder of run directories: <root>/<name>/<run id>/ (~: your home folder; not inside a run)"
+    )
+    dir: Optional[str] = _f(
+        None,
+        "exact run directory (must not exist yet, nor lie inside another run; ~: your home folder); overrides run.root",
+    )
     paired: List[str] = _f(
         [],
         "other configs run step by step beside this one, in its processes, to tell two apart where whole runs "

@@ -25,6 +25,8 @@ backward (tests/unit/test_weight_store.py checks every layout)."""
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -173,26 +175,34 @@ class StepWeights:
         self.copies: dict[int, tuple] = {}
         self.storages: set[int] = set()  # data pointers of the copies (not activation memory)
         self.layers: list[RoutedLayer] = []
-        self._last_cast: tuple | None = None  # (input, its version, grad mode, its cast): the last `cast`
+        self._last_cast: tuple | None = None  # (a weak reference to the input, its version, grad mode, its cast)
+        self._sharing = False  # inside a stage's forward (`sharing_casts`)
 
     def cast(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """``x`` in ``dtype``, one copy for every layer that takes the same ``x`` in a row
-        (Llama's q, k and v projections take one norm's output, its gate and up projections
-        another): autocast casts it again for each layer, and each layer's graph keeps its own
-        copy. The layers' input gradients then meet in ``dtype`` at the copy, before its cast
-        back, as they do where the model hands the layers a tensor already in ``dtype`` (ppx's
-        own models). `forget_cast` after each forward: nothing kept past it."""
+        """``x`` in ``dtype``; inside `sharing_casts`, one copy for every layer that takes the
+        same ``x`` in a row (Llama's q, k and v projections take one norm's output, its gate and
+        up projections another), where autocast casts it again for each layer and each layer's
+        graph keeps its own copy. The layers' input gradients then meet in ``dtype`` at the
+        copy, before its cast back, as they do where the model hands the layers a tensor in
+        ``dtype`` already (ppx's own models)."""
+        if not self._sharing:  # (a forward of the model's own, a checkpoint's recomputation in a backward)
+            return x.to(dtype)
         last, grad = self._last_cast, torch.is_grad_enabled()
-        if last is not None and last[0] is x and last[1] == x._version and last[2] == grad:
+        if last is not None and last[0]() is x and last[1] == x._version and last[2] == grad:
             if last[3].dtype == dtype:
                 return last[3]
         y = x.to(dtype)
-        self._last_cast = (x, x._version, grad, y)
+        self._last_cast = (weakref.ref(x), x._version, grad, y)  # (x itself is not kept for it)
         return y
 
-    def forget_cast(self) -> None:
-        """Drop the last `cast` (the end of a forward)."""
-        self._last_cast = None
+    @contextlib.contextmanager
+    def sharing_casts(self):
+        """`cast` shares its copies within this block (a stage's forward); nothing kept after it."""
+        self._sharing = True
+        try:
+            yield
+        finally:
+            self._sharing, self._last_cast = False, None
 
     def of(self, layer: RoutedLayer) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.dtype is None:  # the parameters as the module holds them now (FSDP swaps them there)
@@ -207,7 +217,6 @@ class StepWeights:
         """New copies from the current weights (call before each step's first forward)."""
         self.copies.clear()
         self.storages.clear()
-        self._last_cast = None
         for layer in self.layers:  # no weight of before kept alive (a copy, or a parameter data parallel replaced)
             layer.forget_weight()
         if self.dtype is None:

@@ -3,6 +3,7 @@ backward needs between the two."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -67,14 +68,11 @@ class StageRunner:
         if prec is None:
             out = self.module(x)
             return self.loss_fn(out, target) * self.loss_scale if self.last else out
-        try:
-            with prec.autocast():
-                out = self.module(x)
-                if self.last:
-                    return self.loss_fn(out, target) * (self.loss_scale * prec.loss_multiplier())
-        finally:
-            if self.weights is not None:  # (the inputs' compute-dtype copies stay with the graph only)
-                self.weights.forget_cast()
+        shared = self.weights.sharing_casts() if self.weights is not None else contextlib.nullcontext()
+        with shared, prec.autocast():
+            out = self.module(x)
+            if self.last:
+                return self.loss_fn(out, target) * (self.loss_scale * prec.loss_multiplier())
         return out.to(prec.dtype) if out.is_floating_point() else out  # sent in the compute dtype
 
     def new_step(self) -> None:

@@ -28,6 +28,11 @@ def check_free(cfg: Config, one_run: bool = True) -> None:
     key = f"run.dir={cfg.run.dir}" if own else f"run.root={cfg.run.root}"
     if above is not None and not above.is_dir():
         raise UserError(f"{key}: {above} is a file, not a folder")
+    not_in_a_run(key, path)
+
+
+def not_in_a_run(key: str, path: Path) -> None:
+    """Refuse a run directory ``path`` (set by ``key``) inside another run's."""
     run = run_holding(path)
     if run is not None:
         raise UserError(f"{key}: the run would go inside the run {run}; ppx never writes into a run")
@@ -38,6 +43,7 @@ def claim(cfg: Config) -> Path:
     else ``<run.root>/<run.name>/<YYYYmmdd-HHMMSS>[-N]``."""
     if cfg.run.dir:
         path = Path(cfg.run.dir)
+        not_in_a_run(f"run.dir={cfg.run.dir}", path)  # (a torchrun or srun of one's own claims here, unchecked before)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.mkdir()
@@ -48,6 +54,7 @@ def claim(cfg: Config) -> Path:
             raise UserError(f"run.dir={path}: cannot create it ({e.strerror or e})") from None
         return path
     base = Path(cfg.run.root) / cfg.run.name
+    not_in_a_run(f"run.root={cfg.run.root}", base)
     try:
         base.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):

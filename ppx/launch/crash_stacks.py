@@ -6,6 +6,8 @@ extension modules) came before the one line that names the rank. That line names
 from __future__ import annotations
 
 import faulthandler
+import os
+import sys
 from pathlib import Path
 
 _OPEN: list = []  # the file faulthandler writes to stays open for the process's life
@@ -16,7 +18,14 @@ def stacks_path(status_dir: Path, rank: int) -> Path:
 
 
 def stacks_to_file(status_dir: Path, rank: int) -> None:
-    """From now on, a crash's stacks go to ``stacks_path`` (where it cannot be opened: stay as they are)."""
+    """From now on, a crash's stacks go to ``stacks_path``, where a launcher names the file:
+    a rank of ``ppx run`` (not its own process: a rank run in it dies with it) or of ppx's
+    torchrun under srun. Elsewhere, where asked for (``python -X faulthandler``,
+    PYTHONFAULTHANDLER) or where the file cannot be opened, they stay where they were."""
+    launcher = os.environ.get("PPX_LAUNCHER_PID")
+    named = (launcher and launcher != str(os.getpid())) or os.environ.get("PPX_RUN_DIR")
+    if not named or "faulthandler" in sys._xoptions or os.environ.get("PYTHONFAULTHANDLER"):
+        return
     try:
         f = open(stacks_path(status_dir, rank), "w")
     except OSError:

@@ -10,7 +10,7 @@ until the job ends,
 - forwards SIGTERM, SIGINT and SIGHUP sent to ``ppx run`` (a ``timeout``, a job manager,
   Ctrl-C) the same way, then exits 128 + the signal (143 for SIGTERM, 130 for SIGINT);
 - ends the job when every rank has ended and torchrun has not (its agent frozen) for
-  ``runtime.timeout_s``: the run kept where it completed, else how each rank ended (its exit
+  ``runtime.timeout_s`` (a failed run's: at least ``UNREAPED_S``): the run kept where it completed, else how each rank ended (its exit
   status, read from /proc while torchrun has not reaped it) or its own line;
 - once torchrun has ended on its own with an error, explains it: a rank killed by a signal
   (torchrun's exit codes, `ppx.launch.torchrun`) "died: killed by signal SIGKILL (9)" on the
@@ -43,6 +43,9 @@ from ppx.launch.processes import forked_worker_path, process_alive
 from ppx.launch.watchdog import cause_path, read_status, status_path
 
 GRACE_S = 2.0  # between SIGTERM and SIGKILL when the launcher ends a job
+# every rank ended, the run incomplete, torchrun still there: a frozen agent past this (a live
+# one reaps its ranks, writes torchrun.json and exits within seconds, on a loaded machine too)
+UNREAPED_S = 10.0
 POLL_S = 0.25
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 FORKED = forked_worker_path().encode()
@@ -97,9 +100,9 @@ class Supervisor:
             if complete or self._all_ended(beats):  # torchrun's agent has had its time to reap the ranks and go
                 now = time.monotonic()
                 self._done_at = self._done_at or now
-                if now - self._done_at > max(self.timeout_s, 3 * INTERVAL_S):
-                    if complete:
-                        return self._end_lingering(now - self._done_at)
+                if complete and now - self._done_at > max(self.timeout_s, 3 * INTERVAL_S):
+                    return self._end_lingering(now - self._done_at)
+                if not complete and now - self._done_at > max(self.timeout_s, UNREAPED_S):
                     return self._end_unreaped(beats, now - self._done_at)
             else:
                 self._done_at = None
@@ -134,7 +137,7 @@ class Supervisor:
         rank that did not finish ended (its exit status, read before the job's end reaps it) and
         where it was, unless a rank's own line said why (``status/cause.txt``)."""
         ended = [
-            f"rank {r} {_how_it_ended(b.pid)} on {where(self.status, r)}"
+            f"rank {r} {_how_it_ended(b.pid)} on {where(self.status, r)}{stacks_note(self.status, r)}"
             for r, b in sorted(beats.items())
             if b.state != "done"
         ]
@@ -325,7 +328,10 @@ def _how_it_ended(pid: int) -> str:
     field 52, Linux 3.5 on): "died: killed by signal SIGKILL (9)", "exited with code 1", or,
     where it is gone, "ended"."""
     try:
-        status = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[49])
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()  # (field N at N - 3)
+        if fields[0] != "Z":  # reaped, and the pid another process's now
+            return "ended"
+        status = int(fields[49])
     except (OSError, IndexError, ValueError):
         return "ended"
     if status & 0x7F:

@@ -15,6 +15,7 @@ batch waiting on its other operations or behind the sender's earlier batches.)
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable
 
@@ -108,9 +109,11 @@ def run_summary(steps: list[dict]) -> dict:
     out = {"step_time_s": med(s["step_time_s"] for s in steps)}
     if "bubble_fraction" in steps[0]:
         out["bubble_fraction"] = med(s["bubble_fraction"] for s in steps)
-        # each its own median (of an even count the middle two's mean, which over_ideal does not keep)
-        ratios = [s["bubble_over_ideal"] for s in steps]
-        out["bubble_over_ideal"] = None if None in ratios else med(ratios)
+        # each its own median (of an even count the middle two's mean, which over_ideal does not
+        # keep); a step all idle (None: no busy time) counts as the largest
+        ratios = [math.inf if s["bubble_over_ideal"] is None else s["bubble_over_ideal"] for s in steps]
+        ratio = med(ratios)
+        out["bubble_over_ideal"] = ratio if math.isfinite(ratio) else None
     ranks = []
     for r, first in enumerate(steps[0]["ranks"]):
         rows = [s["ranks"][r] for s in steps]

@@ -141,9 +141,11 @@ def is_run_folder(folder: Path) -> bool:
 
 def run_holding(path: str | Path) -> Path | None:
     """The run folder that ``path`` is or lies in (the nearest), or None: where ppx never
-    writes (a run's files are the run's alone)."""
-    p = Path(path).absolute()
-    return next((q for q in [p, *p.parents] if is_run_folder(q)), None)
+    writes (a run's files are the run's alone). A run's folder holds its config.yaml and its
+    status/ folder from its start (a project's folder with a config.yaml beside a
+    metrics.jsonl of its own is none)."""
+    p = Path(os.path.abspath(path))  # (.. resolved: ../elsewhere from inside a run is not in it)
+    return next((q for q in [p, *p.parents] if (q / "config.yaml").is_file() and (q / "status").is_dir()), None)
 
 
 class RunDir:

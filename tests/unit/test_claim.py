@@ -84,3 +84,28 @@ def test_a_schedule_that_cannot_be_read_is_said_so_and_no_run_folder_is_left(tmp
         write_config(run, cfg)
     assert str(e.value) == f"cannot read {csv}: No such file or directory"
     assert not run.exists()
+
+
+def test_no_run_is_claimed_inside_another_and_a_path_beside_one_is_free(tmp_path, monkeypatch):
+    """claim itself refuses (a torchrun or srun of one's own claims without ppx run's checks);
+    a run's folder is its config.yaml beside its status/ (a project folder with a config.yaml
+    and a metrics.jsonl of its own is none), and ../ from inside a run leaves it."""
+    import pytest
+
+    from ppx.errors import UserError
+    from ppx.report.run_dir import run_holding
+
+    run = tmp_path / "a_run"
+    (run / "status").mkdir(parents=True)
+    (run / "config.yaml").write_text("{}\n")
+    for key in (f"run.dir={run / 'tb' / 'x'}", f"run.root={run}"):
+        with pytest.raises(UserError, match=rf"the run would go inside the run {run}; ppx never writes into a run"):
+            claim(config.load("1f1b_2cpu", [key]))
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "status"]
+    monkeypatch.chdir(run)
+    assert run_holding("plan") == run and run_holding("../beside") is None
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "config.yaml").write_text("{}\n")
+    (project / "metrics.jsonl").write_text("")
+    assert run_holding(project / "runs" / "x") is None

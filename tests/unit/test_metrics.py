@@ -54,5 +54,8 @@ def test_a_runs_bubble_over_ideal_is_the_median_of_its_steps_even_of_an_even_cou
     out = run_summary(steps)
     assert out["bubble_fraction"] == pytest.approx(0.35)
     assert out["bubble_over_ideal"] == pytest.approx((0.25 + 1.0) / 2)  # not 0.35 / 0.65
-    steps[0]["bubble_over_ideal"] = None  # (a step all idle has none)
+    steps[0]["bubble_over_ideal"] = None  # (a step all idle has none: the largest, not the run's figure gone)
+    assert run_summary(steps)["bubble_over_ideal"] == pytest.approx((1.0 + 1.5) / 2)
+    for s in steps[1:3]:
+        s["bubble_over_ideal"] = None
     assert run_summary(steps)["bubble_over_ideal"] is None

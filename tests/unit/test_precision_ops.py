@@ -121,6 +121,7 @@ def _microbatch_bytes(model: str, dtype: str) -> tuple[int, list[torch.Tensor]]:
     x, y = kind.make_batch(cfg.model, 0, 3, 0)
     runner.new_step()
     _, saved = _saved(runner.forward, 0, x, y)
+    assert runner.weights._last_cast is None  # (the forward's shared casts end with it)
     skip = {p.untyped_storage().data_ptr() for p in runner.module.parameters()}
     skip |= runner.weights.storages
     kept = {t.untyped_storage().data_ptr(): t for t in saved if t.untyped_storage().data_ptr() not in skip}
@@ -133,9 +134,10 @@ def test_a_bf16_microbatch_saves_about_half_an_fp32_ones_bytes(model):
     fp32, _ = _microbatch_bytes(model, "fp32")
     bf16, wide = _microbatch_bytes(model, "bf16")
     # Hugging Face's Llama saves under half: in fp32 its RMSNorm's graph keeps the input and the
-    # normalised input (8 bytes an element), in bf16 the lean norm its bf16 input (2 bytes)
-    low = 0.40 if model == "hf-llama" else 0.45
-    assert low <= bf16 / fp32 <= 0.55, (bf16, fp32)
+    # normalised input (8 bytes an element), in bf16 the lean norm its bf16 input (2 bytes); and
+    # its q, k, v (gate, up) share one bf16 copy of the norm's fp32 output (a copy each: 0.53)
+    low, high = (0.40, 0.47) if model == "hf-llama" else (0.45, 0.55)
+    assert low <= bf16 / fp32 <= high, (bf16, fp32)
     tokens = 3 * 24
     assert all(t.numel() <= 4 * tokens for t in wide), [tuple(t.shape) for t in wide]  # per-token statistics only
 

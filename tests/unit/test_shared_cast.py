@@ -4,6 +4,7 @@ it, where autocast casts it again for each layer and each graph keeps its own.""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -28,10 +29,9 @@ def _run(mods, x, weights=None):
         saved.append(t)
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=BF16):
+    shared = weights.sharing_casts() if weights is not None else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), shared, torch.autocast("cpu", dtype=BF16):
         outs = [m(x) for m in mods]
-    if weights is not None:
-        weights.forget_cast()
     copies = {t.untyped_storage().data_ptr() for t in saved if t.dtype == BF16 and t.shape == x.shape}
     return outs, copies
 
@@ -68,7 +68,8 @@ def test_an_input_changed_in_place_or_another_grad_mode_is_cast_again():
     (a, b, c) = route_layers(mods, weights)
     weights.refresh()
     x = torch.randn(5, 16)
-    with torch.autocast("cpu", dtype=BF16):
+    assert weights.cast(x, BF16) is not weights.cast(x, BF16)  # outside a stage's forward: autocast's way
+    with weights.sharing_casts():
         first = weights.cast(x, BF16)
         assert weights.cast(x, BF16) is first  # the same input in a row: the same copy
         x.add_(1.0)
@@ -77,3 +78,4 @@ def test_an_input_changed_in_place_or_another_grad_mode_is_cast_again():
         with torch.no_grad():
             assert weights.cast(x, BF16) is not second
         assert weights.cast(x.clone(), BF16) is not second  # another tensor, equal values: its own
+    assert weights._last_cast is None  # nothing kept after the block
