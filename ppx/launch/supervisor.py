@@ -205,6 +205,8 @@ class Supervisor:
 
     # -- where the ranks were
     def _where_each(self) -> str:
+        if not self.status.is_dir():  # (the run directory removed under the job)
+            return f"where each rank was: unknown ({self.status} is gone)"
         states = [f"rank {r}: {read_status(status_path(self.status, r)) or 'not started'}" for r in range(self.world)]
         return "where each rank was: " + "; ".join(states)
 

@@ -315,3 +315,12 @@ def test_a_set_up_phase_outlasts_a_short_timeout_and_the_next_phase_does_not(tmp
     # (0.3 s and the watchdog's 1 s grace, or later where a loaded machine woke its thread late)
     assert got and float(got.group(1)) >= 1.25, r.stderr
     assert took < 20  # ended by the watchdog, not by the 30 s sleep
+
+
+def test_where_each_rank_was_is_unknown_not_not_started_when_status_is_gone(tmp_path, capsys):
+    """The run directory removed under a running job: its ranks had started, and no status says where."""
+    sup = supervisor(tmp_path)
+    (tmp_path / "status").rmdir()
+    assert sup._failed(1) == 1
+    err = capsys.readouterr().err
+    assert f"where each rank was: unknown ({tmp_path / 'status'} is gone)" in err and "not started" not in err
