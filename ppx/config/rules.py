@@ -12,6 +12,7 @@ from ppx.errors import UserError
 from ppx.schedules.ir.schedule import Schedule
 
 MAX_TIMEOUT_S = 1e9  # runtime.timeout_s's ceiling (31 years): a timedelta holds it
+MIN_TIMEOUT_S = 1.0  # and its floor: a heartbeat a second; shorter ended healthy runs mid-action
 
 
 def check(cfg: Config) -> None:
@@ -82,8 +83,10 @@ def check_train(cfg: Config) -> None:
 
 def check_runtime(cfg: Config) -> None:
     rt = cfg.runtime
-    if not 0 < rt.timeout_s <= MAX_TIMEOUT_S:  # (NaN too: the process group's timedelta needs a number)
-        raise UserError(f"runtime.timeout_s must be seconds > 0 and at most {MAX_TIMEOUT_S:g}, got {rt.timeout_s}")
+    if not MIN_TIMEOUT_S <= rt.timeout_s <= MAX_TIMEOUT_S:  # (NaN too: the process group's timedelta needs a number)
+        raise UserError(
+            f"runtime.timeout_s must be seconds from {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g}, got {rt.timeout_s}"
+        )
     if rt.recv_lookahead < -1:
         raise UserError(f"runtime.recv_lookahead must be -1 (all at the first wait) or >= 0, got {rt.recv_lookahead}")
     if rt.gc_steps < 0:

@@ -217,8 +217,8 @@ class RuntimeConfig:
     )
     timeout_s: float = _f(
         60.0,
-        "seconds without progress on one rank before the whole job is ended (set-up is allowed at least 60: "
-        "building the model, waiting for the other ranks' builds, NCCL's first collective)",
+        "seconds without progress on one rank before the whole job is ended, at least 1 (set-up is allowed at "
+        "least 60: building the model, waiting for the other ranks' builds, NCCL's first collective)",
     )
     threads_per_rank: int = _f(1, "CPU threads per process (torch.set_num_threads)")
     pin_cpus: bool = _f(
