@@ -92,10 +92,7 @@ CASES = {
     ),
     "empty experiment name": (["", "train.steps=1"], "the experiment is empty: give its name"),
     "timeout under a second": (["gpipe_2cpu", "runtime.timeout_s=0.05"], "runtime.timeout_s must be seconds from 1 to"),
-    "timeout that is not a number": (
-        ["gpipe_2cpu", "runtime.timeout_s=nan"],
-        "runtime.timeout_s must be seconds from 1",
-    ),
+    "timeout that is not a number": (["gpipe_2cpu", "runtime.timeout_s=nan"], "timeout_s must be seconds from 1"),
     "endless timeout": (["gpipe_2cpu", "runtime.timeout_s=inf"], "from 1 to 1e+09, got inf"),
     "heads not dividing hidden": (
         ["transformer_1f1b_2cpu", "model.hidden=30"],
