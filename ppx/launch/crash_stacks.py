@@ -10,6 +10,8 @@ import os
 import sys
 from pathlib import Path
 
+from ppx.launch.watchdog import launcher_alive
+
 _OPEN: list = []  # the file faulthandler writes to stays open for the process's life
 
 
@@ -22,8 +24,7 @@ def stacks_to_file(status_dir: Path, rank: int) -> None:
     a rank of ``ppx run`` (not its own process: a rank run in it dies with it) or of ppx's
     torchrun under srun. Elsewhere, where asked for (``python -X faulthandler``,
     PYTHONFAULTHANDLER) or where the file cannot be opened, they stay where they were."""
-    launcher = os.environ.get("PPX_LAUNCHER_PID")
-    named = (launcher and launcher != str(os.getpid())) or os.environ.get("PPX_RUN_DIR")
+    named = launcher_alive() or os.environ.get("PPX_RUN_DIR")  # (as the SIGTERM-following thread asks)
     if not named or "faulthandler" in sys._xoptions or os.environ.get("PYTHONFAULTHANDLER"):
         return
     try:

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from ppx.launch.crash_stacks import stacks_note
 from ppx.launch.heartbeat import INTERVAL_S, read_beats, read_gone, stopped_responding
-from ppx.launch.processes import forked_worker_path, process_alive
+from ppx.launch.processes import forked_worker_path, process_alive, zombie_status
 from ppx.launch.watchdog import cause_path, read_status, status_path
 
 GRACE_S = 2.0  # between SIGTERM and SIGKILL when the launcher ends a job
@@ -329,12 +329,8 @@ def _how_it_ended(pid: int) -> str:
     """How process ``pid`` ended, from its exit status while it is a zombie (/proc's stat
     field 52, Linux 3.5 on): "died: killed by signal SIGKILL (9)", "exited with code 1", or,
     where it is gone, "ended"."""
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()  # (field N at N - 3)
-        if fields[0] != "Z":  # reaped, and the pid another process's now
-            return "ended"
-        status = int(fields[49])
-    except (OSError, IndexError, ValueError):
+    status = zombie_status(pid)
+    if status is None:
         return "ended"
     if status & 0x7F:
         return f"died: killed by signal {_signal_name(status & 0x7F)} ({status & 0x7F})"

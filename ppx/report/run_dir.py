@@ -10,7 +10,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ppx.errors import UserError
+from ppx.errors import UserError, first_line
 
 
 def write_json(path: Path, data) -> None:
@@ -208,8 +208,9 @@ class RunDir:
         try:
             return config.from_yaml(self.path / "config.yaml")
         except (OmegaConfBaseException, yaml.YAMLError, ValueError, TypeError) as e:  # another ppx's keys
-            said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"{self._name}/config.yaml: this ppx cannot read it ({said})") from None
+            raise UserError(
+                f"{self._name}/config.yaml: this ppx cannot read it ({first_line(e) or type(e).__name__})"
+            ) from None
 
     @cached_property
     def env(self) -> dict | None:
