@@ -36,16 +36,19 @@ def stage_shades(stage_to_rank) -> dict[int, float]:
     return {s: 1.0 - 0.7 * k / max(owned[stage_to_rank[s]], 2) for s, k in place.items()}
 
 
-def legend_entries(spans_by_rank: dict, multi: bool, transfer: bool) -> list[tuple[str, str, float]]:
-    """(colour key, name, alpha) for what the picture of these spans shows, in legend order."""
+def legend_entries(
+    spans_by_rank: dict, multi: bool, transfer: bool, gaps: str = "idle"
+) -> list[tuple[str, str, float]]:
+    """(colour key, name, alpha) for what the picture of these spans shows, in legend order
+    (``gaps``: what the white between them is)."""
     spans = [sp for r in spans_by_rank for sp in spans_by_rank[r]]
     ops = {sp.action.op.value for sp in spans if sp.kind == "compute"}
     kinds = {"wait" if sp.kind == "drain" else sp.kind for sp in spans} | ({"transfer"} if transfer else set())
     out = [(k, n, 1.0) for k, n in OP_NAMES if k in ops]
     if multi:
-        out.append(("F", "lighter: a rank's later stage", 0.65))
+        out.append(("F", "lighter: a rank's later stage (cells read stage, op, microbatch)", 0.65))
     out += [(k, n, 1.0) for k, n in COMM_NAMES if k in kinds]
-    return out + [("idle", "idle", 1.0)]
+    return out + [("idle", gaps, 1.0)]
 
 
 def draw_step(
@@ -54,9 +57,13 @@ def draw_step(
     title: str,
     stage_to_rank=None,
     xlabel: str = "time in the step (ms, rank clocks aligned)",
+    gaps: str = "idle",
+    rank_notes: dict | None = None,
 ) -> None:
     """``spans_by_rank`` = {rank: [`Span`, ...]} for one step;
-    with ``stage_to_rank``, waits are split at the moment the peer posted its send."""
+    with ``stage_to_rank``, waits are split at the moment the peer posted its send. ``gaps``
+    names the white between spans in the legend (a simulated step draws no communication:
+    its gaps are communication and idle); ``rank_notes`` = {rank: text} under a rank's name."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,7 +84,14 @@ def draw_step(
     # several stages per rank (interleaved): cells name their stage, and a rank's later stages are lighter
     multi = stage_to_rank is not None and len(stage_to_rank) > len(set(stage_to_rank))
     shade = stage_shades(stage_to_rank)
-    fig, ax = plt.subplots(figsize=(12, 0.7 * len(ranks) + 1.6))
+    handles = [
+        Patch(facecolor=COLORS.get(k, "white"), alpha=a, label=n, edgecolor="#BBBBBB" if k == "idle" else None)
+        for k, n, a in legend_entries(spans_by_rank, multi, bool(posted), gaps)
+    ]
+    ncol = min(len(handles), 4)  # (8 entries in a row, as ZB-V's, ran past the picture's edges)
+    legend_in = 0.22 * -(-len(handles) // ncol) + 0.1
+    fig_h = 0.7 * len(ranks) + 1.3 + legend_in  # inches
+    fig, ax = plt.subplots(figsize=(12, fig_h))
     for row, r in enumerate(ranks):
         y = len(ranks) - 1 - row
         ax.add_patch(plt.Rectangle((0, y - 0.4), span_ms, 0.8, facecolor="white", edgecolor="#BBBBBB", lw=0.5))
@@ -121,21 +135,14 @@ def draw_step(
     ax.set_xlim(0, span_ms)
     ax.set_ylim(-0.6, len(ranks) - 0.4)
     ax.set_yticks(range(len(ranks)))
-    ax.set_yticklabels([f"rank {r}" for r in reversed(ranks)])
+    notes = rank_notes or {}
+    ax.set_yticklabels([f"rank {r}" + (f"\n{notes[r]}" if r in notes else "") for r in reversed(ranks)])
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
-    handles = [
-        Patch(facecolor=COLORS.get(k, "white"), alpha=a, label=n, edgecolor="#BBBBBB" if k == "idle" else None)
-        for k, n, a in legend_entries(spans_by_rank, multi, bool(posted))
-    ]
-    ax.legend(
-        handles=handles,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.22 - 0.02 * len(ranks)),
-        ncol=len(handles),
-        fontsize=8,
-        frameon=False,
-    )
+    # the legend in a strip of its own under the axis and its label, as tall as its rows
+    # whatever the ranks
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.subplots_adjust(bottom=(legend_in + 0.6) / fig_h)
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)

@@ -307,7 +307,7 @@ class RunReport:
 
         last = self.timeline[-1]
         m = self.steps[last["step"]]
-        sub = f"{title}, step {last['step']}: {m['step_time_s'] * 1e3:.1f} ms"
+        sub = f"{title}, step {last['step']}: {m['step_time_s'] * 1e3:.2f} ms"
         if "bubble_fraction" in m:
             sub += f", bubble {m['bubble_fraction']:.1%} measured"
             if self.theory is not None:

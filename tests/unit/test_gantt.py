@@ -33,6 +33,26 @@ def test_legend_names_split_backwards_and_no_comm_for_a_simulated_timeline(tmp_p
     assert names(legend_entries(spans, False, False)) == ["forward", "backward", "idle"]
     draw_step(spans, tmp_path / "g.png", "1f1b", (0, 1))
     assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
+    # a simulated step's white is its communication and idle (the simulator keeps no comm spans)
+    gaps = "not computing: communication or idle"
+    assert names(legend_entries(spans, False, False, gaps))[-1] == gaps
+    draw_step(spans, tmp_path / "n.png", "1f1b", (0, 1), gaps=gaps, rank_notes={0: "comm 1.00, idle 2.00 ms"})
+    assert (tmp_path / "n.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_legend_of_eight_entries_fits_the_picture(tmp_path):
+    # ZB-V's eight entries in one row ran past both edges of a 12-inch picture: four a row
+    import matplotlib.image
+
+    spans, s2r = simulated_spans("zbv", 4, 8)
+    spans[0].append(Span("post", "0SEND_F0", (Action.parse("0SEND_F0"),), 0.0, 0.1))
+    spans[1].append(Span("wait", "1RECV_F0", (Action.parse("1RECV_F0"),), 0.05, 0.2))  # (a transfer drawn)
+    assert len(legend_entries(spans, True, True)) == 8
+    draw_step(spans, tmp_path / "z.png", "zbv", s2r)
+    pixels = matplotlib.image.imread(tmp_path / "z.png")[..., :3]
+    edges = pixels[:, :3], pixels[:, -3:]  # (a legend wider than the picture was cut there)
+    assert all((edge > 0.99).all() for edge in edges), "something drawn at the picture's edge: cut off"
+    assert pixels.shape[1] <= 12 * 120 + 40, pixels.shape
 
 
 def test_legend_marks_later_stages_and_the_communication_drawn(tmp_path):
@@ -44,7 +64,7 @@ def test_legend_marks_later_stages_and_the_communication_drawn(tmp_path):
     assert names(got) == [
         "forward",
         "backward",
-        "lighter: a rank's later stage",
+        "lighter: a rank's later stage (cells read stage, op, microbatch)",
         "send/recv posted",
         "waiting on a peer",
         "transfer (peer had sent)",
