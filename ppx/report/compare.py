@@ -189,9 +189,8 @@ def plot_runs(rows: list[dict], path: Path, title: str = "") -> None:
     # the figure grows by what the labels need under each row of panels
     room = 0.85 * width / 3 / len(rows)  # inches of panel width per bar
     fits = max(int(room / 0.075), 12)
-    labels = [
-        textwrap.fill(r.get("label") or r["name"], fits, break_long_words=False, break_on_hyphens=False) for r in rows
-    ]
+    names, spelt = picture_labels(rows)
+    labels = [textwrap.fill(t, fits, break_long_words=False, break_on_hyphens=False) for t in names]
     lines = max(t.count("\n") + 1 for t in labels)
     longest = max(len(line) for t in labels for line in t.splitlines())
     rotate = longest * 0.075 > room
@@ -211,10 +210,17 @@ def plot_runs(rows: list[dict], path: Path, title: str = "") -> None:
         ax.bar(x, values, color="#4C72B0")
         ax.set_title(name, fontsize=10)
     ax = axes[1][0]
-    measured = [measured_beside_prediction(r) or 0 for r in rows]
-    ax.bar([i - 0.27 for i in x], measured, width=0.27, label="measured", color="#DD8452")
-    ax.bar(x, [r["predicted"] or 0 for r in rows], width=0.27, label="predicted (simulator)", color="#8172B2")
-    ax.bar([i + 0.27 for i in x], [r["theory"] or 0 for r in rows], width=0.27, label="theory", color="#BBBBBB")
+    nan = float("nan")  # (no bar, where a run has no such figure: a run without timers)
+    bars = [
+        (-0.27, [measured_beside_prediction(r) for r in rows], MEASURED_BUBBLE, "#DD8452"),
+        (0.0, [r["predicted"] for r in rows], "predicted (simulator)", "#8172B2"),
+        (0.27, [r["theory"] for r in rows], "theory", "#BBBBBB"),
+    ]
+    for shift, values, name, color in bars:
+        ax.bar([i + shift for i in x], [nan if v is None else v for v in values], width=0.27, label=name, color=color)
+        for i, v in enumerate(values):
+            if v is None:
+                ax.text(i + shift, 0, "n/a", ha="center", va="bottom", fontsize=6, rotation=90, color="#777777")
     ax.set_title("bubble (idle / step time)", fontsize=10)
     for a in (axes[0][0], axes[0][1], axes[1][0], axes[1][1], axes[1][2]):
         a.set_xticks(x)
@@ -229,8 +235,24 @@ def plot_runs(rows: list[dict], path: Path, title: str = "") -> None:
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    if spelt:  # numbered runs, spelt out under the panels
+        fig.text(0.01, 0, "\n".join(spelt), va="top", ha="left", fontsize=8)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+LABEL_FITS = 40  # characters: a longer label is numbered in the pictures, and spelt out in their key
+MEASURED_BUBBLE = "measured (timeline steps)"  # (the table's bubble column is the median over all steps)
+
+
+def picture_labels(rows: list[dict]) -> tuple[list[str], list[str]]:
+    """(each run's name under its bars, the key that spells out numbered ones): the labels as
+    they are where each fits in LABEL_FITS characters, else #1..#n and '#k  <label>' lines
+    (runs apart in many keys: their labels, slanted and wrapped, ran over each other)."""
+    labels = [r.get("label") or r["name"] for r in rows]
+    if max(map(len, labels)) <= LABEL_FITS:
+        return labels, []
+    return [f"#{k}" for k in range(1, len(rows) + 1)], [f"#{k}  {t}" for k, t in enumerate(labels, 1)]
 
 
 def measured_beside_prediction(row: dict) -> float | None:

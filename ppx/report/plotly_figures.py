@@ -13,9 +13,11 @@ has no other annotations (step starts are shapes)."""
 
 from __future__ import annotations
 
+import html
+
 from ppx.measure.spans import handoffs
 from ppx.report.breakdown import parts_of, rank_theories, theory_label
-from ppx.report.compare import measured_beside_prediction
+from ppx.report.compare import MEASURED_BUBBLE, measured_beside_prediction, picture_labels
 from ppx.report.gantt import COLORS, stage_shades
 from ppx.units import byte_unit
 
@@ -278,20 +280,31 @@ def runs_figure(rows: list[dict]) -> object:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    labels = [r.get("label") or r["name"] for r in rows]
+    labels, key = picture_labels(rows)
+    full = [r.get("label") or r["name"] for r in rows]  # (on hover, numbered or not)
     fig = make_subplots(rows=1, cols=2, subplot_titles=["step time (ms)", "bubble (idle / step time)"])
+    step = [r["step_ms"] for r in rows]
     fig.add_trace(
-        go.Bar(name="step time", x=labels, y=[r["step_ms"] for r in rows], marker_color=COLORS["F"], showlegend=False),
+        go.Bar(name="step time", x=labels, y=step, hovertext=full, marker_color=COLORS["F"], showlegend=False),
         row=1,
         col=1,
     )
-    measured = [measured_beside_prediction(r) for r in rows]
-    fig.add_trace(go.Bar(name="measured", x=labels, y=measured, marker_color="#DD8452"), row=1, col=2)
-    predicted = [r["predicted"] for r in rows]
-    fig.add_trace(go.Bar(name="predicted (simulator)", x=labels, y=predicted, marker_color="#8172B2"), row=1, col=2)
-    fig.add_trace(go.Bar(name="theory", x=labels, y=[r["theory"] for r in rows], marker_color="#BBBBBB"), row=1, col=2)
+    bars = (
+        (MEASURED_BUBBLE, [measured_beside_prediction(r) for r in rows], "#DD8452"),
+        ("predicted (simulator)", [r["predicted"] for r in rows], "#8172B2"),
+        ("theory", [r["theory"] for r in rows], "#BBBBBB"),
+    )
+    for name, values, color in bars:
+        fig.add_trace(go.Bar(name=name, x=labels, y=values, hovertext=full, marker_color=color), row=1, col=2)
     fig.update_yaxes(tickformat=".0%", row=1, col=2)
-    _layout(fig, barmode="group", height=420, legend=dict(orientation="h", y=-0.2))
+    fig.update_xaxes(tickangle=0, automargin=True)
+    # the legend above the panels (under them it sat on the runs' names), the key of numbered runs under them
+    _layout(fig, barmode="group", height=440 + 18 * len(key), legend=dict(orientation="h", y=1.2, x=1, xanchor="right"))
+    fig.update_layout(margin=dict(t=90, b=60 + 18 * len(key)))
+    if key:
+        text = "<br>".join(html.escape(line) for line in key)
+        at = dict(xref="paper", yref="paper", x=0, y=0, yshift=-40, yanchor="top", xanchor="left", align="left")
+        fig.add_annotation(text=text, showarrow=False, **at)
     return fig
 
 
