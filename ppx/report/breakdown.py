@@ -16,6 +16,7 @@ PARTS = [
     ("dp_comm_s", "data-parallel gradient reduction", COLORS["reduce"]),
 ]
 IDLE_COLOR = "#F2F2F2"
+THEORY_COLOR = "#111111"  # (red sat on the orange communication bars and vanished there)
 
 
 def parts_of(ranks: list[dict]) -> list[tuple[str, str, str]]:
@@ -32,7 +33,11 @@ def title_of(summary: dict) -> str:
     v = summary.get("virtual_stages") or 1
     p = len(summary.get("ranks") or []) or summary.get("world_size")
     title = f"{summary.get('experiment', 'run')}: {summary.get('schedule')}, p={p}, m={summary.get('microbatches')}"
-    return title + (f", v={v}" if v > 1 else "")
+    title += f", v={v}" if v > 1 else ""
+    if summary.get("dtype") not in (None, "fp32"):
+        title += f", {summary['dtype']}"
+    data = summary.get("data_parallel") or 1
+    return title + (f", {data} replicas (replica 0's ranks)" if data > 1 else "")
 
 
 def draw_breakdown(summary: dict, path: Path, title: str | None = None) -> None:
@@ -72,7 +77,7 @@ def draw_breakdown(summary: dict, path: Path, title: str | None = None) -> None:
         text = f"idle {share:.0%}" + (f"\n(theory {th:.0%})" if th is not None else "")
         ax.text(x, top * 1.02, text, ha="center", va="bottom", fontsize=8)
         if th is not None:  # in theory the top `th` of the step is idle on this rank
-            ax.hlines(step_ms * (1 - th), x - 0.38, x + 0.38, colors="#C44E52", linestyles="--", lw=1.6)
+            ax.hlines(step_ms * (1 - th), x - 0.38, x + 0.38, colors=THEORY_COLOR, linestyles="--", lw=1.6)
     ax.set_ylim(0, top * 1.22)
     ax.set_xticks(xs)
     ax.set_xticklabels([f"rank {r['rank']}" for r in ranks])
@@ -82,7 +87,7 @@ def draw_breakdown(summary: dict, path: Path, title: str | None = None) -> None:
     handles.append(Line2D([], [], color="black", lw=1.2, label=f"step time {step_ms:.2f} ms"))
     if theory is not None:
         label = theory_label(summary, f"{theory:.0%}")
-        handles.append(Line2D([], [], color="#C44E52", ls="--", lw=1.6, label=label))
+        handles.append(Line2D([], [], color=THEORY_COLOR, ls="--", lw=1.6, label=label))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, fontsize=8, frameon=False)
     ax.set_title("time in the step by rank", fontsize=10)
     if memory:
@@ -91,7 +96,7 @@ def draw_breakdown(summary: dict, path: Path, title: str | None = None) -> None:
         mem.bar(xs, vals, 0.6, color=COLORS["B"])
         for x, b in zip(xs, vals):
             mem.text(x, b, f"{b:.1f}", ha="center", va="bottom", fontsize=8)
-        mem.set_ylim(0, max(vals + [1e-9]) * 1.2)
+        mem.set_ylim(0, max(vals) * 1.2 or 1)  # (a forward-only run saves nothing: 0 to 1, not to 1e-9)
         mem.set_xticks(xs)
         mem.set_xticklabels([f"rank {r['rank']}" for r in ranks])
         mem.set_ylabel(unit)

@@ -27,6 +27,7 @@ from pathlib import Path
 from ppx.report.gantt import legend_entries
 from ppx.report.split_ways import HEADER, split_rows
 from ppx.report.summary_table import setup_words, summary_rows
+from ppx.units import count
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 1.5em auto;
@@ -131,7 +132,7 @@ def write_run_html(
         f"{f' ({v} per rank)' if v > 1 else ''} on {summary.get('world_size')} ranks "
         f"({html.escape(str(summary.get('device')))}, {html.escape(str(summary.get('backend')))})"
         f"{html.escape(setup_words(summary))}, "
-        f"{summary.get('steps')} steps of batch {summary.get('batch_size')}: {html.escape(str(summary.get('status')))}. "
+        f"{count(summary.get('steps') or 0, 'step')} of batch {summary.get('batch_size')}: {html.escape(str(summary.get('status')))}. "
         f"Run directory: <code>{html.escape(str(run_dir))}</code></p>"
     )
     page.heading("theory vs measured")
@@ -154,7 +155,7 @@ def write_run_html(
         page.add(
             '<p class="note">The last step shown first: drag to zoom, double-click twice for every step, '
             "scroll to zoom, hover a mark for its action, microbatch, stage, start and length. Arrows: the last "
-            "step's sends, from the post to the end of the receiving wait. Click a legend entry to hide a step.</p>"
+            "step's sends, from the post to the end of the receiving wait.</p>"
         )
         page.figure(fig, "timeline", **facts, last_step_trace=f"step {facts['last_step']}")
         page.add(_key(last["ranks"], multi, facts["arrows"] > 0))

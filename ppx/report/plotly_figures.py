@@ -16,7 +16,7 @@ from __future__ import annotations
 import html
 
 from ppx.measure.spans import handoffs
-from ppx.report.breakdown import parts_of, rank_theories, theory_label
+from ppx.report.breakdown import THEORY_COLOR, parts_of, rank_theories, theory_label
 from ppx.report.compare import MEASURED_BUBBLE, measured_beside_prediction, picture_labels
 from ppx.report.gantt import COLORS, stage_shades
 from ppx.units import byte_unit
@@ -59,7 +59,7 @@ def timeline_figure(steps: list[dict], stage_to_rank) -> tuple[object, dict]:
         shapes=shapes,
         annotations=arrows,
         uniformtext=dict(minsize=8, mode="hide"),
-        legend=dict(orientation="h", yanchor="top", y=-0.25, x=0),
+        showlegend=False,  # (the page's key names the colours: a legend entry per step showed its first bar's blue)
         xaxis=dict(
             title="ms from the first shown step's start (rank clocks aligned to rank 0's)",
             zeroline=False,
@@ -147,7 +147,7 @@ def _add_others(fig, name: str, marks: dict[str, list[tuple]]) -> None:
                     f"{what[:-1]}: %{{customdata[0]}} ({name}, %{{y}})<br>start %{{customdata[1]:.3f}} ms<br>"
                     "length %{customdata[2]:.3f} ms<extra></extra>"
                 ),
-                showlegend=False,  # the step's one legend entry hides or shows all of its marks
+                showlegend=False,
                 legendgroup=name,
                 orientation="h",
             )
@@ -230,7 +230,7 @@ def breakdown_figure(summary: dict) -> object:
             x=xs,
             y=[step_ms * (1 - th) for th in rank_theories(summary)],
             mode="markers",
-            marker=dict(symbol="line-ew-open", size=60, color="#C44E52", line=dict(width=2)),
+            marker=dict(symbol="line-ew-open", size=60, color=THEORY_COLOR, line=dict(width=3)),
             hovertemplate="theory: busy up to %{y:.3f} ms<extra>%{x}</extra>",
         )
     fig.add_hline(y=step_ms, line=dict(color="black", width=1.2), annotation_text=f"step time {step_ms:.2f} ms")
@@ -247,7 +247,7 @@ def memory_figure(ranks: list[dict]) -> object | None:
 
     panels = [
         ("peak_activation_bytes", "peak saved activations", COLORS["B"]),
-        ("peak_memory_bytes", "peak memory (CUDA allocated, or resident set on CPU)", COLORS["F"]),
+        ("peak_memory_bytes", "peak memory (CUDA allocated / CPU resident)", COLORS["F"]),
     ]
     panels = [p for p in panels if any(r.get(p[0]) is not None for r in ranks)]
     if not panels:
@@ -256,7 +256,8 @@ def memory_figure(ranks: list[dict]) -> object | None:
     xs = [f"rank {r['rank']}" for r in ranks]
     inflight = [r.get("peak_inflight_microbatches") for r in ranks]
     for col, (key, title, color) in enumerate(panels, start=1):
-        unit, size = byte_unit(max(r.get(key) or 0 for r in ranks))
+        top = max(r.get(key) or 0 for r in ranks)
+        unit, size = byte_unit(top)
         fig.add_trace(
             go.Bar(
                 name=title,
@@ -270,7 +271,8 @@ def memory_figure(ranks: list[dict]) -> object | None:
             row=1,
             col=col,
         )
-        fig.update_yaxes(title_text=unit, row=1, col=col)
+        # (all 0, a forward-only run's activations: 0 to 1, where Plotly's own range ran from -1)
+        fig.update_yaxes(title_text=unit, rangemode="tozero", range=None if top else [0, 1], row=1, col=col)
     _layout(fig, height=360)
     return fig
 

@@ -196,7 +196,12 @@ class RunReport:
         median = None
         if has_breakdown(summary):
             median = self._median_step(summary)
-            title = f"{title_of(summary)}: step {median[0]}, the median step"
+            even = (
+                len(summary.get("step_times_s") or []) % 2 == 0
+            )  # (the median is then no step's: as report.html says)
+            title = f"{title_of(summary)}: step {median[0]}, the median step" + (
+                ", the slower middle one" if even else ""
+            )
             draw_breakdown(median[1], self.run_dir / "breakdown.png", title)
         return self._write_html(summary, median)
 
@@ -299,6 +304,8 @@ class RunReport:
 
         cfg, sched = self.cfg, self.schedule
         title = f"{cfg.run.name}: {cfg.pipeline.schedule}, p={sched.num_ranks}, m={sched.num_microbatches}"
+        title += "" if cfg.train.dtype == "fp32" else f", {cfg.train.dtype}"
+        title += f", {cfg.parallel.data} replicas (replica 0's ranks)" if cfg.parallel.data > 1 else ""
         trace = chrome_trace(self.timeline, sched.stage_to_rank, title)
         (self.run_dir / "timeline.json").write_text(json.dumps(trace))
         if not picture:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ppx.report.split_ways import HEADER, split_rows
 from ppx.report.summary_table import setup_words, summary_rows
+from ppx.units import count
 
 RUN_IMAGES = ("timeline", "breakdown")
 COMPARE_IMAGES = ("compare", "bubble")
@@ -46,7 +47,7 @@ def summary_markdown(summary: dict, config_yaml: str | None = None) -> str:
         f"**{summary.get('experiment')}**: {summary.get('schedule')}, {summary.get('stages')} stages"
         f"{f' ({v} per rank)' if v > 1 else ''}, m={summary.get('microbatches')}, {summary.get('model')}, "
         f"{summary.get('world_size')} ranks on {summary.get('device')} ({summary.get('backend')}){setup_words(summary)}, "
-        f"{summary.get('steps')} steps of batch {summary.get('batch_size')}: {summary.get('status')}",
+        f"{count(summary.get('steps') or 0, 'step')} of batch {summary.get('batch_size')}: {summary.get('status')}",
         "",
         "### theory vs measured",
         "",

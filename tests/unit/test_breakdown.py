@@ -104,3 +104,21 @@ def test_headers_name_replicas_dtype_and_recompute():
     assert "ranks on None (None), 2 replicas (8 processes), bf16, recompute selective, 3 steps" in summary_markdown(
         mixed
     )
+
+
+def test_a_title_names_a_compute_dtype_and_replicas_and_a_forward_only_panel_reads_0_to_1(tmp_path, monkeypatch):
+    """The bf16 and the two-replica pictures of one 1F1B config had one title; a forward-only
+    run's activations panel (every rank 0 B) ran from 0 to 1.2e-9 B."""
+    s = summary() | {"dtype": "bf16", "data_parallel": 2}
+    assert title_of(s) == "hand: 1f1b, p=4, m=8, bf16, 2 replicas (replica 0's ranks)"
+    assert title_of(summary() | {"dtype": "fp32", "data_parallel": 1}) == "hand: 1f1b, p=4, m=8"
+    import matplotlib.axes
+
+    limits, set_ylim = [], matplotlib.axes.Axes.set_ylim  # (each axis's limits, as drawn)
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_ylim", lambda ax, *a, **k: limits.append(a) or set_ylim(ax, *a, **k))
+    s = summary()
+    for r in s["ranks"]:
+        r["peak_activation_bytes"] = 0
+    draw_breakdown(s, tmp_path / "forward_only.png")
+    assert (0, 1) in limits, limits
+    assert "1 step of batch" in summary_markdown(summary() | {"steps": 1, "batch_size": 8}, "")

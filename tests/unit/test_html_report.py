@@ -214,6 +214,13 @@ def test_arrows_run_from_the_post_to_the_end_of_the_wait():
     )
     assert facts["arrows"] == len(got) == len(want) == 4  # 2 F sends, 2 B sends
     assert [x for a in got for x in a] == pytest.approx([x for a in want for x in a])
+    assert fig.layout.showlegend is False  # (the page's key names the colours; "step K" showed one blue)
+
+
+def test_a_forward_only_runs_activations_panel_reads_from_0():
+    ranks = [{"rank": r, "peak_activation_bytes": 0, "peak_memory_bytes": 3 * 2**20} for r in range(2)]
+    fig = plotly_figures.memory_figure(ranks)
+    assert list(fig.layout.yaxis.range) == [0, 1] and fig.layout.yaxis2.range is None  # (Plotly's own ran -1 to 1)
 
 
 def test_compare_page_has_the_runs_and_the_bubble_against_m(tmp_path):
