@@ -189,30 +189,11 @@ def first_step_note(path: str, cfg) -> str | None:
     )
 
 
-NOISY = 0.15  # the middle half of a run's steps spanning more of their median: a busy machine (quiet: 5-7%)
-
-
 def noisy_run_note(path: str, step_times: list[float]) -> str | None:
-    """A note where a run's steps spread widely (``step_times``, seconds, its first left out):
-    its measured costs come from a busy machine or a drifting run, and so does every figure
-    read from them (a plan from a llama-tiny run whose steps spread 35% ranked ZB-H2 first at
-    0.91x 1F1B's step; its jobs measured 1.02x). None for a quiet run or fewer than 5 steps."""
-    from statistics import median
+    """`ppx.measure.metrics.noisy_note` of the run at ``path``."""
+    from ppx.measure.metrics import noisy_note
 
-    from ppx.measure.metrics import middle_half
-
-    steady = list(step_times[1:])
-    half = middle_half(steady) if len(steady) >= 4 else None
-    if half is None or not median(steady):
-        return None
-    spread = (half[1] - half[0]) / median(steady)
-    if spread <= NOISY:
-        return None
-    return (
-        f"note: {path}'s steps spread widely (the middle half of them spans {spread:.0%} of their median, "
-        f"{half[0] * 1e3:.1f}-{half[1] * 1e3:.1f} ms; a quiet run spreads well under {NOISY:.0%}): its costs come from a "
-        "busy machine or a drifting run, and so does every figure read from them; run it again on a quiet machine"
-    )
+    return noisy_note(str(path), step_times)
 
 
 def drain_list(sched, transport: str = "nccl"):

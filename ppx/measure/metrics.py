@@ -103,6 +103,35 @@ def middle_half(values) -> tuple[float, float] | None:
     return q1, q3
 
 
+NOISY = 0.15  # the middle half of a run's steps spanning more of their median: a busy machine (quiet: 5-7%)
+
+
+def steps_spread(step_times) -> tuple[float, tuple[float, float]] | None:
+    """(how much of their median the middle half of a run's steps spans, that middle half in
+    seconds) over ``step_times`` (seconds) with the first left out; None under 5 steps."""
+    steady = list(step_times)[1:]
+    half = middle_half(steady) if len(steady) >= 4 else None
+    if half is None or not statistics.median(steady):
+        return None
+    return (half[1] - half[0]) / statistics.median(steady), half
+
+
+def noisy_note(what: str, step_times) -> str | None:
+    """A note where ``what``'s steps spread widely (`steps_spread` over `NOISY`): its costs come
+    from a busy machine or a drifting run, and so does every figure read from them (a plan from
+    a llama-tiny run whose steps spread 35% ranked ZB-H2 first at 0.91x 1F1B's step; its jobs
+    measured 1.02x). None for a quiet run or fewer than 5 steps."""
+    got = steps_spread(step_times)
+    if got is None or got[0] <= NOISY:
+        return None
+    spread, (q1, q3) = got
+    return (
+        f"note: {what}'s steps spread widely (the middle half of them spans {spread:.0%} of their median, "
+        f"{q1 * 1e3:.1f}-{q3 * 1e3:.1f} ms; a quiet run spreads well under {NOISY:.0%}): its costs come from a "
+        "busy machine or a drifting run, and so does every figure read from them; run it again on a quiet machine"
+    )
+
+
 def run_summary(steps: list[dict]) -> dict:
     """Medians over steps (max for peaks, over the steps that have them) of the per-step metrics."""
     med = statistics.median

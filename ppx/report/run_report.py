@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from ppx.config.paired import entry_config, entry_units, floors
 from ppx.config.resolve import sum_order_note
 from ppx.errors import UserError
-from ppx.measure.metrics import over_ideal, run_summary, step_breakdown
+from ppx.measure.metrics import noisy_note, over_ideal, run_summary, step_breakdown
 from ppx.measure.paired import add_kept, kept_fields, paired_lines, paired_step, paired_summary
 from ppx.measure.spans import first_timeline_step
 from ppx.measure.theory import run_theory
@@ -167,6 +167,9 @@ class RunReport:
         ways = split_line(summary)
         if ways:
             print(ways, flush=True)
+        noisy = noisy_note("this run", summary.get("step_times_s") or [])
+        if noisy:  # (a busy machine: the prediction, the bubble and the steps all read from its stalls)
+            print(f"ppx: {noisy}", flush=True)
         write_json(self.run_dir / "summary.json", summary)
         pictures = cfg.logging.report
         if self.timeline:
