@@ -245,14 +245,15 @@ def _draw(sched, t, png: str) -> None:
     p, m = sched.num_ranks, sched.num_microbatches
     # the simulator keeps each rank's communication as a sum, not as spans: the white between
     # computes is communication and idle, each rank's sums under its name, as the text gives them
-    notes = {r: f"comm {t.comm[r] * 1e3:.2f}, idle {t.idle(r) * 1e3:.2f} ms" for r in range(p)}
+    dp = (lambda r: f", dp {t.dp_comm[r] * 1e3:.2f}") if t.dp_comm else (lambda r: "")
+    notes = {r: f"comm {t.comm[r] * 1e3:.2f}{dp(r)}, idle {t.idle(r) * 1e3:.2f} ms" for r in range(p)}
     draw_step(
         spans,
         Path(png),
         f"{sched.name} p={p} m={m}: predicted {t.makespan * 1e3:.2f} ms, bubble {t.bubble_fraction():.1%}",
         sched.stage_to_rank,
         xlabel="predicted time in the step (ms)",
-        gaps="not computing: communication or idle (each rank's sums under its name)",
+        gaps="communication or idle (their sums under each rank)",
         rank_notes=notes,
     )
     print(f"wrote {png}")

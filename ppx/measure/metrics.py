@@ -116,19 +116,37 @@ def steps_spread(step_times) -> tuple[float, tuple[float, float]] | None:
     return (half[1] - half[0]) / statistics.median(steady), half
 
 
+SLOW_STEP = 2.0  # a step over this many times the median step (the first left out): a stall of the machine
+
+
 def noisy_note(what: str, step_times) -> str | None:
-    """A note where ``what``'s steps spread widely (`steps_spread` over `NOISY`): its costs come
-    from a busy machine or a drifting run, and so does every figure read from them (a plan from
-    a llama-tiny run whose steps spread 35% ranked ZB-H2 first at 0.91x 1F1B's step; its jobs
-    measured 1.02x). None for a quiet run or fewer than 5 steps."""
+    """A note where ``what``'s steps spread widely (`steps_spread` over `NOISY`) or one took
+    over `SLOW_STEP` times their median: its costs come from a busy machine or a drifting run,
+    and so does every figure read from them (a plan from a llama-tiny run whose steps spread
+    35% ranked ZB-H2 first at 0.91x 1F1B's step, its jobs measured 1.02x; one stalled step of
+    six made a zbv run predict 66.7 ms against a 13.3 ms median step). None for a quiet run or
+    fewer than 5 steps."""
     got = steps_spread(step_times)
-    if got is None or got[0] <= NOISY:
+    if got is None:
         return None
     spread, (q1, q3) = got
+    steady = list(step_times)[1:]
+    mid = statistics.median(steady)
+    slow = [(k, t) for k, t in enumerate(step_times) if k and t > SLOW_STEP * mid]
+    said = []
+    if spread > NOISY:
+        said.append(
+            f"the middle half of them spans {spread:.0%} of their median, {q1 * 1e3:.1f}-{q3 * 1e3:.1f} ms; "
+            f"a quiet run spreads well under {NOISY:.0%}"
+        )
+    if slow:
+        steps = ", ".join(f"step {k} {t * 1e3:.1f} ms" for k, t in slow[:3]) + (", ..." if len(slow) > 3 else "")
+        said.append(f"{steps} against a median of {mid * 1e3:.1f} ms, a stall")
+    if not said:
+        return None
     return (
-        f"note: {what}'s steps spread widely (the middle half of them spans {spread:.0%} of their median, "
-        f"{q1 * 1e3:.1f}-{q3 * 1e3:.1f} ms; a quiet run spreads well under {NOISY:.0%}): its costs come from a "
-        "busy machine or a drifting run, and so does every figure read from them; run it again on a quiet machine"
+        f"note: {what}'s steps spread widely ({'; '.join(said)}): its costs come from a busy machine or a "
+        "drifting run, and so does every figure read from them; run it again on a quiet machine"
     )
 
 

@@ -16,7 +16,7 @@ PARTS = [
     ("dp_comm_s", "data-parallel gradient reduction", COLORS["reduce"]),
 ]
 IDLE_COLOR = "#F2F2F2"
-THEORY_COLOR = "#111111"  # (red sat on the orange communication bars and vanished there)
+THEORY_COLOR = "#6A1B9A"  # (red vanished on the orange communication bars; black on the step line)
 
 
 def parts_of(ranks: list[dict]) -> list[tuple[str, str, str]]:
@@ -29,11 +29,15 @@ def has_breakdown(summary: dict) -> bool:
     return bool(ranks) and all(r.get("compute_s") is not None for r in ranks)
 
 
-def title_of(summary: dict) -> str:
+def title_of(summary: dict, setup: bool = True) -> str:
+    """'<experiment>: <schedule>, p=, m=[, v=]' and (``setup``) a compute dtype other than fp32
+    and the replicas, whose ranks the pictures leave out."""
     v = summary.get("virtual_stages") or 1
     p = len(summary.get("ranks") or []) or summary.get("world_size")
     title = f"{summary.get('experiment', 'run')}: {summary.get('schedule')}, p={p}, m={summary.get('microbatches')}"
     title += f", v={v}" if v > 1 else ""
+    if not setup:
+        return title
     if summary.get("dtype") not in (None, "fp32"):
         title += f", {summary['dtype']}"
     data = summary.get("data_parallel") or 1

@@ -212,7 +212,7 @@ def plot_runs(rows: list[dict], path: Path, title: str = "") -> None:
     ax = axes[1][0]
     nan = float("nan")  # (no bar, where a run has no such figure: a run without timers)
     bars = [
-        (-0.27, [measured_beside_prediction(r) for r in rows], MEASURED_BUBBLE, "#DD8452"),
+        (-0.27, [measured_beside_prediction(r) for r in rows], measured_name(rows), "#DD8452"),
         (0.0, [r["predicted"] for r in rows], "predicted (simulator)", "#8172B2"),
         (0.27, [r["theory"] for r in rows], "theory", "#BBBBBB"),
     ]
@@ -221,6 +221,7 @@ def plot_runs(rows: list[dict], path: Path, title: str = "") -> None:
         for i, v in enumerate(values):
             if v is None:
                 ax.text(i + shift, 0, "n/a", ha="center", va="bottom", fontsize=6, rotation=90, color="#777777")
+    ax.set_ylim(bottom=0)  # (every bar missing: matplotlib's own range ran below 0)
     ax.set_title("bubble (idle / step time)", fontsize=10)
     for a in (axes[0][0], axes[0][1], axes[1][0], axes[1][1], axes[1][2]):
         a.set_xticks(x)
@@ -243,6 +244,14 @@ def plot_runs(rows: list[dict], path: Path, title: str = "") -> None:
 
 LABEL_FITS = 40  # characters: a longer label is numbered in the pictures, and spelt out in their key
 MEASURED_BUBBLE = "measured (timeline steps)"  # (the table's bubble column is the median over all steps)
+
+
+def measured_name(rows: list[dict]) -> str:
+    """The measured bubble's name in a picture of ``rows``: the timeline steps', and the
+    median over all steps where a run has no timeline (`measured_beside_prediction`)."""
+    if all(r.get("timeline_bubble") is not None or r.get("bubble") is None for r in rows):
+        return MEASURED_BUBBLE
+    return "measured (timeline steps; all steps without a timeline)"
 
 
 def picture_labels(rows: list[dict]) -> tuple[list[str], list[str]]:

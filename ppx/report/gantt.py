@@ -1,5 +1,6 @@
 """Gantt picture of one measured step: F, B (or I and W), communication and waiting per rank
-over time; white is idle. The part of a wait after the peer posted the matching send is drawn
+over time; white is idle (in a simulated step, which has no communication spans: communication
+and idle, as its legend says). The part of a wait after the peer posted the matching send is drawn
 as transfer. With several stages per rank, cells name their stage and a rank's later stages
 are drawn lighter. The measured counterpart of `ppx schedule`'s grid."""
 

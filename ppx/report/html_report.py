@@ -125,7 +125,7 @@ def write_run_html(
     from ppx.report import plotly_figures as figs
     from ppx.report.breakdown import title_of
 
-    page = _Page(f"ppx run: {title_of(summary)}", "run")
+    page = _Page(f"ppx run: {title_of(summary, setup=False)}", "run")  # (the line under it names the setup)
     v = summary.get("virtual_stages") or 1
     page.add(
         f'<p class="note">{html.escape(str(summary.get("model")))}, {summary.get("stages")} stages'

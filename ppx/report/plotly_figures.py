@@ -17,7 +17,7 @@ import html
 
 from ppx.measure.spans import handoffs
 from ppx.report.breakdown import THEORY_COLOR, parts_of, rank_theories, theory_label
-from ppx.report.compare import MEASURED_BUBBLE, measured_beside_prediction, picture_labels
+from ppx.report.compare import measured_beside_prediction, measured_name, picture_labels
 from ppx.report.gantt import COLORS, stage_shades
 from ppx.units import byte_unit
 
@@ -126,7 +126,7 @@ def _add_compute(fig, name: str, compute: list[tuple], shade: dict) -> None:
 
 
 def _add_others(fig, name: str, marks: dict[str, list[tuple]]) -> None:
-    """A step's posts, reductions, waits and transfers: a trace each, in the step's legend group."""
+    """A step's posts, reductions, waits and transfers: a trace each, grouped with the step's compute."""
     for what, color, width in (
         ("posts", COLORS["post"], 0.8),
         ("reduces", COLORS["reduce"], 0.8),
@@ -292,14 +292,14 @@ def runs_figure(rows: list[dict]) -> object:
         col=1,
     )
     bars = (
-        (MEASURED_BUBBLE, [measured_beside_prediction(r) for r in rows], "#DD8452"),
+        (measured_name(rows), [measured_beside_prediction(r) for r in rows], "#DD8452"),
         ("predicted (simulator)", [r["predicted"] for r in rows], "#8172B2"),
         ("theory", [r["theory"] for r in rows], "#BBBBBB"),
     )
     for name, values, color in bars:
         fig.add_trace(go.Bar(name=name, x=labels, y=values, hovertext=full, marker_color=color), row=1, col=2)
     fig.update_yaxes(tickformat=".0%", row=1, col=2)
-    fig.update_xaxes(tickangle=0, automargin=True)
+    fig.update_xaxes(tickangle=0 if key else None, automargin=True)  # (#k flat; names as Plotly slants them)
     # the legend above the panels (under them it sat on the runs' names), the key of numbered runs under them
     _layout(fig, barmode="group", height=440 + 18 * len(key), legend=dict(orientation="h", y=1.2, x=1, xanchor="right"))
     fig.update_layout(margin=dict(t=90, b=60 + 18 * len(key)))

@@ -3,8 +3,6 @@ they fit, numbered and spelt out under the panels where runs differ in many keys
 labels, slanted and wrapped, ran over each other and under the legend); the measured bubble
 is named as the timeline steps'; a run without a figure gets no bar (it drew one of 0)."""
 
-import matplotlib.image
-
 from ppx.report.compare import LABEL_FITS, MEASURED_BUBBLE, picture_labels, plot_runs
 from ppx.report.plotly_figures import runs_figure
 
@@ -28,6 +26,15 @@ def test_short_labels_stay_and_long_ones_are_numbered_with_a_key():
     assert picture_labels([{"name": "a", "label": ""}]) == (["a"], [])  # (no label: the run's name)
 
 
+def test_the_measured_bubble_is_named_for_the_steps_it_is_of():
+    from ppx.report.compare import measured_name
+
+    timed, untimed = rows(["a"]), rows(["b"], timers=False)
+    assert measured_name(timed + untimed) == MEASURED_BUBBLE  # (a run without timers: no figure at all)
+    no_timeline = [{**timed[0], "timeline_bubble": None}]  # (a median over all steps, no timeline)
+    assert measured_name(timed + no_timeline) == "measured (timeline steps; all steps without a timeline)"
+
+
 def test_the_html_figure_numbers_long_labels_spells_them_out_and_keeps_a_missing_bubble_missing():
     long = [LONG + "fp32", LONG + "bf16", LONG + "fp16"]
     fig = runs_figure(rows(long[:2]) + rows(long[2:], timers=False))
@@ -42,10 +49,36 @@ def test_the_html_figure_numbers_long_labels_spells_them_out_and_keeps_a_missing
     assert list(short.data[0].x) == ["1f1b", "zb_h1"] and not any("#1" in a.text for a in short.layout.annotations)
 
 
-def test_compare_png_spells_out_numbered_runs_under_its_panels(tmp_path):
-    long = [LONG + d for d in ("fp32", "bf16", "fp16", "fp8x")]
-    plot_runs(rows(long[:3]) + rows(long[3:], timers=False), tmp_path / "long.png", "4 runs")
-    plot_runs(rows(["a", "b", "c", "d"]), tmp_path / "short.png", "4 runs")
-    tall = matplotlib.image.imread(tmp_path / "long.png").shape[0]
-    plain = matplotlib.image.imread(tmp_path / "short.png").shape[0]
-    assert tall > plain + 4 * 8, (tall, plain)  # (four lines of key under the panels)
+def test_compare_png_numbers_long_labels_spells_them_out_and_draws_no_bar_for_a_missing_figure(tmp_path, monkeypatch):
+    import math
+
+    import matplotlib.axes
+    import matplotlib.figure
+
+    drawn = {"bars": [], "ticks": [], "texts": []}  # (what matplotlib was asked to draw, drawn as asked)
+    bar, ticks, text = matplotlib.axes.Axes.bar, matplotlib.axes.Axes.set_xticklabels, matplotlib.figure.Figure.text
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "bar",
+        lambda ax, x, h, *a, **k: drawn["bars"].append((k.get("label"), list(h))) or bar(ax, x, h, *a, **k),
+    )
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "set_xticklabels",
+        lambda ax, t, *a, **k: drawn["ticks"].append(list(t)) or ticks(ax, t, *a, **k),
+    )
+    monkeypatch.setattr(
+        matplotlib.figure.Figure,
+        "text",
+        lambda f, x, y, t, *a, **k: drawn["texts"].append(t) or text(f, x, y, t, *a, **k),
+    )
+    long = [LONG + d for d in ("fp32", "bf16", "fp16")]
+    plot_runs(rows(long[:2]) + rows(long[2:], timers=False), tmp_path / "long.png", "3 runs")
+    assert drawn["ticks"] and all(t == ["#1", "#2", "#3"] for t in drawn["ticks"])
+    assert "\n".join(f"#{k}  {t}" for k, t in enumerate(long, 1)) in drawn["texts"]
+    measured = next(h for name, h in drawn["bars"] if name == MEASURED_BUBBLE)
+    assert measured[:2] == [0.25, 0.25] and math.isnan(measured[2])  # (no bar: it drew one of 0)
+    drawn["ticks"].clear()
+    plot_runs(rows(["a", "b"]), tmp_path / "short.png", "2 runs")
+    assert all(t == ["a", "b"] for t in drawn["ticks"])
+    assert (tmp_path / "long.png").read_bytes()[:4] == b"\x89PNG"

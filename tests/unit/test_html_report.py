@@ -158,8 +158,11 @@ def test_run_page_without_timers_shows_what_exists(tmp_path):
     summary = summary_of(sched)
     summary["ranks"] = [{"rank": r} for r in range(2)]
     summary.pop("bubble_fraction")
+    summary.update(steps=1, dtype="bf16", data_parallel=2)
     page = write_run_html(tmp_path, summary, [], sched.stage_to_rank, CONFIG, None).read_text()
     assert offline_problems(page) == [] and 'id="config"' in page and 'id="summary"' in page
+    assert " 1 step of batch " in page  # (it said "1 steps")
+    assert "<title>ppx run: " in page and "replicas" not in page.split("</title>")[0]  # (the line under it says so)
     for div in ("timeline", "breakdown", "memory"):
         assert f'<div id="{div}"' not in page
     assert page.count('class="missing"') == 3

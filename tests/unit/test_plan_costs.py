@@ -256,6 +256,11 @@ def test_a_run_whose_steps_spread_widely_is_noted():
     note = noisy_run_note("runs/x", busy)
     assert note.startswith("note: runs/x's steps spread widely") and "run it again on a quiet machine" in note
     assert noisy_run_note("runs/x", busy[:4]) is None  # (too few steps to tell)
+    # one stall among quiet steps moves no quartile: it is named (it weighs in every draw)
+    stalled = [0.5, 0.0130, 0.0133, 0.155, 0.0135, 0.0132]
+    note = noisy_run_note("runs/x", stalled)
+    assert "(step 3 155.0 ms against a median of 13.3 ms, a stall)" in note, note
+    assert noisy_run_note("runs/x", [0.5, 0.0130, 0.0133, 0.0250, 0.0135, 0.0132]) is None  # (under 2x)
 
 
 def test_a_candidate_with_more_stages_than_the_run_is_noted():
