@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from statistics import fmean
 
 from ppx.commands.common import ran_whole, split_only_stages, whole_stages
+from ppx.measure.stalls import STALL, STALL_MIN_S, calm
 from ppx.plan.inputs import MeasuredAt
 from ppx.units import stage_list
 
@@ -135,8 +136,6 @@ def run_costs_at(path: str) -> RunCosts:
 
 
 SHIFT_NOTED = 0.01  # an entry's forward over the run's, as a share of the run's, that the note names
-STALL = 10.0  # a sample over this many times its action's median, and
-STALL_MIN_S = 0.01  # this much above it, is a stall of the machine (where it does not recur every step)
 
 
 def run_costs(run) -> RunCosts:
@@ -159,8 +158,8 @@ def _without_stalls(costs: RunCosts, steps: int) -> RunCosts:
     if costs.cost_samples is None:
         return costs
     dropped: dict[str, int] = {}
-    kept = _calm(costs.cost_samples["action_s"], steps, dropped)
-    at = tuple(replace(a, action_s=_calm(a.action_s, steps, dropped)) for a in costs.at_stages)
+    kept = calm(costs.cost_samples["action_s"], steps, dropped)
+    at = tuple(replace(a, action_s=calm(a.action_s, steps, dropped)) for a in costs.at_stages)
     if not dropped:
         return costs
     changed = [k for k, v in kept.items() if v is not costs.cost_samples["action_s"][k]]
@@ -172,26 +171,6 @@ def _without_stalls(costs: RunCosts, steps: int) -> RunCosts:
         at_stages=at,
         stalls=sum(dropped.values()),
     )
-
-
-def _calm(action_s: dict, steps: int, dropped: dict[str, int]) -> dict:
-    """``action_s`` with each list's stalls left out (the list itself where there are none),
-    counted into ``dropped`` by key."""
-    from statistics import median
-
-    out = {}
-    for key, values in action_s.items():
-        if not isinstance(values, list) or len(values) < 3:
-            out[key] = values
-            continue
-        mid = median(values)
-        calm = [x for x in values if x <= max(STALL * mid, mid + STALL_MIN_S)]
-        if mid <= 0 or not calm or len(calm) == len(values) or 2 * (len(values) - len(calm)) >= steps:
-            out[key] = values
-            continue
-        out[key] = calm
-        dropped[key] = dropped.get(key, 0) + len(values) - len(calm)
-    return out if any(out[k] is not v for k, v in action_s.items()) else action_s
 
 
 def _with_lent(run) -> RunCosts:

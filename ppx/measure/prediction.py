@@ -142,27 +142,35 @@ def predict(
     return {"step_time_s": t.makespan, "bubble_fraction": t.bubble_fraction()}
 
 
+DRAWS = 32  # simulations whose mean step is an expected step: the run's, and a plan's per candidate
+
+
 def predict_expected(
     schedule: Schedule,
     samples: dict,
     transport: str = "nccl",
     recv_lookahead: int = 0,
-    draws: int = 64,
+    draws: int = DRAWS,
     seed: int = 0,
     reduce: bool = False,
 ) -> dict:
     """Mean step time and bubble over ``draws`` simulations with every action's and message's
     cost drawn from the measured ``samples`` (`cost_samples`): the expected step under the
-    run's variability, where the step of the mean costs comes out short."""
-    costs = schedules.SampledCosts(
-        samples["action_s"],
-        samples["p2p_s"],
-        samples["overhead_s"],
-        seed,
-        samples.get("send_post_s", ()),
-        samples.get("recv_post_s", ()),
-    )
-    runs = [schedules.simulate(schedule, costs, transport, recv_lookahead, reduce) for _ in range(draws)]
+    run's variability, where the step of the mean costs comes out short. Draw k draws from a
+    generator of its own, seeded ``seed`` + k, as a plan draws its candidates
+    (`ppx.plan.sampled.expected`): a plan of the run's own config predicts its step."""
+
+    def drawn(k: int):
+        return schedules.SampledCosts(
+            samples["action_s"],
+            samples["p2p_s"],
+            samples["overhead_s"],
+            seed + k,
+            samples.get("send_post_s", ()),
+            samples.get("recv_post_s", ()),
+        )
+
+    runs = [schedules.simulate(schedule, drawn(k), transport, recv_lookahead, reduce) for k in range(draws)]
     return {
         "step_time_s": statistics.fmean(t.makespan for t in runs),
         "bubble_fraction": statistics.fmean(t.bubble_fraction() for t in runs),

@@ -14,10 +14,9 @@ from __future__ import annotations
 import random
 from statistics import fmean
 
+from ppx.measure.prediction import DRAWS
 from ppx.schedules.ir.action import Action
 from ppx.schedules.sim.costs import REDUCE
-
-DRAWS = 32  # simulations per candidate; their mean step is the prediction
 
 
 class PlanSamples:

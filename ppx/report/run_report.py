@@ -23,7 +23,7 @@ from ppx.report.scalars import step_scalars
 from ppx.report.split_ways import split_line
 from ppx.report.units_line import flops_shares, units_line
 from ppx.schedules.ir.schedule import Schedule
-from ppx.units import byte_unit
+from ppx.units import byte_unit, count
 
 
 class RunReport:
@@ -255,8 +255,16 @@ class RunReport:
     def _prediction(self, summary: dict) -> dict:
         """The simulator's step time and bubble from this run's measured action costs."""
         from ppx.measure.prediction import cost_samples, costs_from, mean_costs, predict, predict_expected, transport_of
+        from ppx.measure.stalls import calm
 
-        samples = cost_samples(self.timeline, self.schedule)  # walked once: means and draws both come from it
+        # walked once: means and draws both come from it; every sample rounded to 0.1 us, as
+        # summary.json keeps them for `ppx plan --from-run` (which then draws what the run drew)
+        samples = {
+            k: {a: [round(x, 7) for x in xs] for a, xs in v.items()}
+            if isinstance(v, dict)
+            else [round(x, 7) for x in v]
+            for k, v in cost_samples(self.timeline, self.schedule).items()
+        }
         measured = mean_costs(samples)
         if not measured["action_s"]:
             return {}
@@ -264,8 +272,14 @@ class RunReport:
         # the expected step with every action's cost drawn from its measured samples, and the
         # step of the mean costs (what `ppx simulate --from-run` computes)
         reduce = self.cfg.parallel.data > 1  # the replicas' gradient reductions, as measured
-        pred = predict_expected(self.schedule, samples, *transport, reduce=reduce)
-        of_means = predict(self.schedule, costs_from(measured, self.schedule.num_stages), *transport, reduce)
+        # both without the machine's stalls, as `ppx plan --from-run` and `ppx simulate --from-run` take them
+        stalls: dict[str, int] = {}
+        calmed = {**samples, "action_s": calm(samples["action_s"], len(self.timeline), stalls)}
+        pred = predict_expected(self.schedule, calmed, *transport, reduce=reduce)
+        if stalls:
+            pred["stalls_left_out"] = sum(stalls.values())
+        calmed_means = mean_costs(calmed) if stalls else measured
+        of_means = predict(self.schedule, costs_from(calmed_means, self.schedule.num_stages), *transport, reduce)
         pred["step_time_of_mean_costs_s"] = of_means["step_time_s"]
         # held against the steps the costs come from (the timeline's): on a busy machine whole
         # steps drift, and costs from some steps say nothing about the others
@@ -273,14 +287,7 @@ class RunReport:
         out = {
             "measured_costs": measured,
             # every sample, rounded to 0.1 us: what `ppx plan --from-run` draws its candidates' costs from
-            "cost_samples": {
-                k: (
-                    {a: [round(x, 7) for x in xs] for a, xs in v.items()}
-                    if isinstance(v, dict)
-                    else [round(x, 7) for x in v]
-                )
-                for k, v in samples.items()
-            },
+            "cost_samples": samples,
             "predicted": pred,
             "measured_step_time_s": same_steps,
             "prediction_error": {
@@ -293,10 +300,13 @@ class RunReport:
             out["measured_bubble_fraction"] = statistics.fmean(bubbles)
             out["prediction_error"]["bubble_fraction"] = out["measured_bubble_fraction"] - pred["bubble_fraction"]
         bubble = f", bubble {out['measured_bubble_fraction']:.1%}" if "measured_bubble_fraction" in out else ""
+        # (the measured step holds the stalls left out: the error says what they cost)
+        left_out = f"; {sum(stalls.values())} stalled action sample(s) left out of the prediction" if stalls else ""
         print(
             f"ppx: predicted from measured costs: step {pred['step_time_s']:.4f} s (mean costs: "
             f"{of_means['step_time_s']:.4f} s), bubble {pred['bubble_fraction']:.1%}; measured {same_steps:.4f} s "
-            f"({out['prediction_error']['step_time']:+.1%}){bubble} over the same {len(self.timeline)} step{'s' if len(self.timeline) != 1 else ''}",
+            f"({out['prediction_error']['step_time']:+.1%}){bubble} over the same {count(len(self.timeline), 'step')}"
+            f"{left_out}",
             flush=True,
         )
         return out

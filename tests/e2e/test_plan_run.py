@@ -136,3 +136,20 @@ def test_a_calibration_that_fails_is_one_line_and_exit_2(tmp_path):
     err = r.stderr.strip()
     assert err.startswith("ppx: error: --calibrate: the calibration run failed: ") and "\n" not in err, err
     assert "ppx: error: ppx: error:" not in err and not (tmp_path / "plan").exists()
+
+
+def test_a_plan_of_the_runs_own_config_predicts_the_runs_own_step(shared_run, tmp_path):
+    """The run's report and `ppx plan --from-run` draw the expected step alike (32 draws, each
+    seeded apart, from the rounded samples summary.json keeps, stalls left out): the run's own
+    config gets the run's own prediction (a 1F1B run predicted 3.39 ms, its plan 3.25 ms)."""
+    from helpers.run import PICTURED_1F1B
+
+    run = shared_run(*PICTURED_1F1B).dir  # read only: shared with other files
+    summary = read_json(run / "summary.json")
+    r = ppx("plan", "--from-run", str(run), "--schedules", "1f1b", "--out", str(tmp_path / "plan"))
+    assert r.returncode == 0, r.stderr
+    own = next(
+        c for c in read_json(tmp_path / "plan" / "plan.json")["candidates"] if (c["p"], c["m"], c["v"]) == (2, 4, 1)
+    )
+    pred = summary["predicted"]
+    assert (own["step_s"], own["bubble"]) == pytest.approx((pred["step_time_s"], pred["bubble_fraction"]), rel=1e-9)

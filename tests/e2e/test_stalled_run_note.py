@@ -11,10 +11,21 @@ import time
 
 from helpers.job import end, read_log, start_run, wait_for_step
 from ppx.launch.heartbeat import read_beat
+from ppx.measure.spans import first_timeline_step
+from ppx.measure.stalls import calm
+from ppx.report.run_dir import RunDir
 
 
 def test_a_rank_stopped_for_a_moment_is_a_stall_the_run_names(run_dir, tmp_path):
-    proc, log = start_run("1f1b_2cpu", run_dir, tmp_path, "train.steps=300", "model.fwd_ms=2", "model.bwd_ms=2")
+    proc, log = start_run(
+        "1f1b_2cpu",
+        run_dir,
+        tmp_path,
+        "train.steps=300",
+        "model.fwd_ms=2",
+        "model.bwd_ms=2",
+        "instrument.timeline_steps=299",
+    )
     try:
         wait_for_step(run_dir, 2, step=5)
         pid = read_beat(run_dir / "status" / "rank1.beat", 1).pid
@@ -29,9 +40,16 @@ def test_a_rank_stopped_for_a_moment_is_a_stall_the_run_names(run_dir, tmp_path)
     finally:
         end(proc, run_dir)
     out = read_log(log)
-    times = json.loads((run_dir / "summary.json").read_text())["step_times_s"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    times = summary["step_times_s"]
     stalled = [k for k in range(1, len(times)) if times[k] > 0.3]
     assert stalled, max(times[1:])  # (a stop in a step)
     first = stalled[0]
     assert "ppx: note: this run's steps spread widely (" in out, out[-3000:]
     assert f"step {first} {times[first] * 1e3:.1f} ms" in out and "a stall)" in out, out[-3000:]
+    # the prediction leaves out the action samples a stop lengthened, as a plan from the run does
+    dropped: dict[str, int] = {}
+    calm(summary["cost_samples"]["action_s"], summary["steps"] - first_timeline_step(RunDir(run_dir).config), dropped)
+    assert summary["predicted"].get("stalls_left_out", 0) == sum(dropped.values())
+    if dropped:
+        assert f"; {sum(dropped.values())} stalled action sample(s) left out of the prediction" in out, out[-3000:]
