@@ -33,18 +33,19 @@ def schedule_from(name: str, stages, microbatches, virtual, transport: str = "nc
         return sched
     stages = 4 if stages is None else stages
     microbatches = 8 if microbatches is None else microbatches
-    if schedules.is_torch(name):
-        print(
-            f"{name}: torch.distributed.pipelining's schedule runs the order of ppx's {schedules.family_name(name)}",
-            flush=True,
-        )
     try:
-        return schedules.build(name, stages, microbatches, virtual, transport)
+        sched = schedules.build(name, stages, microbatches, virtual, transport)
     except ScheduleError as e:  # a shape rule names the config's keys: these are the options
         said = str(e)
         for key, option in FLAGS.items():
             said = said.replace(key, option)
         raise ScheduleError(said.replace(" or null", " or left out")) from None
+    if schedules.is_torch(name):  # (after the build: a refused shape says only why)
+        print(
+            f"{name}: torch.distributed.pipelining's schedule runs the order of ppx's {schedules.family_name(name)}",
+            flush=True,
+        )
+    return sched
 
 
 # the config keys a shape rule names -> the options of ppx schedule and ppx simulate

@@ -180,7 +180,9 @@ def _print_prediction(args, sched, t, reduce: bool, run, measured, simulated: tu
     p, m = sched.num_ranks, sched.num_microbatches
     print(f"{sched.name}: {p} ranks, {sched.num_stages} stages, {m} microbatches")
     basis = "" if measured is None else ", from the run's mean action costs"
-    print(f"predicted step time {t.makespan * 1e3:.2f} ms, bubble {t.bubble_fraction():.1%} (idle / step time{basis})")
+    print(
+        f"predicted step time {t.makespan * 1e3:.2f} ms, bubble {_share(t.bubble_fraction())} (idle / step time{basis})"
+    )
     print(
         f"steady-state step {t.steady() * 1e3:.2f} ms (the longest rank's own span: consecutive steps with no rank "
         "waiting at a step boundary; the step above is synchronous, every rank starting together, as ppx run measures)"
@@ -202,7 +204,7 @@ def _print_prediction(args, sched, t, reduce: bool, run, measured, simulated: tu
             print(f"theory ({fam.bubble_formula}): {closed:.1%}")
         else:  # unequal stages, or W apart from what the formula assumes: the formula is not these costs'
             print(
-                f"theory (this list at these costs, zero communication): {exact:.1%} (the closed form "
+                f"theory (this list at these costs, zero communication): {_share(exact)} (the closed form "
                 f"{fam.bubble_formula} says {closed:.1%}, at the equal costs it assumes)"
             )
     if measured is None:
@@ -234,6 +236,12 @@ def _print_prediction(args, sched, t, reduce: bool, run, measured, simulated: tu
             )
 
 
+def _share(x: float) -> str:
+    """A simulated share in percent, its float noise rounded off first: costs in ms made
+    seconds simulate 1/16 as 0.06250000000000003, which printed 6.3% beside theory's 6.2%."""
+    return f"{round(x, 9):.1%}"
+
+
 def _draw(sched, t, png: str) -> None:
     """The predicted step as a Gantt picture at ``png``."""
     from ppx.measure.spans import Span
@@ -250,7 +258,7 @@ def _draw(sched, t, png: str) -> None:
     draw_step(
         spans,
         Path(png),
-        f"{sched.name} p={p} m={m}: predicted {t.makespan * 1e3:.2f} ms, bubble {t.bubble_fraction():.1%}",
+        f"{sched.name} p={p} m={m}: predicted {t.makespan * 1e3:.2f} ms, bubble {_share(t.bubble_fraction())}",
         sched.stage_to_rank,
         xlabel="predicted time in the step (ms)",
         gaps="communication or idle (their sums under each rank)",

@@ -321,8 +321,8 @@ def too_many(stages: int, microbatches: int, shape: str) -> str | None:
     if n <= MAX_STAGE_MICROBATCHES:
         return None
     return (
-        f"{shape} = {n} stage-microbatches: ppx builds lists of at most {MAX_STAGE_MICROBATCHES} (a few seconds "
-        "of building and checking)"
+        f"{shape} = {n} stage-microbatches: ppx builds lists of at most {MAX_STAGE_MICROBATCHES} (up to about 15 "
+        "s of building and checking on 2 cores)"
     )
 
 

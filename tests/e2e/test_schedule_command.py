@@ -179,3 +179,11 @@ def test_a_csv_holding_its_stages_unevenly_refuses_any_virtual_option(tmp_path):
             f"ppx: error: {csv} is a schedule for 2 ranks, placing its stages unevenly (rank 0 1, rank 1 2), and "
             f"2 microbatches; --virtual {v} does not match (leave it out)"
         )
+
+
+def test_a_simulated_bubble_prints_as_its_theory_and_a_refused_torch_shape_says_only_why():
+    # 1/16 simulated at costs in ms comes out 0.06250000000000003: it printed 6.3% beside 6.2%
+    r = ppx("simulate", "1f1b", "-p", "2", "-m", "15", "--fwd-ms", "10", "--bwd-ms", "10")
+    assert "bubble 6.2% (idle / step time)" in r.stdout and "theory ((p-1)/(m+p-1)): 6.2%" in r.stdout, r.stdout
+    r = ppx("schedule", "torch_1f1b", "-p", "4", "-m", "3")  # (it said what torch runs, then refused)
+    assert (r.returncode, r.stdout) == (2, "") and r.stderr.count("\n") == 1, (r.stdout, r.stderr)

@@ -53,7 +53,7 @@ CASES = {
     "a list larger than ppx builds": (
         COSTS + ["--stages", "8", "--microbatches", "40000", "--schedules", "1f1b,zb_h1,zbv"],
         "no candidate to plan: 1f1b, zb_h1: 8 ranks x 1 stages x 40000 microbatches = 320000 stage-microbatches: "
-        "ppx builds lists of at most 262144 (a few seconds of building and checking); zbv: 8 ranks x 2 stages",
+        "ppx builds lists of at most 262144 (up to about 15 s of building and checking on 2 cores); zbv: 8 ranks x 2 stages",
     ),
     "negative close": (COSTS + ["--close-pct", "-1"], "--close-pct must be >= 0, got -1"),
     "zero top": (COSTS + ["--top", "0"], "--top must be >= 1"),
