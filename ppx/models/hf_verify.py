@@ -64,9 +64,31 @@ def check(config) -> None:
             _VERDICTS[key] = str(e)
     if _VERDICTS[key]:
         raise _refuse(arch, _VERDICTS[key])
+    if key not in _TRAINS:
+        _TRAINS[key] = _train_forward(small)
+    if _TRAINS[key]:
+        raise UserError(f"model.kind=hf: {type(config).__name__} does not train with this config: {_TRAINS[key]}")
 
 
 _VERDICTS: dict[str, str | None] = {}  # a small copy -> why the wrapper differs (None: it does not)
+_TRAINS: dict[str, str | None] = {}  # a small copy -> why its training forward fails (None: it runs)
+
+
+def _train_forward(small) -> str | None:
+    """Why one training-mode forward of ppx's wrapper on ``small`` fails, or None: a value
+    transformers takes into its config and refuses only as the model trains (a dropout of 5.0
+    failed the ranks' first forward, after the processes had started)."""
+    from ppx.models import hf
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        try:
+            stage = hf.HFStage(small, 0, range(small.num_hidden_layers + 2)).train()
+            with torch.no_grad():
+                stage(torch.randint(0, SMALL["vocab_size"], (2, TOKENS)))
+        except Exception as e:
+            return said(e)[:300]
+    return None
 
 
 def _refuse(arch: str, why: str) -> UserError:

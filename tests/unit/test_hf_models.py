@@ -126,3 +126,10 @@ def test_the_checkpoint_keys_are_named_as_hugging_face_names_them():
     keys = set(build_reference(cfg).state_dict())
     assert {"model.embed_tokens.weight", "model.layers.2.self_attn.q_proj.bias", "model.norm.weight"} <= keys
     assert "lm_head.weight" in keys  # the untied head is its own
+
+
+def test_a_value_transformers_refuses_only_as_the_model_trains_is_one_line_before_the_run():
+    # a dropout of 5.0 passed every check and failed the ranks' first forward, the job started
+    with pytest.raises(UserError, match=r"LlamaConfig does not train with this config: .*dropout probability"):
+        hf_config.check(load("llama", "model.hf_overrides.attention_dropout=5.0"))
+    hf_config.check(load("llama", "model.hf_overrides.attention_dropout=0.1"))  # (a dropout that trains)
