@@ -200,7 +200,8 @@ class Supervisor:
 
     def _incomplete(self, lines: list[str], code: int) -> int:
         write_incomplete(self.run_dir, lines)
-        print(f"ppx: run directory (incomplete): {self.run_dir}", file=sys.stderr, flush=True)
+        gone = "" if self.run_dir.is_dir() else ", removed while the job ran"
+        print(f"ppx: run directory (incomplete{gone}): {self.run_dir}", file=sys.stderr, flush=True)
         return code
 
     # -- where the ranks were

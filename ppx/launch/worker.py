@@ -26,6 +26,7 @@ from ppx.launch.crash_stacks import stacks_to_file
 from ppx.launch.failure_line import report_failure
 from ppx.launch.faults import FaultInjector
 from ppx.launch.stop_signal import await_stop, follow_stop_signal
+from ppx.launch.thread_errors import one_line_thread_errors
 from ppx.launch.watchdog import SETUP_FLOOR_S, Watchdog
 from ppx.report.run_dir import write_json
 from ppx.report.run_report import RunReport
@@ -63,6 +64,7 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     survive_closed_stdout()  # (ppx run ... | head: the run goes on)
+    one_line_thread_errors(rank)
     if device_type != "cuda" and cfg.runtime.pin_cpus:  # before any thread starts, so all inherit it
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         pin_local_rank(pin_order(rank, world, local_rank, local_world, cfg.parallel.data), local_world)

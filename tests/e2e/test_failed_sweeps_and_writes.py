@@ -4,6 +4,7 @@ that cannot submit to SLURM, and files that cannot be written (a full disk)."""
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import sys
 import pytest
 
 from helpers import REPO, ppx
+from helpers.job import end, read_log, start_run, wait_for_step
 
 
 @pytest.mark.timing  # (a forward of 12 s against a timeout of 5 s)
@@ -114,3 +116,21 @@ def test_a_sweep_whose_every_point_failed_exits_1_not_as_bad_input(tmp_path):
     (sweep,) = (tmp_path / "1f1b_2cpu").iterdir()
     assert r.returncode == 1, r.stderr[-3000:]
     assert r.stderr.strip().splitlines()[-1] == f"ppx: error: no run of the sweep completed; see {sweep}"
+
+
+def test_a_run_directory_removed_mid_run_ends_the_job_in_lines_of_its_own(tmp_path):
+    """Removed while the job ran: the rank that fails on it says so in its line, TensorBoard's
+    writer thread in one line of its own (it printed a 15-line traceback), and the last line
+    says the folder is gone."""
+    run_dir = tmp_path / "run"
+    proc, log = start_run("1f1b_2cpu", run_dir, tmp_path, "train.steps=2000", "model.fwd_ms=2", "model.bwd_ms=2")
+    try:
+        wait_for_step(run_dir, 2, step=3)
+        shutil.rmtree(run_dir)
+        assert proc.wait(timeout=120) == 1, read_log(log)[-3000:]
+    finally:
+        end(proc, run_dir)
+    out = read_log(log)
+    assert "Traceback" not in out, out[-3000:]
+    assert re.search(r"ppx: error: rank 0 failed on .*: FileNotFoundError", out), out[-3000:]
+    assert f"ppx: run directory (incomplete, removed while the job ran): {run_dir}\n" in out, out[-3000:]
