@@ -34,6 +34,7 @@ body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; ma
        max-width: 1400px; padding: 0 1em; color: #222; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
 table { border-collapse: collapse; font-size: 0.9em; }
+.wide { overflow-x: auto; max-width: 100%; }
 th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: right; }
 .text { text-align: left; }
 th { background: #f4f4f4; }
@@ -97,7 +98,8 @@ def _table(table_id: str, header: list[str], rows: list[list[str]], left=(0,), *
     cls = lambda i: ' class="text"' if i in left else ""  # noqa: E731
     head = "".join(f"<th{cls(i)}>{html.escape(h)}</th>" for i, h in enumerate(header))
     body = "".join("<tr>" + "".join(f"<td{cls(i)}>{c}</td>" for i, c in enumerate(row)) + "</tr>" for row in rows)
-    return f'<table id="{table_id}"{attrs}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    # (in a box of its own that scrolls sideways: a comparison's columns ran off a narrow window)
+    return f'<div class="wide"><table id="{table_id}"{attrs}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _key(spans_by_rank: dict, multi: bool, transfer: bool) -> str:
