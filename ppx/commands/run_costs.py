@@ -144,6 +144,7 @@ def run_costs(run) -> RunCosts:
     from ppx.measure.spans import first_timeline_step
 
     steps = run.config.train.steps - max(0, first_timeline_step(run.config))
+    steps -= len((run.raw_summary.get("predicted") or {}).get("stalled_steps_left_out") or [])  # (no samples of theirs)
     return _without_stalls(_with_lent(run), steps)
 
 

@@ -119,6 +119,16 @@ def steps_spread(step_times) -> tuple[float, tuple[float, float]] | None:
 SLOW_STEP = 2.0  # a step over this many times the median step (the first left out): a stall of the machine
 
 
+def stalled_steps(step_times) -> list[int]:
+    """The steps (their indices) that took over `SLOW_STEP` times the median step, the first
+    step left out of both (its set-up is no stall); none under 5 steps."""
+    steady = list(step_times)[1:]
+    if len(steady) < 4 or not statistics.median(steady):
+        return []
+    mid = statistics.median(steady)
+    return [k for k, t in enumerate(step_times) if k and t > SLOW_STEP * mid]
+
+
 def noisy_note(what: str, step_times) -> str | None:
     """A note where ``what``'s steps spread widely (`steps_spread` over `NOISY`) or one took
     over `SLOW_STEP` times their median: its costs come from a busy machine or a drifting run,
@@ -132,7 +142,7 @@ def noisy_note(what: str, step_times) -> str | None:
     spread, (q1, q3) = got
     steady = list(step_times)[1:]
     mid = statistics.median(steady)
-    slow = [(k, t) for k, t in enumerate(step_times) if k and t > SLOW_STEP * mid]
+    slow = [(k, step_times[k]) for k in stalled_steps(step_times)]
     said = []
     if spread > NOISY:
         said.append(

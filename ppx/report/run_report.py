@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from ppx.config.paired import entry_config, entry_units, floors
 from ppx.config.resolve import sum_order_note
 from ppx.errors import UserError
-from ppx.measure.metrics import noisy_note, over_ideal, run_summary, step_breakdown
+from ppx.measure.metrics import SLOW_STEP, noisy_note, over_ideal, run_summary, stalled_steps, step_breakdown
 from ppx.measure.paired import add_kept, kept_fields, paired_lines, paired_step, paired_summary
 from ppx.measure.spans import first_timeline_step
 from ppx.measure.theory import run_theory
@@ -257,13 +257,19 @@ class RunReport:
         from ppx.measure.prediction import cost_samples, costs_from, mean_costs, predict, predict_expected, transport_of
         from ppx.measure.stalls import calm
 
+        # a stalled step (over twice the median: another process, a pause of the machine) is no
+        # cost of the schedule: its samples, drawn into every simulated step, made a zbv run
+        # predict 66.7 ms against a 13.3 ms median; it is left out of the costs and of the steps
+        # they are held against, and the line says so
+        stalled = set(stalled_steps(summary.get("step_times_s") or []))
+        timeline = [t for t in self.timeline if t["step"] not in stalled] or self.timeline
         # walked once: means and draws both come from it; every sample rounded to 0.1 us, as
         # summary.json keeps them for `ppx plan --from-run` (which then draws what the run drew)
         samples = {
             k: {a: [round(x, 7) for x in xs] for a, xs in v.items()}
             if isinstance(v, dict)
             else [round(x, 7) for x in v]
-            for k, v in cost_samples(self.timeline, self.schedule).items()
+            for k, v in cost_samples(timeline, self.schedule).items()
         }
         measured = mean_costs(samples)
         if not measured["action_s"]:
@@ -274,16 +280,19 @@ class RunReport:
         reduce = self.cfg.parallel.data > 1  # the replicas' gradient reductions, as measured
         # both without the machine's stalls, as `ppx plan --from-run` and `ppx simulate --from-run` take them
         stalls: dict[str, int] = {}
-        calmed = {**samples, "action_s": calm(samples["action_s"], len(self.timeline), stalls)}
+        calmed = {**samples, "action_s": calm(samples["action_s"], len(timeline), stalls)}
         pred = predict_expected(self.schedule, calmed, *transport, reduce=reduce)
         if stalls:
             pred["stalls_left_out"] = sum(stalls.values())
+        left = sorted({t["step"] for t in self.timeline} - {t["step"] for t in timeline})
+        if left:
+            pred["stalled_steps_left_out"] = left
         calmed_means = mean_costs(calmed) if stalls else measured
         of_means = predict(self.schedule, costs_from(calmed_means, self.schedule.num_stages), *transport, reduce)
         pred["step_time_of_mean_costs_s"] = of_means["step_time_s"]
         # held against the steps the costs come from (the timeline's): on a busy machine whole
         # steps drift, and costs from some steps say nothing about the others
-        same_steps = statistics.fmean(t["step_time_s"] for t in self.timeline)
+        same_steps = statistics.fmean(t["step_time_s"] for t in timeline)
         out = {
             "measured_costs": measured,
             # every sample, rounded to 0.1 us: what `ppx plan --from-run` draws its candidates' costs from
@@ -295,17 +304,21 @@ class RunReport:
                 "step_time_of_mean_costs": same_steps / of_means["step_time_s"] - 1,
             },
         }
-        bubbles = [self.steps[t["step"]].get("bubble_fraction") for t in self.timeline]
+        bubbles = [self.steps[t["step"]].get("bubble_fraction") for t in timeline]
         if None not in bubbles:  # the same steps again, and the simulator splits idle as they were split
             out["measured_bubble_fraction"] = statistics.fmean(bubbles)
             out["prediction_error"]["bubble_fraction"] = out["measured_bubble_fraction"] - pred["bubble_fraction"]
         bubble = f", bubble {out['measured_bubble_fraction']:.1%}" if "measured_bubble_fraction" in out else ""
         # (the measured step holds the stalls left out: the error says what they cost)
         left_out = f"; {sum(stalls.values())} stalled action sample(s) left out of the prediction" if stalls else ""
+        if left:  # (the first five named)
+            names = ", ".join(map(str, left[:5])) + (", ..." if len(left) > 5 else "")
+            word = "step" if len(left) == 1 else "steps"
+            left_out = f" (stalled, over {SLOW_STEP:g}x the median step, left out: {word} {names})" + left_out
         print(
             f"ppx: predicted from measured costs: step {pred['step_time_s']:.4f} s (mean costs: "
             f"{of_means['step_time_s']:.4f} s), bubble {pred['bubble_fraction']:.1%}; measured {same_steps:.4f} s "
-            f"({out['prediction_error']['step_time']:+.1%}){bubble} over the same {count(len(self.timeline), 'step')}"
+            f"({out['prediction_error']['step_time']:+.1%}){bubble} over the same {count(len(timeline), 'step')}"
             f"{left_out}",
             flush=True,
         )

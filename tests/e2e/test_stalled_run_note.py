@@ -47,9 +47,14 @@ def test_a_rank_stopped_for_a_moment_is_a_stall_the_run_names(run_dir, tmp_path)
     first = stalled[0]
     assert "ppx: note: this run's steps spread widely (" in out, out[-3000:]
     assert f"step {first} {times[first] * 1e3:.1f} ms" in out and "a stall)" in out, out[-3000:]
-    # the prediction leaves out the action samples a stop lengthened, as a plan from the run does
-    dropped: dict[str, int] = {}
-    calm(summary["cost_samples"]["action_s"], summary["steps"] - first_timeline_step(RunDir(run_dir).config), dropped)
-    assert summary["predicted"].get("stalls_left_out", 0) == sum(dropped.values())
-    if dropped:
-        assert f"; {sum(dropped.values())} stalled action sample(s) left out of the prediction" in out, out[-3000:]
+    # the prediction leaves the stalled steps out, of its costs and of the steps it is held
+    # against (its error was +57%), as a plan from the run then does
+    pred = summary["predicted"]
+    timeline = range(first_timeline_step(RunDir(run_dir).config), summary["steps"])
+    assert pred["stalled_steps_left_out"] == [k for k in stalled if k in timeline], pred
+    names = ", ".join(map(str, stalled[:5])) + (", ..." if len(stalled) > 5 else "")
+    assert f"(stalled, over 2x the median step, left out: step{'s' if len(stalled) > 1 else ''} {names})" in out
+    assert abs(summary["prediction_error"]["step_time"]) < 0.2, summary["prediction_error"]
+    dropped: dict[str, int] = {}  # (and stalled action samples of the steps kept, as the plan leaves them out)
+    calm(summary["cost_samples"]["action_s"], len(timeline) - len(pred["stalled_steps_left_out"]), dropped)
+    assert pred.get("stalls_left_out", 0) == sum(dropped.values())
