@@ -125,12 +125,13 @@ def regrouped_note(from_run: str, shown, inputs, cfg=None) -> str | None:
         return None
     beside = stage_count_command(from_run + "/config.yaml", cfg, [(r.schedule, r.v) for r in more]) if cfg else None
     how = f"; to plan them as they run, plan --from-run a run of them beside it: `{beside}`" if beside else ""
+    best = f"; the best, {shown[0].label()}, is one of them: its place is the regrouping's" if shown[0] in more else ""
     return (
         f"note: {', '.join(sorted({r.label() for r in more}))} run more stages than the {inputs.stages} {from_run} "
         "measured: each of their stages is priced at its layers' share of a measured stage's time, and what a stage "
-        "costs per call besides its layers' work is not counted again, so they can run slower than planned (ZB-V on "
-        "llama-tiny, 8 blocks, p=2, on CPU: predicted 0.97-1.00x 1F1B's step, measured 1.04-1.06x); measure them "
-        f"before choosing{how}"
+        "costs per call besides its layers' work is not counted again, so they can run slower than planned (on CPU, "
+        "p=2, against 1F1B's step: ZB-V on llama-tiny predicted 0.97-1.00x, measured 1.04-1.06x; interleaved_1f1b v=2 "
+        f"on the transformer predicted 0.98x, measured 1.06x){best}; measure them before choosing{how}"
     )
 
 

@@ -164,7 +164,8 @@ def run_sweep(
     axes = parse_spec(spec) if spec else []
     if not axes and repeat < 2:
         raise UserError('give --sweep "key=v1,v2 ...", or --repeat N to run one config N times')
-    fixed = [o.split("=", 1)[0].strip() for o in overrides]
+    # (run.dir=null, no folder of its own, as a plan's printed commands end: what a sweep does)
+    fixed = [k.strip() for k, _, v in (o.partition("=") for o in overrides) if v.strip() not in ("null", "~")]
     if "run.dir" in [k for k, _ in axes] + fixed:
         raise UserError("run.dir names one run; a sweep writes its runs under <run.root>/<run.name>/sweep-<time>/")
     both = next((k for k, _ in axes if k in fixed), None)

@@ -317,9 +317,9 @@ class RunReport:
             left_out = f" (stalled, over {SLOW_STEP:g}x the median step, left out: {word} {names})" + left_out
         print(
             f"ppx: predicted from measured costs: step {pred['step_time_s']:.4f} s (mean costs: "
-            f"{of_means['step_time_s']:.4f} s), bubble {pred['bubble_fraction']:.1%}; measured {same_steps:.4f} s "
-            f"({out['prediction_error']['step_time']:+.1%}){bubble} over the same {count(len(timeline), 'step')}"
-            f"{left_out}",
+            f"{of_means['step_time_s']:.4f} s), bubble {pred['bubble_fraction']:.1%}; measured, the mean of the same "
+            f"{count(len(timeline), 'step')} (not the run's median step), {same_steps:.4f} s "
+            f"({out['prediction_error']['step_time']:+.1%}){bubble}{left_out}",
             flush=True,
         )
         return out

@@ -195,6 +195,7 @@ def test_small_sweep_and_compare(tmp_path):
         "train.steps=3",
         "logging.wandb.mode=disabled",
         f"run.root={tmp_path}",
+        "run.dir=null",  # (as a plan's printed commands end it: no folder of its own, which a sweep is; it was refused)
         timeout=400,
     )
     assert r.returncode == 0, r.stderr[-3000:]

@@ -271,6 +271,8 @@ def test_a_candidate_with_more_stages_than_the_run_is_noted():
     shown = [Result(s, 2, 8, v, 1.0, 0.0, (0.0, 0.0), True) for s, v in (("zbv", 2), ("1f1b", 1), ("zb_h1", 1))]
     note = regrouped_note("runs/x", shown, inputs)
     assert note.startswith("note: zbv p=2 m=8 v=2 run more stages than the 2 runs/x measured")
+    assert "; the best, zbv p=2 m=8 v=2, is one of them: its place is the regrouping's;" in note  # (ranked first)
+    assert "the best" not in regrouped_note("runs/x", [shown[1], shown[0]], inputs)
     assert regrouped_note("runs/x", shown[1:], inputs) is None
     # an entry beside the run measured ZB-V's 4 stages: priced as they ran, not regrouped
     assert regrouped_note("runs/x", shown, _with_zbv_measured()) is None
