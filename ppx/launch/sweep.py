@@ -165,7 +165,8 @@ def run_sweep(
     if not axes and repeat < 2:
         raise UserError('give --sweep "key=v1,v2 ...", or --repeat N to run one config N times')
     # (run.dir=null, no folder of its own, as a plan's printed commands end: what a sweep does)
-    fixed = [k.strip() for k, _, v in (o.partition("=") for o in overrides) if v.strip() not in ("null", "~")]
+    given = [(k.strip(), v.strip()) for k, _, v in (o.partition("=") for o in overrides)]
+    fixed = [k for k, v in given if not (k == "run.dir" and v in ("null", "~"))]
     if "run.dir" in [k for k, _ in axes] + fixed:
         raise UserError("run.dir names one run; a sweep writes its runs under <run.root>/<run.name>/sweep-<time>/")
     both = next((k for k, _ in axes if k in fixed), None)

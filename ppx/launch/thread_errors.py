@@ -11,16 +11,19 @@ import threading
 from ppx.errors import said
 
 
-def one_line_thread_errors(rank: int) -> None:
-    """From now on, an exception ending a thread of this process prints
-    ``ppx: warning: rank <r>'s thread <name> failed: <error>`` to stderr."""
+def one_line_thread_errors(rank: int):
+    """From now on, an exception ending a thread of this process that is not ppx's own (named
+    ``ppx-...``) prints ``ppx: warning: rank <r>'s thread <name> failed: <error>`` to stderr;
+    the hook before it comes back."""
+    before = threading.excepthook
     if os.environ.get("PPX_TRACEBACK"):  # (for ppx's developers: the whole story)
-        return
+        return before
 
     def hook(args: threading.ExceptHookArgs) -> None:
-        if args.exc_type is SystemExit:
-            return
         name = args.thread.name if args.thread is not None else "?"
+        if args.exc_type is SystemExit or name.startswith("ppx-"):  # (ppx's own threads: a bug, its whole story)
+            return before(args)
         print(f"ppx: warning: rank {rank}'s thread {name} failed: {said(args.exc_value)}", file=sys.stderr, flush=True)
 
     threading.excepthook = hook
+    return before  # (the hook to put back: a rank run inside `ppx run` on a GPU returns to it)

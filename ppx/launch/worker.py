@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -64,7 +65,7 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     survive_closed_stdout()  # (ppx run ... | head: the run goes on)
-    one_line_thread_errors(rank)
+    thread_hook = one_line_thread_errors(rank)
     if device_type != "cuda" and cfg.runtime.pin_cpus:  # before any thread starts, so all inherit it
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         pin_local_rank(pin_order(rank, world, local_rank, local_world, cfg.parallel.data), local_world)
@@ -102,6 +103,7 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
             watchdog.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
+        threading.excepthook = thread_hook
 
 
 def _train(cfg: Config, run_dir: Path, rank: int, world: int, device, backend: str, ctrl, watchdog: Watchdog) -> int:

@@ -154,6 +154,11 @@ def noisy_note(what: str, step_times) -> str | None:
         said.append(f"{steps} against a median of {mid * 1e3:.1f} ms, a stall")
     if not said:
         return None
+    if spread <= NOISY:  # (stalls alone: a prediction leaves their steps out, its other figures do not)
+        return (
+            f"note: {what}'s steps spread widely ({'; '.join(said)}): a busy machine; its median step and bubble "
+            "hold them, though a prediction from its costs leaves their steps out; run it again on a quiet machine"
+        )
     return (
         f"note: {what}'s steps spread widely ({'; '.join(said)}): its costs come from a busy machine or a "
         "drifting run, and so does every figure read from them; run it again on a quiet machine"

@@ -20,10 +20,12 @@ def summary_rows(summary: dict) -> list[list[str]]:
     beside the median over all steps."""
     pred = summary.get("predicted") or {}
     err = summary.get("prediction_error") or {}
+    left = pred.get("stalled_steps_left_out") or []
+    steps = f"timeline steps but {len(left)} stalled, mean" if left else "timeline steps, mean"
     rows = [["step time (median)", _ms(summary.get("step_time_s")), "", _ms(summary.get("ideal_step_time_s"))]]
     if pred:
         measured = _ms(summary.get("measured_step_time_s"))
-        rows.append(["step time (timeline steps, mean)", measured, f"{_ms(pred.get('step_time_s'))}", ""])
+        rows.append([f"step time ({steps})", measured, f"{_ms(pred.get('step_time_s'))}", ""])
         rows.append(["measured against predicted", f"{err.get('step_time', 0):+.1%}", "", ""])
     b, b_pred = summary.get("bubble_fraction"), pred.get("bubble_fraction")
     timeline = summary.get("measured_bubble_fraction")
@@ -37,7 +39,7 @@ def summary_rows(summary: dict) -> list[list[str]]:
         ]
     )
     if apart:
-        rows.append(["bubble, idle / step time (timeline steps, mean)", _pct(timeline), _pct(b_pred), ""])
+        rows.append([f"bubble, idle / step time ({steps})", _pct(timeline), _pct(b_pred), ""])
     rows.append(
         [
             "bubble, idle / busy time",

@@ -69,6 +69,8 @@ def test_a_predicted_bubble_sits_beside_the_bubble_of_the_steps_it_was_predicted
     text = summary_markdown(s)
     assert "| bubble, idle / step time | 21.0% |  | 20.0% |" in text
     assert "| bubble, idle / step time (timeline steps, mean) | 25.0% | 24.0% |  |" in text
+    s["predicted"] = {**s["predicted"], "stalled_steps_left_out": [3, 7]}  # (left out of the prediction's steps)
+    assert "| bubble, idle / step time (timeline steps but 2 stalled, mean) | 25.0% |" in summary_markdown(s, "")
     assert "| bubble, idle / busy time (timeline steps, of the mean) | 33.3% | 31.6% |  |" in text
 
 

@@ -60,3 +60,19 @@ def test_an_empty_value_is_refused_not_dropped():
         with pytest.raises(UserError, match=r"has an empty value; list them as pipeline.microbatches=v1,v2,"):
             parse_spec(spec)
     assert parse_spec("pipeline.layers_per_stage=[3,1],[2,2]") == [("pipeline.layers_per_stage", ["[3,1]", "[2,2]"])]
+
+
+def test_run_dir_null_is_taken_and_any_other_override_of_a_swept_key_refused():
+    """run.dir=null (no folder of its own, as a plan's printed commands end) is what a sweep
+    does; a run.dir, or a swept key given again, even as null, is refused before any run."""
+    import pytest
+
+    from ppx.errors import UserError
+    from ppx.launch import sweep
+
+    with pytest.raises(UserError, match="run.dir names one run"):
+        sweep.run_sweep("1f1b_2cpu", "pipeline.microbatches=2,4", ["run.dir=/tmp/x"])
+    with pytest.raises(UserError, match="pipeline.virtual_stages is swept and also given as an override"):
+        sweep.run_sweep("1f1b_2cpu", "pipeline.virtual_stages=1,2", ["pipeline.virtual_stages=null"])
+    with pytest.raises(UserError, match="two sweep points would share"):  # (past the run.dir check: taken)
+        sweep.run_sweep("1f1b_2cpu", "pipeline.microbatches=2,2", ["run.dir=null"])
