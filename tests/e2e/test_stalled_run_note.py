@@ -24,19 +24,19 @@ def test_a_rank_stopped_for_a_moment_is_a_stall_the_run_names(run_dir, tmp_path)
         "1f1b_2cpu",
         run_dir,
         tmp_path,
-        "train.steps=300",
+        "train.steps=220",
         "model.fwd_ms=2",
         "model.bwd_ms=2",
-        "instrument.timeline_steps=299",
+        "instrument.timeline_steps=219",
     )
     try:
         wait_for_step(run_dir, 2, step=5)
         pid = read_beat(run_dir / "status" / "rank1.beat", 1).pid
-        # stopped as a busy machine would stop it, well under runtime.timeout_s; six times, as a
+        # stopped as a busy machine would stop it, well under runtime.timeout_s; five times, as a
         # stop between two steps (rank 0 waiting to start the next) lands in no step's time
-        for _ in range(6):
+        for _ in range(5):
             os.kill(pid, signal.SIGSTOP)
-            time.sleep(0.6)
+            time.sleep(0.5)
             os.kill(pid, signal.SIGCONT)
             time.sleep(0.15)
         assert proc.wait(timeout=120) == 0, read_log(log)[-3000:]
