@@ -168,7 +168,7 @@ class RunReport:
         if ways:
             print(ways, flush=True)
         noisy = noisy_note("this run", summary.get("step_times_s") or [])
-        if noisy:  # (a busy machine: the prediction, the bubble and the steps all read from its stalls)
+        if noisy:  # (a busy machine: its steps and bubble hold its stalls)
             print(f"ppx: {noisy}", flush=True)
         write_json(self.run_dir / "summary.json", summary)
         pictures = cfg.logging.report
@@ -199,12 +199,9 @@ class RunReport:
         median = None
         if has_breakdown(summary):
             median = self._median_step(summary)
-            even = (
-                len(summary.get("step_times_s") or []) % 2 == 0
-            )  # (the median is then no step's: as report.html says)
-            title = f"{title_of(summary)}: step {median[0]}, the median step" + (
-                ", the slower middle one" if even else ""
-            )
+            title = f"{title_of(summary)}: step {median[0]}, the median step"
+            if len(summary.get("step_times_s") or []) % 2 == 0:  # (no step's then: as report.html says)
+                title += ", the slower middle one"
             draw_breakdown(median[1], self.run_dir / "breakdown.png", title)
         return self._write_html(summary, median)
 
