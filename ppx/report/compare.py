@@ -211,12 +211,7 @@ def plot_runs(rows: list[dict], path: Path, title: str = "") -> None:
         ax.set_title(name, fontsize=10)
     ax = axes[1][0]
     nan = float("nan")  # (no bar, where a run has no such figure: a run without timers)
-    bars = [
-        (-0.27, [measured_beside_prediction(r) for r in rows], measured_name(rows), "#DD8452"),
-        (0.0, [r["predicted"] for r in rows], "predicted (simulator)", "#8172B2"),
-        (0.27, [r["theory"] for r in rows], "theory", "#BBBBBB"),
-    ]
-    for shift, values, name, color in bars:
+    for shift, (name, values, color) in zip((-0.27, 0.0, 0.27), bubble_bars(rows)):
         ax.bar([i + shift for i in x], [nan if v is None else v for v in values], width=0.27, label=name, color=color)
         for i, v in enumerate(values):
             if v is None:
@@ -244,6 +239,16 @@ def plot_runs(rows: list[dict], path: Path, title: str = "") -> None:
 
 LABEL_FITS = 40  # characters: a longer label is numbered in the pictures, and spelt out in their key
 MEASURED_BUBBLE = "measured (timeline steps)"  # (the table's bubble column is the median over all steps)
+
+
+def bubble_bars(rows: list[dict]) -> list[tuple[str, list, str]]:
+    """The bubble panel's series, as compare.png and report.html draw them: (name, each run's
+    value or None, colour) for the measured, predicted and theoretical bubble."""
+    return [
+        (measured_name(rows), [measured_beside_prediction(r) for r in rows], "#DD8452"),
+        ("predicted (simulator)", [r["predicted"] for r in rows], "#8172B2"),
+        ("theory", [r["theory"] for r in rows], "#BBBBBB"),
+    ]
 
 
 def measured_name(rows: list[dict]) -> str:

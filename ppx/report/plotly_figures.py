@@ -17,7 +17,7 @@ import html
 
 from ppx.measure.spans import handoffs
 from ppx.report.breakdown import THEORY_COLOR, parts_of, rank_theories, theory_label
-from ppx.report.compare import measured_beside_prediction, measured_name, picture_labels
+from ppx.report.compare import bubble_bars, picture_labels
 from ppx.report.gantt import COLORS, stage_shades
 from ppx.units import byte_unit
 
@@ -291,12 +291,7 @@ def runs_figure(rows: list[dict]) -> object:
         row=1,
         col=1,
     )
-    bars = (
-        (measured_name(rows), [measured_beside_prediction(r) for r in rows], "#DD8452"),
-        ("predicted (simulator)", [r["predicted"] for r in rows], "#8172B2"),
-        ("theory", [r["theory"] for r in rows], "#BBBBBB"),
-    )
-    for name, values, color in bars:
+    for name, values, color in bubble_bars(rows):
         fig.add_trace(go.Bar(name=name, x=labels, y=values, hovertext=full, marker_color=color), row=1, col=2)
     fig.update_yaxes(tickformat=".0%", row=1, col=2)
     fig.update_xaxes(tickangle=0 if key else None, automargin=True)  # (#k flat; names as Plotly slants them)
