@@ -106,14 +106,21 @@ def middle_half(values) -> tuple[float, float] | None:
 NOISY = 0.15  # the middle half of a run's steps spanning more of their median: a busy machine (quiet: 5-7%)
 
 
+def _steady_median(step_times) -> float | None:
+    """The median of a run's steps (seconds) but its first (its set-up), or None under 5 steps
+    (or a median of 0): what the spread and the stalls are held against."""
+    steady = list(step_times)[1:]
+    return (statistics.median(steady) or None) if len(steady) >= 4 else None
+
+
 def steps_spread(step_times) -> tuple[float, tuple[float, float]] | None:
     """(how much of their median the middle half of a run's steps spans, that middle half in
     seconds) over ``step_times`` (seconds) with the first left out; None under 5 steps."""
-    steady = list(step_times)[1:]
-    half = middle_half(steady) if len(steady) >= 4 else None
-    if half is None or not statistics.median(steady):
+    mid = _steady_median(step_times)
+    if mid is None:
         return None
-    return (half[1] - half[0]) / statistics.median(steady), half
+    q1, q3 = middle_half(list(step_times)[1:])
+    return (q3 - q1) / mid, (q1, q3)
 
 
 SLOW_STEP = 2.0  # a step over this many times the median step (the first left out): a stall of the machine
@@ -122,11 +129,8 @@ SLOW_STEP = 2.0  # a step over this many times the median step (the first left o
 def stalled_steps(step_times) -> list[int]:
     """The steps (their indices) that took over `SLOW_STEP` times the median step, the first
     step left out of both (its set-up is no stall); none under 5 steps."""
-    steady = list(step_times)[1:]
-    if len(steady) < 4 or not statistics.median(steady):
-        return []
-    mid = statistics.median(steady)
-    return [k for k, t in enumerate(step_times) if k and t > SLOW_STEP * mid]
+    mid = _steady_median(step_times)
+    return [] if mid is None else [k for k, t in enumerate(step_times) if k and t > SLOW_STEP * mid]
 
 
 def noisy_note(what: str, step_times) -> str | None:
@@ -140,8 +144,7 @@ def noisy_note(what: str, step_times) -> str | None:
     if got is None:
         return None
     spread, (q1, q3) = got
-    steady = list(step_times)[1:]
-    mid = statistics.median(steady)
+    mid = _steady_median(step_times)
     slow = [(k, step_times[k]) for k in stalled_steps(step_times)]
     said = []
     if spread > NOISY:
