@@ -160,10 +160,10 @@ def output_path(option: str, path, picture: bool = False) -> None:
         kinds = FigureCanvasBase.get_supported_filetypes()
         if Path(path).suffix.lower().lstrip(".") not in kinds:
             raise UserError(f"{option} {path}: name a picture file, e.g. .png (or {', '.join(sorted(kinds))})")
-    run = run_holding(Path(path).parent)
+    folder = Path(path).parent
+    run = run_holding(folder)
     if run is not None:
         raise UserError(f"{option} {path} is inside the run {run}; ppx never writes into a run (give another path)")
-    folder = Path(path).parent
     if not folder.is_dir():
         raise UserError(f"{option} {path}: folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
