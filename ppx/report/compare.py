@@ -242,8 +242,7 @@ MEASURED_BUBBLE = "measured (timeline steps)"  # (the table's bubble column is t
 
 
 def bubble_bars(rows: list[dict]) -> list[tuple[str, list, str]]:
-    """The bubble panel's series, as compare.png and report.html draw them: (name, each run's
-    value or None, colour) for the measured, predicted and theoretical bubble."""
+    """The bubble panel's (name, each run's value or None, colour), as both pictures draw it."""
     return [
         (measured_name(rows), [measured_beside_prediction(r) for r in rows], "#DD8452"),
         ("predicted (simulator)", [r["predicted"] for r in rows], "#8172B2"),
