@@ -126,13 +126,15 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
     saved = run.raw_summary.get("saved_bytes_per_microbatch")
     transport, lookahead = transport_of(run.config, (run.env or {}).get("backend", "gloo"))
     units = _run_units(run.config, stages, run.raw_summary.get("units_per_stage"))
+    weights = unit_weights(run.config) if units else None
     inputs = PlanInputs(
         fwd_s=tuple(c.fwd),
         bwd_s=tuple(c.bwd),
         wgrad_s=tuple(c.wgrad),
         stages=stages,
         act_bytes=tuple(float(b) for b in saved) if saved and len(saved) == stages else None,
-        param_bytes=_sized("--param-bytes", args.param_bytes, stages, "stage"),
+        param_bytes=_sized("--param-bytes", args.param_bytes, stages, "stage")
+        or _run_params(run, stages, units, weights),
         budget_bytes=budget(args),
         p2p_s=c.p2p,
         overhead_s=c.overhead,
@@ -151,7 +153,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         max_stages=_max_stages(run.config),
         fixed_stages=stages if run.config.pipeline.layers_per_stage else None,
         run_units=units,
-        unit_weights=unit_weights(run.config) if units else None,
+        unit_weights=weights,
         # what a candidate's command splits the units by (None: even; or a module not importable here)
         split_weights=models.counted_flops(run.config.model)
         if units and run.config.pipeline.balance == "flops"
@@ -161,6 +163,27 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         measured_at=costs.at_stages,  # entries of other stage counts: their candidates' costs
     )
     return inputs, [p], ints("--microbatches", args.microbatches) or [s.microbatches], str(run.path / "config.yaml")
+
+
+def _run_params(run, stages: int, units: tuple[int, ...] | None, weights) -> tuple[float, ...] | None:
+    """Per stage of the run, what its parameters hold through a step (weights, gradients and
+    the optimizer's state: `weights_held_bytes`) from each pipeline rank's ``param_bytes``
+    the run measured; with several stages a rank, the ranks' total shared among the stages
+    by their units' parameter bytes (``weights``, `UnitWeights`; else equally). None for a run
+    without them."""
+    from ppx.measure.memory import weights_held_bytes
+
+    ranks = [r.get("param_bytes") for r in run.raw_summary.get("ranks") or []]
+    if not ranks or None in ranks:
+        return None
+    held = [weights_held_bytes(b, run.config.train.optimizer) for b in ranks]
+    if len(held) == stages:
+        return tuple(held)
+    if weights is None or units is None:
+        return tuple(sum(held) / stages for _ in range(stages))
+    starts = [sum(units[:s]) for s in range(stages)]
+    per = [sum(weights.param_bytes[a : a + n]) for a, n in zip(starts, units)]
+    return tuple(sum(held) * w / sum(per) for w in per) if sum(per) else tuple(sum(held) / stages for _ in per)
 
 
 def _max_stages(cfg) -> int | None:

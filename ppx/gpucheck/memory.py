@@ -21,6 +21,7 @@ from ppx.gpucheck import sizes
 from ppx.gpucheck.machine import Machine
 from ppx.gpucheck.runs import RunSpec
 from ppx.gpucheck.verdict import Outcome, judged, mib, pct, skipped, table
+from ppx.measure.memory import weights_held_bytes
 
 NAME = "memory"
 TITLE = "Peak memory against the memory model"
@@ -33,7 +34,6 @@ CRITERIA = [
     )
     for model in MODELS
 ]
-STATE_PER_WEIGHT = {"sgd": 0, "adamw": 2}  # optimizer tensors per weight (SGD without momentum keeps none)
 
 
 def plan(machine: Machine) -> list[RunSpec] | str:
@@ -56,7 +56,7 @@ def predicted_peak(rank: dict, optimizer: str) -> int | None:
     act, params = rank.get("predicted_peak_activation_bytes"), rank.get("param_bytes")
     if act is None or params is None:
         return None
-    return int(params * (2 + STATE_PER_WEIGHT[optimizer]) + act)
+    return int(weights_held_bytes(params, optimizer) + act)
 
 
 def rank_errors(summary: dict, optimizer: str) -> list[dict]:

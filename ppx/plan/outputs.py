@@ -76,7 +76,9 @@ def _inputs_lines(inputs: PlanInputs) -> list[str]:
             f"{', '.join(f'{s:.2f}' for s in inputs.input_share)}"
         )
     if inputs.param_bytes:
-        lines.append(f"- params + optimizer bytes: {', '.join(format_bytes(b) for b in inputs.param_bytes)}")
+        lines.append(
+            f"- weights + gradients + optimizer state bytes: {', '.join(format_bytes(b) for b in inputs.param_bytes)}"
+        )
     budget = "none" if inputs.budget_bytes is None else format_bytes(inputs.budget_bytes)
     ranked = "steady-state step (the longest rank's own span)" if inputs.rank_by == "steady" else "sync step"
     return lines + [

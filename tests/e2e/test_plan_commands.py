@@ -15,6 +15,7 @@ import pytest
 
 from helpers import ppx, read_json
 from ppx.commands.run_costs import run_costs
+from ppx.measure.memory import weights_held_bytes
 from ppx.plan.howto import check
 from ppx.plan.space import SPLIT_REASON
 from ppx.report.run_dir import RunDir
@@ -66,7 +67,8 @@ def test_a_plan_from_a_1f1b_llama_run_regroups_its_units_and_names_its_calibrati
     (a block's, a third of that for the head, next to nothing for the embedding; cut in halves
     of the run's stages, rank 1 came out 28% short). The same plan refuses the split-backward
     schedules and names the run that measures them: that run stores on every stage (under auto
-    ZB-H1's first stage would run whole and measure no W), so a plan from it refuses none."""
+    ZB-H1's first stage would run whole and measure no W), so a plan from it refuses none. The
+    peaks add the weights the run measured (`param_bytes`), regrouped alike."""
     first = ppx("run", *KINDS["llama"], *SHORT, f"run.dir={tmp_path / 'calib'}")
     assert first.returncode == 0, first.stderr[-3000:]
     r = ppx("plan", "--from-run", str(tmp_path / "calib"), "-v", "2", "-m", "4", "--out", str(tmp_path / "plan"))
@@ -78,7 +80,12 @@ def test_a_plan_from_a_1f1b_llama_run_regroups_its_units_and_names_its_calibrati
     (c,) = [c for c in plan["candidates"] if c["schedule"] == "interleaved_1f1b" and c["v"] == 2]
     ran = ppx("run", *c["command"].split()[2:], "train.steps=2", f"run.dir={tmp_path / 'v2'}")
     assert ran.returncode == 0, ran.stderr[-3000:]
-    measured = [row["peak_activation_bytes"] for row in read_json(tmp_path / "v2" / "summary.json")["ranks"]]
+    # the peak adds what the rank's weights hold (weights, gradients, AdamW's two states),
+    # from the p=2 run's param_bytes regrouped by the units' parameter bytes: the v=2 run's own
+    v2 = RunDir(tmp_path / "v2")
+    assert v2.config.train.optimizer == "adamw"
+    rows = v2.raw_summary["ranks"]
+    measured = [row["peak_activation_bytes"] + weights_held_bytes(row["param_bytes"], "adamw") for row in rows]
     assert c["peak_bytes"] == pytest.approx(measured, rel=0.05), (c["peak_bytes"], measured)
 
     (named,) = re.findall(r"measure them with `(ppx run [^`]+)`", r.stdout)

@@ -276,3 +276,36 @@ def test_a_printed_run_command_reads_back_as_a_shell_reads_it(tmp_path):
     assert "pipeline.layers_per_stage=[3,1]" in text.split()  # (a list's brackets bare, as the docs write them)
     assert check(text) is None
     assert "microbatches" in check(run_command(str(where / "config.yaml"), ["pipeline.microbatches=3"]))
+
+
+def _ran(param_bytes, optimizer="sgd"):
+    """What `_run_params` reads of a run directory: its ranks' rows and its optimizer."""
+    from types import SimpleNamespace
+
+    from ppx import config
+
+    return SimpleNamespace(
+        raw_summary={"ranks": [{"rank": r, "param_bytes": b} for r, b in enumerate(param_bytes)]},
+        config=config.load(None, [f"train.optimizer={optimizer}"]),
+    )
+
+
+@pytest.mark.parametrize("optimizer, per_weight", [("sgd", 2), ("adamw", 4)])
+def test_a_runs_weights_hold_their_gradients_and_optimizer_state(optimizer, per_weight):
+    from ppx.commands.plan_inputs import _run_params
+
+    assert _run_params(_ran([100, 300], optimizer), 2, None, None) == (100 * per_weight, 300 * per_weight)
+
+
+def test_a_runs_ranks_of_several_stages_share_their_weights_by_their_units():
+    from ppx.commands.plan_inputs import _run_params
+    from ppx.plan.unit_weights import UnitWeights
+
+    # 4 stages on 2 ranks (v=2): units 1 | 2 | 2 | 1, weighing 3 | 2+2 | 2+2 | 3
+    w = UnitWeights(flops=(0, 4, 4, 4, 4, 2), saved_bytes=(1, 10, 10, 10, 10, 5), param_bytes=(3, 2, 2, 2, 2, 3))
+    held = _run_params(_ran([70, 70]), 4, (1, 2, 2, 1), w)
+    assert held == pytest.approx([2 * 140 * x / 14 for x in (3, 4, 4, 3)])
+    assert _run_params(_ran([70, 70]), 4, (1, 2, 2, 1), None) == pytest.approx([70] * 4)  # (no weights: equal)
+    older = _ran([70, 70])
+    del older.raw_summary["ranks"][0]["param_bytes"]  # (a run without memory counters)
+    assert _run_params(older, 2, None, None) is None
