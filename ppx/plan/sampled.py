@@ -7,6 +7,8 @@ The run's stages map onto a candidate's as `PlanInputs.parts` maps them: a candi
 draws each run stage it takes a share of and adds those shares (a whole run stage, 1/v of one
 cut into v parts, or k of its n model units). An op the run did not measure is made of the ones it did: a full
 backward B from an I and a W; an I from a B (the run's W unmeasured is 0), as the means do.
+A candidate's microbatch 0 draws the run's microbatch 0 samples (``first_s``), the step's first
+of their kind, which cost more, as the run's own prediction draws them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from statistics import fmean
 
 from ppx.measure.prediction import DRAWS
 from ppx.schedules.ir.action import Action
-from ppx.schedules.sim.costs import REDUCE
+from ppx.schedules.sim.costs import REDUCE, split_first
 
 
 class PlanSamples:
@@ -30,8 +32,10 @@ class PlanSamples:
         seed: int = 0,
         reduce_parts: list[tuple] | None = None,
         whole: set[int] = frozenset(),
+        first: dict | None = None,
     ):
         self._actions = samples["action_s"]
+        self._first = first or {}  # microbatch 0's samples, ``action_s`` the others' (`split_first`)
         self._whole = whole  # candidate stages run whole: an I draws a B, a W nothing
         self._parts = parts  # per candidate stage: (run stage, numerator, denominator) of its shares
         self._reduce_parts = reduce_parts or parts  # the reduction's, by parameter bytes (`PlanInputs.parts`)
@@ -41,18 +45,19 @@ class PlanSamples:
         self._recv_post = samples.get("recv_post_s") or [0.0]
         self._rng = random.Random(seed)
 
-    def _draw(self, unit: int, op: str) -> float:
-        got = self._actions.get(f"{unit}{op}")
+    def _draw(self, unit: int, op: str, first: bool = False) -> float:
+        key = f"{unit}{op}"
+        got = (first and self._first.get(key)) or self._actions.get(key)
         if got:
             return self._rng.choice(got)
         if op == "B" and f"{unit}I" in self._actions:
-            return self._draw(unit, "I") + self._draw(unit, "W")
+            return self._draw(unit, "I", first) + self._draw(unit, "W", first)
         if op == "I" and f"{unit}B" in self._actions:
-            return self._draw(unit, "B")
+            return self._draw(unit, "B", first)
         return 0.0
 
-    def _of_stage(self, stage: int, op: str, parts: list[tuple] | None = None) -> float:
-        return sum(self._draw(u, op) * k / n for u, k, n in (parts or self._parts)[stage])
+    def _of_stage(self, stage: int, op: str, parts: list[tuple] | None = None, first: bool = False) -> float:
+        return sum(self._draw(u, op, first) * k / n for u, k, n in (parts or self._parts)[stage])
 
     def work(self, a: Action) -> float:
         if not a.op.is_compute:
@@ -62,7 +67,7 @@ class PlanSamples:
             if op == "W":
                 return 0.0
             op = "B"
-        return self._of_stage(a.stage, op)
+        return self._of_stage(a.stage, op, first=a.mb == 0)
 
     def reduce_cost(self, stage: int) -> float:
         return self._of_stage(stage, REDUCE, self._reduce_parts)
@@ -87,5 +92,7 @@ def expected(
     """(mean step, mean bubble, mean steady-state step) of ``simulate_once(costs)`` over `DRAWS`
     draws of the samples (``reduce_parts``: the data-parallel reduction's shares, else ``parts``;
     ``whole``: the candidate's stages run whole)."""
-    runs = [simulate_once(PlanSamples(samples, parts, seed, reduce_parts, whole)) for seed in range(DRAWS)]
+    first, later = split_first(samples["action_s"], samples.get("first_s"))  # (once for every draw)
+    apart = {**samples, "action_s": later}
+    runs = [simulate_once(PlanSamples(apart, parts, seed, reduce_parts, whole, first)) for seed in range(DRAWS)]
     return fmean(t.makespan for t in runs), fmean(t.bubble_fraction() for t in runs), fmean(t.steady() for t in runs)

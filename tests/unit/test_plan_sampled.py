@@ -93,3 +93,27 @@ def test_spread_samples_predict_a_longer_step_than_their_means():
     assert steady <= step
     assert step > means * 1.01, (step, means)
     assert 0 < bubble < 1
+
+
+def test_a_candidates_microbatch_0_draws_the_runs_first_samples_of_each_part():
+    """A run's microbatch 0 samples (``first_s``: a step's first action of its kind, which
+    costs more) price a candidate's microbatch 0, each of its stage's parts from its own run
+    stage, and its B from the first I and W: the run's own prediction draws them alike."""
+    from ppx.schedules.ir.action import Action, Op
+    from ppx.schedules.sim.costs import split_first
+
+    base = samples()
+    firsts = {k: [v[0] * 3] for k, v in base["action_s"].items()}
+    with_first = {**base, "action_s": {k: [*firsts[k], *v] for k, v in base["action_s"].items()}, "first_s": firsts}
+    first, later = split_first(with_first["action_s"], firsts)
+    drawn = PlanSamples({**with_first, "action_s": later}, inputs().parts(2), first=first)
+    assert drawn.work(Action(0, Op.F, 0)) == pytest.approx(3 * (F[0] + F[1]))  # (the run's stages 0 and 1)
+    assert drawn.work(Action(0, Op.F, 1)) == pytest.approx(F[0] + F[1])
+    assert drawn.work(Action(1, Op.B, 0)) == pytest.approx(3 * (IG[2] + W[2] + IG[3] + W[3]))
+    # only the run's stage 0 forward slow on microbatch 0: the candidate's first forward, on
+    # the fill, costs its whole delay in the expected step
+    one = {**base, "action_s": {**base["action_s"], "0F": [3 * F[0], F[0]]}, "first_s": {"0F": [3 * F[0]]}}
+    sched = registry.build("1f1b", 2, 8, 1, "gloo")
+    plain = expected(lambda c: simulate(sched, c, "gloo", -1), base, inputs().parts(2))[0]
+    slow = expected(lambda c: simulate(sched, c, "gloo", -1), one, inputs().parts(2))[0]
+    assert slow == pytest.approx(plain + 2 * F[0], rel=1e-9)

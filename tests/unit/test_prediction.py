@@ -64,3 +64,46 @@ def test_a_stage_that_ran_bs_and_is_and_ws_keeps_its_b_apart():
 
     assert c.work(Action(1, Op.B, 0)) == 2.5 and c.work(Action(0, Op.B, 0)) == 2.0 and c.work(Action(1, Op.I, 0)) == 2.0
     assert costs_from({"action_s": {"0F": 1.0, "0B": 2.0}, "p2p_s": 0.0}, 1).whole is None
+
+
+def test_microbatch_0s_samples_are_drawn_for_microbatch_0_and_only_there():
+    """A step's first action of each kind on a stage costs more (its forward +11-37% on
+    llama-tiny and the transformer on CPU) and sits on the pipeline's fill: drawn among the
+    others it spread over actions whose delay the schedule absorbs, and the expected step came
+    out 2-5% short. cost_samples keeps microbatch 0's apart (first_s) and the draws give them
+    to microbatch 0 alone."""
+    r0 = [span("compute", "0F0", ["0F0"], 0.0, 3.0), span("compute", "0F1", ["0F1"], 3.0, 4.0)]
+    samples = cost_samples([{"step": 0, "ranks": {0: r0}}], schedules.build("gpipe", 2, 2))
+    assert samples["action_s"]["0F"] == pytest.approx([3.0, 1.0])
+    assert samples["first_s"] == {"0F": pytest.approx([3.0])}
+
+
+def test_first_samples_come_out_of_the_others_and_go_where_the_list_is_not_theirs():
+    from ppx.schedules.ir.action import Action, Op
+    from ppx.schedules.sim.costs import split_first
+
+    actions = {"0F": [3.0, 1.0, 1.0, 2.9, 1.0], "0B": [2.0, 2.0], "1F": [5.0, 1.0]}
+    # 0F: two steps' firsts taken out; 0B: its first not among its samples (another run's
+    # list lent in its place, or a stall left out): no first; 1F: its first left out as a stall
+    first, later = split_first(actions, {"0F": [3.0, 2.9], "0B": [7.0], "1F": [5.0, 9.0]})
+    assert first == {"0F": [3.0, 2.9], "1F": [5.0]}
+    assert later == {"0F": [1.0, 1.0, 1.0], "0B": [2.0, 2.0], "1F": [1.0]}
+    assert split_first(actions, None) == ({}, actions)
+    costs = schedules.SampledCosts(later, [0.0], [0.0], 0, first=first)
+    assert {costs.work(Action(0, Op.F, 0)) for _ in range(20)} == {3.0, 2.9}
+    assert {costs.work(Action(0, Op.F, 1)) for _ in range(20)} == {1.0}
+    assert costs.work(Action(0, Op.B, 0)) == 2.0
+
+
+def test_a_slow_first_forward_on_the_fill_costs_its_whole_delay():
+    """Stage 0's first forward 3 s against 1 s for the others: the expected step with it apart
+    is the step of those costs exactly (every draw the same), where pooled draws charge each
+    forward the mean and come out short."""
+    sched = schedules.build("1f1b", 2, 4)
+    actions = {"0F": [3.0, 1.0, 1.0, 1.0], "1F": [1.0] * 4, "0B": [2.0] * 4, "1B": [2.0] * 4}
+    base = {"action_s": actions, "p2p_s": [0.0], "overhead_s": [0.0]}
+    apart = predict_expected(sched, {**base, "first_s": {"0F": [3.0]}}, "nccl")["step_time_s"]
+    pooled = predict_expected(sched, base, "nccl")["step_time_s"]
+    slow_first = schedules.simulate(sched, Costs(fwd=1, bwd=2), "nccl").makespan + 2.0  # its delay, on the fill
+    assert apart == pytest.approx(slow_first)
+    assert pooled < 0.98 * apart  # (16.6 against 17.0)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -84,13 +85,42 @@ class Costs:
         return self.send_post if a.op.is_send else self.recv_post
 
 
+def split_first(actions: dict, first: dict | None) -> tuple[dict, dict]:
+    """(microbatch 0's samples, the others) per "<stage><op>" of ``actions`` (every sample of
+    each key), where ``first`` holds microbatch 0's among them (a run's ``first_s``). A first
+    sample counts only where ``actions`` holds it (one occurrence each, taken out of the
+    others): samples left out of ``actions`` (a stall) or lists put in their place (another
+    run's, lent) leave their key without first samples, drawn from the whole list as before."""
+    firsts, later = {}, {}
+    for key, values in actions.items():
+        held = Counter(values)
+        mine = [x for x in (first or {}).get(key) or () if _take(held, x)]
+        if not mine or len(mine) == len(values):  # (no first, or nothing but firsts: one list)
+            later[key] = values
+            continue
+        firsts[key] = mine
+        taken = Counter(mine)
+        later[key] = [x for x in values if not _take(taken, x)]
+    return firsts, later
+
+
+def _take(counts: Counter, x) -> bool:
+    """Take one ``x`` out of ``counts``: whether there was one."""
+    if counts[x] > 0:
+        counts[x] -= 1
+        return True
+    return False
+
+
 class SampledCosts:
     """Costs drawn afresh for every action and message from measured samples: ``actions``
     maps "<stage><op>" (e.g. "0F", "1B") to durations, ``p2p``, ``overhead``, ``send_post``
     and ``recv_post`` are lists; "<stage>REDUCE_GRAD" holds a stage's data-parallel reductions.
-    Simulating many draws gives the expected step time under the measured variability, which
-    the step time of the mean costs underestimates (a slow action on the critical path costs
-    all of its delay, one off it none)."""
+    ``first`` (`split_first`), by the same keys, the samples microbatch 0's action draws, a
+    step's first of its kind on its stage, which costs more than the others (``actions`` then
+    holds the others). Simulating many draws gives the expected step time under the measured
+    variability, which the step time of the mean costs underestimates (a slow action on the
+    critical path costs all of its delay, one off it none)."""
 
     def __init__(
         self,
@@ -100,14 +130,17 @@ class SampledCosts:
         seed: int = 0,
         send_post: Sequence[float] = (),
         recv_post: Sequence[float] = (),
+        first: dict | None = None,
     ):
         self._samples = {k: list(v) for k, v in actions.items()}
+        self._first = first or {}
         self._p2p, self._overhead = list(p2p) or [0.0], list(overhead) or [0.0]
         self._send_post, self._recv_post = list(send_post) or [0.0], list(recv_post) or [0.0]
         self._rng = random.Random(seed)
 
     def work(self, a: Action) -> float:
-        got = self._samples.get(f"{a.stage}{a.op.value}")
+        key = f"{a.stage}{a.op.value}"
+        got = (a.mb == 0 and self._first.get(key)) or self._samples.get(key)
         return self._rng.choice(got) if got else 0.0
 
     def reduce_cost(self, stage: int) -> float:
