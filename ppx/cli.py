@@ -218,7 +218,7 @@ def _plan_parser(sub) -> None:
         "--param-bytes",
         metavar="SIZE[,...]",
         help="weights + gradients + optimizer state per stage (or per layer), added to the peak; default, with "
-        "--from-run, the run's own (its param_bytes x (2 + 0 for sgd, 2 for adamw))",
+        "--from-run, the run's own (its param_bytes x (2 + 0 for sgd, 2 for adamw), with instrument.memory on)",
     )
     pl.add_argument(
         "--schedules", metavar="all|a,b,...", default="all", help="all (every training family and zb_auto) or a,b,..."

@@ -168,10 +168,10 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
 def _run_params(run, stages: int, units: tuple[int, ...] | None, weights) -> tuple[float, ...] | None:
     """Per stage of the run, what its parameters hold through a step (weights, gradients and
     the optimizer's state: `weights_held_bytes`) from each pipeline rank's ``param_bytes``
-    the run measured; with several stages a rank, the ranks' total shared among the stages
-    by their units' parameter bytes (``weights``, `UnitWeights`; else equally). None for a run
-    without them."""
-    from ppx.measure.memory import weights_held_bytes
+    the run measured (with ``instrument.memory``; else None); with several stages a rank, each
+    rank's shared among its stages by their units' parameter bytes (``weights``, `UnitWeights`;
+    else equally)."""
+    from ppx.measure.weights_held import weights_held_bytes
 
     ranks = [r.get("param_bytes") for r in run.raw_summary.get("ranks") or []]
     if not ranks or None in ranks:
@@ -179,11 +179,32 @@ def _run_params(run, stages: int, units: tuple[int, ...] | None, weights) -> tup
     held = [weights_held_bytes(b, run.config.train.optimizer) for b in ranks]
     if len(held) == stages:
         return tuple(held)
-    if weights is None or units is None:
-        return tuple(sum(held) / stages for _ in range(stages))
-    starts = [sum(units[:s]) for s in range(stages)]
-    per = [sum(weights.param_bytes[a : a + n]) for a, n in zip(starts, units)]
-    return tuple(sum(held) * w / sum(per) for w in per) if sum(per) else tuple(sum(held) / stages for _ in per)
+    owner = _stage_ranks(run.config, stages, len(held))
+    per = [1.0] * stages
+    if weights is not None and units is not None:
+        starts = [sum(units[:s]) for s in range(stages)]
+        per = [sum(weights.param_bytes[a : a + n]) for a, n in zip(starts, units)]
+    if owner is None:  # (the run's list not to be had again: the ranks' total, by the same shares)
+        owner = [0] * stages
+        held = [sum(held)]
+    out = []
+    for s in range(stages):
+        mine = [t for t in range(stages) if owner[t] == owner[s]]
+        whole = sum(per[t] for t in mine)
+        out.append(held[owner[s]] * (per[s] / whole if whole else 1 / len(mine)))
+    return tuple(out)
+
+
+def _stage_ranks(cfg, stages: int, ranks: int) -> list[int] | None:
+    """The run's stage -> pipeline rank (its list as its config builds it), or None where it
+    cannot be had again (a CSV moved since) or does not fit."""
+    from ppx.config import resolve_schedule
+
+    try:
+        owner = list(resolve_schedule(cfg).stage_to_rank)
+    except (UserError, OmegaConfBaseException, OSError, ValueError):
+        return None
+    return owner if len(owner) == stages and max(owner) < ranks else None
 
 
 def _max_stages(cfg) -> int | None:

@@ -226,7 +226,7 @@ def _with_lent(run) -> RunCosts:
     }
     return RunCosts(
         {**s.measured_costs, "action_s": means},
-        {**s.cost_samples, "action_s": flat},
+        {**s.cost_samples, "action_s": flat, "first_s": _own_first(s.cost_samples, flat, own.whole_stages, lent)},
         tuple(st for st in range(stages) if st not in apart) if apart else (),  # I and W unknown there
         # (the known-cost model's I + W is its B by construction: nothing priced otherwise)
         () if run.config.model.kind == "synthetic" else tuple(st for st in apart if "B" not in draws[st]),
@@ -237,6 +237,22 @@ def _with_lent(run) -> RunCosts:
         own.at_stages,
         forward_shift=tuple(shifted),
     )
+
+
+def _own_first(samples: dict, flat: dict, whole: tuple[int, ...], lent: dict) -> dict:
+    """The run's microbatch 0 samples (``first_s``) for the keys of ``flat`` whose lists are
+    still the run's own: none where an entry lent the list (its values are another run's, and
+    `split_first` matches them by value); a ``whole`` stage's under its B, which its I's are."""
+    first, kept = samples.get("first_s") or {}, samples["action_s"]
+    lent_b = {st for (what, _), sts in lent.items() if what == "B" for st in sts}
+    out = {}
+    for key, values in flat.items():
+        stage = int(key[:-1]) if key[:-1].isdigit() else None
+        if kept.get(key) is values and key in first:
+            out[key] = first[key]
+        elif key[-1] == "B" and stage in whole and stage not in lent_b:  # (its own I's, and B's if any)
+            out[key] = [*first.get(f"{stage}I", ()), *first.get(f"{stage}B", ())]
+    return out
 
 
 def _forward_shift(theirs: list | None, mine: list | None) -> float:

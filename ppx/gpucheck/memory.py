@@ -21,7 +21,7 @@ from ppx.gpucheck import sizes
 from ppx.gpucheck.machine import Machine
 from ppx.gpucheck.runs import RunSpec
 from ppx.gpucheck.verdict import Outcome, judged, mib, pct, skipped, table
-from ppx.measure.memory import weights_held_bytes
+from ppx.measure.weights_held import weights_held_bytes
 
 NAME = "memory"
 TITLE = "Peak memory against the memory model"

@@ -40,15 +40,6 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from ppx.schedules.ir.action import Op
 
-STATE_PER_WEIGHT = {"sgd": 0, "adamw": 2}  # optimizer tensors per weight (SGD without momentum keeps none)
-
-
-def weights_held_bytes(param_bytes: float, optimizer: str) -> float:
-    """What a rank's ``param_bytes`` of parameters hold through a step in the memory model:
-    the fp32 weights, their gradients and ``train.optimizer``'s state (SGD none, AdamW two
-    tensors a weight). A bf16 step's one compute-dtype copy of the weights is left out."""
-    return param_bytes * (2 + STATE_PER_WEIGHT[optimizer])
-
 
 def reset_cpu_peak() -> None:
     """Start a new peak resident set (Linux >= 4.0); elsewhere the lifetime peak stands."""

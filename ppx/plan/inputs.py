@@ -44,7 +44,7 @@ class PlanInputs:
     """Costs (seconds), bytes and budget of a plan. ``fwd_s``/``bwd_s``/``wgrad_s``: forward,
     input-gradient backward and weight-gradient backward per stage (``stages`` of them) or per
     layer (``per_layer``); ``act_bytes``: bytes one microbatch's forward saves, likewise (None:
-    not known, 0); ``param_bytes``: weights and optimizer state, likewise; ``budget_bytes``:
+    not known, 0); ``param_bytes``: weights, gradients and optimizer state, likewise; ``budget_bytes``:
     per rank for both (None: no limit)."""
 
     fwd_s: tuple[float, ...]
@@ -180,7 +180,8 @@ class PlanInputs:
             wgrad_s=tuple(c.wgrad),
             whole_s=tuple(c.whole) if c.whole is not None else None,
             stages=n,
-            samples={**self.samples, "action_s": a},
+            # (microbatch 0's samples are the run's, of its own stages: none of the entry's)
+            samples={**{k: v for k, v in self.samples.items() if k != "first_s"}, "action_s": a},
             act_bytes=tuple(self.act(n)) if self.act_bytes else None,
             input_share=tuple(self.shares(n)) if self.input_share and self.act_bytes else None,
             param_bytes=tuple(self.params(n)) if self.param_bytes else None,
@@ -207,7 +208,7 @@ class PlanInputs:
         return [f / b if b else 0.0 for f, b in zip(freed, self.act(num_stages))]
 
     def params(self, num_stages: int) -> list[float]:
-        """Weights and optimizer state per stage, bytes (0 where not given)."""
+        """Weights, gradients and optimizer state per stage, bytes (0 where not given)."""
         return self.split(self.param_bytes, num_stages, "params") if self.param_bytes else [0.0] * num_stages
 
     def to_json(self) -> dict:

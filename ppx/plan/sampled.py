@@ -92,7 +92,22 @@ def expected(
     """(mean step, mean bubble, mean steady-state step) of ``simulate_once(costs)`` over `DRAWS`
     draws of the samples (``reduce_parts``: the data-parallel reduction's shares, else ``parts``;
     ``whole``: the candidate's stages run whole)."""
-    first, later = split_first(samples["action_s"], samples.get("first_s"))  # (once for every draw)
+    first, later = _split(samples)
     apart = {**samples, "action_s": later}
     runs = [simulate_once(PlanSamples(apart, parts, seed, reduce_parts, whole, first)) for seed in range(DRAWS)]
     return fmean(t.makespan for t in runs), fmean(t.bubble_fraction() for t in runs), fmean(t.steady() for t in runs)
+
+
+_SPLITS: dict = {}  # (id of action_s, id of first_s) -> (action_s, first_s, split): one per samples a process plans from
+
+
+def _split(samples: dict) -> tuple[dict, dict]:
+    """`split_first` of ``samples``, made once per samples dict (every candidate of a plan
+    draws from the same), not once per candidate."""
+    actions, first = samples["action_s"], samples.get("first_s")
+    hit = _SPLITS.get((id(actions), id(first)))
+    if hit is None or hit[0] is not actions or hit[1] is not first:
+        if len(_SPLITS) >= 8:
+            _SPLITS.clear()
+        hit = _SPLITS[(id(actions), id(first))] = (actions, first, split_first(actions, first))
+    return hit[2]

@@ -15,7 +15,7 @@ import pytest
 
 from helpers import ppx, read_json
 from ppx.commands.run_costs import run_costs
-from ppx.measure.memory import weights_held_bytes
+from ppx.measure.weights_held import weights_held_bytes
 from ppx.plan.howto import check
 from ppx.plan.space import SPLIT_REASON
 from ppx.report.run_dir import RunDir

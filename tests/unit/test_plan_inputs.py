@@ -278,15 +278,15 @@ def test_a_printed_run_command_reads_back_as_a_shell_reads_it(tmp_path):
     assert "microbatches" in check(run_command(str(where / "config.yaml"), ["pipeline.microbatches=3"]))
 
 
-def _ran(param_bytes, optimizer="sgd"):
-    """What `_run_params` reads of a run directory: its ranks' rows and its optimizer."""
+def _ran(param_bytes, optimizer="sgd", *overrides):
+    """What `_run_params` reads of a run directory: its ranks' rows and its config."""
     from types import SimpleNamespace
 
     from ppx import config
 
     return SimpleNamespace(
         raw_summary={"ranks": [{"rank": r, "param_bytes": b} for r, b in enumerate(param_bytes)]},
-        config=config.load(None, [f"train.optimizer={optimizer}"]),
+        config=config.load(None, [f"train.optimizer={optimizer}", *overrides]),
     )
 
 
@@ -297,15 +297,22 @@ def test_a_runs_weights_hold_their_gradients_and_optimizer_state(optimizer, per_
     assert _run_params(_ran([100, 300], optimizer), 2, None, None) == (100 * per_weight, 300 * per_weight)
 
 
-def test_a_runs_ranks_of_several_stages_share_their_weights_by_their_units():
+@pytest.mark.parametrize("schedule, owner", [("interleaved_1f1b", (0, 1, 0, 1)), ("zbv", (0, 1, 1, 0))])
+def test_a_runs_ranks_of_several_stages_share_their_own_weights_by_their_units(schedule, owner):
     from ppx.commands.plan_inputs import _run_params
     from ppx.plan.unit_weights import UnitWeights
 
-    # 4 stages on 2 ranks (v=2): units 1 | 2 | 2 | 1, weighing 3 | 2+2 | 2+2 | 3
+    # 4 stages on 2 ranks: units 1 | 2 | 2 | 1, weighing 3 | 2+2 | 2+2 | 3; rank 0 measured 50
+    # bytes, rank 1 90 (tied weights, say: what the units weigh does not say what a rank holds)
     w = UnitWeights(flops=(0, 4, 4, 4, 4, 2), saved_bytes=(1, 10, 10, 10, 10, 5), param_bytes=(3, 2, 2, 2, 2, 3))
-    held = _run_params(_ran([70, 70]), 4, (1, 2, 2, 1), w)
-    assert held == pytest.approx([2 * 140 * x / 14 for x in (3, 4, 4, 3)])
-    assert _run_params(_ran([70, 70]), 4, (1, 2, 2, 1), None) == pytest.approx([70] * 4)  # (no weights: equal)
+    ran = _ran([50, 90], "sgd", f"pipeline.schedule={schedule}", "pipeline.virtual_stages=2")
+    held = _run_params(ran, 4, (1, 2, 2, 1), w)
+    rank = [2 * 50, 2 * 90]
+    mine = {r: sum((3, 4, 4, 3)[s] for s in range(4) if owner[s] == r) for r in (0, 1)}
+    assert held == pytest.approx([rank[owner[s]] * (3, 4, 4, 3)[s] / mine[owner[s]] for s in range(4)])
+    assert [sum(h for h, o in zip(held, owner) if o == r) for r in (0, 1)] == pytest.approx(rank)
+    plain = _run_params(ran, 4, (1, 2, 2, 1), None)  # (no weights: equal shares of each rank's)
+    assert plain == pytest.approx([rank[owner[s]] / 2 for s in range(4)])
     older = _ran([70, 70])
     del older.raw_summary["ranks"][0]["param_bytes"]  # (a run without memory counters)
     assert _run_params(older, 2, None, None) is None

@@ -78,13 +78,13 @@ def test_microbatch_0s_samples_are_drawn_for_microbatch_0_and_only_there():
     assert samples["first_s"] == {"0F": pytest.approx([3.0])}
 
 
-def test_first_samples_come_out_of_the_others_and_go_where_the_list_is_not_theirs():
+def test_first_samples_come_out_of_the_others_and_only_those_the_list_still_holds():
     from ppx.schedules.ir.action import Action, Op
     from ppx.schedules.sim.costs import split_first
 
     actions = {"0F": [3.0, 1.0, 1.0, 2.9, 1.0], "0B": [2.0, 2.0], "1F": [5.0, 1.0]}
-    # 0F: two steps' firsts taken out; 0B: its first not among its samples (another run's
-    # list lent in its place, or a stall left out): no first; 1F: its first left out as a stall
+    # 0F: two steps' firsts taken out; 0B: its one first left out of the list as a stall: no
+    # first; 1F: one of its two firsts left out as a stall, the other kept
     first, later = split_first(actions, {"0F": [3.0, 2.9], "0B": [7.0], "1F": [5.0, 9.0]})
     assert first == {"0F": [3.0, 2.9], "1F": [5.0]}
     assert later == {"0F": [1.0, 1.0, 1.0], "0B": [2.0, 2.0], "1F": [1.0]}

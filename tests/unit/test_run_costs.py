@@ -20,9 +20,10 @@ def _samples(**ms) -> dict:
     return {k: [v / 1e3, v * 1.1 / 1e3, v * 0.9 / 1e3] for k, v in ms.items()}
 
 
-def _run(tmp_path, schedule: str, own: dict, ways: dict | None, entries: dict, extra=()) -> RunDir:
-    """A run of transformer_1f1b_2cpu under ``schedule`` that measured ``own`` and, beside it,
-    ``entries`` (entry -> (samples, split ways) or None where it kept none)."""
+def _run(tmp_path, schedule: str, own: dict, ways: dict | None, entries: dict, extra=(), first=None) -> RunDir:
+    """A run of transformer_1f1b_2cpu under ``schedule`` that measured ``own`` (``first``: its
+    microbatch 0 samples among them) and, beside it, ``entries`` (entry -> (samples, split
+    ways) or None where it kept none)."""
     cfg = config.load(
         "transformer_1f1b_2cpu", [f"pipeline.schedule={schedule}", f"run.paired={_value(list(entries))}", *extra]
     )
@@ -41,7 +42,12 @@ def _run(tmp_path, schedule: str, own: dict, ways: dict | None, entries: dict, e
         "step_time_s": 0.04,
         "losses": [1.0],
         "measured_costs": {"action_s": means, "p2p_s": 1e-4, "overhead_s": 1e-5},
-        "cost_samples": {"action_s": own, "p2p_s": [1e-4], "overhead_s": [1e-5]},
+        "cost_samples": {
+            "action_s": own,
+            "p2p_s": [1e-4],
+            "overhead_s": [1e-5],
+            **({"first_s": first} if first else {}),
+        },
         "paired": {
             e: {
                 "over_run": 1.0,
@@ -109,6 +115,20 @@ def test_a_zb_h1_run_takes_b_from_1f1b_and_its_whole_stage_from_a_storing_zb_h1(
     assert a["1B"] == pytest.approx(3.2e-3) and a["1I"] == pytest.approx(2.3e-3)  # 1F1B's B, its own I
     assert got.whole_stages == () and got.split_only == ()
     assert got.lent == (("B", (1,), "pipeline.schedule=1f1b"), ("I and W", (0,), STORE))
+
+
+def test_microbatch_0s_samples_stay_only_with_the_runs_own_lists(tmp_path):
+    """The run's microbatch 0 samples go with its own lists, and with its whole stage's B (its
+    I's); none with a list an entry lent (`split_first` matches them by value: another run's
+    values could match by chance)."""
+    own = _samples(**{"0F": 1, "0I": 3, "0W": 0.001, "1F": 1, "1I": 2.3, "1W": 1.1})
+    first = {k: v[:1] for k, v in own.items()}
+    b = _samples(**{"0F": 1, "0B": 3.1, "1F": 1, "1B": 3.2})
+    apart = _samples(**{"0F": 1, "0I": 2.2, "0W": 1, "1F": 1, "1I": 2.4, "1W": 1.3})
+    entries = {"pipeline.schedule=1f1b": (b, {}), STORE: (apart, STORED)}
+    got = run_costs(_run(tmp_path, "zb_h1", own, WHOLE0, entries, first=first)).cost_samples
+    assert got["first_s"] == {"0F": first["0F"], "0B": first["0I"], **{k: first[k] for k in ("1F", "1I", "1W")}}
+    assert set(got["action_s"]) == {"0F", "0B", "0I", "0W", "1F", "1B", "1I", "1W"}  # (0I, 0W, 1B lent)
 
 
 def test_an_entry_that_ran_a_stage_whole_lends_no_i_and_w_there(tmp_path):

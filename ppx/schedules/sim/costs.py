@@ -89,12 +89,16 @@ def split_first(actions: dict, first: dict | None) -> tuple[dict, dict]:
     """(microbatch 0's samples, the others) per "<stage><op>" of ``actions`` (every sample of
     each key), where ``first`` holds microbatch 0's among them (a run's ``first_s``). A first
     sample counts only where ``actions`` holds it (one occurrence each, taken out of the
-    others): samples left out of ``actions`` (a stall) or lists put in their place (another
-    run's, lent) leave their key without first samples, drawn from the whole list as before."""
+    others): one left out of ``actions`` as a stall is left out of both. A key without first
+    samples is drawn from its whole list. ``first`` must be of the same run's lists (their
+    callers drop it where they put another run's lists in their place: values are matched)."""
     firsts, later = {}, {}
     for key, values in actions.items():
+        if not (first or {}).get(key):
+            later[key] = values
+            continue
         held = Counter(values)
-        mine = [x for x in (first or {}).get(key) or () if _take(held, x)]
+        mine = [x for x in first[key] if _take(held, x)]
         if not mine or len(mine) == len(values):  # (no first, or nothing but firsts: one list)
             later[key] = values
             continue
