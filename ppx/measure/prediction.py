@@ -8,6 +8,7 @@ from collections import defaultdict
 
 from ppx import schedules
 from ppx.measure.spans import handoffs
+from ppx.measure.unseen_comms import comms_unseen
 from ppx.schedules.ir.schedule import Schedule
 from ppx.schedules.sim.costs import REDUCE, split_first
 from ppx.schedules.sim.memory import peak_held
@@ -23,7 +24,8 @@ def cost_samples(steps: list[dict], schedule: Schedule) -> dict:
     a mixed batch's receives get what its sends' mean cost leaves); hand-off latencies (from
     the moment a send is out, its share of its batch's span included, to the end of the
     receiver's wait, when the receiver was already waiting, so the latency is all transfer);
-    and the runtime's overhead per compute action per rank and step (the gaps between items).
+    and the runtime's overhead per compute action per rank and step (the gaps between items;
+    under torch's runtime, whose posts and waits the spans do not hold, `comms_unseen`'s).
     ``first_s`` holds again, by "<stage><op>", the samples of microbatch 0's action, a step's
     first of its kind on its stage: it costs more than the others (+11-37% for a forward, a
     few percent for a backward, on llama-tiny and the transformer on CPU) and sits on the
@@ -32,10 +34,11 @@ def cost_samples(steps: list[dict], schedule: Schedule) -> dict:
     per = defaultdict(list)
     first = defaultdict(list)
     overhead, send_post, recv_post, batches = [], [], [], []
+    unseen = comms_unseen(steps, schedule)  # torch's runtime: its posts and waits not in the spans
     for k, s in enumerate(steps):
         for r, spans in s["ranks"].items():
             computes = sum(1 for sp in spans if sp.kind == "compute")
-            if computes and spans:  # the rank's own time that is neither compute, posting nor waiting
+            if computes and spans and unseen is None:  # the rank's own time: no compute, posting, waiting
                 covered = sum(sp.end_s - sp.start_s for sp in spans)
                 overhead.append((spans[-1].end_s - spans[0].start_s - covered) / computes)
             for key, seconds in action_durations(spans).items():
@@ -71,6 +74,8 @@ def cost_samples(steps: list[dict], schedule: Schedule) -> dict:
             posted = out[(k, h.rank, h.send)]
             if h.wait_start_s <= posted:  # the receiver was already waiting: all of it is transfer
                 p2p.append(max(h.wait_end_s - posted, 0.0))
+    if unseen is not None:
+        overhead, p2p = unseen
     return {
         "action_s": dict(sorted(per.items())),
         "first_s": dict(sorted(first.items())),
