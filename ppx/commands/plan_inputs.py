@@ -198,11 +198,13 @@ def _run_params(run, stages: int, units: tuple[int, ...] | None, weights) -> tup
 def _stage_ranks(cfg, stages: int, ranks: int) -> list[int] | None:
     """The run's stage -> pipeline rank (its list as its config builds it), or None where it
     cannot be had again (a CSV moved since) or does not fit."""
+    import csv
+
     from ppx.config import resolve_schedule
 
     try:
         owner = list(resolve_schedule(cfg).stage_to_rank)
-    except (UserError, OmegaConfBaseException, OSError, ValueError):
+    except (UserError, OmegaConfBaseException, OSError, ValueError, csv.Error):
         return None
     return owner if len(owner) == stages and max(owner) < ranks else None
 

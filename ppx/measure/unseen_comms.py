@@ -7,8 +7,6 @@ predicted step came out 9-11% long (known-cost model and llama-tiny at p=2, 1F1B
 
 from __future__ import annotations
 
-from statistics import median
-
 from ppx.schedules.ir.action import Action, Op
 from ppx.schedules.ir.schedule import Schedule
 
@@ -17,9 +15,11 @@ def comms_unseen(steps: list[dict], schedule: Schedule) -> tuple[list[float], li
     """(overhead per action, hand-off latencies), seconds, from ``steps`` (the run report's
     timeline) where no rank's spans hold a post or a wait while the schedule hands tensors
     between ranks; None otherwise. The overhead: every gap before a compute that takes
-    nothing from another rank (its sends' posting included). A hand-off: a compute that takes
-    its tensor from another rank, where its rank finished the compute before it ahead of the
-    producer, starts the latency plus one overhead (the median) after the producer's end."""
+    nothing from another rank (its sends' posting included; in torch's own 1F1B, its wait on a
+    send of the step's warm-up too). A hand-off: a compute that takes its tensor from another
+    rank, where its rank finished the compute before it ahead of the producer, starts the
+    latency after the producer's end, as the simulator starts it (a compute that waited starts
+    when its tensor is there; what the runtime does between is in the latency)."""
     received = _receiving(schedule)
     if not received or any(sp.kind in ("post", "wait") for s in steps for spans in s["ranks"].values() for sp in spans):
         return None
@@ -36,8 +36,7 @@ def comms_unseen(steps: list[dict], schedule: Schedule) -> tuple[list[float], li
                 made = next((ends[p] for p in _producers(a) if p in ends), None)
                 if made is not None and before.end_s <= made:  # idle until the tensor came: all of it is transfer
                     waited.append(after.start_s - made)
-    own = median(overhead) if overhead else 0.0
-    return overhead, [max(x - own, 0.0) for x in waited]
+    return overhead, [max(x, 0.0) for x in waited]
 
 
 def _receiving(schedule: Schedule) -> set[tuple[int, str]]:
