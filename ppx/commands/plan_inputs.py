@@ -176,10 +176,14 @@ def _run_params(run, stages: int, units: tuple[int, ...] | None, weights) -> tup
     ranks = [r.get("param_bytes") for r in run.raw_summary.get("ranks") or []]
     if not ranks or None in ranks:
         return None
+    from ppx import schedules
+
     held = [weights_held_bytes(b, run.config.train.optimizer) for b in ranks]
-    if len(held) == stages:
+    if len(held) == stages and not schedules.is_csv(run.config.pipeline.schedule):  # (a CSV may put stage 0 on rank 1)
         return tuple(held)
     owner = _stage_ranks(run.config, stages, len(held))
+    if owner is None and len(held) == stages:
+        return tuple(held)
     per = [1.0] * stages
     if weights is not None and units is not None:
         starts = [sum(units[:s]) for s in range(stages)]

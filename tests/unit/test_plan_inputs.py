@@ -316,3 +316,11 @@ def test_a_runs_ranks_of_several_stages_share_their_own_weights_by_their_units(s
     older = _ran([70, 70])
     del older.raw_summary["ranks"][0]["param_bytes"]  # (a run without memory counters)
     assert _run_params(older, 2, None, None) is None
+
+
+def test_a_csv_that_puts_stage_0_on_rank_1_gives_each_stage_its_own_ranks_weights(tmp_path):
+    from ppx.commands.plan_inputs import _run_params
+
+    (tmp_path / "swapped.csv").write_text("1F0,1F1,1B0,1B1\n0F0,0F1,0B0,0B1\n")  # row r: rank r's list
+    ran = _ran([50, 90], "sgd", f"pipeline.schedule={tmp_path / 'swapped.csv'}", "pipeline.microbatches=2")
+    assert _run_params(ran, 2, None, None) == (2 * 90, 2 * 50)  # stage 0 on rank 1, stage 1 on rank 0
