@@ -171,26 +171,24 @@ def _run_params(run, stages: int, units: tuple[int, ...] | None, weights) -> tup
     the run measured (with ``instrument.memory``; else None); with several stages a rank, each
     rank's shared among its stages by their units' parameter bytes (``weights``, `UnitWeights`;
     else equally)."""
+    from ppx import schedules
     from ppx.measure.weights_held import weights_held_bytes
 
     ranks = [r.get("param_bytes") for r in run.raw_summary.get("ranks") or []]
     if not ranks or None in ranks:
         return None
-    from ppx import schedules
-
     held = [weights_held_bytes(b, run.config.train.optimizer) for b in ranks]
-    if len(held) == stages and not schedules.is_csv(run.config.pipeline.schedule):  # (a CSV may put stage 0 on rank 1)
-        return tuple(held)
-    owner = _stage_ranks(run.config, stages, len(held))
-    if owner is None and len(held) == stages:
-        return tuple(held)
+    one_each = len(held) == stages
+    if one_each and not schedules.is_csv(run.config.pipeline.schedule):
+        owner = list(range(stages))  # (stage s on rank s: a CSV may put stage 0 on rank 1)
+    else:
+        owner = _stage_ranks(run.config, stages, len(held)) or (list(range(stages)) if one_each else None)
+    if owner is None:  # (the run's list not to be had again: the ranks' total, by the same shares)
+        owner, held = [0] * stages, [sum(held)]
     per = [1.0] * stages
     if weights is not None and units is not None:
         starts = [sum(units[:s]) for s in range(stages)]
         per = [sum(weights.param_bytes[a : a + n]) for a, n in zip(starts, units)]
-    if owner is None:  # (the run's list not to be had again: the ranks' total, by the same shares)
-        owner = [0] * stages
-        held = [sum(held)]
     out = []
     for s in range(stages):
         mine = [t for t in range(stages) if owner[t] == owner[s]]
