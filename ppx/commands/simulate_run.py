@@ -77,11 +77,13 @@ def as_run_costs(own, at):
     from dataclasses import replace
     from statistics import fmean
 
+    from ppx.schedules.sim.costs import with_actions
+
     a = at.action_s
     return replace(
         own,
         measured_costs={**own.measured_costs, "action_s": {k: fmean(v) for k, v in a.items() if v}},
-        cost_samples={**{k: v for k, v in own.cost_samples.items() if k != "first_s"}, "action_s": a},
+        cost_samples=with_actions(own.cost_samples, a),
         whole_stages=tuple(st for st in range(at.stages) if f"{st}I" not in a),
         split_only=tuple(st for st in range(at.stages) if f"{st}I" in a and f"{st}B" not in a),
         lent=(),

@@ -46,8 +46,7 @@ def cost_samples(steps: list[dict], schedule: Schedule) -> dict:
             for sp in spans:
                 if sp.kind == "compute" and sp.action.mb == 0:
                     first[f"{sp.action.stage}{sp.action.op.value}"].append(sp.end_s - sp.start_s)
-            for sp in spans:
-                if sp.kind == "post" and sp.actions:
+                elif sp.kind == "post" and sp.actions:
                     sends = [a.op.is_send for a in sp.actions]
                     batches.append((k, r, sp.actions, sends, sp.start_s, sp.end_s))
                     if all(sends) or not any(sends):

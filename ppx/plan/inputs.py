@@ -24,7 +24,7 @@ from statistics import fmean
 from ppx.measure.prediction import costs_from
 from ppx.models.split import split_layers
 from ppx.plan.unit_weights import UnitWeights
-from ppx.schedules.sim.costs import Costs
+from ppx.schedules.sim.costs import Costs, with_actions
 
 
 @dataclass(frozen=True)
@@ -180,8 +180,7 @@ class PlanInputs:
             wgrad_s=tuple(c.wgrad),
             whole_s=tuple(c.whole) if c.whole is not None else None,
             stages=n,
-            # (microbatch 0's samples are the run's, of its own stages: none of the entry's)
-            samples={**{k: v for k, v in self.samples.items() if k != "first_s"}, "action_s": a},
+            samples=with_actions(self.samples, a),
             act_bytes=tuple(self.act(n)) if self.act_bytes else None,
             input_share=tuple(self.shares(n)) if self.input_share and self.act_bytes else None,
             param_bytes=tuple(self.params(n)) if self.param_bytes else None,

@@ -108,6 +108,13 @@ def split_first(actions: dict, first: dict | None) -> tuple[dict, dict]:
     return firsts, later
 
 
+def with_actions(samples: dict, actions: dict) -> dict:
+    """``samples`` (a run's `cost_samples`) with ``actions`` as its compute samples, lists
+    another run measured (a ``run.paired`` entry's): without the run's microbatch 0 samples,
+    which are of its own lists (`split_first` matches values)."""
+    return {**{k: v for k, v in samples.items() if k != "first_s"}, "action_s": actions}
+
+
 def _take(counts: Counter, x) -> bool:
     """Take one ``x`` out of ``counts``: whether there was one."""
     if counts[x] > 0:
