@@ -106,7 +106,10 @@ class Supervisor:
                     return self._end_unreaped(beats, now - self._done_at)
             else:
                 self._done_at = None
-            time.sleep(POLL_S)
+            try:
+                self.proc.wait(timeout=POLL_S)  # (back as soon as torchrun ends, not at the next look)
+            except subprocess.TimeoutExpired:
+                pass
 
     def _complete(self, beats: dict) -> bool:
         """Every rank has ended on its own (``beats``: `read_beats`'s) and the run wrote its summary."""

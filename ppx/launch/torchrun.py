@@ -23,11 +23,13 @@ imports what every worker needs first, once, so that the workers inherit it
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import logging
 import os
 import signal
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -42,6 +44,7 @@ from ppx.launch.supervisor import killed, write_incomplete
 from ppx.launch.watchdog import cause_path, claim_cause, read_status
 
 PR_SET_PDEATHSIG = 1
+FAILED_GRACE_S = 0.5  # a failed forked rank's survivors' time before torchrun's SIGTERM (`_report_every_failed_fork`)
 
 
 def _follow_the_launcher() -> None:
@@ -65,11 +68,18 @@ def _import_for_the_workers() -> None:
 
     import ppx.launch.worker  # noqa: F401
 
+    # what they made out of the collector's walks: a rank's first collection (`StepCollector`)
+    # would otherwise walk all of torch's objects again (0.17 s a rank) and write to their pages
+    gc.freeze()
+
 
 def _report_every_failed_fork() -> None:
     """torchrun's forked workers (``MultiprocessContext``) report only the first rank that
     failed, where started ones report every one: add the others' exit codes, as the launcher
-    names a killed rank by its signal whichever rank torchrun saw first."""
+    names a killed rank by its signal whichever rank torchrun saw first. And a failure seen
+    while other ranks run is reported (and the survivors SIGTERMed) only ``FAILED_GRACE_S``
+    after it was first seen: the survivors' time to name the dead peer and end on their own,
+    where torchrun looks every 0.1 s (`ppx.launch.processes.torchrun_command`)."""
     from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
@@ -78,9 +88,13 @@ def _report_every_failed_fork() -> None:
         return
 
     def poll(self):
-        result = first_only(self)
         context = getattr(self, "_pc", None)  # torch's private fields: read only where they are
         procs, error_files = getattr(context, "processes", None), getattr(self, "error_files", None)
+        if procs is not None and any(p.exitcode not in (None, 0) for p in procs):
+            seen = self.__dict__.setdefault("_ppx_failure_seen", time.monotonic())
+            if any(p.exitcode is None for p in procs) and time.monotonic() - seen < FAILED_GRACE_S:
+                return None
+        result = first_only(self)
         if result is not None and result.failures and procs is not None and error_files is not None:
             for failure in result.failures.values():
                 # torchrun's poll SIGTERMs the survivors (`close`) before it returns the failure it
