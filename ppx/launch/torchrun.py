@@ -68,8 +68,8 @@ def _import_for_the_workers() -> None:
 
     import ppx.launch.worker  # noqa: F401
 
-    # what they made out of the collector's walks: a rank's first collection (`StepCollector`)
-    # would otherwise walk all of torch's objects again (0.17 s a rank) and write to their pages
+    # everything imported so far, out of the collector's walks: a rank's first collection
+    # (`StepCollector`) would otherwise walk torch's objects again (0.17 s a rank) and write to their pages
     gc.freeze()
 
 
