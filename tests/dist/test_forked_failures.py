@@ -19,22 +19,28 @@ from helpers.job import process_state
 from ppx.launch.torchrun import FAILED_GRACE_S, _report_every_failed_fork
 
 
-
 def _rank(how: str) -> None:
     if how == "exit":
         sys.exit(3)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _forked(tmp_path, fn, args: dict):
+    """Two ranks of ``fn`` (rank -> its arguments) forked by torch's start_processes, as
+    torchrun forks CPU ranks."""
+    logs = DefaultLogsSpecs(log_dir=str(tmp_path))
+    return start_processes("ranks", fn, args=args, envs={0: {}, 1: {}}, logs_specs=logs, start_method="fork")
+
+
+def _exit_codes(ctx, result) -> dict[int, int]:
+    """The failed ranks' exit codes of ``result`` (a poll's), ``ctx`` closed."""
+    ctx.close()
+    assert result is not None, "the ranks never ended"
+    return {rank: f.exitcode for rank, f in result.failures.items()}
+
+
 def _failures(tmp_path) -> dict[int, int]:
-    ctx = start_processes(
-        "ranks",
-        _rank,
-        args={0: ("exit",), 1: ("kill",)},
-        envs={0: {}, 1: {}},
-        logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path)),
-        start_method="fork",
-    )
+    ctx = _forked(tmp_path, _rank, {0: ("exit",), 1: ("kill",)})
     deadline = time.monotonic() + 30
     # both ranks over before torch's first look, as when they fail together: no race between
     # its polls and the ranks (torch's own poll then reports one of them, whichever it finds first)
@@ -42,12 +48,20 @@ def _failures(tmp_path) -> dict[int, int]:
         time.sleep(0.02)
     while (result := ctx.wait(0.2)) is None and time.monotonic() < deadline:
         pass
-    ctx.close()
-    assert result is not None, "the ranks never ended"
-    return {rank: f.exitcode for rank, f in result.failures.items()}
+    return _exit_codes(ctx, result)
 
 
-def test_every_failed_fork_is_reported(tmp_path, monkeypatch):
+@pytest.fixture
+def handlers():
+    """The signal handlers torch's start_processes replaces in this process, put back after."""
+    sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+    before = {s: signal.getsignal(s) for s in sigs}
+    yield
+    for s, h in before.items():
+        signal.signal(s, h)
+
+
+def test_every_failed_fork_is_reported(tmp_path, monkeypatch, handlers):
     monkeypatch.setattr(MultiprocessContext, "_poll", MultiprocessContext._poll)  # restored after the test
     _report_every_failed_fork()
     assert _failures(tmp_path) == {0: 3, 1: -signal.SIGKILL}
@@ -70,14 +84,7 @@ def _held_failure(tmp_path, survive_s: float) -> tuple[dict[int, int], float]:
     polls forked ranks: the exit codes reported, and how long after rank 1 was seen ended
     they were (seconds)."""
     marker = str(tmp_path / "gone")
-    ctx = start_processes(
-        "ranks",
-        _failed_or_survivor,
-        args={0: (marker, 4, survive_s), 1: (marker, 3, None)},
-        envs={0: {}, 1: {}},
-        logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path)),
-        start_method="fork",
-    )
+    ctx = _forked(tmp_path, _failed_or_survivor, {0: (marker, 4, survive_s), 1: (marker, 3, None)})
     deadline = time.monotonic() + 30
     while process_state(ctx.pids()[1]) not in ("Z", "gone") and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -85,19 +92,7 @@ def _held_failure(tmp_path, survive_s: float) -> tuple[dict[int, int], float]:
     while (result := ctx.wait(0)) is None and time.monotonic() < deadline:
         time.sleep(0.1)  # (torchrun's look at forked ranks: `torchrun_command`)
     reported = time.monotonic() - ended
-    ctx.close()
-    assert result is not None, "the ranks never ended"
-    return {rank: f.exitcode for rank, f in result.failures.items()}, reported
-
-
-@pytest.fixture
-def handlers():
-    """The signal handlers torch's start_processes replaces in this process, put back after."""
-    sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-    before = {s: signal.getsignal(s) for s in sigs}
-    yield
-    for s, h in before.items():
-        signal.signal(s, h)
+    return _exit_codes(ctx, result), reported
 
 
 def test_a_failure_is_held_back_for_the_survivors_grace(tmp_path, monkeypatch, handlers):
