@@ -171,18 +171,14 @@ def _run_params(run, stages: int, units: tuple[int, ...] | None, weights) -> tup
     the run measured (with ``instrument.memory``; else None); with several stages a rank, each
     rank's shared among its stages by their units' parameter bytes (``weights``, `UnitWeights`;
     else equally)."""
-    from ppx import schedules
     from ppx.measure.weights_held import weights_held_bytes
 
     ranks = [r.get("param_bytes") for r in run.raw_summary.get("ranks") or []]
     if not ranks or None in ranks:
         return None
     held = [weights_held_bytes(b, run.config.train.optimizer) for b in ranks]
-    one_each = len(held) == stages
-    if one_each and not schedules.is_csv(run.config.pipeline.schedule):
-        owner = list(range(stages))  # (stage s on rank s: a CSV may put stage 0 on rank 1)
-    else:
-        owner = _stage_ranks(run.config, stages, len(held)) or (list(range(stages)) if one_each else None)
+    # the run's own placement (a CSV may put stage 0 on rank 1), else, one stage a rank, stage s on rank s
+    owner = _stage_ranks(run.config, stages, len(held)) or (list(range(stages)) if len(held) == stages else None)
     if owner is None:  # (the run's list not to be had again: the ranks' total, by the same shares)
         owner, held = [0] * stages, [sum(held)]
     per = [1.0] * stages
