@@ -177,7 +177,10 @@ def _plan_parser(sub) -> None:
     )
     kept = "this machine's kept calibration (--calibrate) if any, else 0"
     pl.add_argument(
-        "--p2p-ms", metavar="X", type=_number, help=f"latency of one hand-off between ranks, ms; default {kept}"
+        "--p2p-ms",
+        metavar="X",
+        type=_number,
+        help=f"latency of one hand-off between ranks, ms; default {kept} (with --from-run: a one-rank run's)",
     )
     pl.add_argument(
         "--overhead-ms",
@@ -227,7 +230,7 @@ def _plan_parser(sub) -> None:
         "--stages",
         "-p",
         metavar="P[,P...]",
-        help="p: one (per-stage costs) or a list 2,4,8 (--per-layer); default 4 or the run's",
+        help="p: one (per-stage costs) or a list 2,4,8 (--per-layer, --from-run); default 4 or the run's",
     )
     pl.add_argument(
         "--microbatches", "-m", metavar="M[,M...]", help="m: one or a list 8,16,32; default 8, or the run's"

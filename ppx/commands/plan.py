@@ -87,6 +87,12 @@ def assumption_notes(args, inputs, skipped, p: int, run_cfg=None) -> list[str]:
         run = RunDir(args.from_run)  # (read once for the notes below)
         out.append(noisy_run_note(args.from_run, run.summary.step_times_s or []))
         out.append(lent_note(args.from_run))
+        if run.raw_summary.get("world_size") == 1 and p > 1:  # (p: the plan's largest)
+            out.append(
+                f"note: {args.from_run} ran one rank, so it measured no hand-off between ranks: the candidates at "
+                f"p > 1 hand each tensor over in {inputs.p2p_s * 1e3:.4g} ms"
+                + (" (--p2p-ms)" if args.p2p_ms is not None else "; give the link's latency with --p2p-ms")
+            )
         ran = tuple(whole_stages(run))  # (those the run itself ran whole)
         out.append(refused_split_note(args.from_run, skipped, inputs.whole_stages, run_cfg, ran))
         if run_cfg.train.split_backward == "drain" and inputs.whole_s is not None:

@@ -111,16 +111,21 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
     from ppx.measure.prediction import costs_from, transport_of
     from ppx.plan.unit_weights import unit_weights
 
-    given = [flag(a) for a in COST_FLAGS if getattr(args, a) is not None] + (["--per-layer"] if args.per_layer else [])
+    given = [flag(a) for a in COST_FLAGS if a != "p2p_ms" and getattr(args, a) is not None]
+    given += ["--per-layer"] if args.per_layer else []
     if given:
         raise UserError(f"--from-run takes the run's costs; leave out {', '.join(given)}")
     run, s = measured_run(args.from_run)
     p = s.world_size
+    if args.p2p_ms is not None and p > 1:  # (one rank hands nothing to another: the flag prices what it did not run)
+        raise UserError(f"--from-run {args.from_run} measured its hand-offs between {p} ranks; leave out --p2p-ms")
     stages = s.stages or p * s.virtual
-    if args.stages is not None and ints("--stages", args.stages) != [p]:
-        raise UserError(f"{args.from_run} ran {p} ranks; its costs are per stage, so leave out --stages or give {p}")
     costs = run_costs_at(str(run.path))  # the run's, and what its run.paired entries ran that it did not
     c = costs_from(costs.measured_costs, stages)
+    samples = costs.cost_samples  # None for a run from before they were kept: the means
+    if args.p2p_ms is not None:
+        c = replace(c, p2p=_ms_float("--p2p-ms", args.p2p_ms))
+        samples = samples and {**samples, "p2p_s": [c.p2p]}
     whole = costs.whole_stages  # I then W at once: one backward in the I, W not measured apart
     split_known = bool(costs.ops() & {"I", "W"})  # (a candidate splitting a whole stage apart: refused)
     saved = run.raw_summary.get("saved_bytes_per_microbatch")
@@ -145,7 +150,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         lookahead=lookahead,
         source=str(args.from_run),
         microbatch_size=s.batch_size // s.microbatches if s.batch_size else None,
-        samples=costs.cost_samples,  # None for a run from before they were kept: the means
+        samples=samples,
         input_share=_shares(costs.input_share, stages),
         rank_by=getattr(args, "rank_by", "sync"),
         split_known=split_known,
@@ -162,7 +167,9 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         runs_whole=runs_whole(run.config),  # (as the candidates' commands run them)
         measured_at=costs.at_stages,  # entries of other stage counts: their candidates' costs
     )
-    return inputs, [p], ints("--microbatches", args.microbatches) or [s.microbatches], str(run.path / "config.yaml")
+    # other p than the run's: their stages regroup the run's units (`PlanInputs.parts`)
+    ps = ints("--stages", args.stages) or [p]
+    return inputs, ps, ints("--microbatches", args.microbatches) or [s.microbatches], str(run.path / "config.yaml")
 
 
 def _run_params(run, stages: int, units: tuple[int, ...] | None, weights) -> tuple[float, ...] | None:
