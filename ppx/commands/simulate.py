@@ -132,8 +132,9 @@ def _take_the_runs_shape(args, run, measured) -> None:
             setattr(args, attr, value)
     if (args.stages, args.virtual or 1) != ran:
         raise UserError(
-            f"{args.from_run} ran {ran[0]} ranks with {count(ran[1], 'stage')} each; its costs are per "
+            f"{args.from_run} ran {count(ran[0], 'rank')} with {count(ran[1], 'stage')} each; its costs are per "
             "stage, so leave out --stages/--virtual or give the same"
+            + (f" (ppx plan --from-run it --stages {args.stages} regroups them)" if args.stages != ran[0] else "")
         )
 
 

@@ -82,3 +82,14 @@ def test_a_run_of_several_ranks_keeps_its_measured_hand_offs(shared_run, tmp_pat
         f"ppx: error: --from-run {run} measured its hand-offs between 2 ranks; leave out --p2p-ms"
     ]
     assert not (tmp_path / "p").exists()
+
+
+def test_simulate_from_the_run_at_another_p_points_to_the_plan(planned):
+    _, plan, _ = planned
+    run = plan["inputs"]["source"]
+    r = ppx("simulate", "1f1b", "-p", "2", "--from-run", run)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [
+        f"ppx: error: {run} ran 1 rank with 1 stage each; its costs are per stage, so leave out --stages/--virtual "
+        "or give the same (ppx plan --from-run it --stages 2 regroups them)"
+    ]
