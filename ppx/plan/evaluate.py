@@ -93,7 +93,8 @@ def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
     timed = inputs if found is None else inputs.timed_on(found)
     if timed.samples:  # a run's: the expected step over draws of its measured costs
         once = lambda costs: simulate(sched, costs, timed.transport, timed.lookahead, reduce)  # noqa: E731
-        step, bubble, steady = expected(once, timed.samples, timed.parts(n), timed.parts(n, "params"), whole)
+        ran = set(timed.whole_stages)
+        step, bubble, steady = expected(once, timed.samples, timed.parts(n), timed.parts(n, "params"), whole, ran)
     else:
         t = simulate(sched, timed.costs(n, whole), timed.transport, timed.lookahead, reduce)
         step, bubble, steady = t.makespan, t.bubble_fraction(), t.steady()
