@@ -47,7 +47,9 @@ def costs_of_run(args, sched, run, measured) -> tuple:
         from ppx.schedules.ir.structure import whole_stages_of
 
         whole = whole_stages_of(sched)
-        costs = costs.run_whole(whole, sched.num_stages)
+        # (a stage the run ran whole too measured its whole backward in the I, nothing in the W:
+        # its means stand as they are, as the run's own prediction takes them)
+        costs = costs.run_whole(whole - set(own.whole_stages), sched.num_stages)
     note = own.used_by(sched, whole).note(args.from_run)
     if note:
         print(note)
