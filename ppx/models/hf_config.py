@@ -93,7 +93,8 @@ def resolved(source: str, overrides: str, shapes: str):
     for ours, value in json.loads(shapes).items():
         data[_key(base, ours)] = value
     shape = json.loads(shapes)
-    if "head_dim" not in given and (shape.get("hidden") != base.hidden_size or shape.get("heads") != _heads(base)):
+    derive = "head_dim" not in given and (shape.get("hidden") != base.hidden_size or shape.get("heads") != _heads(base))
+    if derive:
         data.pop("head_dim", None)  # derived from hidden / heads unless set
     if "layer_types" not in given and shape.get("layers") != base.num_hidden_layers:
         data.pop("layer_types", None)  # one per layer: derived again for the new count unless set
@@ -112,7 +113,12 @@ def resolved(source: str, overrides: str, shapes: str):
     data.pop("model_type", None)
     clear_token_ids(data, data.get(_key(base, "vocab_size")), keep=given)
     try:
-        return type(base)(**data)
+        config = type(base)(**data)
+        heads = _heads(config)
+        if derive and getattr(config, "head_dim", None) is not None and heads and config.hidden_size % heads == 0:
+            if config.head_dim != config.hidden_size // heads:  # a default of its own (Helium's 128), not derived
+                config = type(base)(**{**data, "head_dim": config.hidden_size // heads})
+        return config
     except Exception as e:
         raise UserError(f"model.hf_config with those keys: {said(e)}") from None
 

@@ -38,8 +38,11 @@ def small_copy(config):
             data[key] = 4
     if isinstance(data.get("num_experts_per_tok"), int):
         data["num_experts_per_tok"] = min(data["num_experts_per_tok"], 2)
-    if data.get("head_dim") is not None:
-        data["head_dim"] = 8
+    if (
+        data.get("head_dim") is not None
+    ):  # hidden / heads as the config has it, or another (a layout that must allow it)
+        same = config.head_dim * config.num_attention_heads == config.hidden_size
+        data["head_dim"] = SMALL["hidden_size"] // SMALL["num_attention_heads"] * (1 if same else 2)
     if isinstance(data.get("layer_types"), list):
         data["layer_types"] = data["layer_types"][:2]
     hf_config.clear_token_ids(data, SMALL["vocab_size"])
@@ -117,9 +120,21 @@ def _compare(small) -> None:
         except UserError as e:
             raise _Differs(str(e).split(": ", 2)[-1]) from None
         except Exception as e:
-            raise _Differs(f"its layers do not run in ppx's stage wrapper: {said(e)[:200]}") from None
+            raise _Differs(_fails(small, e)) from None
     if unexpected or set(missing) - {f"{ours.names.head_name}.weight"}:
         raise _Differs(f"its weights are not the stages' ({', '.join((unexpected or missing)[:3])})")
     if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
         diff = (got - want).abs().max().item() if got.shape == want.shape else float("nan")
         raise _Differs(f"its own forward does more than its parts (logits differ by up to {diff:.3g} on a small copy)")
+
+
+def _fails(small, e: Exception) -> str:
+    """Why ppx's wrapper failed on ``small``: transformers' own model fails there too (a shape
+    its code does not take: Helium's attention wants heads x head_dim = hidden), or only ours."""
+    tf = hf_config.transformers()
+    try:
+        with torch.no_grad():
+            tf.AutoModelForCausalLM.from_config(small).eval()(torch.randint(0, SMALL["vocab_size"], (2, TOKENS)))
+    except Exception as theirs:
+        return f"transformers' own model fails at this config too: {said(theirs)[:200]}"
+    return f"its layers do not run in ppx's stage wrapper: {said(e)[:200]}"

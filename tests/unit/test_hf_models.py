@@ -133,3 +133,17 @@ def test_a_value_transformers_refuses_only_as_the_model_trains_is_one_line_befor
     with pytest.raises(UserError, match=r"LlamaConfig does not train with this config: .*dropout probability"):
         hf_config.check(load("llama", "model.hf_overrides.attention_dropout=5.0"))
     hf_config.check(load("llama", "model.hf_overrides.attention_dropout=0.1"))  # (a dropout that trains)
+
+
+def test_a_head_dim_of_the_configs_own_is_derived_again_for_a_new_shape():
+    # Helium's config defaults head_dim to 128 rather than deriving it: at hidden 32 with 4
+    # heads its attention wants 8, and the run failed at its first forward, past every check
+    helium = ["model.kind=hf", "model.hf_config=helium", *SMALL, "model.hf_overrides.num_key_value_heads=2"]
+    cfg = config.load(None, helium)
+    assert hf_config.resolve(cfg.model).head_dim == 8
+    hf_config.check(cfg)
+    x, _ = models.kind("hf").make_batch(cfg.model, 0, 2, 0)
+    assert build_reference(cfg)(x).shape[-1] == 64
+    # a head_dim set that Helium's own attention cannot take: one line, before any run
+    with pytest.raises(UserError, match=r"HeliumForCausalLM: transformers' own model fails at this config too"):
+        hf_config.check(config.load(None, [*helium, "model.hf_overrides.head_dim=16"]))
