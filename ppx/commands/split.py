@@ -28,6 +28,8 @@ def cmd_split(args) -> int:
     even = "split evenly (pipeline.balance weighs the units of llama, hf and module models only)"
     if cfg.model.kind in models.WEIGHED:  # (its units' FLOPs could not be counted, or all are 0)
         even = "split evenly (no unit's forward FLOPs counted: a unit that cannot run on the meta device, or no matmul)"
+    if cfg.pipeline.layers_per_stage:  # (an explicit split is no one's evening)
+        even = "as pipeline.layers_per_stage gives"
     print(line.removeprefix("ppx: ") if line else f"units per stage {', '.join(map(str, units))}: {even}")
     if shares and not cfg.pipeline.layers_per_stage:
         other = "units" if cfg.pipeline.balance == "flops" else "flops"

@@ -27,6 +27,8 @@ def test_alike_units_and_bad_input():
     r = ppx("split", "1f1b_2cpu")
     last = "units per stage 2, 2: split evenly (pipeline.balance weighs the units of llama, hf and module models only)"
     assert r.returncode == 0 and r.stdout.splitlines()[-1] == last
+    r = ppx("split", "1f1b_2cpu", "pipeline.layers_per_stage=[3,1]")  # (no one's evening: said as given)
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "units per stage 3, 1: as pipeline.layers_per_stage gives"
     # a module whose units cannot be counted (its last reads values, which meta tensors have not)
     own = ["model.kind=module", "model.data=regression", "model.module=helpers.own_module:reads_values_last"]
     r = ppx("split", "1f1b_2cpu", *own, "model.layers=3", "model.hidden=16", env={"PYTHONPATH": str(REPO / "tests")})
