@@ -174,6 +174,13 @@ def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run, 
     r = ppx("simulate", "zb_h1", "--from-run", str(run.dir), "--drain")
     assert r.returncode == 0, r.stderr
     assert f"measured in {run.dir}: step " in r.stdout and "theory" not in r.stdout, r.stdout
+    # stage 0 ran whole (its I the whole backward, its W nothing): the simulation takes its means
+    # and the plan of the run's own list draws it as the run did, so both give the run's figures
+    pred = s["predicted"]
+    assert f"predicted step time {pred['step_time_of_mean_costs_s'] * 1e3:.2f} ms" in r.stdout, r.stdout
+    r = ppx("plan", "--from-run", str(run.dir), "--schedules", "zb_h1", "--out", str(tmp_path / "own"))
+    own = next(c for c in read_json(tmp_path / "own" / "plan.json")["candidates"] if c["schedule"] == "zb_h1+drain")
+    assert own["step_s"] == pytest.approx(pred["step_time_s"], rel=1e-9), (own["step_s"], pred)
     r = ppx("simulate", "zb_h1", "--from-run", str(run.dir))  # every backward split: another list
     assert "another order than this one's" in r.stdout and "theory (" in r.stdout, r.stdout
     # from a run that split every microbatch of its last stage, drain's B's there cost I + W: said
@@ -186,6 +193,8 @@ def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run, 
     assert f"note: {auto.dir} measured no whole B on stage 1: 1f1b's B's there cost I + W" in r.stdout, r.stdout
     r = ppx("plan", "--from-run", str(auto.dir), "--schedules", "zb_h1,1f1b,zbv", "--out", str(tmp_path / "auto"))
     assert "no whole B on stage 1: the B's of 1f1b there cost I + W" in r.stdout, r.stdout
+    own = next(c for c in read_json(tmp_path / "auto" / "plan.json")["candidates"] if c["schedule"] == "zb_h1")
+    assert own["step_s"] == pytest.approx(read_json(auto.dir / "summary.json")["predicted"]["step_time_s"], rel=1e-9)
     assert "so its I and W costs are unknown: zbv not planned" in r.stdout  # (stage 0 ran whole): two runs named,
     # and one run that measures both: the run's own beside 1F1B and a storing ZB-H1
     both = f"""`ppx run {auto.dir}/config.yaml 'run.paired=[pipeline.schedule=1f1b,"pipeline.schedule=zb_h1 train.split_backward=store"]' run.dir=null`"""

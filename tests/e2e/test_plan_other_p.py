@@ -32,19 +32,8 @@ def planned(tmp_path_factory):
     root = tmp_path_factory.mktemp("other_p")
     run = ppx("run", *ONE_RANK, f"run.dir={root / 'run'}")
     assert run.returncode == 0, run.stderr[-3000:]
-    r = ppx(
-        "plan",
-        "--from-run",
-        str(root / "run"),
-        "--stages",
-        "1,2,4",
-        "--p2p-ms",
-        "0.2",
-        "--schedules",
-        "1f1b,gpipe",
-        "--out",
-        str(root / "plan"),
-    )
+    other_p = ["--stages", "1,2,4", "--p2p-ms", "0.2", "--schedules", "1f1b,gpipe"]
+    r = ppx("plan", "--from-run", str(root / "run"), *other_p, "--out", str(root / "plan"))
     assert r.returncode == 0, r.stderr
     return r.stdout, read_json(root / "plan" / "plan.json"), read_json(root / "run" / "summary.json")
 

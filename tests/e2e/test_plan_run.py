@@ -153,25 +153,3 @@ def test_a_plan_of_the_runs_own_config_predicts_the_runs_own_step(shared_run, tm
     )
     pred = summary["predicted"]
     assert (own["step_s"], own["bubble"]) == pytest.approx((pred["step_time_s"], pred["bubble_fraction"]), rel=1e-9)
-
-
-@pytest.mark.parametrize("split", ["auto", "drain"])
-def test_a_stage_the_run_ran_whole_is_priced_as_the_run_priced_it(split, tmp_path):
-    """ZB-H1's first stage runs whole under auto (its I holds the whole backward, its W
-    nothing) and under drain: the plan of the run's own list draws it as the run did, and
-    `ppx simulate --from-run` of that list takes its means as the run did."""
-    run = tmp_path / "run"
-    split_run = ["pipeline.schedule=zb_h1", f"train.split_backward={split}", "pipeline.microbatches=8"]
-    r = ppx("run", "1f1b_2cpu", *split_run, "model.hidden=16", "train.steps=4", f"run.dir={run}")
-    assert r.returncode == 0, r.stderr[-3000:]
-    summary = read_json(run / "summary.json")
-    assert summary["split_backward"]["0"]["mode"] == "whole"
-    r = ppx("plan", "--from-run", str(run), "--schedules", "zb_h1", "--out", str(tmp_path / "plan"))
-    assert r.returncode == 0, r.stderr
-    label = "zb_h1" if split == "auto" else "zb_h1+drain"
-    own = next(c for c in read_json(tmp_path / "plan" / "plan.json")["candidates"] if c["schedule"] == label)
-    pred = summary["predicted"]
-    assert (own["step_s"], own["bubble"]) == pytest.approx((pred["step_time_s"], pred["bubble_fraction"]), rel=1e-9)
-    sim = ppx("simulate", "zb_h1", "--from-run", str(run), *(["--drain"] if split == "drain" else []))
-    assert sim.returncode == 0, sim.stderr
-    assert f"predicted step time {pred['step_time_of_mean_costs_s'] * 1e3:.2f} ms" in sim.stdout, sim.stdout
