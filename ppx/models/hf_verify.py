@@ -38,9 +38,8 @@ def small_copy(config):
             data[key] = 4
     if isinstance(data.get("num_experts_per_tok"), int):
         data["num_experts_per_tok"] = min(data["num_experts_per_tok"], 2)
-    if (
-        data.get("head_dim") is not None
-    ):  # hidden / heads as the config has it, or another (a layout that must allow it)
+    # head_dim: hidden / heads where the config has it so, else another (a layout must allow that)
+    if data.get("head_dim") is not None:
         same = config.head_dim * config.num_attention_heads == config.hidden_size
         data["head_dim"] = SMALL["hidden_size"] // SMALL["num_attention_heads"] * (1 if same else 2)
     if isinstance(data.get("layer_types"), list):
