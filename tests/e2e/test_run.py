@@ -168,3 +168,22 @@ def test_a_run_whose_output_pipe_closes_goes_on_to_complete(tmp_path):
     assert first.startswith("[gpipe_2cpu] step 0 (1/12)"), first
     assert (run / "summary.json").exists() and not (run / "incomplete.txt").exists(), err[-3000:]
     assert len(read_jsonl(run / "metrics.jsonl")) == 12
+
+
+def test_a_sweep_whose_output_pipe_closes_runs_every_point(tmp_path):
+    """``ppx sweep ... | head -1``: the sweep's later lines meet a closed pipe; every point runs
+    and the comparison is written, exit 0 (it ended with SIGPIPE's 141 after the point running)."""
+    import subprocess
+    import sys
+
+    sweep = ["--sweep", "pipeline.schedule=gpipe,1f1b", "model.hidden=16", "train.steps=1", f"run.root={tmp_path}"]
+    cmd = [sys.executable, "-m", "ppx.cli", "sweep", "1f1b_2cpu", *sweep, "logging.wandb.mode=disabled"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()  # the sweep's first line, then the reader goes away
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=240) == 0, err[-3000:]
+    assert first.startswith("ppx sweep: 2 runs into "), first
+    (root,) = (tmp_path / "1f1b_2cpu").glob("sweep-*")
+    assert all((root / p / "summary.json").exists() for p in ("schedule=gpipe", "schedule=1f1b")), err[-3000:]
+    assert (root / "compare.md").exists()
