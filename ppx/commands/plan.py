@@ -129,8 +129,12 @@ def regrouped_note(from_run: str, shown, inputs, cfg=None) -> str | None:
     ]
     if not more:
         return None
-    beside = stage_count_command(from_run + "/config.yaml", cfg, [(r.schedule, r.v) for r in more]) if cfg else None
+    p = cfg.pipeline.stages if cfg else None  # (entries beside a run share its ranks: its p only)
+    ours = [(r.schedule, r.v) for r in more if r.p == p]
+    beside = stage_count_command(from_run + "/config.yaml", cfg, ours) if ours else None
     how = f"; to plan them as they run, plan --from-run a run of them beside it: `{beside}`" if beside else ""
+    if p is not None and any(r.p != p for r in more):
+        how += f"; those at another p than the run's {p} only a run at that p measures"
     best = f"; the best, {shown[0].label()}, is one of them: its place is the regrouping's" if shown[0] in more else ""
     return (
         f"note: {', '.join(sorted({r.label() for r in more}))} run more stages than the {inputs.stages} {from_run} "

@@ -134,8 +134,30 @@ def _take_the_runs_shape(args, run, measured) -> None:
         raise UserError(
             f"{args.from_run} ran {count(ran[0], 'rank')} with {count(ran[1], 'stage')} each; its costs are per "
             "stage, so leave out --stages/--virtual or give the same"
-            + (f" (ppx plan --from-run it --stages {args.stages} regroups them)" if args.stages != ran[0] else "")
+            + (
+                f" (ppx plan --from-run {args.from_run} --stages {args.stages} regroups them)"
+                if args.stages != ran[0] and _plan_regroups(args, run, measured)
+                else ""
+            )
         )
+
+
+def _plan_regroups(args, run, measured) -> bool:
+    """Whether `ppx plan --from-run` prices ``args.name`` at ``args.stages`` ranks by regrouping
+    the run's stages: not where the run fixed its layers per stage, nor where the list splits a
+    backward the run left unmeasured (no I and W apart, or a stage run whole)."""
+    from ppx import schedules
+    from ppx.schedules.ir.structure import split_stages
+
+    if run.config.pipeline.layers_per_stage or not args.stages:
+        return False
+    if regroupable(run, measured):
+        return True
+    try:
+        m = args.microbatches or measured.microbatches
+        return not split_stages(schedules.build(args.name, args.stages, m, args.virtual))
+    except Exception:  # (a shape the family refuses: no hint)
+        return False
 
 
 def _costs(args, sched, run, measured) -> tuple:

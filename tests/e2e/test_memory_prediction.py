@@ -6,7 +6,9 @@ group; and through `ppx run` at p=4 under GPipe and 1F1B: tests/e2e/test_instrum
 
 from __future__ import annotations
 
+import json
 import shlex
+import shutil
 from pathlib import Path
 from statistics import median
 
@@ -181,6 +183,14 @@ def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run, 
     r = ppx("plan", "--from-run", str(run.dir), "--schedules", "zb_h1", "--out", str(tmp_path / "own"))
     own = next(c for c in read_json(tmp_path / "own" / "plan.json")["candidates"] if c["schedule"] == "zb_h1+drain")
     assert own["step_s"] == pytest.approx(pred["step_time_s"], rel=1e-9), (own["step_s"], pred)
+    # a run from before summary.json kept its samples: the plan's means give what simulate's do
+    old = tmp_path / "old"
+    shutil.copytree(run.dir, old)
+    (old / "summary.json").write_text(json.dumps({k: v for k, v in s.items() if k != "cost_samples"}))
+    r = ppx("plan", "--from-run", str(old), "--schedules", "zb_h1", "--out", str(tmp_path / "means"))
+    means = next(c for c in read_json(tmp_path / "means" / "plan.json")["candidates"] if c["schedule"] == "zb_h1+drain")
+    sim = ppx("simulate", "zb_h1", "--from-run", str(old), "--drain")
+    assert f"predicted step time {means['step_s'] * 1e3:.2f} ms" in sim.stdout, (means["step_s"], sim.stdout)
     r = ppx("simulate", "zb_h1", "--from-run", str(run.dir))  # every backward split: another list
     assert "another order than this one's" in r.stdout and "theory (" in r.stdout, r.stdout
     # from a run that split every microbatch of its last stage, drain's B's there cost I + W: said

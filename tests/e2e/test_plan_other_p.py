@@ -52,6 +52,9 @@ def test_a_one_rank_run_plans_more_ranks_from_its_layers(planned):
     assert plan["inputs"]["p2p_s"] == pytest.approx(0.0002)
     assert "ran one rank, so it measured no hand-off between ranks" in stdout
     assert "hand each tensor over in 0.2 ms (--p2p-ms)" in stdout
+    # (entries beside a run run at its p: no run of them beside it is offered for another p)
+    assert "those at another p than the run's 1 only a run at that p measures" in stdout
+    assert "a run of them beside it" not in stdout
 
 
 def test_without_the_flag_the_hand_offs_are_free_and_the_plan_says_so(planned, tmp_path):
@@ -80,5 +83,5 @@ def test_simulate_from_the_run_at_another_p_points_to_the_plan(planned):
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().splitlines() == [
         f"ppx: error: {run} ran 1 rank with 1 stage each; its costs are per stage, so leave out --stages/--virtual "
-        "or give the same (ppx plan --from-run it --stages 2 regroups them)"
+        f"or give the same (ppx plan --from-run {run} --stages 2 regroups them)"
     ]

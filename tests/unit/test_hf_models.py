@@ -145,5 +145,7 @@ def test_a_head_dim_of_the_configs_own_is_derived_again_for_a_new_shape():
     x, _ = models.kind("hf").make_batch(cfg.model, 0, 2, 0)
     assert build_reference(cfg)(x).shape[-1] == 64
     # a head_dim set that Helium's own attention cannot take: one line, before any run
-    with pytest.raises(UserError, match=r"HeliumForCausalLM: transformers' own model fails at this config too"):
+    with pytest.raises(
+        UserError, match=r"^model.kind=hf: HeliumForCausalLM fails at this config in transformers itself"
+    ):
         hf_config.check(config.load(None, [*helium, "model.hf_overrides.head_dim=16"]))
