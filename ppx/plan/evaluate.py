@@ -91,12 +91,12 @@ def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
     whole = whole_stages_of(sched) if inputs.runs_whole else set()  # (as its command runs them)
     found = measured_for(sched, inputs, whole)
     timed = inputs if found is None else inputs.timed_on(found)
+    priced = whole - timed.ran_whole(n)  # (a stage the run ran whole too is priced as it ran)
     if timed.samples:  # a run's: the expected step over draws of its measured costs
         once = lambda costs: simulate(sched, costs, timed.transport, timed.lookahead, reduce)  # noqa: E731
-        ran = set(timed.whole_stages)
-        step, bubble, steady = expected(once, timed.samples, timed.parts(n), timed.parts(n, "params"), whole, ran)
+        step, bubble, steady = expected(once, timed.samples, timed.parts(n), timed.parts(n, "params"), priced)
     else:
-        t = simulate(sched, timed.costs(n, whole), timed.transport, timed.lookahead, reduce)
+        t = simulate(sched, timed.costs(n, priced), timed.transport, timed.lookahead, reduce)
         step, bubble, steady = t.makespan, t.bubble_fraction(), t.steady()
     params = inputs.params(n)
     shares = [1.0 if s in whole else x for s, x in enumerate(inputs.shares(n))]  # (a whole I frees it all)

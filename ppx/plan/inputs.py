@@ -137,11 +137,13 @@ class PlanInputs:
             recv_post=self.recv_post_s,
             reduce=self.split(self.reduce_s, num_stages, "params") if self.reduce_s else 0.0,  # gradient bytes
             whole=self._whole(num_stages),
-        ).run_whole(whole - self._ran_whole(num_stages), num_stages)
+        ).run_whole(whole, num_stages)
 
-    def _ran_whole(self, num_stages: int) -> set[int]:
+    def ran_whole(self, num_stages: int) -> set[int]:
         """The run's stages it ran whole, where a candidate of ``num_stages`` has the run's
-        stages as they are (their means: the whole backward in the I, nothing in the W)."""
+        stages as they are: their I's (means or samples) hold the whole backward and their W's
+        nothing, so they are priced as they ran, not as a B at the I. (A candidate of another
+        count that splits a stage is refused where the run ran one whole: `plan.space`.)"""
         return set(self.whole_stages) if num_stages == self.stages and not self.per_layer else set()
 
     def _whole(self, num_stages: int) -> list[float] | None:

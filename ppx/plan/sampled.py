@@ -33,14 +33,10 @@ class PlanSamples:
         reduce_parts: list[tuple] | None = None,
         whole: set[int] = frozenset(),
         first: dict | None = None,
-        ran_whole: set[int] = frozenset(),
     ):
         self._actions = samples["action_s"]
         self._first = first or {}  # microbatch 0's samples, ``action_s`` the others' (`split_first`)
         self._whole = whole  # candidate stages run whole: an I draws a B, a W nothing
-        # (but where every run stage it draws from ran whole too, the run's I samples are whole
-        # backwards and its W's nothing: drawn one by one, as the run's own prediction draws them)
-        self._as_ran = {s for s, part in enumerate(parts) if part and all(u in ran_whole for u, _, _ in part)}
         self._parts = parts  # per candidate stage: (run stage, numerator, denominator) of its shares
         self._reduce_parts = reduce_parts or parts  # the reduction's, by parameter bytes (`PlanInputs.parts`)
         self._p2p = samples["p2p_s"] or [0.0]
@@ -67,7 +63,7 @@ class PlanSamples:
         if not a.op.is_compute:
             return 0.0
         op = a.op.value
-        if a.stage in self._whole and op in "IW" and a.stage not in self._as_ran:
+        if a.stage in self._whole and op in "IW":
             if op == "W":
                 return 0.0
             op = "B"
@@ -92,17 +88,13 @@ def expected(
     parts: list[tuple],
     reduce_parts: list[tuple] | None = None,
     whole: set[int] = frozenset(),
-    ran_whole: set[int] = frozenset(),
 ) -> tuple[float, float, float]:
     """(mean step, mean bubble, mean steady-state step) of ``simulate_once(costs)`` over `DRAWS`
     draws of the samples (``reduce_parts``: the data-parallel reduction's shares, else ``parts``;
-    ``whole``: the candidate's stages run whole; ``ran_whole``: the run's, whose samples hold
-    their whole backwards in the I)."""
+    ``whole``: the candidate's stages priced as run whole)."""
     first, later = _split(samples)
     apart = {**samples, "action_s": later}
-    runs = [
-        simulate_once(PlanSamples(apart, parts, seed, reduce_parts, whole, first, ran_whole)) for seed in range(DRAWS)
-    ]
+    runs = [simulate_once(PlanSamples(apart, parts, seed, reduce_parts, whole, first)) for seed in range(DRAWS)]
     return fmean(t.makespan for t in runs), fmean(t.bubble_fraction() for t in runs), fmean(t.steady() for t in runs)
 
 
