@@ -93,9 +93,14 @@ def resolved(source: str, overrides: str, shapes: str):
     for ours, value in json.loads(shapes).items():
         data[_key(base, ours)] = value
     shape = json.loads(shapes)
-    derive = "head_dim" not in given and (shape.get("hidden") != base.hidden_size or shape.get("heads") != _heads(base))
-    if derive:
-        data.pop("head_dim", None)  # derived from hidden / heads unless set
+    if "head_dim" not in given and (shape.get("hidden") != base.hidden_size or shape.get("heads") != _heads(base)):
+        # derived from hidden / heads unless set: by the config where it derives it (None), here
+        # where its default is a number of its own (Helium's 128, which its attention cannot take)
+        hidden, heads = data.get(_key(base, "hidden")), data.get(_key(base, "heads"))
+        if data.get("head_dim") is not None and isinstance(hidden, int) and heads and hidden % heads == 0:
+            data["head_dim"] = hidden // heads
+        else:
+            data.pop("head_dim", None)
     if "layer_types" not in given and shape.get("layers") != base.num_hidden_layers:
         data.pop("layer_types", None)  # one per layer: derived again for the new count unless set
     translated = {k: _translates(base, k, v) for k, v in given.items() if k not in data and k not in base.attribute_map}
@@ -113,12 +118,7 @@ def resolved(source: str, overrides: str, shapes: str):
     data.pop("model_type", None)
     clear_token_ids(data, data.get(_key(base, "vocab_size")), keep=given)
     try:
-        config = type(base)(**data)
-        heads = _heads(config)
-        if derive and getattr(config, "head_dim", None) is not None and heads and config.hidden_size % heads == 0:
-            if config.head_dim != config.hidden_size // heads:  # a default of its own (Helium's 128), not derived
-                config = type(base)(**{**data, "head_dim": config.hidden_size // heads})
-        return config
+        return type(base)(**data)
     except Exception as e:
         raise UserError(f"model.hf_config with those keys: {said(e)}") from None
 
