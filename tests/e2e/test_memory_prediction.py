@@ -156,6 +156,11 @@ def test_a_first_stage_whose_every_i_is_followed_by_its_w_runs_whole(shared_run)
     assert median(costs["0W"]) < 0.05 * median(costs["0I"]), costs
 
 
+def _candidate(plan: Path, schedule: str) -> dict:
+    """The candidate ``schedule`` of the plan written into ``plan``."""
+    return next(c for c in read_json(plan / "plan.json")["candidates"] if c["schedule"] == schedule)
+
+
 def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run, tmp_path):
     """train.split_backward=drain at p=2, m=4: rank 1 splits microbatches 2 and 3 (their W's
     follow its last F) and runs 0 and 1 whole, B's its timeline and costs measure apart from
@@ -181,14 +186,14 @@ def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run, 
     pred = s["predicted"]
     assert f"predicted step time {pred['step_time_of_mean_costs_s'] * 1e3:.2f} ms" in r.stdout, r.stdout
     r = ppx("plan", "--from-run", str(run.dir), "--schedules", "zb_h1", "--out", str(tmp_path / "own"))
-    own = next(c for c in read_json(tmp_path / "own" / "plan.json")["candidates"] if c["schedule"] == "zb_h1+drain")
+    own = _candidate(tmp_path / "own", "zb_h1+drain")
     assert own["step_s"] == pytest.approx(pred["step_time_s"], rel=1e-9), (own["step_s"], pred)
     # a run from before summary.json kept its samples: the plan's means give what simulate's do
     old = tmp_path / "old"
     shutil.copytree(run.dir, old)
     (old / "summary.json").write_text(json.dumps({k: v for k, v in s.items() if k != "cost_samples"}))
     r = ppx("plan", "--from-run", str(old), "--schedules", "zb_h1", "--out", str(tmp_path / "means"))
-    means = next(c for c in read_json(tmp_path / "means" / "plan.json")["candidates"] if c["schedule"] == "zb_h1+drain")
+    means = _candidate(tmp_path / "means", "zb_h1+drain")
     sim = ppx("simulate", "zb_h1", "--from-run", str(old), "--drain")
     assert f"predicted step time {means['step_s'] * 1e3:.2f} ms" in sim.stdout, (means["step_s"], sim.stdout)
     r = ppx("simulate", "zb_h1", "--from-run", str(run.dir))  # every backward split: another list
@@ -203,7 +208,7 @@ def test_drain_splits_only_the_microbatches_whose_w_fills_the_drain(shared_run, 
     assert f"note: {auto.dir} measured no whole B on stage 1: 1f1b's B's there cost I + W" in r.stdout, r.stdout
     r = ppx("plan", "--from-run", str(auto.dir), "--schedules", "zb_h1,1f1b,zbv", "--out", str(tmp_path / "auto"))
     assert "no whole B on stage 1: the B's of 1f1b there cost I + W" in r.stdout, r.stdout
-    own = next(c for c in read_json(tmp_path / "auto" / "plan.json")["candidates"] if c["schedule"] == "zb_h1")
+    own = _candidate(tmp_path / "auto", "zb_h1")
     assert own["step_s"] == pytest.approx(read_json(auto.dir / "summary.json")["predicted"]["step_time_s"], rel=1e-9)
     assert "so its I and W costs are unknown: zbv not planned" in r.stdout  # (stage 0 ran whole): two runs named,
     # and one run that measures both: the run's own beside 1F1B and a storing ZB-H1
