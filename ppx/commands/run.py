@@ -25,6 +25,8 @@ def cmd_run(args) -> int:
         os.environ.setdefault("PPX_COMMAND", command)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
         device, notice = devices.choose_device(cfg.runtime.device, local, multi_node=have != local)
+        if device == "cpu":  # (before this rank's first CUDA call: `devices.CPU_ONLY`)
+            os.environ.update(devices.CPU_ONLY)
         rank0 = os.environ.get("RANK") == "0"
         if notice and rank0:
             print(notice, file=sys.stderr)

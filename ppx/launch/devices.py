@@ -6,6 +6,12 @@ import os
 
 from ppx.errors import UserError
 
+# A CPU run's processes see no GPU. Where one is available, torch's optimizer step asks for the
+# accelerator's current stream, which starts CUDA in every CPU rank (a context each, on GPU 0),
+# and in ranks forked from torchrun's agent fails the first step outright ("CUDA error:
+# initialization error": the agent's imports touched CUDA; seen on an H200 host, 2026-11-30).
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
+
 
 def gpu_count() -> int:
     """CUDA devices visible here. Without a GPU driver on the machine the answer is 0 at once,

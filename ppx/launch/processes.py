@@ -51,6 +51,10 @@ def forked_worker_path() -> str:
 def worker_env(device: str, threads: int, command: str) -> dict:
     env = dict(os.environ)
     env.update(PPX_DEVICE=device, PPX_COMMAND=command, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    if device == "cpu":
+        from ppx.launch.devices import CPU_ONLY
+
+        env.update(CPU_ONLY)
     return env
 
 
