@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.tables import markdown, this_machine, write_generated  # noqa: E402
+from ppx.launch.devices import CPU_ONLY  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ["model.kind=mlp", "model.hidden=256", "model.layers=8", "train.batch_size=64", "pipeline.microbatches=8"]
@@ -75,7 +76,8 @@ def run_worker(nproc: int, variants: list[str], overrides: list[str], reps: int,
             "--overrides",
             *overrides,
         ]
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+        # CPU ranks, which see no GPU (`CPU_ONLY`: torch's optimizer step would start CUDA in each)
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **CPU_ONLY)
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"bench case {name} failed:\n{proc.stderr[-3000:]}")
