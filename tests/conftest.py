@@ -1,7 +1,7 @@
 """Fixtures, and tests/ on sys.path so that every test imports its helpers as
 ``from helpers import ...`` (tests/helpers/), whichever folder it is in.
 
-tests/unit: pure-Python tests of one module each, no subprocesses.
+tests/unit: tests of one module each, no ppx runs or multi-process jobs.
 tests/dist: real multi-process jobs (torch.multiprocessing) started by the test.
 tests/e2e:  the ``ppx`` command as a user runs it (run, sweep, failures, logging, multinode, SLURM).
 """

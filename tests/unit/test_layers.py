@@ -2,7 +2,7 @@
 lower one only (imports inside functions count; those under ``if TYPE_CHECKING:`` do not),
 no import cycle joins ppx modules at import time, and no file is longer than 400 lines.
 
-Layers, lowest first: ppx/__init__.py, ppx/errors.py and ppx/paths.py < schedules < models < config <
+Layers, lowest first: ppx/__init__.py, ppx/errors.py, ppx/paths.py and ppx/units.py < schedules < models < config <
 measure < engine < report < plan < launch < gpucheck < commands < ppx/cli.py.
 
 Inside ppx/schedules/ the same rule holds between its rooms, lowest first: ir < families <
