@@ -8,7 +8,7 @@ from ppx import models, schedules
 from ppx.config.fault_spec import parse_fault
 from ppx.config.resolve import resolve_schedule
 from ppx.config.schema import Config
-from ppx.errors import UserError
+from ppx.errors import ScheduleError, UserError
 from ppx.schedules.ir.schedule import Schedule
 
 MAX_TIMEOUT_S = 1e9  # runtime.timeout_s's ceiling (31 years): a timedelta holds it
@@ -36,8 +36,12 @@ def check_stage_count(cfg: Config) -> None:
     """More stages than the model has units fails at the split: say so before the schedule's
     list is built (100000 stages' would take minutes); the split's own message."""
     p = cfg.pipeline
-    if schedules.is_csv(p.schedule) or p.layers_per_stage is not None:
-        return  # (a CSV's stages come from its file; layers_per_stage is checked against the stages)
+    if schedules.is_csv(p.schedule):
+        return  # (a CSV's stages come from its file)
+    if p.virtual_stages is not None and (why := schedules.virtual_stages_error(p.schedule, p.virtual_stages)):
+        raise ScheduleError(why)  # (before the count it gives meets the layers)
+    if p.layers_per_stage is not None:
+        return  # (checked against the stages)
     n = p.stages * (schedules.default_virtual(p.schedule) if p.virtual_stages is None else p.virtual_stages)
     if n > models.unit_count(cfg.model):
         models.stage_units(cfg.model, n)  # raises the split's line
@@ -67,9 +71,15 @@ def check_parallel(cfg: Config) -> None:
     if cfg.parallel.data_shard and d == 1:
         raise UserError("parallel.data_shard=true shards over the replicas: it needs parallel.data > 1")
     if d > 1 and schedules.runs_on_torch(p.schedule, p.executor):
+        if p.executor == "torch":
+            where, instead = "pipeline.executor=torch", "pipeline.executor=ppx"
+        else:  # a torch_* schedule: ppx's list of its order runs on ppx's executor
+            where, instead = (
+                f"torch's pipeline.schedule={p.schedule}",
+                f"pipeline.schedule={schedules.family_name(p.schedule)}",
+            )
         raise UserError(
-            f"parallel.data={d} runs on ppx's executor; pipeline.schedule={p.schedule} with "
-            f"pipeline.executor={p.executor} runs on torch's"
+            f"parallel.data={d} runs on ppx's executor only, not under {where}; use {instead} or parallel.data=1"
         )
 
 
@@ -166,6 +176,11 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
         raise UserError(
             f"pipeline.schedule {p.schedule} places {sched.holding()}, but pipeline.virtual_stages={p.virtual_stages} "
             "(a CSV's own count holds: leave the key null)"
+        )
+    if p.executor == "torch" and not sched.training:
+        raise UserError(
+            f"pipeline.executor=torch runs training schedules: pipeline.schedule={p.schedule} holds no backward, "
+            "which torch's executor wants of every microbatch; use pipeline.executor=ppx"
         )
     check_precision(cfg, sched)
     # other kinds ignore the costs, but a value of the wrong type is an error, not a silent no-op

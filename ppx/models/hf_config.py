@@ -171,6 +171,22 @@ def shape_defaults(model) -> dict:
     return out
 
 
+def _shape_keys_agree(model) -> None:
+    """A shape key set in ``model.hf_overrides`` (by the config's name or an alias of it, as
+    GPT-2's n_layer) must agree with ppx's own (`SHAPE_KEYS`): ppx splits and sizes the model by
+    its key, and the override would build another model under that split (a layer count ppx
+    does not know of, or stages that hand on tensors of another width)."""
+    base, _ = _base(model.hf_config)
+    given = dict(model.hf_overrides or {})
+    for ours, name in SHAPE_KEYS.items():
+        for key in dict.fromkeys((name, base.attribute_map.get(name, name))):
+            if key in given and given[key] != getattr(model, ours):
+                raise UserError(
+                    f"model.hf_overrides.{key}={given[key]} but model.{ours}={getattr(model, ours)}: ppx splits and "
+                    f"sizes the model by model.{ours}, which sets the config's {key}; give model.{ours}={given[key]}"
+                )
+
+
 def _one_line(what: str, fn, *args):
     """``fn(*args)``, any error but a UserError of ours made one line: ``model.kind=hf: <what>: <error>``."""
     try:
@@ -187,6 +203,7 @@ def check(cfg) -> None:
     from ppx.models import hf, hf_parts, hf_verify
     from ppx.schedules import registry
 
+    _shape_keys_agree(cfg.model)
     config = resolve(cfg.model)
     heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
     if heads and kv and heads % kv:

@@ -26,6 +26,7 @@ from ppx.schedules.registry import (
     is_torch,
     runs_on_torch,
     theory_bubble,
+    virtual_stages_error,
 )
 from ppx.schedules.sim.costs import Costs, SampledCosts
 from ppx.schedules.sim.simulate import Timeline, simulate
@@ -56,4 +57,5 @@ __all__ = [
     "read_csv",
     "write_csv",
     "theory_bubble",
+    "virtual_stages_error",
 ]

@@ -296,8 +296,8 @@ def build(
     if stages < 1 or microbatches < 1 or v < 1:
         raise ScheduleError(f"stages ({stages}), microbatches ({microbatches}) and virtual stages ({v}) must be >= 1")
     fam = family(name)
-    if v != fam.default_virtual and not fam.virtual:
-        raise ScheduleError(_fixed_virtual_error(name, fam, v))
+    if why := virtual_stages_error(name, v):
+        raise ScheduleError(why)
     why = fam.shape_error(stages, microbatches, v)
     if why:  # (a torch alias checks its family's list: both named)
         raise ScheduleError(why if fam.name == name else f"{name} (as {fam.name}): {why}")
@@ -324,6 +324,13 @@ def too_many(stages: int, microbatches: int, shape: str) -> str | None:
         f"{shape} = {n} stage-microbatches: ppx builds lists of at most {MAX_STAGE_MICROBATCHES} (up to about 15 "
         "s of building and checking on 2 cores)"
     )
+
+
+def virtual_stages_error(name: str, v: int) -> str | None:
+    """Why ``v`` stages per rank is not a shape of schedule ``name``, which takes one count of
+    its own (one stage per rank, or a V's two), or None."""
+    fam = family(name)
+    return _fixed_virtual_error(name, fam, v) if v != fam.default_virtual and not fam.virtual else None
 
 
 def _fixed_virtual_error(name: str, fam: Family, v: int) -> str:

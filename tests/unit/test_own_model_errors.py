@@ -42,6 +42,15 @@ CASES = {
         ["hf_llama_tiny_1f1b_2cpu", "model.hf_overrides.n_layers=2"],
         "model.hf_overrides: n_layers is not a key of LlamaConfig",
     ),
+    "hf override of a shape key against ppx's": (  # GPT-2's alias; ppx would split 4 layers of 2
+        ["hf_gpt2_tiny_gpipe_2cpu", "model.hf_overrides={n_layer: 2}"],
+        "model.hf_overrides.n_layer=2 but model.layers=4: ppx splits and sizes the model by model.layers, which "
+        "sets the config's n_layer; give model.layers=2",
+    ),
+    "hf override of the width against ppx's": (
+        ["hf_llama_tiny_1f1b_2cpu", "model.hf_overrides.hidden_size=32"],
+        "model.hf_overrides.hidden_size=32 but model.hidden=64",
+    ),
     "hf overrides that are not config keys": (
         ["hf_llama_tiny_1f1b_2cpu", "model.hf_overrides.foo=1", "model.hf_overrides.bar=2"],
         "model.hf_overrides: bar, foo are not keys of LlamaConfig",

@@ -113,6 +113,10 @@ def test_theory_adds_the_forward_to_b_or_i_under_full():
     "extra,message",
     [
         (["train.recompute=[full,none,none]"], "train.recompute has 3 values for 2 stages"),
+        (
+            ["pipeline.executor=torch", "pipeline.schedule=forward_only"],
+            "pipeline.executor=torch runs training schedules: pipeline.schedule=forward_only holds no backward",
+        ),
         (["train.recompute=some"], "train.recompute must be one of none | full | selective"),
         (["train.dtype=bf16", "pipeline.executor=torch"], "train.dtype=bf16 runs in ppx's runtime only"),
         (["train.recompute=full", "pipeline.schedule=torch_1f1b"], "train.recompute runs in ppx's runtime only"),
@@ -121,6 +125,13 @@ def test_theory_adds_the_forward_to_b_or_i_under_full():
 def test_rules(extra, message):
     with pytest.raises(UserError, match=message.replace("|", r"\|")):
         config.load(None, ["pipeline.stages=2", *extra])
+
+
+def test_a_one_item_recompute_list_is_one_mode_for_every_stage():
+    assert config.load(None, ["pipeline.stages=2", "train.recompute=[full]"]).train.recompute == ["full"]
+    from ppx.models.costs import recompute_modes
+
+    assert recompute_modes(["full"], 3) == ["full"] * 3
 
 
 def test_memory_counters_see_a_checkpointed_region_by_its_inputs():

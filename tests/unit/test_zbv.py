@@ -126,5 +126,7 @@ def test_two_stages_per_rank_always():
         registry.build("zbv", 2, 4, 3)
     with pytest.raises(ScheduleError, match="virtual_stages must be 2 or null"):
         config.load(None, ["pipeline.schedule=zbv", "pipeline.virtual_stages=1", "pipeline.stages=2"])
+    with pytest.raises(ScheduleError, match="virtual_stages must be 2 or null"):  # before 6 stages meet 4 layers
+        config.load(None, ["pipeline.schedule=zbv", "pipeline.virtual_stages=3", "pipeline.stages=2"])
     cfg = config.load(None, ["pipeline.schedule=zbv", "pipeline.stages=2", "pipeline.microbatches=4"])
     assert config.virtual_stages(cfg) == 2 and config.resolve_schedule(cfg).stage_to_rank == (0, 1, 1, 0)
