@@ -190,7 +190,10 @@ def check(cfg) -> None:
         split = [b - a for a, b in zip(bounds, bounds[1:])]
         # (a config checked once holds both, its split points' split: a run's config.yaml, run.paired's entries)
         if p.layers_per_stage is not None and list(p.layers_per_stage) != split:
-            raise UserError("give model.split_points or pipeline.layers_per_stage, not both")
+            raise UserError(
+                f"model.split_points split the units {split}, pipeline.layers_per_stage {list(p.layers_per_stage)}: "
+                "give one of them"
+            )
         p.layers_per_stage = split
     from ppx.models.module import boundary, unit_shapes
 

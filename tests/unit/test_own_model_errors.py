@@ -208,7 +208,7 @@ CASES = {
     ),
     "module split points beside another split": (
         ["examples/tiny_gpt.yaml", "model.split_points=[blocks.2]", "pipeline.layers_per_stage=[2,4]"],
-        "give model.split_points or pipeline.layers_per_stage, not both",
+        "model.split_points split the units [3, 3], pipeline.layers_per_stage [2, 4]: give one of them",
     ),
     "module tied weights under the tracer": (
         ["examples/tiny_gpt.yaml", "pipeline.split=tracer"],
