@@ -176,6 +176,8 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
         raise UserError(_yaml_error(e, exp, overrides)) from None
     if cfg.run.name is None:
         cfg.run.name = name or "default"
+    if isinstance(cfg.train.recompute, list) and len(cfg.train.recompute) == 1:  # [full]: one mode, every stage's
+        cfg.train.recompute = cfg.train.recompute[0]
     for key in ("root", "dir"):  # ~ typed as the home folder (no shell expands it after "run.root=")
         value = getattr(cfg.run, key)
         if isinstance(value, str) and value.startswith("~"):

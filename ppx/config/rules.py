@@ -71,13 +71,14 @@ def check_parallel(cfg: Config) -> None:
     if cfg.parallel.data_shard and d == 1:
         raise UserError("parallel.data_shard=true shards over the replicas: it needs parallel.data > 1")
     if d > 1 and schedules.runs_on_torch(p.schedule, p.executor):
+        where, instead = [], []
+        if schedules.is_torch(p.schedule):  # ppx's list of its order runs on ppx's executor
+            where.append(f"torch's pipeline.schedule={p.schedule}")
+            instead.append(f"pipeline.schedule={schedules.family_name(p.schedule)}")
         if p.executor == "torch":
-            where, instead = "pipeline.executor=torch", "pipeline.executor=ppx"
-        else:  # a torch_* schedule: ppx's list of its order runs on ppx's executor
-            where, instead = (
-                f"torch's pipeline.schedule={p.schedule}",
-                f"pipeline.schedule={schedules.family_name(p.schedule)}",
-            )
+            where.append("pipeline.executor=torch")
+            instead.append("pipeline.executor=ppx")
+        where, instead = " with ".join(where), " ".join(instead)
         raise UserError(
             f"parallel.data={d} runs on ppx's executor only, not under {where}; use {instead} or parallel.data=1"
         )

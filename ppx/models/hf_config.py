@@ -171,20 +171,23 @@ def shape_defaults(model) -> dict:
     return out
 
 
-def _shape_keys_agree(model) -> None:
-    """A shape key set in ``model.hf_overrides`` (by the config's name or an alias of it, as
-    GPT-2's n_layer) must agree with ppx's own (`SHAPE_KEYS`): ppx splits and sizes the model by
-    its key, and the override would build another model under that split (a layer count ppx
-    does not know of, or stages that hand on tensors of another width)."""
-    base, _ = _base(model.hf_config)
+def _shape_keys_agree(model, config) -> None:
+    """The config built (``config``) has ppx's shape keys' values (`SHAPE_KEYS`): ppx splits and
+    sizes the model by its keys, and a ``model.hf_overrides`` key that sets one of them (by the
+    config's name, an alias as GPT-2's n_layer, or a legacy name as Bloom's n_embed) would build
+    another model under that split (a layer count ppx does not know of, or stages that hand on
+    tensors of another width)."""
     given = dict(model.hf_overrides or {})
     for ours, name in SHAPE_KEYS.items():
-        for key in dict.fromkeys((name, base.attribute_map.get(name, name))):
-            if key in given and given[key] != getattr(model, ours):
-                raise UserError(
-                    f"model.hf_overrides.{key}={given[key]} but model.{ours}={getattr(model, ours)}: ppx splits and "
-                    f"sizes the model by model.{ours}, which sets the config's {key}; give model.{ours}={given[key]}"
-                )
+        value, want = getattr(config, name, None), getattr(model, ours)
+        if value is None or want is None or value == want:
+            continue
+        key = next((k for k in (name, config.attribute_map.get(name, name)) if k in given), None)
+        which = f"model.hf_overrides.{key}={given[key]!r}" if key else f"model.hf_overrides ({', '.join(given)})"
+        raise UserError(
+            f"{which} makes the config's {name} {value!r} but model.{ours}={want}: ppx splits and sizes the model "
+            f"by model.{ours}, which sets it; give model.{ours}={value!r} instead"
+        )
 
 
 def _one_line(what: str, fn, *args):
@@ -203,8 +206,8 @@ def check(cfg) -> None:
     from ppx.models import hf, hf_parts, hf_verify
     from ppx.schedules import registry
 
-    _shape_keys_agree(cfg.model)
     config = resolve(cfg.model)
+    _shape_keys_agree(cfg.model, config)
     heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
     if heads and kv and heads % kv:
         raise UserError(

@@ -44,12 +44,17 @@ CASES = {
     ),
     "hf override of a shape key against ppx's": (  # GPT-2's alias; ppx would split 4 layers of 2
         ["hf_gpt2_tiny_gpipe_2cpu", "model.hf_overrides={n_layer: 2}"],
-        "model.hf_overrides.n_layer=2 but model.layers=4: ppx splits and sizes the model by model.layers, which "
-        "sets the config's n_layer; give model.layers=2",
+        "model.hf_overrides.n_layer=2 makes the config's num_hidden_layers 2 but model.layers=4: ppx splits and "
+        "sizes the model by model.layers, which sets it; give model.layers=2 instead",
     ),
     "hf override of the width against ppx's": (
         ["hf_llama_tiny_1f1b_2cpu", "model.hf_overrides.hidden_size=32"],
-        "model.hf_overrides.hidden_size=32 but model.hidden=64",
+        "model.hf_overrides.hidden_size=32 makes the config's hidden_size 32 but model.hidden=64",
+    ),
+    "hf legacy name of the width against ppx's": (  # Bloom's n_embed sets hidden_size in its __init__
+        ["1f1b_2cpu", "model.kind=hf", "model.hf_config=bloom", "model.hidden=64", "model.heads=4"]
+        + ["model.vocab_size=256", "model.seq_len=32", "model.hf_overrides={n_embed: 32}"],
+        "model.hf_overrides (n_embed) makes the config's hidden_size 32 but model.hidden=64",
     ),
     "hf overrides that are not config keys": (
         ["hf_llama_tiny_1f1b_2cpu", "model.hf_overrides.foo=1", "model.hf_overrides.bar=2"],

@@ -15,6 +15,7 @@ from ppx.engine.recompute import SAVE_OPS
 from ppx.errors import UserError
 from ppx.measure.memory import MemoryTracker
 from ppx.measure.theory import known_cost_timeline
+from ppx.models.costs import recompute_modes
 
 TRANSFORMER = [
     "model.kind=transformer",
@@ -128,10 +129,9 @@ def test_rules(extra, message):
 
 
 def test_a_one_item_recompute_list_is_one_mode_for_every_stage():
-    assert config.load(None, ["pipeline.stages=2", "train.recompute=[full]"]).train.recompute == ["full"]
-    from ppx.models.costs import recompute_modes
-
-    assert recompute_modes(["full"], 3) == ["full"] * 3
+    cfg = config.load(None, ["pipeline.stages=3", "model.layers=3", "train.recompute=[full]"])
+    assert cfg.train.recompute == "full"  # as summary.json and the runs' table say it
+    assert recompute_modes(cfg.train.recompute, 3) == ["full"] * 3
 
 
 def test_memory_counters_see_a_checkpointed_region_by_its_inputs():
