@@ -92,6 +92,8 @@ RECOMPUTE = ("none", "full", "selective")
 def recompute_modes(value, num_stages: int | None) -> list[str]:
     """``train.recompute`` per stage: one of `RECOMPUTE` for every stage, or a list of one per
     stage. ``num_stages`` None checks the values alone."""
+    if isinstance(value, (list, tuple)) and len(value) == 1:  # [full]: one mode (a run's config has it so)
+        value = value[0]
     values = [value] * (num_stages or 1) if isinstance(value, str) else value
     if not isinstance(values, (list, tuple)) or not all(isinstance(v, str) and v in RECOMPUTE for v in values):
         raise UserError(f"train.recompute must be one of {' | '.join(RECOMPUTE)} or a list of them, got {value!r}")

@@ -132,6 +132,7 @@ def test_a_one_item_recompute_list_is_one_mode_for_every_stage():
     cfg = config.load(None, ["pipeline.stages=3", "model.layers=3", "train.recompute=[full]"])
     assert cfg.train.recompute == "full"  # as summary.json and the runs' table say it
     assert recompute_modes(cfg.train.recompute, 3) == ["full"] * 3
+    assert recompute_modes(["full"], 3) == ["full"] * 3  # (a run.paired entry's config, made without load)
 
 
 def test_memory_counters_see_a_checkpointed_region_by_its_inputs():
