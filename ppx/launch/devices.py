@@ -13,13 +13,19 @@ from ppx.errors import UserError
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
 
 
-def gpu_count() -> int:
+def gpu_count(usable: bool = True) -> int:
     """CUDA devices visible here. Without a GPU driver on the machine the answer is 0 at once,
-    without importing torch (1.5 s on a small CPU machine, paid by every ``ppx run``)."""
+    without importing torch (1.5 s on a small CPU machine, paid by every ``ppx run``).
+    ``usable`` False: the devices counted without starting CUDA in this process (by NVML, as
+    torch counts before CUDA starts), for a process that may yet run on CPU: once started, CUDA
+    keeps the GPUs `CPU_ONLY` would hide (a rank under srun falling back to CPU); True: 0 where
+    CUDA cannot start."""
     if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")):
         return 0
     import torch
 
+    if not usable:
+        return torch.cuda.device_count()
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
@@ -28,7 +34,9 @@ def choose_device(requested: str, procs_per_node: int, multi_node: bool = False)
     process on this node gets its own GPU; ``multi_node`` makes the notice speak of this node's."""
     if requested == "cpu":
         return "cpu", None
-    gpus = gpu_count()
+    gpus = gpu_count(usable=False)
+    if gpus >= procs_per_node:  # CUDA is to be taken: started now, to see that it can be
+        gpus = gpu_count()
     if requested == "cuda":
         if gpus < procs_per_node:
             raise UserError(f"runtime.device=cuda needs {procs_per_node} GPUs on this node, found {gpus}")

@@ -32,6 +32,7 @@ def test_forked_cpu_ranks_beside_a_gpu_take_their_optimizer_steps(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     s = read_json(d / "summary.json")
     assert s["device"] == "cpu" and s["status"] == "completed"
+    assert read_json(d / "env.json")["nccl"] is None  # (rank 0 found no CUDA: its GPU hidden)
 
 
 @NEEDS_GPU
@@ -44,13 +45,32 @@ def test_too_few_gpus_fall_back_to_a_cpu_run_that_completes(tmp_path):
     assert read_json(d / "summary.json")["device"] == "cpu"
 
 
+def _torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
+    """``ppx run <args>`` in each of ``nproc`` processes of a torchrun job (as under srun), the GPUs visible."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}"]
+    cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "ppx.cli", "run", *args]
+    cmd += ["train.steps=2", "logging.wandb.mode=disabled"]
+    return subprocess.run(cmd, cwd=REPO, env=dict(os.environ, **GPU_ENV), capture_output=True, text=True, timeout=240)
+
+
 @NEEDS_GPU
 def test_cpu_ranks_started_by_torchrun_beside_a_gpu_complete(tmp_path):
-    """`ppx run` in each process of a torchrun job (as under srun), runtime.device=cpu."""
+    """runtime.device=cpu in the experiment."""
     d = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2"]
-    cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "ppx.cli", "run"]
-    cmd += ["llama_tiny_1f1b_2cpu", "train.steps=2", "logging.wandb.mode=disabled", f"run.dir={d}"]
-    r = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, **GPU_ENV), capture_output=True, text=True, timeout=240)
+    r = _torchrun(2, "llama_tiny_1f1b_2cpu", f"run.dir={d}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert read_json(d / "summary.json")["device"] == "cpu"
+    assert read_json(d / "env.json")["nccl"] is None
+
+
+@NEEDS_GPU
+@pytest.mark.skipif(CUDA_DEVICES >= 4, reason="needs fewer GPUs than the job's processes (at most 4 here)")
+def test_ranks_started_by_torchrun_that_fall_back_to_cpu_start_no_cuda(tmp_path):
+    """runtime.device=auto with more processes than GPUs: each rank counts the GPUs without
+    starting CUDA (`gpu_count(usable=False)`), so the GPUs it then hides stay hidden."""
+    d, n = tmp_path / "run", CUDA_DEVICES + 1
+    r = _torchrun(n, "1f1b_2cpu", "runtime.device=auto", f"pipeline.stages={n}", f"run.dir={d}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "running on CPU with gloo" in r.stderr
+    assert read_json(d / "summary.json")["device"] == "cpu"
+    assert read_json(d / "env.json")["nccl"] is None
