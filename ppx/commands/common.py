@@ -161,7 +161,7 @@ def output_path(option: str, path, picture: bool = False) -> None:
         if Path(path).suffix.lower().lstrip(".") not in kinds:
             raise UserError(f"{option} {path}: name a picture file, e.g. .png (or {', '.join(sorted(kinds))})")
     folder = Path(path).parent
-    run = run_holding(folder)
+    run = run_holding(path)  # (the file's folder, or where a link named so leads)
     if run is not None:
         raise UserError(f"{option} {path} is inside the run {run}; ppx never writes into a run (give another path)")
     if not folder.is_dir():

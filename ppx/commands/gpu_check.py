@@ -33,6 +33,13 @@ def cmd_gpu_check(args) -> int:
         check_doc(docs)
     if args.out is not None and Path(args.out).exists():
         raise UserError(f"--out {args.out} already exists (a check never overwrites one)")
+    if args.out is not None:
+        from ppx.report.run_dir import run_holding
+
+        if (run := run_holding(args.out)) is not None:
+            raise UserError(
+                f"--out {args.out} is inside the run {run}; ppx never writes into a run (give another folder)"
+            )
     if args.dry_run:
         return _dry_run(args.gpus if args.gpus is not None else max(gpu_count(), 1), only)
     gpus = 0 if args.on_cpu else gpu_count()

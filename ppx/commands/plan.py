@@ -17,6 +17,8 @@ from ppx.units import count
 
 def out_dir(text: str | None) -> Path:
     """--out, or plans/<UTC time>; an existing non-empty folder is refused."""
+    if text is not None and not text.strip():
+        raise UserError("--out is empty: give a folder's path (or leave --out out: plans/<UTC time>)")
     out = Path(text) if text else Path("plans") / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} exists and is not empty; give a new folder")

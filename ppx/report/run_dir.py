@@ -144,8 +144,13 @@ def run_holding(path: str | Path) -> Path | None:
     writes (a run's files are the run's alone). A run's folder holds its config.yaml and its
     status/ folder from its start (a project's folder with a config.yaml beside a
     metrics.jsonl of its own is none)."""
-    p = Path(os.path.abspath(path))  # (.. resolved: ../elsewhere from inside a run is not in it)
-    return next((q for q in [p, *p.parents] if (q / "config.yaml").is_file() and (q / "status").is_dir()), None)
+    # (.. resolved: ../elsewhere from inside a run is not in it; then where links lead, a file of a
+    # run's linked from elsewhere included)
+    for p in dict.fromkeys((Path(os.path.abspath(path)), Path(os.path.realpath(path)))):
+        found = next((q for q in [p, *p.parents] if (q / "config.yaml").is_file() and (q / "status").is_dir()), None)
+        if found is not None:
+            return found
+    return None
 
 
 class RunDir:
@@ -172,6 +177,8 @@ class RunDir:
             return (self.path / name).read_text()
         except FileNotFoundError:
             raise UserError(f"{self._name} has no {name}{why}") from None
+        except UnicodeDecodeError as e:
+            raise UserError(f"{self._name}/{name} is not text ({e.reason} at byte {e.start})") from None
 
     @cached_property
     def raw_summary(self) -> dict[str, Any]:
