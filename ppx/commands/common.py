@@ -145,11 +145,19 @@ def require_backward(path: str, summary) -> None:
         )
 
 
+def not_in_a_run(option: str, path, what: str = "folder") -> None:
+    """Fail where ``path`` (``what`` the option names: a folder, a file's path) is or lies in a
+    run, or leads into one (`run_holding`): ppx never writes there."""
+    from ppx.report.run_dir import run_holding
+
+    run = run_holding(path)
+    if run is not None:
+        raise UserError(f"{option} {path} is inside the run {run}; ppx never writes into a run (give another {what})")
+
+
 def output_path(option: str, path, picture: bool = False) -> None:
     """Fail before any work when ``path`` (an output file; ``picture``: one matplotlib draws,
     named by its format) could not be written, or would be written into a run."""
-    from ppx.report.run_dir import run_holding
-
     if path is None:
         return
     if Path(path).is_dir():
@@ -161,9 +169,7 @@ def output_path(option: str, path, picture: bool = False) -> None:
         if Path(path).suffix.lower().lstrip(".") not in kinds:
             raise UserError(f"{option} {path}: name a picture file, e.g. .png (or {', '.join(sorted(kinds))})")
     folder = Path(path).parent
-    run = run_holding(path)  # (the file's folder, or where a link named so leads)
-    if run is not None:
-        raise UserError(f"{option} {path} is inside the run {run}; ppx never writes into a run (give another path)")
+    not_in_a_run(option, path, "path")  # (the file's folder, or where a link named so leads)
     if not folder.is_dir():
         raise UserError(f"{option} {path}: folder {folder} does not exist")
     if not os.access(folder, os.W_OK):

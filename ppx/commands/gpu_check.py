@@ -34,12 +34,9 @@ def cmd_gpu_check(args) -> int:
     if args.out is not None and Path(args.out).exists():
         raise UserError(f"--out {args.out} already exists (a check never overwrites one)")
     if args.out is not None:
-        from ppx.report.run_dir import run_holding
+        from ppx.commands.common import not_in_a_run
 
-        if (run := run_holding(args.out)) is not None:
-            raise UserError(
-                f"--out {args.out} is inside the run {run}; ppx never writes into a run (give another folder)"
-            )
+        not_in_a_run("--out", args.out)
     if args.dry_run:
         return _dry_run(args.gpus if args.gpus is not None else max(gpu_count(), 1), only)
     gpus = 0 if args.on_cpu else gpu_count()

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from ppx.commands.common import first_step_note, noisy_run_note
+from ppx.commands.common import first_step_note, noisy_run_note, not_in_a_run
 from ppx.commands.plan_inputs import calibrated, from_flags, from_run, ints
 from ppx.errors import UserError
 from ppx.plan.space import SPLIT_REASON, schedule_names
@@ -22,11 +22,7 @@ def out_dir(text: str | None) -> Path:
     out = Path(text) if text else Path("plans") / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} exists and is not empty; give a new folder")
-    from ppx.report.run_dir import run_holding
-
-    run = run_holding(out)
-    if run is not None:
-        raise UserError(f"--out {out} is inside the run {run}; ppx never writes into a run (give another folder)")
+    not_in_a_run("--out", out)
     return out
 
 
