@@ -6,13 +6,9 @@ error" (an H200 host, 2026-11-30). The CUDA tests run there; the first test runs
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-from helpers import CUDA_DEVICES, GPU_ENV, REPO, free_port, ppx, read_json
+from helpers import CUDA_DEVICES, GPU_ENV, ppx, read_json, torchrun_ppx
 from ppx.launch.processes import worker_env
 
 NEEDS_GPU = pytest.mark.skipif(CUDA_DEVICES == 0, reason="needs a CUDA GPU")
@@ -45,12 +41,9 @@ def test_too_few_gpus_fall_back_to_a_cpu_run_that_completes(tmp_path):
     assert read_json(d / "summary.json")["device"] == "cpu"
 
 
-def _torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
+def _torchrun(nproc: int, *args: str):
     """``ppx run <args>`` in each of ``nproc`` processes of a torchrun job (as under srun), the GPUs visible."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}"]
-    cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "ppx.cli", "run", *args]
-    cmd += ["train.steps=2", "logging.wandb.mode=disabled"]
-    return subprocess.run(cmd, cwd=REPO, env=dict(os.environ, **GPU_ENV), capture_output=True, text=True, timeout=240)
+    return torchrun_ppx(nproc, "run", *args, "train.steps=2", "logging.wandb.mode=disabled", env=GPU_ENV)
 
 
 @NEEDS_GPU

@@ -51,11 +51,13 @@ def ppx(*args: str, timeout: float = 240, env: dict | None = None, cwd: Path = R
     )
 
 
-def torchrun_ppx(nproc: int, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def torchrun_ppx(nproc: int, *args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
     """``ppx <args>`` in each of ``nproc`` processes started by torchrun itself (as under srun or
-    a user's own torchrun: no `ppx run` launcher around them), its output captured."""
+    a user's own torchrun: no `ppx run` launcher around them), its output captured (``env``:
+    added to this process's environment)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "ppx.cli"]
-    return subprocess.run([*cmd, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([*cmd, *args], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 def read_json(path: Path):
