@@ -155,6 +155,21 @@ def not_in_a_run(option: str, path, what: str = "folder") -> None:
         raise UserError(f"{option} {path} is inside the run {run}; ppx never writes into a run (give another {what})")
 
 
+def new_folder(option: str, path) -> None:
+    """Fail before any work where ``path`` (a folder the command makes) is not new or empty: a
+    file, a folder holding anything (a file there would be replaced), a link to nothing."""
+    out = Path(path)
+    not_a_dangling_link(option, out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"{option} {path} exists and is not empty; give a new folder")
+
+
+def not_a_dangling_link(option: str, path) -> None:
+    """Fail where ``path`` is a link to nothing: making a folder there fails ("File exists")."""
+    if Path(path).is_symlink() and not Path(path).exists():
+        raise UserError(f"{option} {path} is a link to {os.readlink(path)}, which does not exist; give a new folder")
+
+
 def output_path(option: str, path, picture: bool = False) -> None:
     """Fail before any work when ``path`` (an output file; ``picture``: one matplotlib draws,
     named by its format) could not be written, or would be written into a run."""

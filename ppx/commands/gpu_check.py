@@ -31,11 +31,12 @@ def cmd_gpu_check(args) -> int:
         from ppx.gpucheck.report import check_doc
 
         check_doc(docs)
-    if args.out is not None and Path(args.out).exists():
-        raise UserError(f"--out {args.out} already exists (a check never overwrites one)")
     if args.out is not None:
-        from ppx.commands.common import not_in_a_run
+        from ppx.commands.common import not_a_dangling_link, not_in_a_run
 
+        not_a_dangling_link("--out", args.out)
+        if Path(args.out).exists():
+            raise UserError(f"--out {args.out} already exists (a check never overwrites one)")
         not_in_a_run("--out", args.out)
     if args.dry_run:
         return _dry_run(args.gpus if args.gpus is not None else max(gpu_count(), 1), only)

@@ -238,7 +238,10 @@ def test_small_sweep_and_compare(tmp_path):
     assert f"ppx: wrote {out / 'compare.md'}, {out / 'compare.json'}, {out / 'compare.png'}" in c.stdout
     before = (out / "compare.md").read_text()
     again = ppx("compare", str(sweep), "--out", str(out))  # never over an earlier comparison
-    assert again.returncode == 2 and "already holds a comparison" in again.stderr
+    assert (again.returncode, again.stderr) == (
+        2,
+        f"ppx: error: --out {out} exists and is not empty; give a new folder\n",
+    )
     assert (out / "compare.md").read_text() == before
     run = next(sweep.glob("schedule=gpipe*"))  # nor into a run: its report.html and tb/ would be the comparison's
     files = {f: f.read_bytes() for f in run.rglob("*") if f.is_file()}
