@@ -13,6 +13,7 @@ from ppx.errors import UserError, said
 from ppx.plan.calibrate import runs_whole
 from ppx.plan.inputs import PlanInputs
 from ppx.plan.sizes import parse_sizes
+from ppx.schedules.registry import MAX_STAGE_MICROBATCHES
 
 COST_FLAGS = ("fwd_ms", "bwd_ms", "wgrad_ms", "p2p_ms", "overhead_ms", "act_bytes", "machine_from", "calibrate")
 
@@ -67,6 +68,11 @@ def _units(args) -> int:
     stages = ints("--stages", args.stages)
     if stages is not None and len(stages) > 1:
         raise UserError("--stages takes one p with per-stage costs; give --per-layer costs to search p")
+    if stages and stages[0] > MAX_STAGE_MICROBATCHES:  # (before a cost list of one value per stage is made)
+        raise UserError(
+            f"--stages {stages[0]}: ppx builds lists of at most {MAX_STAGE_MICROBATCHES} stage-microbatches, so of "
+            f"at most {MAX_STAGE_MICROBATCHES} stages"
+        )
     if many and stages and stages[0] != min(many):
         raise UserError(f"--stages {stages[0]} but the cost lists have {min(many)} values (one per stage)")
     return stages[0] if stages else many.pop() if many else 4

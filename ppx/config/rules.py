@@ -7,7 +7,7 @@ from __future__ import annotations
 from ppx import models, schedules
 from ppx.config.fault_spec import parse_fault
 from ppx.config.resolve import resolve_schedule
-from ppx.config.schema import Config
+from ppx.config.schema import MAX_LAYERS, Config
 from ppx.errors import ScheduleError, UserError
 from ppx.schedules.ir.schedule import Schedule
 
@@ -118,6 +118,11 @@ def check_model(cfg: Config) -> None:
         raise UserError(f"model.kind: Invalid value {m.kind!r}; choose from {', '.join(KINDS)}")
     if m.hidden < 1 or m.layers < 1:
         raise UserError("model.hidden and model.layers must be >= 1")
+    if m.layers > MAX_LAYERS:
+        raise UserError(
+            f"model.layers={m.layers}: ppx builds models of at most {MAX_LAYERS} layers (8x the deepest published "
+            "ones; each layer is a module of its own)"
+        )
     glued = [str(k) for k, v in (m.args or {}).items() if ":" in str(k) and v is None]
     if glued:  # YAML reads {width:32} as one key "width:32" with no value
         key, value = glued[0].split(":", 1)

@@ -10,6 +10,11 @@ from typing import Any, Dict, List, Literal, Optional
 from ppx.models import kinds_help
 from ppx.schedules.registry import names_help, virtual_help
 
+# model.layers' ceiling: 8x the deepest published models' (Llama 3 405B: 126 blocks). Every layer is a
+# module of its own and an entry in the split's lists, and a split by FLOPs is quadratic in them (1024
+# take 1 s on 8 stages); 10^9 had ppx split allocate lists until the OOM killer ended it
+MAX_LAYERS = 1024
+
 
 def _f(default: Any, help: str, **kw):
     if isinstance(default, list):
@@ -86,7 +91,9 @@ class ModelConfig:
         "kv_heads, ffn_hidden, vocab_size, seq_len, rope_theta; keys given beside it (experiment or command line) win",
     )
     hidden: int = _f(64, "hidden width (features)")
-    layers: int = _f(4, "number of blocks split over the stages (MLP blocks or decoder blocks)")
+    layers: int = _f(
+        4, "number of blocks split over the stages (MLP blocks or decoder blocks), at most " + str(MAX_LAYERS)
+    )
     heads: int = _f(4, "transformer, llama: attention (query) heads; must divide model.hidden")
     seq_len: int = _f(32, "transformer, llama: tokens per sequence")
     vocab_size: int = _f(256, "transformer, llama: vocabulary size (tokens)")
