@@ -65,10 +65,21 @@ def _read_yaml(path: Path):
     return loaded
 
 
+KEY_SHOWN = 40  # characters of a key shown in an error: a file of no YAML keys reads as one key of all its text
+
+
 def _one_line(e: OmegaConfBaseException) -> str:
     msg = first_line(getattr(e, "msg", None) or str(e))
     key = getattr(e, "full_key", None)
-    return f"{key}: {msg}" if key else msg
+    if key and len(key) > KEY_SHOWN and f"'{key}'" in msg:
+        key = None  # (the message names it: once, cut; /etc/passwd's every line was the key, twice)
+    msg = re.sub(r"'([^']*)'", lambda q: f"'{_cut(q.group(1))}'", msg)
+    return f"{_cut(key)}: {msg}" if key else msg
+
+
+def _cut(text: str) -> str:
+    """``text``, or its first ``KEY_SHOWN`` characters and how many it has."""
+    return text if len(text) <= KEY_SHOWN else f"{text[:KEY_SHOWN]}... ({len(text)} characters)"
 
 
 @functools.cache
