@@ -115,7 +115,7 @@ def parser() -> argparse.ArgumentParser:
         "--recv-lookahead",
         type=int,
         help="gloo: receives posted this many compute actions early, -1 all at a rank's first wait "
-        "(default 0, or the run's runtime.recv_lookahead with --from-run)",
+        "(default 0, or the run's runtime.recv_lookahead with --from-run); nccl takes none",
     )
     sim.add_argument("--from-run", type=run_path, help="take per-stage costs measured in this run directory instead")
     sim.add_argument(

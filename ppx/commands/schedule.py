@@ -89,7 +89,10 @@ def cmd_schedule(args) -> int:
         print(sched.format())
     if args.csv:
         with_comms = args.with_comms or sched.groups is not None
-        schedules.write_csv(sched if with_comms else sched.compute_only(), args.csv)
+        try:  # (a disk that fills, /dev/full: said by the option, not in the OS's words alone)
+            schedules.write_csv(sched if with_comms else sched.compute_only(), args.csv)
+        except OSError as e:
+            raise UserError(f"--csv {args.csv}: could not write it ({e.strerror or e})") from None
         note = (
             ""
             if with_comms == args.with_comms

@@ -60,6 +60,8 @@ def cmd_simulate(args) -> int:
     args.virtual = sched.stages_per_rank
     costs, transport, lookahead, reduce = _costs(args, sched, run, measured)
     transport = args.transport or transport
+    if args.recv_lookahead and transport == "nccl":  # (from a run: its transport, known only now)
+        _no_lookahead(args, f"{args.from_run} ran on nccl")
     lookahead = args.recv_lookahead if args.recv_lookahead is not None else lookahead
     t = schedules.simulate(sched, costs, transport, lookahead, reduce)
     _print_prediction(args, sched, t, reduce, run, measured, (costs, transport, lookahead))
@@ -87,6 +89,17 @@ def _check_flags(args) -> None:
             raise UserError(f"{option} must be >= 0, got {value:g}")
     if args.recv_lookahead is not None and args.recv_lookahead < -1:
         raise UserError(f"--recv-lookahead must be -1 (all at the first wait) or >= 0, got {args.recv_lookahead}")
+    if args.recv_lookahead and (args.transport or ("nccl" if not args.from_run else None)) == "nccl":
+        _no_lookahead(args, "--transport nccl" if args.transport else "the default --transport nccl")
+
+
+def _no_lookahead(args, nccl: str) -> None:
+    """Fail on a --recv-lookahead under NCCL, which posts each receive in order (the simulator
+    took none there: it was silently ignored)."""
+    raise UserError(
+        f"--recv-lookahead {args.recv_lookahead} is gloo's (receives posted early); under nccl ({nccl}) each receive "
+        "is posted in order, right before its use: leave it out, or give --transport gloo"
+    )
 
 
 def _take_the_runs_shape(args, run, measured) -> None:

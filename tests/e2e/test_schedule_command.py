@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+
+import pytest
 
 from helpers import ppx
 from ppx import schedules
@@ -187,3 +190,28 @@ def test_a_simulated_bubble_prints_as_its_theory_and_a_refused_torch_shape_says_
     assert "bubble 6.2% (idle / step time)" in r.stdout and "theory ((p-1)/(m+p-1)): 6.2%" in r.stdout, r.stdout
     r = ppx("schedule", "torch_1f1b", "-p", "4", "-m", "3")  # (it said what torch runs, then refused)
     assert (r.returncode, r.stdout) == (2, "") and r.stderr.count("\n") == 1, (r.stdout, r.stderr)
+
+
+@pytest.mark.skipif(not os.access("/dev/full", os.W_OK) or not os.access("/dev", os.W_OK), reason="no /dev/full")
+def test_a_csv_that_cannot_be_written_is_one_line_naming_it():
+    """A full disk (/dev/full) said "No space left on device" alone, naming neither option nor file."""
+    r = ppx("schedule", "1f1b", "-p", "2", "-m", "4", "--csv", "/dev/full")
+    assert (r.returncode, r.stderr) == (
+        2,
+        "ppx: error: --csv /dev/full: could not write it (No space left on device)\n",
+    )
+
+
+def test_a_receive_lookahead_under_nccl_is_refused():
+    """NCCL posts each receive in order: the simulator silently took no lookahead there."""
+    how = "each receive is posted in order, right before its use: leave it out, or give --transport gloo\n"
+    for given, nccl in (
+        (["--recv-lookahead", "2"], "the default --transport nccl"),
+        (["--transport", "nccl", "--recv-lookahead", "-1"], "--transport nccl"),
+    ):
+        r = ppx("simulate", "1f1b", *given)
+        k = given[-1]
+        said = f"ppx: error: --recv-lookahead {k} is gloo's (receives posted early); under nccl ({nccl}) {how}"
+        assert (r.returncode, r.stdout, r.stderr) == (2, "", said), r.stderr
+    for given in (["--recv-lookahead", "0"], ["--transport", "gloo", "--recv-lookahead", "2"]):  # (nccl's own; gloo's)
+        assert ppx("simulate", "1f1b", *given).returncode == 0
