@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from functools import partial
 
 from ppx.plan.evaluate import Result, evaluate
@@ -45,14 +46,19 @@ def near_best(results: list[Result], pct: float = CLOSE_PCT) -> list[Result]:
     return [r for r in fitting[1:] if r.throughput >= floor]
 
 
-def search(cands: list[Candidate], inputs: PlanInputs, jobs: int | None = None) -> tuple[list[Result], list[Skipped]]:
-    """Evaluate ``cands`` on ``jobs`` processes (one: in this one); (ranked results, skipped)."""
+def search(
+    cands: list[Candidate], inputs: PlanInputs, jobs: int | None = None, done=None
+) -> tuple[list[Result], list[Skipped]]:
+    """Evaluate ``cands`` on ``jobs`` processes (one: in this one); (ranked results, skipped).
+    ``done``: called with each candidate once it is evaluated (and those before it), in order."""
     jobs = default_jobs() if jobs is None else jobs
     one = partial(evaluate, inputs=inputs)
-    if jobs > 1 and len(cands) > 1:
-        with ProcessPoolExecutor(jobs) as pool:
-            got = list(pool.map(one, cands, chunksize=max(1, len(cands) // (4 * jobs))))
-    else:
-        got = [one(c) for c in cands]
+    got = []
+    with ProcessPoolExecutor(jobs) if jobs > 1 and len(cands) > 1 else nullcontext() as pool:
+        each = pool.map(one, cands, chunksize=max(1, len(cands) // (4 * jobs))) if pool else map(one, cands)
+        for c, g in zip(cands, each):
+            got.append(g)
+            if done:
+                done(c)
     results = [g for g in got if isinstance(g, Result)]
     return rank(results), [g for g in got if isinstance(g, Skipped)]

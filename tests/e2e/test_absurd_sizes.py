@@ -4,7 +4,13 @@ it), a plan of more stages than a list holds; and a plan that takes long says so
 
 from __future__ import annotations
 
-from helpers import ppx
+import os
+import select
+import signal
+import subprocess
+import sys
+
+from helpers import REPO, ppx
 
 LAYERS = "ppx builds models of at most 1024 layers (8x the deepest published ones; each layer is a module of its own)"
 
@@ -29,3 +35,25 @@ def test_a_plan_of_more_stages_than_a_list_holds_is_refused(tmp_path):
     said = "--stages 10000000: ppx builds lists of at most 262144 stage-microbatches, so of at most 262144 stages"
     assert (r.returncode, r.stdout, r.stderr) == (2, "", f"ppx: error: {said}\n")
     assert not (tmp_path / "p").exists()
+
+
+def test_a_long_plan_says_so_at_once_and_a_short_one_says_nothing_more(tmp_path):
+    """595 candidates of 16 million stage-microbatches printed nothing for minutes."""
+    many = ["--per-layer", "--fwd-ms", ",".join(["1"] * 64), "--bwd-ms", "2", "--stages", "2,4,8,16,32,64"]
+    cmd = [sys.executable, "-m", "ppx.cli", "plan", *many, "-m", "64,128,256,512,1024,2048,4096", "--jobs", "1"]
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(tmp_path / "p")], cwd=REPO, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        ready, _, _ = select.select([proc.stderr], [], [], 60)
+        first = proc.stderr.readline() if ready else ""
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # (its group: the plan and its pool)
+        proc.wait()
+    assert first == (
+        "ppx plan: 595 candidates of 16304768 stage-microbatches in all (p x v x m each) to build and simulate over "
+        "1 process: this takes a while (fewer or smaller --stages, --microbatches or --schedules take less); "
+        "progress every tenth\n"
+    )
+    r = ppx("plan", "--fwd-ms", "1", "--bwd-ms", "2", "-p", "2", "-m", "4", "--out", str(tmp_path / "short"))
+    assert (r.returncode, r.stderr) == (0, "") and r.stdout.startswith("ppx plan: ")
