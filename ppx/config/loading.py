@@ -65,7 +65,7 @@ def _read_yaml(path: Path):
     return loaded
 
 
-KEY_SHOWN = 40  # characters of a key shown in an error: a file of no YAML keys reads as one key of all its text
+KEY_SHOWN = 80  # characters of a key shown in an error: a file of no YAML keys reads as one key of all its text
 
 
 def _one_line(e: OmegaConfBaseException) -> str:

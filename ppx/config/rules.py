@@ -120,8 +120,8 @@ def check_model(cfg: Config) -> None:
         raise UserError("model.hidden and model.layers must be >= 1")
     if m.layers > MAX_LAYERS:
         raise UserError(
-            f"model.layers={m.layers}: ppx builds models of at most {MAX_LAYERS} layers (8x the deepest published "
-            "ones; each layer is a module of its own)"
+            f"model.layers={m.layers}: ppx builds models of at most {MAX_LAYERS} layers (each a module of its own, "
+            "split by FLOPs in a time that grows with their square)"
         )
     glued = [str(k) for k, v in (m.args or {}).items() if ":" in str(k) and v is None]
     if glued:  # YAML reads {width:32} as one key "width:32" with no value

@@ -10,9 +10,10 @@ from typing import Any, Dict, List, Literal, Optional
 from ppx.models import kinds_help
 from ppx.schedules.registry import names_help, virtual_help
 
-# model.layers' ceiling: 8x the deepest published models' (Llama 3 405B: 126 blocks). Every layer is a
-# module of its own and an entry in the split's lists, and a split by FLOPs is quadratic in them (1024
-# take 1 s on 8 stages); 10^9 had ppx split allocate lists until the OOM killer ended it
+# model.layers' ceiling: above the deepest published transformers' (DeepNet's 1000 layers; Llama 3 405B
+# has 126 blocks). Every layer is a module of its own and an entry in the split's lists, and a split by
+# FLOPs is quadratic in them (1024 take 1 s on 8 stages); 10^9 had ppx split allocate lists until the OOM
+# killer ended it
 MAX_LAYERS = 1024
 
 

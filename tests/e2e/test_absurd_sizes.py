@@ -12,7 +12,7 @@ import sys
 
 from helpers import REPO, ppx
 
-LAYERS = "ppx builds models of at most 1024 layers (8x the deepest published ones; each layer is a module of its own)"
+LAYERS = "ppx builds models of at most 1024 layers (each a module of its own, split by FLOPs in a time that grows with their square)"
 
 
 def test_a_model_of_more_layers_than_ppx_builds_is_refused(tmp_path):
