@@ -89,6 +89,7 @@ def _notes(cfg, sched, entries: list) -> list[str]:
     run's list, ``entries`` its run.paired entries' configs."""
     lines = (
         _changes_nothing(cfg, sched),
+        _recompute_without_backward(cfg, sched),
         _forward_only_csv(cfg, sched),
         *_out_of_order(cfg, sched, entries),
         _forward_unchecked(cfg),
@@ -147,6 +148,20 @@ def _changes_nothing(cfg, sched) -> str | None:
     if way == "auto" or sched.splits_backward:
         return None
     return f"ppx: note: train.split_backward={way} changes nothing here: {cfg.pipeline.schedule} splits no backward into I and W"
+
+
+def _recompute_without_backward(cfg, sched) -> str | None:
+    """A note where the config sets ``train.recompute`` for a list that holds no backward
+    (forward_only, a CSV of forwards): recomputation re-runs a forward in a backward, so here
+    it changes nothing (an experiment's setting, kept across a sweep of schedules)."""
+    modes = cfg.train.recompute
+    if sched.training or all(m == "none" for m in ([modes] if isinstance(modes, str) else modes)):
+        return None
+    given = modes if isinstance(modes, str) else f"[{', '.join(str(m) for m in modes)}]"
+    return (
+        f"ppx: note: train.recompute={given} changes nothing here: {cfg.pipeline.schedule} runs no backward, "
+        "where recomputation re-runs a forward"
+    )
 
 
 def _processes(cfg, sched) -> tuple[int, int]:

@@ -199,7 +199,8 @@ class TrainConfig:
         "none",
         "activation recomputation: none | full (a stage keeps only its input and re-runs its forward in its B, or "
         "its I when split) | selective (keeps matmul and attention outputs, recomputes the cheap element-wise ops); "
-        "one value or a list, one per stage; ppx's runtime only (not pipeline.executor=torch)",
+        "one value or a list, one per stage; ppx's runtime only (not pipeline.executor=torch); under a list without "
+        "backward (forward_only) it changes nothing, and ppx run says so",
     )
     split_backward: Literal["auto", "store", "graph", "drain"] = _f(
         "auto",

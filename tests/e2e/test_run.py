@@ -152,6 +152,20 @@ def test_a_split_backward_way_under_a_schedule_without_one_is_noted(tmp_path):
     assert "changes nothing" not in zb.stderr
 
 
+def test_recomputation_under_a_list_without_backward_is_noted(tmp_path):
+    """train.recompute under forward_only changes nothing (no backward re-runs a forward): the
+    run says so in one line, naming the modes as given, and runs."""
+    d, r = run(
+        tmp_path, "fo", "1f1b_2cpu", "pipeline.schedule=forward_only", "train.recompute=[none,full]", "train.steps=1"
+    )
+    note = (
+        "ppx: note: train.recompute=[none, full] changes nothing here: forward_only runs no backward, "
+        "where recomputation re-runs a forward"
+    )
+    assert note in r.stderr.splitlines()
+    assert read_json(d / "summary.json")["status"] == "completed"
+
+
 def test_a_run_whose_output_pipe_closes_goes_on_to_complete(tmp_path):
     """``ppx run ... | head -1``: rank 0's later progress lines meet a closed pipe; the run
     goes on to complete (it failed as rank 0's BrokenPipeError, incomplete), exit 0."""
