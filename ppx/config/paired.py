@@ -200,10 +200,11 @@ def _named_apart(cfg):
 
 
 def _with_entry(cfg, overrides: list[str]):
-    """The run config ``cfg`` (as an OmegaConf config) with an entry's ``overrides`` on top and
-    no run.paired of its own, unchecked."""
+    """The run config ``cfg`` (as an OmegaConf config) with an entry's ``overrides`` on top,
+    no run.paired of its own and no runtime.inject_fault (a fault fires in the run's own
+    actions, never an entry's), unchecked."""
     from ppx.config.loading import _schema, merge_overrides
 
     conf = OmegaConf.merge(_schema(), OmegaConf.structured(cfg))
-    merge_overrides(conf, [*overrides, "run.paired=[]"])
+    merge_overrides(conf, [*overrides, "run.paired=[]", "runtime.inject_fault=null"])
     return conf

@@ -233,3 +233,13 @@ def test_a_value_where_a_section_goes_names_the_file_and_the_section(tmp_path):
     path.write_text("model: {kind: mlp}\npipeline: 3\n")
     with pytest.raises(UserError, match=rf"^{path}: pipeline: Merge error: int is not a subclass of PipelineConfig"):
         config.load(str(path))
+
+
+def test_a_fault_to_inject_is_the_runs_not_its_paired_entries():
+    """A run.paired entry was checked against the run's runtime.inject_fault, which fires in the
+    run's own actions only: a zbv entry beside 1F1B's hang@1B2 was refused (no 1B2 in zbv)."""
+    from ppx.config.paired import entry_config
+
+    cfg = config.load("1f1b_2cpu", ["run.paired=[pipeline.schedule=zbv]", "runtime.inject_fault=hang@1B2"])
+    assert cfg.runtime.inject_fault == "hang@1B2"
+    assert entry_config(cfg, "pipeline.schedule=zbv").runtime.inject_fault is None
