@@ -28,7 +28,7 @@ from ppx.report.compare_notes import (
     pooled_table,
 )
 from ppx.report.labels import flat_config, run_labels, shared_label
-from ppx.report.run_dir import RunDir, is_run_folder
+from ppx.report.run_dir import RunDir, completed, is_run_folder
 
 COLUMNS = [  # (header, key, format)
     ("run", "name", "{}"),
@@ -61,10 +61,11 @@ NOTE = (  # under both tables: pred err pt is the timeline bubble minus the pred
 
 
 def find_runs(patterns: list[str], left_out: list[Path] | None = None) -> list[RunDir]:
-    """Completed run directories (holding summary.json) named by paths or globs; a folder
-    without a summary.json contributes every run below it. Runs that did not complete (or
-    have not yet: incomplete.txt, or `is_run_folder`, without a summary.json) are left out, in
-    one line on stderr saying which, and added to ``left_out``."""
+    """Completed run directories (holding summary.json, and no incomplete.txt) named by paths
+    or globs; a folder without a summary.json contributes every run below it. Runs that did
+    not complete (or have not yet: incomplete.txt, or `is_run_folder`, without a summary.json;
+    or incomplete.txt beside one, a job that failed after it) are left out, in one line on
+    stderr saying which, and added to ``left_out``."""
     found: list[Path] = []
     left: list[Path] = []
     for pat in patterns:
@@ -72,8 +73,10 @@ def find_runs(patterns: list[str], left_out: list[Path] | None = None) -> list[R
         if not matches:
             raise UserError(f"no run matches {pat!r}")
         for m in map(Path, matches):
-            if (m / "summary.json").exists():
+            if completed(m):
                 found.append(m)
+            elif (m / "summary.json").exists():  # (and incomplete.txt: it failed after its summary)
+                left.append(m)
             elif m.is_dir():
                 done, begun = _runs_below(m)
                 found += done
@@ -93,12 +96,12 @@ def find_runs(patterns: list[str], left_out: list[Path] | None = None) -> list[R
 def _runs_below(folder: Path) -> tuple[list[Path], list[Path]]:
     """One walk of ``folder``: the runs below it that completed (summary.json), in the order
     they finished (a sweep's order), and those begun that did not (incomplete.txt, or
-    `is_run_folder`, without a summary.json), by path."""
+    `is_run_folder` without a summary.json), by path."""
     done: list[Path] = []
     begun: list[Path] = []
     for root, _, files in os.walk(folder):
         here = Path(root)
-        if "summary.json" in files:
+        if "summary.json" in files and "incomplete.txt" not in files:
             done.append(here)
         elif "incomplete.txt" in files or ("config.yaml" in files and is_run_folder(here)):
             begun.append(here)

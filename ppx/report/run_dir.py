@@ -132,6 +132,11 @@ class Summary:
 RUN_FILES = ("summary.json", "env.json", "metrics.jsonl", "incomplete.txt")  # one of them beside config.yaml
 
 
+def completed(folder: Path) -> bool:
+    """Whether ``folder`` holds a run that completed: its summary.json, and no incomplete.txt."""
+    return (folder / "summary.json").exists() and not (folder / "incomplete.txt").exists()
+
+
 def is_run_folder(folder: Path) -> bool:
     """Whether ``folder`` is a run's, completed or not: its config.yaml beside a file only a
     run writes (a project's own config.yaml is no run). A run whose every process was killed
@@ -169,8 +174,9 @@ class RunDir:
 
     @property
     def is_complete(self) -> bool:
-        """Whether the run finished (rank 0 wrote summary.json)."""
-        return (self.path / "summary.json").exists()
+        """Whether the run finished: rank 0 wrote summary.json, and nothing wrote incomplete.txt
+        (a job that failed after the summary: in its report, its last barrier)."""
+        return completed(self.path)
 
     def _text(self, name: str, why: str = "") -> str:
         try:

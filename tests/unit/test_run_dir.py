@@ -159,6 +159,25 @@ def test_compare_leaves_out_a_run_that_did_not_complete_and_says_so(run, capsys)
     assert capsys.readouterr().err == f"ppx compare: left out 2 run(s) that did not complete: {failed}, {killed}\n"
 
 
+def test_a_run_that_failed_after_its_summary_did_not_complete(run, capsys):
+    """A job that failed once summary.json was written (in its report, its last barrier) leaves
+    incomplete.txt beside it: compare and a sweep's tally counted it complete."""
+    from ppx.report.compare import find_runs
+
+    late = run.parent / "late"
+    late.mkdir()
+    for f in run.iterdir():
+        (late / f.name).write_text(f.read_text())
+    assert RunDir(late).is_complete
+    (late / "incomplete.txt").write_text("stopped: ppx run received SIGTERM after 3.1 s and ended the job\n")
+    assert not RunDir(late).is_complete and RunDir(run).is_complete
+    (found,) = find_runs([str(run.parent)])
+    assert found.path == run
+    assert capsys.readouterr().err == f"ppx compare: left out 1 run(s) that did not complete: {late}\n"
+    with pytest.raises(UserError, match=f"no completed run .* \\(1 that did not complete: {late}\\)"):
+        find_runs([str(late)])
+
+
 def test_simulate_from_run_reads_summary_config_and_env(run, capsys):
     from ppx.cli import main
 
