@@ -46,6 +46,7 @@ def cmd_run(args) -> int:
 
         return run_rank(cfg, None, device)
 
+    processes.follow_parent(os.environ.pop("PPX_SWEEP_PID", None))  # a sweep's point: ended when the sweep dies
     check_free(cfg)  # (before the device's notice: a run that cannot start says one line)
     sched = resolve_schedule(cfg)
     device, notice = devices.choose_device(cfg.runtime.device, _processes(cfg, sched)[1])
@@ -58,23 +59,24 @@ def cmd_run(args) -> int:
     entries = _entries(cfg)
     for line in _notes(cfg, sched, entries):
         print(line, file=sys.stderr)
-    run_dir = claim(cfg)
-    write_config(run_dir, cfg, [e.pipeline.schedule for e in entries])
-    env = processes.worker_env(device, cfg.runtime.threads_per_rank, command)
-    fork = device == "cpu" and cfg.runtime.fork_ranks and sys.platform.startswith("linux")  # CUDA cannot fork
-    if world == 1 and not fork:
-        # one rank that cannot be forked (a GPU's): in this process, where a torchrun job would
-        # import torch and start CUDA once more (a stop signal ends it as a watched job's would)
-        os.environ.update(env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        from ppx.launch.in_process import run_in_process
+    from ppx.launch.supervisor import stops_held, supervise
 
-        return run_in_process(cfg, run_dir, device)
-    # watched to its end: a frozen rank, a killed one, a SIGTERM to us each end it and are explained
-    # (one CPU rank too: forked from torchrun's agent, it costs no more than running it here)
-    from ppx.launch.supervisor import supervise
+    with stops_held() as early:  # (a stop from here on leaves the claimed run marked: incomplete.txt)
+        run_dir = claim(cfg)
+        write_config(run_dir, cfg, [e.pipeline.schedule for e in entries])
+        env = processes.worker_env(device, cfg.runtime.threads_per_rank, command)
+        fork = device == "cpu" and cfg.runtime.fork_ranks and sys.platform.startswith("linux")  # CUDA cannot fork
+        if world == 1 and not fork:
+            # one rank that cannot be forked (a GPU's): in this process, where a torchrun job would
+            # import torch and start CUDA once more (a stop signal ends it as a watched job's would)
+            os.environ.update(env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+            from ppx.launch.in_process import run_in_process
 
-    command = processes.torchrun_command(world, run_dir, fork)
-    return supervise(command, env, run_dir, world, cfg.runtime.timeout_s)
+            return run_in_process(cfg, run_dir, device, early)
+        # watched to its end: a frozen rank, a killed one, a SIGTERM to us each end it and are explained
+        # (one CPU rank too: forked from torchrun's agent, it costs no more than running it here)
+        command = processes.torchrun_command(world, run_dir, fork)
+        return supervise(command, env, run_dir, world, cfg.runtime.timeout_s, early)
 
 
 def _entries(cfg) -> list:

@@ -30,13 +30,16 @@ def _raise(signum, frame) -> None:
     raise Stopped(signum)
 
 
-def run_in_process(cfg, run_dir: Path, device: str) -> int:
-    """``run_rank`` of rank 0 of a one-rank job here; its exit code."""
+def run_in_process(cfg, run_dir: Path, device: str, early=()) -> int:
+    """``run_rank`` of rank 0 of a one-rank job here; its exit code (``early``: stop signals
+    received before, `supervisor.stops_held`'s)."""
     from ppx.launch.worker import run_rank
 
     previous = {s: signal.signal(s, _raise) for s in STOP_SIGNALS}
     started = time.monotonic()
     try:
+        if early:
+            _raise(early[0], None)
         return run_rank(cfg, run_dir, device)
     except Stopped as e:
         states = f"where each rank was: rank 0: {where(run_dir / 'status', 0)}"

@@ -3,7 +3,9 @@ torchrun command and environment ``ppx run`` starts its workers with."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -85,3 +87,20 @@ def zombie_status(pid: int) -> int | None:
 def process_alive(pid: int) -> bool:
     """Whether ``pid`` is a live process of this machine (not gone, not a zombie)."""
     return process_state(pid) not in (None, "Z", "X")
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def follow_parent(parent: str | None) -> None:
+    """SIGTERM this process when its parent dies, where ``parent`` is the parent's pid (``ppx
+    run``'s, for its torchrun; ``ppx sweep``'s, for a point's ``ppx run``: a kill -9 of the
+    parent then leaves no job behind); None, or not Linux: nothing."""
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != parent:  # it died before the request was made
+        os.kill(os.getpid(), signal.SIGTERM)

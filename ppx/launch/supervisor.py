@@ -28,6 +28,7 @@ included: ``ppx.launch.worker <run dir>``, or torchrun's own with the forked wor
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -51,9 +52,25 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 FORKED = forked_worker_path().encode()
 
 
-def supervise(command: list[str], env: dict, run_dir: Path, world: int, timeout_s: float) -> int:
-    """Run the torchrun ``command`` to its end, or end it; returns ``ppx run``'s exit code."""
-    return Supervisor(command, env, Path(run_dir), world, timeout_s).run()
+def supervise(command: list[str], env: dict, run_dir: Path, world: int, timeout_s: float, early=()) -> int:
+    """Run the torchrun ``command`` to its end, or end it; returns ``ppx run``'s exit code.
+    ``early``: stop signals received since the run directory was claimed (`stops_held`): the
+    job is then not started, and the run says so as a stopped one does."""
+    return Supervisor(command, env, Path(run_dir), world, timeout_s).run(early)
+
+
+@contextlib.contextmanager
+def stops_held():
+    """Stop signals received inside, held (a list, in order) instead of ending the process:
+    between claiming a run directory and watching its job, a SIGTERM left the folder without
+    incomplete.txt (`supervise` and `run_in_process` take the list and end as stopped)."""
+    got: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in STOP_SIGNALS}
+    try:
+        yield got
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class Supervisor:
@@ -68,11 +85,13 @@ class Supervisor:
         self._done_at: float | None = None  # when every rank was first seen done with the run complete
         self.proc: subprocess.Popen | None = None
 
-    def run(self) -> int:
+    def run(self, early=()) -> int:
         self.status.mkdir(parents=True, exist_ok=True)
         previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         try:
             self.started = time.monotonic()
+            if early:  # (stopped before the job started: nothing to end)
+                return report_stop(self.run_dir, early[0], 0.0, self._where_each(), False)
             self.proc = subprocess.Popen(self.command, env=self.env, start_new_session=True)
             return self._watch()
         finally:
@@ -181,6 +200,9 @@ class Supervisor:
         return report_stop(self.run_dir, signum, time.monotonic() - self.started, states, complete)
 
     def _failed(self, code: int) -> int:
+        # torchrun ends its workers before it fails, unless it was killed: started workers (CUDA
+        # runs' ranks, sessions of their own) would run on without it and finish the run
+        self._end_workers()
         failures = self._failures()
         lines = killed(failures, self.status)
         # torchrun itself ended by a signal (killed; or stopped: it returns 128 + a stop signal),
@@ -252,6 +274,14 @@ class Supervisor:
         each then has SIGTERM pending when SIGCONT wakes it, and dies of it before it runs
         again."""
         self.proc.send_signal(signal.SIGSTOP)  # (Popen signals only a child it has not reaped)
+        self._end_workers(first)
+        _kill_group(self.proc.pid, signal.SIGKILL)  # torchrun leads its group; not reaped yet
+        self.proc.wait()
+        _wait(lambda: not self._workers(), GRACE_S)  # orphans of torchrun now: init reaps them
+
+    def _end_workers(self, first: list[int] = ()) -> None:
+        """`_end_job`'s part for the workers: each stopped, then ``first`` SIGKILLed, the others
+        SIGTERMed and woken, and SIGKILL to any left after GRACE_S."""
         workers = self._workers()
         for pid in workers:
             _kill_group(pid, signal.SIGSTOP)
@@ -266,9 +296,6 @@ class Supervisor:
         _wait(lambda: not any(self._ours(p) for p in workers), GRACE_S)
         for pid in self._workers():
             _kill_group(pid, signal.SIGKILL)
-        _kill_group(self.proc.pid, signal.SIGKILL)  # torchrun leads its group; not reaped yet
-        self.proc.wait()
-        _wait(lambda: not self._workers(), GRACE_S)  # orphans of torchrun now: init reaps them
 
 
 def _wait(done, timeout_s: float) -> None:

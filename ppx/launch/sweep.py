@@ -32,9 +32,10 @@ class SweepStopped(Exception):
 
 def _run_forwarding(cmd: list[str]) -> tuple[int, int | None]:
     """Run one point's ``ppx run``; a stop signal to the sweep goes on to it, whose supervisor
-    ends its job and marks the run incomplete. (its exit code, the signal received or None)."""
+    ends its job and marks the run incomplete, and the sweep's death (kill -9) is a SIGTERM to
+    it. (its exit code, the signal received or None)."""
     got: list[int] = []
-    proc = subprocess.Popen(cmd, env=dict(os.environ))
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PPX_SWEEP_PID=str(os.getpid())))  # (`follow_parent`)
 
     def forward(signum, frame):
         got.append(signum)

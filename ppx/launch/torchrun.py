@@ -22,7 +22,6 @@ imports what every worker needs first, once, so that the workers inherit it
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import logging
@@ -39,25 +38,11 @@ from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from torch.distributed.run import main as torchrun_main
 
 from ppx.errors import first_line
-from ppx.launch.processes import FORK
+from ppx.launch.processes import FORK, follow_parent
 from ppx.launch.supervisor import killed, write_incomplete
 from ppx.launch.watchdog import cause_path, claim_cause, read_status
 
-PR_SET_PDEATHSIG = 1
 FAILED_GRACE_S = 0.5  # a failed forked rank's survivors' time before torchrun's SIGTERM (`_report_every_failed_fork`)
-
-
-def _follow_the_launcher() -> None:
-    """SIGTERM this process when its parent, ``ppx run``, dies (Linux; elsewhere nothing)."""
-    launcher = os.environ.get("PPX_LAUNCHER_PID")
-    if not launcher or not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        return
-    if str(os.getppid()) != launcher:  # it died before the request was made
-        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _import_for_the_workers() -> None:
@@ -118,7 +103,7 @@ def main(argv: list[str]) -> int:
         _report_every_failed_fork()
     exits = os.environ.get("PPX_TORCHRUN_EXITS")
     if exits:
-        _follow_the_launcher()
+        follow_parent(os.environ.get("PPX_LAUNCHER_PID"))
         for name, logger in list(logging.Logger.manager.loggerDict.items()):  # each sets its own level
             if name.startswith("torch.distributed.elastic") and isinstance(logger, logging.Logger):
                 logger.setLevel(logging.CRITICAL)

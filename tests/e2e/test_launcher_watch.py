@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 from helpers import ppx
 from helpers.job import end, read_log, start_run, wait_for_step, workers
@@ -66,6 +67,26 @@ def test_a_frozen_torchrun_and_a_killed_rank_end_the_job_naming_the_rank(run_dir
         assert errors[1].startswith("ppx: error: torchrun had not ended "), out[-3000:]
         assert (run_dir / "incomplete.txt").read_text() == "".join(x[len("ppx: error: ") :] + "\n" for x in errors)
         assert workers(run_dir) == []
+    finally:
+        end(proc, run_dir)
+
+
+def test_a_killed_torchrun_leaves_no_started_rank_running(run_dir, tmp_path):
+    """torchrun's agent killed (kill -9) under started ranks (sessions of their own, as a CUDA
+    run's always are): ``ppx run`` names it and ends the ranks. They ran on without it and
+    finished the run, summary.json beside incomplete.txt."""
+    proc, log = start_run("gpipe_2cpu", run_dir, tmp_path, "runtime.fork_ranks=false", "runtime.timeout_s=5")
+    try:
+        wait_for_step(run_dir, 2)
+        (agent,) = [pid for pid in workers(run_dir) if _parent(pid) == proc.pid]
+        os.kill(agent, signal.SIGKILL)
+        proc.wait(timeout=60)
+        out = read_log(log)
+        assert proc.returncode == 137, out[-3000:]
+        assert "ppx: error: torchrun, which runs the ranks, was killed by signal SIGKILL (9); " in out, out[-3000:]
+        assert workers(run_dir) == []
+        time.sleep(1)  # (a rank left would write its next step's status)
+        assert not (run_dir / "summary.json").exists() and (run_dir / "incomplete.txt").exists()
     finally:
         end(proc, run_dir)
 

@@ -64,15 +64,17 @@ def process_state(pid: int | str) -> str:
         return "gone"
 
 
-def workers(run_dir) -> list[int]:
-    """The live processes of this run's job (torchrun and its workers), from /proc."""
+def workers(run_dir, launcher: bool = False) -> list[int]:
+    """The live processes of this run's job (torchrun and its workers; ``launcher``: its ``ppx
+    run`` too), from /proc."""
     pids = []
     for name in os.listdir("/proc"):
         try:
             cmdline = open(f"/proc/{name}/cmdline", "rb").read().split(b"\0")
         except OSError:
             continue
-        if str(run_dir).encode() in cmdline and b"ppx.cli" not in cmdline and process_state(name) not in ("Z", "gone"):
+        named = str(run_dir).encode() in cmdline or (launcher and f"run.dir={run_dir}".encode() in cmdline)
+        if named and (launcher or b"ppx.cli" not in cmdline) and process_state(name) not in ("Z", "gone"):
             pids.append(int(name))
     return pids
 

@@ -8,6 +8,8 @@ import itertools
 import json
 import os
 import re
+import signal
+import sys
 import threading
 import time
 
@@ -25,7 +27,7 @@ from ppx.launch.heartbeat import (
     stopped_responding,
     this_host,
 )
-from ppx.launch.supervisor import Supervisor
+from ppx.launch.supervisor import Supervisor, stops_held, supervise
 
 
 @pytest.mark.timing
@@ -324,3 +326,25 @@ def test_where_each_rank_was_is_unknown_not_not_started_when_status_is_gone(tmp_
     assert sup._failed(1) == 1
     err = capsys.readouterr().err
     assert f"where each rank was: unknown ({tmp_path / 'status'} is gone)" in err and "not started" not in err
+
+
+def test_a_stop_between_the_claim_and_the_job_is_held_and_marks_the_run(tmp_path, capsys):
+    """SIGTERM to ``ppx run`` just after it claimed its run directory ended it there, the folder
+    left without incomplete.txt: held (`stops_held`), the job is not started and the run says so."""
+    before = signal.getsignal(signal.SIGTERM)
+    marker = tmp_path / "started"
+    with stops_held() as early:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # (the handler runs in this thread, at once)
+        assert early == [signal.SIGTERM]
+        code = supervise([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], {}, tmp_path, 2, 5.0, early)
+    assert code == 128 + signal.SIGTERM and not marker.exists()
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert (tmp_path / "incomplete.txt").read_text() == (
+        "stopped: ppx run received SIGTERM after 0.0 s and ended the job; "
+        "where each rank was: rank 0: not started; rank 1: not started\n"
+    )
+    assert (
+        capsys.readouterr().err
+        == f"ppx: stopped by SIGTERM: the job was ended; run directory (incomplete): {tmp_path}\n"
+    )
