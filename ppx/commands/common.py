@@ -155,7 +155,7 @@ def not_in_a_run(option: str, path, what: str = "folder") -> None:
         raise UserError(f"{option} {path} is inside the run {run}; ppx never writes into a run (give another {what})")
 
 
-def new_folder(option: str, path) -> None:
+def empty_or_new(option: str, path) -> None:
     """Fail before any work where ``path`` (a folder the command makes) is not new or empty: a
     file, a folder holding anything (a file there would be replaced), a link to nothing."""
     out = Path(path)

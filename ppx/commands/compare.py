@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ppx.commands.common import new_folder, wrote
+from ppx.commands.common import empty_or_new, wrote
 from ppx.errors import UserError
 
 
@@ -50,7 +50,7 @@ def cmd_compare(args) -> int:
     # a sweep's folder compared into itself (slurm/compare.sbatch): drawn as its runs were
     own = len(args.runs) == 1 and Path(args.runs[0]).resolve() == out.resolve()
     if args.out and not own:  # (report.html, compare.png, tb/ of whatever is there would be replaced)
-        new_folder("--out", out)
+        empty_or_new("--out", out)
     compare_into(args.runs, out, *(_drawn(_runs_in(out)) if own else (True, True)))
     return 0
 

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from ppx.commands.common import first_step_note, new_folder, noisy_run_note, not_in_a_run
+from ppx.commands.common import empty_or_new, first_step_note, noisy_run_note, not_in_a_run
 from ppx.commands.plan_inputs import calibrated, from_flags, from_run, ints
 from ppx.errors import UserError
 from ppx.plan.space import SPLIT_REASON, schedule_names
@@ -20,7 +20,7 @@ def out_dir(text: str | None) -> Path:
     if text is not None and not text.strip():
         raise UserError("--out is empty: give a folder's path (or leave --out out: plans/<UTC time>)")
     out = Path(text) if text else Path("plans") / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    new_folder("--out", out)
+    empty_or_new("--out", out)
     not_in_a_run("--out", out)
     return out
 

@@ -61,11 +61,10 @@ NOTE = (  # under both tables: pred err pt is the timeline bubble minus the pred
 
 
 def find_runs(patterns: list[str], left_out: list[Path] | None = None) -> list[RunDir]:
-    """Completed run directories (holding summary.json, and no incomplete.txt) named by paths
-    or globs; a folder without a summary.json contributes every run below it. Runs that did
-    not complete (or have not yet: incomplete.txt, or `is_run_folder`, without a summary.json;
-    or incomplete.txt beside one, a job that failed after it) are left out, in one line on
-    stderr saying which, and added to ``left_out``."""
+    """Completed run directories (`completed`) named by paths or globs; a folder without a
+    summary.json contributes every run below it. Runs that did not complete (or have not yet:
+    incomplete.txt, or `is_run_folder`) are left out, in one line on stderr saying which, and
+    added to ``left_out``."""
     found: list[Path] = []
     left: list[Path] = []
     for pat in patterns:
@@ -73,10 +72,8 @@ def find_runs(patterns: list[str], left_out: list[Path] | None = None) -> list[R
         if not matches:
             raise UserError(f"no run matches {pat!r}")
         for m in map(Path, matches):
-            if completed(m):
-                found.append(m)
-            elif (m / "summary.json").exists():  # (and incomplete.txt: it failed after its summary)
-                left.append(m)
+            if (m / "summary.json").exists():  # (beside incomplete.txt: it failed after writing it)
+                (found if completed(m) else left).append(m)
             elif m.is_dir():
                 done, begun = _runs_below(m)
                 found += done
