@@ -65,21 +65,25 @@ def _read_yaml(path: Path):
     return loaded
 
 
-KEY_SHOWN = 80  # characters of a key shown in an error: a file of no YAML keys reads as one key of all its text
+HEAD, TAIL = 45, 32  # characters kept of a longer key or quoted text in an error, from its start and its end
 
 
 def _one_line(e: OmegaConfBaseException) -> str:
     msg = first_line(getattr(e, "msg", None) or str(e))
     key = getattr(e, "full_key", None)
-    if key and len(key) > KEY_SHOWN and f"'{key}'" in msg:
+    if key and f"'{key}'" in msg and _cut(key) != key:
         key = None  # (the message names it: once, cut; /etc/passwd's every line was the key, twice)
-    msg = re.sub(r"'([^']*)'", lambda q: f"'{_cut(q.group(1))}'", msg)
+    msg = re.sub(r"'([^']*)'", lambda q: _cut(q.group(1), "'"), msg)
     return f"{_cut(key)}: {msg}" if key else msg
 
 
-def _cut(text: str) -> str:
-    """``text``, or its first ``KEY_SHOWN`` characters and how many it has."""
-    return text if len(text) <= KEY_SHOWN else f"{text[:KEY_SHOWN]}... ({len(text)} characters)"
+def _cut(text: str, quote: str = "") -> str:
+    """``text`` (in ``quote``s), or its start and its end (a typo is mostly at a key's end) and,
+    outside the quotes, how many characters it has: a file of no YAML keys reads as one key
+    of all its text."""
+    if len(text) <= HEAD + TAIL + 3:
+        return f"{quote}{text}{quote}"
+    return f"{quote}{text[:HEAD]}...{text[-TAIL:]}{quote} ({len(text)} characters)"
 
 
 @functools.cache

@@ -45,5 +45,11 @@ def test_a_file_of_no_yaml_keys_is_named_with_its_first_problem_cut_short(tmp_pa
     (tmp_path / "passwd").write_text("\n".join(lines) + "\n")
     r = ppx("split", str(tmp_path / "passwd"))
     key = " ".join(lines)  # (YAML folds the lines into one)
-    said = f"ppx: error: {tmp_path / 'passwd'}: Key '{key[:80]}... ({len(key)} characters)' not in 'Config'\n"
+    said = (
+        f"ppx: error: {tmp_path / 'passwd'}: Key '{key[:45]}...{key[-32:]}' ({len(key)} characters) not in 'Config'\n"
+    )
     assert (r.returncode, r.stdout, r.stderr) == (2, "", said)
+    typo = "x" * 90 + "_hiddn"  # a long key's end, where a typo mostly is, stays
+    r = ppx("split", "1f1b_2cpu", f"model.{typo}=1")
+    said = f"Key '{typo[:45]}...{typo[-32:]}' (96 characters) not in 'ModelConfig'"
+    assert r.returncode == 2 and r.stderr.endswith(f"{typo[-32:]} (102 characters): {said}\n"), r.stderr
