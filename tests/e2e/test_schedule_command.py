@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from helpers import ppx
+from helpers import REPO, ppx
 from ppx import schedules
 
 
@@ -200,6 +200,21 @@ def test_a_csv_that_cannot_be_written_is_one_line_naming_it():
         2,
         "ppx: error: --csv /dev/full: could not write it (No space left on device)\n",
     )
+
+
+def test_a_csv_cut_short_is_not_left_behind(tmp_path):
+    """A write that fails part way (a file-size limit: RLIMIT_FSIZE) left a part of the list,
+    which a later run would read as the whole: the part is removed, in one line."""
+    import resource
+    import subprocess
+    import sys
+
+    out = tmp_path / "zb.csv"
+    cmd = [sys.executable, "-m", "ppx.cli", "schedule", "zb_h1", "-p", "4", "-m", "32", "--csv", str(out)]
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (256, resource.RLIM_INFINITY))  # noqa: E731
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, preexec_fn=limit, timeout=60)
+    assert (r.returncode, r.stderr) == (2, f"ppx: error: --csv {out}: could not write it (File too large)\n")
+    assert not out.exists()
 
 
 def test_a_receive_lookahead_under_nccl_is_refused():
