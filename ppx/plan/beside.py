@@ -65,12 +65,12 @@ def _measured(row) -> bool:
 
 
 def _with(run_cfg, cand=None):
-    """The run's config without its run.paired entries (as an entry's config has it), with
+    """The run's config without its run.paired entries and fault (as an entry's config has it), with
     ``cand``'s sections that an entry may change (``pipeline``, ``model``, ``train``) where given."""
     import copy
 
     out = copy.deepcopy(run_cfg)
-    out.run.paired = []
+    out.run.paired, out.runtime.inject_fault = [], None
     if cand is not None:
         out.pipeline, out.model, out.train = cand.pipeline, cand.model, cand.train
     return out
