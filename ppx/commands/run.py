@@ -15,6 +15,7 @@ def cmd_run(args) -> int:
     from ppx.launch import devices, processes, slurm
     from ppx.launch.claim import check_free, claim, write_config
 
+    sweep = os.environ.pop("PPX_SWEEP_PID", None)  # (the sweep's pid, for its point alone: `ppx.launch.sweep`)
     cfg = config.load(args.experiment, args.overrides)
     command = " ".join(shlex.quote(a) for a in ["ppx", "run", args.experiment, *args.overrides])
     mode = processes.launched_by()
@@ -46,7 +47,9 @@ def cmd_run(args) -> int:
 
         return run_rank(cfg, None, device)
 
-    processes.follow_parent(os.environ.pop("PPX_SWEEP_PID", None))  # a sweep's point: ended when the sweep dies
+    if not processes.follow_parent(sweep):  # a sweep's point: ended when the sweep dies
+        print(f"ppx: stopped: the ppx sweep that started this run (pid {sweep}) has ended", file=sys.stderr)
+        return 128 + 15  # (as a point of a sweep stopped by SIGTERM)
     check_free(cfg)  # (before the device's notice: a run that cannot start says one line)
     sched = resolve_schedule(cfg)
     device, notice = devices.choose_device(cfg.runtime.device, _processes(cfg, sched)[1])

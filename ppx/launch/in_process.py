@@ -39,7 +39,8 @@ def run_in_process(cfg, run_dir: Path, device: str, early=()) -> int:
     started = time.monotonic()
     try:
         if early:
-            _raise(early[0], None)
+            signum, early[:] = early[0], []  # (taken)
+            _raise(signum, None)
         return run_rank(cfg, run_dir, device)
     except Stopped as e:
         states = f"where each rank was: rank 0: {where(run_dir / 'status', 0)}"

@@ -92,15 +92,16 @@ def process_alive(pid: int) -> bool:
 PR_SET_PDEATHSIG = 1
 
 
-def follow_parent(parent: str | None) -> None:
+def follow_parent(parent: str | None) -> bool:
     """SIGTERM this process when its parent dies, where ``parent`` is the parent's pid (``ppx
     run``'s, for its torchrun; ``ppx sweep``'s, for a point's ``ppx run``: a kill -9 of the
-    parent then leaves no job behind); None, or not Linux: nothing."""
+    parent then leaves no job behind); None, or not Linux: nothing. False where that parent
+    is gone already (it died before the request was made; the caller ends); a parent named
+    that is alive but not this process's (a value left in the environment) is no death."""
     if not parent or not sys.platform.startswith("linux"):
-        return
+        return True
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
-        return
-    if str(os.getppid()) != parent:  # it died before the request was made
-        os.kill(os.getpid(), signal.SIGTERM)
+        return True
+    return str(os.getppid()) == parent or (parent.isdigit() and process_alive(int(parent)))

@@ -63,7 +63,8 @@ def supervise(command: list[str], env: dict, run_dir: Path, world: int, timeout_
 def stops_held():
     """Stop signals received inside, held (a list, in order) instead of ending the process:
     between claiming a run directory and watching its job, a SIGTERM left the folder without
-    incomplete.txt (`supervise` and `run_in_process` take the list and end as stopped)."""
+    incomplete.txt (`supervise` and `run_in_process` take the list, emptied, and end as
+    stopped). One held and not taken (an error first, or after the job) is sent again on leaving."""
     got: list[int] = []
     previous = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in STOP_SIGNALS}
     try:
@@ -71,6 +72,8 @@ def stops_held():
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        if got:
+            os.kill(os.getpid(), got[0])
 
 
 class Supervisor:
@@ -91,7 +94,8 @@ class Supervisor:
         try:
             self.started = time.monotonic()
             if early:  # (stopped before the job started: nothing to end)
-                return report_stop(self.run_dir, early[0], 0.0, self._where_each(), False)
+                signum, early[:] = early[0], []  # (taken)
+                return report_stop(self.run_dir, signum, 0.0, self._where_each(), False)
             self.proc = subprocess.Popen(self.command, env=self.env, start_new_session=True)
             return self._watch()
         finally:

@@ -103,7 +103,8 @@ def main(argv: list[str]) -> int:
         _report_every_failed_fork()
     exits = os.environ.get("PPX_TORCHRUN_EXITS")
     if exits:
-        follow_parent(os.environ.get("PPX_LAUNCHER_PID"))
+        if not follow_parent(os.environ.get("PPX_LAUNCHER_PID")):  # (ppx run is gone: end quietly, as told to)
+            os.kill(os.getpid(), signal.SIGTERM)
         for name, logger in list(logging.Logger.manager.loggerDict.items()):  # each sets its own level
             if name.startswith("torch.distributed.elastic") and isinstance(logger, logging.Logger):
                 logger.setLevel(logging.CRITICAL)

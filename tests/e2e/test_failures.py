@@ -14,7 +14,7 @@ import time
 import pytest
 
 from helpers import REPO, ppx, torchrun_ppx
-from helpers.job import LONG_RUN, RANK0_UNTIL_B1, end, read_log, signal_mid_run, start_run, wait_for_step, workers
+from helpers.job import LONG_RUN, RANK0_UNTIL_B1, end, read_log, signal_mid_run, start_run, wait_for_step
 from ppx.launch.heartbeat import read_beat
 from ppx.launch.processes import forked_worker_path
 from ppx.launch.watchdog import read_status
@@ -364,28 +364,3 @@ def test_a_stopped_sweep_ends_its_running_point_and_runs_no_more(tmp_path):
     assert (point / "incomplete.txt").read_text().startswith("stopped: ppx run received SIGTERM")
     assert not (point.parent / "microbatches=4").exists() and left == [], left
     assert took < 10, out[-3000:]
-
-
-def test_a_killed_sweep_leaves_no_point_running(tmp_path):
-    """kill -9 of ``ppx sweep``: its running point's ``ppx run`` (and so its job) is ended as a
-    stopped one is, its run marked incomplete; they ran on to the point's end."""
-    cmd = [sys.executable, "-m", "ppx.cli", "sweep", "1f1b_2cpu", "--sweep", "pipeline.microbatches=2,4"]
-    proc = subprocess.Popen([*cmd, *LONG_RUN, f"run.root={tmp_path}"], cwd=REPO, stdout=subprocess.DEVNULL)
-    point = tmp_path / "none"
-    try:
-        deadline = time.monotonic() + 60
-        while not list((tmp_path / "1f1b_2cpu").glob("sweep-*/microbatches=2/status")) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        (point,) = (tmp_path / "1f1b_2cpu").glob("sweep-*/microbatches=2")
-        wait_for_step(point, 2)
-        proc.kill()
-        deadline = time.monotonic() + 15
-        while workers(point, launcher=True) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert workers(point, launcher=True) == []
-        assert (point / "incomplete.txt").read_text().startswith("stopped: ppx run received SIGTERM")
-    finally:
-        for pid in workers(point, launcher=True):
-            os.kill(pid, signal.SIGKILL)
-        proc.kill()
-        proc.wait()

@@ -73,8 +73,8 @@ def test_a_frozen_torchrun_and_a_killed_rank_end_the_job_naming_the_rank(run_dir
 
 def test_a_killed_torchrun_leaves_no_started_rank_running(run_dir, tmp_path):
     """torchrun's agent killed (kill -9) under started ranks (sessions of their own, as a CUDA
-    run's always are): ``ppx run`` names it and ends the ranks. They ran on without it and
-    finished the run, summary.json beside incomplete.txt."""
+    run's always are): ``ppx run`` names it and ends the ranks, which had run on without it to
+    the run's end (summary.json beside incomplete.txt)."""
     proc, log = start_run("gpipe_2cpu", run_dir, tmp_path, "runtime.fork_ranks=false", "runtime.timeout_s=5")
     try:
         wait_for_step(run_dir, 2)
