@@ -33,19 +33,10 @@ def test_a_frozen_torchrun_after_a_complete_run_is_ended_and_the_run_kept(run_di
     """torchrun's agent stopped (SIGSTOP) mid-run: the ranks finish without it, and ``ppx run``
     ends the job runtime.timeout_s after every rank is done, exit 0, the run complete (it
     waited for torchrun forever, and a SIGTERM then marked the complete run incomplete)."""
-    proc, log = start_run("gpipe_2cpu", run_dir, tmp_path, "runtime.timeout_s=4", "train.steps=15")
-    try:
-        wait_for_step(run_dir, 2)
-        (agent,) = [pid for pid in workers(run_dir) if _parent(pid) == proc.pid]
-        os.kill(agent, signal.SIGSTOP)
-        proc.wait(timeout=120)
-        out = read_log(log)
-        assert proc.returncode == 0, out[-3000:]
-        assert "ppx: torchrun had not ended" in out and "(the run is complete: " in out, out[-3000:]
-        assert (run_dir / "summary.json").exists() and not (run_dir / "incomplete.txt").exists()
-        assert workers(run_dir) == []
-    finally:
-        end(proc, run_dir)
+    code, out = _signal_the_agent(run_dir, tmp_path, signal.SIGSTOP, "runtime.timeout_s=4", "train.steps=15")
+    assert code == 0, out[-3000:]
+    assert "ppx: torchrun had not ended" in out and "(the run is complete: " in out, out[-3000:]
+    assert (run_dir / "summary.json").exists() and not (run_dir / "incomplete.txt").exists()
 
 
 def test_a_frozen_torchrun_and_a_killed_rank_end_the_job_naming_the_rank(run_dir, tmp_path):
@@ -53,40 +44,38 @@ def test_a_frozen_torchrun_and_a_killed_rank_end_the_job_naming_the_rank(run_dir
     finding its peer gone, leaves the naming to the launcher. ``ppx run`` ends the job
     runtime.timeout_s after every rank has ended, naming the killed rank from its exit status
     (it waited for torchrun until a SIGTERM, naming nobody)."""
-    proc, log = start_run("gpipe_2cpu", run_dir, tmp_path, "runtime.timeout_s=4")
-    try:
-        wait_for_step(run_dir, 2)
-        (agent,) = [pid for pid in workers(run_dir) if _parent(pid) == proc.pid]
-        os.kill(agent, signal.SIGSTOP)
-        os.kill(read_beat(beat_path(run_dir / "status", 1), 1).pid, signal.SIGKILL)
-        proc.wait(timeout=120)
-        out = read_log(log)
-        assert proc.returncode == 1, out[-3000:]
-        errors = [x for x in out.splitlines() if x.startswith("ppx: error: ")]
-        assert len(errors) == 2 and errors[0].startswith("ppx: error: rank 1 died: killed by signal SIGKILL (9) on ")
-        assert errors[1].startswith("ppx: error: torchrun had not ended "), out[-3000:]
-        assert (run_dir / "incomplete.txt").read_text() == "".join(x[len("ppx: error: ") :] + "\n" for x in errors)
-        assert workers(run_dir) == []
-    finally:
-        end(proc, run_dir)
+    code, out = _signal_the_agent(run_dir, tmp_path, signal.SIGSTOP, "runtime.timeout_s=4", rank1=signal.SIGKILL)
+    assert code == 1, out[-3000:]
+    errors = [x for x in out.splitlines() if x.startswith("ppx: error: ")]
+    assert len(errors) == 2 and errors[0].startswith("ppx: error: rank 1 died: killed by signal SIGKILL (9) on ")
+    assert errors[1].startswith("ppx: error: torchrun had not ended "), out[-3000:]
+    assert (run_dir / "incomplete.txt").read_text() == "".join(x[len("ppx: error: ") :] + "\n" for x in errors)
 
 
 def test_a_killed_torchrun_leaves_no_started_rank_running(run_dir, tmp_path):
     """torchrun's agent killed (kill -9) under started ranks (sessions of their own, as a CUDA
     run's always are): ``ppx run`` names it and ends the ranks, which had run on without it to
     the run's end (summary.json beside incomplete.txt)."""
-    proc, log = start_run("gpipe_2cpu", run_dir, tmp_path, "runtime.fork_ranks=false", "runtime.timeout_s=5")
+    code, out = _signal_the_agent(run_dir, tmp_path, signal.SIGKILL, "runtime.fork_ranks=false", "runtime.timeout_s=5")
+    assert code == 137, out[-3000:]
+    assert "ppx: error: torchrun, which runs the ranks, was killed by signal SIGKILL (9); " in out, out[-3000:]
+    time.sleep(1)  # (a rank left would write its next step's status)
+    assert not (run_dir / "summary.json").exists() and (run_dir / "incomplete.txt").exists()
+
+
+def _signal_the_agent(run_dir, tmp_path, sig, *overrides, rank1=None) -> tuple[int, str]:
+    """A gpipe_2cpu ``ppx run`` to step 2, then ``sig`` to torchrun's agent (and ``rank1`` to
+    rank 1): (its exit code, its output), once it has ended with nothing of the job left."""
+    proc, log = start_run("gpipe_2cpu", run_dir, tmp_path, *overrides)
     try:
         wait_for_step(run_dir, 2)
         (agent,) = [pid for pid in workers(run_dir) if _parent(pid) == proc.pid]
-        os.kill(agent, signal.SIGKILL)
-        proc.wait(timeout=60)
-        out = read_log(log)
-        assert proc.returncode == 137, out[-3000:]
-        assert "ppx: error: torchrun, which runs the ranks, was killed by signal SIGKILL (9); " in out, out[-3000:]
-        assert workers(run_dir) == []
-        time.sleep(1)  # (a rank left would write its next step's status)
-        assert not (run_dir / "summary.json").exists() and (run_dir / "incomplete.txt").exists()
+        os.kill(agent, sig)
+        if rank1 is not None:
+            os.kill(read_beat(beat_path(run_dir / "status", 1), 1).pid, rank1)
+        proc.wait(timeout=120)
+        assert workers(run_dir) == [], read_log(log)[-3000:]
+        return proc.returncode, read_log(log)
     finally:
         end(proc, run_dir)
 
