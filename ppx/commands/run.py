@@ -62,7 +62,8 @@ def cmd_run(args) -> int:
     entries = _entries(cfg)
     for line in _notes(cfg, sched, entries):
         print(line, file=sys.stderr)
-    from ppx.launch.supervisor import stops_held, supervise
+    from ppx.launch.stops import stops_held
+    from ppx.launch.supervisor import supervise
 
     with stops_held() as early:  # (a stop from here on leaves the claimed run marked: incomplete.txt)
         run_dir = claim(cfg)

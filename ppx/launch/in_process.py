@@ -13,7 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from ppx.launch.supervisor import STOP_SIGNALS, report_stop, where
+from ppx.launch.stops import STOP_SIGNALS, stops_handled
+from ppx.launch.supervisor import report_stop, where
 
 
 class Stopped(BaseException):
@@ -32,26 +33,23 @@ def _raise(signum, frame) -> None:
 
 def run_in_process(cfg, run_dir: Path, device: str, early=()) -> int:
     """``run_rank`` of rank 0 of a one-rank job here; its exit code (``early``: stop signals
-    received before, `supervisor.stops_held`'s)."""
+    received before, `stops.stops_held`'s)."""
     from ppx.launch.worker import run_rank
 
-    previous = {s: signal.signal(s, _raise) for s in STOP_SIGNALS}
-    started = time.monotonic()
-    try:
-        if early:
-            signum, early[:] = early[0], []  # (taken)
-            _raise(signum, None)
-        return run_rank(cfg, run_dir, device)
-    except Stopped as e:
-        states = f"where each rank was: rank 0: {where(run_dir / 'status', 0)}"
-        complete = (run_dir / "summary.json").exists()
-        code = report_stop(run_dir, e.signum, time.monotonic() - started, states, complete)
-        # said and written: end here, as a forked rank does (ppx.launch.worker), not through the
-        # interpreter's finalization, where the interrupted job's gloo threads, never joined, can
-        # abort the process (exit -6, "terminate called without an active exception")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    with stops_handled(_raise):
+        started = time.monotonic()
+        try:
+            if early:
+                signum, early[:] = early[0], []  # (taken)
+                _raise(signum, None)
+            return run_rank(cfg, run_dir, device)
+        except Stopped as e:
+            states = f"where each rank was: rank 0: {where(run_dir / 'status', 0)}"
+            complete = (run_dir / "summary.json").exists()
+            code = report_stop(run_dir, e.signum, time.monotonic() - started, states, complete)
+            # said and written: end here, as a forked rank does (ppx.launch.worker), not through the
+            # interpreter's finalization, where the interrupted job's gloo threads, never joined, can
+            # abort the process (exit -6, "terminate called without an active exception")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)

@@ -28,7 +28,6 @@ included: ``ppx.launch.worker <run dir>``, or torchrun's own with the forked wor
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -41,6 +40,7 @@ from pathlib import Path
 from ppx.launch.crash_stacks import stacks_note
 from ppx.launch.heartbeat import INTERVAL_S, read_beats, read_gone, stopped_responding
 from ppx.launch.processes import forked_worker_path, process_alive, zombie_status
+from ppx.launch.stops import STOP_SIGNALS, stops_handled
 from ppx.launch.watchdog import cause_path, read_status, status_path
 
 GRACE_S = 2.0  # between SIGTERM and SIGKILL when the launcher ends a job
@@ -48,32 +48,14 @@ GRACE_S = 2.0  # between SIGTERM and SIGKILL when the launcher ends a job
 # one reaps its ranks, writes torchrun.json and exits within seconds, on a loaded machine too)
 UNREAPED_S = 10.0
 POLL_S = 0.25
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 FORKED = forked_worker_path().encode()
 
 
 def supervise(command: list[str], env: dict, run_dir: Path, world: int, timeout_s: float, early=()) -> int:
     """Run the torchrun ``command`` to its end, or end it; returns ``ppx run``'s exit code.
-    ``early``: stop signals received since the run directory was claimed (`stops_held`): the
+    ``early``: stop signals received since the run directory was claimed (`stops.stops_held`): the
     job is then not started, and the run says so as a stopped one does."""
     return Supervisor(command, env, Path(run_dir), world, timeout_s).run(early)
-
-
-@contextlib.contextmanager
-def stops_held():
-    """Stop signals received inside, held (a list, in order) instead of ending the process:
-    between claiming a run directory and watching its job, a SIGTERM left the folder without
-    incomplete.txt (`supervise` and `run_in_process` take the list, emptied, and end as
-    stopped). One held and not taken (an error first, or after the job) is sent again on leaving."""
-    got: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in STOP_SIGNALS}
-    try:
-        yield got
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        if got:
-            os.kill(os.getpid(), got[0])
 
 
 class Supervisor:
@@ -90,19 +72,17 @@ class Supervisor:
 
     def run(self, early=()) -> int:
         self.status.mkdir(parents=True, exist_ok=True)
-        previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
-        try:
-            self.started = time.monotonic()
-            if early:  # (stopped before the job started: nothing to end)
-                signum, early[:] = early[0], []  # (taken)
-                return report_stop(self.run_dir, signum, 0.0, self._where_each(), False)
-            self.proc = subprocess.Popen(self.command, env=self.env, start_new_session=True)
-            return self._watch()
-        finally:
-            if self.proc is not None and self.proc.poll() is None:  # an exception in the launcher
-                self._end_job()
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+        with stops_handled(self._on_signal):
+            try:
+                self.started = time.monotonic()
+                if early:  # (stopped before the job started: nothing to end)
+                    signum, early[:] = early[0], []  # (taken)
+                    return report_stop(self.run_dir, signum, 0.0, self._where_each(), False)
+                self.proc = subprocess.Popen(self.command, env=self.env, start_new_session=True)
+                return self._watch()
+            finally:
+                if self.proc is not None and self.proc.poll() is None:  # an exception in the launcher
+                    self._end_job()
 
     def _on_signal(self, signum, frame) -> None:
         if self._signal is None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from ppx import config
 from ppx.errors import UserError
 from ppx.launch.claim import check_free, new_folder
-from ppx.launch.supervisor import STOP_SIGNALS
+from ppx.launch.stops import stops_handled
 
 
 class SweepStopped(Exception):
@@ -41,12 +41,8 @@ def _run_forwarding(cmd: list[str]) -> tuple[int, int | None]:
         got.append(signum)
         proc.send_signal(signum)
 
-    previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
-    try:
+    with stops_handled(forward):
         code = proc.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
     return code, (got[0] if got else None)
 
 

@@ -27,7 +27,8 @@ from ppx.launch.heartbeat import (
     stopped_responding,
     this_host,
 )
-from ppx.launch.supervisor import Supervisor, stops_held, supervise
+from ppx.launch.stops import stops_held
+from ppx.launch.supervisor import Supervisor, supervise
 
 
 @pytest.mark.timing

@@ -1,0 +1,37 @@
+"""Stop signals (SIGTERM, SIGINT, SIGHUP: a ``kill``, a ``timeout``, Ctrl-C, a closed
+terminal) in ``ppx run`` and ``ppx sweep``: a handler of one's own for a stretch of code, or
+the signals held there to be acted on once there is a job to end."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stops_handled(handler):
+    """``handler(signum, frame)`` for every stop signal inside; the handlers before it after."""
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, before in previous.items():
+            signal.signal(s, before)
+
+
+@contextlib.contextmanager
+def stops_held():
+    """Stop signals received inside, held (a list, in order) instead of ending the process:
+    between claiming a run directory and watching its job, a SIGTERM left the folder without
+    incomplete.txt (`supervise` and `run_in_process` take the list, emptied, and end as
+    stopped). One held and not taken (an error first, or after the job) is sent again on leaving."""
+    got: list[int] = []
+    try:
+        with stops_handled(lambda signum, frame: got.append(signum)):
+            yield got
+    finally:
+        if got:
+            os.kill(os.getpid(), got[0])
