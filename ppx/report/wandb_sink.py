@@ -4,6 +4,7 @@ W&B failure is reported once and logging goes on offline, or stops."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -24,6 +25,10 @@ class WandbSink:
         w = cfg.logging.wandb
         # ppx prints its own W&B line; Settings(silent=True) leaves artifact uploads chatty
         os.environ.setdefault("WANDB_SILENT", "true")
+        # W&B logs to its own <run>/wandb/.../debug.log (a FileHandler): one that cannot be written
+        # (a full disk, a file-size limit) printed Python's "--- Logging error ---" traceback for
+        # each of its lines; the write failure is ppx's own files' too, said there in one line
+        logging.raiseExceptions = False
         try:
             import wandb
         except Exception as e:  # pragma: no cover - wandb is a dependency

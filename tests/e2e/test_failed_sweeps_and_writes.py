@@ -100,6 +100,29 @@ def test_a_run_that_cannot_write_its_files_says_so_in_one_line(tmp_path, nbytes)
         assert (run_dir / "incomplete.txt").exists()
 
 
+def test_wandb_that_cannot_write_its_log_prints_no_logging_errors(tmp_path):
+    """W&B's debug.log past a file-size limit: W&B's logging handler failed on each of its
+    lines, and Python printed each as a "--- Logging error ---" traceback (some 940 lines);
+    now the run's one line alone says what failed (ppx's own metrics.jsonl, past the limit too)."""
+    run_dir = tmp_path / "run"
+    args = ["gpipe_2cpu", "train.steps=2", f"run.dir={run_dir}", "logging.wandb.mode=offline"]
+    r = subprocess.run(
+        [sys.executable, "-m", "ppx.cli", "run", *args, "logging.report=false", "logging.tensorboard=false"],
+        preexec_fn=_file_size_limit(2000),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+    )
+    assert "Logging error" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.returncode == 1, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("ppx: error: ")]
+    assert len(errors) == 1 and re.fullmatch(
+        r"ppx: error: rank 0 failed on .*: OSError: \[Errno 27\] File too large", errors[0]
+    ), r.stderr
+    assert (run_dir / "incomplete.txt").exists() and (run_dir / "wandb").is_dir()
+
+
 def test_a_sweep_whose_every_point_failed_exits_1_not_as_bad_input(tmp_path):
     """Runs that failed are no bad input (exit 2): 1, as for a sweep with some failed points."""
     r = ppx(
