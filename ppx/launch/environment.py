@@ -15,8 +15,13 @@ from ppx.paths import source_checkout
 
 
 def git_state(where: Path) -> dict:
+    """The checkout's commit and whether it is dirty. Read only: ``git status`` would otherwise
+    refresh the index under ``index.lock``, which a git ended mid-write (a run's file-size limit,
+    the job killed) left behind, and every git command of the user's after it failed."""
+
     def git(*args):
-        return subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=10)
+        cmd = ["git", "--no-optional-locks", "-C", str(where), *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10)
 
     try:
         head = git("rev-parse", "HEAD")
