@@ -123,6 +123,30 @@ def test_wandb_that_cannot_write_its_log_prints_no_logging_errors(tmp_path):
     assert (run_dir / "incomplete.txt").exists() and (run_dir / "wandb").is_dir()
 
 
+def test_a_profiler_trace_that_cannot_be_written_fails_the_run(tmp_path):
+    """Traces (some 300 KB a rank) past a 100 KB file-size limit: torch's export logs "Failed to
+    write to log file!" and returns, and the run completed with only the traces' truncated
+    ``.tmp`` files; now the rank fails in one line naming the trace, the ``.tmp`` removed."""
+    run_dir = tmp_path / "run"
+    args = ["gpipe_2cpu", "train.steps=4", "profile.enabled=true", f"run.dir={run_dir}", "logging.wandb.mode=disabled"]
+    r = subprocess.run(
+        [sys.executable, "-m", "ppx.cli", "run", *args, "logging.report=false"],
+        preexec_fn=_file_size_limit(100_000),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+    )
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.returncode == 1, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("ppx: error: ")]
+    trace = re.escape(str(run_dir / "tb")) + r"/rank\d\.\d+\.pt\.trace\.json"
+    line = rf"ppx: error: rank \d failed on .*: TraceNotWritten: torch.profiler could not write {trace} .*"
+    assert len(errors) == 1 and re.fullmatch(line, errors[0]), r.stderr[-3000:]
+    assert (run_dir / "incomplete.txt").exists()
+    assert not list((run_dir / "tb").glob("*.tmp")) and not list((run_dir / "tb").glob("*.pt.trace.json"))
+
+
 def test_a_sweep_whose_every_point_failed_exits_1_not_as_bad_input(tmp_path):
     """Runs that failed are no bad input (exit 2): 1, as for a sweep with some failed points."""
     r = ppx(
