@@ -15,6 +15,12 @@ peers may not live to (when this launcher holds the c10d rendezvous, the other n
 launchers end their ranks as soon as it exits). A launcher that srun (or anyone) stops says
 so in one line, not torch's traceback.
 
+An error of torchrun's own (its agent out of file descriptors before it started a rank, torch
+failing to import, the rendezvous lost under ``ppx run``) is one line too, not its traceback:
+``torchrun could not start the job: OSError: [Errno 24] Too many open files``, the job's cause
+(``status/cause.txt``, which ``ppx run`` keeps in ``incomplete.txt``), or under srun
+``incomplete.txt`` itself; torch is imported inside `main` for that.
+
 When it forks its workers (``--start-method=fork``: CPU runs, `ppx.launch.processes`), it
 imports what every worker needs first, once, so that the workers inherit it
 (`ppx.launch.forked_worker`).
@@ -32,12 +38,7 @@ import time
 import warnings
 from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
-from torch.distributed.run import main as torchrun_main
-
-from ppx.errors import first_line
+from ppx.errors import first_line, said
 from ppx.launch.processes import FORK, follow_parent
 from ppx.launch.supervisor import killed, write_incomplete
 from ppx.launch.watchdog import cause_path, claim_cause, read_status
@@ -94,6 +95,19 @@ def _report_every_failed_fork() -> None:
 
 
 def main(argv: list[str]) -> int:
+    exits = os.environ.get("PPX_TORCHRUN_EXITS")
+    try:
+        return _main(argv, exits)
+    except Exception as e:  # torchrun's own failure (its ranks' are `_main`'s ChildFailedError)
+        return _agent_failed(e, exits)
+
+
+def _main(argv: list[str], exits: str | None) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+    from torch.distributed.run import main as torchrun_main
+
     if FORK in argv:
         # Python 3.12+ warns at every fork from a process with threads (the agent's store
         # server is one): a line a rank in each job's output, where ppx promises one line per
@@ -101,7 +115,6 @@ def main(argv: list[str]) -> int:
         warnings.filterwarnings("ignore", r"This process .* is multi-threaded, use of fork\(\)", DeprecationWarning)
         _import_for_the_workers()
         _report_every_failed_fork()
-    exits = os.environ.get("PPX_TORCHRUN_EXITS")
     if exits:
         if not follow_parent(os.environ.get("PPX_LAUNCHER_PID")):  # (ppx run is gone: end quietly, as told to)
             os.kill(os.getpid(), signal.SIGTERM)
@@ -142,13 +155,31 @@ def main(argv: list[str]) -> int:
             print(f"torchrun: stopped by {name}: its ranks were ended", file=sys.stderr, flush=True)
         return 128 + int(e.sigval)  # (under ppx run: ended by the launcher, which says why)
     except RendezvousConnectionError as e:
-        if exits:
+        if exits:  # (`_agent_failed`'s line)
             raise
         inner = f" ({first_line(str(e.__cause__))})" if e.__cause__ is not None else ""
         hint = "if the launcher holding it ended, its node's output says why"
         print(f"torchrun: {e}{inner}; {hint}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _agent_failed(e: Exception, exits: str | None) -> int:
+    """torchrun's own error ``e`` in one line, "could not start the job" where no rank has a
+    status yet: under ``ppx run`` (``exits``, in the run's status folder) the job's cause, which
+    the launcher keeps; under srun (``PPX_RUN_DIR``) in ``incomplete.txt`` too."""
+    run_dir = os.environ.get("PPX_RUN_DIR")
+    status = Path(exits).parent if exits else Path(run_dir) / "status" if run_dir else None
+    started = status is not None and any(status.glob("rank*.txt"))
+    line = f"torchrun {'failed while the job ran' if started else 'could not start the job'}: {said(e)}"
+    if exits:
+        if claim_cause(status, line):  # (else a rank failed first: this is its consequence)
+            print(f"ppx: error: {line}", file=sys.stderr, flush=True)
+        return 1
+    print(line, file=sys.stderr, flush=True)
+    if run_dir:
+        write_incomplete(Path(run_dir), [line], append=True)
+    return 1
 
 
 def _explain(run_dir: Path, failures: list[tuple[int, int, bool]], summary: str) -> None:
