@@ -62,7 +62,10 @@ def cmd_run(args) -> int:
     entries = _entries(cfg)
     for line in _notes(cfg, sched, entries):
         print(line, file=sys.stderr)
+    from ppx.launch.open_files import ensure_open_files
     from ppx.launch.stops import stops_held
+
+    ensure_open_files(world)  # (before the claim: a job that cannot open its files leaves no run)
     from ppx.launch.supervisor import supervise
 
     with stops_held() as early:  # (a stop from here on leaves the claimed run marked: incomplete.txt)
