@@ -18,15 +18,18 @@ def needed(world: int) -> int:
 
 
 def ensure_open_files(world: int) -> None:
-    """A soft RLIMIT_NOFILE below `needed` is raised to the hard limit (as Go's runtime does at
+    """A soft RLIMIT_NOFILE below `needed` is raised to it (as Go's runtime raises its own at
     every start), inherited by the job; a hard limit below it is refused in one line."""
     need = needed(world)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= need:
         return
     if hard == resource.RLIM_INFINITY or hard >= need:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        return
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+            return
+        except (ValueError, OSError):  # (refused after all: said below)
+            pass
     raise UserError(
         f"open files are limited to {soft} (ulimit -n; hard limit {hard}), where a {world}-rank job "
         f"needs about {need}: raise both limits to {need} or more"

@@ -1,5 +1,5 @@
 """A job out of file descriptors (RLIMIT_NOFILE, `ulimit -n`), run for real: `ppx run` raises a
-soft limit too low for the job to the hard limit, or refuses in one line before it claims the
+soft limit too low for the job to what it needs, or refuses in one line before it claims the
 run directory; torchrun's agent that fails before it starts a rank (its own OSError, which a
 limit below `ppx run`'s check gives) says so in one line, under `ppx run` and under srun, not
 in torch's traceback."""
@@ -62,7 +62,7 @@ def test_a_hard_limit_below_the_jobs_need_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_a_soft_limit_below_the_jobs_need_is_raised_to_the_hard_one(tmp_path):
+def test_a_soft_limit_below_the_jobs_need_is_raised(tmp_path):
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     r = _ppx_run(tmp_path / "run", _open_files(30, hard))
     assert r.returncode == 0, r.stderr[-3000:]
