@@ -346,6 +346,9 @@ def _joined_negatives(ap, argv: list[str]) -> list[str]:
 
 
 def main(argv=None) -> int:
+    from ppx.launch.closed_stdout import open_closed_std_streams
+
+    open_closed_std_streams()
     ap = parser()
     args, extra = ap.parse_known_args(_joined_negatives(ap, sys.argv[1:] if argv is None else list(argv)))
     if extra:  # key=value overrides may come after options: ppx sweep EXP --sweep ... a=1 b=2

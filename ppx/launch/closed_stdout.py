@@ -4,7 +4,8 @@ Rank 0 prints its progress lines to the terminal or a pipe; when a pipe's reader
 next write fails with BrokenPipeError, which ended the whole job as rank 0's failure and left
 the run incomplete. A rank's output is incidental to the run (every figure is in the run
 directory), so after the reader has gone its writes go to /dev/null and training goes on;
-`ppx run` itself writes only to stderr."""
+`ppx run` itself writes only to stderr. A standard stream closed before ppx starts (``ppx run
+>&-``) is /dev/null too (`open_closed_std_streams`)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,23 @@ def survive_closed_stdout() -> None:
     """From now on, this process's ``print`` survives its stdout's reader going away."""
     if not isinstance(sys.stdout, _Survives) and sys.stdout is not None:
         sys.stdout = _Survives(sys.stdout)
+
+
+def open_closed_std_streams() -> None:
+    """Standard input, output and error closed when this process started (``ppx run >&-``,
+    ``2>&-``) opened on /dev/null: Python made sys.stdout (sys.stderr) None, whose every print
+    and flush failed, so each rank failed after its run was written; and the job's processes
+    inherit the descriptors, where a closed one is taken by the next file opened."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)  # (the lowest free descriptor: this one, where those below are open)
+        if null != fd:
+            os.dup2(null, fd)  # (inheritable, as dup2 makes it)
+            os.close(null)
+        os.set_inheritable(fd, True)  # (os.open's are not: the job's processes would find it closed)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False))
