@@ -80,7 +80,7 @@ def cmd_sweep(args) -> int:
             f'--sweep given {len(args.sweep)} times; give every key in one: --sweep "{" ".join(args.sweep)}"'
         )
     try:
-        root = run_sweep(
+        root, failed = run_sweep(
             args.experiment, args.sweep[0] if args.sweep else None, args.overrides, args.launcher, args.repeat
         )
     except SweepStopped as e:
@@ -99,4 +99,5 @@ def cmd_sweep(args) -> int:
         print(f"ppx: error: no run of the sweep completed; see {root}", file=sys.stderr, flush=True)
         return 1
     compare_into([str(root)], root, *_drawn(done))
-    return 0 if len(done) == len(runs) else 1
+    # (a point that failed before its run folder was made is in ``failed`` only)
+    return 0 if len(done) == len(runs) and not failed else 1

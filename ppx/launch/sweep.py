@@ -152,10 +152,11 @@ def _load_point(experiment: str, overrides: list[str], point: list[str]):
 
 def run_sweep(
     experiment: str, spec: str | None, overrides: list[str], launcher: str = "local", repeat: int = 1
-) -> Path:
+) -> tuple[Path, list[str]]:
     """Run every point of ``spec``'s grid (none: the one config) ``repeat`` times, in rounds
     (each point once, then again: repeats alternated, as timings on a shared machine need),
-    each into its own run folder under one sweep folder, which it returns."""
+    each into its own run folder under one sweep folder: (that folder, the points that failed,
+    a folder of their own or not)."""
     if repeat < 1:
         raise UserError(f"--repeat {repeat}: give 1 or more runs of each point")
     axes = parse_spec(spec) if spec else []
@@ -202,7 +203,7 @@ def run_sweep(
         from ppx.launch.slurm import submit
 
         submit(experiment, list(zip(grid, names)), overrides, root, created)
-        return root
+        return root, []
     failed = []
     for k, point in enumerate(grid, 1):
         what = (" ".join(point) + (f" (round {rounds[k - 1]} of {repeat})" if repeat > 1 else "")).strip()
@@ -224,4 +225,4 @@ def run_sweep(
             failed.append(what)
     if failed:
         print(f"ppx sweep: {len(failed)} run(s) failed: {'; '.join(failed)}", file=sys.stderr)
-    return root
+    return root, failed

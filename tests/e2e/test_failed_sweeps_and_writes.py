@@ -42,6 +42,17 @@ def test_a_sweep_with_a_failed_point_compares_the_rest_and_exits_1(tmp_path):
     assert "note: left out 1 run(s) that did not complete: fwd_ms=12000" in table
 
 
+def test_a_sweep_whose_point_failed_before_its_folder_exits_1(tmp_path):
+    """A point that fails before its run folder is made (runtime.device=cuda without GPUs: the
+    tests hide them) is counted: the sweep exited 0, counting folders."""
+    args = ("sweep", "gpipe_2cpu", "--sweep", "runtime.device=cpu,cuda", "train.steps=2", "logging.wandb.mode=disabled")
+    r = ppx(*args, f"run.root={tmp_path}", timeout=120)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "ppx sweep: 1 run(s) failed: runtime.device=cuda" in r.stderr
+    (sweep,) = (tmp_path / "gpipe_2cpu").iterdir()
+    assert (sweep / "device=cpu" / "summary.json").exists() and not (sweep / "device=cuda").exists()
+
+
 def test_a_slurm_sweep_that_submits_nothing_leaves_no_folder(tmp_path):
     """No sbatch on the PATH: one line, and neither the sweep folder nor the folders made for it
     (run.root, <run.name>) are left behind; a run.root that was there already stays."""
