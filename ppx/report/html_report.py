@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 
 from ppx.report.gantt import legend_entries
+from ppx.report.run_dir import write_whole
 from ppx.report.split_ways import HEADER, split_rows
 from ppx.report.summary_table import setup_words, summary_rows
 from ppx.units import count
@@ -86,9 +87,7 @@ class _Page:
             + "\n".join(self.parts)
             + "\n</body>\n</html>\n"
         )
-        tmp = path.with_suffix(".html.tmp")
-        tmp.write_text(page, encoding="utf-8")
-        os.replace(tmp, path)
+        write_whole(path, page)
         return path
 
 

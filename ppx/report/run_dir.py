@@ -14,9 +14,19 @@ from ppx.errors import UserError, first_line
 
 
 def write_json(path: Path, data) -> None:
+    write_whole(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_whole(path: Path, text: str) -> None:
+    """``text`` to ``path`` whole or not at all: written beside it, then renamed over it; a
+    write that fails (a full disk) removes its part, which filled the disk for what came next."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,24 @@ def test_a_profiler_trace_that_cannot_be_written_fails_the_run(tmp_path):
     assert not list((run_dir / "tb").glob("*.tmp")) and not list((run_dir / "tb").glob("*.pt.trace.json"))
 
 
+def test_a_report_that_cannot_be_written_leaves_no_part_of_it(tmp_path):
+    """report.html past the files' limit is a warning, the run complete; its part written beside
+    it (report.html.tmp) was left, and on a full disk filled it for the writes after it."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "ppx.cli", "run", "gpipe_2cpu", "train.steps=2", f"run.dir={run_dir}"]
+    r = subprocess.run(
+        [*cmd, "logging.wandb.mode=disabled", "logging.report=true"],
+        preexec_fn=_file_size_limit(1_000_000),  # (the page is a few MB, every other file less than this)
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ppx: warning: report.html not written (OSError: [Errno 27] File too large)\n" in r.stderr
+    assert (run_dir / "summary.json").exists() and sorted(p.name for p in run_dir.glob("*.tmp")) == []
+
+
 def test_a_sweep_whose_every_point_failed_exits_1_not_as_bad_input(tmp_path):
     """Runs that failed are no bad input (exit 2): 1, as for a sweep with some failed points."""
     r = ppx(
