@@ -98,6 +98,12 @@ def cmd_sweep(args) -> int:
     if not done:  # (runs that failed, not bad input: 1, as a sweep with some failed points)
         print(f"ppx: error: no run of the sweep completed; see {root}", file=sys.stderr, flush=True)
         return 1
-    compare_into([str(root)], root, *_drawn(done))
+    try:
+        compare_into([str(root)], root, *_drawn(done))
+    except OSError as e:  # (its runs are done: a failure of the sweep's, not bad input)
+        print(
+            f"ppx: error: the sweep's comparison was not written ({e.strerror or e}); its runs: {root}", file=sys.stderr
+        )
+        return 1
     # (a point that failed before its run folder was made is in ``failed`` only)
     return 0 if len(done) == len(runs) and not failed else 1

@@ -125,7 +125,7 @@ def train(
     if report is not None:
         for s, merged in rest:
             report.add_step(s, merge_replicas(merged))
-        watchdog.phase("writing the report")
+        watchdog.phase("writing the summary and logs")  # (summary.json, TensorBoard, W&B, report.html)
         report.finish()
     watchdog.phase("finishing")
     dist.barrier(group=ctrl)

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -51,6 +52,22 @@ def test_a_sweep_whose_point_failed_before_its_folder_exits_1(tmp_path):
     assert "ppx sweep: 1 run(s) failed: runtime.device=cuda" in r.stderr
     (sweep,) = (tmp_path / "gpipe_2cpu").iterdir()
     assert (sweep / "device=cpu" / "summary.json").exists() and not (sweep / "device=cuda").exists()
+
+
+def test_a_sweep_whose_comparison_cannot_be_written_exits_1_not_as_bad_input(tmp_path):
+    """Its runs completed and its comparison failed (here compare.json, taken by a folder while
+    the points ran): exit 2, bad input's, with the OS's words alone; now 1 and the sweep's folder."""
+    cmd = [sys.executable, "-m", "ppx.cli", "sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2,4"]
+    args = ["train.steps=2", "logging.wandb.mode=disabled", "logging.report=false", f"run.root={tmp_path}"]
+    proc = subprocess.Popen([*cmd, *args], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "gpipe_2cpu").glob("sweep-*/microbatches=2")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (sweep,) = (tmp_path / "gpipe_2cpu").glob("sweep-*")
+    (sweep / "compare.json").mkdir()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err[-3000:]
+    assert err.endswith(f"ppx: error: the sweep's comparison was not written (Is a directory); its runs: {sweep}\n")
 
 
 def test_a_slurm_sweep_that_submits_nothing_leaves_no_folder(tmp_path):
