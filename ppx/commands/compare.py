@@ -101,9 +101,8 @@ def cmd_sweep(args) -> int:
     try:
         compare_into([str(root)], root, *_drawn(done))
     except OSError as e:  # (its runs are done: a failure of the sweep's, not bad input)
-        print(
-            f"ppx: error: the sweep's comparison was not written ({e.strerror or e}); its runs: {root}", file=sys.stderr
-        )
+        what = f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+        print(f"ppx: error: the sweep's comparison was not written ({what}); its runs: {root}", file=sys.stderr)
         return 1
     # (a point that failed before its run folder was made is in ``failed`` only)
     return 0 if len(done) == len(runs) and not failed else 1

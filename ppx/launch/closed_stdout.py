@@ -69,5 +69,6 @@ def open_closed_std_streams() -> None:
             os.dup2(null, fd)  # (inheritable, as dup2 makes it)
             os.close(null)
         os.set_inheritable(fd, True)  # (os.open's are not: the job's processes would find it closed)
-        if getattr(sys, name) is None:
-            setattr(sys, name, open(fd, mode, closefd=False))
+        if getattr(sys, name) is None:  # (Python's own error handlers: a path's undecodable bytes print)
+            errors = "backslashreplace" if fd == 2 else "surrogateescape"
+            setattr(sys, name, open(fd, mode, closefd=False, errors=errors, line_buffering=fd != 0))

@@ -20,8 +20,8 @@ def git_state(where: Path) -> dict:
     the job killed) left behind, and every git command of the user's after it failed."""
 
     def git(*args):
-        cmd = ["git", "--no-optional-locks", "-C", str(where), *args]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+        env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")  # (--no-optional-locks, which gits before 2.15 refuse)
+        return subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=10, env=env)
 
     try:
         head = git("rev-parse", "HEAD")

@@ -8,29 +8,41 @@ profiler on)."""
 from __future__ import annotations
 
 import resource
+import sys
 
 from ppx.errors import UserError
 
+FLOOR = 64  # below this a 2-rank CPU job failed (48 failed, 64 ran): refused whatever the job
+
 
 def needed(world: int) -> int:
-    """Open files one process of a ``world``-rank job may hold, with room to spare."""
+    """Open files one process of a ``world``-rank job may hold, with room to spare (measured on
+    CPU only: a GPU's rank also holds the device's and NCCL's)."""
     return 96 + 16 * world
 
 
 def ensure_open_files(world: int) -> None:
     """A soft RLIMIT_NOFILE below `needed` is raised to it (as Go's runtime raises its own at
-    every start), inherited by the job; a hard limit below it is refused in one line."""
+    every start), inherited by the job; where the hard limit is below that, to the hard limit,
+    with a warning (the estimate is a line through three jobs' counts, not a law), and a hard
+    limit below `FLOOR` is refused in one line."""
     need = needed(world)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= need:
         return
-    if hard == resource.RLIM_INFINITY or hard >= need:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
-            return
-        except (ValueError, OSError):  # (refused after all: said below)
-            pass
-    raise UserError(
-        f"open files are limited to {soft} (ulimit -n; hard limit {hard}), where a {world}-rank job "
-        f"needs about {need}: raise both limits to {need} or more"
-    )
+    if hard != resource.RLIM_INFINITY and hard < FLOOR:
+        raise UserError(
+            f"open files are limited to {soft} (ulimit -n; hard limit {hard}), where a {world}-rank job "
+            f"needs about {need}: raise both limits to {need} or more"
+        )
+    to = need if hard == resource.RLIM_INFINITY or hard >= need else hard
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (to, hard))
+    except (ValueError, OSError):
+        to = soft
+    if to < need:
+        print(
+            f"ppx: warning: open files are limited to {to} (ulimit -n, hard limit {hard}), where a {world}-rank "
+            f"job may need about {need}; should a process run out, raise the hard limit",
+            file=sys.stderr,
+        )

@@ -19,7 +19,8 @@ An error of torchrun's own (its agent out of file descriptors before it started 
 failing to import, the rendezvous lost under ``ppx run``) is one line too, not its traceback:
 ``torchrun could not start the job: OSError: [Errno 24] Too many open files``, the job's cause
 (``status/cause.txt``, which ``ppx run`` keeps in ``incomplete.txt``), or under srun
-``incomplete.txt`` itself; torch is imported inside `main` for that.
+``incomplete.txt`` itself (an error other than the OS's or an import's keeps its traceback in
+``status/torchrun.traceback``); torch is imported inside `_main` for that.
 
 When it forks its workers (``--start-method=fork``: CPU runs, `ppx.launch.processes`), it
 imports what every worker needs first, once, so that the workers inherit it
@@ -28,6 +29,7 @@ imports what every worker needs first, once, so that the workers inherit it
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -35,6 +37,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -172,6 +175,11 @@ def _agent_failed(e: Exception, exits: str | None) -> int:
     status = Path(exits).parent if exits else Path(run_dir) / "status" if run_dir else None
     started = status is not None and any(status.glob("rank*.txt"))
     line = f"torchrun {'failed while the job ran' if started else 'could not start the job'}: {said(e)}"
+    if not isinstance(e, (OSError, ImportError)) and status is not None:  # (a bug's, maybe ppx's: its traceback kept)
+        kept = status / "torchrun.traceback"
+        with contextlib.suppress(OSError):
+            kept.write_text(traceback.format_exc())
+            line += f" (its traceback: {kept})"
     if exits:
         if claim_cause(status, line):  # (else a rank failed first: this is its consequence)
             print(f"ppx: error: {line}", file=sys.stderr, flush=True)

@@ -67,7 +67,8 @@ def test_a_sweep_whose_comparison_cannot_be_written_exits_1_not_as_bad_input(tmp
     (sweep / "compare.json").mkdir()
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err[-3000:]
-    assert err.endswith(f"ppx: error: the sweep's comparison was not written (Is a directory); its runs: {sweep}\n")
+    said = f"(Is a directory: {sweep / 'compare.json'}); its runs: {sweep}\n"
+    assert err.endswith(f"ppx: error: the sweep's comparison was not written {said}")
 
 
 def test_a_slurm_sweep_that_submits_nothing_leaves_no_folder(tmp_path):

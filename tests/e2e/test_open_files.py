@@ -95,3 +95,28 @@ def test_torchrun_under_srun_that_cannot_start_the_job_says_why_in_one_line(tmp_
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert re.fullmatch(r"torchrun could not start the job: \w+: .*(Too many open files|too many open files)", last)
     assert (tmp_path / "incomplete.txt").read_text() == last + "\n"
+
+
+def test_a_hard_limit_between_the_floor_and_the_need_runs_with_a_warning(tmp_path):
+    """The need is an estimate (a line through three jobs' counts): a hard limit above what a job
+    was seen to fail at but below it is taken, with a warning, not refused."""
+    r = _ppx_run(tmp_path / "run", _open_files(80))
+    assert r.returncode == 0, r.stderr[-3000:]
+    warning = (
+        "ppx: warning: open files are limited to 80 (ulimit -n, hard limit 80), where a 2-rank job may need about "
+        f"{needed(2)}; should a process run out, raise the hard limit"
+    )
+    assert warning in r.stderr.splitlines() and (tmp_path / "run" / "summary.json").exists()
+
+
+def test_torchrun_failing_on_an_error_of_no_os_keeps_its_traceback(tmp_path):
+    """An agent error other than the OS's or an import's (here torch's ValueError for a process
+    count it cannot read) may be a bug of ppx's wrapper: its one line names the traceback kept."""
+    env = {k: v for k, v in os.environ.items() if k != "PPX_TORCHRUN_EXITS"}
+    (tmp_path / "status").mkdir()
+    env.update(PPX_RUN_DIR=str(tmp_path))
+    cmd = [sys.executable, "-m", "ppx.launch.torchrun", "--standalone", "--nproc-per-node=two", "rank.py"]
+    r = _run(cmd, None, env)
+    kept = tmp_path / "status" / "torchrun.traceback"
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.splitlines()[-1].endswith(f"(its traceback: {kept})") and "ValueError" in kept.read_text()
