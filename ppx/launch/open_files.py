@@ -35,14 +35,25 @@ def ensure_open_files(world: int) -> None:
             f"open files are limited to {soft} (ulimit -n; hard limit {hard}), where a {world}-rank job "
             f"needs about {need}: raise both limits to {need} or more"
         )
-    to = need if hard == resource.RLIM_INFINITY or hard >= need else hard
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (to, hard))
-    except (ValueError, OSError):
-        to = soft
+    to = raise_soft_limit(need)
     if to < need:
         print(
             f"ppx: warning: open files are limited to {to} (ulimit -n, hard limit {hard}), where a {world}-rank "
             f"job may need about {need}; should a process run out, raise the hard limit",
             file=sys.stderr,
         )
+
+
+def raise_soft_limit(need: int) -> int:
+    """The soft RLIMIT_NOFILE raised to ``need``, or as near as the hard limit lets it (never
+    lowered); the soft limit now (`RLIM_INFINITY` counted as ``need``). torchrun's agent under
+    srun, which no ``ppx run`` checked, calls it with its own ranks' need."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return need if soft == resource.RLIM_INFINITY else soft
+    to = need if hard == resource.RLIM_INFINITY or hard >= need else hard
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (to, hard))
+        return to
+    except (ValueError, OSError):
+        return soft

@@ -42,6 +42,7 @@ import warnings
 from pathlib import Path
 
 from ppx.errors import first_line, said
+from ppx.launch.open_files import needed, raise_soft_limit
 from ppx.launch.processes import FORK, follow_parent
 from ppx.launch.supervisor import killed, write_incomplete
 from ppx.launch.watchdog import cause_path, claim_cause, read_status
@@ -99,6 +100,7 @@ def _report_every_failed_fork() -> None:
 
 def main(argv: list[str]) -> int:
     exits = os.environ.get("PPX_TORCHRUN_EXITS")
+    raise_soft_limit(needed(_local_ranks(argv)))  # (under srun no ppx run has: `ppx.launch.open_files`)
     try:
         return _main(argv, exits)
     except Exception as e:  # torchrun's own failure (its ranks' are `_main`'s ChildFailedError)
@@ -165,6 +167,20 @@ def _main(argv: list[str], exits: str | None) -> int:
         print(f"torchrun: {e}{inner}; {hint}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _local_ranks(argv: list[str]) -> int:
+    """This node's ranks, from torchrun's ``--nproc-per-node`` (8 where it names a device kind)."""
+    for k, arg in enumerate(argv):
+        for flag in ("--nproc-per-node", "--nproc_per_node"):
+            if arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+            elif arg == flag and k + 1 < len(argv):
+                value = argv[k + 1]
+            else:
+                continue
+            return int(value) if value.isdigit() else 8
+    return 1
 
 
 def _agent_failed(e: Exception, exits: str | None) -> int:

@@ -120,3 +120,16 @@ def test_torchrun_failing_on_an_error_of_no_os_keeps_its_traceback(tmp_path):
     kept = tmp_path / "status" / "torchrun.traceback"
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert r.stderr.splitlines()[-1].endswith(f"(its traceback: {kept})") and "ValueError" in kept.read_text()
+
+
+def test_torchrun_under_srun_raises_a_low_soft_limit_itself(tmp_path):
+    """No ``ppx run`` checks the limit under srun: the agent raises its soft limit to its ranks'
+    need, as far as the hard limit lets it (a soft 30 failed the job as above)."""
+    env = {k: v for k, v in os.environ.items() if k != "PPX_TORCHRUN_EXITS"}
+    env.update(PPX_RUN_DIR=str(tmp_path), OMP_NUM_THREADS="1")
+    script = tmp_path / "rank.py"
+    script.write_text("import resource\nprint('limit', resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n")
+    cmd = [sys.executable, "-m", "ppx.launch.torchrun", "--standalone", "--nproc-per-node=2", str(script)]
+    r = _run(cmd, _open_files(30, resource.getrlimit(resource.RLIMIT_NOFILE)[1]), env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count(f"limit {needed(2)}") == 2, r.stdout
