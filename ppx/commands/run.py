@@ -64,10 +64,9 @@ def cmd_run(args) -> int:
         print(line, file=sys.stderr)
     from ppx.launch.open_files import ensure_open_files
     from ppx.launch.stops import stops_held
-
-    ensure_open_files(world)  # (before the claim: a job that cannot open its files leaves no run)
     from ppx.launch.supervisor import supervise
 
+    ensure_open_files(world)  # (before the claim: a job that cannot open its files leaves no run)
     with stops_held() as early:  # (a stop from here on leaves the claimed run marked: incomplete.txt)
         run_dir = claim(cfg)
         write_config(run_dir, cfg, [e.pipeline.schedule for e in entries])

@@ -71,4 +71,4 @@ def open_closed_std_streams() -> None:
         os.set_inheritable(fd, True)  # (os.open's are not: the job's processes would find it closed)
         if getattr(sys, name) is None:  # (Python's own error handlers: a path's undecodable bytes print)
             errors = "backslashreplace" if fd == 2 else "surrogateescape"
-            setattr(sys, name, open(fd, mode, closefd=False, errors=errors, line_buffering=fd != 0))
+            setattr(sys, name, open(fd, mode, buffering=1 if fd else -1, closefd=False, errors=errors))
