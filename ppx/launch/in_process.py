@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from ppx.launch.stops import STOP_SIGNALS, stops_handled
+from ppx.launch.stops import STOP_SIGNALS, stops_handled, take
 from ppx.launch.supervisor import report_stop, where
 
 
@@ -40,8 +40,7 @@ def run_in_process(cfg, run_dir: Path, device: str, early=()) -> int:
         started = time.monotonic()
         try:
             if early:
-                signum, early[:] = early[0], []  # (taken)
-                _raise(signum, None)
+                _raise(take(early), None)
             return run_rank(cfg, run_dir, device)
         except Stopped as e:
             states = f"where each rank was: rank 0: {where(run_dir / 'status', 0)}"

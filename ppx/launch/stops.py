@@ -26,7 +26,7 @@ def stops_handled(handler):
 def stops_held():
     """Stop signals received inside, held (a list, in order) instead of ending the process:
     between claiming a run directory and watching its job, a SIGTERM left the folder without
-    incomplete.txt (`supervise` and `run_in_process` take the list, emptied, and end as
+    incomplete.txt (`supervise` and `run_in_process` `take` one from the list and end as
     stopped). One held and not taken (an error first, or after the job) is sent again on leaving."""
     got: list[int] = []
     try:
@@ -35,3 +35,9 @@ def stops_held():
     finally:
         if got:
             os.kill(os.getpid(), got[0])
+
+
+def take(held: list[int]) -> int:
+    """The first stop `stops_held` held, the list emptied: taken, it is not sent again."""
+    signum, held[:] = held[0], []
+    return signum

@@ -40,7 +40,7 @@ from pathlib import Path
 from ppx.launch.crash_stacks import stacks_note
 from ppx.launch.heartbeat import INTERVAL_S, read_beats, read_gone, stopped_responding
 from ppx.launch.processes import forked_worker_path, process_alive, zombie_status
-from ppx.launch.stops import STOP_SIGNALS, stops_handled
+from ppx.launch.stops import STOP_SIGNALS, stops_handled, take
 from ppx.launch.watchdog import cause_path, read_status, status_path
 
 GRACE_S = 2.0  # between SIGTERM and SIGKILL when the launcher ends a job
@@ -76,8 +76,7 @@ class Supervisor:
             try:
                 self.started = time.monotonic()
                 if early:  # (stopped before the job started: nothing to end)
-                    signum, early[:] = early[0], []  # (taken)
-                    return report_stop(self.run_dir, signum, 0.0, self._where_each(), False)
+                    return report_stop(self.run_dir, take(early), 0.0, self._where_each(), False)
                 self.proc = subprocess.Popen(self.command, env=self.env, start_new_session=True)
                 return self._watch()
             finally:
