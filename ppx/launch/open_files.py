@@ -28,9 +28,7 @@ def ensure_open_files(world: int) -> None:
     limit below `FLOOR` is refused in one line."""
     need = needed(world)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft >= need:
-        return
-    if hard != resource.RLIM_INFINITY and hard < FLOOR:
+    if hard != resource.RLIM_INFINITY and hard < FLOOR:  # (a soft limit up to the need has a hard one past FLOOR)
         raise UserError(
             f"open files are limited to {soft} (ulimit -n; hard limit {hard}), where a {world}-rank job "
             f"needs about {need}: raise both limits to {need} or more"
