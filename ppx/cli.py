@@ -11,7 +11,7 @@ import re
 import sys
 import time
 
-from ppx.errors import UserError
+from ppx.errors import UserError, os_words
 from ppx.schedules.registry import names_help
 
 MODULES = {
@@ -369,8 +369,7 @@ def main(argv=None) -> int:
         stdout_to_null()
         return 141
     except OSError as e:  # a path given on the command line or in the config cannot be written or read
-        where = f": {e.filename}" if e.filename else ""
-        print(f"ppx: error: {e.strerror or e}{where}", file=sys.stderr)
+        print(f"ppx: error: {os_words(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -27,3 +27,8 @@ def said(e: BaseException) -> str:
     one-line errors."""
     line = first_line(e)
     return f"{type(e).__name__}: {line}" if line else type(e).__name__
+
+
+def os_words(e: OSError) -> str:
+    """An OSError as the OS says it, with the file it names: ``File too large: <path>``."""
+    return f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ppx.commands.common import empty_or_new, wrote
-from ppx.errors import UserError
+from ppx.errors import UserError, os_words
 
 
 def compare_into(patterns: list[str], out: Path, pages: bool = True, tensorboard: bool = True) -> None:
@@ -101,8 +101,7 @@ def cmd_sweep(args) -> int:
     try:
         compare_into([str(root)], root, *_drawn(done))
     except OSError as e:  # (its runs are done: a failure of the sweep's, not bad input)
-        what = f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
-        print(f"ppx: error: the sweep's comparison was not written ({what}); its runs: {root}", file=sys.stderr)
+        print(f"ppx: error: the sweep's comparison was not written ({os_words(e)}); its runs: {root}", file=sys.stderr)
         return 1
     # (a point that failed before its run folder was made is in ``failed`` only)
     return 0 if len(done) == len(runs) and not failed else 1
