@@ -346,6 +346,7 @@ def _joined_negatives(ap, argv: list[str]) -> list[str]:
 
 
 def main(argv=None) -> int:
+    from ppx.commands.common import check_start
     from ppx.launch.closed_stdout import open_closed_std_streams
 
     open_closed_std_streams()
@@ -356,6 +357,7 @@ def main(argv=None) -> int:
             ap.commands.get(args.command, ap).error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = list(args.overrides) + extra
     try:
+        check_start(sys.argv[1:] if argv is None else list(argv))
         return args.fn(args)
     except UserError as e:
         if os.environ.get("RANK", "0") == "0":  # under torchrun, one line from rank 0 only

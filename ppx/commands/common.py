@@ -10,6 +10,28 @@ from ppx.errors import ScheduleError, UserError
 from ppx.units import stage_list
 
 
+def check_start(argv: list[str]) -> None:
+    """Refuse, in one line, what no command can run from: a current folder deleted under the
+    shell (experiments, run.root and every relative path resolve from it), and an argument
+    holding a byte that is not UTF-8 (ppx writes its arguments into UTF-8 files: config.yaml)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise UserError(
+            "the current folder no longer exists (deleted after the shell entered it): cd to one that does"
+        ) from None
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as e:  # (Python keeps such a byte as a lone surrogate, U+DC80-U+DCFF)
+            shown = os.fsencode(arg).decode("utf-8", "backslashreplace")
+            byte = ord(arg[e.start]) - 0xDC00
+            raise UserError(
+                f"{shown}: a byte that is not UTF-8 (\\x{byte:02x}); ppx writes its arguments into UTF-8 files "
+                "(config.yaml): give it in UTF-8"
+            ) from None
+
+
 def schedule_from(name: str, stages, microbatches, virtual, transport: str = "nccl"):
     """A schedule CSV, or a named schedule; torch.distributed.pipelining's schedules as the ppx
     list of the same order. ``stages``/``microbatches`` None: 4 and 8, or the CSV's (which

@@ -3,6 +3,7 @@ run was asked to run (`write_config`)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -18,6 +19,20 @@ def check_free(cfg: Config, one_run: bool = True) -> None:
     ``one_run`` False (a sweep, whose runs go under run.root whatever run.dir says): run.root's only."""
     own = bool(cfg.run.dir) and one_run
     path = Path(cfg.run.dir) if own else Path(cfg.run.root) / cfg.run.name
+    key = f"run.dir={cfg.run.dir}" if own else f"run.root={cfg.run.root}"
+    try:
+        _check_free(cfg, own, path, key)
+    except OSError as e:  # a name longer than the file system takes (255 bytes), a folder not to be read
+        raise UserError(f"{key}: {e.strerror or e}" + _name_too_long(path)) from None
+
+
+def _name_too_long(path: Path) -> str:
+    """``; a name of N bytes, at most 255`` where one of ``path``'s names is longer than that."""
+    longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
+    return f"; a name of {longest} bytes, at most 255" if longest > 255 else ""
+
+
+def _check_free(cfg: Config, own: bool, path: Path, key: str) -> None:
     if own and path.exists():
         raise UserError(f"run directory {path} already exists; ppx never overwrites a run")
     if own and path.is_symlink():  # (a link to nothing: exists() says no, mkdir says it is there)
@@ -25,7 +40,6 @@ def check_free(cfg: Config, one_run: bool = True) -> None:
             f"run.dir={cfg.run.dir} is a link to {path.readlink()}, which does not exist; give another run.dir"
         )
     above = next((q for q in [path, *path.parents] if q.exists()), None)
-    key = f"run.dir={cfg.run.dir}" if own else f"run.root={cfg.run.root}"
     if above is not None and not above.is_dir():
         raise UserError(f"{key}: {above} is a file, not a folder")
     not_in_a_run(key, path)
@@ -44,14 +58,17 @@ def claim(cfg: Config) -> Path:
     if cfg.run.dir:
         path = Path(cfg.run.dir)
         not_in_a_run(f"run.dir={cfg.run.dir}", path)  # (a torchrun or srun of one's own claims here, unchecked before)
+        made = [q for q in path.parents if not q.exists()]  # (removed again where the claim fails)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.mkdir()
         except (FileExistsError, NotADirectoryError):
+            _remove_empty(made)
             check_free(cfg)  # what is in the way (it, or a file where a folder must go), said as before the run
             raise UserError(f"run.dir={path}: cannot create it (something else was there a moment ago)") from None
         except OSError as e:  # read-only, no permission, /proc: the key that named the place
-            raise UserError(f"run.dir={path}: cannot create it ({e.strerror or e})") from None
+            _remove_empty(made)
+            raise UserError(f"run.dir={path}: cannot create it ({e.strerror or e}{_name_too_long(path)})") from None
         return path
     base = Path(cfg.run.root) / cfg.run.name
     not_in_a_run(f"run.root={cfg.run.root}", base)
@@ -63,6 +80,15 @@ def claim(cfg: Config) -> Path:
     except OSError as e:
         raise UserError(f"run.root={cfg.run.root}: cannot create {base} ({e.strerror or e})") from None
     return new_folder(base, time.strftime("%Y%m%d-%H%M%S"))
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """The folders a failed claim made on its way (deepest first), where they are still empty."""
+    for q in folders:
+        try:
+            q.rmdir()
+        except OSError:
+            return
 
 
 def new_folder(base: Path, name: str) -> Path:

@@ -1,6 +1,6 @@
 """One rank run inside ``ppx run`` itself (a GPU's single rank: a process that has started
 CUDA cannot fork, and a job of its own would import torch and start CUDA a second time).
-Stopped by SIGTERM, SIGINT or SIGHUP, it ends as a watched job does (`ppx.launch.supervisor`):
+Stopped by a stop signal (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2: `ppx.launch.stops`), it ends as a watched job does (`ppx.launch.supervisor`):
 one line, ``incomplete.txt`` saying where the rank was, exit code 128 + the signal (the
 process ends there, ``os._exit``: a stop ends ``ppx run``). A hang
 still ends it through its watchdog; a SIGKILL, which no process can catch, says nothing."""

@@ -1,6 +1,7 @@
 """Stop signals (SIGTERM, SIGINT, SIGHUP: a ``kill``, a ``timeout``, Ctrl-C, a closed
-terminal) in ``ppx run`` and ``ppx sweep``: a handler of one's own for a stretch of code, or
-the signals held there to be acted on once there is a job to end."""
+terminal; SIGUSR1, SIGUSR2: a job manager's warning, SLURM's ``--signal``, whose default
+action ended ``ppx run`` without a word) in ``ppx run`` and ``ppx sweep``: a handler of one's
+own for a stretch of code, or the signals held there to be acted on once there is a job to end."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import contextlib
 import os
 import signal
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 @contextlib.contextmanager

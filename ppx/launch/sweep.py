@@ -22,7 +22,7 @@ from ppx.launch.stops import stops_handled
 
 
 class SweepStopped(Exception):
-    """A stop signal (SIGTERM, SIGINT, SIGHUP) ended the sweep: the point running then was
+    """A stop signal (`ppx.launch.stops`) ended the sweep: the point running then was
     ended by its own ``ppx run`` (its run directory says so), and no later point ran."""
 
     def __init__(self, signum: int, root: Path, point: int, points: int):

@@ -274,11 +274,11 @@ def test_a_cpu_rank_is_forked_from_torchrun_and_ends_on_a_signal_as_a_started_on
     [
         (signal.SIGTERM, "gpipe_4gpu", 4, True),
         (signal.SIGINT, "1f1b_2cpu", 2, True),
-        (signal.SIGTERM, "1f1b_2cpu", 2, False),
+        (signal.SIGUSR1, "1f1b_2cpu", 2, False),  # (a job manager's warning, SLURM's --signal)
         (signal.SIGTERM, "1f1b_2cpu", 1, False),
         (signal.SIGINT, "1f1b_2cpu", 1, False),
     ],
-    ids=["TERM", "INT", "TERM-started-ranks", "TERM-one-rank-in-process", "INT-one-rank-in-process"],
+    ids=["TERM", "INT", "USR1-started-ranks", "TERM-one-rank-in-process", "INT-one-rank-in-process"],
 )
 def test_stopping_ppx_run_ends_its_whole_job(run_dir, tmp_path, sig, experiment, world, fork):
     """`kill -TERM` (a `timeout`, a job manager) or Ctrl-C on `ppx run`: forwarded to the job,

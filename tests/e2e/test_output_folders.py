@@ -1,8 +1,12 @@
 """A folder a command makes for its files (compare --out, plan --out, gpu-check --out) is new
 or empty: one that holds files, or a link that leads nowhere, is refused in one line before
-any work, and what is there is left as it was."""
+any work, and what is there is left as it was; a run directory no file system or file takes,
+the same."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 from helpers import ppx
 from helpers.run import PICTURED_1F1B
@@ -40,3 +44,34 @@ def test_a_link_to_nothing_is_refused_as_an_output_folder(tmp_path):
         r = ppx(*args, timeout=60)
         assert (r.returncode, r.stdout, r.stderr) == (2, "", said), args
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_run_directory_named_so_no_file_system_or_file_takes_it_is_one_line_naming_the_key(tmp_path):
+    """A name past the file system's 255 bytes (checked before the claim, or at it where the
+    folders above are new: those made on the way removed again), a byte that is not UTF-8,
+    and a current folder deleted under the shell: each one line naming what to change."""
+    long = tmp_path / ("x" * 300)
+    r = ppx("run", "gpipe_2cpu", f"run.dir={long}", timeout=60)
+    assert r.returncode == 2 and r.stderr == (
+        f"ppx: error: run.dir={long}: File name too long; a name of 300 bytes, at most 255\n"
+    ), r.stderr
+    deep = tmp_path / "new" / "newer" / ("y" * 256)
+    r = ppx("run", "gpipe_2cpu", f"run.dir={deep}", timeout=60)
+    assert r.returncode == 2 and r.stderr == (
+        f"ppx: error: run.dir={deep}: cannot create it (File name too long; a name of 256 bytes, at most 255)\n"
+    ), r.stderr
+    assert list(tmp_path.iterdir()) == []  # (new/newer, made for the claim, removed)
+    odd = str(tmp_path / "a") + "\udcffb"  # (the byte 0xff as Python keeps it; the process gets the byte)
+    r = ppx("run", "gpipe_2cpu", f"run.dir={odd}", timeout=60)
+    assert r.returncode == 2 and r.stderr == (
+        f"ppx: error: run.dir={tmp_path}/a\\xffb: a byte that is not UTF-8 (\\xff); ppx writes its arguments "
+        "into UTF-8 files (config.yaml): give it in UTF-8\n"
+    ), r.stderr
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    cmd = f"cd {gone} && rmdir {gone} && exec {sys.executable} -m ppx.cli run gpipe_2cpu run.root={tmp_path}"
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr == (
+        "ppx: error: the current folder no longer exists (deleted after the shell entered it): cd to one that does\n"
+    ), r.stderr
+    assert list(tmp_path.iterdir()) == []
