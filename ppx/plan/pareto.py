@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ppx.plan.evaluate import Result
+from ppx.report.run_dir import save_figure
 from ppx.units import byte_unit, format_bytes
 
 
@@ -64,5 +65,4 @@ def draw(results: list[Result], path: Path, budget_bytes: float | None, title: s
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)

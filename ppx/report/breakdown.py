@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ppx.report.gantt import COLORS
+from ppx.report.run_dir import save_figure
 from ppx.units import byte_unit
 
 PARTS = [
@@ -107,8 +108,7 @@ def draw_breakdown(summary: dict, path: Path, title: str | None = None) -> None:
         mem.set_title("peak saved activations", fontsize=10)
     fig.suptitle(title or title_of(summary), fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path, dpi=120, bbox_inches="tight")
 
 
 def rank_theories(summary: dict) -> list[float | None]:

@@ -5,7 +5,6 @@ all of it in one self-contained report.html (`ppx.report.html_report`)."""
 from __future__ import annotations
 
 import glob
-import json
 import math
 import os
 import sys
@@ -28,7 +27,7 @@ from ppx.report.compare_notes import (
     pooled_table,
 )
 from ppx.report.labels import flat_config, run_labels, shared_label
-from ppx.report.run_dir import RunDir, completed, is_run_folder
+from ppx.report.run_dir import RunDir, completed, is_run_folder, save_figure, write_json, write_whole
 
 COLUMNS = [  # (header, key, format)
     ("run", "name", "{}"),
@@ -233,8 +232,7 @@ def plot_runs(rows: list[dict], path: Path, title: str = "") -> None:
     fig.tight_layout()
     if spelt:  # numbered runs, spelt out under the panels
         fig.text(0.01, 0, "\n".join(spelt), va="top", ha="left", fontsize=8)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path, dpi=110, bbox_inches="tight")
 
 
 LABEL_FITS = 40  # characters: a longer label is numbered in the pictures, and spelt out in their key
@@ -345,8 +343,7 @@ def plot_bubble_vs_microbatches(rows: list[dict], path: Path) -> bool:
     ax.set_title(TITLE, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return True
 
 
@@ -384,10 +381,10 @@ def compare(patterns: list[str], out: Path, pages: bool = True) -> str:
         for g, p in groups
     ]
     md = "".join(f"\n## {t}\n\n" + "\n".join(_md_rows(h, body)) + "\n" for t, h, body in tables)
-    (out / "compare.md").write_text(markdown_table(rows) + "".join(f"\n{n}\n" for n in notes) + md)
-    (out / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
+    write_whole(out / "compare.md", markdown_table(rows) + "".join(f"\n{n}\n" for n in notes) + md)
+    write_json(out / "compare.json", rows)
     if any(paired):  # each paired run's entries, and repeated paired jobs pooled
-        (out / "paired.json").write_text(json.dumps(pooled_json(paired, groups, names), indent=2) + "\n")
+        write_json(out / "paired.json", pooled_json(paired, groups, names))
     shared = shared_label(configs)
     title = "1 run" if len(rows) == 1 else f"{len(rows)} runs" + (f"; all: {shared}" if shared else "")
     if pages:  # (a sweep whose runs drew no pages draws none either: logging.report=false)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from ppx.report.run_dir import save_figure
+
 COLORS = {
     "F": "#4C72B0",
     "B": "#55A868",
@@ -145,5 +147,4 @@ def draw_step(
     fig.tight_layout()
     fig.subplots_adjust(bottom=(legend_in + 0.6) / fig_h)
     fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path, dpi=120, bbox_inches="tight")

@@ -18,7 +18,7 @@ from ppx.measure.metrics import SLOW_STEP, noisy_note, over_ideal, run_summary, 
 from ppx.measure.paired import add_kept, kept_fields, paired_lines, paired_step, paired_summary
 from ppx.measure.spans import first_timeline_step
 from ppx.measure.theory import run_theory
-from ppx.report.run_dir import write_json
+from ppx.report.run_dir import write_json, write_whole
 from ppx.report.scalars import step_scalars
 from ppx.report.split_ways import split_line
 from ppx.report.units_line import flops_shares, units_line
@@ -330,7 +330,7 @@ class RunReport:
         title += "" if cfg.train.dtype == "fp32" else f", {cfg.train.dtype}"
         title += f", {cfg.parallel.data} replicas (replica 0's ranks)" if cfg.parallel.data > 1 else ""
         trace = chrome_trace(self.timeline, sched.stage_to_rank, title)
-        (self.run_dir / "timeline.json").write_text(json.dumps(trace))
+        write_whole(self.run_dir / "timeline.json", json.dumps(trace))
         if not picture:
             return
         from ppx.report.gantt import draw_step

@@ -3,6 +3,7 @@ that cannot submit to SLURM, and files that cannot be written (a full disk)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
@@ -100,13 +101,16 @@ def _file_size_limit(nbytes: int):
     return limit
 
 
-@pytest.mark.parametrize("nbytes", [100, 30_000], ids=["at-start", "mid-run"])
-def test_a_run_that_cannot_write_its_files_says_so_in_one_line(tmp_path, nbytes):
+@pytest.mark.parametrize(
+    "nbytes,steps", [(100, 400), (30_000, 400), (8000, 6)], ids=["at-start", "mid-run", "at-the-end"]
+)
+def test_a_run_that_cannot_write_its_files_says_so_in_one_line(tmp_path, nbytes, steps):
     """Files that cannot grow (a full disk): before the run, one line and no run folder left;
     mid-run, the rank's own line with the error and the job ended, no traceback (a cause file
-    that could not be written made the failing rank raise again, its line lost)."""
+    that could not be written made the failing rank raise again, its line lost); at the end,
+    no file written in part (timeline.json was, which tools read back)."""
     run_dir = tmp_path / "run"
-    args = ["1f1b_2cpu", "train.steps=400", f"run.dir={run_dir}", "logging.wandb.mode=disabled"]
+    args = ["1f1b_2cpu", f"train.steps={steps}", f"run.dir={run_dir}", "logging.wandb.mode=disabled"]
     r = subprocess.run(
         [sys.executable, "-m", "ppx.cli", "run", *args, "logging.report=false", "logging.tensorboard=false"],
         preexec_fn=_file_size_limit(nbytes),
@@ -124,9 +128,14 @@ def test_a_run_that_cannot_write_its_files_says_so_in_one_line(tmp_path, nbytes)
         assert not run_dir.exists()
     else:
         assert r.returncode == 1, r.stderr[-3000:]
-        line = r"ppx: error: rank 0 failed on step metrics \(step \d+\): OSError: \[Errno 27\] File too large\n"
+        where = "step metrics" if steps > 6 else "writing the summary and logs"
+        file = "" if steps > 6 else rf": '{re.escape(str(run_dir))}/\w+\.json'"  # (a file written whole is named)
+        line = rf"ppx: error: rank 0 failed on {where} \(step \d+\): OSError: \[Errno 27\] File too large{file}\n"
         assert re.search(line, r.stderr), r.stderr[-3000:]
         assert (run_dir / "incomplete.txt").exists()
+        for f in run_dir.glob("*.json"):  # (each whole, or not there)
+            json.loads(f.read_text())
+        assert not list(run_dir.glob("*.tmp")) and not (run_dir / "timeline.json").exists()
 
 
 def test_wandb_that_cannot_write_its_log_prints_no_logging_errors(tmp_path):
@@ -190,7 +199,8 @@ def test_a_report_that_cannot_be_written_leaves_no_part_of_it(tmp_path):
         cwd=REPO,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "ppx: warning: report.html not written (OSError: [Errno 27] File too large)\n" in r.stderr
+    said = f"ppx: warning: report.html not written (OSError: [Errno 27] File too large: '{run_dir / 'report.html'}')\n"
+    assert said in r.stderr, r.stderr
     assert (run_dir / "summary.json").exists() and sorted(p.name for p in run_dir.glob("*.tmp")) == []
 
 

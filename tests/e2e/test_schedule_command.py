@@ -217,6 +217,23 @@ def test_a_csv_cut_short_is_not_left_behind(tmp_path):
     assert not out.exists()
 
 
+def test_a_picture_that_cannot_be_written_names_its_file_and_leaves_the_one_before(tmp_path):
+    """matplotlib's failed write said "File too large" alone; a picture is written beside its
+    path and renamed over it, so the one there before stays whole and no part is left."""
+    import resource
+    import subprocess
+    import sys
+
+    out = tmp_path / "grid.png"
+    out.write_bytes(b"the picture before")
+    cmd = [sys.executable, "-m", "ppx.cli", "simulate", "1f1b", "--png", str(out)]
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))  # noqa: E731
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, preexec_fn=limit, timeout=60)
+    assert (r.returncode, r.stderr) == (2, f"ppx: error: File too large: {out}\n")
+    assert out.read_bytes() == b"the picture before" and [p.name for p in tmp_path.iterdir()] == ["grid.png"]
+    assert ppx("simulate", "1f1b", "--png", str(out)).returncode == 0 and out.read_bytes()[:4] == b"\x89PNG"
+
+
 def test_a_receive_lookahead_under_nccl_is_refused():
     """NCCL posts each receive in order: the simulator silently took no lookahead there."""
     how = "each receive is posted in order, right before its use: leave it out, or give --transport gloo\n"
