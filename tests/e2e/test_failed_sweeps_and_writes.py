@@ -17,31 +17,30 @@ from helpers import REPO, ppx
 from helpers.job import end, read_log, start_run, wait_for_step
 
 
-@pytest.mark.timing  # (a forward of 12 s against a timeout of 5 s)
 def test_a_sweep_with_a_failed_point_compares_the_rest_and_exits_1(tmp_path):
-    """One point's forward (12 s) outlives runtime.timeout_s=5: the watchdog ends that run, the
-    sweep goes on, compares what completed, names the failure and exits 1."""
+    """One point's rank dies at its action 1F1 (runtime.inject_fault): that run ends, the sweep
+    goes on, compares what completed, names the failure and exits 1."""
     r = ppx(
         "sweep",
         "1f1b_2cpu",
         "--sweep",
-        "model.fwd_ms=5,12000",
+        "runtime.inject_fault=null,die@1F1",
         "model.kind=synthetic",
         "model.hidden=16",
         "train.steps=2",
-        "runtime.timeout_s=5",
         "logging.wandb.mode=disabled",
         f"run.root={tmp_path}",
         timeout=180,
     )
     assert r.returncode == 1, r.stderr[-3000:]
-    assert "ppx sweep: 1 run(s) failed: model.fwd_ms=12000" in r.stderr
+    assert "ppx sweep: 1 run(s) failed: runtime.inject_fault=die@1F1" in r.stderr, r.stderr[-3000:]
     (sweep,) = (tmp_path / "1f1b_2cpu").iterdir()
-    assert (sweep / "fwd_ms=5" / "summary.json").exists() and not (sweep / "fwd_ms=12000" / "summary.json").exists()
+    done, failed = sweep / "inject_fault=null", sweep / "inject_fault=die@1F1"
+    assert (done / "summary.json").exists() and not (failed / "summary.json").exists()
     table = (sweep / "compare.md").read_text()
-    assert "| fwd_ms=5 |" in table and "| fwd_ms=12000 |" not in table
+    assert "| inject_fault=null |" in table and "| inject_fault=die@1F1 |" not in table
     # the comparison's files say which run is not in them (stderr alone said it)
-    assert "note: left out 1 run(s) that did not complete: fwd_ms=12000" in table
+    assert "note: left out 1 run(s) that did not complete: inject_fault=die@1F1" in table
 
 
 def test_a_sweep_whose_point_failed_before_its_folder_exits_1(tmp_path):
