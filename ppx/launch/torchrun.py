@@ -185,8 +185,9 @@ def _local_ranks(argv: list[str]) -> int:
 
 def _agent_failed(e: Exception, exits: str | None) -> int:
     """torchrun's own error ``e`` in one line, "could not start the job" where no rank has a
-    status yet: under ``ppx run`` (``exits``, in the run's status folder) the job's cause, which
-    the launcher keeps; under srun (``PPX_RUN_DIR``) in ``incomplete.txt`` too."""
+    status yet: the job's cause, said, unless a rank (under srun, maybe on another node) failed
+    first, whose consequence it is (`claim_cause`); under ``ppx run`` (``exits``, in the run's
+    status folder) the launcher keeps it; under srun (``PPX_RUN_DIR``) ``incomplete.txt`` does."""
     run_dir = os.environ.get("PPX_RUN_DIR")
     status = Path(exits).parent if exits else Path(run_dir) / "status" if run_dir else None
     started = status is not None and any(status.glob("rank*.txt"))
@@ -196,12 +197,9 @@ def _agent_failed(e: Exception, exits: str | None) -> int:
         with contextlib.suppress(OSError):
             kept.write_text(traceback.format_exc())
             line += f" (its traceback: {kept})"
-    if exits:
-        if claim_cause(status, line):  # (else a rank failed first: this is its consequence)
-            print(f"ppx: error: {line}", file=sys.stderr, flush=True)
-        return 1
-    print(line, file=sys.stderr, flush=True)
-    if run_dir:
+    if claim_cause(status, line):  # (else a rank failed first: this is its consequence)
+        print(f"ppx: error: {line}" if exits else line, file=sys.stderr, flush=True)
+    if run_dir and not exits:  # (what this node's launcher saw, said or not)
         write_incomplete(Path(run_dir), [line], append=True)
     return 1
 

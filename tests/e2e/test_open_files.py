@@ -120,6 +120,14 @@ def test_torchrun_failing_on_an_error_of_no_os_keeps_its_traceback(tmp_path):
     kept = tmp_path / "status" / "torchrun.traceback"
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert r.stderr.splitlines()[-1].endswith(f"(its traceback: {kept})") and "ValueError" in kept.read_text()
+    # a rank (another node's, under srun) failed first and said so: this is its consequence,
+    # said nowhere but in incomplete.txt (it printed a second cause beside the first)
+    (tmp_path / "status" / "cause.txt").write_text("rank 3 died: killed by signal SIGKILL (9) on 3F0 (step 0)\n")
+    (tmp_path / "incomplete.txt").unlink()
+    r = _run(cmd, None, env)
+    assert r.returncode == 1 and "torchrun" not in r.stderr, r.stderr[-3000:]
+    lines = (tmp_path / "incomplete.txt").read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("torchrun could not start the job: ValueError: "), lines
 
 
 def test_torchrun_under_srun_raises_a_low_soft_limit_itself(tmp_path):
