@@ -1,7 +1,7 @@
 """Stop signals (SIGTERM, SIGINT, SIGHUP: a ``kill``, a ``timeout``, Ctrl-C, a closed
-terminal; SIGUSR1, SIGUSR2: a job manager's warning, SLURM's ``--signal``, whose default
-action ended ``ppx run`` without a word) in ``ppx run`` and ``ppx sweep``: a handler of one's
-own for a stretch of code, or the signals held there to be acted on once there is a job to end."""
+terminal; SIGUSR1, SIGUSR2: a job manager's warning, whose default action ended ``ppx run``
+without a word) in ``ppx run`` and ``ppx sweep``: a handler of one's own for a stretch of
+code, or the signals held there to be acted on once there is a job to end."""
 
 from __future__ import annotations
 

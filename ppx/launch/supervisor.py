@@ -7,8 +7,8 @@ until the job ends,
   torchrun stopped, every worker stopped, SIGKILL to the frozen rank, SIGTERM then SIGCONT
   to the others, SIGKILL to what is left after ``GRACE_S`` (torchrun's own grace is 30 s),
   then to torchrun's process group;
-- forwards SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 sent to ``ppx run`` (a ``timeout``, a job
-  manager, Ctrl-C, SLURM's ``--signal``) the same way, then exits 128 + the signal (143 for SIGTERM, 130 for SIGINT);
+- forwards the stop signals (`ppx.launch.stops`: a ``timeout``, a job manager, Ctrl-C) sent to
+  ``ppx run`` the same way, then exits 128 + the signal (143 for SIGTERM, 130 for SIGINT);
 - ends the job when every rank has ended and torchrun has not (its agent frozen) for
   ``runtime.timeout_s`` (a failed run's: at least ``UNREAPED_S``): the run kept where it completed, else how each rank ended (its exit
   status, read from /proc while torchrun has not reaped it) or its own line;

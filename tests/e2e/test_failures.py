@@ -274,7 +274,7 @@ def test_a_cpu_rank_is_forked_from_torchrun_and_ends_on_a_signal_as_a_started_on
     [
         (signal.SIGTERM, "gpipe_4gpu", 4, True),
         (signal.SIGINT, "1f1b_2cpu", 2, True),
-        (signal.SIGUSR1, "1f1b_2cpu", 2, False),  # (a job manager's warning, SLURM's --signal)
+        (signal.SIGUSR1, "1f1b_2cpu", 2, False),  # (a job manager's warning)
         (signal.SIGTERM, "1f1b_2cpu", 1, False),
         (signal.SIGINT, "1f1b_2cpu", 1, False),
     ],
