@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ppx.commands.common import drain_list, output_path, schedule_from
 from ppx.errors import UserError
 from ppx.schedules.ir.action import Op
@@ -92,10 +90,8 @@ def cmd_schedule(args) -> int:
     if args.csv:
         with_comms = args.with_comms or sched.groups is not None
         try:  # (a disk that fills, /dev/full: said by the option, not in the OS's words alone)
-            schedules.write_csv(sched if with_comms else sched.compute_only(), args.csv)
+            schedules.write_csv(sched if with_comms else sched.compute_only(), args.csv)  # (whole or not at all)
         except OSError as e:
-            if Path(args.csv).is_file():  # (a part of the list: a later run would read it as the whole)
-                Path(args.csv).unlink()
             raise UserError(f"--csv {args.csv}: could not write it ({e.strerror or e})") from None
         note = (
             ""

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from ppx.errors import UserError
+from ppx.files import write_whole
 from ppx.gpucheck.machine import describe
 from ppx.gpucheck.verdict import FAIL, PASS, SKIPPED, table
 
@@ -54,7 +55,7 @@ def write(out: Path, facts: dict, results, date: str, elapsed_s: float, budget_s
             state = "ok" if r.dir else r.why
             took = "" if r.wall_s is None else f", {r.wall_s:.1f} s"
             lines.append(f"- `{r.command}`{took}: {state}")
-    (out / "gpu-check.md").write_text("\n".join(lines) + "\n")
+    write_whole(out / "gpu-check.md", "\n".join(lines) + "\n")
     data = {
         "date": date,
         "machine": facts,
@@ -74,7 +75,7 @@ def write(out: Path, facts: dict, results, date: str, elapsed_s: float, budget_s
             for res in results
         ],
     }
-    (out / "gpu-check.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    write_whole(out / "gpu-check.json", json.dumps(data, indent=2, default=str) + "\n")
 
 
 def check_doc(path: Path) -> None:
@@ -136,7 +137,7 @@ def update_doc(path: Path, facts: dict, results, date: str, report: Path) -> Non
         *[line for name in order for _, line in rows[name]],
         END,
     ]
-    path.write_text(head + "\n".join(block) + tail)
+    write_whole(path.resolve(), head + "\n".join(block) + tail)  # (a full disk truncated the doc; a link stays one)
 
 
 COLUMNS = ["check", "what", "figure", "threshold", "verdict", "report"]

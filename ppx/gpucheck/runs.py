@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 
 from ppx.config import SUMMARY_ONLY, as_overrides
 from ppx.errors import UserError
+from ppx.files import write_whole
 from ppx.gpucheck.machine import Machine
 from ppx.report.run_dir import RunDir
 
@@ -98,9 +99,9 @@ class Runner:
         """Write the run's YAML (and CSV); returns the YAML's path."""
         (self.out / "configs").mkdir(parents=True, exist_ok=True)
         if spec.csv is not None:
-            self.path(spec, ".csv").write_text(spec.csv)
+            write_whole(self.path(spec, ".csv"), spec.csv)
         yaml = self.path(spec, ".yaml")
-        yaml.write_text(OmegaConf.to_yaml(OmegaConf.from_dotlist(as_overrides(self.keys(spec)))))
+        write_whole(yaml, OmegaConf.to_yaml(OmegaConf.from_dotlist(as_overrides(self.keys(spec)))))
         return yaml
 
     def check(self, spec: RunSpec) -> str | None:

@@ -20,16 +20,24 @@ def check_free(cfg: Config, one_run: bool = True) -> None:
     own = bool(cfg.run.dir) and one_run
     path = Path(cfg.run.dir) if own else Path(cfg.run.root) / cfg.run.name
     key = f"run.dir={cfg.run.dir}" if own else f"run.root={cfg.run.root}"
+    refuse_long_names(key, path)
     try:
         _check_free(cfg, own, path, key)
-    except OSError as e:  # a name longer than the file system takes (255 bytes), a folder not to be read
-        raise UserError(f"{key}: {e.strerror or e}" + _name_too_long(path)) from None
+    except OSError as e:  # a folder not to be read, a path past the system's length
+        raise UserError(f"{key}: {e.strerror or e}") from None
 
 
-def _name_too_long(path: Path) -> str:
-    """``; a name of N bytes, at most 255`` where one of ``path``'s names is longer than that."""
+def refuse_long_names(key: str, path: Path) -> None:
+    """Refuse a name in ``path`` longer than its file system takes (255 bytes on most): said
+    with the key before any folder is made (Python's own checks may raise it, or not)."""
+    nearest = next((q for q in path.absolute().parents if os.path.isdir(q)), Path("/"))
+    try:
+        most = os.pathconf(nearest, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        most = 255
     longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
-    return f"; a name of {longest} bytes, at most 255" if longest > 255 else ""
+    if longest > most:
+        raise UserError(f"{key}: File name too long; a name of {longest} bytes, at most {most}")
 
 
 def _check_free(cfg: Config, own: bool, path: Path, key: str) -> None:
@@ -56,38 +64,52 @@ def claim(cfg: Config) -> Path:
     """Create the run directory atomically: exactly ``run.dir`` if given (it must not exist),
     else ``<run.root>/<run.name>/<YYYYmmdd-HHMMSS>[-N]``."""
     if cfg.run.dir:
-        path = Path(cfg.run.dir)
-        not_in_a_run(f"run.dir={cfg.run.dir}", path)  # (a torchrun or srun of one's own claims here, unchecked before)
-        made = [q for q in path.parents if not q.exists()]  # (removed again where the claim fails)
+        path, key = Path(cfg.run.dir), f"run.dir={cfg.run.dir}"
+        refuse_long_names(key, path)  # (a torchrun or srun of one's own claims here, unchecked before)
+        not_in_a_run(key, path)
+        made = _missing(path.parents)  # (removed again where the claim fails)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.mkdir()
         except (FileExistsError, NotADirectoryError):
             _remove_empty(made)
             check_free(cfg)  # what is in the way (it, or a file where a folder must go), said as before the run
-            raise UserError(f"run.dir={path}: cannot create it (something else was there a moment ago)") from None
-        except OSError as e:  # read-only, no permission, /proc: the key that named the place
+            raise UserError(f"{key}: cannot create it (something else was there a moment ago)") from None
+        except OSError as e:  # read-only, no permission, /proc, a full disk: the key that named the place
             _remove_empty(made)
-            raise UserError(f"run.dir={path}: cannot create it ({e.strerror or e}{_name_too_long(path)})") from None
+            raise UserError(f"{key}: cannot create it ({e.strerror or e})") from None
         return path
-    base = Path(cfg.run.root) / cfg.run.name
-    not_in_a_run(f"run.root={cfg.run.root}", base)
+    base, key = Path(cfg.run.root) / cfg.run.name, f"run.root={cfg.run.root}"
+    refuse_long_names(key, base)
+    not_in_a_run(key, base)
+    made = _missing([base, *base.parents])
     try:
         base.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
+        _remove_empty(made)
         check_free(cfg)  # the file where a folder must go
-        raise UserError(f"run.root={cfg.run.root}: cannot create {base} (a file was there a moment ago)") from None
+        raise UserError(f"{key}: cannot create {base} (a file was there a moment ago)") from None
     except OSError as e:
-        raise UserError(f"run.root={cfg.run.root}: cannot create {base} ({e.strerror or e})") from None
+        _remove_empty(made)
+        raise UserError(f"{key}: cannot create {base} ({e.strerror or e})") from None
     return new_folder(base, time.strftime("%Y%m%d-%H%M%S"))
 
 
+def _missing(folders) -> list[Path]:
+    """Those of ``folders`` (deepest first) that do not exist yet."""
+    return [q for q in folders if not os.path.lexists(q)]
+
+
 def _remove_empty(folders: list[Path]) -> None:
-    """The folders a failed claim made on its way (deepest first), where they are still empty."""
+    """The folders a failed claim made on its way (deepest first, those it may have made),
+    each where it is there and still empty: one another run has put a folder in stays, and
+    so do those above it."""
     for q in folders:
         try:
             q.rmdir()
-        except OSError:
+        except FileNotFoundError:  # (not made: the claim failed before it)
+            continue
+        except OSError:  # (not empty: another run's now; or not to be removed)
             return
 
 

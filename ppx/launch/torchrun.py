@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import os
 import signal
@@ -42,6 +41,7 @@ import warnings
 from pathlib import Path
 
 from ppx.errors import first_line, said
+from ppx.files import write_json
 from ppx.launch.open_files import needed, raise_soft_limit
 from ppx.launch.processes import FORK, follow_parent
 from ppx.launch.supervisor import killed, write_incomplete
@@ -138,9 +138,8 @@ def _main(argv: list[str], exits: str | None) -> int:
                 str(r): {"exitcode": code, "pid": f.pid, "first": first}
                 for (r, code, first), (_, f) in zip(seen, failures)
             }
-            try:
-                with open(exits, "w") as f:
-                    json.dump(failed, f)
+            try:  # (whole or not at all: a part read back as no failure named the killed ranks)
+                write_json(exits, failed)
             except OSError:  # (a full disk: the launcher says the job failed and where each rank was)
                 pass
             return 1

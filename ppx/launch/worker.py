@@ -20,6 +20,7 @@ from ppx.config.fault_spec import parse_fault
 from ppx.engine.loop import train
 from ppx.engine.runtime import ActionFailed
 from ppx.errors import UserError, said
+from ppx.files import write_json
 from ppx.launch import claim, environment
 from ppx.launch.affinity import pin_local_rank, pin_order
 from ppx.launch.closed_stdout import survive_closed_stdout
@@ -29,7 +30,6 @@ from ppx.launch.faults import FaultInjector
 from ppx.launch.stop_signal import await_stop, follow_stop_signal
 from ppx.launch.thread_errors import one_line_thread_errors
 from ppx.launch.watchdog import SETUP_FLOOR_S, Watchdog
-from ppx.report.run_dir import write_json
 from ppx.report.run_report import RunReport
 
 

@@ -4,10 +4,10 @@ fitting candidate's schedule, compute only: `ppx run` places its own sends and r
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 
+from ppx import files
 from ppx.plan import table
 from ppx.plan.builders import build
 from ppx.plan.evaluate import Result
@@ -38,7 +38,7 @@ def write_json(
         "close_to_best": [results.index(r) for r in close],
         "notes": notes,
     }
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    files.write_json(path, data, indent=1)
 
 
 def _inputs_lines(inputs: PlanInputs) -> list[str]:
@@ -117,7 +117,7 @@ def write_md(
     if skipped:
         parts += ["## Skipped shapes", ""]
         parts += [f"- {s.schedule} p={s.p} m={s.m} v={s.v}: {s.reason}" for s in skipped] + [""]
-    path.write_text("\n".join(parts))
+    files.write_whole(path, "\n".join(parts))
 
 
 def write_best(path: Path, best: Result, inputs: PlanInputs) -> None:

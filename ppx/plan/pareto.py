@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ppx.files import save_figure
 from ppx.plan.evaluate import Result
-from ppx.report.run_dir import save_figure
 from ppx.units import byte_unit, format_bytes
 
 

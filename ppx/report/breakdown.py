@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ppx.files import save_figure
 from ppx.report.gantt import COLORS
-from ppx.report.run_dir import save_figure
 from ppx.units import byte_unit
 
 PARTS = [

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ppx import schedules
 from ppx.errors import UserError
+from ppx.files import save_figure, write_json, write_whole
 from ppx.measure.metrics import middle_half
 from ppx.report.compare_notes import (
     POOLED_HEADER,
@@ -27,7 +28,7 @@ from ppx.report.compare_notes import (
     pooled_table,
 )
 from ppx.report.labels import flat_config, run_labels, shared_label
-from ppx.report.run_dir import RunDir, completed, is_run_folder, save_figure, write_json, write_whole
+from ppx.report.run_dir import RunDir, completed, is_run_folder
 
 COLUMNS = [  # (header, key, format)
     ("run", "name", "{}"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from ppx.report.run_dir import save_figure
+from ppx.files import save_figure
 
 COLORS = {
     "F": "#4C72B0",

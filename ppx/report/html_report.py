@@ -24,8 +24,8 @@ import html
 import os
 from pathlib import Path
 
+from ppx.files import write_whole
 from ppx.report.gantt import legend_entries
-from ppx.report.run_dir import write_whole
 from ppx.report.split_ways import HEADER, split_rows
 from ppx.report.summary_table import setup_words, summary_rows
 from ppx.units import count

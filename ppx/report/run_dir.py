@@ -1,9 +1,8 @@
-"""The files of a run directory: written atomically (`write_json`), and read back typed
+"""The files of a run directory (written whole: `ppx.files`), read back typed
 (`RunDir`: summary.json as a `Summary`, config.yaml as a `Config`, env.json, metrics.jsonl)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -12,45 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from ppx.errors import UserError, first_line
-
-
-def write_json(path: Path, data) -> None:
-    write_whole(path, json.dumps(data, indent=2) + "\n")
-
-
-def write_whole(path: Path, text: str) -> None:
-    """``text`` to ``path`` whole or not at all: written beside it, then renamed over it; a
-    write that fails (a full disk) removes its part, which filled the disk for what came next,
-    and names ``path`` (not the part's name, nor none, as a failed write says)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):  # (the write's error is the one to say)
-            tmp.unlink()
-        if isinstance(e, OSError):
-            raise OSError(e.errno, e.strerror or str(e), str(path)) from None
-        raise
-
-
-def save_figure(fig, path, **savefig) -> None:
-    """A matplotlib figure written to ``path`` (its format from the suffix) whole or not at
-    all, as `write_whole`, then closed; a write that fails names the file (matplotlib's error
-    says only "File too large")."""
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        fig.savefig(tmp, format=path.suffix.lstrip(".").lower(), **savefig)
-        os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
-    finally:
-        plt.close(fig)
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ from omegaconf import OmegaConf
 from ppx.config.paired import entry_config, entry_units, floors
 from ppx.config.resolve import sum_order_note
 from ppx.errors import UserError
+from ppx.files import write_json, write_whole
 from ppx.measure.metrics import SLOW_STEP, noisy_note, over_ideal, run_summary, stalled_steps, step_breakdown
 from ppx.measure.paired import add_kept, kept_fields, paired_lines, paired_step, paired_summary
 from ppx.measure.spans import first_timeline_step
 from ppx.measure.theory import run_theory
-from ppx.report.run_dir import write_json, write_whole
 from ppx.report.scalars import step_scalars
 from ppx.report.split_ways import split_line
 from ppx.report.units_line import flops_shares, units_line

@@ -11,10 +11,12 @@ there; `read_csv` skips all three (ppx scales the loss by 1/microbatches instead
 from __future__ import annotations
 
 import csv
+import io
 import re
 from pathlib import Path
 
 from ppx.errors import ScheduleError
+from ppx.files import write_whole
 from ppx.schedules.csv_checks import check_written, spans_missing
 from ppx.schedules.ir.action import parse_cell
 from ppx.schedules.ir.schedule import Schedule
@@ -46,8 +48,11 @@ def torch_rows(schedule: Schedule) -> list[list[str]]:
 
 
 def write_csv(schedule: Schedule, path: str | Path) -> None:
-    with open(path, "w", newline="") as f:
-        csv.writer(f).writerows(torch_rows(schedule))
+    """``schedule`` in torch's CSV form, written whole or not at all (a part of a list reads
+    back as a whole one)."""
+    text = io.StringIO(newline="")
+    csv.writer(text).writerows(torch_rows(schedule))
+    write_whole(path, text.getvalue())
 
 
 def read_csv(path: str | Path, name: str | None = None) -> Schedule:

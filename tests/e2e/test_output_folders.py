@@ -8,6 +8,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from helpers import ppx
 from helpers.run import PICTURED_1F1B
 
@@ -55,12 +57,12 @@ def test_a_run_directory_named_so_no_file_system_or_file_takes_it_is_one_line_na
     assert r.returncode == 2 and r.stderr == (
         f"ppx: error: run.dir={long}: File name too long; a name of 300 bytes, at most 255\n"
     ), r.stderr
-    deep = tmp_path / "new" / "newer" / ("y" * 256)
+    deep = tmp_path / "new" / ("y" * 256) / "run"  # (Python's checks stop at new, missing: they found it free)
     r = ppx("run", "gpipe_2cpu", f"run.dir={deep}", timeout=60)
     assert r.returncode == 2 and r.stderr == (
-        f"ppx: error: run.dir={deep}: cannot create it (File name too long; a name of 256 bytes, at most 255)\n"
+        f"ppx: error: run.dir={deep}: File name too long; a name of 256 bytes, at most 255\n"
     ), r.stderr
-    assert list(tmp_path.iterdir()) == []  # (new/newer, made for the claim, removed)
+    assert list(tmp_path.iterdir()) == []  # (new, made on the way to the claim that failed, was left)
     odd = str(tmp_path / "a") + "\udcffb"  # (the byte 0xff as Python keeps it; the process gets the byte)
     r = ppx("run", "gpipe_2cpu", f"run.dir={odd}", timeout=60)
     assert r.returncode == 2 and r.stderr == (
@@ -75,3 +77,19 @@ def test_a_run_directory_named_so_no_file_system_or_file_takes_it_is_one_line_na
         "ppx: error: the current folder no longer exists (deleted after the shell entered it): cd to one that does\n"
     ), r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_folders_a_failed_claim_made_are_removed(tmp_path):
+    """A claim that fails part way down a path of new folders (here a file system out of
+    inodes after three, in a mount namespace of this test's own) leaves none of them."""
+    root = tmp_path / "small"
+    root.mkdir()
+    run = root / "a" / "b" / "c" / "d"
+    ppx_run = f"{sys.executable} -m ppx.cli run gpipe_2cpu run.dir={run}"
+    inner = f"mount -t tmpfs -o nr_inodes=4,size=1m tmpfs {root} && {{ {ppx_run}; echo rc=$?; ls -A {root}; }}"
+    cmd = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", inner]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if "mount:" in r.stderr or "unshare:" in r.stderr:
+        pytest.skip(f"no mount namespace of its own here: {r.stderr.strip()}")
+    assert r.stderr == f"ppx: error: run.dir={run}: cannot create it (No space left on device)\n", r.stderr
+    assert r.stdout == "rc=2\n", r.stdout  # (ls of the mount: nothing; a/b/c were left before)

@@ -2,7 +2,7 @@
 lower one only (imports inside functions count; those under ``if TYPE_CHECKING:`` do not),
 no import cycle joins ppx modules at import time, and no file is longer than 400 lines.
 
-Layers, lowest first: ppx/__init__.py, ppx/errors.py, ppx/paths.py and ppx/units.py < schedules < models < config <
+Layers, lowest first: ppx/__init__.py, ppx/errors.py, ppx/files.py, ppx/paths.py and ppx/units.py < schedules < models < config <
 measure < engine < report < plan < launch < gpucheck < commands < ppx/cli.py.
 
 Inside ppx/schedules/ the same rule holds between its rooms, lowest first: ir < families <
@@ -21,7 +21,7 @@ from helpers import REPO
 
 # the first name after "ppx." -> layer index; "" is ppx itself (ppx/__init__.py)
 LAYERS = [
-    ("", "errors", "paths", "units"),
+    ("", "errors", "files", "paths", "units"),
     ("schedules",),
     ("models",),
     ("config",),
@@ -35,7 +35,7 @@ LAYERS = [
     ("cli",),
 ]
 LAYER_OF = {part: k for k, parts in enumerate(LAYERS) for part in parts}
-LAYER_NAME = ["base (ppx, ppx.errors, ppx.paths, ppx.units)"] + [f"ppx.{parts[0]}" for parts in LAYERS[1:]]
+LAYER_NAME = ["base (ppx, ppx.errors, ppx.files, ppx.paths, ppx.units)"] + [f"ppx.{parts[0]}" for parts in LAYERS[1:]]
 MAX_LINES = 400
 
 # the rooms of ppx/schedules/, lowest first: the name after "ppx.schedules." -> room index;
