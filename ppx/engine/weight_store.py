@@ -255,9 +255,37 @@ def measure(store: WeightStore, trial: Callable[[], tuple], exclude: set[int]) -
                 layer.store = store
         store.begin(-1)
         x, out, grad_output = trial()
+        outside = _used_outside(out, store.layers)
+        if outside:
+            store.pending.pop(-1, None)
+            raise RuntimeError(
+                f"layer {outside}: its weight is also used outside its own call (tied, or F.linear on it), "
+                "so W alone would miss that use's gradient"
+            )
         store.input_pass(-1, out, x, grad_output)
     held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in store.held(-1)}
     store.pending.pop(-1)
     for p in module.parameters():
         p.grad = None
     return sum(saved.values()), sum(held.values())
+
+
+def _used_outside(out: torch.Tensor, layers: list[RoutedLayer]) -> str | None:
+    """The name of a stored layer whose weight or bias ``out``'s graph reaches, or None: a
+    storing layer's own call puts them in detached, so one reached is used elsewhere too (a
+    weight tied by a function call, ``F.linear(x, self.fc.weight.t())``, a layer whose weight
+    is only ever read), whose gradient W alone would drop."""
+    owner = {id(p): layer.name for layer in layers for p in layer.params}
+    seen: set = set()
+    stack = [out.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        name = owner.get(id(getattr(fn, "variable", None)))
+        if name is not None:
+            return name
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    return None
+

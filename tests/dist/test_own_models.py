@@ -96,6 +96,21 @@ def cases(p: int) -> dict[str, list[str]]:
             "train.batch_size=8",
             "train.seed=3",
         ]
+        # a Linear's weight read outside its own call (a tied autoencoder; a layer only ever read):
+        # under auto its stage keeps the graph (stored, W alone dropped that use's gradient)
+        for builder in ("tied_outside", "weight_read_only"):
+            out[f"{builder}-zb_h1"] = [
+                "model.kind=module",
+                f"model.module=helpers.own_module:{builder}",
+                "model.data=regression",
+                "model.hidden=16",
+                "model.args={width: 16}",
+                "pipeline.schedule=zb_h1",
+                "pipeline.stages=2",
+                "pipeline.microbatches=4",
+                "train.batch_size=8",
+                "train.seed=3",
+            ]
         out["sequential-1f1b-regression"] = [
             "model.kind=module",
             "model.module=helpers.own_module:build",

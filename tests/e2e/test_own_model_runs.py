@@ -6,6 +6,8 @@ and a machine without transformers told in one line how to install it."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from helpers import REPO, ppx, read_json
@@ -115,3 +117,20 @@ def test_a_stage_of_parameter_free_units_trains_as_one_process_does(tmp_path):
     one = ppx("run", *own, "pipeline.stages=1", f"run.dir={tmp_path / 'p1'}", env=tests)
     assert one.returncode == 0, one.stderr[-3000:]
     assert s["losses"] == read_json(tmp_path / "p1" / "summary.json")["losses"]
+
+
+def test_a_weight_read_outside_its_layer_is_not_stored_by_store(tmp_path):
+    """train.split_backward=store on a tied autoencoder (its Linear's weight read again,
+    transposed, by F.linear): W alone would drop that read's gradient (the run trained on,
+    silently wrong); one line before the first step (auto keeps the graph there:
+    tests/dist/test_own_models.py holds its gradients)."""
+    own = ["1f1b_2cpu", "model.kind=module", "model.module=helpers.own_module:tied_outside", "model.data=regression"]
+    own += ["model.hidden=16", "model.args={width: 16}", "pipeline.schedule=zb_h1", "train.split_backward=store"]
+    r = ppx("run", *own, "train.steps=2", f"run.dir={tmp_path / 'run'}", env={"PYTHONPATH": str(REPO / "tests")})
+    line = (
+        r"ppx: error: train.split_backward=store: layer [12]\.enc: its weight is also used outside its own call "
+        r"\(tied, or F\.linear on it\), so W alone would miss that use's gradient; use train.split_backward=auto"
+    )  # (either rank's layer: the first to say it)
+    assert r.returncode == 1 and re.fullmatch(line, r.stderr.splitlines()[0]), r.stderr[-3000:]
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert not metrics.exists() or metrics.read_text() == ""  # (no step ran)

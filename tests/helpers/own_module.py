@@ -175,3 +175,38 @@ def parameter_free_first(model) -> nn.Module:
 def batch_normed(model) -> nn.Module:
     """Linear, BatchNorm1d, Linear (a BatchNorm in training refuses a batch of one sample)."""
     return nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16), nn.Linear(16, 16))
+
+
+class _TiedAutoencoder(nn.Module):
+    """Encodes with its Linear, decodes with that Linear's weight transposed (F.linear): the
+    weight is used inside the layer's own call and outside it."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.enc = nn.Linear(width, 2 * width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(torch.tanh(self.enc(x)), self.enc.weight.t())
+
+
+class _ScaledLinear(nn.Module):
+    """A Linear never called, its weight read scaled (equalized learning rate's way)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(nn.functional.linear(x, self.fc.weight * 0.5, self.fc.bias))
+
+
+def tied_outside(model) -> nn.Module:
+    width = model.args.get("width", 16)
+    return nn.Sequential(
+        nn.Linear(width, width), _TiedAutoencoder(width), _TiedAutoencoder(width), nn.Linear(width, width)
+    )
+
+
+def weight_read_only(model) -> nn.Module:
+    width = model.args.get("width", 16)
+    return nn.Sequential(nn.Linear(width, width), _ScaledLinear(width), _ScaledLinear(width), nn.Linear(width, width))
