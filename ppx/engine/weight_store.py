@@ -288,4 +288,3 @@ def _used_outside(out: torch.Tensor, layers: list[RoutedLayer]) -> str | None:
             return name
         stack.extend(next_fn for next_fn, _ in fn.next_functions)
     return None
-
