@@ -159,10 +159,11 @@ class Runtime:
         s2r = self.schedule.stage_to_rank
         for a in item.actions:
             peer, _ = peer_of(a, s2r)
+            # (contiguous: a unit may hand on a transposed view, which the backends refuse to send)
             if a.op is Op.SEND_F:
-                ops.append((True, self._outbox.pop(("F", a.stage, a.mb)), peer, "F"))
+                ops.append((True, self._outbox.pop(("F", a.stage, a.mb)).contiguous(), peer, "F"))
             elif a.op is Op.SEND_B:
-                ops.append((True, self._outbox.pop(("B", a.stage, a.mb)), peer, "B"))
+                ops.append((True, self._outbox.pop(("B", a.stage, a.mb)).contiguous(), peer, "B"))
             else:
                 kind = "F" if a.op is Op.RECV_F else "B"
                 shape, dtype = self.boundary(a.stage - 1 if kind == "F" else a.stage)

@@ -111,6 +111,19 @@ def cases(p: int) -> dict[str, list[str]]:
                 "train.batch_size=8",
                 "train.seed=3",
             ]
+        # units that hand on a transposed view (MLP-Mixer's token mixing): sent contiguous
+        out["token_mixing-zbv"] = [
+            "model.kind=module",
+            "model.module=helpers.own_module:token_mixing",
+            "model.batch_fn=helpers.own_module:token_batch",
+            "model.loss_fn=helpers.own_module:loss",
+            "model.args={tokens: 4, width: 16}",
+            "pipeline.schedule=zbv",
+            "pipeline.stages=2",
+            "pipeline.microbatches=4",
+            "train.batch_size=8",
+            "train.seed=3",
+        ]
         out["sequential-1f1b-regression"] = [
             "model.kind=module",
             "model.module=helpers.own_module:build",

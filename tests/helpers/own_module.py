@@ -210,3 +210,28 @@ def tied_outside(model) -> nn.Module:
 def weight_read_only(model) -> nn.Module:
     width = model.args.get("width", 16)
     return nn.Sequential(nn.Linear(width, width), _ScaledLinear(width), _ScaledLinear(width), nn.Linear(width, width))
+
+
+class _TokenMixing(nn.Module):
+    """MLP-Mixer's token mixing as a unit of its own: its output a transposed view, not
+    contiguous in memory (a stage handing it on sent it as it was, which gloo refuses)."""
+
+    def __init__(self, tokens: int):
+        super().__init__()
+        self.tok = nn.Linear(tokens, tokens)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.tok(x.transpose(1, 2))).transpose(1, 2)
+
+
+def token_mixing(model) -> nn.Module:
+    """(batch, tokens, width) in and out: ``model.args`` tokens and width."""
+    tokens, width = model.args.get("tokens", 4), model.args.get("width", 16)
+    return nn.Sequential(nn.Linear(width, width), *[_TokenMixing(tokens) for _ in range(3)], nn.Linear(width, width))
+
+
+def token_batch(model, seed: int, batch_size: int, step: int):
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    tokens, width = model.args.get("tokens", 4), model.args.get("width", 16)
+    x = torch.randn(batch_size, tokens, width, generator=g)
+    return x, torch.tanh(x.flip(1))
