@@ -196,6 +196,8 @@ def boundary(cfg, microbatch_size: int, described: tuple | None = None):
     one: ppx sends one shape), from `unit_shapes`."""
     shapes = unit_shapes(cfg, microbatch_size, described)
     if len({(s, d) for _, s, d in shapes}) > 1:
-        detail = ", ".join(f"{n} {s}" for n, s, _ in shapes)
-        raise UserError(f"model.kind=module: the units hand on tensors of different shapes ({detail}); ppx sends one")
+        dtypes = len({d for _, _, d in shapes}) > 1  # (the shapes alike, the dtypes not: say those)
+        what = "dtypes" if dtypes and len({s for _, s, _ in shapes}) == 1 else "shapes"
+        detail = ", ".join(f"{n} {s}" + (f" {str(d).removeprefix('torch.')}" if dtypes else "") for n, s, d in shapes)
+        raise UserError(f"model.kind=module: the units hand on tensors of different {what} ({detail}); ppx sends one")
     return (shapes[0][1], shapes[0][2]) if shapes else ((microbatch_size,), torch.float32)

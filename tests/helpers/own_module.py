@@ -235,3 +235,13 @@ def token_batch(model, seed: int, batch_size: int, step: int):
     tokens, width = model.args.get("tokens", 4), model.args.get("width", 16)
     x = torch.randn(batch_size, tokens, width, generator=g)
     return x, torch.tanh(x.flip(1))
+
+
+class _ToDouble(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.double()
+
+
+def double_middle(model) -> nn.Module:
+    """A middle unit that hands on float64 where the others hand on float32, of one shape."""
+    return nn.Sequential(nn.Linear(16, 16), _ToDouble(), nn.Linear(16, 16).double())

@@ -127,6 +127,10 @@ CASES = {
         [*SEQUENTIAL, "model.module=helpers.own_module:uneven", "model.layers=3", "model.hidden=16"],
         "the units hand on tensors of different shapes (0 (8, 32), 1 (8, 16)); ppx sends one",
     ),
+    "module units of one shape and different dtypes": (  # (said "different shapes", listing one shape)
+        [*SEQUENTIAL, "model.module=helpers.own_module:double_middle", "model.layers=3", "model.hidden=16"],
+        "the units hand on tensors of different dtypes (0 (8, 16) float32, 1 (8, 16) float64); ppx sends one",
+    ),
     "module units that do not chain under torch's executor": (
         [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.layers=4", "model.hidden=64"]
         + ["pipeline.executor=torch"],
