@@ -76,6 +76,24 @@ def overrides(model: str, sched: str, p: int, *extra: str) -> list[str]:
     )
 
 
+# ppx's data: the MLP kind's teacher targets and MSE; an nn.Sequential of 4 blocks of width 16
+REGRESSION = ["model.data=regression", "model.hidden=16", "model.args={width: 16, depth: 4}"]
+
+
+def own(builder: str, sched: str, *keys: str) -> list[str]:
+    """A model of helpers/own_module.py's ``builder`` at 2 stages, 4 microbatches of 2 samples."""
+    return [
+        "model.kind=module",
+        f"model.module=helpers.own_module:{builder}",
+        *keys,
+        f"pipeline.schedule={sched}",
+        "pipeline.stages=2",
+        "pipeline.microbatches=4",
+        "train.batch_size=8",
+        "train.seed=3",
+    ]
+
+
 def cases(p: int) -> dict[str, list[str]]:
     if p == 2:
         out = {f"{mo}-{s}": overrides(mo, s, 2) for mo in MODELS for s in TRAINING}
@@ -84,72 +102,31 @@ def cases(p: int) -> dict[str, list[str]]:
         out["module-1f1b-bf16-m8"] = overrides("module", "1f1b", 2, "train.dtype=bf16", "pipeline.microbatches=8")
         # torch's tracer cuts the module at the same units (untied: the tracer does not sum copies)
         # an nn.Sequential without model.units, the user's batch and loss functions
-        out["sequential-zb_h1-own_batch_and_loss"] = [
-            "model.kind=module",
-            "model.module=helpers.own_module:build",
+        out["sequential-zb_h1-own_batch_and_loss"] = own(
+            "build",
+            "zb_h1",
             "model.batch_fn=helpers.own_module:batch",
             "model.loss_fn=helpers.own_module:loss",
-            "model.args={width: 16, depth: 4}",
-            "pipeline.schedule=zb_h1",
-            "pipeline.stages=2",
-            "pipeline.microbatches=4",
-            "train.batch_size=8",
-            "train.seed=3",
-        ]
+            REGRESSION[2],
+        )
         # a Linear's weight read outside its own call (a tied autoencoder; a layer only ever read):
         # under auto its stage keeps the graph (stored, W alone dropped that use's gradient)
         for builder in ("tied_outside", "weight_read_only"):
-            out[f"{builder}-zb_h1"] = [
-                "model.kind=module",
-                f"model.module=helpers.own_module:{builder}",
-                "model.data=regression",
-                "model.hidden=16",
-                "model.args={width: 16}",
-                "pipeline.schedule=zb_h1",
-                "pipeline.stages=2",
-                "pipeline.microbatches=4",
-                "train.batch_size=8",
-                "train.seed=3",
-            ]
+            out[f"{builder}-zb_h1"] = own(builder, "zb_h1", *REGRESSION[:2], "model.args={width: 16}")
         # units that hand on a transposed view (MLP-Mixer's token mixing): sent contiguous
-        out["token_mixing-zbv"] = [
-            "model.kind=module",
-            "model.module=helpers.own_module:token_mixing",
+        out["token_mixing-zbv"] = own(
+            "token_mixing",
+            "zbv",
             "model.batch_fn=helpers.own_module:token_batch",
             "model.loss_fn=helpers.own_module:loss",
             "model.args={tokens: 4, width: 16}",
-            "pipeline.schedule=zbv",
-            "pipeline.stages=2",
-            "pipeline.microbatches=4",
-            "train.batch_size=8",
-            "train.seed=3",
-        ]
-        out["sequential-1f1b-regression"] = [
-            "model.kind=module",
-            "model.module=helpers.own_module:build",
-            "model.data=regression",  # ppx's: the MLP kind's teacher targets and MSE
-            "model.hidden=16",
-            "model.args={width: 16, depth: 4}",
-            "pipeline.schedule=1f1b",
-            "pipeline.stages=2",
-            "pipeline.microbatches=4",
-            "train.batch_size=8",
-            "train.seed=3",
-        ]
+        )
+        out["sequential-1f1b-regression"] = own("build", "1f1b", *REGRESSION)
         # a stage of parameter-free units (an activation): no W to defer, no optimizer state
         for end, cut in (("last", "[3,1]"), ("first", "[1,3]")):
-            out[f"parameter_free_{end}_stage-zb_h1"] = [
-                "model.kind=module",
-                f"model.module=helpers.own_module:parameter_free_{end}",
-                "model.data=regression",
-                "model.hidden=16",
-                f"pipeline.layers_per_stage={cut}",
-                "pipeline.schedule=zb_h1",
-                "pipeline.stages=2",
-                "pipeline.microbatches=4",
-                "train.batch_size=8",
-                "train.seed=3",
-            ]
+            out[f"parameter_free_{end}_stage-zb_h1"] = own(
+                f"parameter_free_{end}", "zb_h1", *REGRESSION[:2], f"pipeline.layers_per_stage={cut}"
+            )
         out["module-1f1b-tracer"] = overrides("module", "1f1b", 2, "model.args.tied=false", "pipeline.split=tracer")
         out["module-zb_h1-tracer-split_points"] = overrides(
             "module", "zb_h1", 2, "model.args.tied=false", "pipeline.split=tracer", "model.split_points=[blocks.1]"
