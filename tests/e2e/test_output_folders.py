@@ -49,9 +49,9 @@ def test_a_link_to_nothing_is_refused_as_an_output_folder(tmp_path):
 
 
 def test_a_run_directory_named_so_no_file_system_or_file_takes_it_is_one_line_naming_the_key(tmp_path):
-    """A name past the file system's 255 bytes (checked before the claim, or at it where the
-    folders above are new: those made on the way removed again), a byte that is not UTF-8,
-    and a current folder deleted under the shell: each one line naming what to change."""
+    """A name past the file system's 255 bytes (refused before any folder is made, where the
+    folders above it are new too), a byte that is not UTF-8, and a current folder deleted
+    under the shell: each one line naming what to change."""
     long = tmp_path / ("x" * 300)
     r = ppx("run", "gpipe_2cpu", f"run.dir={long}", timeout=60)
     assert r.returncode == 2 and r.stderr == (
@@ -62,7 +62,7 @@ def test_a_run_directory_named_so_no_file_system_or_file_takes_it_is_one_line_na
     assert r.returncode == 2 and r.stderr == (
         f"ppx: error: run.dir={deep}: File name too long; a name of 256 bytes, at most 255\n"
     ), r.stderr
-    assert list(tmp_path.iterdir()) == []  # (new, made on the way to the claim that failed, was left)
+    assert list(tmp_path.iterdir()) == []  # (new was made on the way, and left, before)
     odd = str(tmp_path / "a") + "\udcffb"  # (the byte 0xff as Python keeps it; the process gets the byte)
     r = ppx("run", "gpipe_2cpu", f"run.dir={odd}", timeout=60)
     assert r.returncode == 2 and r.stderr == (

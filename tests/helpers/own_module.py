@@ -201,15 +201,17 @@ class _ScaledLinear(nn.Module):
 
 
 def tied_outside(model) -> nn.Module:
-    width = model.args.get("width", 16)
-    return nn.Sequential(
-        nn.Linear(width, width), _TiedAutoencoder(width), _TiedAutoencoder(width), nn.Linear(width, width)
-    )
+    return _framed(model, _TiedAutoencoder)
 
 
 def weight_read_only(model) -> nn.Module:
+    return _framed(model, _ScaledLinear)
+
+
+def _framed(model, unit) -> nn.Module:
+    """Two ``unit(width)``s between two Linears (``model.args`` width)."""
     width = model.args.get("width", 16)
-    return nn.Sequential(nn.Linear(width, width), _ScaledLinear(width), _ScaledLinear(width), nn.Linear(width, width))
+    return nn.Sequential(nn.Linear(width, width), unit(width), unit(width), nn.Linear(width, width))
 
 
 class _TokenMixing(nn.Module):
