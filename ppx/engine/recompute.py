@@ -27,8 +27,11 @@ import contextlib
 from collections.abc import Callable
 
 import torch
+from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+from ppx.engine.buffers import ForwardBuffers
 
 aten = torch.ops.aten
 
@@ -77,20 +80,23 @@ class Recompute:
     """Forward and recomputation of one stage under ``mode`` (full or selective).
     ``clock``: the rank's `ActionClock`, told while a forward is re-run (the known-cost model
     charges its forward again under full, and nothing under selective, whose saved matmul
-    outputs stand for its modelled cost)."""
+    outputs stand for its modelled cost). ``module``: the stage, whose buffers a forward
+    changes (`ppx.engine.buffers.ForwardBuffers`: its recomputation finds them as the forward did)."""
 
-    def __init__(self, mode: str, clock=None):
+    def __init__(self, mode: str, clock=None, module: nn.Module | None = None):
         if mode not in ("full", "selective"):
             raise ValueError(f"recompute mode {mode!r}")
         self.mode, self.clock = mode, clock
+        self.buffers = ForwardBuffers(module) if module is not None else None
         self.pending: dict[int, tuple] = {}  # mb -> (forward, cached mode or None, node keeping what it saved)
 
     def forward(self, mb: int, run: Callable[[], torch.Tensor], kept: list) -> torch.Tensor:
         """``run()`` without a graph; keeps ``run`` and ``kept`` (input, target) and, under
         selective, the saved op outputs, until `recompute` of ``mb``."""
         kept = [t for t in kept if isinstance(t, torch.Tensor)]
+        buffers = self.buffers.forward(mb) if self.buffers is not None else contextlib.nullcontext()
         if self.mode == "full":
-            with torch.no_grad():
+            with buffers, torch.no_grad():
                 out = run()
             self.pending[mb] = (run, None, keep(kept))
             return out
@@ -105,7 +111,7 @@ class Recompute:
         caching, cached = create_selective_checkpoint_contexts(policy)
         # with grad, as the recomputation runs (an op whose kernel choice depends on it, like
         # SDPA's backend, then dispatches alike both times), but autograd keeps nothing
-        with torch.enable_grad(), saved_tensors_hooks(_drop, _dropped), caching:
+        with buffers, torch.enable_grad(), saved_tensors_hooks(_drop, _dropped), caching:
             out = run()
         self.pending[mb] = (run, cached, keep(kept + saved))
         return out.detach()
@@ -116,8 +122,9 @@ class Recompute:
         clock = self.clock
         if clock is not None:
             clock.recomputing = self.mode
+        buffers = self.buffers.recompute(mb) if self.buffers is not None else contextlib.nullcontext()
         try:
-            with torch.enable_grad(), cached if cached is not None else contextlib.nullcontext():
+            with buffers, torch.enable_grad(), cached if cached is not None else contextlib.nullcontext():
                 return run()
         finally:
             if clock is not None:

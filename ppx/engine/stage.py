@@ -9,6 +9,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ppx.engine.buffers import untouched
+
 
 class StageRunner:
     """Forward/backward of stage ``index`` for one microbatch at a time.
@@ -87,11 +89,13 @@ class StageRunner:
 
     def trial(self, x: torch.Tensor, target: torch.Tensor | None) -> tuple:
         """One forward of a sample microbatch with its graph, nothing kept: (input, output, the
-        output's gradient for an I) for `ppx.engine.weight_store.choose`."""
+        output's gradient for an I) for `ppx.engine.weight_store.choose`; the stage's buffers and
+        the generators are left as they were (a running mean moves as without the trial)."""
         if self.weights is not None and self._stale:
             self.weights.refresh()
         x = self._input(x)
-        out = self._run(x, target)
+        with untouched(self.module), torch.random.fork_rng(devices=_rng_devices(x)):  # (as if it never ran)
+            out = self._run(x, target)
         return x, out, None if self.last else torch.ones_like(out)
 
     def forward(self, mb: int, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
@@ -181,3 +185,8 @@ class StageRunner:
         if self.store is not None:
             return len(self.saved.keys() | self.store.microbatches())
         return len(self.saved)
+
+
+def _rng_devices(x: torch.Tensor) -> list:
+    """The GPU whose generator a forward on ``x`` draws from, beside the CPU's (none on CPU)."""
+    return [x.device.index or 0] if x.device.type == "cuda" else []

@@ -247,3 +247,29 @@ class _ToDouble(nn.Module):
 def double_middle(model) -> nn.Module:
     """A middle unit that hands on float64 where the others hand on float32, of one shape."""
     return nn.Sequential(nn.Linear(16, 16), _ToDouble(), nn.Linear(16, 16).double())
+
+
+class _RunningMean(nn.Module):
+    """Normalises by a running mean of its inputs, a buffer its forward moves (a stateful unit)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.register_buffer("mean", torch.zeros(width))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        if self.training:
+            with torch.no_grad():
+                self.mean.mul_(0.5).add_(0.5 * x.mean(0))
+            self.calls = self.calls + 1  # (a new tensor under the name, not an in-place change)
+        return self.fc(x - self.mean).tanh()
+
+
+def stateful(model) -> nn.Module:
+    """Units whose forward moves buffers: running means (read by the output) and BatchNorm's
+    (each running mean after a Linear: a BatchNorm's output has a batch mean of 0)."""
+    w = model.hidden
+    return nn.Sequential(
+        _RunningMean(w), nn.BatchNorm1d(w), nn.Linear(w, w), _RunningMean(w), nn.Linear(w, w), _RunningMean(w)
+    )
