@@ -6,7 +6,8 @@ scale, a cast, another order, a unit called twice) would train another model tha
 Read from the forward's graph, traced with the units as leaves (`torch.fx`, on the model built
 on the meta device: no memory, no compute). Work whose result reaches neither a unit nor the
 output (a print of a shape) is left alone. A forward torch.fx cannot trace (Python control flow
-on values, ...) is not checked: `untraced` says why."""
+on values, ...) is not checked: `untraced` says why. Nor does the graph show a unit called
+under ``torch.no_grad()``: the tracer notes the grad mode at each unit's call (`without_grad`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import contextlib
 import inspect
 import io
 
+import torch
 from torch import fx, nn
 
 
@@ -25,11 +27,18 @@ class _UnitsAsLeaves(fx.Tracer):
         super().__init__()
         self.units = units
         self.holders = {u.rsplit(".", k)[0] for u in units for k in range(1, u.count(".") + 1)}
+        self.without_grad: list[str] = []  # the units called with autograd off (torch.no_grad())
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         if qualname in self.units:
             return True
         return qualname not in self.holders and super().is_leaf_module(m, qualname)
+
+    def call_module(self, m: nn.Module, forward, args, kwargs):
+        name = self.path_of_module(m)
+        if name in self.units and not torch.is_grad_enabled():
+            self.without_grad.append(name)
+        return super().call_module(m, forward, args, kwargs)
 
 
 def _defaults(module: nn.Module) -> dict:
@@ -42,12 +51,13 @@ def _defaults(module: nn.Module) -> dict:
     return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
 
 
-def trace(module: nn.Module, names: list[str]) -> fx.Graph | str:
-    """The forward's graph with the units as leaves, or why torch.fx cannot trace it (what the
-    forward prints while traced is not shown)."""
+def trace(module: nn.Module, names: list[str]) -> tuple[fx.Graph, list[str]] | str:
+    """The forward's graph with the units as leaves and the units it calls with autograd off,
+    or why torch.fx cannot trace it (what the forward prints while traced is not shown)."""
+    tracer = _UnitsAsLeaves(set(names))
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            return _UnitsAsLeaves(set(names)).trace(module, concrete_args=_defaults(module) or None)
+        with contextlib.redirect_stdout(io.StringIO()), torch.enable_grad():
+            return tracer.trace(module, concrete_args=_defaults(module) or None), tracer.without_grad
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return f"{type(e).__name__}: {first[:160]}" if first else type(e).__name__
@@ -63,9 +73,10 @@ def problem(module: nn.Module, names: list[str]) -> str | None:
     """What the forward does besides calling ``names`` in turn and returning the last one's
     output (alone, or first of a tuple or list), in words, or None where it does only that (or
     cannot be traced: `untraced`)."""
-    graph = trace(module, names)
-    if isinstance(graph, str):
+    traced = trace(module, names)
+    if isinstance(traced, str):
         return None
+    graph, _ = traced
     nodes = list(graph.nodes)
     calls = [n for n in nodes if n.op == "call_module" and n.target in names]
     order = [n.target for n in calls]
@@ -103,6 +114,18 @@ def problem(module: nn.Module, names: list[str]) -> str | None:
     if first is not calls[-1]:
         what = _op(result) if isinstance(result, fx.Node) else _said([result], {})
         return f"returns {what}, not the last unit's output"
+    return None
+
+
+def without_grad(module: nn.Module, names: list[str]) -> str | None:
+    """The first unit the forward calls under ``torch.no_grad()`` whose parameters, or those of
+    a unit before it, train (no gradient reaches them through it, where ppx's chain of units
+    would train them), or None (where the forward cannot be traced: `untraced`)."""
+    traced = trace(module, names)
+    for name in [] if isinstance(traced, str) else traced[1]:
+        k = names.index(name)
+        if any(p.requires_grad for u in names[: k + 1] for p in module.get_submodule(u).parameters()):
+            return name
     return None
 
 

@@ -202,8 +202,15 @@ def check(cfg) -> None:
     on_torch = registry.runs_on_torch(p.schedule, p.executor)
     mbs = cfg.train.batch_size // cfg.parallel.data // p.microbatches  # (>= 1: rules.check_parallel ran first)
     (unit_shapes if on_torch else boundary)(m, mbs, (module, names))
-    from ppx.models.module_forward import problem
+    from ppx.models.module_forward import problem, without_grad
 
+    frozen = without_grad(module, names)
+    if frozen:
+        raise UserError(
+            f"model.module={m.module}: its forward calls unit {frozen} under torch.no_grad(), so no gradient "
+            "reaches it or the units before it, where ppx's split runs every unit with autograd on and would train "
+            "them: freeze their parameters in your build instead (requires_grad_(False)) and call the unit as any other"
+        )
     wrong = problem(module, names)  # (torch's tracer too traces the units' chain, not your forward)
     if wrong:
         raise UserError(

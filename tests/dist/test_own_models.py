@@ -122,6 +122,10 @@ def cases(p: int) -> dict[str, list[str]]:
             "model.args={tokens: 4, width: 16}",
         )
         out["sequential-1f1b-regression"] = own("build", "1f1b", *REGRESSION)
+        # a frozen feature extractor its forward calls under torch.no_grad(): no check refuses it
+        out["frozen_input-zb_h1"] = own(
+            "chain", "zb_h1", *REGRESSION[:2], "model.args={way: frozen_inp}", "model.units=[inp,blocks,out]"
+        )
         # a stage of parameter-free units (an activation): no W to defer, no optimizer state
         for end, cut in (("last", "[3,1]"), ("first", "[1,3]")):
             out[f"parameter_free_{end}_stage-zb_h1"] = own(
@@ -208,6 +212,9 @@ def check(parts: list[dict], name: str, o: list[str], replicas: int = 1) -> None
         grads = {n: g for x in parts if x["replica"] == d for stage in x["grads"].values() for n, g in stage.items()}
         assert set(grads) <= set(ref) and {n for n in ref if ref[n] is not None} <= set(grads) | _tied_aliases(ref)
         for n, g in grads.items():
+            if ref[n] is None:  # (frozen: no gradient in either)
+                assert g is None, n
+                continue
             want = ref[n].chunk(replicas)[d] if shard else ref[n]
             assert g is not None and g.shape == want.shape, n
             if bf16:

@@ -91,21 +91,27 @@ class _Chain(nn.Module):
     plain (nothing), skip (adds inp's output to the last block's), twice (calls blocks.0 twice),
     scaled (returns the output doubled), tuple (returns the output and the last block's),
     branch (Python control flow on a value: torch.fx cannot trace it), in_place (doubles the
-    last block's output in place), masked (an optional mask, None as ppx calls it)."""
+    last block's output in place), masked (an optional mask, None as ppx calls it), no_grad
+    (calls blocks.1 under torch.no_grad()), frozen_inp (calls inp, whose parameters are frozen,
+    under torch.no_grad(): a frozen feature extractor)."""
 
     def __init__(self, way: str, width: int = 16):
         super().__init__()
         self.way = way
         self.inp, self.out = nn.Linear(width, width), nn.Linear(width, width)
         self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(3))
+        if way == "frozen_inp":
+            self.inp.requires_grad_(False)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None):
-        h = self.inp(x)
+        with torch.set_grad_enabled(self.way != "frozen_inp"):
+            h = self.inp(x)
         if mask is not None:
             h = h * mask
         first = h
         for k, block in enumerate(self.blocks):
-            h = block(h)
+            with torch.set_grad_enabled(not (k == 1 and self.way == "no_grad")):
+                h = block(h)
             if k == 0 and self.way == "twice":
                 h = block(h)
         if self.way == "skip":

@@ -153,6 +153,12 @@ CASES = {
         [*CHAIN, "model.args={way: in_place}"],
         "its forward does more than call its units in turn: mul_(blocks_2, 2) before unit out",
     ),
+    "module whose forward calls a unit under torch.no_grad()": (  # (ppx trained it, and the units before it)
+        [*CHAIN, "model.args={way: no_grad}"],
+        "model.module=helpers.own_module:chain: its forward calls unit blocks.1 under torch.no_grad(), so no "
+        "gradient reaches it or the units before it, where ppx's split runs every unit with autograd on and would "
+        "train them: freeze their parameters in your build instead (requires_grad_(False))",
+    ),
     "module whose forward changes the last unit's output": (
         [*CHAIN, "model.args={way: scaled}"],
         "its forward returns mul(out, 2), not the last unit's output",
