@@ -21,6 +21,7 @@ from ppx.engine.recompute import Recompute
 from ppx.engine.runtime import Runtime
 from ppx.engine.split_setup import SampleMicrobatch, set_up_split
 from ppx.engine.stage import StageRunner
+from ppx.engine.step_batch import StepBatches
 from ppx.engine.tied import TiedGrads
 from ppx.models.action_clock import ActionClock
 from ppx.models.costs import recompute_modes
@@ -138,6 +139,11 @@ class RankPipeline(StageShare):
     split_backward: dict | None = None  # stage -> how its split backward gets its weight gradients
     tied: TiedGrads | None = None  # weights tied across stages: their gradients summed each step
 
+    @functools.cached_property
+    def batches(self) -> StepBatches:
+        """Each step's whole batch, checked against the first step's."""
+        return StepBatches(self.cfg, self.kind)
+
     @property
     def observers(self) -> list:
         return self.runtime.observers
@@ -172,8 +178,7 @@ class RankPipeline(StageShare):
         would keep the whole batch alive, and counted, for every microbatch saved for backward."""
         if not (self.owns_first or self.owns_last):
             return None, None
-        t = self.cfg.train
-        x, y = self.kind.make_batch(self.cfg.model, t.seed, t.batch_size, step)
+        x, y = self.batches(step)
         if self.data_parallel is not None:  # this replica's share of the global batch
             x, y = self.data_parallel.layout.share(x), self.data_parallel.layout.share(y)
         m = self.schedule.num_microbatches

@@ -23,6 +23,7 @@ import torch
 from ppx import models
 from ppx.engine.observers import run_observed
 from ppx.engine.rank import StageShare, build_stage_modules, microbatch_keys
+from ppx.engine.step_batch import StepBatches
 from ppx.measure.profiler import RecordFunctions
 from ppx.models.action_clock import PART_OF, ActionClock
 from ppx.models.seeding import microbatch
@@ -46,6 +47,7 @@ class TorchPipeline(StageShare):
         logging.getLogger("torch.distributed.pipelining.schedules").setLevel(logging.CRITICAL)
         self.cfg, self.schedule, self.rank, self.device = cfg, schedule, rank, torch.device(device)
         self.kind = models.kind(cfg.model.kind)
+        self.batches = StepBatches(cfg, self.kind)
         self.observers = list(observers)
         self.clock = ActionClock()
         self.live: set = set()  # (stage, microbatch) whose activations torch holds for a backward
@@ -180,8 +182,7 @@ class TorchPipeline(StageShare):
     def microbatches(self, step: int):
         """This step's whole batch on this rank's device (torch's schedule splits it), made
         before the step as for ppx's runtime, so the copy to a GPU is not timed."""
-        t = self.cfg.train
-        x, y = self.kind.make_batch(self.cfg.model, t.seed, t.batch_size, step)
+        x, y = self.batches(step)
         return x.to(self.device), y.to(self.device)
 
     def step(self, step: int, batch=None):

@@ -109,14 +109,21 @@ def unit_shapes(cfg, microbatch_size: int, described: tuple | None = None) -> li
     that fails on what it is handed, a batch function that fails, or (with ppx's loss) a last
     output that does not fit the loss, is one line."""
     model, names = described or module_spec.described(cfg)
+    where = f"model.batch_fn={cfg.batch_fn}" if cfg.batch_fn else f"model.data={cfg.data}"
     try:
         x, target = make_batch(cfg, 0, microbatch_size, 0)
         h = x.to("meta")
     except UserError:
         raise
     except Exception as e:
-        where = f"model.batch_fn={cfg.batch_fn}" if cfg.batch_fn else f"model.data={cfg.data}"
         raise UserError(f"{where}: a first microbatch's inputs failed: {said(e)}") from None
+    rows = {len(t) for t in (x, target) if isinstance(t, torch.Tensor) and t.dim()}
+    if rows != {microbatch_size}:
+        raise UserError(
+            f"{where}: asked for {microbatch_size} samples (its batch_size argument), it gives inputs of shape "
+            f"{tuple(x.shape)} and targets of shape {tuple(getattr(target, 'shape', ()))}: ppx splits a batch into "
+            "microbatches along the first dimension"
+        )
     shapes = []
     with torch.no_grad():
         for name in names[:-1]:  # (the last one stays on its stage: `_fits_the_loss` tries it)

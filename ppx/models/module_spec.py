@@ -130,11 +130,16 @@ def units(model, module) -> list[str]:
 
 
 def described(model) -> tuple:
-    """(the model built on the meta device, its unit names): what the checks and the split read."""
+    """(the model built on the meta device, its unit names): what the checks and the split read.
+    A build that meta cannot run (one that reads a value: ``.item()``, ``float(w.max())``) is
+    built on the CPU and moved there; one that fails on the CPU too is said as the CPU's."""
     import torch
 
-    with torch.device("meta"):
-        module = build(model)
+    try:
+        with torch.device("meta"):
+            module = build(model)
+    except UserError:
+        module = build(model).to("meta")
     return module, units(model, module)
 
 

@@ -6,6 +6,7 @@ and a machine without transformers told in one line how to install it."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -134,3 +135,20 @@ def test_a_weight_read_outside_its_layer_is_not_stored_by_store(tmp_path):
     assert r.returncode == 1 and re.fullmatch(line, r.stderr.splitlines()[0]), r.stderr[-3000:]
     metrics = tmp_path / "run" / "metrics.jsonl"
     assert not metrics.exists() or metrics.read_text() == ""  # (no step ran)
+
+
+def test_a_batch_whose_shapes_change_from_step_to_step_ends_the_run_in_one_line(tmp_path):
+    """A batch function whose batch shrinks at step 1 (a dataset's short last batch): the rank
+    that made it says so in one line, and no step after runs (it ran on a partly stale buffer,
+    or ended the job in gloo's abort where the batch grew)."""
+    own = ["1f1b_2cpu", "model.kind=module", "model.module=helpers.own_module:build", "model.data=regression"]
+    own += ["model.hidden=16", "model.args={width: 16}", "model.batch_fn=helpers.own_module:batch_shrinking"]
+    r = ppx("run", *own, "train.steps=3", f"run.dir={tmp_path / 'run'}", env={"PYTHONPATH": str(REPO / "tests")})
+    line = (
+        "ppx: error: model.batch_fn=helpers.own_module:batch_shrinking: step 1's inputs and targets are (16, 16) "
+        "float32 and (16, 16) float32, where step 0's were (32, 16) float32 and (32, 16) float32; ppx sends the "
+        "first step's shapes between stages: keep a batch's shapes fixed (pad to one length)"
+    )
+    assert r.returncode == 1 and r.stderr.splitlines()[0] == line, r.stderr[-3000:]
+    steps = {json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()}
+    assert steps <= {0}

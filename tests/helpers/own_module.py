@@ -279,3 +279,23 @@ def stateful(model) -> nn.Module:
     return nn.Sequential(
         _RunningMean(w), nn.BatchNorm1d(w), nn.Linear(w, w), _RunningMean(w), nn.Linear(w, w), _RunningMean(w)
     )
+
+
+def batch_shrinking(model, seed: int, batch_size: int, step: int):
+    """`batch`, with half the samples from step 1 on (a last, short batch of a dataset)."""
+    return batch(model, seed, batch_size if step == 0 else batch_size // 2, step)
+
+
+def batch_of_ten(model, seed: int, batch_size: int, step: int):
+    """`batch` of 10 samples, whatever it is asked."""
+    return batch(model, seed, 10, step)
+
+
+def build_reading_values(model) -> nn.Module:
+    """`build`, its weights scaled by a value read from them (``.item()``: refused on meta)."""
+    net = build(model)
+    with torch.no_grad():
+        top = net[0][0].weight.abs().max().item()
+        for p in net.parameters():
+            p.div_(max(top, 1.0) * 2)
+    return net

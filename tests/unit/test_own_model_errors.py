@@ -159,6 +159,11 @@ CASES = {
         "gradient reaches it or the units before it, where ppx's split runs every unit with autograd on and would "
         "train them: freeze their parameters in your build instead (requires_grad_(False))",
     ),
+    "module batch function that gives another sample count than asked": (
+        [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.batch_fn=helpers.own_module:batch_of_ten"],
+        "model.batch_fn=helpers.own_module:batch_of_ten: asked for 8 samples (its batch_size argument), it gives "
+        "inputs of shape (10, 16) and targets of shape (10, 16): ppx splits a batch into microbatches along",
+    ),
     "module whose forward changes the last unit's output": (
         [*CHAIN, "model.args={way: scaled}"],
         "its forward returns mul(out, 2), not the last unit's output",
@@ -356,3 +361,16 @@ def test_a_package_your_module_lacks_is_named_without_a_hint_at_the_path(monkeyp
         "model.module=helpers.missing_dependency:build: cannot import helpers.missing_dependency: "
         "ModuleNotFoundError: No module named 'ppx_no_such_dependency'"
     )
+
+
+def test_a_build_that_reads_a_value_is_checked_and_split_as_any_other(monkeypatch):
+    """A build calling ``.item()`` on a weight: the meta device refuses it, so the checks build
+    it on the CPU (it was refused: "Tensor.item() cannot be called on meta tensors")."""
+    from ppx.models import module_flops
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    own = ["model.module=helpers.own_module:build_reading_values", "model.hidden=16"]
+    cfg = config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], *own])
+    assert cfg.model.layers == 4
+    assert module_flops.unit_flops(cfg.model) == [2 * 16 * 16] * 4  # (each unit's forward FLOPs, counted on meta)

@@ -1,0 +1,49 @@
+"""A step's whole batch, from the model kind's data (``model.batch_fn``, or ppx's): what the
+pipeline is built for, checked every step. The stages' buffers, the shapes sent between them and
+the microbatch split are set from the first step's batch, so a batch of another sample count
+(split into microbatches of other sizes) or whose shapes change from step to step (a sequence
+length drawn per batch) is refused in one line, on the rank that made it; it had ended the job
+in gloo's abort, or been computed on a partly stale buffer."""
+
+from __future__ import annotations
+
+import torch
+
+from ppx.errors import UserError
+
+
+def _shapes(t) -> str:
+    return (
+        f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" if isinstance(t, torch.Tensor) else type(t).__name__
+    )
+
+
+class StepBatches:
+    """``kind.make_batch`` of each step, with ``cfg.train``'s seed and global batch size."""
+
+    def __init__(self, cfg, kind):
+        self.cfg, self.kind = cfg, kind
+        self.first: tuple[int, tuple[str, str]] | None = None  # (its step, (inputs, targets) shapes)
+
+    def __call__(self, step: int) -> tuple:
+        cfg, t = self.cfg, self.cfg.train
+        x, y = self.kind.make_batch(cfg.model, t.seed, t.batch_size, step)
+        where = f"model.batch_fn={cfg.model.batch_fn}" if getattr(cfg.model, "batch_fn", None) else "the batch"
+        shapes = (_shapes(x), _shapes(y))
+        if self.first is None:
+            rows = {len(z) for z in (x, y) if isinstance(z, torch.Tensor) and z.dim()}
+            if rows != {t.batch_size}:
+                raise UserError(
+                    f"{where}: step {step}'s inputs and targets are {shapes[0]} and {shapes[1]}, asked for "
+                    f"train.batch_size={t.batch_size} samples (its batch_size argument): ppx splits a batch into "
+                    "microbatches along the first dimension"
+                )
+            self.first = (step, shapes)
+        elif shapes != self.first[1]:
+            first, was = self.first
+            raise UserError(
+                f"{where}: step {step}'s inputs and targets are {shapes[0]} and {shapes[1]}, where step {first}'s "
+                f"were {was[0]} and {was[1]}; ppx sends the first step's shapes between stages: keep a batch's "
+                "shapes fixed (pad to one length)"
+            )
+        return x, y
