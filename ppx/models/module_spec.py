@@ -11,6 +11,8 @@ where stages begin instead of ``pipeline.layers_per_stage``."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 import sys
 from collections.abc import Callable
@@ -166,6 +168,13 @@ def check(cfg) -> None:
             load_function(getattr(m, key), f"model.{key}")
     module, names = described(m)
     if m.layers != len(names):
+        again = len(described(dataclasses.replace(m, layers=len(names)))[1])
+        if again != len(names):  # (the build reads model.layers: no value of it fits)
+            raise UserError(
+                f"model.layers={m.layers} but the module has {len(names)} units, and {again} with model.layers="
+                f"{len(names)}: your build reads model.layers, which ppx sets to the number of units; give the "
+                "number of blocks in model.args instead (model.args.depth)"
+            )
         raise UserError(
             f"model.layers={m.layers} but the module has {len(names)} units: give model.layers={len(names)} "
             "(or no model.layers, in the experiment file too)"

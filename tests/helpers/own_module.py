@@ -299,3 +299,9 @@ def build_reading_values(model) -> nn.Module:
         for p in net.parameters():
             p.div_(max(top, 1.0) * 2)
     return net
+
+
+def build_from_layers(model) -> nn.Module:
+    """An input layer, model.layers blocks and an output layer: model.layers + 2 units."""
+    w = model.hidden
+    return nn.Sequential(nn.Linear(w, w), *[_block(w, 0.0) for _ in range(model.layers)], nn.Linear(w, w))

@@ -164,6 +164,11 @@ CASES = {
         "model.batch_fn=helpers.own_module:batch_of_ten: asked for 8 samples (its batch_size argument), it gives "
         "inputs of shape (10, 16) and targets of shape (10, 16): ppx splits a batch into microbatches along",
     ),
+    "module build that reads model.layers": (  # (the advice was model.layers=6, then 8, ...)
+        [*SEQUENTIAL, "model.module=helpers.own_module:build_from_layers", "model.hidden=16", "model.layers=4"],
+        "model.layers=4 but the module has 6 units, and 8 with model.layers=6: your build reads model.layers, which "
+        "ppx sets to the number of units; give the number of blocks in model.args instead (model.args.depth)",
+    ),
     "module whose forward changes the last unit's output": (
         [*CHAIN, "model.args={way: scaled}"],
         "its forward returns mul(out, 2), not the last unit's output",
