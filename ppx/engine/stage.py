@@ -63,16 +63,30 @@ class StageRunner:
         # after each W: where the W's gradients go once added (data parallel in a mixed dtype:
         # FSDP2's fp32 accumulator, `DataParallel.accumulate`); None: they stay in .grad
         self.after_weight_pass: Callable[[], None] | None = None
+        # whether the stage's module changes its input in place (an in-place ReLU first): then it
+        # is handed a copy, as the stage input must stay a leaf autograd lets be, and what a
+        # recomputed forward re-runs from (None: not known until the first forward, handed one)
+        self.copies_input: bool | None = None
+
+    def _call(self, x):
+        """The stage's module on ``x``, or on a copy of it (`copies_input`)."""
+        if self.copies_input is False or not isinstance(x, torch.Tensor):
+            return self.module(x)
+        handed = x.clone()
+        out = self.module(handed)
+        if self.copies_input is None:
+            self.copies_input = handed._version > 0
+        return out
 
     def _run(self, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
         """The stage's forward (the loss on the last stage), under the precision's autocast."""
         prec = self.precision
         if prec is None:
-            out = self.module(x)
+            out = self._call(x)
             return self.loss_fn(out, target) * self.loss_scale if self.last else out
         shared = self.weights.sharing_casts() if self.weights is not None else contextlib.nullcontext()
         with shared, prec.autocast():
-            out = self.module(x)
+            out = self._call(x)
             if self.last:
                 return self.loss_fn(out, target) * (self.loss_scale * prec.loss_multiplier())
         return out.to(prec.dtype) if out.is_floating_point() else out  # sent in the compute dtype

@@ -122,6 +122,12 @@ def cases(p: int) -> dict[str, list[str]]:
             "model.args={tokens: 4, width: 16}",
         )
         out["sequential-1f1b-regression"] = own("build", "1f1b", *REGRESSION)
+        # units that change their input in place, beginning stages: each stage hands its module
+        # a copy (its input was a leaf autograd refused; recomputed, stage 0 doubled its data twice)
+        out["in_place_inputs-zbv"] = own("in_place_inputs", "zbv", *REGRESSION[:2])
+        out["in_place_inputs-1f1b-recompute_full"] = own(
+            "in_place_inputs", "1f1b", *REGRESSION[:2], "train.recompute=full", "pipeline.layers_per_stage=[1,3]"
+        )
         # a frozen feature extractor its forward calls under torch.no_grad(): no check refuses it
         out["frozen_input-zb_h1"] = own(
             "chain", "zb_h1", *REGRESSION[:2], "model.args={way: frozen_inp}", "model.units=[inp,blocks,out]"

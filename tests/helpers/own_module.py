@@ -305,3 +305,22 @@ def build_from_layers(model) -> nn.Module:
     """An input layer, model.layers blocks and an output layer: model.layers + 2 units."""
     w = model.hidden
     return nn.Sequential(nn.Linear(w, w), *[_block(w, 0.0) for _ in range(model.layers)], nn.Linear(w, w))
+
+
+class _DoublesItsInput(nn.Module):
+    """Doubles its input in place (``relu_``, ``mul_`` on what it is handed), then a Linear."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.fc(x.mul_(2))
+
+
+def in_place_inputs(model) -> nn.Module:
+    """Units that change their input in place: pre-activation blocks (an in-place ReLU first,
+    the torchvision way), and doubling ones; each may begin a stage."""
+    w = model.hidden
+    pre = [nn.Sequential(nn.ReLU(inplace=True), nn.Linear(w, w)) for _ in range(2)]
+    return nn.Sequential(_DoublesItsInput(w), pre[0], _DoublesItsInput(w), pre[1])
