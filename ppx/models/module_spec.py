@@ -12,7 +12,6 @@ where stages begin instead of ``pipeline.layers_per_stage``."""
 from __future__ import annotations
 
 import dataclasses
-
 import importlib
 import sys
 from collections.abc import Callable
