@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ppx.errors import UserError, said
-from ppx.models import mlp, module_spec, transformer
+from ppx.errors import UserError
+from ppx.models import mlp, module_chain, module_spec, transformer
 from ppx.models.seeding import mix, seed_unit
 
 _LOSS: dict = {}  # the run's loss (set when a stage is built; the kind's ``loss`` takes no config)
@@ -57,7 +57,7 @@ class UnitStage(nn.Module):
         return {key: self.get_parameter(path) for key, path in self._tied.items()}
 
 
-def _whole(cfg, seed: int) -> tuple[nn.Module, list[str]]:
+def whole(cfg, seed: int) -> tuple[nn.Module, list[str]]:
     """The whole model, built with the run's seed, and its unit names."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(mix(seed, 0))
@@ -72,7 +72,7 @@ def build_stage(cfg, seed: int, stage: int, num_stages: int, blocks: range, cloc
         if cfg.loss_fn
         else (transformer.loss if cfg.data == "tokens" else mlp.loss)
     )
-    model, names = _whole(cfg, seed)
+    model, names = whole(cfg, seed)
     mine = [names[u] for u in blocks]
     held = {id(p) for n in mine for p in model.get_submodule(n).parameters()}
     tied = {key: model.get_parameter(key) for key, units in module_spec.shared_in(model, names) if len(units) > 1}
@@ -102,106 +102,10 @@ def loss(output, target):
     return _LOSS["fn"](output, target)
 
 
-def unit_shapes(cfg, microbatch_size: int, described: tuple | None = None) -> list[tuple[str, tuple, torch.dtype]]:
-    """Each unit's output (name, shape, dtype) but the last's, from one run of a first
-    microbatch on the meta device (no memory, no compute) through ``described`` (the model
-    built on meta and its unit names, `module_spec.described`: built here when None); a unit
-    that fails on what it is handed, a batch function that fails, or (with ppx's loss) a last
-    output that does not fit the loss, is one line."""
-    model, names = described or module_spec.described(cfg)
-    where = f"model.batch_fn={cfg.batch_fn}" if cfg.batch_fn else f"model.data={cfg.data}"
-    try:
-        x, target = make_batch(cfg, 0, microbatch_size, 0)
-        h = x.to("meta")
-    except UserError:
-        raise
-    except Exception as e:
-        raise UserError(f"{where}: a first microbatch's inputs failed: {said(e)}") from None
-    rows = {len(t) for t in (x, target) if isinstance(t, torch.Tensor) and t.dim()}
-    if rows != {microbatch_size}:
-        raise UserError(
-            f"{where}: asked for {microbatch_size} samples (its batch_size argument), it gives inputs of shape "
-            f"{tuple(x.shape)} and targets of shape {tuple(getattr(target, 'shape', ()))}: ppx splits a batch into "
-            "microbatches along the first dimension"
-        )
-    shapes = []
-    with torch.no_grad():
-        for name in names[:-1]:  # (the last one stays on its stage: `_fits_the_loss` tries it)
-            try:
-                h = model.get_submodule(name)(h)
-            except Exception as e:  # the units as named do not chain: say where, before any process starts
-                hint = ""
-                if name == names[0] and not h.is_floating_point() and not cfg.batch_fn and cfg.data == "tokens":
-                    hint = " (model.data=tokens hands on token ids; model.data=regression, or model.batch_fn, floats)"
-                raise UserError(
-                    f"model.kind=module: unit {name} fails on its input (shape {tuple(h.shape)}, {h.dtype}): {said(e)}"
-                    + hint
-                ) from None
-            if not isinstance(h, torch.Tensor):
-                raise UserError(f"model.kind=module: unit {name} returns {type(h).__name__}; ppx sends one tensor")
-            shapes.append((name, tuple(h.shape), h.dtype))
-        if not cfg.loss_fn:
-            _fits_the_loss(cfg, model, names[-1], h, target)
-        else:
-            _loss_is_one_number(cfg, model, names[-1], h, target)
-    return shapes
-
-
-def _loss_is_one_number(cfg, model: nn.Module, name: str, h: torch.Tensor, target) -> None:
-    """``model.loss_fn`` gives one number (a scalar tensor: the backward starts from it) for the
-    last unit's output, where both run on the meta device (what meta cannot run is left to the
-    run, whose first backward failed on it: "grad can be implicitly created only for scalar
-    outputs")."""
-    fn = module_spec.load_function(cfg.loss_fn, "model.loss_fn")
-    try:
-        loss = fn(model.get_submodule(name)(h), target.to("meta") if isinstance(target, torch.Tensor) else target)
-    except Exception:
-        return
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        what = f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
-        raise UserError(
-            f"model.loss_fn={cfg.loss_fn} returns {what} for a microbatch; ppx needs one number, a scalar tensor "
-            "(the mean over the microbatch)"
-        )
-
-
-def _fits_the_loss(cfg, model: nn.Module, name: str, h: torch.Tensor, target: torch.Tensor) -> None:
-    """The last unit's output fits ppx's loss for ``model.data`` (one tensor; regression: the
-    targets' shape; tokens: a score per vocabulary entry for each target token), where that
-    unit runs on the meta device (one that does what meta cannot is left to the run)."""
-    try:
-        out = model.get_submodule(name)(h)
-    except Exception:
-        return
-    loss = "MSE against the targets" if cfg.data == "regression" else "next-token cross-entropy"
-    if not isinstance(out, torch.Tensor):
-        raise UserError(
-            f"model.kind=module: the last unit {name} returns {type(out).__name__}; ppx's loss ({loss}, model.data="
-            f"{cfg.data}) takes one tensor: return it alone, or give model.loss_fn"
-        )
-    t = tuple(target.shape)
-    if cfg.data == "regression":
-        fits, want = tuple(out.shape) == t, f"{t}, the targets'"
-    else:  # (the loss flattens both: a score per class, the last dimension, for each target)
-        fits = out.dim() >= 2 and out.numel() == target.numel() * out.shape[-1]
-        want = f"{(*t, 'classes')}, a score per class for each target"
-        if target.numel() and not target.is_floating_point():  # (this batch's labels: each a class)
-            fits = fits and int(target.max()) < out.shape[-1]
-            want += f", more classes than the first microbatch's largest label ({int(target.max())})"
-        if not cfg.batch_fn:  # ppx's token walks: every entry of the vocabulary is a class
-            fits = fits and out.shape[-1] >= cfg.vocab_size
-            want = f"{(*t, cfg.vocab_size)}, a score per vocabulary entry (model.vocab_size) for each target token"
-    if not fits:
-        raise UserError(
-            f"model.kind=module: the last unit {name} returns shape {tuple(out.shape)} where ppx's loss ({loss}, "
-            f"model.data={cfg.data}) wants {want}; change the model, or give model.data or model.loss_fn"
-        )
-
-
 def boundary(cfg, microbatch_size: int, described: tuple | None = None):
     """The activation's shape between units (every unit's output but the last's must share
-    one: ppx sends one shape), from `unit_shapes`."""
-    shapes = unit_shapes(cfg, microbatch_size, described)
+    one: ppx sends one shape), from `module_chain.unit_shapes`."""
+    shapes = module_chain.unit_shapes(cfg, microbatch_size, described)
     if len({(s, d) for _, s, d in shapes}) > 1:
         dtypes = len({d for _, _, d in shapes}) > 1  # (the shapes alike, the dtypes not: say those)
         what = "dtypes" if dtypes and len({s for _, s, _ in shapes}) == 1 else "shapes"

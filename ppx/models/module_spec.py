@@ -208,7 +208,8 @@ def check(cfg) -> None:
                 "give one of them"
             )
         p.layers_per_stage = split
-    from ppx.models.module import boundary, unit_shapes
+    from ppx.models.module import boundary
+    from ppx.models.module_chain import unit_shapes
 
     # the units chain on a rank's microbatch, handing on one shape (torch's executor finds each
     # stage's shapes itself: there they only chain)

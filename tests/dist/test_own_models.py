@@ -128,6 +128,9 @@ def cases(p: int) -> dict[str, list[str]]:
         out["in_place_inputs-1f1b-recompute_full"] = own(
             "in_place_inputs", "1f1b", *REGRESSION[:2], "train.recompute=full", "pipeline.layers_per_stage=[1,3]"
         )
+        # units routing each sample to one of two experts (boolean indexing: the checks run them on
+        # the CPU, where the meta device cannot; they were refused)
+        out["routed-zb_h1"] = own("routed", "zb_h1", *REGRESSION[:2])
         # a frozen feature extractor its forward calls under torch.no_grad(): no check refuses it
         out["frozen_input-zb_h1"] = own(
             "chain", "zb_h1", *REGRESSION[:2], "model.args={way: frozen_inp}", "model.units=[inp,blocks,out]"

@@ -82,7 +82,7 @@ class _Wide(nn.Module):
 
 def reads_values_last(model) -> nn.Module:
     """Three units, the first 128 times the others' FLOPs (counted, it would take a stage
-    alone), the last unable to run on the meta device (the checks never run the last)."""
+    alone), the last unable to run on the meta device (the checks run the chain on the CPU)."""
     return nn.Sequential(_Wide(16), nn.Linear(16, 16), _ReadsValues(16))
 
 
@@ -324,3 +324,34 @@ def in_place_inputs(model) -> nn.Module:
     w = model.hidden
     pre = [nn.Sequential(nn.ReLU(inplace=True), nn.Linear(w, w)) for _ in range(2)]
     return nn.Sequential(_DoublesItsInput(w), pre[0], _DoublesItsInput(w), pre[1])
+
+
+class _Routed(nn.Module):
+    """Two experts, each sample routed to one by the sign of its sum (a mixture of experts' top-1
+    routing: boolean indexing, which the meta device cannot run: it needs the values)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Linear(width, width) for _ in range(2))
+
+    def forward(self, x):
+        pick = x.sum(-1) > 0
+        out = torch.zeros_like(x)
+        out[pick] = self.experts[0](x[pick])
+        out[~pick] = self.experts[1](x[~pick])
+        return out.tanh()
+
+
+def routed(model) -> nn.Module:
+    w = model.hidden
+    return nn.Sequential(nn.Linear(w, w), _Routed(w), _Routed(w), nn.Linear(w, w))
+
+
+def last_unit_mismatch(model) -> nn.Module:
+    """A last unit that takes 32 features where the one before hands on 16."""
+    return nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(32, 16))
+
+
+def loss_on_three_columns(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """A mistake: the output against the targets' first three columns (shapes that do not broadcast)."""
+    return (output - target[:, :3]).abs().mean()

@@ -169,6 +169,18 @@ CASES = {
         "model.layers=4 but the module has 6 units, and 8 with model.layers=6: your build reads model.layers, which "
         "ppx sets to the number of units; give the number of blocks in model.args instead (model.args.depth)",
     ),
+    "module whose last unit fails on its input": (  # (left to the run: a rank failed after the claim)
+        [*SEQUENTIAL, "model.module=helpers.own_module:last_unit_mismatch", "model.layers=3", "model.hidden=16"],
+        "model.kind=module: the last unit 2 fails on its input (shape (8, 16), torch.float32): RuntimeError: a and "
+        "b must have same reduction dim, but got [8, 16] X [32, 16]",
+    ),
+    "module loss function that fails": (  # (left to the run, as the last unit)
+        [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.hidden=16"]
+        + ["model.loss_fn=helpers.own_module:loss_on_three_columns"],
+        "model.loss_fn=helpers.own_module:loss_on_three_columns fails on the last unit's output (shape (8, 16), "
+        "torch.float32) and the targets (shape (8, 16), torch.float32): RuntimeError: Attempting to broadcast a "
+        "dimension of length 3",
+    ),
     "module whose forward changes the last unit's output": (
         [*CHAIN, "model.args={way: scaled}"],
         "its forward returns mul(out, 2), not the last unit's output",

@@ -1,0 +1,150 @@
+"""Your model's units run once in turn on a first microbatch, before any process starts
+(``model.kind=module``): each unit's output (the shape ppx sends between stages), and the last
+unit's output fit to the loss, each failure one line.
+
+On the meta device (no memory, no compute), where the units run as they are; a unit, loss or
+batch that does what meta cannot (reads a value: ``.item()``, ``nonzero``, a routing's
+``bincount``, a tensor made on the CPU inside the forward) runs the whole chain again on the
+CPU, on a model built there (one forward of one microbatch), so that it is checked all the same."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ppx.errors import UserError, said
+
+
+class _MetaCannot(Exception):
+    """A unit, the loss or the batch did what the meta device cannot."""
+
+
+def _meta_cannot(e: Exception, h) -> bool:
+    meta = isinstance(h, torch.Tensor) and h.device.type == "meta"
+    return meta and (isinstance(e, NotImplementedError) or "meta" in str(e).lower())
+
+
+def unit_shapes(cfg, microbatch_size: int, described: tuple | None = None) -> list[tuple[str, tuple, torch.dtype]]:
+    """Each unit's output (name, shape, dtype) but the last's, from one run of a first
+    microbatch through ``described`` (the model built on meta and its unit names,
+    `module_spec.described`: built here when None), or through the model built on the CPU where
+    meta cannot run it; a batch function that fails or gives another sample count, a unit that
+    fails on what it is handed, a last output that does not fit ppx's loss, a ``model.loss_fn``
+    that fails or gives more than one number, is one line."""
+    from ppx.models import module_spec
+    from ppx.models.module import whole
+
+    model, names = described or module_spec.described(cfg)
+    x, target = _first_microbatch(cfg, microbatch_size)
+    try:
+        return _chain(cfg, model, names, x.to("meta"), target)
+    except _MetaCannot:
+        return _chain(cfg, whole(cfg, 0)[0], names, x, target)
+
+
+def _first_microbatch(cfg, microbatch_size: int) -> tuple:
+    from ppx.models.module import make_batch
+
+    where = f"model.batch_fn={cfg.batch_fn}" if cfg.batch_fn else f"model.data={cfg.data}"
+    try:
+        x, target = make_batch(cfg, 0, microbatch_size, 0)
+    except UserError:
+        raise
+    except Exception as e:
+        raise UserError(f"{where}: a first microbatch's inputs failed: {said(e)}") from None
+    rows = {len(t) for t in (x, target) if isinstance(t, torch.Tensor) and t.dim()}
+    if not isinstance(x, torch.Tensor) or rows != {microbatch_size}:
+        raise UserError(
+            f"{where}: asked for {microbatch_size} samples (its batch_size argument), it gives inputs of shape "
+            f"{tuple(getattr(x, 'shape', ()))} and targets of shape {tuple(getattr(target, 'shape', ()))}: ppx "
+            "splits a batch into microbatches along the first dimension"
+        )
+    return x, target
+
+
+def _chain(cfg, model: nn.Module, names: list[str], h: torch.Tensor, target) -> list[tuple[str, tuple, torch.dtype]]:
+    shapes = []
+    with torch.no_grad():
+        for name in names:
+            try:
+                h = model.get_submodule(name)(h)
+            except Exception as e:  # the units as named do not chain: say where, before any process starts
+                if _meta_cannot(e, h):
+                    raise _MetaCannot from None
+                hint = ""
+                if name == names[0] and not h.is_floating_point() and not cfg.batch_fn and cfg.data == "tokens":
+                    hint = " (model.data=tokens hands on token ids; model.data=regression, or model.batch_fn, floats)"
+                last = "the last " if name == names[-1] and len(names) > 1 else ""
+                raise UserError(
+                    f"model.kind=module: {last}unit {name} fails on its input (shape {tuple(h.shape)}, {h.dtype}): "
+                    f"{said(e)}{hint}"
+                ) from None
+            if name == names[-1]:
+                break
+            if not isinstance(h, torch.Tensor):
+                raise UserError(f"model.kind=module: unit {name} returns {type(h).__name__}; ppx sends one tensor")
+            shapes.append((name, tuple(h.shape), h.dtype))
+        if cfg.loss_fn:
+            _loss_is_one_number(cfg, h, target)
+        else:
+            _fits_the_loss(cfg, names[-1], h, target)
+    return shapes
+
+
+def _loss_is_one_number(cfg, out, target) -> None:
+    """``model.loss_fn`` runs on the last unit's output and gives one number (a scalar tensor:
+    the backward starts from it; the run's first backward failed on a loss per sample: "grad
+    can be implicitly created only for scalar outputs")."""
+    from ppx.models import module_spec
+
+    fn = module_spec.load_function(cfg.loss_fn, "model.loss_fn")
+    on = getattr(out, "device", None)
+    try:
+        loss = fn(out, target.to(on) if isinstance(target, torch.Tensor) and on is not None else target)
+    except UserError:
+        raise
+    except Exception as e:
+        if _meta_cannot(e, out):
+            raise _MetaCannot from None
+        raise UserError(
+            f"model.loss_fn={cfg.loss_fn} fails on the last unit's output ({_said(out)}) and the targets "
+            f"({_said(target)}): {said(e)}"
+        ) from None
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        what = f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise UserError(
+            f"model.loss_fn={cfg.loss_fn} returns {what} for a microbatch; ppx needs one number, a scalar tensor "
+            "(the mean over the microbatch)"
+        )
+
+
+def _said(t) -> str:
+    return f"shape {tuple(t.shape)}, {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _fits_the_loss(cfg, name: str, out, target: torch.Tensor) -> None:
+    """The last unit's output fits ppx's loss for ``model.data`` (one tensor; regression: the
+    targets' shape; tokens: a score per vocabulary entry for each target token)."""
+    loss = "MSE against the targets" if cfg.data == "regression" else "next-token cross-entropy"
+    if not isinstance(out, torch.Tensor):
+        raise UserError(
+            f"model.kind=module: the last unit {name} returns {type(out).__name__}; ppx's loss ({loss}, model.data="
+            f"{cfg.data}) takes one tensor: return it alone, or give model.loss_fn"
+        )
+    t = tuple(target.shape)
+    if cfg.data == "regression":
+        fits, want = tuple(out.shape) == t, f"{t}, the targets'"
+    else:  # (the loss flattens both: a score per class, the last dimension, for each target)
+        fits = out.dim() >= 2 and out.numel() == target.numel() * out.shape[-1]
+        want = f"{(*t, 'classes')}, a score per class for each target"
+        if target.numel() and not target.is_floating_point():  # (this batch's labels: each a class)
+            fits = fits and int(target.max()) < out.shape[-1]
+            want += f", more classes than the first microbatch's largest label ({int(target.max())})"
+        if not cfg.batch_fn:  # ppx's token walks: every entry of the vocabulary is a class
+            fits = fits and out.shape[-1] >= cfg.vocab_size
+            want = f"{(*t, cfg.vocab_size)}, a score per vocabulary entry (model.vocab_size) for each target token"
+    if not fits:
+        raise UserError(
+            f"model.kind=module: the last unit {name} returns shape {tuple(out.shape)} where ppx's loss ({loss}, "
+            f"model.data={cfg.data}) wants {want}; change the model, or give model.data or model.loss_fn"
+        )
