@@ -106,6 +106,12 @@ class Recompute:
             if saves(op, args, kwargs):
                 saved.extend(t.detach() for t in _tensors(getattr(ctx, "op_output", None)))
                 return CheckpointPolicy.MUST_SAVE
+            if op._schema.is_mutable and _changes_one_of(op, args, kwargs, saved):
+                raise RuntimeError(
+                    f"train.recompute=selective: {op.overloadpacket.__name__} changes in place an output selective keeps (a "
+                    "matmul's: an in-place ReLU after a Linear), which its recomputation would need as it was; "
+                    "use train.recompute=full for this stage (one value per stage: train.recompute=[...])"
+                )
             return CheckpointPolicy.PREFER_RECOMPUTE
 
         caching, cached = create_selective_checkpoint_contexts(policy)
@@ -144,6 +150,17 @@ def saves(op, args: tuple, kwargs: dict) -> bool:
     at = names.index("dropout_p")
     p = kwargs.get("dropout_p", args[at] if at < len(args) else 0.0)
     return not p
+
+
+def _changes_one_of(op, args: tuple, kwargs: dict, kept: list) -> bool:
+    """Whether ``op`` writes into the storage of a tensor of ``kept``."""
+    storages = {t.untyped_storage().data_ptr() for t in kept}
+    written = [
+        kwargs[a.name] if a.name in kwargs else args[k] if k < len(args) else None
+        for k, a in enumerate(op._schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    ]
+    return any(t.untyped_storage().data_ptr() in storages for t in _tensors(written))
 
 
 def _drop(t: torch.Tensor) -> None:
