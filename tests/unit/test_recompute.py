@@ -195,9 +195,9 @@ def test_an_in_place_op_on_an_output_selective_keeps_is_named_at_the_forward():
         r = Recompute("selective")
         if inplace:
             with pytest.raises(RuntimeError, match=r"^train.recompute=selective: relu_ changes in place an output"):
-                r.forward(0, lambda: m(x), [x])
+                r.forward(0, lambda m=m, x=x: m(x), [x])
             continue
-        r.forward(0, lambda: m(x), [x])
+        r.forward(0, lambda m=m, x=x: m(x), [x])
         r.recompute(0).sum().backward()
         want = torch.autograd.grad(m(x).sum(), m[0].weight)[0]
         assert torch.equal(m[0].weight.grad, want)
