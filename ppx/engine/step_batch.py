@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ppx.errors import UserError
+from ppx.models.module_chain import batch_problem
 
 
 def _shapes(t) -> str:
@@ -31,19 +32,15 @@ class StepBatches:
         where = f"model.batch_fn={cfg.model.batch_fn}" if getattr(cfg.model, "batch_fn", None) else "the batch"
         shapes = (_shapes(x), _shapes(y))
         if self.first is None:
-            rows = {len(z) for z in (x, y) if isinstance(z, torch.Tensor) and z.dim()}
-            if rows != {t.batch_size}:
-                raise UserError(
-                    f"{where}: step {step}'s inputs and targets are {shapes[0]} and {shapes[1]}, asked for "
-                    f"train.batch_size={t.batch_size} samples (its batch_size argument): ppx splits a batch into "
-                    "microbatches along the first dimension"
-                )
+            wrong = batch_problem(x, y, t.batch_size)
+            if wrong:
+                raise UserError(f"{where}: step {step}: {wrong}")
             self.first = (step, shapes)
         elif shapes != self.first[1]:
             first, was = self.first
             raise UserError(
                 f"{where}: step {step}'s inputs and targets are {shapes[0]} and {shapes[1]}, where step {first}'s "
-                f"were {was[0]} and {was[1]}; ppx sends the first step's shapes between stages: keep a batch's "
-                "shapes fixed (pad to one length)"
+                f"were {was[0]} and {was[1]}; ppx builds its stages for the first step's batch (the microbatches, "
+                "what they send): keep a batch's shapes and dtypes fixed (pad to one length)"
             )
         return x, y

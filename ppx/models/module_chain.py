@@ -35,31 +35,48 @@ def unit_shapes(cfg, microbatch_size: int, described: tuple | None = None) -> li
     from ppx.models.module import whole
 
     model, names = described or module_spec.described(cfg)
-    x, target = _first_microbatch(cfg, microbatch_size)
+    x, target = first_batch(cfg, microbatch_size)
     try:
         return _chain(cfg, model, names, x.to("meta"), target)
     except _MetaCannot:
         return _chain(cfg, whole(cfg, 0)[0], names, x, target)
 
 
-def _first_microbatch(cfg, microbatch_size: int) -> tuple:
+def first_batch(cfg, samples: int) -> tuple:
+    """Step 0's (inputs, targets) of ``samples`` samples, checked (`batch_problem`)."""
     from ppx.models.module import make_batch
 
     where = f"model.batch_fn={cfg.batch_fn}" if cfg.batch_fn else f"model.data={cfg.data}"
     try:
-        x, target = make_batch(cfg, 0, microbatch_size, 0)
+        x, target = make_batch(cfg, 0, samples, 0)
     except UserError:
         raise
     except Exception as e:
-        raise UserError(f"{where}: a first microbatch's inputs failed: {said(e)}") from None
-    rows = {len(t) for t in (x, target) if isinstance(t, torch.Tensor) and t.dim()}
-    if not isinstance(x, torch.Tensor) or rows != {microbatch_size}:
-        raise UserError(
-            f"{where}: asked for {microbatch_size} samples (its batch_size argument), it gives inputs of shape "
-            f"{tuple(getattr(x, 'shape', ()))} and targets of shape {tuple(getattr(target, 'shape', ()))}: ppx "
-            "splits a batch into microbatches along the first dimension"
-        )
+        raise UserError(f"{where}: step 0's batch failed: {said(e)}") from None
+    wrong = batch_problem(x, target, samples)
+    if wrong:
+        raise UserError(f"{where}: {wrong}")
     return x, target
+
+
+def batch_problem(x, target, asked: int) -> str | None:
+    """What is wrong with a batch function's (inputs, targets) for ``asked`` samples, or None:
+    ppx splits both into microbatches along their first dimension, so the inputs are one tensor
+    of ``asked`` samples and the targets one tensor of a multiple of them (a target per token,
+    flattened, too)."""
+    ok_x = isinstance(x, torch.Tensor) and x.dim() >= 1 and len(x) == asked
+    rows = len(target) if isinstance(target, torch.Tensor) and target.dim() >= 1 else 0
+    if ok_x and rows and rows % asked == 0:
+        return None
+
+    def of(t) -> str:
+        return f"of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else f"a {type(t).__name__}"
+
+    return (
+        f"asked for {asked} samples (its batch_size argument), it gives inputs {of(x)} and targets "
+        f"{of(target)}: ppx splits both into microbatches along the first dimension, so it needs the inputs as "
+        f"one tensor of {asked} samples and the targets as one tensor of a multiple of {asked} rows"
+    )
 
 
 def _chain(cfg, model: nn.Module, names: list[str], h: torch.Tensor, target) -> list[tuple[str, tuple, torch.dtype]]:

@@ -209,7 +209,9 @@ def check(cfg) -> None:
             )
         p.layers_per_stage = split
     from ppx.models.module import boundary
-    from ppx.models.module_chain import unit_shapes
+    from ppx.models.module_chain import first_batch, unit_shapes
+
+    first_batch(m, cfg.train.batch_size)  # (the whole batch too, as the ranks ask for it)
 
     # the units chain on a rank's microbatch, handing on one shape (torch's executor finds each
     # stage's shapes itself: there they only chain)

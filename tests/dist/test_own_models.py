@@ -128,6 +128,14 @@ def cases(p: int) -> dict[str, list[str]]:
         out["in_place_inputs-1f1b-recompute_full"] = own(
             "in_place_inputs", "1f1b", *REGRESSION[:2], "train.recompute=full", "pipeline.layers_per_stage=[1,3]"
         )
+        # targets flattened to a row per feature (a target per token's way): split with their samples
+        out["flat_targets-1f1b"] = own(
+            "build",
+            "1f1b",
+            "model.batch_fn=helpers.own_module:batch_flat_targets",
+            "model.loss_fn=helpers.own_module:loss_flat",
+            REGRESSION[2],
+        )
         # units routing each sample to one of two experts (boolean indexing: the checks run them on
         # the CPU, where the meta device cannot; they were refused)
         out["routed-zb_h1"] = own("routed", "zb_h1", *REGRESSION[:2])

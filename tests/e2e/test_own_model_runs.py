@@ -146,8 +146,9 @@ def test_a_batch_whose_shapes_change_from_step_to_step_ends_the_run_in_one_line(
     r = ppx("run", *own, "train.steps=3", f"run.dir={tmp_path / 'run'}", env={"PYTHONPATH": str(REPO / "tests")})
     line = (
         "ppx: error: model.batch_fn=helpers.own_module:batch_shrinking: step 1's inputs and targets are (16, 16) "
-        "float32 and (16, 16) float32, where step 0's were (32, 16) float32 and (32, 16) float32; ppx sends the "
-        "first step's shapes between stages: keep a batch's shapes fixed (pad to one length)"
+        "float32 and (16, 16) float32, where step 0's were (32, 16) float32 and (32, 16) float32; ppx builds its "
+        "stages for the first step's batch (the microbatches, what they send): keep a batch's shapes and dtypes "
+        "fixed (pad to one length)"
     )
     assert r.returncode == 1 and r.stderr.splitlines()[0] == line, r.stderr[-3000:]
     steps = {json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()}

@@ -355,3 +355,24 @@ def last_unit_mismatch(model) -> nn.Module:
 def loss_on_three_columns(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """A mistake: the output against the targets' first three columns (shapes that do not broadcast)."""
     return (output - target[:, :3]).abs().mean()
+
+
+def batch_capped(model, seed: int, batch_size: int, step: int):
+    """`batch` of at most 8 samples: right for a microbatch, short for the whole batch."""
+    return batch(model, seed, min(batch_size, 8), step)
+
+
+def batch_tuple_targets(model, seed: int, batch_size: int, step: int):
+    """`batch` with its targets in a tuple (ppx splits one tensor)."""
+    x, y = batch(model, seed, batch_size, step)
+    return x, (y,)
+
+
+def batch_flat_targets(model, seed: int, batch_size: int, step: int):
+    """`batch` with its targets flattened, one row per feature (a target per token's way)."""
+    x, y = batch(model, seed, batch_size, step)
+    return x, y.reshape(-1)
+
+
+def loss_flat(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return (output.reshape(-1) - target).abs().mean()

@@ -121,7 +121,7 @@ CASES = {
             "model.layers=4",
             "model.batch_fn=helpers.own_module:batch_that_fails",
         ],
-        "model.batch_fn=helpers.own_module:batch_that_fails: a first microbatch's inputs failed: RuntimeError: no dataset here",
+        "model.batch_fn=helpers.own_module:batch_that_fails: step 0's batch failed: RuntimeError: no dataset here",
     ),
     "module units of different shapes": (
         [*SEQUENTIAL, "model.module=helpers.own_module:uneven", "model.layers=3", "model.hidden=16"],
@@ -161,8 +161,18 @@ CASES = {
     ),
     "module batch function that gives another sample count than asked": (
         [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.batch_fn=helpers.own_module:batch_of_ten"],
-        "model.batch_fn=helpers.own_module:batch_of_ten: asked for 8 samples (its batch_size argument), it gives "
-        "inputs of shape (10, 16) and targets of shape (10, 16): ppx splits a batch into microbatches along",
+        "model.batch_fn=helpers.own_module:batch_of_ten: asked for 32 samples (its batch_size argument), it gives "
+        "inputs of shape (10, 16) and targets of shape (10, 16): ppx splits both into microbatches along the first "
+        "dimension, so it needs the inputs as one tensor of 32 samples and the targets as one tensor of a multiple",
+    ),
+    "module batch function right for a microbatch, short for the batch": (  # (said by a rank, after the claim)
+        [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.batch_fn=helpers.own_module:batch_capped"],
+        "model.batch_fn=helpers.own_module:batch_capped: asked for 32 samples (its batch_size argument), it gives "
+        "inputs of shape (8, 16)",
+    ),
+    "module batch function whose targets are a tuple": (  # (a rank failed on the first step: no .chunk)
+        [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.batch_fn=helpers.own_module:batch_tuple_targets"],
+        "it gives inputs of shape (32, 16) and targets a tuple: ppx splits both",
     ),
     "module build that reads model.layers": (  # (the advice was model.layers=6, then 8, ...)
         [*SEQUENTIAL, "model.module=helpers.own_module:build_from_layers", "model.hidden=16", "model.layers=4"],
@@ -391,3 +401,13 @@ def test_a_build_that_reads_a_value_is_checked_and_split_as_any_other(monkeypatc
     cfg = config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], *own])
     assert cfg.model.layers == 4
     assert module_flops.unit_flops(cfg.model) == [2 * 16 * 16] * 4  # (each unit's forward FLOPs, counted on meta)
+
+
+def test_targets_flattened_to_a_row_per_feature_are_split_with_their_samples(monkeypatch):
+    """Targets of a multiple of the samples' rows (a target per token, flattened) split along
+    with their inputs: accepted (the sample count check had refused them)."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    own = ["model.module=helpers.own_module:build", "model.batch_fn=helpers.own_module:batch_flat_targets"]
+    cfg = config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], *own, "model.loss_fn=helpers.own_module:loss_flat"])
+    assert cfg.model.layers == 4
