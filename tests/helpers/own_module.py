@@ -272,12 +272,32 @@ class _RunningMean(nn.Module):
         return self.fc(x - self.mean).tanh()
 
 
+class _Warming(nn.Module):
+    """A running mean registered at its first call and moved from its third on (a warm-up: the
+    first forwards leave it as it is)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        if not hasattr(self, "mean"):
+            self.register_buffer("mean", torch.zeros(x.shape[-1]))
+        if self.training:
+            if self.calls >= 2:
+                with torch.no_grad():
+                    self.mean.mul_(0.5).add_(0.5 * x.mean(0))
+            self.calls.add_(1)
+        return self.fc(x - self.mean).tanh()
+
+
 def stateful(model) -> nn.Module:
     """Units whose forward moves buffers: running means (read by the output) and BatchNorm's
     (each running mean after a Linear: a BatchNorm's output has a batch mean of 0)."""
     w = model.hidden
     return nn.Sequential(
-        _RunningMean(w), nn.BatchNorm1d(w), nn.Linear(w, w), _RunningMean(w), nn.Linear(w, w), _RunningMean(w)
+        _RunningMean(w), nn.BatchNorm1d(w), nn.Linear(w, w), _RunningMean(w), nn.Linear(w, w), _Warming(w)
     )
 
 

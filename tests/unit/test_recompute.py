@@ -201,3 +201,30 @@ def test_an_in_place_op_on_an_output_selective_keeps_is_named_at_the_forward():
         r.recompute(0).sum().backward()
         want = torch.autograd.grad(m(x).sum(), m[0].weight)[0]
         assert torch.equal(m[0].weight.grad, want)
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_a_recomputed_forward_finds_the_buffers_its_forward_found(mode):
+    """Four forwards, then their recomputations, of a unit whose running mean is registered at its
+    first call and moved from its third on: the gradients and buffers of one process running the
+    microbatches in turn (a buffer the first forward left alone was copied for none, and moved
+    twice; recomputations ran on the later microbatches' values)."""
+    import copy
+
+    from helpers.own_module import _Warming
+
+    from ppx.engine.recompute import Recompute
+
+    torch.manual_seed(0)
+    one = torch.nn.Sequential(_Warming(8))
+    staged = copy.deepcopy(one)
+    xs = [torch.randn(4, 8) for _ in range(4)]
+    for x in xs:
+        one(x).sum().backward()
+    r = Recompute(mode, module=staged)
+    for k, x in enumerate(xs):
+        r.forward(k, lambda x=x: staged(x), [x])
+    for k in range(4):
+        r.recompute(k).sum().backward()
+    assert torch.equal(staged[0].fc.weight.grad, one[0].fc.weight.grad)
+    assert torch.equal(staged[0].mean, one[0].mean) and int(staged[0].calls) == 4
