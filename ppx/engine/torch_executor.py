@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ppx import models
+from ppx.engine.buffers import untouched
 from ppx.engine.observers import run_observed
 from ppx.engine.rank import StageShare, build_stage_modules, microbatch_keys
 from ppx.engine.step_batch import StepBatches
@@ -59,6 +60,7 @@ class TorchPipeline(StageShare):
         pstages = []
         for s in stages:
             stage = PipelineStage(self.modules[s], s, schedule.num_stages, self.device)
+            _infer_untouched(stage, self.modules[s])
             self._wrap(stage, s)
             pstages.append(stage)
         self.pipeline_stages = dict(zip(stages, pstages))
@@ -207,3 +209,26 @@ class TorchPipeline(StageShare):
 def _scaled_loss(loss, scale: float, output, target):
     """``loss(output, target) * scale``: a microbatch's share of the batch's loss."""
     return loss(output, target) * scale
+
+
+def _infer_untouched(stage, module) -> None:
+    """torch finds a stage's shapes by one forward of its first microbatch (stage 0) or of
+    uninitialised tensors (the others), in training: run it on copies of the stage's buffers and
+    with the generators given back, so a running mean moves as in one process (it had moved by
+    that forward's values, garbage on later stages). The method is torch's own (2.4-2.8:
+    ``_shape_inference``; since: ``_forward_metadata_inference``)."""
+    for name in ("_forward_metadata_inference", "_shape_inference"):
+        infer = getattr(stage, name, None)
+        if infer is not None:
+
+            def untouched_infer(*args, infer=infer, **kwargs):
+                with untouched(module), torch.random.fork_rng(devices=_gpus(stage)):
+                    return infer(*args, **kwargs)
+
+            setattr(stage, name, untouched_infer)
+            return
+
+
+def _gpus(stage) -> list:
+    device = torch.device(stage.device)
+    return [device.index or 0] if device.type == "cuda" else []

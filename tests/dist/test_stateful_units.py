@@ -45,6 +45,10 @@ CASES = {
     "1f1b-recompute_full": keys("1f1b", "train.recompute=full"),
     "zb_h1-recompute_full": keys("zb_h1", "train.recompute=full"),
     "gpipe-recompute_selective": keys("gpipe", "train.recompute=selective"),
+    # torch.distributed.pipelining's executor: its shape inference's forward (uninitialised
+    # tensors past stage 0) moved the buffers
+    "torch_gpipe": keys("torch_gpipe"),
+    "1f1b-executor_torch": keys("1f1b", "pipeline.executor=torch"),
 }
 
 

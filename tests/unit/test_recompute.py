@@ -212,7 +212,6 @@ def test_a_recomputed_forward_finds_the_buffers_its_forward_found(mode):
     import copy
 
     from helpers.own_module import _Warming
-
     from ppx.engine.recompute import Recompute
 
     torch.manual_seed(0)
