@@ -31,15 +31,40 @@ def unit_shapes(cfg, microbatch_size: int, described: tuple | None = None) -> li
     meta cannot run it; a batch function that fails or gives another sample count, a unit that
     fails on what it is handed, a last output that does not fit ppx's loss, a ``model.loss_fn``
     that fails or gives more than one number, is one line."""
+
+    return _run(cfg, microbatch_size, described)[0]
+
+
+def moved_buffers(cfg, microbatch_size: int, described: tuple | None = None) -> set[str]:
+    """The buffers the units' forward moves (in place, or a new tensor under the name; on the
+    meta device, where values cannot be compared, those a kernel moves without a version are
+    missed), from the same run as `unit_shapes`."""
+    return _run(cfg, microbatch_size, described)[1]
+
+
+def _run(cfg, microbatch_size: int, described: tuple | None) -> tuple[list, set[str]]:
     from ppx.models import module_spec
     from ppx.models.module import whole
 
     model, names = described or module_spec.described(cfg)
     x, target = first_batch(cfg, microbatch_size)
     try:
-        return _chain(cfg, model, names, x.to("meta"), target)
+        return _watched(cfg, model, names, x.to("meta"), target)
     except _MetaCannot:
-        return _chain(cfg, whole(cfg, 0)[0], names, x, target)
+        return _watched(cfg, whole(cfg, 0)[0], names, x, target)
+
+
+def _watched(cfg, model: nn.Module, names: list[str], h, target) -> tuple[list, set[str]]:
+    named = model.named_buffers(remove_duplicate=False)  # (a shared buffer under each of its names)
+    before = {n: (b, b._version, b.clone() if b.device.type != "meta" else None) for n, b in named}
+    shapes = _chain(cfg, model, names, h, target)
+    now = dict(model.named_buffers(remove_duplicate=False))
+    moved = {
+        n
+        for n, (b, version, values) in before.items()
+        if now.get(n) is not b or b._version != version or values is not None and not torch.equal(b, values)
+    }
+    return shapes, moved
 
 
 def first_batch(cfg, samples: int) -> tuple:

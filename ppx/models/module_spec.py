@@ -209,7 +209,7 @@ def check(cfg) -> None:
             )
         p.layers_per_stage = split
     from ppx.models.module import boundary
-    from ppx.models.module_chain import first_batch, unit_shapes
+    from ppx.models.module_chain import first_batch, moved_buffers, unit_shapes
 
     first_batch(m, cfg.train.batch_size)  # (the whole batch too, as the ranks ask for it)
 
@@ -234,6 +234,16 @@ def check(cfg) -> None:
             "each unit's output the next one's input, so it would train another model than yours: put what "
             "the forward does between units inside one, or give model.units in the order the forward calls them"
         )
+    shared_buffers = [(n, k) for n, k in shared_in(module, names, buffers=True) if len(k) > 1]
+    if shared_buffers and stages > 1:  # (each stage builds its own model: one copy of the buffer each)
+        moved = moved_buffers(m, mbs, (module, names))
+        for name, units in shared_buffers:
+            if name in moved:
+                raise UserError(
+                    f"model.module: buffer {name} is shared by units {', '.join(names[u] for u in units)} and moved by "
+                    "the forward; each stage holds its own copy of it, so stages would move theirs apart: give each "
+                    "unit its own buffer, or run those units in one stage (pipeline.layers_per_stage)"
+                )
     tied = [n for n, k in shared_in(module, names) if len(k) > 1]
     if tied and on_torch:
         raise UserError(f"model.module: {tied[0]} is shared by several units; torch's executor does not sum its copies")
@@ -249,12 +259,14 @@ def shared(model) -> list[tuple[str, list[int]]]:
     return shared_in(*described(model))
 
 
-def shared_in(module, names: list[str]) -> list[tuple[str, list[int]]]:
-    """Each parameter of ``module`` by name, and the units (indices into ``names``) that hold it."""
+def shared_in(module, names: list[str], buffers: bool = False) -> list[tuple[str, list[int]]]:
+    """Each parameter (``buffers``: buffer) of ``module`` by name, and the units (indices into
+    ``names``) that hold it."""
     subs = dict(module.named_modules())
     where: dict[int, tuple[str, list[int]]] = {}
     for k, name in enumerate(names):
-        for pname, param in subs[name].named_parameters():
+        held = subs[name].named_buffers() if buffers else subs[name].named_parameters()
+        for pname, param in held:
             got = where.setdefault(id(param), (f"{name}.{pname}", []))
             if k not in got[1]:
                 got[1].append(k)

@@ -396,3 +396,27 @@ def batch_flat_targets(model, seed: int, batch_size: int, step: int):
 
 def loss_flat(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (output.reshape(-1) - target).abs().mean()
+
+
+class _SharedMean(nn.Module):
+    """A Linear after subtracting a running mean it may share with other units (``moves``: this
+    unit moves it)."""
+
+    def __init__(self, width: int, mean: torch.Tensor, moves: bool):
+        super().__init__()
+        self.fc, self.moves = nn.Linear(width, width), moves
+        self.register_buffer("mean", mean)
+
+    def forward(self, x):
+        if self.moves and self.training:
+            with torch.no_grad():
+                self.mean.mul_(0.5).add_(0.5 * x.mean(0))
+        return self.fc(x - self.mean).tanh()
+
+
+def shared_buffer(model) -> nn.Module:
+    """Units 0 and 3 hold one running mean, which unit 0 moves (``model.args.moves=false``: a
+    constant table both read)."""
+    w, moves = model.hidden, model.args.get("moves", True)
+    mean = torch.zeros(w)
+    return nn.Sequential(_SharedMean(w, mean, moves), nn.Linear(w, w), nn.Linear(w, w), _SharedMean(w, mean, False))

@@ -191,6 +191,11 @@ CASES = {
         "torch.float32) and the targets (shape (8, 16), torch.float32): RuntimeError: Attempting to broadcast a "
         "dimension of length 3",
     ),
+    "module buffer shared by units and moved by the forward": (  # (each stage moved its own copy, silently)
+        [*SEQUENTIAL, "model.module=helpers.own_module:shared_buffer", "model.hidden=16"],
+        "model.module: buffer 0.mean is shared by units 0, 3 and moved by the forward; each stage holds its own copy "
+        "of it, so stages would move theirs apart",
+    ),
     "module whose forward changes the last unit's output": (
         [*CHAIN, "model.args={way: scaled}"],
         "its forward returns mul(out, 2), not the last unit's output",
@@ -411,3 +416,12 @@ def test_targets_flattened_to_a_row_per_feature_are_split_with_their_samples(mon
     own = ["model.module=helpers.own_module:build", "model.batch_fn=helpers.own_module:batch_flat_targets"]
     cfg = config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], *own, "model.loss_fn=helpers.own_module:loss_flat"])
     assert cfg.model.layers == 4
+
+
+def test_a_constant_buffer_shared_by_units_splits_as_the_model_does(monkeypatch):
+    """A table two units read and none moves (a shared rotary table): each stage's copy is the
+    same, so the split is not refused as a moved one is."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    own = ["model.module=helpers.own_module:shared_buffer", "model.hidden=16", "model.args={moves: false}"]
+    assert config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], *own]).model.layers == 4
