@@ -19,7 +19,7 @@ from torch import nn
 
 from ppx.errors import UserError
 from ppx.models import mlp, module_chain, module_spec, transformer
-from ppx.models.seeding import mix, seed_unit
+from ppx.models.seeding import DATA, mix, seed_unit, seeded
 
 _LOSS: dict = {}  # the run's loss (set when a stage is built; the kind's ``loss`` takes no config)
 SEEDS_UNITS = True  # each unit seeds its random ops per microbatch (`seed_unit`): the runtime keys each action
@@ -90,9 +90,14 @@ def block_name(cfg, block: int) -> str:
 
 
 def make_batch(cfg, seed: int, batch_size: int, step: int):
-    if cfg.batch_fn:  # your function gets the model section as your model function does
+    """Step ``step``'s batch. Your ``model.batch_fn`` gets the model section as your model
+    function does, and runs with torch's CPU generator seeded from ``seed`` and ``step`` (given
+    back after): one that draws from it (``torch.randn`` without a generator) gives every rank
+    the same batch, on every run (ranks had drawn their inputs and targets apart)."""
+    if cfg.batch_fn:
         fn = module_spec.load_function(cfg.batch_fn, "model.batch_fn")
-        return fn(module_spec.section(cfg), seed, batch_size, step)
+        with seeded(mix(seed, step), DATA):
+            return fn(module_spec.section(cfg), seed, batch_size, step)
     return (transformer if cfg.data == "tokens" else mlp).make_batch(cfg, seed, batch_size, step)
 
 

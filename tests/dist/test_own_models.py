@@ -136,6 +136,10 @@ def cases(p: int) -> dict[str, list[str]]:
             "model.loss_fn=helpers.own_module:loss_flat",
             REGRESSION[2],
         )
+        # a batch function drawing from torch's global generator: every rank, every run, the same batch
+        out["torch_rng_batch-zbv"] = own(
+            "build", "zbv", "model.batch_fn=helpers.own_module:batch_from_torch", *REGRESSION[:2]
+        )
         # units routing each sample to one of two experts (boolean indexing: the checks run them on
         # the CPU, where the meta device cannot; they were refused)
         out["routed-zb_h1"] = own("routed", "zb_h1", *REGRESSION[:2])

@@ -420,3 +420,9 @@ def shared_buffer(model) -> nn.Module:
     w, moves = model.hidden, model.args.get("moves", True)
     mean = torch.zeros(w)
     return nn.Sequential(_SharedMean(w, mean, moves), nn.Linear(w, w), nn.Linear(w, w), _SharedMean(w, mean, False))
+
+
+def batch_from_torch(model, seed: int, batch_size: int, step: int):
+    """`batch`'s shapes, drawn from torch's global generator (no generator of its own)."""
+    x = torch.randn(batch_size, model.args.get("width", 16))
+    return x, x.flip(-1).sin()
