@@ -156,7 +156,18 @@ class StageRunner:
         del self.saved[mb]
         if out.requires_grad:  # (a first stage of parameter-free units has nothing to differentiate)
             torch.autograd.backward(out, grad_output)
-        return None if self.first else x.grad
+        return None if self.first else self._sent(x.grad)
+
+    def _sent(self, grad_in: torch.Tensor | None) -> torch.Tensor:
+        """The input's gradient, for the stage before; none reached it: one line."""
+        if grad_in is None:
+            raise RuntimeError(
+                f"no gradient reaches stage {self.index}'s input (a unit that runs under torch.no_grad() or "
+                "detaches, a loss that is not differentiable), so the stages before it would not train: move the "
+                "split (pipeline.layers_per_stage) so that unit begins the pipeline, or freeze what it cuts off "
+                "(requires_grad_(False))"
+            )
+        return grad_in
 
     def backward_input(self, mb: int, grad_output: torch.Tensor | None) -> torch.Tensor | None:
         """I: d(loss)/d(input) only, keeping the graph for the weight pass (or, storing: the
@@ -168,12 +179,14 @@ class StageRunner:
         if self.store is not None:
             del self.saved[mb]
             grad_in = self.store.input_pass(mb, out, x, grad_output)
-            return None if self.first else grad_in
+            return None if self.first else self._sent(grad_in)
         self.grad_outputs[mb] = grad_output
         if not x.requires_grad:  # integer input (token ids): nothing to differentiate
             return None
-        (grad_in,) = torch.autograd.grad(out, [x], grad_output, retain_graph=True)
-        return None if self.first else grad_in
+        if not out.requires_grad:
+            return None if self.first else self._sent(None)
+        (grad_in,) = torch.autograd.grad(out, [x], grad_output, retain_graph=True, allow_unused=True)
+        return None if self.first else self._sent(grad_in)
 
     def backward_weight(self, mb: int) -> None:
         """W: accumulate the parameter gradients of microbatch ``mb``; frees its activations

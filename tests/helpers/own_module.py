@@ -426,3 +426,17 @@ def batch_from_torch(model, seed: int, batch_size: int, step: int):
     """`batch`'s shapes, drawn from torch's global generator (no generator of its own)."""
     x = torch.randn(batch_size, model.args.get("width", 16))
     return x, x.flip(-1).sin()
+
+
+class _NoGradLinear(nn.Linear):
+    """A Linear whose own forward runs without autograd (a frozen projection, written inside)."""
+
+    @torch.no_grad()
+    def forward(self, x):
+        return super().forward(x)
+
+
+def no_grad_inside(model) -> nn.Module:
+    """Linear, a Linear run under torch.no_grad() in its own forward, two Linears."""
+    w = model.hidden
+    return nn.Sequential(nn.Linear(w, w), _NoGradLinear(w, w), nn.Linear(w, w), nn.Linear(w, w))
