@@ -157,6 +157,8 @@ def check(cfg) -> None:
     device, handing one shape from unit to unit), its forward calls them in turn and does
     nothing else (`ppx.models.module_forward`), model.layers is their
     count, and model.split_points (if given) become pipeline.layers_per_stage."""
+    from torch.nn.parameter import is_lazy
+
     from ppx.schedules import registry
 
     m, p = cfg.model, cfg.pipeline
@@ -166,6 +168,12 @@ def check(cfg) -> None:
         if getattr(m, key):
             load_function(getattr(m, key), f"model.{key}")
     module, names = described(m)
+    lazy = next((n for n, q in module.named_parameters() if is_lazy(q)), None)
+    if lazy:
+        raise UserError(
+            f"model.module={m.module}: its build leaves {lazy} uninitialised (a lazy module: nn.LazyLinear, ...); ppx "
+            "splits the model before any forward runs: give its sizes (nn.Linear)"
+        )
     if m.layers != len(names):
         again = len(described(dataclasses.replace(m, layers=len(names)))[1])
         if again != len(names):  # (the build reads model.layers: no value of it fits)
@@ -223,7 +231,8 @@ def check(cfg) -> None:
     frozen = without_grad(module, names)
     if frozen:
         raise UserError(
-            f"model.module={m.module}: its forward calls unit {frozen} under torch.no_grad(), so no gradient "
+            f"model.module={m.module}: its forward calls unit {frozen} with autograd off (torch.no_grad(), "
+            "inference_mode), so no gradient "
             "reaches it or the units before it, where ppx's split runs every unit with autograd on and would train "
             "them: freeze their parameters in your build instead (requires_grad_(False)) and call the unit as any other"
         )

@@ -440,3 +440,9 @@ def no_grad_inside(model) -> nn.Module:
     """Linear, a Linear run under torch.no_grad() in its own forward, two Linears."""
     w = model.hidden
     return nn.Sequential(nn.Linear(w, w), _NoGradLinear(w, w), nn.Linear(w, w), nn.Linear(w, w))
+
+
+def lazy(model) -> nn.Module:
+    """A LazyLinear first: its weight has no shape until a forward."""
+    w = model.hidden
+    return nn.Sequential(nn.LazyLinear(w), nn.Linear(w, w), nn.Linear(w, w))

@@ -155,8 +155,8 @@ CASES = {
     ),
     "module whose forward calls a unit under torch.no_grad()": (  # (ppx trained it, and the units before it)
         [*CHAIN, "model.args={way: no_grad}"],
-        "model.module=helpers.own_module:chain: its forward calls unit blocks.1 under torch.no_grad(), so no "
-        "gradient reaches it or the units before it, where ppx's split runs every unit with autograd on and would "
+        "model.module=helpers.own_module:chain: its forward calls unit blocks.1 with autograd off (torch.no_grad(), "
+        "inference_mode), so no gradient reaches it or the units before it, where ppx's split runs every unit with autograd on and would "
         "train them: freeze their parameters in your build instead (requires_grad_(False))",
     ),
     "module batch function that gives another sample count than asked": (
@@ -195,6 +195,10 @@ CASES = {
         [*SEQUENTIAL, "model.module=helpers.own_module:shared_buffer", "model.hidden=16"],
         "model.module: buffer 0.mean is shared by units 0, 3 and moved by the forward; each stage holds its own copy "
         "of it, so stages would move theirs apart",
+    ),
+    "module with a lazy layer": (  # (a rank failed on building the model, after the claim)
+        [*SEQUENTIAL, "model.module=helpers.own_module:lazy", "model.hidden=16"],
+        "model.module=helpers.own_module:lazy: its build leaves 0.weight uninitialised (a lazy module: nn.LazyLinear",
     ),
     "module whose forward changes the last unit's output": (
         [*CHAIN, "model.args={way: scaled}"],
