@@ -178,12 +178,12 @@ def check(cfg) -> None:
         again = len(described(dataclasses.replace(m, layers=len(names)))[1])
         if again != len(names):  # (the build reads model.layers: no value of it fits)
             raise UserError(
-                f"model.layers={m.layers} but the module has {len(names)} units, and {again} with model.layers="
+                f"model.layers={m.layers} but the module has {_units(len(names))}, and {again} with model.layers="
                 f"{len(names)}: your build reads model.layers, which ppx sets to the number of units; give the "
                 "number of blocks in model.args instead (model.args.depth)"
             )
         raise UserError(
-            f"model.layers={m.layers} but the module has {len(names)} units: give model.layers={len(names)} "
+            f"model.layers={m.layers} but the module has {_units(len(names))}: give model.layers={len(names)} "
             "(or no model.layers, in the experiment file too)"
         )
     stages = p.stages * (p.virtual_stages or registry.default_virtual(p.schedule))
@@ -280,3 +280,7 @@ def shared_in(module, names: list[str], buffers: bool = False) -> list[tuple[str
             if k not in got[1]:
                 got[1].append(k)
     return list(where.values())
+
+
+def _units(n: int) -> str:
+    return f"{n} unit" if n == 1 else f"{n} units"
