@@ -21,87 +21,90 @@ import contextlib
 import torch
 from torch import nn
 
-_ABSENT = object()  # (a buffer name not held by its module)
+# each module's buffer entries (a name registered as None too), as a forward found or left them
+Entries = list[tuple[nn.Module, dict]]
+
+
+def _entries(module: nn.Module) -> Entries:
+    return [(m, dict(m._buffers)) for m in module.modules()]
 
 
 @contextlib.contextmanager
-def _swapped(module: nn.Module, values: dict[str, torch.Tensor | None]):
-    """Run the body with each buffer of ``values`` (by name, wherever the model holds that
-    tensor) replaced by its tensor there, or absent (None); after it, the buffers are the
-    tensors before, untouched (copied back in place, they would fail a graph that saved one:
-    its version moved on)."""
-    held = []
-    for name, value in values.items():
-        path, _, key = name.rpartition(".")
-        owner = module.get_submodule(path)
-        now = owner._buffers.get(key)
-        places = (
-            [(owner, key)]
-            if now is None
-            else [(m, k) for m in module.modules() for k, b in m._buffers.items() if b is now]
-        )
-        for m, k in places:
-            held.append((m, k, m._buffers.get(k, _ABSENT)))
-            if value is None:
-                m._buffers.pop(k, None)
-            else:
-                m._buffers[k] = value
+def _as(module: nn.Module, entries: Entries):
+    """Run the body with each module's buffer entries set to ``entries``' (names registered
+    since, absent); after it, the entries are the tensors before, untouched (copied back in
+    place, they would fail a graph that saved one: its version moved on)."""
+    before = _entries(module)
+    for m, bufs in entries:
+        m._buffers.clear()
+        m._buffers.update(bufs)
     try:
         yield
     finally:
-        for m, k, b in reversed(held):
-            if b is _ABSENT:
-                m._buffers.pop(k, None)
-            else:
-                m._buffers[k] = b
+        for m, bufs in before:
+            m._buffers.clear()
+            m._buffers.update(bufs)
+
+
+def _copied(entries: Entries, copy) -> Entries:
+    """``entries`` with each tensor replaced by ``copy(tensor)``, one copy for a tensor several
+    modules hold (a shared buffer stays shared)."""
+    made: dict[int, torch.Tensor] = {}
+    return [
+        (m, {k: None if b is None else made.setdefault(id(b), copy(b)) for k, b in bufs.items()}) for m, bufs in entries
+    ]
 
 
 @contextlib.contextmanager
 def untouched(module: nn.Module):
-    """Run the body on copies of ``module``'s buffers: they keep the values they had, and a
-    buffer the body registers is removed after it (the first real forward registers it)."""
-    names = {n for n, _ in module.named_buffers()}
-    try:
-        with _swapped(module, {n: b.detach().clone() for n, b in module.named_buffers()}):
-            yield
-    finally:
-        for n in [n for n, _ in module.named_buffers() if n not in names]:
-            path, _, key = n.rpartition(".")
-            module.get_submodule(path)._buffers.pop(key, None)
+    """Run the body on copies of ``module``'s buffers: after it they are as they were (what it
+    registered, removed)."""
+    with _as(module, _copied(_entries(module), lambda b: b.detach().clone())):
+        yield
 
 
 class ForwardBuffers:
     """The buffers each microbatch's forward found (their values, and which there were), until
-    that microbatch's recomputation. A buffer's values are copied only when they differ from the
-    microbatch before's copy: the buffers no forward moves are kept once."""
+    that microbatch's recomputation. A buffer's values are copied only where they differ from
+    the microbatch before's copy (the buffers no forward moves are kept once), and put back for
+    the recomputation only where they differ from the buffer's now (a constant table is left as
+    it is, and a graph that saves it saves no copy)."""
 
     def __init__(self, module: nn.Module):
         self.module = module
-        self.found: dict[int, dict[str, torch.Tensor]] = {}
-        self._last: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name -> (the buffer, its last copy)
+        self.found: dict[int, Entries] = {}
+        self._last: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(buffer) -> (buffer, its last copy)
+
+    def _copy(self, b: torch.Tensor) -> torch.Tensor:
+        last = self._last.get(id(b))
+        if last is not None and last[0] is b and torch.equal(b, last[1]):
+            return last[1]
+        copy = b.detach().clone()
+        self._last[id(b)] = (b, copy)
+        return copy
 
     @contextlib.contextmanager
     def forward(self, mb: int):
         """Around the forward of ``mb``: keep what it found of the buffers."""
-        now = dict(self.module.named_buffers())
-        found = {}
-        for name, b in now.items():
-            last = self._last.get(name)
-            same = last is not None and last[0] is b and torch.equal(b, last[1])
-            found[name] = last[1] if same else b.detach().clone()
-        self._last = {name: (now[name], found[name]) for name in now}
-        self.found[mb] = found
+        self.found[mb] = _copied(_entries(self.module), self._copy)
         yield
 
     @contextlib.contextmanager
     def recompute(self, mb: int):
-        """Around the recomputation of ``mb``: the buffers as its forward found them (copies
-        of their copies, which it may move; those registered since, absent), then as they were."""
+        """Around the recomputation of ``mb``: the buffers as its forward found them (copies of
+        their copies, which it may move), then as they were."""
         found = self.found.pop(mb, None)
         if found is None:  # (a forward that kept nothing)
             yield
             return
-        values: dict[str, torch.Tensor | None] = {n: v.clone() for n, v in found.items()}
-        values |= {n: None for n, _ in self.module.named_buffers() if n not in found}
-        with _swapped(self.module, values):
+        now = dict(_entries(self.module))
+        made: dict[int, torch.Tensor] = {}
+
+        def then(m: nn.Module, k: str, copy: torch.Tensor | None):
+            b = now[m].get(k)
+            if copy is None or b is not None and b.shape == copy.shape and torch.equal(b, copy):
+                return copy if copy is None else b  # (as the forward found it: left as it is)
+            return made.setdefault(id(copy), copy.clone())
+
+        with _as(self.module, [(m, {k: then(m, k, c) for k, c in bufs.items()}) for m, bufs in found]):
             yield

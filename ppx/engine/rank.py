@@ -283,7 +283,13 @@ def build_rank(
     split -= whole | bare
     precision = Precision(cfg.train.dtype, device)
     modes = recompute_modes(cfg.train.recompute, num_stages)
-    recompute = {s: Recompute(modes[s], clock, modules[s]) for s in modules if modes[s] != "none" and schedule.training}
+    # a kind whose forward may move buffers (your own model's): each recomputation finds them as its forward did
+    moves = getattr(kind, "MOVES_BUFFERS", False)
+    recompute = {
+        s: Recompute(modes[s], clock, modules[s] if moves else None)
+        for s in modules
+        if modes[s] != "none" and schedule.training
+    }
     runners = build_runners(cfg, modules, num_stages, m, precision, split, schedule.training, recompute)
     sample = sample_microbatch(cfg, precision, m, device)
     shape, dtype = sample.boundary  # activations and gradients travel in the compute dtype

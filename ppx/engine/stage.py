@@ -163,9 +163,8 @@ class StageRunner:
         if grad_in is None:
             raise RuntimeError(
                 f"no gradient reaches stage {self.index}'s input (a unit that runs under torch.no_grad() or "
-                "detaches, a loss that is not differentiable), so the stages before it would not train: move the "
-                "split (pipeline.layers_per_stage) so that unit begins the pipeline, or freeze what it cuts off "
-                "(requires_grad_(False))"
+                "detaches, a loss that is not differentiable), and ppx sends one to the stage before: put that "
+                "unit in the stage of the unit before it (pipeline.layers_per_stage)"
             )
         return grad_in
 

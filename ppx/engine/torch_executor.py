@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -227,6 +228,11 @@ def _infer_untouched(stage, module) -> None:
 
             setattr(stage, name, untouched_infer)
             return
+    warnings.warn(
+        "ppx: torch's stage has no shape-inference method ppx knows: a forward that moves buffers moves them "
+        "once more there",
+        stacklevel=2,
+    )
 
 
 def _gpus(stage) -> list:

@@ -21,7 +21,9 @@ class ModelKind(Protocol):
     a copy of one weight, by name, e.g. ``{"embedding": (0, last)}``: `ppx.engine.tied` sums
     their gradients every step), and ``SEEDS_UNITS = True`` for a kind whose units draw random
     numbers (dropout) and seed them with `ppx.models.seeding.seed_unit`: the runtime then keys
-    each action by its microbatch. A kind whose embedding and head are
+    each action by its microbatch, and ``MOVES_BUFFERS = True`` for a kind whose forward may
+    move buffers (a running mean): a recomputed forward then runs on copies of the buffers its
+    forward found (`ppx.engine.buffers`). A kind whose embedding and head are
     split like blocks lists how many such units it has in ``EXTRA_UNITS`` (`ppx.models`); its
     ``build_stage`` then gets a range of units (llama's: [embedding, blocks..., head])."""
 

@@ -23,6 +23,7 @@ from ppx.models.seeding import DATA, mix, seed_unit, seeded
 
 _LOSS: dict = {}  # the run's loss (set when a stage is built; the kind's ``loss`` takes no config)
 SEEDS_UNITS = True  # each unit seeds its random ops per microbatch (`seed_unit`): the runtime keys each action
+MOVES_BUFFERS = True  # a forward may move buffers (a running mean): a recomputation finds them as its forward did
 
 
 class UnitStage(nn.Module):

@@ -36,9 +36,9 @@ def unit_shapes(cfg, microbatch_size: int, described: tuple | None = None) -> li
 
 
 def moved_buffers(cfg, microbatch_size: int, described: tuple | None = None) -> set[str]:
-    """The buffers the units' forward moves (in place, or a new tensor under the name; on the
-    meta device, where values cannot be compared, those a kernel moves without a version are
-    missed), from the same run as `unit_shapes`."""
+    """The buffers (each under every name) the units' forward moves: in place, or a new tensor
+    under the name (on the meta device, where values cannot be compared, those a kernel moves
+    without bumping a version, BatchNorm's statistics, are missed); the chain run again."""
     return _run(cfg, microbatch_size, described)[1]
 
 

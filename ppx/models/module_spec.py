@@ -132,14 +132,17 @@ def units(model, module) -> list[str]:
 
 def described(model) -> tuple:
     """(the model built on the meta device, its unit names): what the checks and the split read.
-    A build that meta cannot run (one that reads a value: ``.item()``, ``float(w.max())``) is
-    built on the CPU and moved there; one that fails on the CPU too is said as the CPU's."""
+    A build that meta cannot run (one that reads a value: ``.item()``, ``float(w.max())``, which
+    fails in words that name meta) is built on the CPU and moved there."""
     import torch
 
     try:
         with torch.device("meta"):
             module = build(model)
-    except UserError:
+    except UserError as e:
+        why = e.__context__  # (what the build raised: `build` says it, from None)
+        if not (isinstance(why, NotImplementedError) or "meta" in str(why).lower()):
+            raise
         module = build(model).to("meta")
     return module, units(model, module)
 
@@ -168,7 +171,7 @@ def check(cfg) -> None:
         if getattr(m, key):
             load_function(getattr(m, key), f"model.{key}")
     module, names = described(m)
-    lazy = next((n for n, q in module.named_parameters() if is_lazy(q)), None)
+    lazy = next((n for n, q in [*module.named_parameters(), *module.named_buffers()] if is_lazy(q)), None)
     if lazy:
         raise UserError(
             f"model.module={m.module}: its build leaves {lazy} uninitialised (a lazy module: nn.LazyLinear, ...); ppx "

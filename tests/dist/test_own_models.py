@@ -132,13 +132,13 @@ def cases(p: int) -> dict[str, list[str]]:
         out["flat_targets-1f1b"] = own(
             "build",
             "1f1b",
-            "model.batch_fn=helpers.own_module:batch_flat_targets",
-            "model.loss_fn=helpers.own_module:loss_flat",
+            "model.batch_fn=helpers.own_batches:batch_flat_targets",
+            "model.loss_fn=helpers.own_batches:loss_flat",
             REGRESSION[2],
         )
         # a batch function drawing from torch's global generator: every rank, every run, the same batch
         out["torch_rng_batch-zbv"] = own(
-            "build", "zbv", "model.batch_fn=helpers.own_module:batch_from_torch", *REGRESSION[:2]
+            "build", "zbv", "model.batch_fn=helpers.own_batches:batch_from_torch", *REGRESSION[:2]
         )
         # units routing each sample to one of two experts (boolean indexing: the checks run them on
         # the CPU, where the meta device cannot; they were refused)

@@ -26,7 +26,7 @@ M = 4
 def keys(schedule: str, *extra: str) -> list[str]:
     return [
         "model.kind=module",
-        "model.module=helpers.own_module:stateful",
+        "model.module=helpers.own_stateful:stateful",
         "model.data=regression",
         "model.hidden=8",
         f"pipeline.schedule={schedule}",

@@ -255,62 +255,6 @@ def double_middle(model) -> nn.Module:
     return nn.Sequential(nn.Linear(16, 16), _ToDouble(), nn.Linear(16, 16).double())
 
 
-class _RunningMean(nn.Module):
-    """Normalises by a running mean of its inputs, a buffer its forward moves (a stateful unit)."""
-
-    def __init__(self, width: int):
-        super().__init__()
-        self.fc = nn.Linear(width, width)
-        self.register_buffer("mean", torch.zeros(width))
-        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
-
-    def forward(self, x):
-        if self.training:
-            with torch.no_grad():
-                self.mean.mul_(0.5).add_(0.5 * x.mean(0))
-            self.calls = self.calls + 1  # (a new tensor under the name, not an in-place change)
-        return self.fc(x - self.mean).tanh()
-
-
-class _Warming(nn.Module):
-    """A running mean registered at its first call and moved from its third on (a warm-up: the
-    first forwards leave it as it is)."""
-
-    def __init__(self, width: int):
-        super().__init__()
-        self.fc = nn.Linear(width, width)
-        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
-
-    def forward(self, x):
-        if not hasattr(self, "mean"):
-            self.register_buffer("mean", torch.zeros(x.shape[-1]))
-        if self.training:
-            if self.calls >= 2:
-                with torch.no_grad():
-                    self.mean.mul_(0.5).add_(0.5 * x.mean(0))
-            self.calls.add_(1)
-        return self.fc(x - self.mean).tanh()
-
-
-def stateful(model) -> nn.Module:
-    """Units whose forward moves buffers: running means (read by the output) and BatchNorm's
-    (each running mean after a Linear: a BatchNorm's output has a batch mean of 0)."""
-    w = model.hidden
-    return nn.Sequential(
-        _RunningMean(w), nn.BatchNorm1d(w), nn.Linear(w, w), _RunningMean(w), nn.Linear(w, w), _Warming(w)
-    )
-
-
-def batch_shrinking(model, seed: int, batch_size: int, step: int):
-    """`batch`, with half the samples from step 1 on (a last, short batch of a dataset)."""
-    return batch(model, seed, batch_size if step == 0 else batch_size // 2, step)
-
-
-def batch_of_ten(model, seed: int, batch_size: int, step: int):
-    """`batch` of 10 samples, whatever it is asked."""
-    return batch(model, seed, 10, step)
-
-
 def build_reading_values(model) -> nn.Module:
     """`build`, its weights scaled by a value read from them (``.item()``: refused on meta)."""
     net = build(model)
@@ -375,57 +319,6 @@ def last_unit_mismatch(model) -> nn.Module:
 def loss_on_three_columns(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """A mistake: the output against the targets' first three columns (shapes that do not broadcast)."""
     return (output - target[:, :3]).abs().mean()
-
-
-def batch_capped(model, seed: int, batch_size: int, step: int):
-    """`batch` of at most 8 samples: right for a microbatch, short for the whole batch."""
-    return batch(model, seed, min(batch_size, 8), step)
-
-
-def batch_tuple_targets(model, seed: int, batch_size: int, step: int):
-    """`batch` with its targets in a tuple (ppx splits one tensor)."""
-    x, y = batch(model, seed, batch_size, step)
-    return x, (y,)
-
-
-def batch_flat_targets(model, seed: int, batch_size: int, step: int):
-    """`batch` with its targets flattened, one row per feature (a target per token's way)."""
-    x, y = batch(model, seed, batch_size, step)
-    return x, y.reshape(-1)
-
-
-def loss_flat(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return (output.reshape(-1) - target).abs().mean()
-
-
-class _SharedMean(nn.Module):
-    """A Linear after subtracting a running mean it may share with other units (``moves``: this
-    unit moves it)."""
-
-    def __init__(self, width: int, mean: torch.Tensor, moves: bool):
-        super().__init__()
-        self.fc, self.moves = nn.Linear(width, width), moves
-        self.register_buffer("mean", mean)
-
-    def forward(self, x):
-        if self.moves and self.training:
-            with torch.no_grad():
-                self.mean.mul_(0.5).add_(0.5 * x.mean(0))
-        return self.fc(x - self.mean).tanh()
-
-
-def shared_buffer(model) -> nn.Module:
-    """Units 0 and 3 hold one running mean, which unit 0 moves (``model.args.moves=false``: a
-    constant table both read)."""
-    w, moves = model.hidden, model.args.get("moves", True)
-    mean = torch.zeros(w)
-    return nn.Sequential(_SharedMean(w, mean, moves), nn.Linear(w, w), nn.Linear(w, w), _SharedMean(w, mean, False))
-
-
-def batch_from_torch(model, seed: int, batch_size: int, step: int):
-    """`batch`'s shapes, drawn from torch's global generator (no generator of its own)."""
-    x = torch.randn(batch_size, model.args.get("width", 16))
-    return x, x.flip(-1).sin()
 
 
 class _NoGradLinear(nn.Linear):

@@ -159,21 +159,6 @@ CASES = {
         "inference_mode), so no gradient reaches it or the units before it, where ppx's split runs every unit with autograd on and would "
         "train them: freeze their parameters in your build instead (requires_grad_(False))",
     ),
-    "module batch function that gives another sample count than asked": (
-        [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.batch_fn=helpers.own_module:batch_of_ten"],
-        "model.batch_fn=helpers.own_module:batch_of_ten: asked for 32 samples (its batch_size argument), it gives "
-        "inputs of shape (10, 16) and targets of shape (10, 16): ppx splits both into microbatches along the first "
-        "dimension, so it needs the inputs as one tensor of 32 samples and the targets as one tensor of a multiple",
-    ),
-    "module batch function right for a microbatch, short for the batch": (  # (said by a rank, after the claim)
-        [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.batch_fn=helpers.own_module:batch_capped"],
-        "model.batch_fn=helpers.own_module:batch_capped: asked for 32 samples (its batch_size argument), it gives "
-        "inputs of shape (8, 16)",
-    ),
-    "module batch function whose targets are a tuple": (  # (a rank failed on the first step: no .chunk)
-        [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.batch_fn=helpers.own_module:batch_tuple_targets"],
-        "it gives inputs of shape (32, 16) and targets a tuple: ppx splits both",
-    ),
     "module build that reads model.layers": (  # (the advice was model.layers=6, then 8, ...)
         [*SEQUENTIAL, "model.module=helpers.own_module:build_from_layers", "model.hidden=16", "model.layers=4"],
         "model.layers=4 but the module has 6 units, and 8 with model.layers=6: your build reads model.layers, which "
@@ -190,11 +175,6 @@ CASES = {
         "model.loss_fn=helpers.own_module:loss_on_three_columns fails on the last unit's output (shape (8, 16), "
         "torch.float32) and the targets (shape (8, 16), torch.float32): RuntimeError: Attempting to broadcast a "
         "dimension of length 3",
-    ),
-    "module buffer shared by units and moved by the forward": (  # (each stage moved its own copy, silently)
-        [*SEQUENTIAL, "model.module=helpers.own_module:shared_buffer", "model.hidden=16"],
-        "model.module: buffer 0.mean is shared by units 0, 3 and moved by the forward; each stage holds its own copy "
-        "of it, so stages would move theirs apart",
     ),
     "module with a lazy layer": (  # (a rank failed on building the model, after the claim)
         [*SEQUENTIAL, "model.module=helpers.own_module:lazy", "model.hidden=16"],
@@ -410,22 +390,3 @@ def test_a_build_that_reads_a_value_is_checked_and_split_as_any_other(monkeypatc
     cfg = config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], *own])
     assert cfg.model.layers == 4
     assert module_flops.unit_flops(cfg.model) == [2 * 16 * 16] * 4  # (each unit's forward FLOPs, counted on meta)
-
-
-def test_targets_flattened_to_a_row_per_feature_are_split_with_their_samples(monkeypatch):
-    """Targets of a multiple of the samples' rows (a target per token, flattened) split along
-    with their inputs: accepted (the sample count check had refused them)."""
-    monkeypatch.chdir(REPO)
-    monkeypatch.syspath_prepend(str(REPO / "tests"))
-    own = ["model.module=helpers.own_module:build", "model.batch_fn=helpers.own_module:batch_flat_targets"]
-    cfg = config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], *own, "model.loss_fn=helpers.own_module:loss_flat"])
-    assert cfg.model.layers == 4
-
-
-def test_a_constant_buffer_shared_by_units_splits_as_the_model_does(monkeypatch):
-    """A table two units read and none moves (a shared rotary table): each stage's copy is the
-    same, so the split is not refused as a moved one is."""
-    monkeypatch.chdir(REPO)
-    monkeypatch.syspath_prepend(str(REPO / "tests"))
-    own = ["model.module=helpers.own_module:shared_buffer", "model.hidden=16", "model.args={moves: false}"]
-    assert config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], *own]).model.layers == 4

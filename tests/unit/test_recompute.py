@@ -211,7 +211,7 @@ def test_a_recomputed_forward_finds_the_buffers_its_forward_found(mode):
     twice; recomputations ran on the later microbatches' values)."""
     import copy
 
-    from helpers.own_module import _Warming
+    from helpers.own_stateful import _Warming
     from ppx.engine.recompute import Recompute
 
     torch.manual_seed(0)
