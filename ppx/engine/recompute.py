@@ -154,9 +154,8 @@ def saves(op, args: tuple, kwargs: dict) -> bool:
 
 def _changes_one_of(op, args: tuple, kwargs: dict, kept: list) -> bool:
     """Whether ``op`` writes into the storage of a tensor of ``kept``."""
-    storages = {
-        t.untyped_storage().data_ptr() for t in kept if t.untyped_storage().nbytes()
-    }  # (not empty ones: address 0)
+    # (not empty ones: their address is 0, as is every other empty tensor's)
+    storages = {t.untyped_storage().data_ptr() for t in kept if t.untyped_storage().nbytes()}
     written = [
         kwargs[a.name] if a.name in kwargs else args[k] if k < len(args) else None
         for k, a in enumerate(op._schema.arguments)
