@@ -67,18 +67,22 @@ class ForwardBuffers:
     """The buffers each microbatch's forward found (their values, and which there were), until
     that microbatch's recomputation. A buffer's values are copied only where they differ from
     the microbatch before's copy (the buffers no forward moves are kept once), and put back for
-    the recomputation only where they differ from the buffer's now (a constant table is left as
-    it is, and a graph that saves it saves no copy)."""
+    the recomputation where they differ from the buffer's now or a forward moved it in place
+    (one that came back to the values it found would be moved once more): a constant table is
+    left as it is, and a graph that saves it saves no copy."""
 
     def __init__(self, module: nn.Module):
         self.module = module
         self.found: dict[int, Entries] = {}
         self._last: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(buffer) -> (buffer, its last copy)
+        self._moving: set[int] = set()  # id(buffer) of those a forward moved in place (seen at the next one)
 
     def _copy(self, b: torch.Tensor) -> torch.Tensor:
         last = self._last.get(id(b))
         if last is not None and last[0] is b and torch.equal(b, last[1]):
             return last[1]
+        if last is not None and last[0] is b:
+            self._moving.add(id(b))
         copy = b.detach().clone()
         self._last[id(b)] = (b, copy)
         return copy
@@ -102,8 +106,10 @@ class ForwardBuffers:
 
         def then(m: nn.Module, k: str, copy: torch.Tensor | None):
             b = now[m].get(k)
-            if copy is None or b is not None and b.shape == copy.shape and torch.equal(b, copy):
-                return copy if copy is None else b  # (as the forward found it: left as it is)
+            if copy is None:
+                return None
+            if b is not None and id(b) not in self._moving and b.shape == copy.shape and torch.equal(b, copy):
+                return b  # (as the forward found it, and no forward moves it in place: left as it is)
             return made.setdefault(id(copy), copy.clone())
 
         with _as(self.module, [(m, {k: then(m, k, c) for k, c in bufs.items()}) for m, bufs in found]):

@@ -248,13 +248,17 @@ def check(cfg) -> None:
         )
     shared_buffers = [(n, k) for n, k in shared_in(module, names, buffers=True) if len(k) > 1]
     if shared_buffers and stages > 1:  # (each stage builds its own model: one copy of the buffer each)
+        from ppx.models import split_of
+
+        stage_of = {u: st for st, held in enumerate(split_of(cfg, stages)) for u in held}
         moved = moved_buffers(m, mbs, (module, names))
         for name, units in shared_buffers:
-            if name in moved:
+            if name in moved and len({stage_of[u] for u in units}) > 1:
                 raise UserError(
                     f"model.module: buffer {name} is shared by units {', '.join(names[u] for u in units)} and moved by "
-                    "the forward; each stage holds its own copy of it, so stages would move theirs apart: give each "
-                    "unit its own buffer, or run those units in one stage (pipeline.layers_per_stage)"
+                    "the forward, on different stages; each stage holds its own copy of it, so stages would move "
+                    "theirs apart: give each unit its own buffer, or run those units in one stage "
+                    "(pipeline.layers_per_stage)"
                 )
     tied = [n for n, k in shared_in(module, names) if len(k) > 1]
     if tied and on_torch:
@@ -272,14 +276,15 @@ def shared(model) -> list[tuple[str, list[int]]]:
 
 
 def shared_in(module, names: list[str], buffers: bool = False) -> list[tuple[str, list[int]]]:
-    """Each parameter (``buffers``: buffer) of ``module`` by name, and the units (indices into
-    ``names``) that hold it."""
+    """Each parameter (``buffers``: buffer, a view with its base) of ``module`` by name, and the
+    units (indices into ``names``) that hold it."""
     subs = dict(module.named_modules())
     where: dict[int, tuple[str, list[int]]] = {}
     for k, name in enumerate(names):
         held = subs[name].named_buffers() if buffers else subs[name].named_parameters()
-        for pname, param in held:
-            got = where.setdefault(id(param), (f"{name}.{pname}", []))
+        for pname, param in held:  # (a buffer's view shares it: its base's)
+            key = id(param._base) if buffers and param._base is not None else id(param)
+            got = where.setdefault(key, (f"{name}.{pname}", []))
             if k not in got[1]:
                 got[1].append(k)
     return list(where.values())

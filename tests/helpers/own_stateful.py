@@ -59,6 +59,21 @@ class _Cached(nn.Module):
         return self.fc(x / (1 + self.scale)).tanh()
 
 
+class _Toggle(nn.Module):
+    """A sign flipped in place by each forward and added to the Linear's input: every other
+    microbatch finds the value the one before it found."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.register_buffer("sign", torch.ones(()))
+
+    def forward(self, x):
+        if self.training:
+            self.sign.mul_(-1)
+        return self.fc(x + self.sign)
+
+
 def stateful(model) -> nn.Module:
     """Units whose forward moves buffers: running means (read by the output; one registered at
     its first call and moved from its third), BatchNorm's, and a scale registered as None that
@@ -90,3 +105,19 @@ def shared_buffer(model) -> nn.Module:
     w, moves = model.hidden, model.args.get("moves", True)
     mean = torch.zeros(w)
     return nn.Sequential(_SharedMean(w, mean, moves), nn.Linear(w, w), nn.Linear(w, w), _SharedMean(w, mean, False))
+
+
+def shared_view(model) -> nn.Module:
+    """`shared_buffer`, unit 3 holding a view of unit 0's mean (another tensor, one storage)."""
+    w = model.hidden
+    mean = torch.zeros(w)
+    return nn.Sequential(
+        _SharedMean(w, mean, True), nn.Linear(w, w), nn.Linear(w, w), _SharedMean(w, mean.view(w), False)
+    )
+
+
+def shared_next_door(model) -> nn.Module:
+    """Units 0 and 1 hold one running mean, which unit 0 moves (one stage may hold both)."""
+    w = model.hidden
+    mean = torch.zeros(w)
+    return nn.Sequential(_SharedMean(w, mean, True), _SharedMean(w, mean, False), nn.Linear(w, w), nn.Linear(w, w))

@@ -35,8 +35,12 @@ CASES = {
     ),
     "module buffer shared by units and moved by the forward": (  # (each stage moved its own copy, silently)
         [*SEQUENTIAL, "model.module=helpers.own_stateful:shared_buffer", "model.hidden=16"],
-        "model.module: buffer 0.mean is shared by units 0, 3 and moved by the forward; each stage holds its own copy "
-        "of it, so stages would move theirs apart",
+        "model.module: buffer 0.mean is shared by units 0, 3 and moved by the forward, on different stages; each "
+        "stage holds its own copy of it, so stages would move theirs apart",
+    ),
+    "module buffer's view held by a unit of another stage, moved by the forward": (  # (as the buffer itself)
+        [*SEQUENTIAL, "model.module=helpers.own_stateful:shared_view", "model.hidden=16"],
+        "model.module: buffer 0.mean is shared by units 0, 3 and moved by the forward, on different stages",
     ),
 }
 
@@ -68,3 +72,14 @@ def test_a_constant_buffer_shared_by_units_splits_as_the_model_does(monkeypatch)
     monkeypatch.syspath_prepend(str(REPO / "tests"))
     own = ["model.module=helpers.own_stateful:shared_buffer", "model.hidden=16", "model.args={moves: false}"]
     assert config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], *own]).model.layers == 4
+
+
+def test_a_moved_buffer_two_units_of_one_stage_share_splits_as_the_model_does(monkeypatch):
+    """Units 0 and 1 share a running mean unit 0 moves, and one stage holds both (2, 2): one copy,
+    as in the model (it was refused, with the advice to do what the split did)."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    own = ["model.module=helpers.own_stateful:shared_next_door", "model.hidden=16"]
+    assert config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], *own, "pipeline.layers_per_stage=[2,2]"]).model.layers == 4
+    with pytest.raises(UserError, match="shared by units 0, 1 and moved by the forward, on different stages"):
+        config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], *own, "pipeline.layers_per_stage=[1,3]"])

@@ -203,27 +203,33 @@ def test_an_in_place_op_on_an_output_selective_keeps_is_named_at_the_forward():
         assert torch.equal(m[0].weight.grad, want)
 
 
+@pytest.mark.parametrize("unit", ["_Warming", "_Toggle"])
 @pytest.mark.parametrize("mode", ["full", "selective"])
-def test_a_recomputed_forward_finds_the_buffers_its_forward_found(mode):
-    """Four forwards, then their recomputations, of a unit whose running mean is registered at its
-    first call and moved from its third on: the gradients and buffers of one process running the
-    microbatches in turn (a buffer the first forward left alone was copied for none, and moved
-    twice; recomputations ran on the later microbatches' values)."""
+def test_a_recomputed_forward_finds_the_buffers_its_forward_found(mode, unit):
+    """Four forwards and their recomputations in 1F1B's order, of a unit whose running mean is registered at its
+    first call and moved from its third on (a buffer the first forward left alone was copied for
+    none, and moved twice; recomputations ran on the later microbatches' values), or whose sign
+    flips in place at each forward (the second microbatch's left it as the first found it, and
+    the first's recomputation flipped the live one again): the gradients and buffers of one
+    process running the microbatches in turn."""
     import copy
 
-    from helpers.own_stateful import _Warming
+    from helpers import own_stateful
     from ppx.engine.recompute import Recompute
 
     torch.manual_seed(0)
-    one = torch.nn.Sequential(_Warming(8))
+    one = torch.nn.Sequential(getattr(own_stateful, unit)(8))
     staged = copy.deepcopy(one)
     xs = [torch.randn(4, 8) for _ in range(4)]
     for x in xs:
         one(x).sum().backward()
     r = Recompute(mode, module=staged)
-    for k, x in enumerate(xs):
-        r.forward(k, lambda x=x: staged(x), [x])
-    for k in range(4):
-        r.recompute(k).sum().backward()
+    for op, k in [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)]:  # 1F1B's order
+        if op == "F":
+            r.forward(k, lambda x=xs[k]: staged(x), [xs[k]])
+        else:
+            r.recompute(k).sum().backward()
     assert torch.equal(staged[0].fc.weight.grad, one[0].fc.weight.grad)
-    assert torch.equal(staged[0].mean, one[0].mean) and int(staged[0].calls) == 4
+    assert torch.equal(staged[0].fc.bias.grad, one[0].fc.bias.grad)
+    mine, theirs = dict(staged.named_buffers()), dict(one.named_buffers())
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[n], theirs[n]) for n in mine)
