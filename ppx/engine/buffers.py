@@ -2,8 +2,9 @@
 unit normalises by, a step counter): as one process running the microbatches in turn leaves
 them, whatever the runtime runs besides.
 
-- A trial forward (`untouched`: the split backward's choice, on a sample microbatch) runs on
-  copies; it had moved a running mean by one sample microbatch more.
+- A trial forward (`untouched`: the split backward's choice, on a sample microbatch; torch's
+  executor's shape inference) runs on copies; it had moved a running mean by one sample
+  microbatch more.
 - A recomputed forward (`ForwardBuffers`, under ``train.recompute``) runs on copies of the
   values its forward found; it had run on values later microbatches had moved on, and moved
   them twice (torch.utils.checkpoint does both).
@@ -56,10 +57,13 @@ def _copied(entries: Entries, copy) -> Entries:
 
 
 @contextlib.contextmanager
-def untouched(module: nn.Module):
-    """Run the body on copies of ``module``'s buffers: after it they are as they were (what it
-    registered, removed)."""
-    with _as(module, _copied(_entries(module), lambda b: b.detach().clone())):
+def untouched(module: nn.Module, device):
+    """Run the body as if it never ran: on copies of ``module``'s buffers (after it they are as
+    they were; what it registered, removed), and with the CPU's generator and ``device``'s (a
+    GPU's) given back."""
+    device = torch.device(device)
+    gpus = [device.index or 0] if device.type == "cuda" else []
+    with _as(module, _copied(_entries(module), lambda b: b.detach().clone())), torch.random.fork_rng(devices=gpus):
         yield
 
 

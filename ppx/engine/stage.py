@@ -108,7 +108,7 @@ class StageRunner:
         if self.weights is not None and self._stale:
             self.weights.refresh()
         x = self._input(x)
-        with untouched(self.module), torch.random.fork_rng(devices=_rng_devices(x)):  # (as if it never ran)
+        with untouched(self.module, x.device):
             out = self._run(x, target)
         return x, out, None if self.last else torch.ones_like(out)
 
@@ -211,8 +211,3 @@ class StageRunner:
         if self.store is not None:
             return len(self.saved.keys() | self.store.microbatches())
         return len(self.saved)
-
-
-def _rng_devices(x: torch.Tensor) -> list:
-    """The GPU whose generator a forward on ``x`` draws from, beside the CPU's (none on CPU)."""
-    return [x.device.index or 0] if x.device.type == "cuda" else []

@@ -223,7 +223,7 @@ def _infer_untouched(stage, module) -> None:
         if infer is not None:
 
             def untouched_infer(*args, infer=infer, **kwargs):
-                with untouched(module), torch.random.fork_rng(devices=_gpus(stage)):
+                with untouched(module, stage.device):
                     return infer(*args, **kwargs)
 
             setattr(stage, name, untouched_infer)
@@ -233,8 +233,3 @@ def _infer_untouched(stage, module) -> None:
         "once more there",
         stacklevel=2,
     )
-
-
-def _gpus(stage) -> list:
-    device = torch.device(stage.device)
-    return [device.index or 0] if device.type == "cuda" else []
