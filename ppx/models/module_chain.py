@@ -20,8 +20,9 @@ class _MetaCannot(Exception):
 
 
 def _meta_cannot(e: Exception, h) -> bool:
-    meta = isinstance(h, torch.Tensor) and h.device.type == "meta"
-    return meta and (isinstance(e, NotImplementedError) or "meta" in str(e).lower())
+    from ppx.models.module_spec import meta_refused
+
+    return isinstance(h, torch.Tensor) and h.device.type == "meta" and meta_refused(e)
 
 
 def unit_shapes(cfg, microbatch_size: int, described: tuple | None = None) -> list[tuple[str, tuple, torch.dtype]]:
@@ -31,7 +32,6 @@ def unit_shapes(cfg, microbatch_size: int, described: tuple | None = None) -> li
     meta cannot run it; a batch function that fails or gives another sample count, a unit that
     fails on what it is handed, a last output that does not fit ppx's loss, a ``model.loss_fn``
     that fails or gives more than one number, is one line."""
-
     return _run(cfg, microbatch_size, described)[0]
 
 

@@ -140,11 +140,16 @@ def described(model) -> tuple:
         with torch.device("meta"):
             module = build(model)
     except UserError as e:
-        why = e.__context__  # (what the build raised: `build` says it, from None)
-        if not (isinstance(why, NotImplementedError) or "meta" in str(why).lower()):
+        if not meta_refused(e.__context__):  # (what the build raised: `build` says it, from None)
             raise
         module = build(model).to("meta")
     return module, units(model, module)
+
+
+def meta_refused(e: BaseException | None) -> bool:
+    """Whether ``e`` is the meta device's refusal of work it cannot do without values (an op
+    with no meta kernel, ``.item()``, a CPU tensor mixed in): the words name meta."""
+    return isinstance(e, NotImplementedError) or "meta" in str(e).lower()
 
 
 def shape_defaults(model) -> dict:
