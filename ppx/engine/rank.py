@@ -142,7 +142,7 @@ class RankPipeline(StageShare):
     @functools.cached_property
     def batches(self) -> StepBatches:
         """Each step's whole batch, checked against the first step's."""
-        return StepBatches(self.cfg, self.kind)
+        return StepBatches(self.cfg, self.kind, self.runtime.names[self.rank])
 
     @property
     def observers(self) -> list:

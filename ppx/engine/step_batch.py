@@ -20,10 +20,11 @@ def _shapes(t) -> str:
 
 
 class StepBatches:
-    """``kind.make_batch`` of each step, with ``cfg.train``'s seed and global batch size."""
+    """``kind.make_batch`` of each step, with ``cfg.train``'s seed and global batch size, on
+    process rank ``rank`` (named in the line of a batch that changed)."""
 
-    def __init__(self, cfg, kind):
-        self.cfg, self.kind = cfg, kind
+    def __init__(self, cfg, kind, rank: int):
+        self.cfg, self.kind, self.rank = cfg, kind, rank
         self.first: tuple[int, tuple[str, str]] | None = None  # (its step, (inputs, targets) shapes)
 
     def __call__(self, step: int) -> tuple:
@@ -39,7 +40,7 @@ class StepBatches:
         elif shapes != self.first[1]:
             first, was = self.first
             raise UserError(
-                f"{where}: step {step}'s inputs and targets are {shapes[0]} and {shapes[1]}, where step {first}'s "
+                f"{where} on rank {self.rank}: step {step}'s inputs and targets are {shapes[0]} and {shapes[1]}, where step {first}'s "
                 f"were {was[0]} and {was[1]}; ppx builds its stages for the first step's batch (the microbatches, "
                 "what they send): keep a batch's shapes and dtypes fixed (pad to one length)"
             )

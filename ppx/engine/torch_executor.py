@@ -49,7 +49,7 @@ class TorchPipeline(StageShare):
         logging.getLogger("torch.distributed.pipelining.schedules").setLevel(logging.CRITICAL)
         self.cfg, self.schedule, self.rank, self.device = cfg, schedule, rank, torch.device(device)
         self.kind = models.kind(cfg.model.kind)
-        self.batches = StepBatches(cfg, self.kind)
+        self.batches = StepBatches(cfg, self.kind, rank)
         self.observers = list(observers)
         self.clock = ActionClock()
         self.live: set = set()  # (stage, microbatch) whose activations torch holds for a backward

@@ -145,11 +145,11 @@ def test_a_batch_whose_shapes_change_from_step_to_step_ends_the_run_in_one_line(
     own += ["model.hidden=16", "model.args={width: 16}", "model.batch_fn=helpers.own_batches:batch_shrinking"]
     r = ppx("run", *own, "train.steps=3", f"run.dir={tmp_path / 'run'}", env={"PYTHONPATH": str(REPO / "tests")})
     line = (
-        "ppx: error: model.batch_fn=helpers.own_batches:batch_shrinking: step 1's inputs and targets are (16, 16) "
-        "float32 and (16, 16) float32, where step 0's were (32, 16) float32 and (32, 16) float32; ppx builds its "
-        "stages for the first step's batch (the microbatches, what they send): keep a batch's shapes and dtypes "
-        "fixed (pad to one length)"
-    )
-    assert r.returncode == 1 and r.stderr.splitlines()[0] == line, r.stderr[-3000:]
+        r"ppx: error: model\.batch_fn=helpers\.own_batches:batch_shrinking on rank [01]: step 1's inputs and targets "
+        r"are \(16, 16\) float32 and \(16, 16\) float32, where step 0's were \(32, 16\) float32 and \(32, 16\) "
+        r"float32; ppx builds its stages for the first step's batch \(the microbatches, what they send\): keep a "
+        r"batch's shapes and dtypes fixed \(pad to one length\)"
+    )  # (rank 0 makes the inputs, rank 1 the targets: the first to say it)
+    assert r.returncode == 1 and re.fullmatch(line, r.stderr.splitlines()[0]), r.stderr[-3000:]
     steps = {json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()}
     assert steps <= {0}
