@@ -149,8 +149,8 @@ class ModelConfig:
     args: Dict[str, Any] = _f({}, "module: your model function's own keys (any), as model.args")
     units: Optional[List[str]] = _f(
         None,
-        "module: the submodules (dotted names) your model's forward calls in turn, the split's units: a ModuleList "
-        "or Sequential name stands for its children; null: the model's own children, each one unit (a Sequential "
+        "module: the submodules (dotted names) your model's forward calls in turn, the split's units: a ModuleList, "
+        "ModuleDict or Sequential name stands for its children (a ModuleDict's in its order); null: the model's own children, each one unit (a Sequential "
         "among them too), if it is an nn.Sequential; model.layers is set to their number",
     )
     split_points: Optional[List[str]] = _f(

@@ -2,8 +2,8 @@
 any process starts (imports torch: only for this kind).
 
 ``model.module=package.module:function`` names a function that takes the config's model
-section and returns the model. Its units (``model.units``: dotted submodule names; a ModuleList
-or Sequential stands for its children; none given: an nn.Sequential's own children) are what
+section and returns the model. Its units (``model.units``: dotted submodule names; a ModuleList,
+ModuleDict or Sequential stands for its children; none given: an nn.Sequential's own children) are what
 its forward calls in turn: the split puts whole units on stages, and every parameter must
 belong to exactly one unit, or be shared by units on purpose (a tied weight: its copies'
 gradients are summed across stages, `ppx.engine.tied`). ``model.split_points`` names the units
@@ -110,12 +110,18 @@ def units(model, module) -> list[str]:
         if name not in subs or not name:
             raise UserError(f"model.units: {name!r} is not a submodule of {type(module).__name__}")
         m = subs[name]
-        if isinstance(m, nn.ModuleList) and not len(m):
-            raise UserError(f"model.units: {name} is an empty ModuleList: no unit to run")
-        if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m):
-            names += [f"{name}.{child}" for child, _ in m.named_children()]
+        if isinstance(m, (nn.ModuleList, nn.ModuleDict)) and not len(m):
+            raise UserError(f"model.units: {name} is an empty {type(m).__name__}: no unit to run")
+        if isinstance(m, (nn.ModuleList, nn.ModuleDict, nn.Sequential)) and len(m):
+            names += [f"{name}.{child}" for child, _ in m.named_children()]  # (a ModuleDict's in its order)
         else:
             names.append(name)
+    for name in names:
+        if getattr(type(subs[name]), "forward", None) is getattr(nn.Module, "forward", None):
+            raise UserError(
+                f"model.units: {name} ({type(subs[name]).__name__}) has no forward of its own, and ppx runs each unit; "
+                "name the submodules your forward calls in it"
+            )
     for a in names:
         inner = [b for b in names if b != a and b.startswith(a + ".")]
         if inner or names.count(a) > 1:

@@ -339,3 +339,27 @@ def lazy(model) -> nn.Module:
     """A LazyLinear first: its weight has no shape until a forward."""
     w = model.hidden
     return nn.Sequential(nn.LazyLinear(w), nn.Linear(w, w), nn.Linear(w, w))
+
+
+class _Keyed(nn.Module):
+    """Blocks in a ModuleDict, run in its order; ``holder``: a plain container around them."""
+
+    def __init__(self, holder: bool):
+        super().__init__()
+        blocks = nn.ModuleDict({k: _block(16, 0.0) for k in ("first", "second", "third")})
+        if holder:
+            self.parts = nn.Module()
+            self.parts.blocks = blocks
+        else:
+            self.blocks = blocks
+        self.head = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in (self.parts.blocks if hasattr(self, "parts") else self.blocks).values():
+            x = block(x)
+        return self.head(x)
+
+
+def keyed(model) -> nn.Module:
+    """``model.args.holder``: the ModuleDict inside an ``nn.Module()`` that has no forward."""
+    return _Keyed(model.args.get("holder", False))
