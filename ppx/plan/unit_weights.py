@@ -49,7 +49,8 @@ def _weigh(cfg) -> UnitWeights:
     size = cfg.train.batch_size // (cfg.pipeline.microbatches * cfg.parallel.data)
     rows = []
     with FakeTensorMode(allow_non_fake_inputs=True) as fake, torch.enable_grad():
-        x, target = fake.from_tensor(x[:size]), fake.from_tensor(target[:size])
+        # (each microbatch its own tensor, as the run's are: a view would count the whole batch's storage)
+        x, target = fake.from_tensor(x[:size].clone()), fake.from_tensor(target[:size].clone())
         for unit in range(n):
             module = kind.build_stage(cfg.model, cfg.train.seed, unit, n, range(unit, unit + 1), None)
             loss = (lambda out: kind.loss(out, target)) if unit == n - 1 else None

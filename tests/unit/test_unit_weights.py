@@ -21,6 +21,20 @@ def test_llama_units_weigh_as_their_work():
     assert len(big.flops) == 16 + 2 and sum(big.param_bytes) > 4e9
 
 
+def test_the_first_and_last_units_save_one_microbatchs_input_and_targets():
+    """Each microbatch its own tensor, as the run's are (`RankPipeline.microbatches`): a view
+    into the batch had counted the whole batch's storage for the first unit's input and the
+    last's targets (the MLP's first unit 2.5x a middle one's, its regrouped stages' memory off)."""
+    cfg = config.load("1f1b_2cpu", [])
+    w = unit_weights(cfg)
+    mb = cfg.train.batch_size // cfg.pipeline.microbatches
+    assert w.saved_bytes[:3] == (2 * mb * cfg.model.hidden * 4,) * 3  # each Linear's and GELU's input, fp32
+    assert w.saved_bytes[3] == 2 * w.saved_bytes[0]  # and the loss's output and targets
+    cfg = config.load("llama_tiny_1f1b_2cpu", [])
+    mb = cfg.train.batch_size // cfg.pipeline.microbatches
+    assert unit_weights(cfg).saved_bytes[0] == mb * cfg.model.seq_len * 8  # the embedding's token ids, int64
+
+
 def test_saved_bytes_follow_the_microbatch():
     one = unit_weights(config.load("transformer_1f1b_2cpu", ["pipeline.microbatches=4"]))
     two = unit_weights(config.load("transformer_1f1b_2cpu", ["pipeline.microbatches=2"]))
@@ -51,7 +65,7 @@ def test_hugging_face_units_weigh_as_a_real_forward_saves(exp):
     kind, n = models.kind(cfg.model.kind), models.unit_count(cfg.model)
     x, target = kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, 0)
     size = cfg.train.batch_size // cfg.pipeline.microbatches
-    x, target = x[:size], target[:size]
+    x, target = x[:size].clone(), target[:size].clone()  # (each its own tensor, as the run's microbatches)
     for unit in range(n):  # each unit on real tensors, its saved storages counted once, parameters left out
         module = kind.build_stage(cfg.model, cfg.train.seed, unit, n, range(unit, unit + 1), None)
         own = {p.untyped_storage().data_ptr() for p in module.parameters()}
