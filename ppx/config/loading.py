@@ -39,6 +39,8 @@ def find_experiment(exp: str) -> Path:
             return p
         if p.is_dir():
             raise UserError(f"experiment file {exp} is a folder; give an experiment's YAML file")
+        if p.exists():  # (/dev/null said "does not exist"; /dev/zero would be read without end)
+            raise UserError(f"experiment file {exp} is not a file (a device, a pipe); give an experiment's YAML file")
         named = [d / p.name for d in experiments_dirs() if os.sep not in exp and (d / p.name).is_file()]
         hint = f" (did you mean the experiment {p.stem}?)" if named else ""
         raise UserError(f"experiment file {exp} does not exist{hint}")
@@ -232,15 +234,22 @@ def _from_file(e: OmegaConfBaseException, loaded, overrides: list[str]) -> bool:
         given = o.partition("=")[0].strip()
         if key == given or key.startswith((given + ".", given + "[")):
             return False
-    node = OmegaConf.to_container(loaded, resolve=False)  # (a null or an interpolation is the file's too)
-    for part in re.findall(r"[^.\[\]]+", key):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return False
-    return True
+    return _holds(OmegaConf.to_container(loaded, resolve=False), key)  # (a null or an interpolation: the file's)
+
+
+def _holds(node, key: str) -> bool:
+    """Whether ``node`` holds ``key`` (OmegaConf's ``a.b[0].c``), whose parts may hold dots and
+    brackets of their own: /etc/os-release's text, one key of URLs, was not named the file's."""
+    if not key:
+        return True
+    if isinstance(node, list):
+        at = re.match(r"\[(\d+)\]\.?", key)
+        return bool(at) and int(at[1]) < len(node) and _holds(node[int(at[1])], key[at.end() :])
+    for part, value in node.items() if isinstance(node, dict) else ():
+        rest = key.removeprefix(str(part))
+        if rest != key and rest[:1] in ("", ".", "[") and _holds(value, rest.removeprefix(".")):
+            return True
+    return False
 
 
 def _one_entry(item: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 
@@ -144,8 +145,10 @@ def test_a_yaml_syntax_error_names_its_line_and_column(tmp_path, text, where):
 
 
 def test_an_experiment_that_is_no_mapping_of_keys_is_one_line(tmp_path):
-    """A folder, a bare value, a list, a binary file: each named as what it is."""
+    """A folder, a bare value, a list, a binary file, a pipe: each named as what it is (a pipe or
+    /dev/null "did not exist")."""
     (tmp_path / "dir.yaml").mkdir()
+    os.mkfifo(tmp_path / "fifo.yaml")
     (tmp_path / "scalar.yaml").write_text("5\n")
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     (tmp_path / "bin.yaml").write_bytes(bytes(range(128, 256)))
@@ -154,10 +157,13 @@ def test_an_experiment_that_is_no_mapping_of_keys_is_one_line(tmp_path):
         ("scalar", "must hold a mapping of keys (key: value lines)"),
         ("list", "must hold a mapping of keys (key: value lines)"),
         ("bin", "is not a text file (YAML)"),
+        ("fifo", "is not a file (a device, a pipe); give an experiment's YAML file"),
     ):
         with pytest.raises(UserError) as e:
             config.load(str(tmp_path / f"{name}.yaml"), [])
         assert str(e.value) == f"experiment file {tmp_path / name}.yaml {said}"
+    with pytest.raises(UserError, match=r"^experiment file /dev/null is not a file \(a device, a pipe\)"):
+        config.load("/dev/null", [])
 
 
 def test_a_yaml_error_in_an_override_names_the_override():
@@ -185,6 +191,16 @@ def test_a_bad_key_of_an_experiment_file_names_the_file_and_of_an_override_does_
         path.write_text(text)
         with pytest.raises(UserError, match=rf"^{path}: train.steps: {said}"):
             config.load(str(path), [])
+    # a key with dots (or brackets) of its own: /etc/os-release's one key of its URLs was not named the file's
+    for text, key in (
+        ("see.also: 1\n", "see.also"),
+        ("train:\n  see.also: 1\n", "train.see.also"),
+        ("a[1]: 1\n", "a[1]"),
+    ):
+        path.write_text(text)
+        with pytest.raises(UserError) as e:
+            config.load(str(path), [])
+        assert str(e.value).startswith(f"{path}: {key}: Key "), str(e.value)
 
 
 @pytest.mark.parametrize(
