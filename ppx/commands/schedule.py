@@ -40,6 +40,7 @@ def cmd_schedule(args) -> int:
     full = sched
     if args.drain:
         sched = drain_list(sched, args.transport)
+    with_comms = _write_csv(args, sched) if args.csv else False
     if args.wgrad is None:  # a split backward's W shows in the grid, as the theory (t_f = t_b = t_w) counts it
         args.wgrad = int(any(a.op is Op.W for row in sched.actions for a in row))
     args.virtual = sched.stages_per_rank
@@ -88,11 +89,6 @@ def cmd_schedule(args) -> int:
     if args.actions:
         print(sched.format())
     if args.csv:
-        with_comms = args.with_comms or sched.groups is not None
-        try:  # (a disk that fills, /dev/full: said by the option, not in the OS's words alone)
-            schedules.write_csv(sched if with_comms else sched.compute_only(), args.csv)  # (whole or not at all)
-        except OSError as e:
-            raise UserError(f"--csv {args.csv}: could not write it ({e.strerror or e})") from None
         note = (
             ""
             if with_comms == args.with_comms
@@ -100,3 +96,16 @@ def cmd_schedule(args) -> int:
         )
         print(f"wrote {args.csv}{note}")
     return 0
+
+
+def _write_csv(args, sched) -> bool:
+    """``sched`` to ``--csv``, before anything is printed (a full disk, /dev/full, failed after
+    the grid), whole or not at all; whether it went with its sends and receives."""
+    from ppx import schedules
+
+    with_comms = args.with_comms or sched.groups is not None
+    try:  # (a disk that fills: said by the option, not in the OS's words alone)
+        schedules.write_csv(sched if with_comms else sched.compute_only(), args.csv)
+    except OSError as e:
+        raise UserError(f"--csv {args.csv}: could not write it ({e.strerror or e})") from None
+    return with_comms

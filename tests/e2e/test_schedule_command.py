@@ -195,10 +195,12 @@ def test_a_simulated_bubble_prints_as_its_theory_and_a_refused_torch_shape_says_
 
 @pytest.mark.skipif(not os.access("/dev/full", os.W_OK) or not os.access("/dev", os.W_OK), reason="no /dev/full")
 def test_a_csv_that_cannot_be_written_is_one_line_naming_it():
-    """A full disk (/dev/full) said "No space left on device" alone, naming neither option nor file."""
+    """A full disk (/dev/full) said "No space left on device" alone, naming neither option nor
+    file, and only after the grid and bubble were printed: the CSV is written first."""
     r = ppx("schedule", "1f1b", "-p", "2", "-m", "4", "--csv", "/dev/full")
-    assert (r.returncode, r.stderr) == (
+    assert (r.returncode, r.stdout, r.stderr) == (
         2,
+        "",
         "ppx: error: --csv /dev/full: could not write it (No space left on device)\n",
     )
     assert Path("/dev/full").is_char_device()  # (written in place: a file renamed over it replaced the device)
