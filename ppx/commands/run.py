@@ -106,18 +106,28 @@ def _notes(cfg, sched, entries: list) -> list[str]:
 
 
 def _forward_unchecked(cfg) -> str | None:
-    """A note where your model's forward could not be read (torch.fx fails on it), so ppx did
-    not check that it calls its units in turn, as either split runs them."""
+    """A note where your model's forward could not be read (torch.fx fails on it), so ppx
+    checked that it calls its units in turn, as either split runs them, on one microbatch's path
+    only (`module_chain.forward_run`), or, where it could not run it either, not at all."""
     if cfg.model.kind != "module":
         return None
-    from ppx.models import module_forward, module_spec
+    from ppx.models import module_chain, module_forward, module_spec
 
-    why = module_forward.untraced(*module_spec.described(cfg.model))
+    described = module_spec.described(cfg.model)
+    why = module_forward.untraced(*described)
     if why is None:
         return None
+    said = f"ppx: note: torch.fx cannot trace the forward of model.module={cfg.model.module} ({why}), so ppx"
+    mbs = cfg.train.batch_size // cfg.parallel.data // cfg.pipeline.microbatches
+    ran = module_chain.forward_run(cfg.model, mbs, described)
+    if isinstance(ran, str):
+        return (
+            f"{said} did not check that it only calls model.units in turn (nor could it run it on one tensor: {ran}): "
+            "ppx runs them so, whatever the forward does"
+        )
     return (
-        f"ppx: note: torch.fx cannot trace the forward of model.module={cfg.model.module} ({why}), so ppx did not "
-        "check that it only calls model.units in turn: ppx runs them so, whatever the forward does"
+        f"{said} checked that it only calls model.units in turn by running it on step 0's first microbatch: a path "
+        "another batch takes through it is not checked (ppx runs the units in turn, whatever the forward does)"
     )
 
 

@@ -67,6 +67,28 @@ def _watched(cfg, model: nn.Module, names: list[str], h, target) -> tuple[list, 
     return shapes, moved
 
 
+def forward_run(cfg, microbatch_size: int, described: tuple | None = None) -> tuple[str | None, str | None] | str:
+    """`module_forward.run_once` of your forward (one torch.fx cannot trace) on step 0's first
+    microbatch, on the meta device, or on the CPU where meta cannot run it (control flow on a
+    value): (what it does besides calling its units in turn, the unit it calls with autograd off
+    that trains), or, where it fails as ppx calls it (one tensor), why."""
+    from ppx.models import module_spec
+    from ppx.models.module import whole
+    from ppx.models.module_forward import run_once
+
+    model, names = described or module_spec.described(cfg)
+    x, _ = first_batch(cfg, microbatch_size)
+    try:
+        return run_once(model, names, x.to("meta"))
+    except Exception as e:
+        if not module_spec.meta_refused(e):
+            return said(e)
+    try:
+        return run_once(whole(cfg, 0)[0], names, x)
+    except Exception as e:
+        return said(e)
+
+
 def first_batch(cfg, samples: int) -> tuple:
     """Step 0's (inputs, targets) of ``samples`` samples, checked (`batch_problem`)."""
     from ppx.models.module import make_batch

@@ -5,13 +5,15 @@ scale, a cast, another order, a unit called twice) would train another model tha
 
 Read from the forward's graph, traced with the units as leaves (`torch.fx`, on the model built
 on the meta device: no memory, no compute). Work whose result reaches neither a unit nor the
-output (a print of a shape) is left alone. A forward torch.fx cannot trace (Python control flow
-on values, ...) is not checked: `untraced` says why. Nor does the graph show a unit called
-under ``torch.no_grad()``: the tracer notes the grad mode at each unit's call (`without_grad`)."""
+output (a print of a shape) is left alone. The graph does not show a unit called under
+``torch.no_grad()``: the tracer notes the grad mode at each unit's call (`without_grad`). A
+forward torch.fx cannot trace (Python control flow on values, ...; `untraced` says why) is run
+once instead, with hooks on its units (`run_once`): the path that input takes is checked."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import io
 
@@ -81,13 +83,7 @@ def problem(module: nn.Module, names: list[str]) -> str | None:
     calls = [n for n in nodes if n.op == "call_module" and n.target in names]
     order = [n.target for n in calls]
     if order != names:
-        twice = next((t for t in order if order.count(t) > 1), None)
-        if twice is not None:
-            return f"calls unit {twice} {order.count(twice)} times, where the split runs each unit once"
-        missing = [t for t in names if t not in order]
-        if missing:
-            return f"never calls unit {missing[0]}, which the split runs"
-        return f"calls its units in the order {', '.join(order)}, where model.units gives {', '.join(names)}"
+        return _order_problem(order, names)
     live = _feeding(calls[-1])
     # what feeds the last unit, and in-place work on anything of the chain (``h.mul_(2)``)
     chain = live | set(calls)
@@ -122,11 +118,70 @@ def without_grad(module: nn.Module, names: list[str]) -> str | None:
     a unit before it, train (no gradient reaches them through it, where ppx's chain of units
     would train them), or None (where the forward cannot be traced: `untraced`)."""
     traced = trace(module, names)
-    for name in [] if isinstance(traced, str) else traced[1]:
+    return _first_training(module, names, [] if isinstance(traced, str) else traced[1])
+
+
+def _first_training(module: nn.Module, names: list[str], off: list[str]) -> str | None:
+    """The first of ``off`` (units called with autograd off) that trains, or a unit before it."""
+    for name in off:
         k = names.index(name)
         if any(p.requires_grad for u in names[: k + 1] for p in module.get_submodule(u).parameters()):
             return name
     return None
+
+
+def run_once(module: nn.Module, names: list[str], x: torch.Tensor) -> tuple[str | None, str | None]:
+    """(What the forward does besides calling ``names`` in turn and returning the last one's
+    output, as `problem` says it; the unit it calls with autograd off that trains, as
+    `without_grad`), each None where there is none, from one run of the forward on ``x`` with
+    hooks on its units: each call's order, grad mode and input (the tensor the unit before
+    returned, not changed in place since), and the forward's output. For a forward torch.fx
+    cannot trace; its other inputs' paths are not seen. Its exceptions are the caller's."""
+    calls: list[tuple[str, bool, bool]] = []  # (unit, autograd on, handed the chain's tensor as it was)
+    last = {"t": x, "version": x._version}
+
+    def before(m, args, kwargs, name):
+        handed = len(args) == 1 and not kwargs and args[0] is last["t"] and args[0]._version == last["version"]
+        calls.append((name, torch.is_grad_enabled(), handed))
+
+    def after(m, args, kwargs, out, name):
+        last["t"], last["version"] = out, getattr(out, "_version", None)
+
+    subs = dict(module.named_modules())
+    hooks = [subs[n].register_forward_pre_hook(functools.partial(before, name=n), with_kwargs=True) for n in names]
+    hooks += [subs[n].register_forward_hook(functools.partial(after, name=n), with_kwargs=True) for n in names]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), torch.enable_grad():
+            out = module(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    order = [name for name, _, _ in calls]
+    frozen = _first_training(module, names, [name for name, on, _ in calls if not on])
+    if order != names:
+        return _order_problem(order, names), frozen
+    for k, (name, _, handed) in enumerate(calls):
+        if not handed:
+            source = f"unit {names[k - 1]}'s output" if k else "the forward's input"
+            return (
+                f"hands unit {name} something other than {source} alone (another tensor, or changed in place)",
+                frozen,
+            )
+    first = out[0] if isinstance(out, (tuple, list)) and out else out
+    if first is not last["t"] or getattr(first, "_version", None) != last["version"]:
+        return "returns another tensor than the last unit's output (or changes it in place)", frozen
+    return None, frozen
+
+
+def _order_problem(order: list[str], names: list[str]) -> str:
+    """The forward's unit calls, ``order``, against ``names``, in words."""
+    twice = next((t for t in order if order.count(t) > 1), None)
+    if twice is not None:
+        return f"calls unit {twice} {order.count(twice)} times, where the split runs each unit once"
+    missing = [t for t in names if t not in order]
+    if missing:
+        return f"never calls unit {missing[0]}, which the split runs"
+    return f"calls its units in the order {', '.join(order)}, where model.units gives {', '.join(names)}"
 
 
 def _in_place(node: fx.Node) -> bool:

@@ -240,9 +240,14 @@ def check(cfg) -> None:
     on_torch = registry.runs_on_torch(p.schedule, p.executor)
     mbs = cfg.train.batch_size // cfg.parallel.data // p.microbatches  # (>= 1: rules.check_parallel ran first)
     (unit_shapes if on_torch else boundary)(m, mbs, (module, names))
-    from ppx.models.module_forward import problem, without_grad
+    from ppx.models.module_chain import forward_run
+    from ppx.models.module_forward import problem, untraced, without_grad
 
-    frozen = without_grad(module, names)
+    if untraced(module, names) is None:
+        wrong, frozen = problem(module, names), without_grad(module, names)
+    else:  # (run once instead: the path step 0's first microbatch takes; one that fails is left to the run)
+        ran = forward_run(m, mbs, (module, names))
+        wrong, frozen = (None, None) if isinstance(ran, str) else ran
     if frozen:
         raise UserError(
             f"model.module={m.module}: its forward calls unit {frozen} with autograd off (torch.no_grad(), "
@@ -250,8 +255,7 @@ def check(cfg) -> None:
             "reaches it or the units before it, where ppx's split runs every unit with autograd on and would train "
             "them: freeze their parameters in your build instead (requires_grad_(False)) and call the unit as any other"
         )
-    wrong = problem(module, names)  # (torch's tracer too traces the units' chain, not your forward)
-    if wrong:
+    if wrong:  # (torch's tracer too traces the units' chain, not your forward)
         raise UserError(
             f"model.module={m.module}: its forward {wrong}; ppx's split runs model.units one after the other, "
             "each unit's output the next one's input, so it would train another model than yours: put what "

@@ -90,38 +90,38 @@ class _Chain(nn.Module):
     """inp, blocks.0-2, out, as a user writes them; ``way`` what its forward does besides:
     plain (nothing), skip (adds inp's output to the last block's), twice (calls blocks.0 twice),
     scaled (returns the output doubled), tuple (returns the output and the last block's),
-    branch (Python control flow on a value: torch.fx cannot trace it), in_place (doubles the
+    branch (Python control flow on a value, a branch never taken: torch.fx cannot trace it), in_place (doubles the
     last block's output in place), masked (an optional mask, None as ppx calls it), no_grad
     (calls blocks.1 under torch.no_grad()), frozen_inp (calls inp, whose parameters are frozen,
-    under torch.no_grad(): a frozen feature extractor)."""
+    under torch.no_grad(): a frozen feature extractor); ways joined by + do each (branch+skip)."""
 
     def __init__(self, way: str, width: int = 16):
         super().__init__()
-        self.way = way
+        self.way = set(way.split("+"))
         self.inp, self.out = nn.Linear(width, width), nn.Linear(width, width)
         self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(3))
-        if way == "frozen_inp":
+        if "frozen_inp" in self.way:
             self.inp.requires_grad_(False)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None):
-        with torch.set_grad_enabled(self.way != "frozen_inp"):
+        with torch.set_grad_enabled("frozen_inp" not in self.way):
             h = self.inp(x)
         if mask is not None:
             h = h * mask
         first = h
         for k, block in enumerate(self.blocks):
-            with torch.set_grad_enabled(not (k == 1 and self.way == "no_grad")):
+            with torch.set_grad_enabled(not (k == 1 and "no_grad" in self.way)):
                 h = block(h)
-            if k == 0 and self.way == "twice":
+            if k == 0 and "twice" in self.way:
                 h = block(h)
-        if self.way == "skip":
+        if "skip" in self.way:
             h = h + first
-        if self.way == "branch" and h.sum() > 0:
+        if "branch" in self.way and h.abs().sum() < 0:  # (never taken: the path run is the chain's)
             h = -h
-        if self.way == "in_place":
+        if "in_place" in self.way:
             h.mul_(2)
         out = self.out(h)
-        return (out, h) if self.way == "tuple" else out * 2 if self.way == "scaled" else out
+        return (out, h) if "tuple" in self.way else out * 2 if "scaled" in self.way else out
 
 
 def chain(model) -> nn.Module:

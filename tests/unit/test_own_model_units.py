@@ -45,3 +45,46 @@ def test_a_unit_without_a_forward_of_its_own_is_one_line():
     )
     cfg = config.load(KEYED[0], [*KEYED[1:], "model.args={holder: true}", "model.units=[parts.blocks,head]"])
     assert cfg.model.layers == 4  # (its ModuleDict, named, runs)
+
+
+CHAIN = ["1f1b_2cpu", "model.kind=module", "model.data=regression", "model.module=helpers.own_module:chain"]
+CHAIN += ["model.units=[inp,blocks,out]", "model.hidden=16", "model.layers=5"]
+
+
+@pytest.mark.parametrize(
+    "way, said",
+    [
+        (
+            "skip",
+            "hands unit out something other than unit blocks.2's output alone (another tensor, or changed in place)",
+        ),
+        ("in_place", "hands unit out something other than unit blocks.2's output alone"),
+        ("twice", "calls unit blocks.0 2 times, where the split runs each unit once"),
+        ("scaled", "returns another tensor than the last unit's output"),
+    ],
+)
+def test_a_forward_torch_fx_cannot_trace_is_checked_by_running_it(way, said):
+    """A forward with control flow on a value (which torch.fx cannot trace) is run once on the
+    first microbatch with hooks on its units, on the CPU where meta cannot run it: what it does
+    besides calling them in turn is refused as a traced one is (it was not checked at all)."""
+    with pytest.raises(UserError) as e:
+        config.load(CHAIN[0], [*CHAIN[1:], f"model.args={{way: branch+{way}}}"])
+    assert str(e.value).startswith(f"model.module=helpers.own_module:chain: its forward {said}"), str(e.value)
+
+
+def test_an_untraced_forward_that_calls_a_training_unit_without_grad_is_refused():
+    with pytest.raises(UserError) as e:
+        config.load(CHAIN[0], [*CHAIN[1:], "model.args={way: branch+no_grad}"])
+    assert str(e.value).startswith("model.module=helpers.own_module:chain: its forward calls unit blocks.1 with "), e
+    config.load(CHAIN[0], [*CHAIN[1:], "model.args={way: branch+frozen_inp}"])  # (a frozen extractor runs)
+
+
+def test_the_note_on_an_untraced_forward_says_how_far_it_was_checked():
+    from ppx.commands.run import _forward_unchecked
+
+    note = _forward_unchecked(config.load(CHAIN[0], [*CHAIN[1:], "model.args={way: branch}"]))
+    assert note.startswith("ppx: note: torch.fx cannot trace the forward of model.module=helpers.own_module:chain (")
+    assert note.endswith(
+        "so ppx checked that it only calls model.units in turn by running it on step 0's first microbatch: a path "
+        "another batch takes through it is not checked (ppx runs the units in turn, whatever the forward does)"
+    )
