@@ -37,11 +37,12 @@ def cmd_compare(args) -> int:
             from ppx.report.run_dir import is_run_folder
 
             run = next((q for q in out.resolve().parents if is_run_folder(q)), None)
-        if out.is_file() or run is not None:
-            where = "" if run is None or run.resolve() == out.resolve() else f" (inside the run {run})"
-            raise UserError(
-                f"--out {out} is a run's folder or a file{where}; ppx never writes into a run (choose another --out)"
-            )
+        if run is not None:
+            inside = f"{'a file' if out.is_file() else 'a folder'} inside the run {run}"
+            what = "a run's folder" if run.resolve() == out.resolve() else inside
+            raise UserError(f"--out {out} is {what}; ppx never writes into a run (choose another --out)")
+        if out.is_file():
+            raise UserError(f"--out {out} is a file; give a folder for the comparison (a new one)")
     else:  # runs/compare/<time>, or <time>-2, ... when a comparison of the same second has it
         base = Path("runs") / "compare" / time.strftime("%Y%m%d-%H%M%S")
         out = next(

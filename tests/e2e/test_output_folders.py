@@ -15,7 +15,8 @@ from helpers.run import PICTURED_1F1B
 
 
 def test_compare_refuses_a_folder_that_holds_files(shared_run, tmp_path):
-    """It replaced a report.html or compare.png there (only a folder holding compare.md was refused)."""
+    """It replaced a report.html or compare.png there (only a folder holding compare.md was
+    refused); a file is named as one, a run's own as the run's."""
     run = shared_run(*PICTURED_1F1B).dir  # read only: shared with other files
     out = tmp_path / "mine"
     out.mkdir()
@@ -27,6 +28,13 @@ def test_compare_refuses_a_folder_that_holds_files(shared_run, tmp_path):
         f"ppx: error: --out {out} exists and is not empty; give a new folder\n",
     )
     assert [p.name for p in out.iterdir()] == ["report.html"] and (out / "report.html").read_text() == "my page"
+    mine = tmp_path / "notes.txt"  # a plain file: said so (it read "a run's folder or a file")
+    mine.write_text("mine")
+    r = ppx("compare", str(run), "--out", str(mine))
+    said = f"ppx: error: --out {mine} is a file; give a folder for the comparison (a new one)\n"
+    assert (r.returncode, r.stderr, mine.read_text()) == (2, said, "mine")
+    inside = ppx("compare", str(run), "--out", str(run / "summary.json"))
+    assert f"is a file inside the run {run}; ppx never writes into a run" in inside.stderr, inside.stderr
     empty = tmp_path / "empty"  # an empty folder takes the comparison
     empty.mkdir()
     r = ppx("compare", str(run), "--out", str(empty))
