@@ -151,8 +151,7 @@ class HFStage(nn.Module):
                 raise UserError(f"model.kind=hf: layer types {sorted(types - set(makers))} have no mask ppx can build")
             with torch.no_grad():
                 rope = rotary(h, pos) if rotary is not None else None
-                args = dict(config=self.config_hf, inputs_embeds=h, attention_mask=None, cache=None, position_ids=pos)
-                masks = {kind: makers[kind](**args) for kind in types}
+                masks = {kind: _mask(makers[kind], self.config_hf, h, pos) for kind in types}
             got = self._context[key] = (pos, rope, masks)
         return got
 
@@ -183,6 +182,21 @@ class HFStage(nn.Module):
         if self.last:
             x = getattr(self, names.head_name)(getattr(base, names.norm[0])(x))
         return x
+
+
+def _mask(make, config_hf, h: torch.Tensor, pos: torch.Tensor):
+    """A layer type's attention mask for ``h``'s shape (None where SDPA's causal flag does its
+    work). On fake tensors (`ppx.plan.unit_weights`) transformers takes its tracing path, a
+    mask where a real run has none (and, beside it, K and V repeated over the query heads): so
+    there it is made on a real tensor of that shape, taking no memory (an expanded zero)."""
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+    if not isinstance(h, FakeTensor):
+        return make(config=config_hf, inputs_embeds=h, attention_mask=None, cache=None, position_ids=pos)
+    with unset_fake_temporarily():
+        real = torch.zeros((), dtype=h.dtype).expand(h.shape)
+        at = torch.arange(h.shape[1]).unsqueeze(0)
+        return make(config=config_hf, inputs_embeds=real, attention_mask=None, cache=None, position_ids=at)
 
 
 def build_stage(cfg, seed: int, stage: int, num_stages: int, blocks: range, clock=None) -> nn.Module:
