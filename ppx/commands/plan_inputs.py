@@ -162,8 +162,10 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         split_known=split_known,
         whole_stages=whole,
         max_stages=_max_stages(run.config),
-        fixed_stages=stages if run.config.pipeline.layers_per_stage else None,
+        fixed_stages=stages if _fixed_by(run.config) else None,
+        fixed_by=_fixed_by(run.config) or "pipeline.layers_per_stage",
         run_units=units,
+        recompute=_recompute(run.config),
         unit_weights=weights,
         # what a candidate's command splits the units by (None: even; or a module not importable here)
         split_weights=models.counted_flops(run.config.model)
@@ -176,6 +178,22 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
     # other p than the run's: their stages regroup the run's units (`PlanInputs.parts`)
     ps = ints("--stages", args.stages) or [p]
     return inputs, ps, ints("--microbatches", args.microbatches) or [s.microbatches], str(run.path / "config.yaml")
+
+
+def _recompute(cfg) -> str:
+    """The run's train.recompute as one mode ("none" where it gives one per stage: its own
+    stage count only, `_fixed_by`)."""
+    modes = cfg.train.recompute
+    return modes if isinstance(modes, str) else modes[0] if len(modes) == 1 else "none"
+
+
+def _fixed_by(cfg) -> str | None:
+    """The run's key that holds a value per stage, so that its config runs only at its own stage
+    count (a candidate's command of another has as many values as the run had stages), or None."""
+    if cfg.pipeline.layers_per_stage:
+        return "pipeline.layers_per_stage"
+    modes = cfg.train.recompute
+    return "train.recompute" if not isinstance(modes, str) and len(modes) > 1 else None
 
 
 def _run_params(run, stages: int, units: tuple[int, ...] | None, weights) -> tuple[float, ...] | None:
@@ -197,7 +215,7 @@ def _run_params(run, stages: int, units: tuple[int, ...] | None, weights) -> tup
     per = [1.0] * stages
     if weights is not None and units is not None:
         starts = [sum(units[:s]) for s in range(stages)]
-        per = [sum(weights.param_bytes[a : a + n]) for a, n in zip(starts, units)]
+        per = [sum(weights.of_stage(range(a, a + n), "params")) for a, n in zip(starts, units)]
     out = []
     for s in range(stages):
         mine = [t for t in range(stages) if owner[t] == owner[s]]

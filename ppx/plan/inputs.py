@@ -18,6 +18,7 @@ each candidate's per-stage values:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from statistics import fmean
 
@@ -70,8 +71,10 @@ class PlanInputs:
     split_known: bool = True  # False: a run's costs of full backwards only (no I, W apart)
     whole_stages: tuple[int, ...] = ()  # a run's stages that ran their split backward whole (I and W not apart)
     max_stages: int | None = None  # a run's model holds no more stages (its layers), or None
-    fixed_stages: int | None = None  # a run's explicit layers per stage allow only its own stage count
+    fixed_stages: int | None = None  # a run's key per stage (``fixed_by``) allows only its own stage count
+    fixed_by: str = "pipeline.layers_per_stage"  # that key: its layers per stage, or train.recompute's modes
     run_units: tuple[int, ...] | None = None  # a run's model units (layers, embedding, head) per stage, or None
+    recompute: str = "none"  # a run's train.recompute, one mode (what a regrouped stage keeps of its units)
     unit_weights: UnitWeights | None = None  # what each of those units weighs (None: equal shares)
     split_weights: tuple[float, ...] | None = None  # what a candidate's command splits its units by (None: even)
     # a drain run's B measured apart on a stage that also split (None there: B costs I + W), or None
@@ -92,7 +95,7 @@ class PlanInputs:
         if self.max_stages is not None and num_stages > self.max_stages:
             return f"{num_stages} stages but the run's model has {self.max_stages} layers to split: it cannot run"
         if self.fixed_stages is not None and num_stages != self.fixed_stages:
-            return f"the run sets pipeline.layers_per_stage for {self.fixed_stages} stages: {num_stages} cannot run"
+            return f"the run sets {self.fixed_by} for {self.fixed_stages} stages: {num_stages} cannot run"
         if self.per_layer and num_stages > self.units:
             return f"{num_stages} stages but {self.units} layers: every stage needs at least one"
         if not self.per_layer and self.run_units is None and num_stages % self.units and self.units % num_stages:
@@ -103,15 +106,20 @@ class PlanInputs:
         """Per stage of ``num_stages``: what it is made of, as (unit, numerator, denominator)
         triples: the stage takes numerator / denominator of the unit's value (a whole unit,
         1/1; one of v cuts of a measured stage, 1/v; of a run stage, its model units' weight
-        among the stage's, ``by`` "time", "bytes" (saved) or "params")."""
+        among the stage's, ``by`` "time", "bytes" (kept until the backward, under the run's
+        ``recompute``), "graph" (saved, as if nothing were recomputed) or "params", each unit
+        weighed as a stage holding it and the units beside it holds it: `UnitWeights.of_stage`)."""
         if self.per_layer:
             return [tuple((i, 1, 1) for i in r) for r in split_layers(self.units, num_stages)]
         if self.run_units is not None and num_stages != self.units:
             w = self.unit_weights
-            weights = None if w is None else {"time": w.flops, "bytes": w.saved_bytes, "params": w.param_bytes}[by]
-            if w is None and by == "time":  # (a model fake tensors cannot run: its split's FLOPs, if counted)
-                weights = self.split_weights
-            return _unit_shares(self.run_units, num_stages, weights, self.split_weights)
+            if w is not None and len(w.flops) == sum(self.run_units):
+                return _unit_shares(
+                    self.run_units, num_stages, lambda r: w.of_stage(r, by, self.recompute), self.split_weights
+                )
+            flops = self.split_weights if by == "time" else None  # (a model fake tensors cannot run: its split's FLOPs)
+            ones = (lambda r: [flops[u] for u in r]) if flops is not None else (lambda r: [1.0] * len(r))
+            return _unit_shares(self.run_units, num_stages, ones, self.split_weights)
         if num_stages < self.units:
             k = self.units // num_stages
             return [tuple((i, 1, 1) for i in range(j * k, (j + 1) * k)) for j in range(num_stages)]
@@ -210,8 +218,10 @@ class PlanInputs:
         stores): the units' shares weighted by their bytes (0 where not given)."""
         if not self.input_share or not self.act_bytes:
             return [0.0] * num_stages
-        freed = self.split([s * b for s, b in zip(self.input_share, self.act_bytes)], num_stages, "bytes")
-        return [f / b if b else 0.0 for f, b in zip(freed, self.act(num_stages))]
+        # what an I leaves held (its units' graph, recomputed or not) adds up unit by unit; what a
+        # stage keeps from its forward may not (recomputed: its input): freed = kept - held
+        held = self.split([(1 - s) * b for s, b in zip(self.input_share, self.act_bytes)], num_stages, "graph")
+        return [(b - h) / b if b else 0.0 for h, b in zip(held, self.act(num_stages))]
 
     def params(self, num_stages: int) -> list[float]:
         """Weights, gradients and optimizer state per stage, bytes (0 where not given)."""
@@ -231,31 +241,27 @@ class PlanInputs:
             k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k not in ("sampled", "measured_at")
         }
         if fields.get("unit_weights") is not None:
-            fields["unit_weights"] = UnitWeights(**{k: tuple(v) for k, v in fields["unit_weights"].items()})
+            fields["unit_weights"] = UnitWeights.from_json(fields["unit_weights"])
         return cls(**fields)
 
 
 def _unit_shares(
     run_units: tuple[int, ...],
     num_stages: int,
-    weights: tuple[float, ...] | None,
+    weigh: Callable[[range], list[float]],
     split_weights: tuple[float, ...] | None = None,
 ) -> list[tuple[tuple[int, float, float], ...]]:
     """Per stage of ``num_stages`` (the model's units split as `split_layers` splits them, by
     ``split_weights``), the (run stage, weight of its units taken, weight of all its units)
-    triples it holds; a unit weighs 1 without ``weights``, and so does every unit of a run
-    stage whose units weigh 0."""
+    triples it holds; ``weigh(units)``: each unit's weight in a stage that holds ``units``;
+    every unit of a run stage whose units weigh 0 weighs 1."""
     owner = [i for i, n in enumerate(run_units) for _ in range(n)]  # model unit -> run stage
-    weight = list(weights) if weights is not None and len(weights) == len(owner) else [1.0] * len(owner)
-    total = [0.0] * len(run_units)
-    for u, i in enumerate(owner):
-        total[i] += weight[u]
-    weight = [w if total[owner[u]] > 0 else 1.0 for u, w in enumerate(weight)]
-    total = [t if t > 0 else float(n) for t, n in zip(total, run_units)]
+    starts = [sum(run_units[:i]) for i in range(len(run_units))]
+    total = [sum(weigh(range(a, a + n))) for a, n in zip(starts, run_units)]
     out = []
     for r in split_layers(len(owner), num_stages, weights=split_weights):
         taken: dict[int, float] = {}
-        for u in r:
-            taken[owner[u]] = taken.get(owner[u], 0.0) + weight[u]
-        out.append(tuple((i, k, total[i]) for i, k in taken.items()))
+        for u, w in zip(r, weigh(r)):
+            taken[owner[u]] = taken.get(owner[u], 0.0) + (w if total[owner[u]] > 0 else 1.0)
+        out.append(tuple((i, k, total[i] if total[i] > 0 else float(run_units[i])) for i, k in taken.items()))
     return out

@@ -3,7 +3,18 @@ on sys.path). Importing this package hides the GPUs from the processes tests sta
 (helpers/gpus.py); helpers.wandb_file and helpers.slurm_cluster are imported by name."""
 
 from helpers.gpus import CUDA_DEVICES, GPU_ENV
-from helpers.run import DATA, PICTURED_1F1B, REPO, SharedRun, free_port, ppx, read_json, read_jsonl, torchrun_ppx
+from helpers.run import (
+    DATA,
+    PICTURED_1F1B,
+    REPO,
+    SharedRun,
+    free_port,
+    measured_peaks,
+    ppx,
+    read_json,
+    read_jsonl,
+    torchrun_ppx,
+)
 
 __all__ = [
     "CUDA_DEVICES",
@@ -13,6 +24,7 @@ __all__ = [
     "REPO",
     "SharedRun",
     "free_port",
+    "measured_peaks",
     "ppx",
     "read_json",
     "read_jsonl",

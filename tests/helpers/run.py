@@ -133,3 +133,14 @@ class SharedRuns:
         done = self.done[key][0]
         assert isinstance(done, SharedRun), done
         return done
+
+
+def measured_peaks(run: Path) -> list[float]:
+    """The run's peak bytes per rank as `ppx plan` predicts them (plan.json's ``peak_bytes``):
+    its saved activations and what its weights hold (weights, gradients, optimizer state)."""
+    from ppx.measure.weights_held import weights_held_bytes
+    from ppx.report.run_dir import RunDir
+
+    run = RunDir(run)
+    rows = run.raw_summary["ranks"]
+    return [r["peak_activation_bytes"] + weights_held_bytes(r["param_bytes"], run.config.train.optimizer) for r in rows]

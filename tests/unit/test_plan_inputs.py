@@ -324,3 +324,20 @@ def test_a_csv_that_puts_stage_0_on_rank_1_gives_each_stage_its_own_ranks_weight
     (tmp_path / "swapped.csv").write_text("1F0,1F1,1B0,1B1\n0F0,0F1,0B0,0B1\n")  # row r: rank r's list
     ran = _ran([50, 90], "sgd", f"pipeline.schedule={tmp_path / 'swapped.csv'}", "pipeline.microbatches=2")
     assert _run_params(ran, 2, None, None) == (2 * 90, 2 * 50)  # stage 0 on rank 1, stage 1 on rank 0
+
+
+def test_a_run_with_a_recompute_mode_per_stage_plans_its_own_stage_count_only():
+    """A candidate's command of another stage count had as many modes as the run had stages,
+    which its config checks refuse: it was ranked (best, at p=4) with peaks of mixed modes."""
+    from ppx import config
+    from ppx.commands.plan_inputs import _fixed_by, _recompute
+
+    cfg = config.load("llama_tiny_1f1b_2cpu", ["train.recompute=[none,full]"])
+    assert (_fixed_by(cfg), _recompute(cfg)) == ("train.recompute", "none")
+    cfg = config.load("llama_tiny_1f1b_2cpu", ["train.recompute=[full]"])
+    assert (_fixed_by(cfg), _recompute(cfg)) == (None, "full")
+    inputs = PlanInputs(fwd_s=(1.0, 1.0), bwd_s=(2.0, 2.0), wgrad_s=(0.0, 0.0), stages=2, fixed_stages=2)
+    assert replace(inputs, fixed_by="train.recompute").why_not(4) == (
+        "the run sets train.recompute for 2 stages: 4 cannot run"
+    )
+    assert replace(inputs, fixed_by="train.recompute").why_not(2) is None
