@@ -122,11 +122,11 @@ def _forward_unchecked(cfg) -> str | None:
     ran = module_chain.forward_run(cfg.model, mbs, described)
     if isinstance(ran, str):
         return (
-            f"{said} did not check that it only calls model.units in turn (nor could it run it on one tensor: {ran}): "
+            f"{said} did not check that it only calls model.units in turn (nor could it run it once: {ran}): "
             "ppx runs them so, whatever the forward does"
         )
     return (
-        f"{said} checked that it only calls model.units in turn by running it on step 0's first microbatch: a path "
+        f"{said} checked that it only calls model.units in turn by running it once, on one microbatch: a path "
         "another batch takes through it is not checked (ppx runs the units in turn, whatever the forward does)"
     )
 

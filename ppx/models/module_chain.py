@@ -67,11 +67,26 @@ def _watched(cfg, model: nn.Module, names: list[str], h, target) -> tuple[list, 
     return shapes, moved
 
 
+_RAN: dict[tuple[str, int], tuple | str] = {}  # forward_run's, by model section and microbatch size
+CPU_RUN_MAX_BYTES = 2**31  # the weights the CPU builds to run a forward meta cannot (2 GiB)
+
+
 def forward_run(cfg, microbatch_size: int, described: tuple | None = None) -> tuple[str | None, str | None] | str:
-    """`module_forward.run_once` of your forward (one torch.fx cannot trace) on step 0's first
-    microbatch, on the meta device, or on the CPU where meta cannot run it (control flow on a
-    value): (what it does besides calling its units in turn, the unit it calls with autograd off
-    that trains), or, where it fails as ppx calls it (one tensor), why."""
+    """`module_forward.run_once` of your forward (one torch.fx cannot trace) on a first
+    microbatch (seed 0, torch's generators given back), on the meta device, or on the CPU where
+    meta cannot run it (control flow on a value) and the weights are no more than
+    `CPU_RUN_MAX_BYTES`: (what it does besides calling its units in turn, the unit it calls
+    with autograd off that trains), or why it could not be run. Once per model section and size
+    in a process (the config's checks, then `ppx run`'s note)."""
+    key = (repr(cfg), microbatch_size)
+    if key not in _RAN:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            _RAN[key] = _forward_run(cfg, microbatch_size, described)
+    return _RAN[key]
+
+
+def _forward_run(cfg, microbatch_size: int, described: tuple | None) -> tuple[str | None, str | None] | str:
     from ppx.models import module_spec
     from ppx.models.module import whole
     from ppx.models.module_forward import run_once
@@ -83,6 +98,11 @@ def forward_run(cfg, microbatch_size: int, described: tuple | None = None) -> tu
     except Exception as e:
         if not module_spec.meta_refused(e):
             return said(e)
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    if size > CPU_RUN_MAX_BYTES:
+        return (
+            f"the meta device cannot run it, and its weights ({size / 2**30:.1f} GiB) are too many to run it on the CPU"
+        )
     try:
         return run_once(whole(cfg, 0)[0], names, x)
     except Exception as e:

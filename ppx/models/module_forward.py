@@ -6,7 +6,7 @@ scale, a cast, another order, a unit called twice) would train another model tha
 Read from the forward's graph, traced with the units as leaves (`torch.fx`, on the model built
 on the meta device: no memory, no compute). Work whose result reaches neither a unit nor the
 output (a print of a shape) is left alone. The graph does not show a unit called under
-``torch.no_grad()``: the tracer notes the grad mode at each unit's call (`without_grad`). A
+``torch.no_grad()``: the tracer notes the grad mode at each unit's call (`traced_checks`). A
 forward torch.fx cannot trace (Python control flow on values, ...; `untraced` says why) is run
 once instead, with hooks on its units (`run_once`): the path that input takes is checked."""
 
@@ -71,14 +71,19 @@ def untraced(module: nn.Module, names: list[str]) -> str | None:
     return got if isinstance(got, str) else None
 
 
-def problem(module: nn.Module, names: list[str]) -> str | None:
-    """What the forward does besides calling ``names`` in turn and returning the last one's
-    output (alone, or first of a tuple or list), in words, or None where it does only that (or
-    cannot be traced: `untraced`)."""
+def traced_checks(module: nn.Module, names: list[str]) -> tuple[str | None, str | None] | str:
+    """(What the forward does besides calling ``names`` in turn and returning the last one's
+    output, alone or first of a tuple or list, in words; the first unit it calls under
+    ``torch.no_grad()`` whose parameters, or those of a unit before it, train: no gradient
+    reaches them through it, where ppx's chain of units would train them), each None where
+    there is none, from one trace of the forward; or why torch.fx cannot trace it."""
     traced = trace(module, names)
     if isinstance(traced, str):
-        return None
-    graph, _ = traced
+        return traced
+    return _problem(traced[0], names), _first_training(module, names, traced[1])
+
+
+def _problem(graph: fx.Graph, names: list[str]) -> str | None:
     nodes = list(graph.nodes)
     calls = [n for n in nodes if n.op == "call_module" and n.target in names]
     order = [n.target for n in calls]
@@ -113,14 +118,6 @@ def problem(module: nn.Module, names: list[str]) -> str | None:
     return None
 
 
-def without_grad(module: nn.Module, names: list[str]) -> str | None:
-    """The first unit the forward calls under ``torch.no_grad()`` whose parameters, or those of
-    a unit before it, train (no gradient reaches them through it, where ppx's chain of units
-    would train them), or None (where the forward cannot be traced: `untraced`)."""
-    traced = trace(module, names)
-    return _first_training(module, names, [] if isinstance(traced, str) else traced[1])
-
-
 def _first_training(module: nn.Module, names: list[str], off: list[str]) -> str | None:
     """The first of ``off`` (units called with autograd off) that trains, or a unit before it."""
     for name in off:
@@ -132,8 +129,8 @@ def _first_training(module: nn.Module, names: list[str], off: list[str]) -> str 
 
 def run_once(module: nn.Module, names: list[str], x: torch.Tensor) -> tuple[str | None, str | None]:
     """(What the forward does besides calling ``names`` in turn and returning the last one's
-    output, as `problem` says it; the unit it calls with autograd off that trains, as
-    `without_grad`), each None where there is none, from one run of the forward on ``x`` with
+    output; the unit it calls with autograd off that trains: as `traced_checks` says them),
+    each None where there is none, from one run of the forward on ``x`` with
     hooks on its units: each call's order, grad mode and input (the tensor the unit before
     returned, not changed in place since), and the forward's output. For a forward torch.fx
     cannot trace; its other inputs' paths are not seen. Its exceptions are the caller's."""
@@ -141,14 +138,19 @@ def run_once(module: nn.Module, names: list[str], x: torch.Tensor) -> tuple[str 
     last = {"t": x, "version": x._version}
 
     def before(m, args, kwargs, name):
-        handed = len(args) == 1 and not kwargs and args[0] is last["t"] and args[0]._version == last["version"]
+        handed = len(args) == 1 and not kwargs and args[0] is last["t"]
+        handed = handed and getattr(args[0], "_version", None) == last["version"]
         calls.append((name, torch.is_grad_enabled(), handed))
 
     def after(m, args, kwargs, out, name):
         last["t"], last["version"] = out, getattr(out, "_version", None)
 
     subs = dict(module.named_modules())
-    hooks = [subs[n].register_forward_pre_hook(functools.partial(before, name=n), with_kwargs=True) for n in names]
+    # (before any hook of the unit's own, which may hand it something else, as it does in the run too)
+    hooks = [
+        subs[n].register_forward_pre_hook(functools.partial(before, name=n), with_kwargs=True, prepend=True)
+        for n in names
+    ]
     hooks += [subs[n].register_forward_hook(functools.partial(after, name=n), with_kwargs=True) for n in names]
     try:
         with contextlib.redirect_stdout(io.StringIO()), torch.enable_grad():

@@ -241,13 +241,12 @@ def check(cfg) -> None:
     mbs = cfg.train.batch_size // cfg.parallel.data // p.microbatches  # (>= 1: rules.check_parallel ran first)
     (unit_shapes if on_torch else boundary)(m, mbs, (module, names))
     from ppx.models.module_chain import forward_run
-    from ppx.models.module_forward import problem, untraced, without_grad
+    from ppx.models.module_forward import traced_checks
 
-    if untraced(module, names) is None:
-        wrong, frozen = problem(module, names), without_grad(module, names)
-    else:  # (run once instead: the path step 0's first microbatch takes; one that fails is left to the run)
-        ran = forward_run(m, mbs, (module, names))
-        wrong, frozen = (None, None) if isinstance(ran, str) else ran
+    checked = traced_checks(module, names)
+    if isinstance(checked, str):  # (run once instead: the path one microbatch takes; one that fails is noted)
+        checked = forward_run(m, mbs, (module, names))
+    wrong, frozen = (None, None) if isinstance(checked, str) else checked
     if frozen:
         raise UserError(
             f"model.module={m.module}: its forward calls unit {frozen} with autograd off (torch.no_grad(), "

@@ -93,7 +93,9 @@ class _Chain(nn.Module):
     branch (Python control flow on a value, a branch never taken: torch.fx cannot trace it), in_place (doubles the
     last block's output in place), masked (an optional mask, None as ppx calls it), no_grad
     (calls blocks.1 under torch.no_grad()), frozen_inp (calls inp, whose parameters are frozen,
-    under torch.no_grad(): a frozen feature extractor); ways joined by + do each (branch+skip)."""
+    under torch.no_grad(): a frozen feature extractor), dim_branch (control flow on a shape, which
+    the meta device runs), fails_alone (raises, as a forward needing more than one tensor),
+    hooked (blocks.1 with a pre-hook of its own); ways joined by + do each (branch+skip)."""
 
     def __init__(self, way: str, width: int = 16):
         super().__init__()
@@ -102,6 +104,8 @@ class _Chain(nn.Module):
         self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(3))
         if "frozen_inp" in self.way:
             self.inp.requires_grad_(False)
+        if "hooked" in self.way:  # (its own pre-hook hands it a new tensor, in the run as in the check)
+            self.blocks[1].register_forward_pre_hook(lambda m, a: (a[0] * 1,))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None):
         with torch.set_grad_enabled("frozen_inp" not in self.way):
@@ -118,6 +122,10 @@ class _Chain(nn.Module):
             h = h + first
         if "branch" in self.way and h.abs().sum() < 0:  # (never taken: the path run is the chain's)
             h = -h
+        if "dim_branch" in self.way and h.dim() > 5:  # (torch.fx cannot trace it; meta runs it)
+            h = -h
+        if "fails_alone" in self.way:
+            raise RuntimeError("it needs its mask")
         if "in_place" in self.way:
             h.mul_(2)
         out = self.out(h)
@@ -346,7 +354,7 @@ class _Keyed(nn.Module):
 
     def __init__(self, holder: bool):
         super().__init__()
-        blocks = nn.ModuleDict({k: _block(16, 0.0) for k in ("first", "second", "third")})
+        blocks = nn.ModuleDict({k: _block(16, 0.0) for k in ("second", "first", "third")})  # (not sorted)
         if holder:
             self.parts = nn.Module()
             self.parts.blocks = blocks

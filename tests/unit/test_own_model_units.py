@@ -25,7 +25,7 @@ def test_a_moduledict_stands_for_its_children_in_its_order():
     from ppx.models import module, module_spec
 
     cfg = config.load(KEYED[0], [*KEYED[1:], "model.units=[blocks,head]"])
-    names = ["blocks.first", "blocks.second", "blocks.third", "head"]
+    names = ["blocks.second", "blocks.first", "blocks.third", "head"]  # (the dict's order, not sorted)
     assert module_spec.described(cfg.model)[1] == names and cfg.model.layers == 4
     stage = module.build_stage(cfg.model, 0, 1, 2, range(2, 4))  # the third block and the head
     assert [n for n, _ in stage.named_parameters()] == [
@@ -63,13 +63,21 @@ CHAIN += ["model.units=[inp,blocks,out]", "model.hidden=16", "model.layers=5"]
         ("scaled", "returns another tensor than the last unit's output"),
     ],
 )
-def test_a_forward_torch_fx_cannot_trace_is_checked_by_running_it(way, said):
-    """A forward with control flow on a value (which torch.fx cannot trace) is run once on the
-    first microbatch with hooks on its units, on the CPU where meta cannot run it: what it does
-    besides calling them in turn is refused as a traced one is (it was not checked at all)."""
+@pytest.mark.parametrize("branch", ["branch", "dim_branch"])
+def test_a_forward_torch_fx_cannot_trace_is_checked_by_running_it(way, said, branch):
+    """A forward with control flow on a value or a shape (which torch.fx cannot trace) is run once
+    on a first microbatch with hooks on its units, on the meta device or, where meta cannot run
+    it (a value), on the CPU: what it does besides calling them in turn is refused as a traced
+    one is (it was not checked at all)."""
     with pytest.raises(UserError) as e:
-        config.load(CHAIN[0], [*CHAIN[1:], f"model.args={{way: branch+{way}}}"])
+        config.load(CHAIN[0], [*CHAIN[1:], f"model.args={{way: {branch}+{way}}}"])
     assert str(e.value).startswith(f"model.module=helpers.own_module:chain: its forward {said}"), str(e.value)
+
+
+def test_a_unit_whose_own_pre_hook_hands_it_a_new_tensor_is_no_mistake():
+    """ppx's split calls the unit, so its hooks run there too: the check sees what the unit
+    before handed it, before the unit's own hook."""
+    config.load(CHAIN[0], [*CHAIN[1:], "model.args={way: branch+hooked}"])
 
 
 def test_an_untraced_forward_that_calls_a_training_unit_without_grad_is_refused():
@@ -85,6 +93,11 @@ def test_the_note_on_an_untraced_forward_says_how_far_it_was_checked():
     note = _forward_unchecked(config.load(CHAIN[0], [*CHAIN[1:], "model.args={way: branch}"]))
     assert note.startswith("ppx: note: torch.fx cannot trace the forward of model.module=helpers.own_module:chain (")
     assert note.endswith(
-        "so ppx checked that it only calls model.units in turn by running it on step 0's first microbatch: a path "
+        "so ppx checked that it only calls model.units in turn by running it once, on one microbatch: a path "
         "another batch takes through it is not checked (ppx runs the units in turn, whatever the forward does)"
     )
+    note = _forward_unchecked(config.load(CHAIN[0], [*CHAIN[1:], "model.args={way: branch+fails_alone}"]))
+    assert note.endswith(
+        "so ppx did not check that it only calls model.units in turn (nor could it run it once: RuntimeError: it "
+        "needs its mask): ppx runs them so, whatever the forward does"
+    ), note
