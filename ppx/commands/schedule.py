@@ -9,13 +9,21 @@ from ppx.schedules.ir.structure import drain_keeps
 from ppx.schedules.ir.sum_order import out_of_order_note
 
 
-def _own_order(path: str, sched, costs, transport: str) -> str:
+def _has_comms(path: str) -> bool:
+    """Whether the CSV at ``path`` places its own sends and receives."""
+    from ppx import schedules
+
+    return any(a.op.is_comm for row in schedules.read_csv(path).actions for a in row)
+
+
+def _own_order(has_comms: bool, sched, costs, transport: str) -> str:
     """For a CSV: the bubble of its compute order with ppx's placement, beside the one of its
-    own sends and receives when it has them (early receives can hold a rank back on NCCL)."""
+    own sends and receives when it has them (``has_comms``: early receives can hold a rank
+    back on NCCL)."""
     from ppx import schedules
     from ppx.schedules.placing.placement import place_comms
 
-    if not any(a.op.is_comm for row in schedules.read_csv(path).actions for a in row):
+    if not has_comms:
         return " (a CSV order: no theory; this is its own bubble)"
     own = schedules.simulate(place_comms(sched.compute_only(), transport), costs, transport).bubble_fraction()
     return (
@@ -40,6 +48,7 @@ def cmd_schedule(args) -> int:
     full = sched
     if args.drain:
         sched = drain_list(sched, args.transport)
+    own_comms = schedules.is_csv(args.name) and _has_comms(args.name)  # (read before --csv may write over it)
     with_comms = _write_csv(args, sched) if args.csv else False
     if args.wgrad is None:  # a split backward's W shows in the grid, as the theory (t_f = t_b = t_w) counts it
         args.wgrad = int(any(a.op is Op.W for row in sched.actions for a in row))
@@ -66,7 +75,7 @@ def cmd_schedule(args) -> int:
     sim = timeline.bubble_fraction()
     line = f"bubble (idle share of the step): simulated {sim:.1%}"
     if schedules.is_csv(args.name):
-        line += _own_order(args.name, sched, costs, args.transport)
+        line += _own_order(own_comms, sched, costs, args.transport)
     drained = sched.actions != full.actions
     if drained:
         own = schedules.simulate(full, costs, args.transport).bubble_fraction()

@@ -51,6 +51,9 @@ def test_a_csv_with_torchs_own_comms_prints_the_orders_own_bubble_too(tmp_path):
     # (torch's LoopedBFS runs each stage's backwards from the last microbatch to the first)
     assert note.startswith(f"note: {path} adds stage 4's weight gradients of microbatch 5 after microbatch 7's: ")
     assert "with the CSV's own sends and receives on nccl; 15.8% with ppx's placement of the same compute order" in line
+    # written over itself without its sends and receives: the bubble line reads the order it was given
+    again = ppx("schedule", str(path), "--csv", str(path))
+    assert again.returncode == 0 and f"{line}\n" in again.stdout, again.stdout + again.stderr
 
 
 def test_torchs_deferred_receives_for_zbv_are_refused_with_the_way_out(tmp_path):
