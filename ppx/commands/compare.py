@@ -38,7 +38,7 @@ def cmd_compare(args) -> int:
 
             run = next((q for q in out.resolve().parents if is_run_folder(q)), None)
         if run is not None:
-            inside = f"{'a file' if out.is_file() else 'a folder'} inside the run {run}"
+            inside = f"{'a file' if out.is_file() else 'a folder' if out.exists() else 'a path'} inside the run {run}"
             what = "a run's folder" if run.resolve() == out.resolve() else inside
             raise UserError(f"--out {out} is {what}; ppx never writes into a run (choose another --out)")
         if out.is_file():

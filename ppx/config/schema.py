@@ -150,8 +150,9 @@ class ModelConfig:
     units: Optional[List[str]] = _f(
         None,
         "module: the submodules (dotted names) your model's forward calls in turn, the split's units: a ModuleList, "
-        "ModuleDict or Sequential name stands for its children (a ModuleDict's in its order); null: the model's own children, each one unit (a Sequential "
-        "among them too), if it is an nn.Sequential; model.layers is set to their number",
+        "ModuleDict or Sequential name stands for its children (a ModuleDict's in its order); null: the model's own "
+        "children, each one unit (a Sequential among them too), if it is an nn.Sequential; model.layers is set to "
+        "their number",
     )
     split_points: Optional[List[str]] = _f(
         None,

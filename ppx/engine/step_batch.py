@@ -40,8 +40,8 @@ class StepBatches:
         elif shapes != self.first[1]:
             first, was = self.first
             raise UserError(
-                f"{where} on rank {self.rank}: step {step}'s inputs and targets are {shapes[0]} and {shapes[1]}, where step {first}'s "
-                f"were {was[0]} and {was[1]}; ppx builds its stages for the first step's batch (the microbatches, "
-                "what they send): keep a batch's shapes and dtypes fixed (pad to one length)"
+                f"{where} on rank {self.rank}: step {step}'s inputs and targets are {shapes[0]} and {shapes[1]}, "
+                f"where step {first}'s were {was[0]} and {was[1]}; ppx builds its stages for the first step's batch "
+                "(the microbatches, what they send): keep a batch's shapes and dtypes fixed (pad to one length)"
             )
         return x, y

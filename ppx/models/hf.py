@@ -188,7 +188,8 @@ def _mask(make, config_hf, h: torch.Tensor, pos: torch.Tensor):
     """A layer type's attention mask for ``h``'s shape (None where SDPA's causal flag does its
     work). On fake tensors (`ppx.plan.unit_weights`) transformers takes its tracing path, a
     mask where a real run has none (and, beside it, K and V repeated over the query heads): so
-    there it is made on a real tensor of that shape, taking no memory (an expanded zero)."""
+    there it is made on a real input of that shape, an expanded zero (the mask itself, where a
+    layer has one, a sliding window's, is real memory: one per shape)."""
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
     if not isinstance(h, FakeTensor):

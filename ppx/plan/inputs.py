@@ -11,9 +11,10 @@ each candidate's per-stage values:
   them (``split_weights``: the run's pipeline.balance; a candidate stage may take units of two
   run stages: llama-tiny's 6 units run as 2, 1, 1, 2 at 4 stages, not in halves of the run's
   3 and 3), each unit taking its share of its run stage's values by its weight
-  (``unit_weights``, `ppx.plan.unit_weights`: forward FLOPs for times, saved bytes for
-  activations, parameter bytes for weights; without them, the split's own FLOPs for times,
-  else equal shares).
+  (``unit_weights``, `ppx.plan.unit_weights`: forward FLOPs for times, the bytes a stage
+  holding it keeps for activations (under the run's ``recompute``: a recomputed stage keeps its
+  input), parameter bytes for weights (a tied weight once a stage); without them, the split's
+  own FLOPs for times, else equal shares).
 """
 
 from __future__ import annotations
@@ -118,8 +119,9 @@ class PlanInputs:
                     self.run_units, num_stages, lambda r: w.of_stage(r, by, self.recompute), self.split_weights
                 )
             flops = self.split_weights if by == "time" else None  # (a model fake tensors cannot run: its split's FLOPs)
-            ones = (lambda r: [flops[u] for u in r]) if flops is not None else (lambda r: [1.0] * len(r))
-            return _unit_shares(self.run_units, num_stages, ones, self.split_weights)
+            if flops is None or len(flops) != sum(self.run_units):
+                flops = (1.0,) * sum(self.run_units)
+            return _unit_shares(self.run_units, num_stages, lambda r: [flops[u] for u in r], self.split_weights)
         if num_stages < self.units:
             k = self.units // num_stages
             return [tuple((i, 1, 1) for i in range(j * k, (j + 1) * k)) for j in range(num_stages)]

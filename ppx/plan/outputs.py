@@ -60,7 +60,8 @@ def _inputs_lines(inputs: PlanInputs) -> list[str]:
     ]
     if inputs.run_units is not None:
         how = (
-            "each weighed by its forward FLOPs (times), saved bytes (activations) and parameter bytes"
+            "each weighed by its forward FLOPs (times), the bytes a stage holding it keeps (activations, under the "
+            "run's train.recompute) and its parameter bytes (a tied weight held once a stage)"
             if inputs.unit_weights is not None
             else "in equal shares (the model's units could not be weighed)"
         )

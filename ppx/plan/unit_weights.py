@@ -2,7 +2,9 @@
 against the others, for a plan that regroups a run's measured stages into other stages
 (`PlanInputs.parts`): each unit's forward FLOPs (its share of a stage's time), the bytes its
 forward saves for the backward (its share of a stage's activations, parameters left out, as
-the run's memory counters leave them out) and its parameter bytes.
+the run's memory counters leave them out) and its parameter bytes; and, for stages whose
+values do not add up unit by unit (`UnitWeights.of_stage`), its input's bytes and the outputs
+selective recomputation keeps, and the weights units share (tied).
 
 They come from one forward of a microbatch through the model, unit by unit, built under
 ``FakeTensorMode``: tensors with shapes and no storage, so a model of billions of parameters

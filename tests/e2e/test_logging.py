@@ -249,7 +249,7 @@ def test_small_sweep_and_compare(tmp_path):
     assert into_run.returncode == 2 and into_run.stderr.count("\n") == 1, into_run.stderr
     assert f"--out {run} is a run's folder; ppx never writes into a run" in into_run.stderr
     below = ppx("compare", str(sweep), "--out", str(run / "tb" / "cmp"))  # nor into a folder of a run
-    assert below.returncode == 2 and f"is a folder inside the run {run};" in below.stderr, below.stderr
+    assert below.returncode == 2 and f"is a path inside the run {run};" in below.stderr, below.stderr
     assert {f: f.read_bytes() for f in run.rglob("*") if f.is_file()} == files
 
 

@@ -208,6 +208,15 @@ def test_plan_json_inputs_read_back():
     )
     back = PlanInputs.from_json(json.loads(json.dumps(inputs.to_json())))
     assert back == replace(inputs, samples=None)
+    # what a stage keeps under recomputation and the tied weights, and a per-stage recompute run's key
+    w = replace(w, input_bytes=(8.0, 6.0), kept_bytes=(0.0, 5.0), target_bytes=2.0, shared=(((0, 1), 1.0),))
+    inputs = replace(inputs, unit_weights=w, recompute="full", fixed_stages=1, fixed_by="train.recompute")
+    back = PlanInputs.from_json(json.loads(json.dumps(inputs.to_json())))
+    assert back == replace(inputs, samples=None) and back.unit_weights.of_stage(range(2), "params") == [3.0, 1.0]
+    old = json.loads(json.dumps(inputs.to_json()))  # (a plan.json from before they were kept)
+    for key in ("input_bytes", "kept_bytes", "target_bytes", "shared"):
+        del old["unit_weights"][key]
+    assert PlanInputs.from_json(old).unit_weights.of_stage(range(2), "bytes", "full") == [1.0, 10.0]
 
 
 def test_a_drain_runs_measured_b_prices_the_bs_of_every_candidate():
