@@ -74,11 +74,24 @@ RUNS = {
         "train.recompute=selective",
         "train.split_backward=graph",
     ],
+    # a Hugging Face model's rotary tables, each microbatch's own as its forward makes them
+    # (shared by every microbatch, they were held once and predicted once a microbatch: +9.6%)
+    "hf-llama-one-head-gpipe": [
+        "hf_llama_tiny_1f1b_2cpu",
+        "model.layers=2",
+        "model.heads=1",
+        "model.hf_overrides.num_key_value_heads=1",
+        "train.batch_size=8",
+        "pipeline.schedule=gpipe",
+        "pipeline.microbatches=8",
+    ],
 }
 
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_predicted_peak_saved_bytes_match_the_measured(shared_run, name):
+    if name.startswith("hf-"):
+        pytest.importorskip("transformers")
     # read only: test_beyond_1f1b.py reads the DualPipeV run's timeline too
     run = shared_run(*RUNS[name], "train.steps=2")
     d, r = run.dir, run.result
