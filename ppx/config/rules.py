@@ -42,9 +42,16 @@ def check_stage_count(cfg: Config) -> None:
         raise ScheduleError(why)  # (before the count it gives meets the layers)
     if p.layers_per_stage is not None:
         return  # (checked against the stages)
-    n = p.stages * (schedules.default_virtual(p.schedule) if p.virtual_stages is None else p.virtual_stages)
+    v = schedules.default_virtual(p.schedule) if p.virtual_stages is None else p.virtual_stages
+    n = p.stages * v
     if n > models.unit_count(cfg.model):
-        models.stage_units(cfg.model, n)  # raises the split's line
+        try:
+            models.stage_units(cfg.model, n)  # raises the split's line
+        except UserError as e:  # (several stages a rank: the count is theirs, not pipeline.stages)
+            if v == 1 or not str(e).startswith(f"{n} stages "):
+                raise
+            each = f"pipeline.stages={p.stages} x {v} stages a rank, {p.schedule}"
+            raise UserError(f"{n} stages ({each}){str(e)[len(f'{n} stages') :]}") from None
 
 
 def check_shape(cfg: Config) -> None:
