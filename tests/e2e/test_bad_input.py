@@ -21,10 +21,6 @@ CASES = {
         "train.batch_size=30 is not divisible by pipeline.microbatches=4",
     ),
     "more stages than layers": (["gpipe_2cpu", "pipeline.stages=8", "model.layers=4"], "8 stages but model.layers=4"),
-    "more stages than layers on a V": (  # (it said "4 stages" of a run of pipeline.stages=2)
-        ["gpipe_2cpu", "pipeline.schedule=zbv", "model.layers=2"],
-        "4 stages (pipeline.stages=2 x 2 stages a rank, zbv) but model.layers=2: every stage needs at least one layer",
-    ),
     "bad split": (["gpipe_2cpu", "pipeline.layers_per_stage=[3,3]"], "must be positive and sum to model.layers=4"),
     "unknown model": (["gpipe_2cpu", "model.kind=rnn"], "model.kind: Invalid value 'rnn'"),
     "unknown experiment": (["no_such_experiment"], "unknown experiment 'no_such_experiment'; choose from"),

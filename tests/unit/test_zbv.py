@@ -12,7 +12,7 @@ from helpers.schedule_checks import UNIT, peak_in_flight
 from helpers.schedule_checks import own_timeline as timeline
 from helpers.torch_orders import torch_order
 from ppx import config
-from ppx.errors import ScheduleError
+from ppx.errors import ScheduleError, UserError
 from ppx.schedules import Costs, registry, simulate
 from ppx.schedules.families.zbv import v_stage_to_rank, zbv
 from ppx.schedules.grid import render_grid
@@ -130,3 +130,9 @@ def test_two_stages_per_rank_always():
         config.load(None, ["pipeline.schedule=zbv", "pipeline.virtual_stages=3", "pipeline.stages=2"])
     cfg = config.load(None, ["pipeline.schedule=zbv", "pipeline.stages=2", "pipeline.microbatches=4"])
     assert config.virtual_stages(cfg) == 2 and config.resolve_schedule(cfg).stage_to_rank == (0, 1, 1, 0)
+    # more stages than layers: the count named as the V makes it (it said "4 stages" of pipeline.stages=2)
+    with pytest.raises(UserError) as e:
+        config.load(None, ["pipeline.schedule=zbv", "pipeline.stages=2", "model.layers=2"])
+    assert str(e.value) == (
+        "4 stages (pipeline.stages=2 x 2 stages a rank, zbv) but model.layers=2: every stage needs at least one layer"
+    )
