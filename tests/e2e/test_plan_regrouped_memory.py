@@ -13,9 +13,6 @@ from helpers import measured_peaks, ppx
 
 SHORT = ["train.steps=2", "train.batch_size=8"]
 CASES = {
-    # the first unit's input and the last's targets one microbatch's, as the run's (a view had
-    # counted the whole batch's: rank 0's peak 14% over)
-    "mlp at 4 stages": (["1f1b_2cpu", "model.hidden=16"], ["--stages", "4", "-m", "4", "--schedules", "1f1b"]),
     # a recomputed stage keeps its input (and the targets): not its units' saved bytes in
     # shares (a block alone predicted 2% of its kept input: rank 1 -14%, -72% at 256 tokens)
     "llama under full recompute at 4 stages": (
