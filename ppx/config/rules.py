@@ -44,14 +44,9 @@ def check_stage_count(cfg: Config) -> None:
         return  # (checked against the stages)
     v = schedules.default_virtual(p.schedule) if p.virtual_stages is None else p.virtual_stages
     n = p.stages * v
-    if n > models.unit_count(cfg.model):
-        try:
-            models.stage_units(cfg.model, n)  # raises the split's line
-        except UserError as e:  # (several stages a rank: the count is theirs, not pipeline.stages)
-            if v == 1 or not str(e).startswith(f"{n} stages "):
-                raise
-            each = f"pipeline.stages={p.stages} x {v} stages a rank, {p.schedule}"
-            raise UserError(f"{n} stages ({each}){str(e)[len(f'{n} stages') :]}") from None
+    if n > models.unit_count(cfg.model):  # the split's line (several stages a rank: the count is theirs)
+        counted = f"pipeline.stages={p.stages} x {v} stages a rank, {p.schedule}" if v > 1 else ""
+        models.stage_units(cfg.model, n, counted=counted)
 
 
 def check_shape(cfg: Config) -> None:

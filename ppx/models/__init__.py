@@ -44,14 +44,15 @@ def unit_count(model) -> int:
     return model.layers + extra_units(model.kind)
 
 
-def stage_units(model, num_stages: int, per_stage=None, balance: str = "units") -> list:
+def stage_units(model, num_stages: int, per_stage=None, balance: str = "units", counted: str = "") -> list:
     """Each stage's range of ``model``'s split units (llama's: [embedding, blocks..., head]),
     as ppx splits it into ``num_stages`` (``per_stage``: pipeline.layers_per_stage, or None:
-    by ``balance``, pipeline.balance); UserError for a split that cannot be."""
+    by ``balance``, pipeline.balance); UserError for a split that cannot be (``counted``: how
+    the stage count came, for its line)."""
     from ppx.models.split import split_layers
 
     weights = split_weights(model, balance)
-    return split_layers(model.layers, num_stages, per_stage, extra_units(model.kind), weights)
+    return split_layers(model.layers, num_stages, per_stage, extra_units(model.kind), weights, counted)
 
 
 def split_of(cfg, num_stages: int) -> list:

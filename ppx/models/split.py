@@ -15,12 +15,14 @@ def split_layers(
     per_stage: Sequence[int] | None = None,
     extra: int = 0,
     weights: Sequence[float] | None = None,
+    counted: str = "",
 ) -> list[range]:
     """Unit index ranges, one per stage, over ``layers`` blocks plus the kind's ``extra`` units
     (`ppx.models.extra_units`: llama's embedding and head, then units are [embedding, blocks...,
     head]). Even: the first ``units % stages`` stages get one unit more. Balanced (``weights``,
     one per unit): `balanced_counts`. Explicit: ``per_stage`` lists the units of each stage
-    (each >= 1, summing to ``layers + extra``)."""
+    (each >= 1, summing to ``layers + extra``). ``counted``: how the stage count came, for its
+    line (several stages a rank)."""
     units = layers + extra
     what = (
         f"model.layers={layers}"
@@ -37,7 +39,8 @@ def split_layers(
     else:
         if stages > units:
             unit = "one layer" if not extra else "one unit"
-            raise UserError(f"{stages} stages but {what}: every stage needs at least {unit}")
+            how = f" ({counted})" if counted else ""
+            raise UserError(f"{stages} stages{how} but {what}: every stage needs at least {unit}")
         counts = even_counts(units, stages)
         if weights is not None and len(weights) == units:
             counts = list(balanced_counts(tuple(float(w) for w in weights), stages))
