@@ -138,6 +138,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
     transport, lookahead = transport_of(run.config, (run.env or {}).get("backend", "gloo"))
     units = _run_units(run.config, stages, run.raw_summary.get("units_per_stage"))
     weights = unit_weights(run.config) if units else None
+    fixed_by = _fixed_by(run.config)
     inputs = PlanInputs(
         fwd_s=tuple(c.fwd),
         bwd_s=tuple(c.bwd),
@@ -162,8 +163,8 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         split_known=split_known,
         whole_stages=whole,
         max_stages=_max_stages(run.config),
-        fixed_stages=stages if _fixed_by(run.config) else None,
-        fixed_by=_fixed_by(run.config) or "pipeline.layers_per_stage",
+        fixed_stages=stages if fixed_by else None,
+        fixed_by=fixed_by or "pipeline.layers_per_stage",
         run_units=units,
         recompute=_recompute(run.config),
         unit_weights=weights,
@@ -183,8 +184,10 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
 def _recompute(cfg) -> str:
     """The run's train.recompute as one mode ("none" where it gives one per stage: its own
     stage count only, `_fixed_by`)."""
-    modes = cfg.train.recompute
-    return modes if isinstance(modes, str) else modes[0] if len(modes) == 1 else "none"
+    from ppx.models.costs import recompute_modes
+
+    modes = recompute_modes(cfg.train.recompute, None)  # (a mode, or [mode], is one)
+    return modes[0] if len(modes) == 1 else "none"
 
 
 def _fixed_by(cfg) -> str | None:
@@ -192,8 +195,9 @@ def _fixed_by(cfg) -> str | None:
     count (a candidate's command of another has as many values as the run had stages), or None."""
     if cfg.pipeline.layers_per_stage:
         return "pipeline.layers_per_stage"
-    modes = cfg.train.recompute
-    return "train.recompute" if not isinstance(modes, str) and len(modes) > 1 else None
+    from ppx.models.costs import recompute_modes
+
+    return "train.recompute" if len(recompute_modes(cfg.train.recompute, None)) > 1 else None
 
 
 def _run_params(run, stages: int, units: tuple[int, ...] | None, weights) -> tuple[float, ...] | None:

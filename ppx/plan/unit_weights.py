@@ -86,12 +86,14 @@ def _weigh(cfg) -> UnitWeights:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ppx import models
+    from ppx.engine.precision import DTYPES
 
     kind = models.kind(cfg.model.kind)
     n = models.unit_count(cfg.model)
     x, target = kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, 0)
     size = cfg.train.batch_size // (cfg.pipeline.microbatches * cfg.parallel.data)
-    compute = {"bf16": 2, "fp16": 2}.get(cfg.train.dtype)  # (bytes of a float in the compute dtype)
+    # (bytes of a float in a mixed run's compute dtype)
+    compute = None if cfg.train.dtype == "fp32" else DTYPES[cfg.train.dtype].itemsize
     rows, held = [], {}
     with FakeTensorMode(allow_non_fake_inputs=True) as fake, torch.enable_grad():
         # (each microbatch its own tensor, as the run's are: a view would count the whole batch's storage)
