@@ -103,8 +103,9 @@ class Precision:
         return torch.autocast(self.device.type, dtype=self.dtype)
 
     def boundary_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        """The dtype a boundary of ``dtype`` travels in: the compute dtype if floating."""
-        return self.dtype if dtype.is_floating_point else dtype
+        """The dtype a boundary of ``dtype`` travels in: in a mixed dtype, the compute dtype if
+        floating (the stage casts its output: `StageRunner`); in fp32, its own (a unit may hand on float64)."""
+        return self.dtype if self.mixed and dtype.is_floating_point else dtype
 
     def loss_multiplier(self) -> float:
         """What the last stage multiplies its loss by before backward (the fp16 loss scale)."""

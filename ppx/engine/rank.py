@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ppx import models
-from ppx.config import Config
+from ppx.config import Config, resolve_schedule
 from ppx.engine.data_parallel import DataParallel
 from ppx.engine.linears import StepWeights
 from ppx.engine.precision import Precision
@@ -251,13 +251,17 @@ def microbatch_keys(cfg: Config, data_parallel: DataParallel | None = None):
     return lambda step, mb: microbatch_key(seed, step, replica, mb)
 
 
-def sample_microbatch(cfg: Config, precision: Precision, microbatches: int, device) -> SampleMicrobatch:
+def sample_microbatch(
+    cfg: Config, precision: Precision, microbatches: int, device, num_stages: int | None = None
+) -> SampleMicrobatch:
     """A microbatch of the run's shapes, for the split backward's trial forward; its
-    ``boundary`` is what travels between stages (shape, in the compute dtype)."""
+    ``boundaries`` are what each stage but the last hands the next (shape, floats in the
+    compute dtype), of ``num_stages`` (None: the config's)."""
     kind = models.kind(cfg.model.kind)
     mb_size = microbatch_size(cfg, microbatches)
-    shape, dtype = kind.boundary(cfg.model, mb_size)
-    return SampleMicrobatch(cfg, kind, mb_size, (shape, precision.boundary_dtype(dtype)), device)
+    n = num_stages if num_stages is not None else resolve_schedule(cfg).num_stages
+    handed = [(shape, precision.boundary_dtype(dtype)) for shape, dtype in models.handed_on(cfg, n, mb_size)]
+    return SampleMicrobatch(cfg, kind, mb_size, handed, device)
 
 
 def build_rank(
@@ -291,8 +295,7 @@ def build_rank(
         if modes[s] != "none" and schedule.training
     }
     runners = build_runners(cfg, modules, num_stages, m, precision, split, schedule.training, recompute)
-    sample = sample_microbatch(cfg, precision, m, device)
-    shape, dtype = sample.boundary  # activations and gradients travel in the compute dtype
+    sample = sample_microbatch(cfg, precision, m, device, num_stages)  # (what travels: in the compute dtype)
     split_report = {s: set_up_split(cfg, r, s in split and schedule.training, sample) for s, r in runners.items()}
     for s in split:  # a B among a split stage's I and W: that microbatch runs whole
         runners[s].whole_mbs = frozenset(a.mb for a in schedule.actions[rank] if a.stage == s and a.op is Op.B)
@@ -319,7 +322,7 @@ def build_rank(
         runners,
         comm,
         torch.device(device),
-        lambda stage: (shape, dtype),
+        sample.boundaries.__getitem__,  # (stage s's output, and the gradient it gets back)
         observers,
         recv_lookahead=lookahead,
         clock=clock,

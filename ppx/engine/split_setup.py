@@ -14,10 +14,11 @@ from ppx.engine.weight_store import choose
 
 class SampleMicrobatch:
     """A microbatch of the run's shapes for a trial forward: the data's own on the first and
-    last stages (step 0's), a fixed random activation of the boundary's shape elsewhere."""
+    last stages (step 0's), elsewhere a fixed random activation of what the stage before hands
+    on (``boundaries``: (shape, dtype) of each stage's output but the last's)."""
 
-    def __init__(self, cfg, kind, mb_size: int, boundary: tuple, device):
-        self.cfg, self.kind, self.mb_size, self.boundary = cfg, kind, mb_size, boundary
+    def __init__(self, cfg, kind, mb_size: int, boundaries: list[tuple], device):
+        self.cfg, self.kind, self.mb_size, self.boundaries = cfg, kind, mb_size, boundaries
         self.device = torch.device(device)
 
     def of(self, runner: StageRunner) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -25,7 +26,7 @@ class SampleMicrobatch:
         if runner.first or runner.last:
             x, target = self.kind.make_batch(self.cfg.model, self.cfg.train.seed, self.mb_size, 0)
         if not runner.first:
-            shape, dtype = self.boundary
+            shape, dtype = self.boundaries[runner.index - 1]
             x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(dtype)
         return x.to(self.device), target.to(self.device) if runner.last else None
 

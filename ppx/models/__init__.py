@@ -60,6 +60,17 @@ def split_of(cfg, num_stages: int) -> list:
     return stage_units(cfg.model, num_stages, cfg.pipeline.layers_per_stage, cfg.pipeline.balance)
 
 
+def handed_on(cfg, num_stages: int, microbatch_size: int) -> list[tuple[tuple[int, ...], object]]:
+    """(shape, dtype) of what each stage but the last hands the next, a microbatch of
+    ``microbatch_size`` samples: the kind's one ``boundary``, or, for a kind with
+    ``unit_outputs``, the output of each stage's last unit (its split: `split_of`)."""
+    kind_ = kind(cfg.model.kind)
+    if not hasattr(kind_, "unit_outputs"):
+        return [kind_.boundary(cfg.model, microbatch_size)] * (num_stages - 1)
+    outputs = kind_.unit_outputs(cfg.model, microbatch_size)
+    return [outputs[units.stop - 1] for units in split_of(cfg, num_stages)[:-1]]
+
+
 def split_weights(model, balance: str) -> tuple[float, ...] | None:
     """What each of ``model``'s units weighs in a split by ``balance`` (pipeline.balance): its
     forward FLOPs under flops, for a kind whose units differ (``WEIGHED``); None (even) else."""

@@ -25,7 +25,10 @@ class ModelKind(Protocol):
     move buffers (a running mean): a recomputed forward then runs on copies of the buffers its
     forward found (`ppx.engine.buffers`). A kind whose embedding and head are
     split like blocks lists how many such units it has in ``EXTRA_UNITS`` (`ppx.models`); its
-    ``build_stage`` then gets a range of units (llama's: [embedding, blocks..., head])."""
+    ``build_stage`` then gets a range of units (llama's: [embedding, blocks..., head]). A kind
+    whose units hand on tensors of different shapes (your own module's) gives, instead of
+    ``boundary``, ``unit_outputs(cfg, microbatch_size)``: each unit's output (shape, dtype) but
+    the last's; each stage then receives its own (`ppx.models.handed_on`)."""
 
     def build_stage(
         self, cfg, seed: int, stage: int, num_stages: int, blocks: range, clock: ActionClock | None = None
@@ -40,4 +43,4 @@ class ModelKind(Protocol):
         """The last stage's loss of one microbatch (a mean over it)."""
 
     def boundary(self, cfg, microbatch_size: int) -> tuple[tuple[int, ...], torch.dtype]:
-        """Shape and dtype of the activation passed between stages."""
+        """Shape and dtype of the activation passed between stages (every stage's alike)."""

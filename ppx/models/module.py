@@ -8,9 +8,9 @@ does. A parameter several units share (a tied embedding) is held by each stage t
 of them, and the engine sums its copies' gradients every step (``tied_units``). Each unit's
 dropout masks are seeded by the microbatch and the unit (`ppx.models.seeding.seed_unit`). Data and loss:
 ``model.batch_fn`` / ``model.loss_fn`` (import paths), or ppx's (``model.data``: the transformer
-kind's token walks and next-token cross-entropy, or the MLP kind's regression and MSE). The
-activation between stages has the shape your units hand on, found by running the model once
-on the meta device (no memory, no compute)."""
+kind's token walks and next-token cross-entropy, or the MLP kind's regression and MSE). Each
+stage receives what the unit before it hands on, its shape and dtype found by running the
+model once on the meta device (no memory, no compute)."""
 
 from __future__ import annotations
 
@@ -108,13 +108,10 @@ def loss(output, target):
     return _LOSS["fn"](output, target)
 
 
-def boundary(cfg, microbatch_size: int, described: tuple | None = None):
-    """The activation's shape between units (every unit's output but the last's must share
-    one: ppx sends one shape), from `module_chain.unit_shapes`."""
-    shapes = module_chain.unit_shapes(cfg, microbatch_size, described)
-    if len({(s, d) for _, s, d in shapes}) > 1:
-        dtypes = len({d for _, _, d in shapes}) > 1  # (the shapes alike, the dtypes not: say those)
-        what = "dtypes" if dtypes and len({s for _, s, _ in shapes}) == 1 else "shapes"
-        detail = ", ".join(f"{n} {s}" + (f" {str(d).removeprefix('torch.')}" if dtypes else "") for n, s, d in shapes)
-        raise UserError(f"model.kind=module: the units hand on tensors of different {what} ({detail}); ppx sends one")
-    return (shapes[0][1], shapes[0][2]) if shapes else ((microbatch_size,), torch.float32)
+def unit_outputs(
+    cfg, microbatch_size: int, described: tuple | None = None
+) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """What each unit but the last hands on (shape, dtype), from `module_chain.unit_shapes`:
+    units may hand on tensors of different shapes and dtypes (a CNN's narrowing feature maps,
+    an MLP's widths), each stage receiving its own (`ppx.models.handed_on`)."""
+    return [(shape, dtype) for _, shape, dtype in module_chain.unit_shapes(cfg, microbatch_size, described)]

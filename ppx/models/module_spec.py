@@ -158,6 +158,24 @@ def meta_refused(e: BaseException | None) -> bool:
     return isinstance(e, NotImplementedError) or "meta" in str(e).lower()
 
 
+def _cuts_take_floats(m, p, stages: int, names: list[str], shapes: list) -> None:
+    """Each stage but the first begins with a unit handed floats: its input's gradient goes
+    back to the stage before (a unit handing on integers, indices or token ids, stays inside a
+    stage). ``shapes``: each unit's output but the last's (`module_chain.unit_shapes`)."""
+    from ppx import models
+
+    split = models.stage_units(m, stages, p.layers_per_stage, p.balance)
+    for s, units in enumerate(split[:-1]):
+        name, shape, dtype = shapes[units.stop - 1]
+        if not dtype.is_floating_point:
+            raise UserError(
+                f"model.kind=module: stage {s + 1} would begin at unit {names[units.stop]}, handed "
+                f"{str(dtype).removeprefix('torch.')} (shape {shape}) by unit {name}; a stage receives floating "
+                "point, as its input's gradient goes back to the stage before: cut elsewhere "
+                "(pipeline.layers_per_stage or model.split_points)"
+            )
+
+
 def shape_defaults(model) -> dict:
     """model.layers: the number of units (the split counts units as layers)."""
     if not model.module:
@@ -168,7 +186,7 @@ def shape_defaults(model) -> dict:
 
 def check(cfg) -> None:
     """The module imports and builds, its units cover it and chain (one forward on the meta
-    device, handing one shape from unit to unit), its forward calls them in turn and does
+    device), each stage but the first is handed floats, its forward calls them in turn and does
     nothing else (`ppx.models.module_forward`), model.layers is their
     count, and model.split_points (if given) become pipeline.layers_per_stage."""
     from torch.nn.parameter import is_lazy
@@ -230,16 +248,13 @@ def check(cfg) -> None:
                 "give one of them"
             )
         p.layers_per_stage = split
-    from ppx.models.module import boundary
     from ppx.models.module_chain import first_batch, moved_buffers, unit_shapes
 
     first_batch(m, cfg.train.batch_size)  # (the whole batch too, as the ranks ask for it)
 
-    # the units chain on a rank's microbatch, handing on one shape (torch's executor finds each
-    # stage's shapes itself: there they only chain)
-    on_torch = registry.runs_on_torch(p.schedule, p.executor)
+    # the units chain on a rank's microbatch; what a stage receives is floating point
     mbs = cfg.train.batch_size // cfg.parallel.data // p.microbatches  # (>= 1: rules.check_parallel ran first)
-    (unit_shapes if on_torch else boundary)(m, mbs, (module, names))
+    _cuts_take_floats(m, p, stages, names, unit_shapes(m, mbs, (module, names)))
     from ppx.models.module_chain import forward_run
     from ppx.models.module_forward import traced_checks
 
@@ -275,7 +290,7 @@ def check(cfg) -> None:
                     "(pipeline.layers_per_stage)"
                 )
     tied = [n for n, k in shared_in(module, names) if len(k) > 1]
-    if tied and on_torch:
+    if tied and registry.runs_on_torch(p.schedule, p.executor):
         raise UserError(f"model.module: {tied[0]} is shared by several units; torch's executor does not sum its copies")
     if tied and p.split == "tracer":
         raise UserError(

@@ -81,10 +81,11 @@ REGRESSION = ["model.data=regression", "model.hidden=16", "model.args={width: 16
 
 
 def own(builder: str, sched: str, *keys: str) -> list[str]:
-    """A model of helpers/own_module.py's ``builder`` at 2 stages, 4 microbatches of 2 samples."""
+    """A model of helpers/own_module.py's ``builder`` (or a helpers file's, "file:builder") at
+    2 stages, 4 microbatches of 2 samples."""
     return [
         "model.kind=module",
-        f"model.module=helpers.own_module:{builder}",
+        f"model.module=helpers.{builder if ':' in builder else 'own_module:' + builder}",
         *keys,
         f"pipeline.schedule={sched}",
         "pipeline.stages=2",
@@ -152,6 +153,19 @@ def cases(p: int) -> dict[str, list[str]]:
             out[f"parameter_free_{end}_stage-zb_h1"] = own(
                 f"parameter_free_{end}", "zb_h1", *REGRESSION[:2], f"pipeline.layers_per_stage={cut}"
             )
+        # units handing on tensors of different shapes and dtypes, each stage receiving its own: an
+        # MLP's widths (every family), a CNN's narrowing maps, float64 between float32 units, and
+        # integers (bins, then their embedding) inside a stage
+        for s in TRAINING:
+            out[f"widths-{s}"] = own("own_shapes:widths", s, *REGRESSION[:2])
+        out["widths-zb_h1-bf16"] = own("own_shapes:widths", "zb_h1", *REGRESSION[:2], "train.dtype=bf16")
+        out["widths-zbv-recompute_full"] = own("own_shapes:widths", "zbv", *REGRESSION[:2], "train.recompute=full")
+        for s in ("zb_h1", "zbv"):
+            out[f"convnet-{s}"] = own(
+                "own_shapes:convnet", s, "model.batch_fn=helpers.own_shapes:images", "model.loss_fn=helpers.own_shapes:classes"
+            )
+        out["double_middle-1f1b"] = own("double_middle", "1f1b", *REGRESSION[:2])
+        out["quantized-zb_h1"] = own("own_shapes:quantized", "zb_h1", *REGRESSION[:2], "pipeline.layers_per_stage=[2,2]")
         out["module-1f1b-tracer"] = overrides("module", "1f1b", 2, "model.args.tied=false", "pipeline.split=tracer")
         out["module-zb_h1-tracer-split_points"] = overrides(
             "module", "zb_h1", 2, "model.args.tied=false", "pipeline.split=tracer", "model.split_points=[blocks.1]"
@@ -162,6 +176,7 @@ def cases(p: int) -> dict[str, list[str]]:
 
 DP = {f"{mo}-zb_h1-dp2": overrides(mo, "zb_h1", 2, "parallel.data=2") for mo in MODELS}
 DP["gpt2-1f1b-dp2-shard"] = overrides("gpt2", "1f1b", 2, "parallel.data=2", "parallel.data_shard=true")
+DP["widths-zb_h1-dp2"] = own("own_shapes:widths", "zb_h1", *REGRESSION[:2], "parallel.data=2")
 
 
 def _local(t):

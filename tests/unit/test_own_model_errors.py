@@ -123,13 +123,15 @@ CASES = {
         ],
         "model.batch_fn=helpers.own_module:batch_that_fails: step 0's batch failed: RuntimeError: no dataset here",
     ),
-    "module units of different shapes": (
-        [*SEQUENTIAL, "model.module=helpers.own_module:uneven", "model.layers=3", "model.hidden=16"],
-        "the units hand on tensors of different shapes (0 (8, 32), 1 (8, 16)); ppx sends one",
-    ),
-    "module units of one shape and different dtypes": (  # (said "different shapes", listing one shape)
-        [*SEQUENTIAL, "model.module=helpers.own_module:double_middle", "model.layers=3", "model.hidden=16"],
-        "the units hand on tensors of different dtypes (0 (8, 16) float32, 1 (8, 16) float64); ppx sends one",
+    "module stage that would begin with integers": (  # (its gradient could not go back)
+        [
+            *SEQUENTIAL,
+            "model.module=helpers.own_shapes:quantized",
+            "model.hidden=16",
+            "pipeline.layers_per_stage=[1,3]",
+        ],
+        "model.kind=module: stage 1 would begin at unit 1, handed int64 (shape (8, 16)) by unit 0; a stage receives "
+        "floating point, as its input's gradient goes back to the stage before: cut elsewhere",
     ),
     "module units that do not chain under torch's executor": (
         [*SEQUENTIAL, "model.module=helpers.own_module:build", "model.layers=4", "model.hidden=64"]
@@ -305,16 +307,16 @@ def test_an_nn_sequentials_children_are_its_units_as_they_are_and_a_named_sequen
     assert module_spec.described(cfg.model)[1] == [f"{k}.{j}" for k in range(4) for j in range(2)]
 
 
-def test_units_of_different_shapes_are_accepted_for_torchs_executor(monkeypatch):
-    """torch's executor finds each stage's shapes itself: units handing on two shapes load
-    there, where the only stage boundary hands on one."""
+@pytest.mark.parametrize("executor", ["ppx", "torch"])
+def test_units_of_different_shapes_and_dtypes_load_under_either_executor(monkeypatch, executor):
+    """Each stage receives what the unit before it hands on (ppx's executor had sent one shape,
+    and refused units handing on two: "ppx sends one"); torch's finds each stage's itself."""
     monkeypatch.chdir(REPO)
     monkeypatch.syspath_prepend(str(REPO / "tests"))
-    own = ["model.module=helpers.own_module:uneven", "model.layers=3", "model.hidden=16"]
-    cfg = config.load(
-        SEQUENTIAL[0], [*SEQUENTIAL[1:], *own, "pipeline.executor=torch", "pipeline.layers_per_stage=[2,1]"]
-    )
-    assert cfg.pipeline.executor == "torch"
+    for builder in ("uneven", "double_middle"):  # (8, 32) then (8, 16); float32 then float64
+        own = [f"model.module=helpers.own_module:{builder}", "model.layers=3", "model.hidden=16"]
+        cfg = config.load(SEQUENTIAL[0], [*SEQUENTIAL[1:], *own, f"pipeline.executor={executor}"])
+        assert cfg.pipeline.executor == executor
 
 
 def test_model_args_written_without_a_space_after_the_colon_is_refused(monkeypatch):
