@@ -172,6 +172,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         split_weights=models.counted_flops(run.config.model)
         if units and run.config.pipeline.balance == "flops"
         else None,
+        no_cut_after=_integer_units(run.config) if units else (),
         whole_s=tuple(c.whole) if c.whole is not None else None,
         runs_whole=runs_whole(run.config),  # (as the candidates' commands run them)
         measured_at=costs.at_stages,  # entries of other stage counts: their candidates' costs
@@ -179,6 +180,22 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
     # other p than the run's: their stages regroup the run's units (`PlanInputs.parts`)
     ps = ints("--stages", args.stages) or [p]
     return inputs, ps, ints("--microbatches", args.microbatches) or [s.microbatches], str(run.path / "config.yaml")
+
+
+def _integer_units(cfg) -> tuple[int, ...]:
+    """The run's model units that hand on integers (your own module's, `unit_outputs`): a
+    candidate's stage cannot begin after one (`module_spec`); () where there are none or the
+    model cannot be run here."""
+    from ppx import models
+
+    kind = models.kind(cfg.model.kind)
+    if not hasattr(kind, "unit_outputs"):
+        return ()
+    try:
+        outputs = kind.unit_outputs(cfg.model, cfg.train.batch_size // cfg.parallel.data // cfg.pipeline.microbatches)
+    except Exception:  # (a module not importable here: its candidates' commands say why they fail)
+        return ()
+    return tuple(u for u, (_, dtype) in enumerate(outputs) if not dtype.is_floating_point)
 
 
 def _recompute(cfg) -> str:

@@ -78,6 +78,7 @@ class PlanInputs:
     recompute: str = "none"  # a run's train.recompute, one mode (what a regrouped stage keeps of its units)
     unit_weights: UnitWeights | None = None  # what each of those units weighs (None: equal shares)
     split_weights: tuple[float, ...] | None = None  # what a candidate's command splits its units by (None: even)
+    no_cut_after: tuple[int, ...] = ()  # a run's units that hand on integers: no stage begins after one
     # a drain run's B measured apart on a stage that also split (None there: B costs I + W), or None
     whole_s: tuple[float | None, ...] | None = None
     # a candidate's command runs a stage whose every I its list follows at once by its W as one
@@ -97,11 +98,25 @@ class PlanInputs:
             return f"{num_stages} stages but the run's model has {self.max_stages} layers to split: it cannot run"
         if self.fixed_stages is not None and num_stages != self.fixed_stages:
             return f"the run sets {self.fixed_by} for {self.fixed_stages} stages: {num_stages} cannot run"
+        cut = self._cut_at_integers(num_stages)
+        if cut is not None:
+            return (
+                f"{num_stages} stages would begin one after unit {cut}, which hands on integers (a stage receives "
+                "floating point): it cannot run"
+            )
         if self.per_layer and num_stages > self.units:
             return f"{num_stages} stages but {self.units} layers: every stage needs at least one"
         if not self.per_layer and self.run_units is None and num_stages % self.units and self.units % num_stages:
             return f"{num_stages} stages from costs of {self.units}: neither divides the other"
         return None
+
+    def _cut_at_integers(self, num_stages: int) -> int | None:
+        """The first unit in ``no_cut_after`` that the split of the run's units into
+        ``num_stages`` (as a candidate's command splits them) ends a stage with, or None."""
+        if not self.no_cut_after or self.run_units is None or num_stages == self.stages:
+            return None
+        ends = [r.stop - 1 for r in split_layers(sum(self.run_units), num_stages, weights=self.split_weights)[:-1]]
+        return next((u for u in ends if u in self.no_cut_after), None)
 
     def parts(self, num_stages: int, by: str = "time") -> list[tuple[tuple[int, float, float], ...]]:
         """Per stage of ``num_stages``: what it is made of, as (unit, numerator, denominator)
@@ -208,6 +223,7 @@ class PlanInputs:
             run_units=None,
             unit_weights=None,
             split_weights=None,
+            no_cut_after=(),
             measured_at=(),
         )
 

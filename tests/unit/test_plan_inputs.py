@@ -219,6 +219,26 @@ def test_plan_json_inputs_read_back():
     assert PlanInputs.from_json(old).unit_weights.of_stage(range(2), "bytes", "full") == [1.0, 10.0]
 
 
+def test_no_candidate_begins_a_stage_after_a_unit_that_hands_on_integers():
+    """Your module's unit 0 hands on integers (bins, then their embedding): a candidate whose
+    split of the run's units would begin a stage after it cannot run (its config is refused),
+    and is said so; counts whose split cuts elsewhere, and the run's own, stay."""
+    import json
+
+    inputs = PlanInputs(
+        fwd_s=(3.0, 1.0), bwd_s=(3.0, 1.0), wgrad_s=(0.0, 0.0), stages=2, run_units=(3, 1), no_cut_after=(0,)
+    )
+    assert inputs.why_not(4) == (
+        "4 stages would begin one after unit 0, which hands on integers (a stage receives floating point): "
+        "it cannot run"
+    )
+    assert inputs.why_not(2) is None and inputs.why_not(1) is None
+    assert inputs.why_not(3) is None  # (4 units into 3, evenly: [2, 1, 1])
+    weighed = replace(inputs, split_weights=(4.0, 1.0, 1.0, 1.0))  # (as the run's command splits them: [1, 1, 2])
+    assert weighed.why_not(3).startswith("3 stages would begin one after unit 0, ")
+    assert PlanInputs.from_json(json.loads(json.dumps(inputs.to_json()))).no_cut_after == (0,)
+
+
 def test_a_drain_runs_measured_b_prices_the_bs_of_every_candidate():
     """A drain run measured B apart from I + W on its split stage: a candidate's B there costs
     the B (a whole backward pays no split), elsewhere I + W; cut or merged as the times are;
