@@ -170,7 +170,7 @@ def check_llama(m) -> None:
 
 def check_schedule(cfg: Config, sched: Schedule) -> None:
     """The schedule against the rest: a CSV's shape, the known-cost model's per-stage costs,
-    the layer split and the tracer."""
+    the layer split (and a loaded kind's checks of it) and the tracer."""
     from ppx import models
     from ppx.models.costs import stage_costs_ms
 
@@ -194,6 +194,7 @@ def check_schedule(cfg: Config, sched: Schedule) -> None:
     # other kinds ignore the costs, but a value of the wrong type is an error, not a silent no-op
     stage_costs_ms(m, sched.num_stages if m.kind == "synthetic" else None, p.layers_per_stage)
     models.split_of(cfg, sched.num_stages)
+    models.check_split(cfg, sched.num_stages, sched.training)
     if p.split == "tracer" and m.kind not in models.TRACEABLE:
         why = {
             "synthetic": "its stages sleep inside a custom autograd Function",

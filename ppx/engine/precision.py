@@ -103,9 +103,10 @@ class Precision:
         return torch.autocast(self.device.type, dtype=self.dtype)
 
     def boundary_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        """The dtype a boundary of ``dtype`` travels in: in a mixed dtype, the compute dtype if
-        floating (the stage casts its output: `StageRunner`); in fp32, its own (a unit may hand on float64)."""
-        return self.dtype if self.mixed and dtype.is_floating_point else dtype
+        """The dtype a boundary of ``dtype`` travels in: in a mixed dtype, the compute dtype for
+        float32 (the stage casts its output: `StageRunner`); else its own (a unit may hand on
+        float64, which autocast leaves as it is)."""
+        return self.dtype if self.mixed and dtype == torch.float32 else dtype
 
     def loss_multiplier(self) -> float:
         """What the last stage multiplies its loss by before backward (the fp16 loss scale)."""

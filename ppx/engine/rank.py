@@ -255,8 +255,8 @@ def sample_microbatch(
     cfg: Config, precision: Precision, microbatches: int, device, num_stages: int | None = None
 ) -> SampleMicrobatch:
     """A microbatch of the run's shapes, for the split backward's trial forward; its
-    ``boundaries`` are what each stage but the last hands the next (shape, floats in the
-    compute dtype), of ``num_stages`` (None: the config's)."""
+    ``boundaries`` are what each stage but the last hands the next (shape, dtype: float32 in
+    the compute dtype), of ``num_stages`` (None: the config's)."""
     kind = models.kind(cfg.model.kind)
     mb_size = microbatch_size(cfg, microbatches)
     n = num_stages if num_stages is not None else resolve_schedule(cfg).num_stages

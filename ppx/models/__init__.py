@@ -102,6 +102,15 @@ def kind(name: str) -> ModelKind:
     return importlib.import_module(f"ppx.models.{name}")
 
 
+def check_split(cfg, num_stages: int, training: bool) -> None:
+    """A loaded kind's checks of its split into the schedule's ``num_stages`` (``LOADED``
+    modules with ``check_split``: your module's stages begin with floats, in training)."""
+    if cfg.model.kind in LOADED:
+        spec = importlib.import_module(f"ppx.models.{LOADED[cfg.model.kind]}")
+        if hasattr(spec, "check_split"):
+            spec.check_split(cfg, num_stages, training)
+
+
 def shape_defaults(model) -> dict:
     """Model keys a kind reads from what it loads (``LOADED``), set under the experiment's."""
     if model.kind not in LOADED:

@@ -158,16 +158,23 @@ def meta_refused(e: BaseException | None) -> bool:
     return isinstance(e, NotImplementedError) or "meta" in str(e).lower()
 
 
-def _cuts_take_floats(m, p, stages: int, names: list[str], shapes: list) -> None:
-    """Each stage but the first begins with a unit handed floats: its input's gradient goes
-    back to the stage before (a unit handing on integers, indices or token ids, stays inside a
-    stage). ``shapes``: each unit's output but the last's (`module_chain.unit_shapes`)."""
+def check_split(cfg, num_stages: int, training: bool) -> None:
+    """In training, each stage but the first of the split into ``num_stages`` (the schedule's:
+    a CSV's own count) begins with a unit handed floats: its input's gradient goes back to the
+    stage before (a unit handing on integers, indices or token ids, stays inside a stage)."""
     from ppx import models
+    from ppx.models.module_chain import unit_shapes
 
-    split = models.stage_units(m, stages, p.layers_per_stage, p.balance)
-    for s, units in enumerate(split[:-1]):
+    if not training:
+        return
+    m = cfg.model
+    mbs = cfg.train.batch_size // cfg.parallel.data // cfg.pipeline.microbatches
+    model = described(m)
+    shapes = unit_shapes(m, mbs, model)
+    for s, units in enumerate(models.split_of(cfg, num_stages)[:-1]):
         name, shape, dtype = shapes[units.stop - 1]
-        if not dtype.is_floating_point:
+        if not (dtype.is_floating_point or dtype.is_complex):
+            names = model[1]
             raise UserError(
                 f"model.kind=module: stage {s + 1} would begin at unit {names[units.stop]}, handed "
                 f"{str(dtype).removeprefix('torch.')} (shape {shape}) by unit {name}; a stage receives floating "
@@ -186,7 +193,7 @@ def shape_defaults(model) -> dict:
 
 def check(cfg) -> None:
     """The module imports and builds, its units cover it and chain (one forward on the meta
-    device), each stage but the first is handed floats, its forward calls them in turn and does
+    device), its forward calls them in turn and does
     nothing else (`ppx.models.module_forward`), model.layers is their
     count, and model.split_points (if given) become pipeline.layers_per_stage."""
     from torch.nn.parameter import is_lazy
@@ -252,9 +259,9 @@ def check(cfg) -> None:
 
     first_batch(m, cfg.train.batch_size)  # (the whole batch too, as the ranks ask for it)
 
-    # the units chain on a rank's microbatch; what a stage receives is floating point
+    # the units chain on a rank's microbatch (what each stage is handed: `check_split`)
     mbs = cfg.train.batch_size // cfg.parallel.data // p.microbatches  # (>= 1: rules.check_parallel ran first)
-    _cuts_take_floats(m, p, stages, names, unit_shapes(m, mbs, (module, names)))
+    unit_shapes(m, mbs, (module, names))
     from ppx.models.module_chain import forward_run
     from ppx.models.module_forward import traced_checks
 

@@ -78,7 +78,7 @@ class PlanInputs:
     recompute: str = "none"  # a run's train.recompute, one mode (what a regrouped stage keeps of its units)
     unit_weights: UnitWeights | None = None  # what each of those units weighs (None: equal shares)
     split_weights: tuple[float, ...] | None = None  # what a candidate's command splits its units by (None: even)
-    no_cut_after: tuple[int, ...] = ()  # a run's units that hand on integers: no stage begins after one
+    no_cut_after: tuple[int, ...] = ()  # a run's units handing on no floats (integers): no stage begins after one
     # a drain run's B measured apart on a stage that also split (None there: B costs I + W), or None
     whole_s: tuple[float | None, ...] | None = None
     # a candidate's command runs a stage whose every I its list follows at once by its W as one
@@ -101,8 +101,8 @@ class PlanInputs:
         cut = self._cut_at_integers(num_stages)
         if cut is not None:
             return (
-                f"{num_stages} stages would begin one after unit {cut}, which hands on integers (a stage receives "
-                "floating point): it cannot run"
+                f"{num_stages} stages would begin one after unit {cut}, which hands on integers or booleans (a "
+                "stage receives floating point): it cannot run"
             )
         if self.per_layer and num_stages > self.units:
             return f"{num_stages} stages but {self.units} layers: every stage needs at least one"

@@ -39,7 +39,18 @@ def measured_split(inputs: PlanInputs, flops=None) -> tuple[tuple[int, ...], flo
     times = unit_times(inputs, flops)
     if times is None or len(inputs.run_units) < 2:
         return None
-    counts = balanced_counts(tuple(times), len(inputs.run_units))
+    # a unit handing on integers stays with the next (no stage begins after it): split the groups
+    groups = [1]
+    for u in range(1, len(times)):
+        if u - 1 in inputs.no_cut_after:
+            groups[-1] += 1
+        else:
+            groups.append(1)
+    if len(groups) < len(inputs.run_units):
+        return None
+    starts = [sum(groups[:g]) for g in range(len(groups))]
+    glued = balanced_counts(tuple(sum(times[a : a + k]) for a, k in zip(starts, groups)), len(inputs.run_units))
+    counts = [sum(groups[g] for g in r) for r in split_layers(len(groups), len(glued), glued)]
     heaviest = max(sum(times[r.start : r.stop]) for r in split_layers(len(times), len(counts), counts))
     ran = max(f + b + w for f, b, w in zip(inputs.fwd_s, inputs.bwd_s, inputs.wgrad_s))
     if tuple(counts) == tuple(inputs.run_units) or heaviest > WORTH * ran:

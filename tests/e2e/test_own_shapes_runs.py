@@ -40,7 +40,7 @@ def test_a_model_of_changing_shapes_runs_and_a_plan_keeps_its_stages_off_integer
     plan = ppx("plan", "--from-run", str(run), "--stages", "2,4", "--out", str(tmp_path / "plan"), env=TESTS)
     assert plan.returncode == 0, plan.stderr[-2000:]
     md = (tmp_path / "plan" / "plan.md").read_text()
-    why = "4 stages would begin one after unit 0, which hands on integers (a stage receives floating point)"
+    why = "4 stages would begin one after unit 0, which hands on integers or booleans (a stage receives floating point)"
     assert f"- 1f1b p=4 m=4 v=1: {why}: it cannot run" in md, md
     assert all(c["p"] * c["v"] != 4 for c in read_json(tmp_path / "plan" / "plan.json")["candidates"])
     command = next(line for line in plan.stdout.splitlines() if line.startswith("ppx run "))

@@ -41,7 +41,7 @@ def build_by_attribute(model) -> nn.Module:
 
 
 def uneven(model) -> nn.Module:
-    """Units that hand on tensors of two shapes (32, then 16): ppx sends one."""
+    """Units that hand on tensors of two shapes (32, then 16), each stage receiving its own."""
     return nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 16), nn.Linear(16, 16))
 
 

@@ -13,7 +13,7 @@ WIDTHS = (16, 32, 8, 24, 16)  # an MLP's widths: its 4 units hand on (b, 32), (b
 
 def widths(model) -> nn.Module:
     """Linear + Tanh units from one width to the next (``model.args.widths``, else `WIDTHS`);
-    its data: helpers.own_module:batch at the first width (which is also the last)."""
+    its data: ppx's regression at model.hidden=16, the first width (and the last)."""
     w = list(model.args.get("widths", WIDTHS))
     layers = [nn.Sequential(nn.Linear(a, b), nn.Tanh()) for a, b in zip(w[:-2], w[1:-1])]
     return nn.Sequential(*layers, nn.Linear(w[-2], w[-1]))
@@ -59,5 +59,28 @@ class _Pool(nn.Module):
 
 def quantized(model) -> nn.Module:
     """Units [bins, embed, mix, pool]: bins hands on int64 (b, 16), which embed (16 bins, 8
-    wide) takes; a stage may begin at mix or pool, not at embed. Data: own_module:batch."""
+    wide) takes; a stage may begin at mix or pool, not at embed. Data: ppx's regression at
+    model.hidden=16."""
     return nn.Sequential(_Bins(), nn.Embedding(16, 8), nn.Sequential(nn.Linear(8, 8), nn.Tanh()), _Pool(16))
+
+
+class _Double(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.double()
+
+
+class _DoubleMatmul(nn.Module):
+    """A float64 weight multiplied by the unit's own ``@``: autocast leaves float64 as it is."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(width, width, dtype=torch.float64) / width**0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ self.w)
+
+
+def double_matmul(model) -> nn.Module:
+    """Units [Linear, to float64, a float64 matmul]: under bf16 a stage beginning at the
+    matmul receives float64 (cast to bf16, its ``@`` failed on two dtypes)."""
+    return nn.Sequential(nn.Linear(16, 16), _Double(), _DoubleMatmul(16))

@@ -229,8 +229,8 @@ def test_no_candidate_begins_a_stage_after_a_unit_that_hands_on_integers():
         fwd_s=(3.0, 1.0), bwd_s=(3.0, 1.0), wgrad_s=(0.0, 0.0), stages=2, run_units=(3, 1), no_cut_after=(0,)
     )
     assert inputs.why_not(4) == (
-        "4 stages would begin one after unit 0, which hands on integers (a stage receives floating point): "
-        "it cannot run"
+        "4 stages would begin one after unit 0, which hands on integers or booleans (a stage receives floating "
+        "point): it cannot run"
     )
     assert inputs.why_not(2) is None and inputs.why_not(1) is None
     assert inputs.why_not(3) is None  # (4 units into 3, evenly: [2, 1, 1])

@@ -76,3 +76,12 @@ def test_no_note_where_the_run_is_even_already_or_there_are_no_units():
     close = inputs(fwd_s=(0.0100, 0.0100), bwd_s=(0.0200, 0.0190), run_units=(30, 30))
     assert measured_split(close) is None
     assert measured_split(inputs(fwd_s=(0.0100, 0.0100), bwd_s=(0.0200, 0.0100), run_units=(30, 30)))[0] == (25, 35)
+
+
+def test_the_split_named_begins_no_stage_after_a_unit_handing_on_integers():
+    """Where unit 6 hands on integers (your module's bins), 7, 3 would begin a stage after it:
+    the split named keeps units 6 and 7 together (6, 4 here), as the run's config would refuse
+    the other; none where the glued units leave fewer groups than stages."""
+    counts, heaviest, _ = measured_split(inputs(no_cut_after=(6,)), FLOPS)
+    assert counts == (6, 4) and heaviest == pytest.approx(0.0083 + 0.0135 * 2 / 7), counts
+    assert measured_split(inputs(no_cut_after=tuple(range(9))), FLOPS) is None
