@@ -89,9 +89,8 @@ class StageRunner:
             out = self._call(x)
             if self.last:
                 return self.loss_fn(out, target) * (self.loss_scale * prec.loss_multiplier())
-        return (
-            out.to(prec.dtype) if out.dtype == torch.float32 else out
-        )  # sent in the compute dtype (as autocast, not float64)
+        # sent in the compute dtype where float32 (float64 as it is: autocast leaves it)
+        return out.to(prec.dtype) if out.dtype == torch.float32 else out
 
     def new_step(self) -> None:
         """The weights changed: the next forward casts them again."""
