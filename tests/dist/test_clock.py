@@ -19,8 +19,9 @@ pytestmark = pytest.mark.timing  # clock offsets measured by round trips
 
 
 def _worker(rank: int, world: int, port: int, out) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
     try:
         same = offset_to_rank0()
         shifted = lambda: time.perf_counter() + 10.0 * rank  # noqa: E731  rank r's clock runs 10 r s ahead
@@ -45,8 +46,9 @@ MARGIN_S = 0.005
 
 
 def _start_worker(rank: int, world: int, port: int, out) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
     try:
         rows = []
         for _ in range(3):

@@ -7,7 +7,6 @@ recomputation."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -98,7 +97,9 @@ def replicated(tmp_path_factory):
 @pytest.mark.parametrize("how", ["replicate", "shard"])
 def test_in_bf16_a_split_backward_sums_its_replicas_gradients_as_a_whole_one_does(replicated, how):
     runs = {
-        name: [torch.load(replicated / f"{name}.rank{r}.pt") for r in range(P * D)] for name in BF16 if f"-{how}-" in name
+        name: [torch.load(replicated / f"{name}.rank{r}.pt") for r in range(P * D)]
+        for name in BF16
+        if f"-{how}-" in name
     }
     (whole, *split) = runs.values()
     for parts in split:
@@ -124,4 +125,6 @@ def test_replicas_gradients_equal_single_process_reference(replicated, name):
         for k, (g, ref) in enumerate(zip(grads, ref_grads)):
             want = ref.chunk(D)[dp] if shard else ref  # FSDP2 shards dim 0 as torch.chunk does
             assert g is not None and g.shape == want.shape, f"replica {dp} param {k}"
-            torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"replica {dp} param {k}: {m}")
+            torch.testing.assert_close(
+                g, want, rtol=1e-5, atol=1e-6, msg=lambda m, k=k, dp=dp: f"replica {dp} param {k}: {m}"
+            )

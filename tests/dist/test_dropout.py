@@ -9,7 +9,6 @@ unseeded generator, so no two runs, and no recomputation, drew the same masks.""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 
 import pytest

@@ -5,7 +5,6 @@ processes)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -164,9 +163,9 @@ def auto_csv_overrides(p: int, m: int = 8, limit: float = 2, share: float = 0.0,
     import tempfile
 
     from ppx.schedules.auto.auto_zb import auto_zb
-    from ppx.schedules.sim.costs import Costs
     from ppx.schedules.csv_io import write_csv
     from ppx.schedules.placing.placement import place_comms
+    from ppx.schedules.sim.costs import Costs
 
     path = Path(tempfile.gettempdir()) / f"ppx-zb-auto-{os.getuid()}" / f"p{p}_m{m}_{limit:g}_{share:g}_{cost}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)

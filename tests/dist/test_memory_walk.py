@@ -9,7 +9,6 @@ tests/e2e/test_memory_prediction.py and at p = 4 in tests/e2e/test_instrumentati
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 
 import pytest

@@ -9,7 +9,6 @@ FSDP2 for one architecture); the module cut by torch's tracer too."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -162,12 +161,17 @@ def cases(p: int) -> dict[str, list[str]]:
         out["widths-zbv-recompute_full"] = own("own_shapes:widths", "zbv", *REGRESSION[:2], "train.recompute=full")
         for s in ("zb_h1", "zbv"):
             out[f"convnet-{s}"] = own(
-                "own_shapes:convnet", s, "model.batch_fn=helpers.own_shapes:images", "model.loss_fn=helpers.own_shapes:classes"
+                "own_shapes:convnet",
+                s,
+                "model.batch_fn=helpers.own_shapes:images",
+                "model.loss_fn=helpers.own_shapes:classes",
             )
         out["double_middle-1f1b"] = own("double_middle", "1f1b", *REGRESSION[:2])
         keys = (*REGRESSION[:2], "train.dtype=bf16", "pipeline.layers_per_stage=[2,1]")  # (float64 at the cut)
         out["double_matmul-1f1b-bf16"] = own("own_shapes:double_matmul", "1f1b", *keys)
-        out["quantized-zb_h1"] = own("own_shapes:quantized", "zb_h1", *REGRESSION[:2], "pipeline.layers_per_stage=[2,2]")
+        out["quantized-zb_h1"] = own(
+            "own_shapes:quantized", "zb_h1", *REGRESSION[:2], "pipeline.layers_per_stage=[2,2]"
+        )
         out["module-1f1b-tracer"] = overrides("module", "1f1b", 2, "model.args.tied=false", "pipeline.split=tracer")
         out["module-zb_h1-tracer-split_points"] = overrides(
             "module", "zb_h1", 2, "model.args.tied=false", "pipeline.split=tracer", "model.split_points=[blocks.1]"

@@ -10,7 +10,6 @@ the compute dtype, where the reference keeps them in whatever dtype autocast lef
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
