@@ -16,13 +16,15 @@ def cmd_split(args) -> int:
     units = [len(r) for r in models.split_of(cfg, sched.num_stages)]
     shares = flops_shares(cfg, units)
     names = _unit_names(cfg, sum(units))
+    received = _received(cfg, sched.num_stages)
     print(f"{args.experiment}: {sum(units)} units over {sched.num_stages} stages on {sched.num_ranks} ranks")
     print(f"{'stage':>5}  {'rank':>4}  {'FLOPs':>6}  units")
     start = 0
     for s, n in enumerate(units):
         share = f"{shares[s]:.0%}" if shares else "-"
         held = names[start] if n == 1 else f"{names[start]} .. {names[start + n - 1]} ({n})"
-        print(f"{s:>5}  {sched.stage_to_rank[s]:>4}  {share:>6}  {held}")
+        got = f"; receives {received[s - 1]} a microbatch" if received and s else ""
+        print(f"{s:>5}  {sched.stage_to_rank[s]:>4}  {share:>6}  {held}{got}")
         start += n
     line = units_line(cfg, units, shares)
     even = "split evenly (pipeline.balance weighs the units of llama, hf and module models only)"
@@ -53,3 +55,29 @@ def _unit_names(cfg, n: int) -> list[str]:
         block = "layer" if cfg.model.kind == "hf" else "block"
         return ["embedding"] + [f"{block} {k}" for k in range(n - 2)] + ["head"]
     return [f"block {k}" for k in range(n)]
+
+
+def _received(cfg, num_stages: int) -> list[str]:
+    """What each stage but the first receives a microbatch (shape, dtype as it travels, bytes),
+    for a model whose units hand on different shapes (your module's: `models.handed_on`); []
+    for the others, whose stages all receive one shape (and no torch imported for it)."""
+    from ppx import models
+
+    if not hasattr(models.kind(cfg.model.kind), "unit_outputs"):
+        return []
+    import torch
+
+    from ppx.engine.precision import DTYPES
+
+    compute = DTYPES[cfg.train.dtype]
+    mbs = cfg.train.batch_size // cfg.parallel.data // cfg.pipeline.microbatches
+    out = []
+    for shape, dtype in models.handed_on(cfg, num_stages, mbs):
+        dtype = compute if dtype == torch.float32 else dtype  # (as it travels: `Precision.boundary_dtype`)
+        size = torch.Size(shape).numel() * dtype.itemsize
+        out.append(f"{tuple(shape)} {str(dtype).removeprefix('torch.')}, {_bytes(size)}")
+    return out
+
+
+def _bytes(n: int) -> str:
+    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB" if n < 1024**2 else f"{n / 1024**2:.1f} MiB"

@@ -53,3 +53,26 @@ def test_a_file_of_no_yaml_keys_is_named_with_its_first_problem_cut_short(tmp_pa
     r = ppx("split", "1f1b_2cpu", f"model.{typo}=1")
     said = f"Key '{typo[:45]}...{typo[-32:]}' (96 characters) not in 'ModelConfig'"
     assert r.returncode == 2 and r.stderr.endswith(f"{typo[-32:]} (102 characters): {said}\n"), r.stderr
+
+
+def test_a_model_of_changing_shapes_shows_what_each_stage_receives():
+    """A CNN of your own under ZB-V in bf16: each stage but the first receives the feature maps
+    the unit before it hands on, in the compute dtype; a split that would begin a stage with
+    integers is refused in one line."""
+    tests = {"PYTHONPATH": str(REPO / "tests")}
+    cnn = ["model.kind=module", "model.module=helpers.own_shapes:convnet", "model.batch_fn=helpers.own_shapes:images"]
+    r = ppx("split", "1f1b_2cpu", *cnn, "pipeline.schedule=zbv", "train.dtype=bf16", env=tests)
+    assert r.returncode == 0, r.stderr
+    rows = r.stdout.splitlines()[2:6]
+    assert rows[0].split() == ["0", "0", "33%", "0"], rows
+    assert rows[1].endswith("1; receives (8, 8, 8, 8) bfloat16, 8.0 KiB a microbatch"), rows
+    assert rows[3].endswith("3; receives (8, 16, 2, 2) bfloat16, 1.0 KiB a microbatch"), rows
+    bins = [
+        "model.kind=module",
+        "model.module=helpers.own_shapes:quantized",
+        "model.data=regression",
+        "model.hidden=16",
+    ]
+    bad = ppx("split", "1f1b_2cpu", *bins, "pipeline.layers_per_stage=[1,3]", env=tests)
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1, bad.stderr
+    assert "stage 1 would begin at unit 1, handed int64 (shape (8, 16)) by unit 0" in bad.stderr
