@@ -1,6 +1,7 @@
-"""A stage's large-weight layers run through ppx: ``nn.Linear``, and Hugging Face's GPT-2
+"""A stage's large-weight layers run through ppx: ``nn.Linear``, Hugging Face's GPT-2
 ``Conv1D`` (a Linear with its weight stored transposed, found by its class name and shape,
-without importing transformers).
+without importing transformers), and ``nn.Conv1d``/``Conv2d``/``Conv3d`` (zero padding given
+as numbers).
 
 Two things hang on that routing:
 
@@ -20,8 +21,9 @@ Two things hang on that routing:
   computes the weight and bias gradients from the pair.
 
 W's formulas are autograd's own for these ops (`torch.mm` in the same operand order and
-layout as `MmBackward`/`AddmmBackward`), so the gradients are bitwise those of a plain
-backward (tests/unit/test_weight_store.py checks every layout)."""
+layout as `MmBackward`/`AddmmBackward`; a convolution's ``convolution_backward`` asked for its
+weight and bias alone), so the gradients are bitwise those of a plain backward
+(tests/unit/test_weight_store.py checks every layout)."""
 
 from __future__ import annotations
 
@@ -56,6 +58,13 @@ class LinearKind:
     def weight_grad(gy2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
         return gy2.t().mm(x2)
 
+    @classmethod
+    def grads(cls, gy: torch.Tensor, x: torch.Tensor, bias: bool) -> tuple:
+        """(weight gradient, bias gradient or None) from the layer's output gradient and input."""
+        if gy.dim() != 2:
+            gy, x = gy.reshape(-1, gy.shape[-1]), x.reshape(-1, x.shape[-1])
+        return cls.weight_grad(gy, x), gy.sum(0) if bias else None
+
 
 class Conv1DKind:
     """y = x W + b (GPT-2's ``Conv1D``: weight (in, out), computed with addmm)."""
@@ -72,14 +81,38 @@ class Conv1DKind:
     def weight_grad(gy2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
         return x2.t().mm(gy2)
 
+    grads = classmethod(LinearKind.grads.__func__)
 
-def kind_of(module: nn.Module) -> type | None:
+
+class ConvKind:
+    """A convolution (``nn.Conv1d``/``2d``/``3d``, zero padding given as numbers): its own
+    ``_conv_forward``, and W's gradients from ``convolution_backward`` asked for the weight and
+    bias only, as autograd's backward computes them apart from the input's."""
+
+    def __init__(self, module: nn.Module):
+        self.forward = self.stored = module._conv_forward  # (x, w, b)
+        self.weight_shape = tuple(module.weight.shape)  # (the whole weight's: data parallel may shard it later)
+        self.args = (list(module.stride), list(module.padding), list(module.dilation), False, [0] * len(module.stride))
+        self.groups = module.groups
+
+    def grads(self, gy: torch.Tensor, x: torch.Tensor, bias: bool) -> tuple:
+        w = x.new_empty(self.weight_shape)  # (its shape and dtype are read, not its values)
+        sizes = [self.weight_shape[0]] if bias else None
+        _, gw, gb = torch.ops.aten.convolution_backward(gy, x, w, sizes, *self.args, self.groups, [False, True, bias])
+        return gw, gb
+
+
+def kind_of(module: nn.Module) -> object | None:
     """The routed kind of ``module``, or None for a layer ppx leaves to autograd (one whose
-    weight is not a parameter of its own)."""
+    weight is not a parameter of its own, a convolution padded otherwise than with zeros given
+    as numbers)."""
     if not isinstance(module._parameters.get("weight"), torch.Tensor):
         return None
     if type(module) is nn.Linear:
         return LinearKind
+    if type(module) in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
+        numbers = not isinstance(module.padding, str)
+        return ConvKind(module) if module.padding_mode == "zeros" and numbers else None
     w = module._parameters["weight"]
     if type(module).__name__ == "Conv1D" and w.dim() == 2:
         if getattr(module, "nf", None) == w.shape[1]:  # transformers' Conv1D: weight (nx, nf)
@@ -91,7 +124,7 @@ class RoutedLayer:
     """One routed layer: its module, kind, parameters, the step's weights and, in a storing
     stage, the store that keeps its input and output gradient for W."""
 
-    def __init__(self, name: str, module: nn.Module, kind: type, weights: StepWeights):
+    def __init__(self, name: str, module: nn.Module, kind, weights: StepWeights):
         self.name, self.module, self.kind, self.weights = name, module, kind, weights
         self.store = None  # a `ppx.engine.weight_store.WeightStore` when this layer's W is deferred
         self.has_bias = getattr(module, "bias", None) is not None
@@ -237,7 +270,7 @@ class StepWeights:
 def route_layers(
     module: nn.Module, weights: StepWeights, keep: Callable[[str, nn.Module], bool] = lambda n, m: True
 ) -> list[RoutedLayer]:
-    """Route every Linear-like layer of ``module`` (that ``keep`` accepts) through ppx."""
+    """Route every Linear-like layer and convolution of ``module`` (that ``keep`` accepts) through ppx."""
     layers = []
     for name, sub in module.named_modules():
         kind = kind_of(sub)

@@ -1,7 +1,7 @@
 """A split backward whose W does only the weight-gradient matmuls (``train.split_backward``).
 
 In a stage that *stores*, its routed layers (`ppx.engine.linears`: ``nn.Linear``, GPT-2's
-``Conv1D``) hand their input and output gradient to the stage's `WeightStore` during I, and I
+``Conv1D``, convolutions) hand their input and output gradient to the stage's `WeightStore` during I, and I
 takes the gradients of every other parameter (norms, embeddings: small weights) itself. The
 microbatch's graph is then dropped: between I and W the stage holds only the stores. W
 computes each stored layer's weight (and bias) gradient with two matmuls under ``no_grad``,
@@ -104,10 +104,7 @@ class WeightStore:
         last = {layer: k for k, (layer, _, _) in enumerate(pending)}
         sums: dict = {}  # layer -> [weight gradient, bias gradient or None], for layers called again
         for k, (layer, x, gy) in enumerate(pending):
-            if gy.dim() != 2:
-                gy, x = gy.reshape(-1, gy.shape[-1]), x.reshape(-1, x.shape[-1])
-            gw = layer.kind.weight_grad(gy, x)
-            gb = gy.sum(0) if layer.has_bias else None
+            gw, gb = layer.kind.grads(gy, x, layer.has_bias)
             got = sums.pop(layer, None)
             if got is not None:
                 gw = got[0] + gw

@@ -166,6 +166,10 @@ def cases(p: int) -> dict[str, list[str]]:
                 "model.batch_fn=helpers.own_shapes:images",
                 "model.loss_fn=helpers.own_shapes:classes",
             )
+        cnn = ("model.batch_fn=helpers.own_shapes:images", "model.loss_fn=helpers.own_shapes:classes")
+        store = "train.split_backward=store"  # (its convolutions' inputs and output gradients kept for W)
+        out["convnet-zb_h1-store"] = own("own_shapes:convnet", "zb_h1", *cnn, store)
+        out["convnet-zbv-store-bf16"] = own("own_shapes:convnet", "zbv", *cnn, store, "train.dtype=bf16")
         out["double_middle-1f1b"] = own("double_middle", "1f1b", *REGRESSION[:2])
         keys = (*REGRESSION[:2], "train.dtype=bf16", "pipeline.layers_per_stage=[2,1]")  # (float64 at the cut)
         out["double_matmul-1f1b-bf16"] = own("own_shapes:double_matmul", "1f1b", *keys)
