@@ -59,8 +59,9 @@ class LinearKind:
         return gy2.t().mm(x2)
 
     @classmethod
-    def grads(cls, gy: torch.Tensor, x: torch.Tensor, bias: bool) -> tuple:
-        """(weight gradient, bias gradient or None) from the layer's output gradient and input."""
+    def grads(cls, gy: torch.Tensor, x: torch.Tensor, bias: bool, weight=None) -> tuple:
+        """(weight gradient, bias gradient or None) from the layer's output gradient and input
+        (``weight``: the one its forward took, for a kind that reads its layout)."""
         if gy.dim() != 2:
             gy, x = gy.reshape(-1, gy.shape[-1]), x.reshape(-1, x.shape[-1])
         return cls.weight_grad(gy, x), gy.sum(0) if bias else None
@@ -95,8 +96,12 @@ class ConvKind:
         self.args = (list(module.stride), list(module.padding), list(module.dilation), False, [0] * len(module.stride))
         self.groups = module.groups
 
-    def grads(self, gy: torch.Tensor, x: torch.Tensor, bias: bool) -> tuple:
-        w = x.new_empty(self.weight_shape)  # (its shape and dtype are read, not its values)
+    def grads(self, gy: torch.Tensor, x: torch.Tensor, bias: bool, weight=None) -> tuple:
+        # the weight's shape, dtype and memory format are read (mkldnn and cuDNN pick their
+        # layout from it and the input's), not its values: the forward's weight's, empty
+        w = torch.empty_like(weight) if weight is not None else x.new_empty(self.weight_shape)
+        if x.dim() == w.dim() - 1:  # an unbatched input ((C, H, W)): convolution_backward wants a batch
+            x, gy = x.unsqueeze(0), gy.unsqueeze(0)
         sizes = [self.weight_shape[0]] if bias else None
         _, gw, gb = torch.ops.aten.convolution_backward(gy, x, w, sizes, *self.args, self.groups, [False, True, bias])
         return gw, gb
@@ -145,6 +150,11 @@ class RoutedLayer:
         if self in self.weights.layers:
             self.weights.layers.remove(self)
 
+    @property
+    def stored_weight(self) -> torch.Tensor | None:
+        """The weight (detached) its storing forward took last: the step's."""
+        return self._detached
+
     def forget_weight(self) -> None:
         """Drop the weight last stored with, and its detached view (the next storing call takes
         the weight the layer has then)."""
@@ -168,6 +178,9 @@ class RoutedLayer:
                 dtype = torch.get_autocast_dtype(device)
                 if x.dtype != dtype and x.is_floating_point():
                     x = self.weights.cast(x, dtype)  # autocast's cast, in the graph the same way
+            elif self.weights.dtype is not None:  # a region your model runs with autocast off: its own weights
+                own = self.own
+                w, b = own["weight"], own.get("bias")
         store = self.store
         calls = None if store is None else store.calls
         if calls is None or not torch.is_grad_enabled():

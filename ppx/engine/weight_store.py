@@ -104,7 +104,7 @@ class WeightStore:
         last = {layer: k for k, (layer, _, _) in enumerate(pending)}
         sums: dict = {}  # layer -> [weight gradient, bias gradient or None], for layers called again
         for k, (layer, x, gy) in enumerate(pending):
-            gw, gb = layer.kind.grads(gy, x, layer.has_bias)
+            gw, gb = layer.kind.grads(gy, x, layer.has_bias, layer.stored_weight)
             got = sums.pop(layer, None)
             if got is not None:
                 gw = got[0] + gw

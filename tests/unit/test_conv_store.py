@@ -63,3 +63,46 @@ def test_a_cnns_convolutions_and_head_are_routed():
         ("2.0", True),
         ("3.1", False),
     ] and layers[-1].kind is LinearKind
+
+
+def test_w_reads_the_forwards_weight_layout_and_takes_an_unbatched_input():
+    """A channels_last weight (the speed recipe) beside a contiguous input, as a stage receives
+    it: mkldnn picks its layout from both, and W's stand-in weight was contiguous (4e-5 apart);
+    an unbatched (C, H, W) input had failed at the first W."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 16, 3, padding=1).to(memory_format=torch.channels_last)
+    for x in (torch.randn(4, 8, 12, 12, requires_grad=True), torch.randn(8, 12, 12, requires_grad=True)):
+        conv.zero_grad(set_to_none=True)
+        y = conv(x)
+        gy = torch.randn_like(y)
+        y.backward(gy)
+        gw, gb = kind_of(conv).grads(gy, x.detach(), True, conv.weight.detach())
+        assert torch.equal(gw, conv.weight.grad) and torch.equal(gb, conv.bias.grad)
+
+
+def test_a_layer_your_model_runs_with_autocast_off_takes_its_own_weights():
+    """Under bf16 a routed layer takes the step's bf16 copy; in a region your forward runs with
+    autocast off (in fp32) it takes its own weights, as its forward would (the copy had failed:
+    "Input type (float) and bias type (BFloat16)")."""
+    from ppx.engine.linears import StepWeights, route_layers
+
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1), nn.Linear(8, 4)
+
+        def forward(self, x):
+            h = self.a(x)
+            with torch.autocast("cpu", enabled=False):
+                return self.fc(self.b(h.float()).mean((2, 3)))
+
+    torch.manual_seed(0)
+    own, routed = Mixed(), Mixed()
+    routed.load_state_dict(own.state_dict())
+    weights = StepWeights(torch.bfloat16)
+    assert len(route_layers(routed, weights)) == 3
+    weights.refresh()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want, got = own(x), routed(x)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
