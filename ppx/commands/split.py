@@ -67,17 +67,14 @@ def _received(cfg, num_stages: int) -> list[str]:
         return []
     import torch
 
-    from ppx.engine.precision import DTYPES
+    from ppx.engine.precision import Precision
+    from ppx.units import format_bytes
 
-    compute = DTYPES[cfg.train.dtype]
+    travels = Precision(cfg.train.dtype, "cpu").boundary_dtype
     mbs = cfg.train.batch_size // cfg.parallel.data // cfg.pipeline.microbatches
     out = []
     for shape, dtype in models.handed_on(cfg, num_stages, mbs):
-        dtype = compute if dtype == torch.float32 else dtype  # (as it travels: `Precision.boundary_dtype`)
+        dtype = travels(dtype)
         size = torch.Size(shape).numel() * dtype.itemsize
-        out.append(f"{tuple(shape)} {str(dtype).removeprefix('torch.')}, {_bytes(size)}")
+        out.append(f"{tuple(shape)} {str(dtype).removeprefix('torch.')}, {format_bytes(size)}")
     return out
-
-
-def _bytes(n: int) -> str:
-    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB" if n < 1024**2 else f"{n / 1024**2:.1f} MiB"

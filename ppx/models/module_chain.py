@@ -38,11 +38,23 @@ def unit_shapes(cfg, microbatch_size: int, described: tuple | None = None) -> li
 def moved_buffers(cfg, microbatch_size: int, described: tuple | None = None) -> set[str]:
     """The buffers (each under every name) the units' forward moves: in place, or a new tensor
     under the name (on the meta device, where values cannot be compared, those a kernel moves
-    without bumping a version, BatchNorm's statistics, are missed); the chain run again."""
+    without bumping a version, BatchNorm's statistics, are missed), from the same run."""
     return _run(cfg, microbatch_size, described)[1]
 
 
+_CHAINED: dict[tuple[str, int], tuple[list, set[str]]] = {}  # _run's, by model section and microbatch size
+
+
 def _run(cfg, microbatch_size: int, described: tuple | None) -> tuple[list, set[str]]:
+    """(`unit_shapes`, `moved_buffers`) of one run of the chain, once per model section and
+    size in a process (the config's checks ask for both, and for the split's boundaries)."""
+    key = (repr(cfg), microbatch_size)
+    if key not in _CHAINED:
+        _CHAINED[key] = _chain_run(cfg, microbatch_size, described)
+    return _CHAINED[key]
+
+
+def _chain_run(cfg, microbatch_size: int, described: tuple | None) -> tuple[list, set[str]]:
     from ppx.models import module_spec
     from ppx.models.module import whole
 

@@ -169,12 +169,11 @@ def check_split(cfg, num_stages: int, training: bool) -> None:
         return
     m = cfg.model
     mbs = cfg.train.batch_size // cfg.parallel.data // cfg.pipeline.microbatches
-    model = described(m)
-    shapes = unit_shapes(m, mbs, model)
+    shapes = unit_shapes(m, mbs)  # (the check's own run: `module_chain` keeps it)
     for s, units in enumerate(models.split_of(cfg, num_stages)[:-1]):
         name, shape, dtype = shapes[units.stop - 1]
         if not (dtype.is_floating_point or dtype.is_complex):
-            names = model[1]
+            names = described(m)[1]
             raise UserError(
                 f"model.kind=module: stage {s + 1} would begin at unit {names[units.stop]}, handed "
                 f"{str(dtype).removeprefix('torch.')} (shape {shape}) by unit {name}; a stage receives floating "
