@@ -192,7 +192,7 @@ def _integer_units(cfg) -> tuple[int, ...]:
     if not hasattr(kind, "unit_outputs"):
         return ()
     try:
-        outputs = kind.unit_outputs(cfg.model, cfg.train.batch_size // cfg.parallel.data // cfg.pipeline.microbatches)
+        outputs = kind.unit_outputs(cfg.model, cfg.microbatch_size())
     except Exception:  # (a module not importable here: its candidates' commands say why they fail)
         return ()
     return tuple(u for u, (_, dtype) in enumerate(outputs) if not (dtype.is_floating_point or dtype.is_complex))

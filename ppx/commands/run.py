@@ -118,7 +118,7 @@ def _forward_unchecked(cfg) -> str | None:
     if why is None:
         return None
     said = f"ppx: note: torch.fx cannot trace the forward of model.module={cfg.model.module} ({why}), so ppx"
-    mbs = cfg.train.batch_size // cfg.parallel.data // cfg.pipeline.microbatches
+    mbs = cfg.microbatch_size()
     ran = module_chain.forward_run(cfg.model, mbs, described)
     if isinstance(ran, str):
         return (

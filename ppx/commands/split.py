@@ -71,7 +71,7 @@ def _received(cfg, num_stages: int) -> list[str]:
     from ppx.units import format_bytes
 
     travels = Precision(cfg.train.dtype, "cpu").boundary_dtype
-    mbs = cfg.train.batch_size // cfg.parallel.data // cfg.pipeline.microbatches
+    mbs = cfg.microbatch_size()
     out = []
     for shape, dtype in models.handed_on(cfg, num_stages, mbs):
         dtype = travels(dtype)

@@ -369,6 +369,13 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
+    def microbatch_size(self, microbatches: int | None = None) -> int:
+        """Samples in one microbatch of one data-parallel replica: ``train.batch_size`` over
+        ``parallel.data`` replicas and ``microbatches`` (``pipeline.microbatches`` by default),
+        rounded down (`rules` refuse a batch that leaves a microbatch empty)."""
+        m = self.pipeline.microbatches if microbatches is None else microbatches
+        return self.train.batch_size // self.parallel.data // m
+
 
 def describe(cls=Config, prefix: str = "") -> list[tuple[str, str, str]]:
     """(key, default, help) for every leaf field of the schema."""

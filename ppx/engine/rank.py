@@ -57,7 +57,7 @@ def traced_stage_modules(cfg: Config, ranges: Sequence[range], stages: Sequence[
     kind = models.kind(cfg.model.kind)
     whole = build_reference(cfg)
     x, _ = kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, 0)
-    example = x[: microbatch_size(cfg, cfg.pipeline.microbatches)]
+    example = x[: cfg.microbatch_size()]
     spec = {kind.block_name(cfg.model, r.start): SplitPoint.BEGINNING for r in ranges[1:]}
     mixed = Precision(cfg.train.dtype, "cpu").mixed  # (fp32: no cast to leave in the graph)
     with warnings.catch_warnings(), tracing(mixed):  # (torch's own deprecation notices from inside the tracer)
@@ -199,11 +199,6 @@ class RankPipeline(StageShare):
         return loss
 
 
-def microbatch_size(cfg: Config, microbatches: int) -> int:
-    """Samples in one microbatch of one data-parallel replica."""
-    return cfg.train.batch_size // cfg.parallel.data // microbatches
-
-
 def build_runners(
     cfg: Config,
     modules: dict[int, nn.Module],
@@ -258,7 +253,7 @@ def sample_microbatch(
     ``boundaries`` are what each stage but the last hands the next (shape, dtype: float32 in
     the compute dtype), of ``num_stages`` (None: the config's)."""
     kind = models.kind(cfg.model.kind)
-    mb_size = microbatch_size(cfg, microbatches)
+    mb_size = cfg.microbatch_size(microbatches)
     n = num_stages if num_stages is not None else resolve_schedule(cfg).num_stages
     handed = [(shape, precision.boundary_dtype(dtype)) for shape, dtype in models.handed_on(cfg, n, mb_size)]
     return SampleMicrobatch(cfg, kind, mb_size, handed, device)

@@ -168,7 +168,7 @@ def check_split(cfg, num_stages: int, training: bool) -> None:
     if not training:
         return
     m = cfg.model
-    mbs = cfg.train.batch_size // cfg.parallel.data // cfg.pipeline.microbatches
+    mbs = cfg.microbatch_size()
     shapes = unit_shapes(m, mbs)  # (the check's own run: `module_chain` keeps it)
     for s, units in enumerate(models.split_of(cfg, num_stages)[:-1]):
         name, shape, dtype = shapes[units.stop - 1]
@@ -259,7 +259,7 @@ def check(cfg) -> None:
     first_batch(m, cfg.train.batch_size)  # (the whole batch too, as the ranks ask for it)
 
     # the units chain on a rank's microbatch (what each stage is handed: `check_split`)
-    mbs = cfg.train.batch_size // cfg.parallel.data // p.microbatches  # (>= 1: rules.check_parallel ran first)
+    mbs = cfg.microbatch_size()  # (>= 1: rules.check_parallel ran first)
     unit_shapes(m, mbs, (module, names))
     from ppx.models.module_chain import forward_run
     from ppx.models.module_forward import traced_checks

@@ -91,7 +91,7 @@ def _weigh(cfg) -> UnitWeights:
     kind = models.kind(cfg.model.kind)
     n = models.unit_count(cfg.model)
     x, target = kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, 0)
-    size = cfg.train.batch_size // (cfg.pipeline.microbatches * cfg.parallel.data)
+    size = cfg.microbatch_size()
     # (bytes of a float in a mixed run's compute dtype)
     compute = None if cfg.train.dtype == "fp32" else DTYPES[cfg.train.dtype].itemsize
     rows, held = [], {}

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from helpers import REPO, ppx, read_json
+from helpers import REPO, ppx, read_json, run_args
 
 pytest.importorskip("transformers")
 
@@ -47,10 +47,9 @@ def test_a_run_of_your_own_model_stores_its_layers_and_predicts_its_memory(runs,
 def test_a_plan_from_the_run_prints_a_command_that_runs(runs, name, tmp_path):
     plan = ppx("plan", "--from-run", str(runs[name]), "--out", str(tmp_path / "plan"))
     assert plan.returncode == 0, plan.stderr[-2000:]
-    command = next(line for line in plan.stdout.splitlines() if line.startswith("ppx run "))
-    args = [a for a in command.split()[2:] if not a.startswith("run.dir=")]
+    args = run_args(plan.stdout)
     r = ppx("run", *args, "train.steps=2", f"run.dir={tmp_path / 'run'}")
-    assert r.returncode == 0, (command, r.stderr[-2000:])
+    assert r.returncode == 0, (args, r.stderr[-2000:])
     assert read_json(tmp_path / "run" / "summary.json")["schedule"] == str(tmp_path / "plan" / "best.csv")
     # cut in 4 stages, GPT-2's stage 0 is its embedding alone: nothing to store, it keeps its
     # graph (store refused it at build, and the plan's ZB-V command failed); candidates that
@@ -61,7 +60,7 @@ def test_a_plan_from_the_run_prints_a_command_that_runs(runs, name, tmp_path):
     assert all("train.split_backward=auto" in c["command"] for c in candidates if c["schedule"] == "1f1b")
     if name != "hf_gpt2":
         return
-    args = [a for a in cut[0]["command"].split()[2:] if not a.startswith("run.dir=")]
+    args = run_args(cut[0]["command"])
     r = ppx("run", *args, "train.steps=2", f"run.dir={tmp_path / 'zbv'}")
     assert r.returncode == 0, (cut[0]["command"], r.stderr[-2000:])
 

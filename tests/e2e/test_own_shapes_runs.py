@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from helpers import REPO, ppx, read_json
+from helpers import REPO, ppx, read_json, run_args
 
 # units [bins, embed, mix, pool]: bins hands on int64 (b, 16), embed and mix (b, 16, 8) floats
 QUANTIZED = [
@@ -43,7 +43,6 @@ def test_a_model_of_changing_shapes_runs_and_a_plan_keeps_its_stages_off_integer
     why = "4 stages would begin one after unit 0, which hands on integers or booleans (a stage receives floating point)"
     assert f"- 1f1b p=4 m=4 v=1: {why}: it cannot run" in md, md
     assert all(c["p"] * c["v"] != 4 for c in read_json(tmp_path / "plan" / "plan.json")["candidates"])
-    command = next(line for line in plan.stdout.splitlines() if line.startswith("ppx run "))
-    args = [a for a in command.split()[2:] if not a.startswith("run.dir=")]
+    args = run_args(plan.stdout)
     ran = ppx("run", *args, "train.steps=2", f"run.dir={tmp_path / 'best'}", env=TESTS)
-    assert ran.returncode == 0, (command, ran.stderr[-2000:])
+    assert ran.returncode == 0, (args, ran.stderr[-2000:])

@@ -13,6 +13,7 @@ from helpers.run import (
     ppx,
     read_json,
     read_jsonl,
+    run_args,
     torchrun_ppx,
 )
 
@@ -28,5 +29,6 @@ __all__ = [
     "ppx",
     "read_json",
     "read_jsonl",
+    "run_args",
     "torchrun_ppx",
 ]

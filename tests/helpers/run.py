@@ -51,6 +51,14 @@ def ppx(*args: str, timeout: float = 240, env: dict | None = None, cwd: Path = R
     )
 
 
+def run_args(command: str) -> list[str]:
+    """The arguments of a printed `ppx run` command (``command``: the line, or a command's
+    whole output, whose first line starting `ppx run ` is taken) without its run.dir: a test
+    runs it under a folder of its own."""
+    line = next(x for x in command.splitlines() if x.startswith("ppx run "))
+    return [a for a in line.split()[2:] if not a.startswith("run.dir=")]
+
+
 def torchrun_ppx(nproc: int, *args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
     """``ppx <args>`` in each of ``nproc`` processes started by torchrun itself (as under srun or
     a user's own torchrun: no `ppx run` launcher around them), its output captured (``env``:
