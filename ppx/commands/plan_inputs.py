@@ -11,7 +11,7 @@ from ppx.commands.common import measured_run, ms_list
 from ppx.commands.run_costs import run_costs_at
 from ppx.errors import UserError, said
 from ppx.plan.calibrate import runs_whole
-from ppx.plan.inputs import PlanInputs
+from ppx.plan.inputs import PlanInputs, shared_of_run
 from ppx.plan.sizes import parse_sizes
 from ppx.schedules.registry import MAX_STAGE_MICROBATCHES
 
@@ -145,6 +145,7 @@ def from_run(args) -> tuple[PlanInputs, list[int], list[int], str]:
         wgrad_s=tuple(c.wgrad),
         stages=stages,
         act_bytes=tuple(float(b) for b in saved) if saved and len(saved) == stages else None,
+        **shared_of_run(run.raw_summary.get("shared_with_stage_before"), stages),
         param_bytes=_sized("--param-bytes", args.param_bytes, stages, "stage")
         or _run_params(run, stages, units, weights),
         budget_bytes=budget(args),

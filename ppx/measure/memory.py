@@ -12,7 +12,9 @@ only the stores until its W: after the I the microbatch holds those tensors inst
 ``train.recompute`` an I re-runs the forward: the hooks watch the I too, and a stage that keeps
 its graph holds what that forward saved until the W. The
 step's compute-dtype copies of the weights (`ppx.engine.linears.StepWeights`) are weights, not
-activations, and are left out like the parameters. It
+activations, and are left out like the parameters. Of what a stage's forward saves, the
+bytes the stage before it on the rank saves too (its output handed on in place, at a V's
+turn) are reported apart, with when the first of the two let them go (`shared_saves`). It
 reports per step the peak number of microbatches in flight on the rank, the peak of live
 saved-activation bytes, the bytes of the rank's parameters (``param_bytes``: what a memory
 model adds for weights, gradients and optimizer state), and the peak memory over the step,
@@ -38,6 +40,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
+from ppx.measure.shared_saves import SharedSaves
 from ppx.schedules.ir.action import Op
 
 
@@ -121,6 +124,7 @@ class MemoryTracker:
         self.live_bytes = self.peak_bytes = self.peak_inflight = 0
         self.per_microbatch: dict[int, int] = {}  # stage -> most bytes one microbatch's forward saved
         self.after_input: dict[int, int] = {}  # stage -> most bytes one microbatch held from its I to its W
+        self.shared = SharedSaves()  # what two stages of the rank save between them
         self._seen: dict = {}
         self._fresh: dict = {}  # key -> a weak reference to the storage this forward (or I) saw there
         self._alive: dict = {}  # key -> a weak reference to the storage counted there (gone when it is freed)
@@ -194,6 +198,7 @@ class MemoryTracker:
             if a.stage in self.whole_stages:  # the whole backward ran here: all freed, nothing held to the W
                 self.after_input.setdefault(a.stage, 0)
                 self._release(self.held.pop(key, ()))
+                self.shared.input_done(a.stage, a.mb, self.held)
                 return
             rerun = bool(self._seen)  # the forward the I re-ran (train.recompute)
             kept = self._stored(a.stage, a.mb)
@@ -211,6 +216,7 @@ class MemoryTracker:
                 self._hold(a.stage, a.mb, count=False)
                 after = sum(self._refs[k][0] for k in set(self.held.get(key, ())))
             self.after_input[a.stage] = max(self.after_input.get(a.stage, 0), after)
+            self.shared.input_done(a.stage, a.mb, self.held)
 
     def _stored(self, stage: int, mb: int) -> list | None:
         return None if self.held_by_store is None else self.held_by_store(stage, mb)
@@ -257,6 +263,7 @@ class MemoryTracker:
             if count:
                 mb_bytes = sum(self._seen.values())
                 self.per_microbatch[stage] = max(self.per_microbatch.get(stage, 0), mb_bytes)
+                self.shared.forward(stage, mb, self._seen, self.held)
             self.held.setdefault((stage, mb), []).extend(self._seen)
             for ptr, nbytes in self._seen.items():
                 ref = self._refs.setdefault(ptr, [nbytes, 0])
@@ -286,4 +293,5 @@ class MemoryTracker:
                 if self.after_input
                 else {}
             ),
+            **self.shared.record(),
         }

@@ -11,7 +11,7 @@ from ppx.measure.spans import handoffs
 from ppx.measure.unseen_comms import comms_unseen
 from ppx.schedules.ir.schedule import Schedule
 from ppx.schedules.sim.costs import REDUCE, split_first
-from ppx.schedules.sim.memory import peak_held
+from ppx.schedules.sim.memory import UNTIL, peak_held
 
 
 def _mean(values) -> float:
@@ -213,6 +213,15 @@ def most_per_stage(into: dict, values: dict | None) -> None:
         into[stage] = max(into.get(stage, 0), b)
 
 
+def shared_per_stage(into: dict, values: dict | None) -> None:
+    """``into[stage]``: the most bytes a stage's forward saved that the stage before on its
+    rank saves too, and the earliest of the times the first of the two let them go
+    (`ppx.measure.shared_saves`: a later one would take them off the prediction too long)."""
+    for stage, v in (values or {}).items():
+        was = into.get(stage, {"bytes": 0, "until": UNTIL[-1]})
+        into[stage] = {"bytes": max(was["bytes"], v["bytes"]), "until": min(was["until"], v["until"], key=UNTIL.index)}
+
+
 def memory_prediction(steps: list[dict], schedule: Schedule, ranks: list[dict]) -> dict:
     """Each rank's peak saved activations predicted from the bytes one microbatch's forward
     saved on each stage (the most over the run's ``steps``, as the memory counters measured
@@ -220,16 +229,19 @@ def memory_prediction(steps: list[dict], schedule: Schedule, ranks: list[dict]) 
     ``peak_activation_bytes``; {} without the counters or without backwards."""
     saved: dict = {}
     after: dict = {}  # a stage's bytes from I to W (its graph and output gradient, stores, recompute)
+    both: dict = {}  # a stage's bytes the stage before on its rank saves too, and when they go
     for s in steps:
         for r in s["ranks"]:
             most_per_stage(saved, r.get("saved_bytes_per_microbatch"))
             most_per_stage(after, r.get("held_after_input_bytes"))
+            shared_per_stage(both, r.get("shared_with_stage_before"))
     per = [saved.get(str(st), 0) for st in range(schedule.num_stages)]
     held = [after.get(str(st)) for st in range(schedule.num_stages)]
     if not any(per):
         return {}
     share = [input_freed_share(b, h) for b, h in zip(per, held)]
-    predicted = peak_held(schedule, per, share)
+    shared = [(both[k]["bytes"], both[k]["until"]) if k in both else None for k in map(str, range(len(per)))]
+    predicted = peak_held(schedule, per, share, shared)
     errors = [
         predicted[r["rank"]] / r["peak_activation_bytes"] - 1
         for r in ranks
@@ -238,6 +250,7 @@ def memory_prediction(steps: list[dict], schedule: Schedule, ranks: list[dict]) 
     return {
         "saved_bytes_per_microbatch": per,
         "input_freed_share": share,
+        **({"shared_with_stage_before": both} if both else {}),
         "predicted_peak_activation_bytes": [int(b) for b in predicted],
         "memory_prediction_error": max(errors, key=abs) if errors else None,
     }

@@ -100,7 +100,7 @@ def evaluate(c: Candidate, inputs: PlanInputs) -> Result | Skipped:
         step, bubble, steady = t.makespan, t.bubble_fraction(), t.steady()
     params = inputs.params(n)
     shares = [1.0 if s in whole else x for s, x in enumerate(inputs.shares(n))]  # (a whole I frees it all)
-    held = peak_held(sched, inputs.act(n), shares)
+    held = peak_held(sched, inputs.act(n), shares, inputs.shared(n))
     peaks = tuple(
         held[r] + sum(params[s] for s, owner in enumerate(sched.stage_to_rank) if owner == r)
         for r in range(sched.num_ranks)

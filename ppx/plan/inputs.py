@@ -68,6 +68,11 @@ class PlanInputs:
     microbatch_size: int | None = None  # samples per microbatch, when known (a run's)
     samples: dict | None = None  # a run's measured cost samples (`ppx.plan.sampled`), or None: the means
     input_share: tuple[float, ...] | None = None  # per unit, the share of act_bytes an I frees (None: 0)
+    # a run's, per stage: of its act_bytes, those the stage before on its rank saves too, and when the
+    # first of the two lets them go (`peak_held`'s ``shared``), known at the run's own stage count only
+    # (elsewhere counted twice: erring high)
+    shared_bytes: tuple[float, ...] | None = None
+    shared_until: tuple[str, ...] | None = None
     rank_by: str = "sync"  # the step that ranks candidates (and that zb_auto minimises): "sync" or "steady"
     split_known: bool = True  # False: a run's costs of full backwards only (no I, W apart)
     whole_stages: tuple[int, ...] = ()  # a run's stages that ran their split backward whole (I and W not apart)
@@ -215,6 +220,8 @@ class PlanInputs:
             samples=with_actions(self.samples, a),
             act_bytes=tuple(self.act(n)) if self.act_bytes else None,
             input_share=tuple(self.shares(n)) if self.input_share and self.act_bytes else None,
+            shared_bytes=None,  # (another stage count than the run's)
+            shared_until=None,
             param_bytes=tuple(self.params(n)) if self.param_bytes else None,
             reduce_s=None,  # (entries run beside one pipeline)
             whole_stages=(),
@@ -241,6 +248,13 @@ class PlanInputs:
         held = self.split([(1 - s) * b for s, b in zip(self.input_share, self.act_bytes)], num_stages, "graph")
         return [(b - h) / b if b else 0.0 for h, b in zip(held, self.act(num_stages))]
 
+    def shared(self, num_stages: int) -> list[tuple[float, str] | None] | None:
+        """Per stage, (bytes, until) of its saved ones that the stage before on its rank saves
+        too (`peak_held`): the run's at its own stage count, else None (not known)."""
+        if self.shared_bytes is None or self.shared_until is None or self.per_layer or num_stages != self.stages:
+            return None
+        return [(b, u) if b else None for b, u in zip(self.shared_bytes, self.shared_until)]
+
     def params(self, num_stages: int) -> list[float]:
         """Weights, gradients and optimizer state per stage, bytes (0 where not given)."""
         return self.split(self.param_bytes, num_stages, "params") if self.param_bytes else [0.0] * num_stages
@@ -261,6 +275,18 @@ class PlanInputs:
         if fields.get("unit_weights") is not None:
             fields["unit_weights"] = UnitWeights.from_json(fields["unit_weights"])
         return cls(**fields)
+
+
+def shared_of_run(shared: dict | None, stages: int) -> dict:
+    """PlanInputs' ``shared_bytes`` and ``shared_until`` from a run's summary.json
+    ``shared_with_stage_before`` ({"<stage>": {"bytes", "until"}}), or {} where it has none."""
+    if not shared:
+        return {}
+    got = [shared.get(str(s)) for s in range(stages)]
+    return {
+        "shared_bytes": tuple(float(g["bytes"]) if g else 0.0 for g in got),
+        "shared_until": tuple(g["until"] if g else "" for g in got),
+    }
 
 
 def _unit_shares(

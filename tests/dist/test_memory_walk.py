@@ -3,7 +3,10 @@ takes several): each rank's peak saved bytes, measured by the memory counters ar
 runtime's actions (real gloo processes), equal the memory model's walk of the schedule from
 the bytes one microbatch saved per stage (`ppx.measure.prediction.memory_prediction`, what
 `ppx run` reports next to the measured peak). The MLP's layers each save their own
-activations, so the walk is exact. One process group runs every schedule; `ppx run`'s own
+activations, so the walk is exact. So it is on a model whose units end with an activation
+that keeps its output (Linear + Tanh, `helpers.own_shapes.widths`): at a V's turn the next
+stage on the rank saves that output as its Linear's input, and the rank holds it once
+(`peak_held`'s ``shared``). One process group runs every schedule; `ppx run`'s own
 report of the same figures is checked on the transformer and llama in
 tests/e2e/test_memory_prediction.py and at p = 4 in tests/e2e/test_instrumentation.py."""
 
@@ -29,14 +32,24 @@ P = 2
 EVERY = [name for name in FAMILIES if name != "forward_only"]  # forward_only saves nothing to free
 
 
-def overrides(name: str) -> list[str]:
-    """The MLP at p=2 under ``name``, with its default stages per rank (4 layers: one a stage
+MODELS = {
+    "mlp": ["model.kind=mlp", "model.hidden=32", "model.layers=4"],
+    # 4 units, Linear + Tanh but the last: each stage's output is saved by its Tanh and the next one's Linear
+    "activations_at_the_cuts": [
+        "model.kind=module",
+        "model.module=helpers.own_shapes:widths",
+        "model.data=regression",
+        "model.hidden=16",
+    ],
+}
+
+
+def overrides(name: str, model: str) -> list[str]:
+    """``model`` at p=2 under ``name``, with its default stages per rank (4 units: one a stage
     at v=2)."""
     m = 2 * P if name == "dualpipev" else 4  # DualPipeV needs m >= 2p
     return [
-        "model.kind=mlp",
-        "model.hidden=32",
-        "model.layers=4",
+        *MODELS[model],
         f"pipeline.schedule={name}",
         f"pipeline.stages={P}",
         f"pipeline.microbatches={m}",
@@ -46,8 +59,8 @@ def overrides(name: str) -> list[str]:
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     with gloo_group(rank, world, port):
-        for name in EVERY:
-            cfg = config.load(None, overrides(name))
+        for name, model in ((n, m) for m in MODELS for n in EVERY):
+            cfg = config.load(None, overrides(name, model))
             schedule = resolve_schedule(cfg)
             pipe = build_rank(cfg, schedule, rank, "cpu", P2P.for_backend("gloo"))
             inst = Instruments(cfg, pipe, torch.device("cpu"))
@@ -59,7 +72,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             dist.all_gather_object(ranks, {"rank": rank, **record})
             if rank == 0:
                 predicted = memory_prediction([{"ranks": ranks}], schedule, ranks)
-                torch.save({"ranks": ranks, "predicted": predicted}, Path(out) / f"{name}.pt")
+                torch.save({"ranks": ranks, "predicted": predicted}, Path(out) / f"{model}-{name}.pt")
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +82,10 @@ def walked(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("name", EVERY)
-def test_the_walk_predicts_each_ranks_measured_peak(walked, name):
-    got = torch.load(walked / f"{name}.pt")
+def test_the_walk_predicts_each_ranks_measured_peak(walked, name, model):
+    got = torch.load(walked / f"{model}-{name}.pt")
     ranks, predicted = got["ranks"], got["predicted"]
     assert predicted, "the counters measured saved bytes"
     assert len(predicted["saved_bytes_per_microbatch"]) == default_virtual(name) * P

@@ -219,6 +219,19 @@ def test_plan_json_inputs_read_back():
     assert PlanInputs.from_json(old).unit_weights.of_stage(range(2), "bytes", "full") == [1.0, 10.0]
 
 
+def test_bytes_a_run_measured_two_stages_save_between_them_price_its_own_stage_count_only():
+    import json
+
+    from ppx.plan.inputs import shared_of_run
+
+    ran = {"2": {"bytes": 2048, "until": "a W"}}  # (summary.json's shared_with_stage_before)
+    inputs = PlanInputs(fwd_s=(1.0,) * 4, bwd_s=(1.0,) * 4, wgrad_s=(0.0,) * 4, stages=4, **shared_of_run(ran, 4))
+    assert inputs.shared(4) == [None, None, (2048.0, "a W"), None]
+    assert inputs.shared(2) is None  # (other cuts: not measured, each stage's counted whole)
+    assert PlanInputs.from_json(json.loads(json.dumps(inputs.to_json()))).shared(4) == inputs.shared(4)
+    assert shared_of_run(None, 4) == {} and PlanInputs(fwd_s=(1.0,), bwd_s=(1.0,), wgrad_s=(0.0,)).shared(1) is None
+
+
 def test_no_candidate_begins_a_stage_after_a_unit_that_hands_on_integers():
     """Your module's unit 0 hands on integers (bins, then their embedding): a candidate whose
     split of the run's units would begin a stage after it cannot run (its config is refused),

@@ -39,3 +39,24 @@ def test_forward_only_holds_what_no_backward_frees():
     assert not any(a.op.is_backward for row in sched.actions for a in row)
     assert peak_held(sched, [1, 1]) == [4, 4]  # a run keeps nothing then: no saved bytes are measured
     assert all(a.op is Op.F or a.op.is_comm for row in sched.actions for a in row)
+
+
+# ZB-V at p=2, m=2: rank 1 holds stages 1 and 2, and runs 1F0 2F0 1F1 2F1 2I0 2W0 1I0 1W0 2I1 2W1 1I1 1W1
+@pytest.mark.parametrize(
+    ("shared", "peak"),
+    [
+        (None, 28),  # 10 + 4 a microbatch, two in flight
+        ((3, "a W"), 22),  # 3 of stage 2's 4 counted once, until 2W0 (before 1W0)
+        ((3, "the I before"), 22),  # until 2W0 too: it comes before 1I0
+        ((3, "its I"), 25),  # until 2I0, which frees nothing of its own here: 3 back on the 22
+    ],
+)
+def test_bytes_two_stages_of_a_rank_save_between_them_are_counted_once(shared, peak):
+    zbv = registry.build("zbv", 2, 2)
+    assert [str(a) for a in zbv.actions[1] if a.op.is_compute][:8] == "1F0 2F0 1F1 2F1 2I0 2W0 1I0 1W0".split()
+    per = [0, 10, 4, 0]
+    got = peak_held(zbv, per, shared=[None, None, shared, None])
+    assert got == [0, peak]
+    # stages handed on between ranks share nothing: the same figures change no other schedule
+    one_f_one_b = registry.build("1f1b", 2, 2)
+    assert peak_held(one_f_one_b, [10, 4], shared=[None, shared]) == peak_held(one_f_one_b, [10, 4])
