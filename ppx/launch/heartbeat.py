@@ -66,8 +66,10 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="ppx-heartbeat", daemon=True)
 
     def start(self) -> Heartbeat:
-        self._write("alive")
-        self._thread.start()
+        """Beat from now on (again: nothing more, where it beats already)."""
+        if not self._thread.is_alive() and not self._stop.is_set():
+            self._write("alive")
+            self._thread.start()
         return self
 
     def stop(self, state: str = "done") -> None:

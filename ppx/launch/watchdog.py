@@ -85,7 +85,14 @@ def claim_cause(status_dir: Path | None, line: str) -> bool:
 
 
 class Watchdog:
-    def __init__(self, rank: int, timeout_s: float, status_dir: Path | None = None, poll_s: float = 0.1):
+    def __init__(
+        self,
+        rank: int,
+        timeout_s: float,
+        status_dir: Path | None = None,
+        poll_s: float = 0.1,
+        heartbeat: Heartbeat | None = None,
+    ):
         self.rank, self.timeout_s, self.poll_s = rank, timeout_s, poll_s
         self.grace_s = max(1.0, 0.25 * timeout_s)
         self.limit_s = timeout_s
@@ -95,7 +102,8 @@ class Watchdog:
         self.since = time.monotonic()
         self._map = None
         self.status_dir = Path(status_dir) if status_dir is not None else None
-        self.heartbeat = Heartbeat(self.status_dir, rank) if status_dir is not None else None
+        # (``heartbeat``: one the rank started before it had a watchdog, kept on)
+        self.heartbeat = heartbeat or (Heartbeat(self.status_dir, rank) if status_dir is not None else None)
         self._deferred = False
         if self.status_dir is not None:
             self.status_dir.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ from ppx.launch.closed_stdout import survive_closed_stdout
 from ppx.launch.crash_stacks import stacks_to_file
 from ppx.launch.failure_line import report_failure
 from ppx.launch.faults import FaultInjector
+from ppx.launch.heartbeat import Heartbeat
 from ppx.launch.stop_signal import await_stop, follow_stop_signal
 from ppx.launch.thread_errors import one_line_thread_errors
 from ppx.launch.watchdog import SETUP_FLOOR_S, Watchdog
@@ -61,6 +62,18 @@ def _shared_run_dir(cfg: Config, run_dir: Path | None, group) -> Path:
     return Path(box[0])
 
 
+def _early_heartbeat(run_dir: Path | None, rank: int) -> Heartbeat | None:
+    """The rank's heartbeat from before its process group is up, where the run directory is
+    known (under ``ppx run``): a rank frozen while the ranks meet is named by the launcher
+    after ``runtime.timeout_s``, where its peers' rendezvous would take minutes to give up. A
+    rank waiting there on a slower peer keeps beating (the waits release the GIL)."""
+    if run_dir is None:
+        return None
+    status = run_dir / "status"
+    status.mkdir(parents=True, exist_ok=True)
+    return Heartbeat(status, rank).start()
+
+
 def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -70,6 +83,7 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         pin_local_rank(pin_order(rank, world, local_rank, local_world, cfg.parallel.data), local_world)
     torch.set_num_threads(cfg.runtime.threads_per_rank)
+    beat = _early_heartbeat(run_dir, rank)
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
         device, backend = torch.device("cuda", local_rank), "nccl"
@@ -80,7 +94,7 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
     watchdog = None
     try:
         run_dir = _shared_run_dir(cfg, run_dir, ctrl)
-        watchdog = Watchdog(rank, cfg.runtime.timeout_s, run_dir / "status").start()
+        watchdog = Watchdog(rank, cfg.runtime.timeout_s, run_dir / "status", heartbeat=beat).start()
         stacks_to_file(run_dir / "status", rank)
         if world > 1:
             follow_stop_signal(watchdog)  # a peer killed under a torchrun of the user's is named

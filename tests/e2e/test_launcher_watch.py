@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
-from helpers import ppx
+from helpers import REPO, free_port, ppx
 from helpers.job import end, read_log, start_run, wait_for_step, workers
+from ppx import config
+from ppx.launch.claim import write_config
 from ppx.launch.heartbeat import beat_path, read_beat
+from ppx.launch.watchdog import status_path
 
 
 def test_a_killed_rank_alone_on_cpu_is_named_too(run_dir):
@@ -27,6 +32,35 @@ def test_a_killed_rank_alone_on_cpu_is_named_too(run_dir):
     line = "rank 0 died: killed by signal SIGKILL (9) on 0B1 (step 0)"
     assert [x for x in r.stderr.splitlines() if x.startswith("ppx: error:")] == [f"ppx: error: {line}"], r.stderr
     assert (run_dir / "incomplete.txt").read_text() == f"{line}\n"
+
+
+def test_a_rank_beats_while_the_ranks_meet(tmp_path):
+    """A rank under ``ppx run`` beats from before its process group is up: one frozen while the
+    ranks meet is named by the launcher after runtime.timeout_s (its peers' rendezvous took 60 s
+    to give up, then torchrun 30 s more to kill it). Rank 1 of 2 alone, its peer never coming,
+    beats while it waits (it beat only once the group was up)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    write_config(run, config.load("1f1b_2cpu", ["runtime.timeout_s=300"]))
+    env = {
+        **os.environ,
+        **dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", PPX_DEVICE="cpu"),
+        **dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())),  # (no one listens there)
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "ppx.launch.worker", str(run)], env=env, cwd=REPO)
+    try:
+        path, deadline = beat_path(run / "status", 1), time.monotonic() + 60
+        while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        first = read_beat(path, 1)
+        assert first is not None, f"no heartbeat while the ranks meet (exit code {proc.poll()})"
+        time.sleep(2.5)  # (a beat a second)
+        later = read_beat(path, 1)
+        assert proc.poll() is None and later.count > first.count and later.state == "alive", (first, later)
+        assert not status_path(run / "status", 1).exists()  # (no watchdog yet: the group is not up)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_frozen_torchrun_after_a_complete_run_is_ended_and_the_run_kept(run_dir, tmp_path):
