@@ -83,12 +83,12 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         pin_local_rank(pin_order(rank, world, local_rank, local_world, cfg.parallel.data), local_world)
     torch.set_num_threads(cfg.runtime.threads_per_rank)
-    beat = _early_heartbeat(run_dir, rank)
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
         device, backend = torch.device("cuda", local_rank), "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
+    beat = _early_heartbeat(run_dir, rank)  # (after the device's set-up, which may hold the GIL)
     _init_process_group(backend, cfg.runtime.timeout_s)
     ctrl = dist.new_group(backend="gloo") if backend == "nccl" else None  # metrics, off the GPU
     watchdog = None
