@@ -45,6 +45,8 @@ def cmd_run(args) -> int:
             )
         from ppx.launch.worker import run_rank
 
+        # (a rank torchrun started ends with it: its agent stopped or killed left it running)
+        processes.follow_parent(str(os.getppid()))
         return run_rank(cfg, None, device)
 
     if not processes.follow_parent(sweep):  # a sweep's point: ended when the sweep dies

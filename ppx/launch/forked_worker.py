@@ -29,10 +29,11 @@ from ppx.launch.worker import main
 
 
 def _default_signals() -> None:
-    """Each signal torchrun's agent handles back to what a new Python has."""
+    """Each signal torchrun's agent handles back to what a new Python has (ppx's wrapper
+    handles SIGUSR1 and SIGUSR2 too: `ppx.launch.torchrun.WARNINGS`)."""
     for sig in signal.valid_signals():
         try:
-            if signal.getsignal(sig) is _terminate_process_handler:
+            if signal.getsignal(sig) is _terminate_process_handler or sig in (signal.SIGUSR1, signal.SIGUSR2):
                 signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         except (OSError, ValueError):
             continue

@@ -1,7 +1,9 @@
 """torchrun (``torch.distributed.run``), minus the Python traceback it prints when a worker
 fails: ``ppx run`` follows a failed job with its own line naming each rank and the action it
 was on, and the workers have already printed theirs. Exit codes are torchrun's, but for a
-launcher stopped by a signal: 128 + the signal, with a line saying so.
+launcher stopped by a signal: 128 + the signal, with a line saying so. SIGUSR1 and SIGUSR2 (a job
+manager's warning, SLURM's ``--signal``) stop it as SIGTERM does, where their default action
+ended the agent alone and left its ranks running.
 
 Under ``ppx run`` (``PPX_TORCHRUN_EXITS`` names a file), the failed ranks' exit codes go to
 that file as JSON for the launcher to explain (``ppx.launch.supervisor``), instead of a line
@@ -48,6 +50,24 @@ from ppx.launch.supervisor import killed, write_incomplete
 from ppx.launch.watchdog import cause_path, claim_cause, read_status
 
 FAILED_GRACE_S = 0.5  # a failed forked rank's survivors' time before torchrun's SIGTERM (`_report_every_failed_fork`)
+# a job manager's warning (SLURM's --signal), whose default action ended the agent alone and left its ranks running
+WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _stop_on_warnings() -> list[int]:
+    """SIGUSR1 and SIGUSR2 end the job as SIGTERM does (torchrun SIGTERMs its ranks), as they
+    end a ``ppx run``; the list returned gets the signal received, for its line and exit code."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    got: list[int] = []
+
+    def stop(signum, frame):
+        got.append(signum)
+        raise SignalException(f"Process {os.getpid()} got signal: {signal.Signals(signum).name}", signal.SIGTERM)
+
+    for sig in WARNINGS:
+        signal.signal(sig, stop)
+    return got
 
 
 def _import_for_the_workers() -> None:
@@ -128,6 +148,7 @@ def _main(argv: list[str], exits: str | None) -> int:
                 logger.setLevel(logging.CRITICAL)
         # its "Terminating process ... via signal SIGTERM" when a survivor outlives torchrun's grace
         logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.CRITICAL)
+    warned = _stop_on_warnings()
     try:
         torchrun_main(argv)
     except ChildFailedError as e:
@@ -154,10 +175,11 @@ def _main(argv: list[str], exits: str | None) -> int:
             print(summary, file=sys.stderr, flush=True)
         return 1
     except SignalException as e:
+        sig = warned[-1] if warned else int(e.sigval)
         if not exits:  # srun ending the job's other nodes once one failed (that one said why)
-            name = signal.Signals(e.sigval).name
+            name = signal.Signals(sig).name
             print(f"torchrun: stopped by {name}: its ranks were ended", file=sys.stderr, flush=True)
-        return 128 + int(e.sigval)  # (under ppx run: ended by the launcher, which says why)
+        return 128 + sig  # (under ppx run: ended by the launcher, which says why)
     except RendezvousConnectionError as e:
         if exits:  # (`_agent_failed`'s line)
             raise

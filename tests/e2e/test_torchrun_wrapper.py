@@ -18,6 +18,7 @@ import pytest
 
 from helpers import REPO
 from helpers.job import process_state
+from ppx.launch.heartbeat import beat_path, read_beat
 from ppx.launch.watchdog import cause_path, status_path
 
 KILLED = "rank 1 died: killed by signal SIGKILL (9) on 1F3 (step 2)"
@@ -120,16 +121,18 @@ def test_without_a_run_directory_the_exit_codes_are_listed(run):
     assert not cause_path(run / "status").exists() and not (run / "incomplete.txt").exists()
 
 
-def test_a_launcher_stopped_by_a_signal_says_so_in_one_line_and_ends_its_ranks(run):
+# SIGUSR1 (a job manager's warning: SLURM's --signal) ended the agent alone, its ranks left running
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_launcher_stopped_by_a_signal_says_so_in_one_line_and_ends_its_ranks(run, sig):
     proc = _launcher(run, "sleep", run)
     deadline = time.monotonic() + 60
     while not all((run / f"up{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
         time.sleep(0.1)
     pids = [int((run / f"up{r}").read_text()) for r in (0, 1)]  # each rank wrote its pid there
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     code, err = _ended(proc)
-    assert code == 128 + signal.SIGTERM
-    assert err[-1] == "torchrun: stopped by SIGTERM: its ranks were ended", err[-5:]
+    assert code == 128 + sig
+    assert err[-1] == f"torchrun: stopped by {sig.name}: its ranks were ended", err[-5:]
     time.sleep(0.5)
     left = [pid for pid in pids if process_state(pid) not in ("Z", "gone")]
     assert len(pids) >= 2 and left == []
@@ -151,3 +154,34 @@ def test_a_lost_rendezvous_is_one_line_with_its_inner_cause(tmp_path):
     assert err[-1].startswith("torchrun: The connection to the C10d store has failed."), err[-5:]
     assert err[-1].endswith("; if the launcher holding it ended, its node's output says why")
     assert "(" in err[-1]  # its inner cause, in brackets
+
+
+def test_ppx_ranks_end_with_their_killed_launcher(tmp_path):
+    """``ppx run`` ranks a torchrun started (srun's, a user's own) follow their agent: one
+    killed (SIGKILL, which it cannot pass on) leaves none running (they trained on to their
+    last step)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PPX_RUN_DIR", "PPX_TORCHRUN_EXITS")}
+    run = tmp_path / "run"
+    job = ["-m", "ppx.cli", "run", "1f1b_2cpu", "model.hidden=16", "train.steps=100000", f"run.dir={run}"]
+    cmd = [sys.executable, "-m", "ppx.launch.torchrun", "--standalone", "--nproc-per-node=2", *job]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while _steps(run) < 3 and time.monotonic() < deadline:  # (training: past the store's last use)
+            time.sleep(0.1)
+        beats = [read_beat(beat_path(run / "status", r), r) for r in (0, 1)]
+        assert all(beats), beats
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while any(process_state(b.pid) not in ("Z", "gone") for b in beats) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [process_state(b.pid) for b in beats if process_state(b.pid) not in ("Z", "gone")] == []
+
+
+def _steps(run) -> int:
+    try:
+        return (run / "metrics.jsonl").read_text().count("\n")
+    except OSError:
+        return 0
