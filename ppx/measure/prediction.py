@@ -214,12 +214,13 @@ def most_per_stage(into: dict, values: dict | None) -> None:
 
 
 def shared_per_stage(into: dict, values: dict | None) -> None:
-    """``into[stage]``: the most bytes a stage's forward saved that the stage before on its
-    rank saves too, and the earliest of the times the first of the two let them go
-    (`ppx.measure.shared_saves`: a later one would take them off the prediction too long)."""
+    """``into[stage]``: the fewest bytes a stage's forward saved that the stage before on its
+    rank saves too (`ppx.measure.shared_saves`: a step's microbatch that shared less held more),
+    and the earliest of the times the first of the two let them go (a later one would take
+    them off the prediction too long)."""
     for stage, v in (values or {}).items():
-        was = into.get(stage, {"bytes": 0, "until": UNTIL[-1]})
-        into[stage] = {"bytes": max(was["bytes"], v["bytes"]), "until": min(was["until"], v["until"], key=UNTIL.index)}
+        was = into.get(stage, v)
+        into[stage] = {"bytes": min(was["bytes"], v["bytes"]), "until": min(was["until"], v["until"], key=UNTIL.index)}
 
 
 def memory_prediction(steps: list[dict], schedule: Schedule, ranks: list[dict]) -> dict:
@@ -240,6 +241,7 @@ def memory_prediction(steps: list[dict], schedule: Schedule, ranks: list[dict]) 
     if not any(per):
         return {}
     share = [input_freed_share(b, h) for b, h in zip(per, held)]
+    both = {k: v for k, v in both.items() if v["bytes"]}
     shared = [(both[k]["bytes"], both[k]["until"]) if k in both else None for k in map(str, range(len(per)))]
     predicted = peak_held(schedule, per, share, shared)
     errors = [

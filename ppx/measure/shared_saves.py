@@ -18,8 +18,10 @@ from ppx.schedules.sim.memory import UNTIL
 
 
 class SharedSaves:
-    """Per stage: the most bytes its forward saved that the stage before on the rank saves
-    too, and when the first of the two let them go."""
+    """Per stage: the fewest bytes a microbatch's forward saved that the stage before on the
+    rank saves too (a microbatch that shared none gives 0: a stage's first forward under
+    ``train.split_backward=graph`` runs on a copy of its input, `StageRunner._call`, and the
+    walk must not take off bytes the rank held twice), and when the first of the two let them go."""
 
     def __init__(self) -> None:
         self.bytes: dict[int, int] = {}
@@ -31,10 +33,13 @@ class SharedSaves:
         """Stage ``stage``'s forward of ``mb`` saved ``seen`` (key -> bytes); ``held``: every
         (stage, mb)'s keys on the rank, the stage before's among them."""
         before = set(held.get((stage - 1, mb), ()))
+        if not before:  # (the stage before is not on this rank, or holds nothing of it)
+            return
         keys = {k for k in seen if k in before}
         if keys:
             self._keys[(stage, mb)] = keys
-            self.bytes[stage] = max(self.bytes.get(stage, 0), sum(seen[k] for k in keys))
+        shared = sum(seen[k] for k in keys)
+        self.bytes[stage] = min(self.bytes.get(stage, shared), shared)
 
     def input_done(self, stage: int, mb: int, held: dict) -> None:
         """Stage ``stage``'s I of ``mb`` has run; ``held`` as it is now."""
@@ -46,10 +51,11 @@ class SharedSaves:
             self._before_at_input[stage + 1] = self._before_at_input.get(stage + 1, False) or not after & now
 
     def record(self) -> dict:
-        """{"shared_with_stage_before": {"<stage>": {"bytes": b, "until": one of `UNTIL`}}}, or {}."""
+        """{"shared_with_stage_before": {"<stage>": {"bytes": b, "until": one of `UNTIL`}}}, a
+        stage whose stage before is on the rank with 0 bytes too (a later step must not lift
+        it), or {} where there is none."""
         out = {}
         for stage, b in sorted(self.bytes.items()):
-            if b:
-                until = 0 if self._own_at_input.get(stage) else 1 if self._before_at_input.get(stage) else 2
-                out[str(stage)] = {"bytes": b, "until": UNTIL[until]}
+            until = 0 if self._own_at_input.get(stage) else 1 if self._before_at_input.get(stage) else 2
+            out[str(stage)] = {"bytes": b, "until": UNTIL[until]}
         return {"shared_with_stage_before": out} if out else {}

@@ -44,12 +44,21 @@ MODELS = {
 }
 
 
-def overrides(name: str, model: str) -> list[str]:
+# the V schedules' turn under each way of a split backward, as well as auto's: a stage that stores
+# keeps the shared tensor to its W; one that keeps its graph runs its first forward on a copy of
+# its input (`StageRunner._call`, where auto's trial forward ran first), so that microbatch shares
+# nothing and the walk, counting it twice, errs high by it, never low
+WAYS = [(n, w) for n in ("zbv", "dualpipev") for w in ("store", "graph")]
+CASES = [(m, n, "auto") for m in MODELS for n in EVERY] + [("activations_at_the_cuts", n, w) for n, w in WAYS]
+
+
+def overrides(name: str, model: str, way: str = "auto") -> list[str]:
     """``model`` at p=2 under ``name``, with its default stages per rank (4 units: one a stage
     at v=2)."""
     m = 2 * P if name == "dualpipev" else 4  # DualPipeV needs m >= 2p
     return [
         *MODELS[model],
+        f"train.split_backward={way}",
         f"pipeline.schedule={name}",
         f"pipeline.stages={P}",
         f"pipeline.microbatches={m}",
@@ -59,8 +68,8 @@ def overrides(name: str, model: str) -> list[str]:
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     with gloo_group(rank, world, port):
-        for name, model in ((n, m) for m in MODELS for n in EVERY):
-            cfg = config.load(None, overrides(name, model))
+        for model, name, way in CASES:
+            cfg = config.load(None, overrides(name, model, way))
             schedule = resolve_schedule(cfg)
             pipe = build_rank(cfg, schedule, rank, "cpu", P2P.for_backend("gloo"))
             inst = Instruments(cfg, pipe, torch.device("cpu"))
@@ -72,7 +81,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             dist.all_gather_object(ranks, {"rank": rank, **record})
             if rank == 0:
                 predicted = memory_prediction([{"ranks": ranks}], schedule, ranks)
-                torch.save({"ranks": ranks, "predicted": predicted}, Path(out) / f"{model}-{name}.pt")
+                torch.save({"ranks": ranks, "predicted": predicted}, Path(out) / f"{model}-{name}-{way}.pt")
 
 
 @pytest.fixture(scope="module")
@@ -82,14 +91,16 @@ def walked(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("name", EVERY)
-def test_the_walk_predicts_each_ranks_measured_peak(walked, name, model):
-    got = torch.load(walked / f"{model}-{name}.pt")
+@pytest.mark.parametrize(("model", "name", "way"), CASES)
+def test_the_walk_predicts_each_ranks_measured_peak(walked, name, model, way):
+    got = torch.load(walked / f"{model}-{name}-{way}.pt")
     ranks, predicted = got["ranks"], got["predicted"]
     assert predicted, "the counters measured saved bytes"
     assert len(predicted["saved_bytes_per_microbatch"]) == default_virtual(name) * P
     for r in ranks:
         assert r["peak_activation_bytes"] > 0, (name, r)
-        assert predicted["predicted_peak_activation_bytes"][r["rank"]] == r["peak_activation_bytes"], (name, r)
-    assert predicted["memory_prediction_error"] == 0
+        if way == "graph":  # (the copy: above)
+            assert predicted["predicted_peak_activation_bytes"][r["rank"]] >= r["peak_activation_bytes"], (name, r)
+        else:
+            assert predicted["predicted_peak_activation_bytes"][r["rank"]] == r["peak_activation_bytes"], (name, r)
+    assert predicted["memory_prediction_error"] == 0 or way == "graph"

@@ -71,8 +71,10 @@ def _counted_once(change, stages, codes, mbs, shared, stage_to_rank) -> None:
             ends = [(s, I), (s, B)]
         elif until == UNTIL[1]:
             ends = [(s - 1, I), (s - 1, B), (s, W), (s, B)]
-        else:
+        elif until == UNTIL[2]:
             ends = [(s - 1, W), (s - 1, B), (s, W), (s, B)]
+        else:  # (not a time the counters give: nothing taken off, erring high)
+            continue
         found = [e for e in (at.get((t, op, mb)) for t, op in ends) if e is not None and e > k]
         if found:
             change[k] -= nbytes
