@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
 
 from ppx.errors import UserError
@@ -20,6 +21,8 @@ def cmd_run(args) -> int:
     command = " ".join(shlex.quote(a) for a in ["ppx", "run", args.experiment, *args.overrides])
     mode = processes.launched_by()
     if mode is not None:
+        if "TORCHELASTIC_RUN_ID" in os.environ:
+            _follow_the_agent()
         if mode == "srun":
             slurm.adopt_srun_env()
         have = int(os.environ["WORLD_SIZE"])
@@ -45,8 +48,6 @@ def cmd_run(args) -> int:
             )
         from ppx.launch.worker import run_rank
 
-        # (a rank torchrun started ends with it: its agent stopped or killed left it running)
-        processes.follow_parent(str(os.getppid()))
         return run_rank(cfg, None, device)
 
     if not processes.follow_parent(sweep):  # a sweep's point: ended when the sweep dies
@@ -188,6 +189,18 @@ def _processes(cfg, sched) -> tuple[int, int]:
     """(pipeline ranks, processes of the job: pipeline ranks x parallel.data) of ``cfg`` running
     its list ``sched``."""
     return sched.num_ranks, sched.num_ranks * cfg.parallel.data
+
+
+def _follow_the_agent() -> None:
+    """A rank torchrun started ends with its agent (PR_SET_PDEATHSIG: one killed outright had
+    left it running) and leaves a job manager's warning (SIGUSR1, SIGUSR2, which SLURM may send
+    every process of a step) to it: ppx's torchrun stops the job and SIGTERMs its ranks, and
+    torch's own dies of it, which ends them too."""
+    from ppx.launch import processes
+
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
+    processes.follow_parent(str(os.getppid()))
 
 
 def _cpu_fallback(cfg, args, notice: str | None, speak: bool):

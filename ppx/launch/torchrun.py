@@ -54,20 +54,28 @@ FAILED_GRACE_S = 0.5  # a failed forked rank's survivors' time before torchrun's
 WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)
 
 
-def _stop_on_warnings() -> list[int]:
-    """SIGUSR1 and SIGUSR2 end the job as SIGTERM does (torchrun SIGTERMs its ranks), as they
-    end a ``ppx run``; the list returned gets the signal received, for its line and exit code."""
+@contextlib.contextmanager
+def _stop_on_warnings():
+    """While torchrun runs the job, SIGUSR1 and SIGUSR2 end it as SIGTERM does (torchrun
+    SIGTERMs its ranks), as they end a ``ppx run``; yields the list that gets the signal, for
+    the line and exit code. Once one has come, later ones (torch's shutdown under way) are
+    let be; after, the handlers are what they were."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     got: list[int] = []
 
     def stop(signum, frame):
+        if got:
+            return
         got.append(signum)
         raise SignalException(f"Process {os.getpid()} got signal: {signal.Signals(signum).name}", signal.SIGTERM)
 
-    for sig in WARNINGS:
-        signal.signal(sig, stop)
-    return got
+    before = {sig: signal.signal(sig, stop) for sig in WARNINGS}
+    try:
+        yield got
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def _import_for_the_workers() -> None:
@@ -148,9 +156,9 @@ def _main(argv: list[str], exits: str | None) -> int:
                 logger.setLevel(logging.CRITICAL)
         # its "Terminating process ... via signal SIGTERM" when a survivor outlives torchrun's grace
         logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.CRITICAL)
-    warned = _stop_on_warnings()
     try:
-        torchrun_main(argv)
+        with _stop_on_warnings() as warned:
+            torchrun_main(argv)
     except ChildFailedError as e:
         failures = sorted(e.failures.items())
         seen = [(rank, f.exitcode, getattr(f, "seen_first", False)) for rank, f in failures]  # (`killed`'s)
@@ -175,7 +183,7 @@ def _main(argv: list[str], exits: str | None) -> int:
             print(summary, file=sys.stderr, flush=True)
         return 1
     except SignalException as e:
-        sig = warned[-1] if warned else int(e.sigval)
+        sig = warned[0] if warned else int(e.sigval)
         if not exits:  # srun ending the job's other nodes once one failed (that one said why)
             name = signal.Signals(sig).name
             print(f"torchrun: stopped by {name}: its ranks were ended", file=sys.stderr, flush=True)

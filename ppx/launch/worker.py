@@ -70,7 +70,10 @@ def _early_heartbeat(run_dir: Path | None, rank: int) -> Heartbeat | None:
     if run_dir is None:
         return None
     status = run_dir / "status"
-    status.mkdir(parents=True, exist_ok=True)
+    try:
+        status.mkdir(parents=True, exist_ok=True)
+    except OSError:  # (the watchdog's own attempt says it in the rank's one line)
+        return None
     return Heartbeat(status, rank).start()
 
 

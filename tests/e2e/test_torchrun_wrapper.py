@@ -156,28 +156,51 @@ def test_a_lost_rendezvous_is_one_line_with_its_inner_cause(tmp_path):
     assert "(" in err[-1]  # its inner cause, in brackets
 
 
-def test_ppx_ranks_end_with_their_killed_launcher(tmp_path):
-    """``ppx run`` ranks a torchrun started (srun's, a user's own) follow their agent: one
-    killed (SIGKILL, which it cannot pass on) leaves none running (they trained on to their
-    last step)."""
+def _ppx_job(tmp_path):
+    """ppx's torchrun running two ``ppx run`` ranks past their first steps: (it, their beats)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PPX_RUN_DIR", "PPX_TORCHRUN_EXITS")}
     run = tmp_path / "run"
     job = ["-m", "ppx.cli", "run", "1f1b_2cpu", "model.hidden=16", "train.steps=100000", f"run.dir={run}"]
     cmd = [sys.executable, "-m", "ppx.launch.torchrun", "--standalone", "--nproc-per-node=2", *job]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while _steps(run) < 3 and time.monotonic() < deadline:  # (training: past the store's last use)
-            time.sleep(0.1)
-        beats = [read_beat(beat_path(run / "status", r), r) for r in (0, 1)]
-        assert all(beats), beats
-    finally:
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while _steps(run) < 3 and proc.poll() is None and time.monotonic() < deadline:  # (past the store's last use)
+        time.sleep(0.1)
+    beats = [read_beat(beat_path(run / "status", r), r) for r in (0, 1)]
+    if not all(beats):
         proc.kill()
-        proc.wait()
+    assert all(beats), (beats, proc.communicate()[1][-2000:])
+    return proc, beats
+
+
+def _left(beats) -> list[str]:
+    """The states of the ranks still running, waited for up to 10 s."""
     deadline = time.monotonic() + 10
     while any(process_state(b.pid) not in ("Z", "gone") for b in beats) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert [process_state(b.pid) for b in beats if process_state(b.pid) not in ("Z", "gone")] == []
+    return [process_state(b.pid) for b in beats if process_state(b.pid) not in ("Z", "gone")]
+
+
+def test_ppx_ranks_end_with_their_killed_launcher(tmp_path):
+    """``ppx run`` ranks a torchrun started (srun's, a user's own) follow their agent: one
+    killed (SIGKILL, which it cannot pass on) leaves none running (they trained on to their
+    last step)."""
+    proc, beats = _ppx_job(tmp_path)
+    proc.kill()
+    proc.communicate()
+    assert _left(beats) == []
+
+
+def test_a_warning_to_every_process_of_the_job_is_the_launchers_to_act_on(tmp_path):
+    """SLURM may send its warning (SIGUSR1) to every process of a step: the ranks leave it to
+    their launcher, which ends them and says so (killed by it, they were named as a failure)."""
+    proc, beats = _ppx_job(tmp_path)
+    for pid in (proc.pid, *(b.pid for b in beats)):
+        os.kill(pid, signal.SIGUSR1)
+    code, err = _ended(proc)
+    assert code == 128 + signal.SIGUSR1 and err[-1] == "torchrun: stopped by SIGUSR1: its ranks were ended", err[-5:]
+    assert not any("SIGUSR1 (10)" in line for line in err), err[-5:]
+    assert _left(beats) == []
 
 
 def _steps(run) -> int:
