@@ -197,8 +197,9 @@ def _follow_the_agent() -> None:
     every process of a step) to it: ppx's torchrun stops the job and SIGTERMs its ranks, and
     torch's own dies of it, which ends them too."""
     from ppx.launch import processes
+    from ppx.launch.stops import WARNINGS
 
-    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+    for sig in WARNINGS:
         signal.signal(sig, signal.SIG_IGN)
     processes.follow_parent(str(os.getppid()))
 

@@ -25,15 +25,16 @@ import traceback
 
 from torch.distributed.elastic.multiprocessing.api import _terminate_process_handler
 
+from ppx.launch.stops import WARNINGS
 from ppx.launch.worker import main
 
 
 def _default_signals() -> None:
     """Each signal torchrun's agent handles back to what a new Python has (ppx's wrapper
-    handles SIGUSR1 and SIGUSR2 too: `ppx.launch.torchrun.WARNINGS`)."""
+    handles SIGUSR1 and SIGUSR2 too: `ppx.launch.stops.WARNINGS`)."""
     for sig in signal.valid_signals():
         try:
-            if signal.getsignal(sig) is _terminate_process_handler or sig in (signal.SIGUSR1, signal.SIGUSR2):
+            if signal.getsignal(sig) is _terminate_process_handler or sig in WARNINGS:
                 signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         except (OSError, ValueError):
             continue

@@ -9,7 +9,8 @@ import contextlib
 import os
 import signal
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)  # a job manager's warning (SLURM's --signal)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, *WARNINGS)
 
 
 @contextlib.contextmanager

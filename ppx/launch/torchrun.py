@@ -46,17 +46,17 @@ from ppx.errors import first_line, said
 from ppx.files import write_json
 from ppx.launch.open_files import needed, raise_soft_limit
 from ppx.launch.processes import FORK, follow_parent
+from ppx.launch.stops import WARNINGS
 from ppx.launch.supervisor import killed, write_incomplete
 from ppx.launch.watchdog import cause_path, claim_cause, read_status
 
 FAILED_GRACE_S = 0.5  # a failed forked rank's survivors' time before torchrun's SIGTERM (`_report_every_failed_fork`)
-# a job manager's warning (SLURM's --signal), whose default action ended the agent alone and left its ranks running
-WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)
 
 
 @contextlib.contextmanager
 def _stop_on_warnings():
-    """While torchrun runs the job, SIGUSR1 and SIGUSR2 end it as SIGTERM does (torchrun
+    """While torchrun runs the job, SIGUSR1 and SIGUSR2 (`stops.WARNINGS`: their default action
+    ended the agent alone and left its ranks running) end it as SIGTERM does (torchrun
     SIGTERMs its ranks), as they end a ``ppx run``; yields the list that gets the signal, for
     the line and exit code. Once one has come, later ones (torch's shutdown under way) are
     let be; after, the handlers are what they were."""

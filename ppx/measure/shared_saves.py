@@ -43,8 +43,10 @@ class SharedSaves:
 
     def input_done(self, stage: int, mb: int, held: dict) -> None:
         """Stage ``stage``'s I of ``mb`` has run; ``held`` as it is now."""
-        now = set(held.get((stage, mb), ()))
         own, after = self._keys.get((stage, mb)), self._keys.get((stage + 1, mb))
+        if not (own or after):  # (every I of a stage that shares nothing: no set made)
+            return
+        now = set(held.get((stage, mb), ()))
         if own:
             self._own_at_input[stage] = self._own_at_input.get(stage, False) or not own & now
         if after:
