@@ -25,6 +25,8 @@ if str(TESTS) not in sys.path:
 import helpers  # noqa: E402, F401  counts the GPUs, then hides them from the processes tests start
 from helpers import machine  # noqa: E402
 
+PLAIN_AGENT = "plain_agent"
+
 # what ppx keeps of this machine (`ppx plan --calibrate`'s runs) goes to a folder of the test
 # session's own: a test neither reads the user's ~/.cache/ppx nor writes there
 os.environ["PPX_CACHE_DIR"] = tempfile.mkdtemp(prefix="ppx-cache-")
@@ -43,12 +45,50 @@ def pytest_ignore_collect(collection_path: Path, config):
 def pytest_configure(config):
     if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", "") is None:
         config.option.testrunuid = uuid.uuid4().hex  # xdist's controller: its workers' lock files' name
+    if hasattr(config, "workerinput") or not getattr(
+        config.option, "numprocesses", None
+    ):  # (a process that runs tests)
+        _start_agent_server(config)
+    config.addinivalue_line(
+        "markers",
+        f"{PLAIN_AGENT}: its ppx runs start torchrun's agent as a new process, as a user's do, not forked "
+        "from the session's agent server (ppx/launch/agent_server.py): the tests of how jobs start and end",
+    )
     config.addinivalue_line(
         "markers",
         f"{machine.MARK}: holds a measured time against theory or a bound; it runs with no other test "
         "beside it (make test runs these after the others, in one process; under pytest -n, "
         "tests/helpers/machine.py's lock)",
     )
+
+
+def _start_agent_server(config) -> None:
+    """The agent server every ``ppx run`` of this process's tests starts its CPU job's
+    torchrun through (``PPX_AGENT_SERVER``): 2-5 s of importing torch saved a run. It listens at
+    once and imports torch while the first tests run; it ends with this process."""
+    from ppx.launch.agent_server import SERVER_ENV, start_server
+
+    folder = Path(tempfile.mkdtemp(prefix="ppx-agents-"))
+    server = start_server(folder / "socket")
+    os.environ[SERVER_ENV] = str(folder / "socket")
+    config._ppx_agent_server = (server, folder)
+
+
+def pytest_unconfigure(config):
+    server, folder = getattr(config, "_ppx_agent_server", (None, None))
+    if server is not None:
+        server.terminate()
+        server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _plain_agent(request, monkeypatch):
+    """A test marked `PLAIN_AGENT` runs without the agent server."""
+    if request.node.get_closest_marker(PLAIN_AGENT) is not None:
+        from ppx.launch.agent_server import SERVER_ENV
+
+        monkeypatch.delenv(SERVER_ENV, raising=False)
 
 
 @pytest.hookimpl(hookwrapper=True)

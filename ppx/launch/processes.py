@@ -60,7 +60,7 @@ def worker_env(device: str, threads: int, command: str) -> dict:
     return env
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def stat_fields(pid: int) -> list[str] | None:
     """/proc/<pid>/stat's fields after the command name (field N at index N - 3), None if gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -71,14 +71,14 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 def process_state(pid: int) -> str | None:
     """The one-letter state of ``pid`` in /proc (R, S, T for stopped, Z for zombie), None if gone."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return fields[0] if fields else None
 
 
 def zombie_status(pid: int) -> int | None:
     """The wait status of ``pid`` while it is a zombie (stat field 52, Linux 3.5 on), None
     where it is not one (reaped: the pid may be another process's now)."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     if not fields or fields[0] != "Z" or len(fields) < 50 or not fields[49].isdigit():
         return None
     return int(fields[49])

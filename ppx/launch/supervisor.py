@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from ppx.launch.agent_server import ServedAgent, start_agent
 from ppx.launch.crash_stacks import stacks_note
 from ppx.launch.heartbeat import INTERVAL_S, read_beats, read_gone, stopped_responding
 from ppx.launch.processes import forked_worker_path, process_alive, zombie_status
@@ -68,7 +69,7 @@ class Supervisor:
         self._moved: dict[int, float] = {}  # rank -> when that beat was first seen (monotonic)
         self._signal: int | None = None
         self._done_at: float | None = None  # when every rank was first seen done with the run complete
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | ServedAgent | None = None
 
     def run(self, early=()) -> int:
         self.status.mkdir(parents=True, exist_ok=True)
@@ -77,7 +78,7 @@ class Supervisor:
                 self.started = time.monotonic()
                 if early:  # (stopped before the job started: nothing to end)
                     return report_stop(self.run_dir, take(early), 0.0, self._where_each(), False)
-                self.proc = subprocess.Popen(self.command, env=self.env, start_new_session=True)
+                self.proc = start_agent(self.command, self.env)
                 return self._watch()
             finally:
                 if self.proc is not None and self.proc.poll() is None:  # an exception in the launcher

@@ -19,6 +19,8 @@ from ppx.launch.heartbeat import read_beat
 from ppx.launch.processes import forked_worker_path
 from ppx.launch.watchdog import read_status
 
+pytestmark = pytest.mark.plain_agent  # how a job starts and ends, as a user's does (tests/conftest.py)
+
 
 @pytest.mark.timing
 @pytest.mark.parametrize(

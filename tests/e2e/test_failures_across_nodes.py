@@ -36,9 +36,10 @@ def _own_pid_namespace_works() -> bool:
         return False
 
 
-pytestmark = pytest.mark.skipif(
-    not _own_pid_namespace_works(), reason="needs unshare --user --pid (namespaces of its own)"
-)
+pytestmark = [
+    pytest.mark.skipif(not _own_pid_namespace_works(), reason="needs unshare --user --pid (namespaces of its own)"),
+    pytest.mark.plain_agent,  # how a job starts and ends, as a user's does (tests/conftest.py)
+]
 
 
 class TwoNodes:

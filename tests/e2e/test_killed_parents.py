@@ -9,8 +9,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from helpers import REPO, ppx
 from helpers.job import LONG_RUN, wait_for_step, workers
+
+pytestmark = pytest.mark.plain_agent  # how a job starts and ends, as a user's does (tests/conftest.py)
 
 
 def test_a_killed_sweep_leaves_no_point_running(tmp_path):

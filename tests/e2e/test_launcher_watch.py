@@ -9,12 +9,16 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from helpers import REPO, free_port, ppx
 from helpers.job import end, read_log, start_run, wait_for_step, workers
 from ppx import config
 from ppx.launch.claim import write_config
 from ppx.launch.heartbeat import beat_path, read_beat
 from ppx.launch.watchdog import status_path
+
+pytestmark = pytest.mark.plain_agent  # how a job starts and ends, as a user's does (tests/conftest.py)
 
 
 def test_a_killed_rank_alone_on_cpu_is_named_too(run_dir):

@@ -13,6 +13,8 @@ import pytest
 from helpers import REPO, free_port, read_json
 from helpers.slurm_cluster import Cluster, why_unavailable
 
+pytestmark = pytest.mark.plain_agent  # jobs on nodes, as a user's are (tests/conftest.py)
+
 ARGS = [
     "model.hidden=32",
     "train.steps=3",

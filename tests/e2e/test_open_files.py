@@ -12,8 +12,12 @@ import resource
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REPO
 from ppx.launch.open_files import needed
+
+pytestmark = pytest.mark.plain_agent  # how a job starts and ends, as a user's does (tests/conftest.py)
 
 AGENT_FAILED = "torchrun could not start the job: OSError: [Errno 24] Too many open files"
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.plain_agent  # how a job starts and ends, as a user's does (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[2]
 # the tree pip builds from: what is not part of the source stays behind
 LEAVE_OUT = shutil.ignore_patterns(

@@ -21,6 +21,8 @@ from helpers.job import process_state
 from ppx.launch.heartbeat import beat_path, read_beat
 from ppx.launch.watchdog import cause_path, status_path
 
+pytestmark = pytest.mark.plain_agent  # how a job starts and ends, as a user's does (tests/conftest.py)
+
 KILLED = "rank 1 died: killed by signal SIGKILL (9) on 1F3 (step 2)"
 
 RANK = """

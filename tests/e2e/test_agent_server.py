@@ -1,0 +1,106 @@
+"""The suite's agent server (ppx/launch/agent_server.py) forks torchrun's agent as ``ppx run``
+would start it: the same run (a model from PYTHONPATH, the same losses), output line by line as
+it comes, processes the launcher finds by their command lines (a frozen rank named), nothing left
+running when ``ppx run`` is killed; a request it cannot serve gets a plain agent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import ppx as ppx_package
+from helpers import ppx, read_jsonl
+from helpers.job import end, read_log, start_run, wait_for_step, workers
+from ppx.launch.agent_server import SERVER_ENV, ServedAgent, start_agent, wait_for
+from ppx.launch.processes import FORK
+
+pytestmark = pytest.mark.plain_agent  # (a run served only where a test says so)
+
+MODEL = """
+from torch import nn
+
+
+def tanh_mlp(model):
+    return nn.Sequential(*(nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(4)))
+"""
+
+
+@pytest.fixture
+def server(request):
+    """This test process's server (tests/conftest.py): (its socket, its process)."""
+    proc, folder = request.config._ppx_agent_server
+    wait_for(folder / "socket")
+    return folder / "socket", proc
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_served_run_is_the_plain_runs_run(server, tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "tanh_models.py").write_text(MODEL)
+    args = ["run", "1f1b_2cpu", "model.kind=module", "model.module=tanh_models:tanh_mlp", "model.data=regression"]
+    args += ["model.hidden=16", "train.steps=3"]
+    env = {"PYTHONPATH": str(tmp_path / "models")}
+    plain = ppx(*args, f"run.dir={tmp_path / 'plain'}", env=env)
+    served = ppx(*args, f"run.dir={tmp_path / 'served'}", env={**env, SERVER_ENV: str(server[0])})
+    assert plain.returncode == 0 and served.returncode == 0, plain.stderr[-3000:] + served.stderr[-3000:]
+    losses = [[m["loss"] for m in read_jsonl(tmp_path / d / "metrics.jsonl")] for d in ("plain", "served")]
+    assert losses[0] == losses[1] and len(losses[0]) == 3
+    lines = [[" ".join(line.split()[:2]) for line in r.stdout.splitlines()] for r in (plain, served)]
+    assert lines[0] == lines[1] and lines[0][:3] == ["[1f1b_2cpu] step"] * 3, lines
+
+
+def test_a_served_agents_processes_are_found_and_a_frozen_rank_named(server, tmp_path, monkeypatch):
+    """The agent is the server's child, its command line (and its forked ranks') the one ``ppx
+    run`` asked for; rank 1 stopped is named after runtime.timeout_s, as a plain agent's is."""
+    monkeypatch.setenv(SERVER_ENV, str(server[0]))
+    run_dir = tmp_path / "run"
+    proc, log = start_run("1f1b_2cpu", run_dir, tmp_path, "runtime.timeout_s=3")
+    try:
+        wait_for_step(run_dir, 2, step=3)
+        job = workers(run_dir)
+        agents = [pid for pid in job if _parent(pid) == server[1].pid]
+        assert len(agents) == 1 and len(job) == 3, (job, agents)
+        assert "step 0 " in read_log(log)  # (rank 0's lines come as they are printed)
+        os.kill(next(pid for pid in job if pid not in agents), signal.SIGSTOP)  # (a rank)
+        proc.wait(timeout=60)
+        out = read_log(log)
+        assert proc.returncode == 1 and "stopped responding (no heartbeat for" in out, out[-3000:]
+        assert not workers(run_dir)
+    finally:
+        end(proc, run_dir)
+
+
+def test_a_killed_ppx_run_leaves_no_served_job(server, tmp_path, monkeypatch):
+    """A kill -9 of ``ppx run``: the server SIGTERMs the agent, as its PR_SET_PDEATHSIG would."""
+    monkeypatch.setenv(SERVER_ENV, str(server[0]))
+    run_dir = tmp_path / "run"
+    proc, _ = start_run("1f1b_2cpu", run_dir, tmp_path)
+    try:
+        wait_for_step(run_dir, 2)
+        assert any(_parent(pid) == server[1].pid for pid in workers(run_dir))
+        proc.kill()
+        deadline = time.monotonic() + 15
+        while workers(run_dir) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not workers(run_dir)
+    finally:
+        end(proc, run_dir)
+
+
+def test_what_a_server_cannot_serve_gets_a_plain_agent(server, monkeypatch):
+    agent = [sys.executable, "-m", "ppx.launch.torchrun", FORK, "--help"]
+    served = ServedAgent.request(str(server[0]), agent, dict(os.environ))
+    assert served is not None and served.wait(timeout=60) == 0  # (torchrun's help, from the server)
+    assert isinstance(start_agent([sys.executable, "-c", "pass"], {}, str(server[0])), subprocess.Popen)
+    assert ServedAgent.request(str(server[0].with_name("none")), agent, dict(os.environ)) is None
+    monkeypatch.setattr(ppx_package, "__file__", "/elsewhere/ppx/__init__.py")  # another ppx's run
+    assert ServedAgent.request(str(server[0]), agent, dict(os.environ)) is None
