@@ -66,7 +66,8 @@ def _start_agent_server(config) -> None:
     """The agent server every ``ppx run`` of this process's tests starts its CPU job's
     torchrun through (``PPX_AGENT_SERVER``): 2-5 s of importing torch saved a run. It listens at
     once and imports torch while the first tests run; it ends with this process."""
-    from ppx.launch.agent_server import SERVER_ENV, start_server
+    from ppx.launch.agent_server import start_server
+    from ppx.launch.served_agent import SERVER_ENV
 
     folder = Path(tempfile.mkdtemp(prefix="ppx-agents-"))
     server = start_server(folder / "socket")
@@ -86,7 +87,7 @@ def pytest_unconfigure(config):
 def _plain_agent(request, monkeypatch):
     """A test marked `PLAIN_AGENT` runs without the agent server."""
     if request.node.get_closest_marker(PLAIN_AGENT) is not None:
-        from ppx.launch.agent_server import SERVER_ENV
+        from ppx.launch.served_agent import SERVER_ENV
 
         monkeypatch.delenv(SERVER_ENV, raising=False)
 

@@ -1,16 +1,20 @@
 """torchrun's agent forked from a server that imported torch once, not started afresh to
 import it again (2-5 s of CPU a run, most of a short CPU run's time): the test suite's
-(docs/testing.md). Where ``PPX_AGENT_SERVER`` names such a server's socket, ``ppx run``
-starts a CPU job's torchrun (``--start-method=fork``) through it (`start_agent`); anything
-else, or a server that cannot serve, gets a plain process.
+(docs/testing.md). ``ppx run`` asks for one where ``PPX_AGENT_SERVER`` names the server's
+socket (`ppx.launch.served_agent`).
 
 The forked agent is the process a plain one would be from its first line of ppx's code on:
-``ppx run``'s command line (in /proc, where the launcher finds its ranks), environment,
-working folder, ``sys.path`` (PYTHONPATH), stdin/stdout/stderr, open-file limit and umask, in
-a session of its own. Its parent is the server, which reports its exit status to ``ppx run``
-and SIGTERMs it when ``ppx run`` dies, as the agent's PR_SET_PDEATHSIG would. The server is
-started as ``python -m ppx.launch.agent_server SOCKET PAD``: ``PAD``, a long argument, makes
-room for the agent's command line in the server's own argument area, which a fork shares."""
+``ppx run``'s command line (in /proc, where the launcher finds its ranks; the argument area's
+rest is zeros), environment, working folder, ``sys.path`` (PYTHONPATH), stdin/stdout/stderr,
+resource limits, umask, CPU affinity, priority and ignored signals, in a session of its own.
+What Python and torch read from the environment as torch is imported (thread counts, log
+settings, the hash seed) is the server's: a request whose values differ is refused (a plain
+agent then), and the server starts with ``OMP_NUM_THREADS=1``, a run's default. Its parent is
+the server, which reports its exit status to ``ppx run`` (reaping it only once ``ppx run``
+closes the connection: the pid stays held, as an unreaped child's) and SIGTERMs it when ``ppx
+run`` dies first, as the agent's PR_SET_PDEATHSIG would; the agent dies with the server. The
+server is started as ``python -m ppx.launch.agent_server SOCKET PAD``: ``PAD``, a long argument,
+makes room for the agent's command line in the server's argument area, which a fork shares."""
 
 from __future__ import annotations
 
@@ -29,132 +33,66 @@ import time
 from pathlib import Path
 
 import ppx
-from ppx.launch.processes import FORK, stat_fields
+from ppx.launch.processes import follow_parent, stat_fields
+from ppx.launch.served_agent import AGENT_MODULE, MESSAGE_BYTES
 
-SERVER_ENV = "PPX_AGENT_SERVER"
-AGENT_MODULE = "ppx.launch.torchrun"
 PAD_BYTES = 8192  # room for the agent's command line (a run directory's path and torchrun's flags)
-REPLY_S = 120.0  # a server's longest wait to answer (its imports, on a slow machine)
-MESSAGE_BYTES = 1 << 20  # a request's most bytes (the environment)
-_LIMITS = [name for name in dir(resource) if name.startswith("RLIMIT_")]  # (ulimit's: files, file size, ...)
-
-
-def start_agent(command: list[str], env: dict, server: str | None = None):
-    """The torchrun ``command`` started in a session of its own with ``env``: a
-    `subprocess.Popen`, or where ``server`` (default: ``PPX_AGENT_SERVER`` of ``env``) serves
-    it, a `ServedAgent` forked there."""
-    server = server if server is not None else env.get(SERVER_ENV)
-    if server and command[:3] == [sys.executable, "-m", AGENT_MODULE] and FORK in command:
-        agent = ServedAgent.request(server, command, env)
-        if agent is not None:
-            return agent
-    return subprocess.Popen(command, env=env, start_new_session=True)
-
-
-class ServedAgent:
-    """An agent a server forked: Popen's ``pid``, ``returncode``, ``poll``, ``wait`` and
-    ``send_signal``, its exit status read from the server's connection."""
-
-    def __init__(self, conn: socket.socket, pid: int):
-        self.conn, self.pid, self.returncode = conn, pid, None
-
-    @classmethod
-    def request(cls, server: str, command: list[str], env: dict) -> ServedAgent | None:
-        """The agent forked for ``command``, or None where the server is not there or refuses."""
-        umask = os.umask(0)
-        os.umask(umask)
-        request = {
-            "argv": command,
-            "env": env,
-            "cwd": os.getcwd(),
-            "ppx": ppx.__file__,
-            "umask": umask,
-            "limits": {name: resource.getrlimit(getattr(resource, name)) for name in _LIMITS},
-        }
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            conn.connect(server)
-            conn.sendmsg([json.dumps(request).encode()], [_fds_message(_std_fds())])
-            conn.settimeout(REPLY_S)
-            reply = json.loads(conn.recv(MESSAGE_BYTES) or b"{}")
-        except (OSError, ValueError):
-            conn.close()
-            return None
-        if "pid" not in reply:
-            conn.close()
-            return None
-        conn.settimeout(None)
-        return cls(conn, int(reply["pid"]))
-
-    def poll(self) -> int | None:
-        return self.wait(0.0) if self.returncode is None else self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        """The exit code (Popen's: -N for a signal N); raises TimeoutExpired after ``timeout`` s."""
-        if self.returncode is not None:
-            return self.returncode
-        if not select.select([self.conn], [], [], timeout)[0]:
-            if timeout == 0.0:
-                return None  # (poll)
-            raise subprocess.TimeoutExpired(AGENT_MODULE, timeout)
-        try:
-            reply = json.loads(self.conn.recv(MESSAGE_BYTES) or b"{}")
-        except (OSError, ValueError):
-            reply = {}
-        self.conn.close()
-        self.returncode = int(reply.get("exit", 1))
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-
-def _std_fds() -> list[int]:
-    """This process's stdin, stdout and stderr for the agent: /dev/null for one that is closed."""
-    fds = []
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-            fds.append(fd)
-        except OSError:
-            fds.append(os.open(os.devnull, os.O_RDWR))
-    return fds
-
-
-def _fds_message(fds: list[int]):
-    return (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))
+READ_S = 5.0  # a request's longest wait to be read (its ppx run sends it as it connects)
+# what Python, torch and its libraries read from the environment as torch is imported
+IMPORT_TIME = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "LOGLEVEL",
+    "TORCH_LOGS",
+    "TORCH_TRACE",
+    "TORCH_COMPILE_DEBUG",
+    "PYTHONHASHSEED",
+    "PYTHONWARNINGS",
+    "PYTHONIOENCODING",
+    "PYTHONUTF8",
+)
+IMPORT_TIME_PREFIXES = ("TORCHDYNAMO_", "TORCHINDUCTOR_", "KMP_", "GOMP_")
 
 
 # -- the server
 def serve(path: str) -> None:
     """Listen at ``path`` (its requests wait while torch is imported), then fork an agent for
     each request until the process that started the server is gone."""
-    parent = os.getppid()
+    parent, server_path, started = os.getppid(), _python_path(os.environ), dict(os.environ)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(path)
+    listener.bind(f"{path}.new")
     listener.listen(64)
+    os.rename(f"{path}.new", path)  # (there once it listens)
     _preload()
+    imported = {k: v for k, v in os.environ.items() if started.get(k) != v}  # (set by torch's import)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     agents: dict[int, socket.socket | None] = {}  # pid -> its ppx run's connection (None: that one died)
+    reported: set[int] = set()  # agents ended, their exit sent, held unreaped until their ppx run lets go
     while os.getppid() == parent:
         conns = [c for c in agents.values() if c is not None]
         ready = select.select([listener, wake_r, *conns], [], [], 1.0)[0]
         if wake_r in ready:
             os.read(wake_r, 4096)
-        _reap(agents)
+        _report(agents, reported)
         if listener in ready:
             try:
-                _accept(listener, agents, [listener.fileno(), wake_r, wake_w])
-            except OSError as e:  # (a ppx run gone before its answer, no process to fork: it is not served)
+                _accept(listener, agents, [listener.fileno(), wake_r, wake_w], (started, imported, server_path))
+            except Exception as e:  # (the request is not served: its ppx run starts a plain agent)
                 print(f"ppx agent server: a request was not served: {e}", file=sys.stderr, flush=True)
         for pid, conn in list(agents.items()):
-            if conn in ready and _closed(conn):  # its ppx run died: as PR_SET_PDEATHSIG would
+            if conn is None or conn not in ready or not _closed(conn):
+                continue
+            conn.close()
+            if pid in reported:  # (ended, and its ppx run has its exit status)
+                os.waitpid(pid, 0)
+                reported.discard(pid)
+                del agents[pid]
+            else:  # its ppx run died first: as PR_SET_PDEATHSIG would
                 _kill(pid, signal.SIGTERM)
-                conn.close()
                 agents[pid] = None
     for pid in agents:
         _kill(pid, signal.SIGTERM)
@@ -181,26 +119,32 @@ def _preload() -> None:
     gc.freeze()
 
 
-def _reap(agents: dict) -> None:
-    while True:
+def _report(agents: dict, reported: set[int]) -> None:
+    """Each agent that ended: its exit status to its ppx run, the agent left unreaped (one whose
+    ppx run is gone: reaped)."""
+    for pid, conn in list(agents.items()):
+        if conn is None:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                del agents[pid]
+            continue
+        if pid in reported:
+            continue
+        ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if ended is None:
+            continue
+        code = ended.si_status if ended.si_code == os.CLD_EXITED else -ended.si_status
+        reported.add(pid)
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        conn = agents.pop(pid, None)
-        if conn is not None:
-            try:
-                conn.send(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode())
-            except OSError:
-                pass
-            conn.close()
+            conn.send(json.dumps({"exit": code}).encode())
+        except OSError:
+            pass
 
 
-def _accept(listener: socket.socket, agents: dict, server_fds: list[int]) -> None:
-    """Read one request and fork its agent (the answer: its pid), or answer why not."""
+def _accept(listener: socket.socket, agents: dict, server_fds: list[int], environment: tuple) -> None:
+    """Read one request and fork its agent (the answer: its pid), or answer why not.
+    ``environment``: the server's as it started, what its imports set, its PYTHONPATH's folders."""
     conn, _ = listener.accept()
+    conn.settimeout(READ_S)  # (a stalled ppx run holds up no other)
     fds = array.array("i")
     try:
         data, ancillary, _, _ = conn.recvmsg(MESSAGE_BYTES, socket.CMSG_SPACE(3 * fds.itemsize))
@@ -208,12 +152,12 @@ def _accept(listener: socket.socket, agents: dict, server_fds: list[int]) -> Non
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
         request = json.loads(data)
-        refused = _refused(request, len(fds))
+        refused = _refused(request, len(fds), environment[0]) or ("its ppx run is gone" if _gone(conn) else None)
         pid = None if refused else os.fork()
         if pid == 0:
             others = [c.fileno() for c in agents.values() if c is not None]
-            _agent(request, list(fds), [*server_fds, conn.fileno(), *others])
-    except (OSError, ValueError) as e:
+            _agent(request, list(fds), [*server_fds, conn.fileno(), *others], environment)
+    except Exception as e:
         refused, pid = f"{type(e).__name__}: {e}", None
     finally:
         for fd in fds:
@@ -222,22 +166,39 @@ def _accept(listener: socket.socket, agents: dict, server_fds: list[int]) -> Non
         agents[pid] = conn
     try:
         conn.send(json.dumps({"pid": pid} if pid is not None else {"error": refused}).encode())
-    finally:
-        if pid is None:
-            conn.close()
+    except OSError:
+        pass  # (its ppx run is gone: the agent is ended at the next look)
+    if pid is None:
+        conn.close()
 
 
-def _refused(request: dict, fds: int) -> str | None:
-    """Why the server will not fork the agent ``request`` asks for, or None."""
-    argv = request.get("argv") or []
+def _gone(conn: socket.socket) -> bool:
+    """Whether the request's ppx run has closed its end (it gave up waiting, or died): its end
+    readable, with nothing to read (it sends one message only)."""
+    if not select.select([conn], [], [], 0)[0]:
+        return False
+    try:
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def _refused(request: dict, fds: int, started: dict) -> str | None:
+    """Why the server will not fork the agent ``request`` asks for, or None (``started``: the
+    server's environment as it started, before torch's import)."""
+    argv, env = request.get("argv") or [], request.get("env") or {}
     if argv[:3] != [sys.executable, "-m", AGENT_MODULE]:
         return f"not {sys.executable} -m {AGENT_MODULE}"
     if request.get("ppx") != ppx.__file__:
         return f"ppx is {request.get('ppx')} there, {ppx.__file__} here"
     if fds != 3:
         return "stdin, stdout and stderr not passed"
-    if len(b"\0".join(a.encode() for a in argv)) + 1 > _argument_area()[1]:
+    if len(b"\0".join(os.fsencode(a) for a in argv)) + 1 > _argument_area()[1]:
         return "the command line is longer than the server's PAD"
+    names = {k for k in (*env, *started) if k in IMPORT_TIME or k.startswith(IMPORT_TIME_PREFIXES)}
+    differ = sorted(k for k in names if env.get(k) != started.get(k))
+    if differ:
+        return f"{', '.join(differ)} not as the server imported torch with"
     return None
 
 
@@ -249,11 +210,14 @@ def _kill(pid: int, sig: int) -> None:
 
 
 # -- the forked agent
-def _agent(request: dict, fds: list[int], server_fds: list[int]) -> None:
+def _agent(request: dict, fds: list[int], server_fds: list[int], environment: tuple) -> None:
     """In the fork: become the agent the request's command would start, run it and exit."""
     code = 1
     try:
+        server = os.getppid()
         os.setsid()
+        if not follow_parent(str(server)) or os.getppid() != server:  # (dies with the server)
+            os._exit(1)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in server_fds:
@@ -261,35 +225,56 @@ def _agent(request: dict, fds: list[int], server_fds: list[int]) -> None:
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
-        os.umask(request["umask"])
-        _set_limits(request["limits"])
+        _process_state(request)
         argv, env = request["argv"], request["env"]
         os.chdir(request["cwd"])
-        _set_environment(env)
+        _set_environment(env, *environment[1:])
         _set_command_line(argv)
         _std_streams(env)
         from ppx.launch import torchrun
 
         sys.argv = [torchrun.__file__, *argv[3:]]
         code = torchrun.run(argv[3:])
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
+    except SystemExit as e:  # (as Python ends on one)
+        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+        if not isinstance(e.code, int) and e.code is not None:
+            print(e.code, file=sys.stderr)
     except BaseException:
         import traceback
 
         traceback.print_exc()
     finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
         os._exit(code)
 
 
-def _set_limits(limits: dict) -> None:
-    """``ppx run``'s resource limits (``ulimit``) here, none above the server's own hard ones."""
-    for name, (soft, hard) in limits.items():
+def _process_state(request: dict) -> None:
+    """``ppx run``'s umask, resource limits (none above the server's own hard ones), CPU
+    affinity, priority (where this process may take it) and ignored signals here."""
+    os.umask(request["umask"])
+    for name, (soft, hard) in request["limits"].items():
         kind = getattr(resource, name)
         hard = _lower(hard, resource.getrlimit(kind)[1])
         try:
             resource.setrlimit(kind, (_lower(soft, hard), hard))
         except (OSError, ValueError):  # (one this process cannot take: the server's stays)
+            pass
+    for set_it in (
+        lambda: os.sched_setaffinity(0, request["affinity"]),
+        lambda: os.setpriority(os.PRIO_PROCESS, 0, request["priority"]),
+    ):
+        try:
+            set_it()
+        except OSError:
+            pass
+    for sig in request["ignored"]:
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except (OSError, ValueError):
             pass
 
 
@@ -298,12 +283,13 @@ def _lower(a: int, b: int) -> int:
     return b if a == resource.RLIM_INFINITY else a if b == resource.RLIM_INFINITY else min(a, b)
 
 
-def _set_environment(env: dict) -> None:
-    """``env`` as this process's environment, and ``sys.path`` as a Python started with it in
-    the working folder would have it: the folder (``-m``), PYTHONPATH, then the site's."""
-    server_path = _python_path(os.environ)
+def _set_environment(env: dict, imported: dict, server_path: list[str]) -> None:
+    """``env`` as this process's environment, with what importing torch set there (``imported``:
+    a plain agent's import sets it too), and ``sys.path`` as a Python started with it in the
+    working folder would have it: the folder (``-m``), PYTHONPATH, then the site's (the
+    server's own PYTHONPATH, ``server_path``, left out)."""
     os.environ.clear()
-    os.environ.update(env)
+    os.environ.update({**imported, **env})
     own = _python_path(env)
     site = [p for p in sys.path[1:] if p not in server_path]
     sys.path[:] = [os.getcwd(), *own, *site]
@@ -343,14 +329,16 @@ def _set_command_line(argv: list[str]) -> None:
     """Write ``argv`` over this process's argument area (the rest zeros): /proc/<pid>/cmdline
     then reads it, its forks' too."""
     start, size = _argument_area()
-    data = b"\0".join(a.encode() for a in argv) + b"\0"
+    data = b"\0".join(os.fsencode(a) for a in argv) + b"\0"
     ctypes.memmove(start, data.ljust(size, b"\0"), size)
 
 
 def start_server(path: Path) -> subprocess.Popen:
-    """A server at ``path`` (it exits with the process that started it)."""
+    """A server at ``path`` (it exits with the process that started it), with this process's
+    environment and OMP_NUM_THREADS=1 (a run's own default, `runtime.threads_per_rank`)."""
     command = [sys.executable, "-m", __name__, str(path), "-" * PAD_BYTES]
-    return subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def wait_for(path: Path, timeout_s: float = 30.0) -> None:
@@ -361,7 +349,5 @@ def wait_for(path: Path, timeout_s: float = 30.0) -> None:
 
 
 if __name__ == "__main__":
-    from ppx.launch.processes import follow_parent
-
     follow_parent(str(os.getppid()))
     serve(sys.argv[1])

@@ -37,10 +37,10 @@ import sys
 import time
 from pathlib import Path
 
-from ppx.launch.agent_server import ServedAgent, start_agent
 from ppx.launch.crash_stacks import stacks_note
 from ppx.launch.heartbeat import INTERVAL_S, read_beats, read_gone, stopped_responding
 from ppx.launch.processes import forked_worker_path, process_alive, zombie_status
+from ppx.launch.served_agent import ServedAgent, start_agent
 from ppx.launch.stops import STOP_SIGNALS, stops_handled, take
 from ppx.launch.watchdog import cause_path, read_status, status_path
 
@@ -78,7 +78,9 @@ class Supervisor:
                 self.started = time.monotonic()
                 if early:  # (stopped before the job started: nothing to end)
                     return report_stop(self.run_dir, take(early), 0.0, self._where_each(), False)
-                self.proc = start_agent(self.command, self.env)
+                self.proc = start_agent(self.command, self.env, stopped=lambda: self._signal is not None)
+                if self.proc is None:  # (stopped while a server was asked for the agent: none started)
+                    return report_stop(self.run_dir, self._signal, 0.0, self._where_each(), False)
                 return self._watch()
             finally:
                 if self.proc is not None and self.proc.poll() is None:  # an exception in the launcher

@@ -17,8 +17,9 @@ import pytest
 import ppx as ppx_package
 from helpers import ppx, read_jsonl
 from helpers.job import end, read_log, start_run, wait_for_step, workers
-from ppx.launch.agent_server import SERVER_ENV, ServedAgent, start_agent, wait_for
+from ppx.launch.agent_server import wait_for
 from ppx.launch.processes import FORK
+from ppx.launch.served_agent import SERVER_ENV, ServedAgent, start_agent
 
 pytestmark = pytest.mark.plain_agent  # (a run served only where a test says so)
 
@@ -97,10 +98,15 @@ def test_a_killed_ppx_run_leaves_no_served_job(server, tmp_path, monkeypatch):
 
 
 def test_what_a_server_cannot_serve_gets_a_plain_agent(server, monkeypatch):
+    """Another command, no server there, a variable torch reads as it is imported set otherwise,
+    another ppx: no agent served (a plain one started instead)."""
     agent = [sys.executable, "-m", "ppx.launch.torchrun", FORK, "--help"]
-    served = ServedAgent.request(str(server[0]), agent, dict(os.environ))
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # (a run's, as the server's)
+    served = ServedAgent.request(str(server[0]), agent, env)
     assert served is not None and served.wait(timeout=60) == 0  # (torchrun's help, from the server)
     assert isinstance(start_agent([sys.executable, "-c", "pass"], {}, str(server[0])), subprocess.Popen)
-    assert ServedAgent.request(str(server[0].with_name("none")), agent, dict(os.environ)) is None
+    assert ServedAgent.request(str(server[0].with_name("none")), agent, env) is None
+    hashed = {**env, "PYTHONHASHSEED": "7"}  # (read as torch was imported: the server's is not)
+    assert ServedAgent.request(str(server[0]), agent, hashed) is None
     monkeypatch.setattr(ppx_package, "__file__", "/elsewhere/ppx/__init__.py")  # another ppx's run
-    assert ServedAgent.request(str(server[0]), agent, dict(os.environ)) is None
+    assert ServedAgent.request(str(server[0]), agent, env) is None
