@@ -152,7 +152,7 @@ def _accept(listener: socket.socket, agents: dict, server_fds: list[int], enviro
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
         request = json.loads(data)
-        refused = _refused(request, len(fds), environment[0]) or ("its ppx run is gone" if _gone(conn) else None)
+        refused = _refused(request, len(fds), *environment[:2]) or ("its ppx run is gone" if _gone(conn) else None)
         pid = None if refused else os.fork()
         if pid == 0:
             others = [c.fileno() for c in agents.values() if c is not None]
@@ -183,9 +183,10 @@ def _gone(conn: socket.socket) -> bool:
         return True
 
 
-def _refused(request: dict, fds: int, started: dict) -> str | None:
+def _refused(request: dict, fds: int, started: dict, imported: dict) -> str | None:
     """Why the server will not fork the agent ``request`` asks for, or None (``started``: the
-    server's environment as it started, before torch's import)."""
+    server's environment as it started, before torch's import; ``imported``: what that import
+    set, which a process that imported torch before it started ppx run hands on as it is)."""
     argv, env = request.get("argv") or [], request.get("env") or {}
     if argv[:3] != [sys.executable, "-m", AGENT_MODULE]:
         return f"not {sys.executable} -m {AGENT_MODULE}"
@@ -196,7 +197,7 @@ def _refused(request: dict, fds: int, started: dict) -> str | None:
     if len(b"\0".join(os.fsencode(a) for a in argv)) + 1 > _argument_area()[1]:
         return "the command line is longer than the server's PAD"
     names = {k for k in (*env, *started) if k in IMPORT_TIME or k.startswith(IMPORT_TIME_PREFIXES)}
-    differ = sorted(k for k in names if env.get(k) != started.get(k))
+    differ = sorted(k for k in names if env.get(k) != started.get(k) and (k not in imported or env[k] != imported[k]))
     if differ:
         return f"{', '.join(differ)} not as the server imported torch with"
     return None

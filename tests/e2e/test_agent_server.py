@@ -14,6 +14,10 @@ from pathlib import Path
 
 import pytest
 
+# as in a test process that imported them before (tests/dist's): torch._dynamo's import sets
+# TORCHINDUCTOR_CACHE_DIR, which every ppx run then hands on, and the server must take
+import torch._dynamo  # noqa: E402, F401
+
 import ppx as ppx_package
 from helpers import ppx, read_jsonl
 from helpers.job import end, read_log, start_run, wait_for_step, workers
