@@ -107,16 +107,12 @@ def _closed(conn: socket.socket) -> bool:
 
 def _preload() -> None:
     """What the agent imports before it forks its ranks (`ppx.launch.torchrun`'s
-    `_import_for_the_workers`), and torchrun itself."""
-    import gc
-
-    import torch._dynamo  # noqa: F401
+    `import_for_the_workers`), and torchrun itself."""
     import torch.distributed.run  # noqa: F401
 
-    import ppx.launch.supervisor  # noqa: F401
-    import ppx.launch.worker  # noqa: F401
+    from ppx.launch.torchrun import import_for_the_workers
 
-    gc.freeze()
+    import_for_the_workers()
 
 
 def _report(agents: dict, reported: set[int]) -> None:

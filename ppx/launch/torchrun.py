@@ -78,7 +78,7 @@ def _stop_on_warnings():
             signal.signal(sig, handler)
 
 
-def _import_for_the_workers() -> None:
+def import_for_the_workers() -> None:
     """What each rank would import at its start, here where the forked ranks inherit it:
     the worker's modules, and ``torch._dynamo``, which torch.optim imports at the first step
     (about 1.3 s a rank on a laptop-class CPU, where torch itself takes about 2)."""
@@ -146,7 +146,7 @@ def _main(argv: list[str], exits: str | None) -> int:
         # server is one): a line a rank in each job's output, where ppx promises one line per
         # failure; the forked ranks start gloo's, OpenMP's and the store's threads of their own
         warnings.filterwarnings("ignore", r"This process .* is multi-threaded, use of fork\(\)", DeprecationWarning)
-        _import_for_the_workers()
+        import_for_the_workers()
         _report_every_failed_fork()
     if exits:
         if not follow_parent(os.environ.get("PPX_LAUNCHER_PID")):  # (ppx run is gone: end quietly, as told to)

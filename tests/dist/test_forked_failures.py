@@ -113,7 +113,7 @@ def test_a_failure_is_held_back_for_the_survivors_grace(tmp_path, monkeypatch, h
 def test_the_agent_freezes_what_it_imported_for_its_forks():
     """What torchrun's agent imported for its forked ranks is out of the collector's walks
     (gc.freeze): a rank's first collection walks only its own objects, not torch's again."""
-    code = "import gc; from ppx.launch.torchrun import _import_for_the_workers as f; f(); print(gc.get_freeze_count())"
+    code = "import gc; from ppx.launch.torchrun import import_for_the_workers as f; f(); print(gc.get_freeze_count())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) > 100_000, out.stdout  # (torch and torch._dynamo: about 300,000 objects)
