@@ -5,6 +5,7 @@ processes)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,7 @@ def overrides(model: str, sched: str, p: int, uneven: bool = False) -> list[str]
     return o + ([f"pipeline.layers_per_stage={split}"] if uneven else [])
 
 
+@functools.cache  # (its CSVs written once a process; every test reads it)
 def cases(p: int) -> list[tuple[str, list[str]]]:
     """(model-schedule-split[-variant], overrides) per case; the name is the same for every p.
     split: "even" (the layer split, equal stages), "uneven" (pipeline.layers_per_stage),
@@ -301,8 +303,12 @@ def pipelined(tmp_path_factory):
 
 
 def reference(o: list[str]):
-    o = [x for x in o if not x.startswith("pipeline.")]  # one process, one stage
-    cfg = config.load(None, o)
+    return _reference(tuple(x for x in o if not x.startswith("pipeline.")))  # one process, one stage
+
+
+@functools.cache  # (the cases of one model share it: only their pipeline keys differ)
+def _reference(o: tuple[str, ...]):
+    cfg = config.load(None, list(o))
     model = build_reference(cfg)
     kind = models.kind(cfg.model.kind)
     x, y = kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, 0)

@@ -9,6 +9,7 @@ FSDP2 for one architecture); the module cut by torch's tracer too."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -232,8 +233,12 @@ def pipelined(tmp_path_factory):
 
 def reference(o: list[str]):
     """Loss and gradients by name (tied names included) of the unsplit model, one process."""
-    o = [x for x in o if not x.startswith(("pipeline.", "parallel."))]
-    cfg = config.load(None, o)
+    return _reference(tuple(x for x in o if not x.startswith(("pipeline.", "parallel."))))
+
+
+@functools.cache  # (the cases of one model share it: only their pipeline keys differ)
+def _reference(o: tuple[str, ...]):
+    cfg = config.load(None, list(o))
     model = build_reference(cfg)
     kind = models.kind(cfg.model.kind)
     x, y = kind.make_batch(cfg.model, cfg.train.seed, cfg.train.batch_size, 0)
