@@ -13,8 +13,10 @@ agent then), and the server starts with ``OMP_NUM_THREADS=1``, a run's default. 
 the server, which reports its exit status to ``ppx run`` (reaping it only once ``ppx run``
 closes the connection: the pid stays held, as an unreaped child's) and SIGTERMs it when ``ppx
 run`` dies first, as the agent's PR_SET_PDEATHSIG would; the agent dies with the server. The
-server is started as ``python -m ppx.launch.agent_server SOCKET PAD``: ``PAD``, a long argument,
-makes room for the agent's command line in the server's argument area, which a fork shares."""
+server is started as ``python -m ppx.launch.agent_server SOCKET PARENT PAD`` (`start_server`):
+it exits with the process whose pid is ``PARENT``, at once where that one has gone already;
+``PAD``, a long argument, makes room for the agent's command line in the server's argument
+area, which a fork shares."""
 
 from __future__ import annotations
 
@@ -333,7 +335,7 @@ def _set_command_line(argv: list[str]) -> None:
 def start_server(path: Path) -> subprocess.Popen:
     """A server at ``path`` (it exits with the process that started it), with this process's
     environment and OMP_NUM_THREADS=1 (a run's own default, `runtime.threads_per_rank`)."""
-    command = [sys.executable, "-m", __name__, str(path), "-" * PAD_BYTES]
+    command = [sys.executable, "-m", __name__, str(path), str(os.getpid()), "-" * PAD_BYTES]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -346,5 +348,7 @@ def wait_for(path: Path, timeout_s: float = 30.0) -> None:
 
 
 if __name__ == "__main__":
-    follow_parent(str(os.getppid()))
-    serve(sys.argv[1])
+    # (the pid its starter gave, not getppid(): a starter gone before this line leaves this
+    # process init's child, which getppid() would then name, and it had served on forever)
+    if follow_parent(sys.argv[2]):
+        serve(sys.argv[1])

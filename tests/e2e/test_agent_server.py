@@ -114,3 +114,34 @@ def test_what_a_server_cannot_serve_gets_a_plain_agent(server, monkeypatch):
     assert ServedAgent.request(str(server[0]), agent, hashed) is None
     monkeypatch.setattr(ppx_package, "__file__", "/elsewhere/ppx/__init__.py")  # another ppx's run
     assert ServedAgent.request(str(server[0]), agent, env) is None
+
+
+def test_a_server_ends_with_its_starter_and_one_whose_starter_has_gone_never_listens(tmp_path):
+    """The server follows the pid its starter gave: it ends when that process dies, and at once
+    where it has gone already (it had followed getppid(), which names init once the starter is
+    gone: a server started so served on forever)."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    command = [sys.executable, "-m", "ppx.launch.agent_server", str(tmp_path / "a"), str(gone.pid), "-"]
+    assert subprocess.run(command, timeout=60).returncode == 0
+    assert not (tmp_path / "a").exists()
+    start = f"import time; from ppx.launch.agent_server import start_server; start_server({str(tmp_path / 'b')!r}); time.sleep(60)"
+    starter = subprocess.Popen([sys.executable, "-c", start])
+    try:
+        wait_for(tmp_path / "b")
+        assert (tmp_path / "b").exists()
+        (server,) = map(int, Path(f"/proc/{starter.pid}/task/{starter.pid}/children").read_text().split())
+    finally:
+        starter.kill()
+        starter.wait()
+    deadline = time.monotonic() + 30
+    while _running(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(server), "the server outlived its starter"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
