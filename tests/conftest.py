@@ -99,12 +99,53 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
+@pytest.hookimpl(tryfirst=True)  # (an xdist worker's: before xdist sends its workeroutput)
 def pytest_sessionfinish(session):
-    """xdist's controller, which ends last, removes its workers' lock files."""
-    run = getattr(session.config.option, "testrunuid", None)
-    if run and not hasattr(session.config, "workerinput"):
+    """xdist's controller, which ends last, removes its workers' lock files; a worker hands it
+    the runs its agent server did not serve."""
+    config = session.config
+    if hasattr(config, "workerinput"):
+        config.workeroutput[REFUSED] = _refused(config)
+        return
+    run = getattr(config.option, "testrunuid", None)
+    if run:
         for path in machine.lock_files(run):
             path.unlink(missing_ok=True)
+
+
+REFUSED = "ppx_agents_refused"
+_workers_refused: list[str] = []  # (xdist's controller: its workers' lines)
+
+
+def _refused(config) -> list[str]:
+    """The lines of this process's agent server for the runs it did not serve (each started a
+    plain agent: `ppx.launch.agent_server._note`)."""
+    _, folder = getattr(config, "_ppx_agent_server", (None, None))
+    path = folder / "socket.refused" if folder is not None else None
+    return path.read_text(encoding="utf-8").splitlines() if path is not None and path.exists() else []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist's controller: a worker's refused runs, for the summary."""
+    _workers_refused.extend(getattr(node, "workeroutput", {}).get(REFUSED, []))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """How many of the session's ppx runs its agent servers did not serve, and why: each started
+    torchrun's agent as a new process (2-5 s more), which the tests of the server aside
+    (tests/e2e/test_agent_server.py) no run should."""
+    lines = _workers_refused + _refused(config)
+    if not lines:
+        return
+    why: dict[str, list[str]] = {}
+    for line in lines:
+        reason, _, command = line.partition("\t")
+        why.setdefault(reason, []).append(command)
+    terminalreporter.section("ppx agent server")
+    terminalreporter.write_line(f"{len(lines)} ppx runs not served by the agent server (a plain agent started):")
+    for reason, commands in sorted(why.items(), key=lambda kv: -len(kv[1])):
+        terminalreporter.write_line(f"  {len(commands)} x {reason}; e.g. {commands[0][:300]}")
 
 
 @pytest.fixture

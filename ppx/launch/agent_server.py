@@ -82,9 +82,13 @@ def serve(path: str) -> None:
         _report(agents, reported)
         if listener in ready:
             try:
-                _accept(listener, agents, [listener.fileno(), wake_r, wake_w], (started, imported, server_path))
+                refused = _accept(
+                    listener, agents, [listener.fileno(), wake_r, wake_w], (started, imported, server_path)
+                )
             except Exception as e:  # (the request is not served: its ppx run starts a plain agent)
-                print(f"ppx agent server: a request was not served: {e}", file=sys.stderr, flush=True)
+                refused = (f"{type(e).__name__}: {e}", "")
+            if refused is not None:
+                _note(path, *refused)
         for pid, conn in list(agents.items()):
             if conn is None or conn not in ready or not _closed(conn):
                 continue
@@ -98,6 +102,14 @@ def serve(path: str) -> None:
                 agents[pid] = None
     for pid in agents:
         _kill(pid, signal.SIGTERM)
+
+
+def _note(path: str, reason: str, command: str) -> None:
+    """A line for a request not served (its ppx run starts a plain agent), in ``<path>.refused``:
+    why, a tab, its command; the test suite counts them (tests/conftest.py)."""
+    line = "\t".join(" ".join(x.split()) for x in (reason, command))
+    with open(f"{path}.refused", "a", encoding="utf-8", errors="backslashreplace") as f:
+        f.write(line + "\n")
 
 
 def _closed(conn: socket.socket) -> bool:
@@ -138,12 +150,13 @@ def _report(agents: dict, reported: set[int]) -> None:
             pass
 
 
-def _accept(listener: socket.socket, agents: dict, server_fds: list[int], environment: tuple) -> None:
-    """Read one request and fork its agent (the answer: its pid), or answer why not.
-    ``environment``: the server's as it started, what its imports set, its PYTHONPATH's folders."""
+def _accept(listener: socket.socket, agents: dict, server_fds: list[int], environment: tuple) -> tuple | None:
+    """Read one request and fork its agent (the answer: its pid), or answer why not; (that
+    reason, the request's command), or None where it was served. ``environment``: the
+    server's as it started, what its imports set, its PYTHONPATH's folders."""
     conn, _ = listener.accept()
     conn.settimeout(READ_S)  # (a stalled ppx run holds up no other)
-    fds = array.array("i")
+    fds, request = array.array("i"), None
     try:
         data, ancillary, _, _ = conn.recvmsg(MESSAGE_BYTES, socket.CMSG_SPACE(3 * fds.itemsize))
         for level, kind, payload in ancillary:
@@ -168,6 +181,9 @@ def _accept(listener: socket.socket, agents: dict, server_fds: list[int], enviro
         pass  # (its ppx run is gone: the agent is ended at the next look)
     if pid is None:
         conn.close()
+        argv = request.get("argv") if isinstance(request, dict) else None
+        return refused, " ".join(map(str, argv)) if isinstance(argv, list) else ""
+    return None
 
 
 def _gone(conn: socket.socket) -> bool:

@@ -112,6 +112,9 @@ def test_what_a_server_cannot_serve_gets_a_plain_agent(server, monkeypatch):
     assert ServedAgent.request(str(server[0].with_name("none")), agent, env) is None
     hashed = {**env, "PYTHONHASHSEED": "7"}  # (read as torch was imported: the server's is not)
     assert ServedAgent.request(str(server[0]), agent, hashed) is None
+    # each refusal noted beside the socket, why and the command, for the suite's summary (tests/conftest.py)
+    noted = Path(f"{server[0]}.refused").read_text().splitlines()
+    assert noted[-1] == "PYTHONHASHSEED not as the server imported torch with\t" + " ".join(agent), noted
     monkeypatch.setattr(ppx_package, "__file__", "/elsewhere/ppx/__init__.py")  # another ppx's run
     assert ServedAgent.request(str(server[0]), agent, env) is None
 
