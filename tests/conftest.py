@@ -99,7 +99,6 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
-@pytest.hookimpl(tryfirst=True)  # (an xdist worker's: before xdist sends its workeroutput)
 def pytest_sessionfinish(session):
     """xdist's controller, which ends last, removes its workers' lock files; a worker hands it
     the runs its agent server did not serve."""
@@ -114,7 +113,7 @@ def pytest_sessionfinish(session):
 
 
 REFUSED = "ppx_agents_refused"
-_workers_refused: list[str] = []  # (xdist's controller: its workers' lines)
+WORKERS_REFUSED = pytest.StashKey[dict]()  # (xdist's controller: each worker's lines, by its id)
 
 
 def _refused(config) -> list[str]:
@@ -127,15 +126,16 @@ def _refused(config) -> list[str]:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
-    """xdist's controller: a worker's refused runs, for the summary."""
-    _workers_refused.extend(getattr(node, "workeroutput", {}).get(REFUSED, []))
+    """xdist's controller: a worker's refused runs, for the summary (a worker that crashed sent none)."""
+    worker = getattr(node, "workerinput", {}).get("workerid", str(id(node)))
+    node.config.stash.setdefault(WORKERS_REFUSED, {})[worker] = getattr(node, "workeroutput", {}).get(REFUSED, [])
 
 
 def pytest_terminal_summary(terminalreporter, config):
     """How many of the session's ppx runs its agent servers did not serve, and why: each started
     torchrun's agent as a new process (2-5 s more), which the tests of the server aside
     (tests/e2e/test_agent_server.py) no run should."""
-    lines = _workers_refused + _refused(config)
+    lines = [x for w in config.stash.get(WORKERS_REFUSED, {}).values() for x in w] + _refused(config)
     if not lines:
         return
     why: dict[str, list[str]] = {}
@@ -143,9 +143,12 @@ def pytest_terminal_summary(terminalreporter, config):
         reason, _, command = line.partition("\t")
         why.setdefault(reason, []).append(command)
     terminalreporter.section("ppx agent server")
-    terminalreporter.write_line(f"{len(lines)} ppx runs not served by the agent server (a plain agent started):")
+    terminalreporter.write_line(
+        f"{len(lines)} requests the agent server did not serve (each run started a plain agent):"
+    )
     for reason, commands in sorted(why.items(), key=lambda kv: -len(kv[1])):
-        terminalreporter.write_line(f"  {len(commands)} x {reason}; e.g. {commands[0][:300]}")
+        example = next((c for c in commands if c), "")
+        terminalreporter.write_line(f"  {len(commands)} x {reason}" + (f"; e.g. {example[:300]}" if example else ""))
 
 
 @pytest.fixture

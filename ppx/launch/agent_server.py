@@ -74,6 +74,7 @@ def serve(path: str) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     agents: dict[int, socket.socket | None] = {}  # pid -> its ppx run's connection (None: that one died)
     reported: set[int] = set()  # agents ended, their exit sent, held unreaped until their ppx run lets go
+    failed = None  # (the last request's failure, noted once however often it repeats)
     while os.getppid() == parent:
         conns = [c for c in agents.values() if c is not None]
         ready = select.select([listener, wake_r, *conns], [], [], 1.0)[0]
@@ -82,13 +83,12 @@ def serve(path: str) -> None:
         _report(agents, reported)
         if listener in ready:
             try:
-                refused = _accept(
-                    listener, agents, [listener.fileno(), wake_r, wake_w], (started, imported, server_path)
-                )
+                _accept(listener, agents, [listener.fileno(), wake_r, wake_w], (started, imported, server_path), path)
+                failed = None
             except Exception as e:  # (the request is not served: its ppx run starts a plain agent)
-                refused = (f"{type(e).__name__}: {e}", "")
-            if refused is not None:
-                _note(path, *refused)
+                if f"{e!r}" != failed:
+                    _note(path, f"{type(e).__name__}: {e}", "")
+                failed = f"{e!r}"
         for pid, conn in list(agents.items()):
             if conn is None or conn not in ready or not _closed(conn):
                 continue
@@ -108,8 +108,11 @@ def _note(path: str, reason: str, command: str) -> None:
     """A line for a request not served (its ppx run starts a plain agent), in ``<path>.refused``:
     why, a tab, its command; the test suite counts them (tests/conftest.py)."""
     line = "\t".join(" ".join(x.split()) for x in (reason, command))
-    with open(f"{path}.refused", "a", encoding="utf-8", errors="backslashreplace") as f:
-        f.write(line + "\n")
+    try:
+        with open(f"{path}.refused", "a", encoding="utf-8", errors="backslashreplace") as f:
+            f.write(line + "\n")
+    except OSError:  # (a full disk: the server serves on)
+        pass
 
 
 def _closed(conn: socket.socket) -> bool:
@@ -150,10 +153,10 @@ def _report(agents: dict, reported: set[int]) -> None:
             pass
 
 
-def _accept(listener: socket.socket, agents: dict, server_fds: list[int], environment: tuple) -> tuple | None:
-    """Read one request and fork its agent (the answer: its pid), or answer why not; (that
-    reason, the request's command), or None where it was served. ``environment``: the
-    server's as it started, what its imports set, its PYTHONPATH's folders."""
+def _accept(listener: socket.socket, agents: dict, server_fds: list[int], environment: tuple, path: str) -> None:
+    """Read one request and fork its agent (the answer: its pid), or note why not (`_note`,
+    before the answer) and answer that. ``environment``: the server's as it started, what its
+    imports set, its PYTHONPATH's folders; ``path``: the server's socket."""
     conn, _ = listener.accept()
     conn.settimeout(READ_S)  # (a stalled ppx run holds up no other)
     fds, request = array.array("i"), None
@@ -175,15 +178,15 @@ def _accept(listener: socket.socket, agents: dict, server_fds: list[int], enviro
             os.close(fd)
     if pid is not None:
         agents[pid] = conn
+    else:
+        argv = request.get("argv") if isinstance(request, dict) else None
+        _note(path, refused, " ".join(map(str, argv)) if isinstance(argv, list) else "")
     try:
         conn.send(json.dumps({"pid": pid} if pid is not None else {"error": refused}).encode())
     except OSError:
         pass  # (its ppx run is gone: the agent is ended at the next look)
     if pid is None:
         conn.close()
-        argv = request.get("argv") if isinstance(request, dict) else None
-        return refused, " ".join(map(str, argv)) if isinstance(argv, list) else ""
-    return None
 
 
 def _gone(conn: socket.socket) -> bool:
@@ -366,5 +369,5 @@ def wait_for(path: Path, timeout_s: float = 30.0) -> None:
 if __name__ == "__main__":
     # (the pid its starter gave, not getppid(): a starter gone before this line leaves this
     # process init's child, which getppid() would then name, and it had served on forever)
-    if follow_parent(sys.argv[2]):
+    if follow_parent(sys.argv[2]) and os.getppid() == int(sys.argv[2]):
         serve(sys.argv[1])
