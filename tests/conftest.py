@@ -119,8 +119,10 @@ WORKERS_REFUSED = pytest.StashKey[dict]()  # (xdist's controller: each worker's 
 def _refused(config) -> list[str]:
     """The lines of this process's agent server for the runs it did not serve (each started a
     plain agent: `ppx.launch.agent_server._note`)."""
+    from ppx.launch.agent_server import refused_path
+
     _, folder = getattr(config, "_ppx_agent_server", (None, None))
-    path = folder / "socket.refused" if folder is not None else None
+    path = refused_path(folder / "socket") if folder is not None else None
     return path.read_text(encoding="utf-8").splitlines() if path is not None and path.exists() else []
 
 

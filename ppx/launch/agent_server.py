@@ -104,12 +104,17 @@ def serve(path: str) -> None:
         _kill(pid, signal.SIGTERM)
 
 
+def refused_path(path) -> Path:
+    """Where the server at ``path`` notes the requests it did not serve (`_note`)."""
+    return Path(f"{path}.refused")
+
+
 def _note(path: str, reason: str, command: str) -> None:
-    """A line for a request not served (its ppx run starts a plain agent), in ``<path>.refused``:
+    """A line for a request not served (its ppx run starts a plain agent), in `refused_path`:
     why, a tab, its command; the test suite counts them (tests/conftest.py)."""
     line = "\t".join(" ".join(x.split()) for x in (reason, command))
     try:
-        with open(f"{path}.refused", "a", encoding="utf-8", errors="backslashreplace") as f:
+        with open(refused_path(path), "a", encoding="utf-8", errors="backslashreplace") as f:
             f.write(line + "\n")
     except OSError:  # (a full disk: the server serves on)
         pass

@@ -21,7 +21,7 @@ import torch._dynamo  # noqa: E402, F401
 import ppx as ppx_package
 from helpers import ppx, read_jsonl
 from helpers.job import end, read_log, start_run, wait_for_step, workers
-from ppx.launch.agent_server import wait_for
+from ppx.launch.agent_server import refused_path, wait_for
 from ppx.launch.processes import FORK
 from ppx.launch.served_agent import SERVER_ENV, ServedAgent, start_agent
 
@@ -104,7 +104,7 @@ def test_a_killed_ppx_run_leaves_no_served_job(server, tmp_path, monkeypatch):
 def test_what_a_server_cannot_serve_gets_a_plain_agent(server, monkeypatch):
     """Another command, no server there, a variable torch reads as it is imported set otherwise,
     another ppx: no agent served (a plain one started instead)."""
-    noted = Path(f"{server[0]}.refused")  # (each refusal a line there, for the suite's summary: tests/conftest.py)
+    noted = refused_path(server[0])  # (each refusal a line there, for the suite's summary: tests/conftest.py)
     before = noted.stat().st_size if noted.exists() else 0
     try:
         _refusals(server, monkeypatch, noted)
