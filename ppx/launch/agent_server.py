@@ -216,7 +216,7 @@ def _refused(request: dict, fds: int, started: dict, imported: dict) -> str | No
         return f"ppx is {request.get('ppx')} there, {ppx.__file__} here"
     if fds != 3:
         return "stdin, stdout and stderr not passed"
-    if len(b"\0".join(os.fsencode(a) for a in argv)) + 1 > _argument_area()[1]:
+    if len(_command_line(argv)) > _argument_area()[1]:
         return "the command line is longer than the server's PAD"
     names = {k for k in (*env, *started) if k in IMPORT_TIME or k.startswith(IMPORT_TIME_PREFIXES)}
     differ = sorted(k for k in names if env.get(k) != started.get(k) and (k not in imported or env[k] != imported[k]))
@@ -352,8 +352,12 @@ def _set_command_line(argv: list[str]) -> None:
     """Write ``argv`` over this process's argument area (the rest zeros): /proc/<pid>/cmdline
     then reads it, its forks' too."""
     start, size = _argument_area()
-    data = b"\0".join(os.fsencode(a) for a in argv) + b"\0"
-    ctypes.memmove(start, data.ljust(size, b"\0"), size)
+    ctypes.memmove(start, _command_line(argv).ljust(size, b"\0"), size)
+
+
+def _command_line(argv: list[str]) -> bytes:
+    """``argv`` as /proc/<pid>/cmdline holds it: each argument's bytes, each ended by a zero."""
+    return b"".join(os.fsencode(a) + b"\0" for a in argv)
 
 
 def start_server(path: Path) -> subprocess.Popen:
