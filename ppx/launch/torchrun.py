@@ -78,17 +78,30 @@ def _stop_on_warnings():
             signal.signal(sig, handler)
 
 
-def import_for_the_workers() -> None:
+def import_for_the_workers(run_dir: str | None = None) -> None:
     """What each rank would import at its start, here where the forked ranks inherit it:
     the worker's modules, and ``torch._dynamo``, which torch.optim imports at the first step
-    (about 1.3 s a rank on a laptop-class CPU, where torch itself takes about 2)."""
+    (about 1.3 s a rank on a laptop-class CPU, where torch itself takes about 2); and what
+    building the model of ``run_dir``'s run imports (`ppx.models.preload`: transformers and the
+    architecture's modules, about 4 s a rank)."""
     import torch._dynamo  # noqa: F401
 
     import ppx.launch.worker  # noqa: F401
 
+    if run_dir is not None:
+        _import_the_model(Path(run_dir))
     # everything imported so far, out of the collector's walks: a rank's first collection
     # (`StepCollector`) would otherwise walk torch's objects again (0.17 s a rank) and write to their pages
     gc.freeze()
+
+
+def _import_the_model(run_dir: Path) -> None:
+    from ppx import config, models
+
+    try:
+        models.preload(config.from_yaml(run_dir / "config.yaml").model)
+    except Exception:  # (each rank reads the config and builds its stage, and says what failed)
+        pass
 
 
 def _report_every_failed_fork() -> None:
@@ -146,7 +159,7 @@ def _main(argv: list[str], exits: str | None) -> int:
         # server is one): a line a rank in each job's output, where ppx promises one line per
         # failure; the forked ranks start gloo's, OpenMP's and the store's threads of their own
         warnings.filterwarnings("ignore", r"This process .* is multi-threaded, use of fork\(\)", DeprecationWarning)
-        import_for_the_workers()
+        import_for_the_workers(argv[-1])
         _report_every_failed_fork()
     if exits:
         if not follow_parent(os.environ.get("PPX_LAUNCHER_PID")):  # (ppx run is gone: end quietly, as told to)

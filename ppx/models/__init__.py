@@ -90,6 +90,17 @@ def counted_flops(model) -> tuple[float, ...] | None:
         return None
 
 
+def preload(model) -> None:
+    """Import what building ``model``'s stages imports, in a process whose forks build them
+    (torchrun's agent of a CPU run, before it forks its ranks): a Hugging Face model's
+    transformers and architecture modules. A user's module is left to each rank (its import
+    may do anything)."""
+    if model.kind == "hf":
+        from ppx.models import hf, hf_config
+
+        hf.meta_model(hf_config.resolve(model))
+
+
 def kinds_help() -> str:
     """'mlp (Linear+GELU blocks, MSE) | ...', for help texts."""
     return " | ".join(f"{k} ({what})" for k, what in KINDS.items())

@@ -117,3 +117,26 @@ def test_the_agent_freezes_what_it_imported_for_its_forks():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) > 100_000, out.stdout  # (torch and torch._dynamo: about 300,000 objects)
+
+
+def test_the_agent_imports_a_hugging_face_models_modules_for_its_forks(tmp_path):
+    """A model.kind=hf run's agent imports transformers and the architecture's modules before
+    it forks its ranks (each had imported them: 4-5 s a rank); a config it cannot read is left
+    to the ranks, which say what is wrong."""
+    pytest.importorskip("transformers")
+    from ppx import config
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.yaml").write_text(config.to_yaml(config.load("hf_llama_tiny_1f1b_2cpu")))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.yaml").write_text("model: [")
+    modeling = "transformers.models.llama.modeling_llama"
+    code = f"import sys; from ppx.launch.torchrun import import_for_the_workers as f; f(sys.argv[1]); print({modeling!r} in sys.modules)"
+    got = {}
+    for run in ("hf", "bad"):
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / run)], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr
+        got[run] = out.stdout.strip()
+    assert got == {"hf": "True", "bad": "False"}

@@ -12,7 +12,17 @@ from datetime import timedelta
 
 import torch.multiprocessing as mp
 
-PRELOAD = ["torch", "torch.distributed", "ppx.config", "ppx.models", "ppx.engine.rank", "ppx.engine.torch_executor"]
+# (transformers: model.kind=hf's, where installed; a missing one is left out)
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "ppx.config",
+    "ppx.models",
+    "ppx.engine.rank",
+    "ppx.engine.torch_executor",
+    "transformers.modeling_utils",
+    "transformers.models.auto.modeling_auto",
+]
 
 
 def spawn(fn, args: tuple, nprocs: int) -> None:
