@@ -51,8 +51,9 @@ def pytest_configure(config):
         _start_agent_server(config)
     config.addinivalue_line(
         "markers",
-        f"{PLAIN_AGENT}: its ppx runs start torchrun's agent as a new process, as a user's do, not forked "
-        "from the session's agent server (ppx/launch/agent_server.py): the tests of how jobs start and end",
+        f"{PLAIN_AGENT}: its ppx commands and their runs' torchrun agents start as new processes, as a "
+        "user's do, not forked from the session's command and agent servers (ppx/launch/agent_server.py): "
+        "the tests of how jobs start and end",
     )
     config.addinivalue_line(
         "markers",
@@ -64,32 +65,41 @@ def pytest_configure(config):
 
 def _start_agent_server(config) -> None:
     """The agent server every ``ppx run`` of this process's tests starts its CPU job's
-    torchrun through (``PPX_AGENT_SERVER``): 2-5 s of importing torch saved a run. It listens at
-    once and imports torch while the first tests run; it ends with this process."""
+    torchrun through (``PPX_AGENT_SERVER``): 2-5 s of importing torch saved a run; and the
+    command server its tests' ``ppx`` commands are forked from (`helpers.served_cli`), with
+    this process's environment: 0.3-5 s of imports saved a command. Each listens at once and
+    imports torch while the first tests run; each ends with this process."""
+    from helpers import served_cli
     from ppx.launch.agent_server import start_server
-    from ppx.launch.served_agent import SERVER_ENV
+    from ppx.launch.served_agent import CLI_MODULE, SERVER_ENV
 
     folder = Path(tempfile.mkdtemp(prefix="ppx-agents-"))
+    commands = start_server(folder / "commands", CLI_MODULE)
     server = start_server(folder / "socket")
     os.environ[SERVER_ENV] = str(folder / "socket")
+    os.environ[served_cli.SERVER_ENV] = str(folder / "commands")
     config._ppx_agent_server = (server, folder)
+    config._ppx_command_server = commands
 
 
 def pytest_unconfigure(config):
     server, folder = getattr(config, "_ppx_agent_server", (None, None))
     if server is not None:
-        server.terminate()
-        server.wait()
+        for proc in (server, config._ppx_command_server):
+            proc.terminate()
+            proc.wait()
         shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
 def _plain_agent(request, monkeypatch):
-    """A test marked `PLAIN_AGENT` runs without the agent server."""
+    """A test marked `PLAIN_AGENT` runs without the agent and command servers."""
     if request.node.get_closest_marker(PLAIN_AGENT) is not None:
+        from helpers import served_cli
         from ppx.launch.served_agent import SERVER_ENV
 
         monkeypatch.delenv(SERVER_ENV, raising=False)
+        monkeypatch.delenv(served_cli.SERVER_ENV, raising=False)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -117,13 +127,13 @@ WORKERS_REFUSED = pytest.StashKey[dict]()  # (xdist's controller: each worker's 
 
 
 def _refused(config) -> list[str]:
-    """The lines of this process's agent server for the runs it did not serve (each started a
-    plain agent: `ppx.launch.agent_server._note`)."""
+    """The lines of this process's agent and command servers for the requests they did not
+    serve (each started a new process: `ppx.launch.agent_server._note`)."""
     from ppx.launch.agent_server import refused_path
 
     _, folder = getattr(config, "_ppx_agent_server", (None, None))
-    path = refused_path(folder / "socket") if folder is not None else None
-    return path.read_text(encoding="utf-8").splitlines() if path is not None and path.exists() else []
+    paths = [refused_path(folder / name) for name in ("socket", "commands")] if folder is not None else []
+    return [line for p in paths if p.exists() for line in p.read_text(encoding="utf-8").splitlines()]
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -134,9 +144,9 @@ def pytest_testnodedown(node, error):
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    """How many of the session's ppx runs its agent servers did not serve, and why: each started
-    torchrun's agent as a new process (2-5 s more), which the tests of the server aside
-    (tests/e2e/test_agent_server.py) no run should."""
+    """How many of the session's ppx runs and commands its agent and command servers did not
+    serve, and why: each started torchrun's agent (2-5 s more) or the command as a new process,
+    which the tests of the servers aside (tests/e2e/test_agent_server.py) few should."""
     lines = [x for w in config.stash.get(WORKERS_REFUSED, {}).values() for x in w] + _refused(config)
     if not lines:
         return
@@ -146,7 +156,7 @@ def pytest_terminal_summary(terminalreporter, config):
         why.setdefault(reason, []).append(command)
     terminalreporter.section("ppx agent server")
     terminalreporter.write_line(
-        f"{len(lines)} requests the agent server did not serve (each run started a plain agent):"
+        f"{len(lines)} requests the agent and command servers did not serve (each started a new process):"
     )
     for reason, commands in sorted(why.items(), key=lambda kv: -len(kv[1])):
         example = next((c for c in commands if c), "")

@@ -21,11 +21,9 @@ area, which a fork shares."""
 from __future__ import annotations
 
 import array
-import ctypes
-import io
+import importlib.machinery
 import json
 import os
-import resource
 import select
 import signal
 import socket
@@ -35,8 +33,9 @@ import time
 from pathlib import Path
 
 import ppx
-from ppx.launch.processes import follow_parent, stat_fields
-from ppx.launch.served_agent import AGENT_MODULE, MESSAGE_BYTES
+from ppx.launch.processes import follow_parent
+from ppx.launch.served_agent import AGENT_MODULE, CLI_MODULE, MESSAGE_BYTES
+from ppx.launch.served_process import argument_area, become, command_line, python_path
 
 PAD_BYTES = 8192  # room for the agent's command line (a run directory's path and torchrun's flags)
 READ_S = 5.0  # a request's longest wait to be read (its ppx run sends it as it connects)
@@ -58,15 +57,16 @@ IMPORT_TIME_PREFIXES = ("TORCHDYNAMO_", "TORCHINDUCTOR_", "KMP_", "GOMP_")
 
 
 # -- the server
-def serve(path: str) -> None:
-    """Listen at ``path`` (its requests wait while torch is imported), then fork an agent for
-    each request until the process that started the server is gone."""
-    parent, server_path, started = os.getppid(), _python_path(os.environ), dict(os.environ)
+def serve(path: str, module: str = AGENT_MODULE) -> None:
+    """Listen at ``path`` (its requests wait while torch is imported), then fork a process for
+    each request to run ``python -m <module>`` (torchrun's agent, or ppx's command line) until
+    the process that started the server is gone."""
+    parent, server_path, started = os.getppid(), python_path(os.environ), dict(os.environ)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(f"{path}.new")
     listener.listen(64)
     os.rename(f"{path}.new", path)  # (there once it listens)
-    _preload()
+    _preload(module)
     imported = {k: v for k, v in os.environ.items() if started.get(k) != v}  # (set by torch's import)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -83,7 +83,13 @@ def serve(path: str) -> None:
         _report(agents, reported)
         if listener in ready:
             try:
-                _accept(listener, agents, [listener.fileno(), wake_r, wake_w], (started, imported, server_path), path)
+                _accept(
+                    listener,
+                    agents,
+                    [listener.fileno(), wake_r, wake_w],
+                    (started, imported, server_path, module),
+                    path,
+                )
                 failed = None
             except Exception as e:  # (the request is not served: its ppx run starts a plain agent)
                 if f"{e!r}" != failed:
@@ -127,14 +133,45 @@ def _closed(conn: socket.socket) -> bool:
         return True
 
 
-def _preload() -> None:
+OPTIONAL = (
+    "transformers.modeling_utils",
+    "transformers.models.auto.modeling_auto",
+)  # (model.kind=hf's, where installed)
+
+
+def _preload(module: str) -> None:
     """What the agent imports before it forks its ranks (`ppx.launch.torchrun`'s
-    `import_for_the_workers`), and torchrun itself."""
-    import torch.distributed.run  # noqa: F401
+    `import_for_the_workers`), and torchrun itself; or what ppx's commands import: torch (and
+    torch._dynamo, which its fake tensors and FLOP counter import at their first use), OmegaConf
+    and matplotlib (drawn with Agg, as ppx draws). Both: transformers' model classes, where it
+    is installed (a run or command of model.kind=hf imports them: 4-5 s)."""
+    import importlib
 
-    from ppx.launch.torchrun import import_for_the_workers
+    for name in OPTIONAL:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    if module == AGENT_MODULE:
+        import torch.distributed.run  # noqa: F401
 
-    import_for_the_workers()
+        from ppx.launch.torchrun import import_for_the_workers
+
+        import_for_the_workers()
+        return
+    import gc
+    import pkgutil
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    for name in ("matplotlib.pyplot", "torch._dynamo", "torch._subclasses.fake_tensor", "torch.utils.flop_counter"):
+        importlib.import_module(name)
+    import ppx.commands
+
+    for info in pkgutil.iter_modules(ppx.commands.__path__, "ppx.commands."):
+        importlib.import_module(info.name)
+    gc.freeze()  # (as the agent does: a command's first collection walks none of it)
 
 
 def _report(agents: dict, reported: set[int]) -> None:
@@ -171,11 +208,11 @@ def _accept(listener: socket.socket, agents: dict, server_fds: list[int], enviro
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
         request = json.loads(data)
-        refused = _refused(request, len(fds), *environment[:2]) or ("its ppx run is gone" if _gone(conn) else None)
+        refused = _refused(request, len(fds), *environment) or ("its ppx run is gone" if _gone(conn) else None)
         pid = None if refused else os.fork()
         if pid == 0:
             others = [c.fileno() for c in agents.values() if c is not None]
-            _agent(request, list(fds), [*server_fds, conn.fileno(), *others], environment)
+            become(request, list(fds), [*server_fds, conn.fileno(), *others], environment)
     except Exception as e:
         refused, pid = f"{type(e).__name__}: {e}", None
     finally:
@@ -205,23 +242,53 @@ def _gone(conn: socket.socket) -> bool:
         return True
 
 
-def _refused(request: dict, fds: int, started: dict, imported: dict) -> str | None:
-    """Why the server will not fork the agent ``request`` asks for, or None (``started``: the
+def _refused(request: dict, fds: int, started: dict, imported: dict, server_path: list[str], module: str) -> str | None:
+    """Why the server will not fork the process ``request`` asks for, or None (``started``: the
     server's environment as it started, before torch's import; ``imported``: what that import
-    set, which a process that imported torch before it started ppx run hands on as it is)."""
+    set, which a process that imported torch before it started ppx run hands on as it is;
+    ``server_path``: the server's PYTHONPATH folders; ``module``: what it runs)."""
     argv, env = request.get("argv") or [], request.get("env") or {}
-    if argv[:3] != [sys.executable, "-m", AGENT_MODULE]:
-        return f"not {sys.executable} -m {AGENT_MODULE}"
-    if request.get("ppx") != ppx.__file__:
+    if argv[:3] != [sys.executable, "-m", module]:
+        return f"not {sys.executable} -m {module}"
+    if module == AGENT_MODULE and request.get("ppx") != ppx.__file__:
         return f"ppx is {request.get('ppx')} there, {ppx.__file__} here"
     if fds != 3:
         return "stdin, stdout and stderr not passed"
-    if len(_command_line(argv)) > _argument_area()[1]:
+    if len(command_line(argv)) > argument_area()[1]:
         return "the command line is longer than the server's PAD"
     names = {k for k in (*env, *started) if k in IMPORT_TIME or k.startswith(IMPORT_TIME_PREFIXES)}
     differ = sorted(k for k in names if env.get(k) != started.get(k) and (k not in imported or env[k] != imported[k]))
     if differ:
         return f"{', '.join(differ)} not as the server imported torch with"
+    if (
+        env.get("PYTHONSAFEPATH")
+        or env.get("PYTHONHOME")
+        or env.get("PYTHONNOUSERSITE") != started.get("PYTHONNOUSERSITE")
+    ):
+        return "PYTHONSAFEPATH, PYTHONHOME or PYTHONNOUSERSITE set"
+    return _shadowed(request.get("cwd") or "/", env, server_path)
+
+
+def _shadowed(cwd: str, env: dict, server_path: list[str]) -> str | None:
+    """Why a module this server imported would not be that one in a new Python started in
+    ``cwd`` with ``env``, or None: its ``sys.path`` (the working folder, PYTHONPATH's, the
+    site's, as `ppx.launch.served_process` sets it) finds another there first (a test's stand-in
+    for a package, another checkout's ppx) or none."""
+    path = [cwd, *python_path(env), *(p for p in sys.path[1:] if p not in server_path)]
+    for name, mod in list(sys.modules.items()):
+        spec = getattr(mod, "__spec__", None)
+        if "." in name or spec is None or spec.name != name or not spec.has_location:
+            continue  # (a built-in or frozen module is found before any folder; a made one is none's)
+        found = None
+        for finder in sys.meta_path:  # (as import finds it: the path's finder on that path)
+            if finder is importlib.machinery.PathFinder:
+                found = finder.find_spec(name, path)
+            elif hasattr(finder, "find_spec"):
+                found = finder.find_spec(name, None)
+            if found is not None:
+                break
+        if found is None or found.origin != spec.origin:
+            return f"{name} is {found.origin if found else 'not found'} there, {spec.origin} here"
     return None
 
 
@@ -232,139 +299,12 @@ def _kill(pid: int, sig: int) -> None:
         pass
 
 
-# -- the forked agent
-def _agent(request: dict, fds: list[int], server_fds: list[int], environment: tuple) -> None:
-    """In the fork: become the agent the request's command would start, run it and exit."""
-    code = 1
-    try:
-        server = os.getppid()
-        os.setsid()
-        if not follow_parent(str(server)) or os.getppid() != server:  # (dies with the server)
-            os._exit(1)
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for fd in server_fds:
-            os.close(fd)
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-            os.close(fd)
-        _process_state(request)
-        argv, env = request["argv"], request["env"]
-        os.chdir(request["cwd"])
-        _set_environment(env, *environment[1:])
-        _set_command_line(argv)
-        _std_streams(env)
-        from ppx.launch import torchrun
-
-        sys.argv = [torchrun.__file__, *argv[3:]]
-        code = torchrun.run(argv[3:])
-    except SystemExit as e:  # (as Python ends on one)
-        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
-        if not isinstance(e.code, int) and e.code is not None:
-            print(e.code, file=sys.stderr)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
-
-
-def _process_state(request: dict) -> None:
-    """``ppx run``'s umask, resource limits (none above the server's own hard ones), CPU
-    affinity, priority (where this process may take it) and ignored signals here."""
-    os.umask(request["umask"])
-    for name, (soft, hard) in request["limits"].items():
-        kind = getattr(resource, name)
-        hard = _lower(hard, resource.getrlimit(kind)[1])
-        try:
-            resource.setrlimit(kind, (_lower(soft, hard), hard))
-        except (OSError, ValueError):  # (one this process cannot take: the server's stays)
-            pass
-    for set_it in (
-        lambda: os.sched_setaffinity(0, request["affinity"]),
-        lambda: os.setpriority(os.PRIO_PROCESS, 0, request["priority"]),
-    ):
-        try:
-            set_it()
-        except OSError:
-            pass
-    for sig in request["ignored"]:
-        try:
-            signal.signal(sig, signal.SIG_IGN)
-        except (OSError, ValueError):
-            pass
-
-
-def _lower(a: int, b: int) -> int:
-    """The lower of two limits, RLIM_INFINITY being none."""
-    return b if a == resource.RLIM_INFINITY else a if b == resource.RLIM_INFINITY else min(a, b)
-
-
-def _set_environment(env: dict, imported: dict, server_path: list[str]) -> None:
-    """``env`` as this process's environment, with what importing torch set there (``imported``:
-    a plain agent's import sets it too), and ``sys.path`` as a Python started with it in the
-    working folder would have it: the folder (``-m``), PYTHONPATH, then the site's (the
-    server's own PYTHONPATH, ``server_path``, left out)."""
-    os.environ.clear()
-    os.environ.update({**imported, **env})
-    own = _python_path(env)
-    site = [p for p in sys.path[1:] if p not in server_path]
-    sys.path[:] = [os.getcwd(), *own, *site]
-    sys.path_importer_cache.clear()
-
-
-def _python_path(env) -> list[str]:
-    """PYTHONPATH's folders as `site` puts them on ``sys.path``: absolute."""
-    return [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-
-
-def _std_streams(env: dict) -> None:
-    """sys.stdout and sys.stderr anew on fds 1 and 2, buffered as a new Python's would be."""
-    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
-    for name, fd in (("stdout", 1), ("stderr", 2)):
-        old = getattr(sys, name)
-        raw = io.FileIO(fd, "w", closefd=False)
-        stream = io.TextIOWrapper(  # (CPython's create_stdio: stderr line-buffered, a tty too)
-            raw if unbuffered else io.BufferedWriter(raw),
-            encoding=old.encoding,
-            errors=old.errors,
-            line_buffering=not unbuffered and (name == "stderr" or raw.isatty()),
-            write_through=unbuffered,
-        )
-        setattr(sys, name, stream)
-        setattr(sys, f"__{name}__", stream)
-
-
-def _argument_area() -> tuple[int, int]:
-    """(address, bytes) of this process's argument strings, which /proc/<pid>/cmdline reads."""
-    fields = stat_fields(os.getpid())  # arg_start and arg_end: /proc/<pid>/stat's fields 48 and 49
-    start, end = int(fields[45]), int(fields[46])
-    return start, end - start
-
-
-def _set_command_line(argv: list[str]) -> None:
-    """Write ``argv`` over this process's argument area (the rest zeros): /proc/<pid>/cmdline
-    then reads it, its forks' too."""
-    start, size = _argument_area()
-    ctypes.memmove(start, _command_line(argv).ljust(size, b"\0"), size)
-
-
-def _command_line(argv: list[str]) -> bytes:
-    """``argv`` as /proc/<pid>/cmdline holds it: each argument's bytes, each ended by a zero."""
-    return b"".join(os.fsencode(a) + b"\0" for a in argv)
-
-
-def start_server(path: Path) -> subprocess.Popen:
-    """A server at ``path`` (it exits with the process that started it), with this process's
-    environment and OMP_NUM_THREADS=1 (a run's own default, `runtime.threads_per_rank`)."""
-    command = [sys.executable, "-m", __name__, str(path), str(os.getpid()), "-" * PAD_BYTES]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def start_server(path: Path, module: str = AGENT_MODULE) -> subprocess.Popen:
+    """A server at ``path`` (it exits with the process that started it) of ``module``'s
+    processes, with this process's environment; an agent server's with OMP_NUM_THREADS=1 (a
+    run's own default, `runtime.threads_per_rank`)."""
+    command = [sys.executable, "-m", __name__, str(path), str(os.getpid()), module, "-" * PAD_BYTES]
+    env = dict(os.environ, **({"OMP_NUM_THREADS": "1"} if module == AGENT_MODULE else {}))
     return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
@@ -378,5 +318,7 @@ def wait_for(path: Path, timeout_s: float = 30.0) -> None:
 if __name__ == "__main__":
     # (the pid its starter gave, not getppid(): a starter gone before this line leaves this
     # process init's child, which getppid() would then name, and it had served on forever)
+    if sys.argv[3] not in (AGENT_MODULE, CLI_MODULE):
+        sys.exit(f"agent_server: serves {AGENT_MODULE} or {CLI_MODULE}, not {sys.argv[3]}")
     if follow_parent(sys.argv[2]) and os.getppid() == int(sys.argv[2]):
-        serve(sys.argv[1])
+        serve(sys.argv[1], sys.argv[3])

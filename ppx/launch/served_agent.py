@@ -22,6 +22,7 @@ from ppx.launch.processes import FORK, process_alive
 
 SERVER_ENV = "PPX_AGENT_SERVER"
 AGENT_MODULE = "ppx.launch.torchrun"
+CLI_MODULE = "ppx.cli"  # (what the test suite's command server runs: `ppx.launch.agent_server`)
 CONNECT_S = 5.0  # connecting and sending (a server there takes a request at once)
 REPLY_S = 120.0  # a server's longest wait to answer (its imports, on a slow machine)
 LOOK_S = 0.1  # between looks at a stop while the answer is awaited
@@ -57,16 +58,21 @@ class ServedAgent:
         self._lost = False  # the server went away before it reported the exit
 
     @classmethod
-    def request(cls, server: str, command: list[str], env: dict, stopped: Callable[[], bool] = bool):
+    def request(
+        cls, server: str, command: list[str], env: dict, stopped: Callable[[], bool] = bool, fds=None, cwd=None
+    ):
         """The agent forked for ``command``; None where the server is not there or refuses;
-        `STOPPED` where ``stopped()`` came true first (the server ends what it forked)."""
-        fds, opened = _std_fds()  # (first: a closed stdio fd is not taken by the socket)
+        `STOPPED` where ``stopped()`` came true first (the server ends what it forked).
+        ``fds``, ``cwd``: its stdin, stdout and stderr, and working folder (default: this process's)."""
+        fds, opened = (
+            (list(fds), []) if fds is not None else _std_fds()
+        )  # (first: a closed stdio fd is not taken by the socket)
         try:
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
                 conn.settimeout(CONNECT_S)
                 conn.connect(server)
-                message = json.dumps(_request(command, env)).encode()
+                message = json.dumps(_request(command, env, cwd)).encode()
                 conn.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
             except (OSError, ValueError):
                 conn.close()
@@ -118,7 +124,7 @@ class ServedAgent:
             os.kill(self.pid, sig)
 
 
-def _request(command: list[str], env: dict) -> dict:
+def _request(command: list[str], env: dict, cwd=None) -> dict:
     """What the server needs to make the agent this process would start."""
     umask = os.umask(0)
     os.umask(umask)
@@ -132,7 +138,7 @@ def _request(command: list[str], env: dict) -> dict:
     return {
         "argv": command,
         "env": env,
-        "cwd": os.getcwd(),
+        "cwd": os.path.abspath(cwd if cwd is not None else os.getcwd()),
         "ppx": ppx.__file__,
         "umask": umask,
         "limits": {name: resource.getrlimit(getattr(resource, name)) for name in LIMITS},

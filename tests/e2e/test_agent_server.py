@@ -23,7 +23,7 @@ from helpers import ppx, read_jsonl
 from helpers.job import end, read_log, start_run, wait_for_step, workers
 from ppx.launch.agent_server import refused_path, wait_for
 from ppx.launch.processes import FORK
-from ppx.launch.served_agent import SERVER_ENV, ServedAgent, start_agent
+from ppx.launch.served_agent import AGENT_MODULE, SERVER_ENV, ServedAgent, start_agent
 
 pytestmark = pytest.mark.plain_agent  # (a run served only where a test says so)
 
@@ -134,7 +134,7 @@ def test_a_server_ends_with_its_starter_and_one_whose_starter_has_gone_never_lis
     gone: a server started so served on forever)."""
     gone = subprocess.Popen(["true"])
     gone.wait()
-    command = [sys.executable, "-m", "ppx.launch.agent_server", str(tmp_path / "a"), str(gone.pid), "-"]
+    command = [sys.executable, "-m", "ppx.launch.agent_server", str(tmp_path / "a"), str(gone.pid), AGENT_MODULE, "-"]
     assert subprocess.run(command, timeout=60).returncode == 0
     assert not (tmp_path / "a").exists()
     start = f"import time; from ppx.launch.agent_server import start_server; start_server({str(tmp_path / 'b')!r}); time.sleep(60)"

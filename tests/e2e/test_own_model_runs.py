@@ -74,6 +74,7 @@ def test_a_plan_from_your_modules_run_plans_where_the_module_does_not_import(run
     assert read_json(tmp_path / "plan" / "plan.json")["inputs"]["run_units"] == ran
 
 
+@pytest.mark.plain_agent  # (its stand-in for transformers: a new process, which the command server would not serve)
 def test_without_transformers_one_line_says_how_to_install_it(tmp_path):
     fake = tmp_path / "transformers"
     fake.mkdir()

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import machine
+from helpers import machine, served_cli
 from ppx.config import SUMMARY_ONLY, as_overrides
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,12 +37,17 @@ def quiet(args: tuple[str, ...]) -> tuple[str, ...]:
 
 def ppx(*args: str, timeout: float = 240, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """Run ``python -m ppx.cli <args>`` as a user would, and capture its output (a ``ppx run``
-    and a sweep's points `quiet` unless the test names the keys)."""
+    and a sweep's points `quiet` unless the test names the keys): forked from the session's
+    command server where it serves the command (`helpers.served_cli`), else a new process."""
     if args[:1] in (("run",), ("sweep",)):
         args = quiet(args)
     full_env = dict(os.environ, **(env or {}))
+    command = [sys.executable, "-m", "ppx.cli", *args]
+    served = served_cli.served_run(command, full_env, cwd, timeout)
+    if served is not None:
+        return served
     return subprocess.run(
-        [sys.executable, "-m", "ppx.cli", *args],
+        command,
         cwd=cwd,
         env=full_env,
         capture_output=True,
