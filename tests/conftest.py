@@ -71,10 +71,10 @@ def _start_agent_server(config) -> None:
     imports torch while the first tests run; each ends with this process."""
     from helpers import served_cli
     from ppx.launch.agent_server import start_server
-    from ppx.launch.served_agent import CLI_MODULE, SERVER_ENV
+    from ppx.launch.served_agent import SERVER_ENV
 
     folder = Path(tempfile.mkdtemp(prefix="ppx-agents-"))
-    commands = start_server(folder / "commands", CLI_MODULE)
+    commands = served_cli.start_server(folder / "commands")
     server = start_server(folder / "socket")
     os.environ[SERVER_ENV] = str(folder / "socket")
     os.environ[served_cli.SERVER_ENV] = str(folder / "commands")

@@ -1,27 +1,32 @@
 """torchrun's agent forked from a server that imported torch once, not started afresh to
-import it again (2-5 s of CPU a run, most of a short CPU run's time): the test suite's
-(docs/testing.md). ``ppx run`` asks for one where ``PPX_AGENT_SERVER`` names the server's
-socket (`ppx.launch.served_agent`).
+import it again (2-5 s of CPU a run, most of a short CPU run's time); and, for the test
+suite's ``ppx`` commands, ``python -m ppx.cli`` forked from a second server that imported what
+ppx's commands import (docs/testing.md). ``ppx run`` asks for an agent where
+``PPX_AGENT_SERVER`` names the server's socket (`ppx.launch.served_agent`); the tests ask for
+their commands (tests/helpers/served_cli.py).
 
-The forked agent is the process a plain one would be from its first line of ppx's code on:
-``ppx run``'s command line (in /proc, where the launcher finds its ranks; the argument area's
-rest is zeros), environment, working folder, ``sys.path`` (PYTHONPATH), stdin/stdout/stderr,
-resource limits, umask, CPU affinity, priority and ignored signals, in a session of its own.
-What Python and torch read from the environment as torch is imported (thread counts, log
-settings, the hash seed) is the server's: a request whose values differ is refused (a plain
-agent then), and the server starts with ``OMP_NUM_THREADS=1``, a run's default. Its parent is
-the server, which reports its exit status to ``ppx run`` (reaping it only once ``ppx run``
-closes the connection: the pid stays held, as an unreaped child's) and SIGTERMs it when ``ppx
-run`` dies first, as the agent's PR_SET_PDEATHSIG would; the agent dies with the server. The
-server is started as ``python -m ppx.launch.agent_server SOCKET PARENT PAD`` (`start_server`):
-it exits with the process whose pid is ``PARENT``, at once where that one has gone already;
-``PAD``, a long argument, makes room for the agent's command line in the server's argument
-area, which a fork shares."""
+The forked process is the one a new Python would be from its first line of ppx's code on
+(`ppx.launch.served_process`): the command line (in /proc, where the launcher finds its ranks;
+the argument area's rest is zeros), environment, working folder, ``sys.path`` (PYTHONPATH),
+stdin/stdout/stderr, resource limits, umask, CPU affinity, priority and ignored signals, in a
+session of its own. A request it cannot be that for is refused (`ppx.launch.served_refusals`:
+another module on its path, a variable read as the server imported set otherwise), and gets a
+new process; each refusal is a line in `refused_path`, which the test suite counts. The agent
+server starts with ``OMP_NUM_THREADS=1``, a run's default; the command server with its
+starter's environment. Its parent is the server, which reports its exit status to its asker
+(reaping it only once the asker closes the connection: the pid stays held, as an unreaped
+child's) and SIGTERMs it when the asker dies first, as the agent's PR_SET_PDEATHSIG would; it
+dies with the server. The server is started as ``python -m ppx.launch.agent_server SOCKET
+PARENT MODULE PRELOAD PAD`` (`start_server`): it exits with the process whose pid is
+``PARENT``, at once where that one has gone already; ``MODULE`` is what it serves;
+``PRELOAD`` what a server of ppx's commands imports (modules, comma-separated; ``-``: none);
+``PAD``, a long argument, makes room for the forked process's command line in the server's
+argument area, which a fork shares."""
 
 from __future__ import annotations
 
 import array
-import importlib.machinery
+import importlib
 import json
 import os
 import select
@@ -29,45 +34,34 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-import ppx
+from ppx.errors import UserError
 from ppx.launch.processes import follow_parent
 from ppx.launch.served_agent import AGENT_MODULE, CLI_MODULE, MESSAGE_BYTES
-from ppx.launch.served_process import argument_area, become, command_line, python_path
+from ppx.launch.served_process import argument_area, become, command_line
+from ppx.launch.served_refusals import Server, python_path, refused
 
 PAD_BYTES = 8192  # room for the agent's command line (a run directory's path and torchrun's flags)
 READ_S = 5.0  # a request's longest wait to be read (its ppx run sends it as it connects)
-# what Python, torch and its libraries read from the environment as torch is imported
-IMPORT_TIME = (
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "LOGLEVEL",
-    "TORCH_LOGS",
-    "TORCH_TRACE",
-    "TORCH_COMPILE_DEBUG",
-    "PYTHONHASHSEED",
-    "PYTHONWARNINGS",
-    "PYTHONIOENCODING",
-    "PYTHONUTF8",
-)
-IMPORT_TIME_PREFIXES = ("TORCHDYNAMO_", "TORCHINDUCTOR_", "KMP_", "GOMP_")
 
 
 # -- the server
-def serve(path: str, module: str = AGENT_MODULE) -> None:
+def serve(path: str, module: str = AGENT_MODULE, preload: list[str] = ()) -> None:
     """Listen at ``path`` (its requests wait while torch is imported), then fork a process for
     each request to run ``python -m <module>`` (torchrun's agent, or ppx's command line) until
     the process that started the server is gone."""
-    parent, server_path, started = os.getppid(), python_path(os.environ), dict(os.environ)
+    parent, started = os.getppid(), dict(os.environ)
+    site = [p for p in sys.path[1:] if p not in python_path(os.environ, os.getcwd())]  # (before the imports add any)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(f"{path}.new")
     listener.listen(64)
     os.rename(f"{path}.new", path)  # (there once it listens)
-    _preload(module)
+    printed = _preload(module, list(preload), path)
     imported = {k: v for k, v in os.environ.items() if started.get(k) != v}  # (set by torch's import)
+    server = Server(started, imported, site, module, printed)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -87,7 +81,7 @@ def serve(path: str, module: str = AGENT_MODULE) -> None:
                     listener,
                     agents,
                     [listener.fileno(), wake_r, wake_w],
-                    (started, imported, server_path, module),
+                    server,
                     path,
                 )
                 failed = None
@@ -133,25 +127,38 @@ def _closed(conn: socket.socket) -> bool:
         return True
 
 
-OPTIONAL = (
-    "transformers.modeling_utils",
-    "transformers.models.auto.modeling_auto",
-)  # (model.kind=hf's, where installed)
+OPTIONAL = ("transformers.modeling_utils", "transformers.models.auto.modeling_auto")  # (model.kind=hf's)
 
 
-def _preload(module: str) -> None:
-    """What the agent imports before it forks its ranks (`ppx.launch.torchrun`'s
-    `import_for_the_workers`), and torchrun itself; or what ppx's commands import: torch (and
-    torch._dynamo, which its fake tensors and FLOP counter import at their first use), OmegaConf
-    and matplotlib (drawn with Agg, as ppx draws). Both: transformers' model classes, where it
-    is installed (a run or command of model.kind=hf imports them: 4-5 s)."""
-    import importlib
-
-    for name in OPTIONAL:
+def _preload(module: str, preload: list[str], path: str) -> str:
+    """Import what the forks would (`_imports`), their output kept out of the test's: the first
+    line of what they printed, or "" (a new process prints it in its own output: a server that
+    printed serves none)."""
+    with tempfile.TemporaryFile() as out:
+        saved = [os.dup(1), os.dup(2)]
         try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
+            for fd in (1, 2):
+                os.dup2(out.fileno(), fd)
+            _imports(module, preload, path)
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            for fd, was in zip((1, 2), saved):
+                os.dup2(was, fd)
+                os.close(was)
+        out.seek(0)
+        lines = out.read().decode(errors="replace").split("\n")
+    return next((line.strip()[:200] for line in lines if line.strip()), "")
+
+
+def _imports(module: str, preload: list[str], path: str) -> None:
+    """What the agent imports before it forks its ranks (`ppx.launch.torchrun`'s
+    `import_for_the_workers`), and torchrun itself; or, for a server of ppx's commands, the
+    modules its starter named (``preload``: what the commands import). Both: transformers' model
+    classes, where it is installed (a run or command of model.kind=hf imports them: 4-5 s)."""
+    import gc
+
+    _import_transformers(path)
     if module == AGENT_MODULE:
         import torch.distributed.run  # noqa: F401
 
@@ -159,19 +166,33 @@ def _preload(module: str) -> None:
 
         import_for_the_workers()
         return
-    import gc
-    import pkgutil
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    for name in ("matplotlib.pyplot", "torch._dynamo", "torch._subclasses.fake_tensor", "torch.utils.flop_counter"):
+    for name in preload:
         importlib.import_module(name)
-    import ppx.commands
-
-    for info in pkgutil.iter_modules(ppx.commands.__path__, "ppx.commands."):
-        importlib.import_module(info.name)
     gc.freeze()  # (as the agent does: a command's first collection walks none of it)
+
+
+def _import_transformers(path: str) -> None:
+    """transformers' model classes imported as ppx imports them (offline and quiet:
+    `ppx.models.hf_config.transformers` sets what transformers reads as it is imported), that
+    setting taken back after: the fork's ppx sets it again where it uses transformers. None where
+    it is not installed; one that fails to import is noted (`_note`)."""
+    from ppx.models.hf_config import IMPORT_SETTINGS, transformers
+
+    before = {k: os.environ.get(k) for k in IMPORT_SETTINGS}
+    try:
+        transformers()
+        for name in OPTIONAL:
+            importlib.import_module(name)
+    except UserError:  # (not installed)
+        pass
+    except Exception as e:
+        _note(path, f"transformers did not import in the server: {type(e).__name__}: {e}", "")
+    finally:  # (what torch's import set stays: `Server.imported`)
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _report(agents: dict, reported: set[int]) -> None:
@@ -195,10 +216,9 @@ def _report(agents: dict, reported: set[int]) -> None:
             pass
 
 
-def _accept(listener: socket.socket, agents: dict, server_fds: list[int], environment: tuple, path: str) -> None:
-    """Read one request and fork its agent (the answer: its pid), or note why not (`_note`,
-    before the answer) and answer that. ``environment``: the server's as it started, what its
-    imports set, its PYTHONPATH's folders; ``path``: the server's socket."""
+def _accept(listener: socket.socket, agents: dict, server_fds: list[int], server: Server, path: str) -> None:
+    """Read one request and fork its process (the answer: its pid), or note why not (`_note`,
+    before the answer) and answer that; ``path``: the server's socket."""
     conn, _ = listener.accept()
     conn.settimeout(READ_S)  # (a stalled ppx run holds up no other)
     fds, request = array.array("i"), None
@@ -208,13 +228,18 @@ def _accept(listener: socket.socket, agents: dict, server_fds: list[int], enviro
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
         request = json.loads(data)
-        refused = _refused(request, len(fds), *environment) or ("its ppx run is gone" if _gone(conn) else None)
-        pid = None if refused else os.fork()
+        command_bytes = len(command_line(request.get("argv") or []))
+        why = refused(request, len(fds), server, argument_area()[1], command_bytes)
+        why = why or ("its ppx run is gone" if _gone(conn) else None)
+        pid = None if why else os.fork()
         if pid == 0:
-            others = [c.fileno() for c in agents.values() if c is not None]
-            become(request, list(fds), [*server_fds, conn.fileno(), *others], environment)
+            try:
+                others = [c.fileno() for c in agents.values() if c is not None]
+                become(request, list(fds), [*server_fds, conn.fileno(), *others], server)
+            finally:  # (never back into the server's loop)
+                os._exit(70)
     except Exception as e:
-        refused, pid = f"{type(e).__name__}: {e}", None
+        why, pid = f"{type(e).__name__}: {e}", None
     finally:
         for fd in fds:
             os.close(fd)
@@ -222,9 +247,9 @@ def _accept(listener: socket.socket, agents: dict, server_fds: list[int], enviro
         agents[pid] = conn
     else:
         argv = request.get("argv") if isinstance(request, dict) else None
-        _note(path, refused, " ".join(map(str, argv)) if isinstance(argv, list) else "")
+        _note(path, why, " ".join(map(str, argv)) if isinstance(argv, list) else "")
     try:
-        conn.send(json.dumps({"pid": pid} if pid is not None else {"error": refused}).encode())
+        conn.send(json.dumps({"pid": pid} if pid is not None else {"error": why}).encode())
     except OSError:
         pass  # (its ppx run is gone: the agent is ended at the next look)
     if pid is None:
@@ -242,56 +267,6 @@ def _gone(conn: socket.socket) -> bool:
         return True
 
 
-def _refused(request: dict, fds: int, started: dict, imported: dict, server_path: list[str], module: str) -> str | None:
-    """Why the server will not fork the process ``request`` asks for, or None (``started``: the
-    server's environment as it started, before torch's import; ``imported``: what that import
-    set, which a process that imported torch before it started ppx run hands on as it is;
-    ``server_path``: the server's PYTHONPATH folders; ``module``: what it runs)."""
-    argv, env = request.get("argv") or [], request.get("env") or {}
-    if argv[:3] != [sys.executable, "-m", module]:
-        return f"not {sys.executable} -m {module}"
-    if module == AGENT_MODULE and request.get("ppx") != ppx.__file__:
-        return f"ppx is {request.get('ppx')} there, {ppx.__file__} here"
-    if fds != 3:
-        return "stdin, stdout and stderr not passed"
-    if len(command_line(argv)) > argument_area()[1]:
-        return "the command line is longer than the server's PAD"
-    names = {k for k in (*env, *started) if k in IMPORT_TIME or k.startswith(IMPORT_TIME_PREFIXES)}
-    differ = sorted(k for k in names if env.get(k) != started.get(k) and (k not in imported or env[k] != imported[k]))
-    if differ:
-        return f"{', '.join(differ)} not as the server imported torch with"
-    if (
-        env.get("PYTHONSAFEPATH")
-        or env.get("PYTHONHOME")
-        or env.get("PYTHONNOUSERSITE") != started.get("PYTHONNOUSERSITE")
-    ):
-        return "PYTHONSAFEPATH, PYTHONHOME or PYTHONNOUSERSITE set"
-    return _shadowed(request.get("cwd") or "/", env, server_path)
-
-
-def _shadowed(cwd: str, env: dict, server_path: list[str]) -> str | None:
-    """Why a module this server imported would not be that one in a new Python started in
-    ``cwd`` with ``env``, or None: its ``sys.path`` (the working folder, PYTHONPATH's, the
-    site's, as `ppx.launch.served_process` sets it) finds another there first (a test's stand-in
-    for a package, another checkout's ppx) or none."""
-    path = [cwd, *python_path(env), *(p for p in sys.path[1:] if p not in server_path)]
-    for name, mod in list(sys.modules.items()):
-        spec = getattr(mod, "__spec__", None)
-        if "." in name or spec is None or spec.name != name or not spec.has_location:
-            continue  # (a built-in or frozen module is found before any folder; a made one is none's)
-        found = None
-        for finder in sys.meta_path:  # (as import finds it: the path's finder on that path)
-            if finder is importlib.machinery.PathFinder:
-                found = finder.find_spec(name, path)
-            elif hasattr(finder, "find_spec"):
-                found = finder.find_spec(name, None)
-            if found is not None:
-                break
-        if found is None or found.origin != spec.origin:
-            return f"{name} is {found.origin if found else 'not found'} there, {spec.origin} here"
-    return None
-
-
 def _kill(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
@@ -299,11 +274,13 @@ def _kill(pid: int, sig: int) -> None:
         pass
 
 
-def start_server(path: Path, module: str = AGENT_MODULE) -> subprocess.Popen:
+def start_server(path: Path, module: str = AGENT_MODULE, preload: list[str] = ()) -> subprocess.Popen:
     """A server at ``path`` (it exits with the process that started it) of ``module``'s
-    processes, with this process's environment; an agent server's with OMP_NUM_THREADS=1 (a
-    run's own default, `runtime.threads_per_rank`)."""
-    command = [sys.executable, "-m", __name__, str(path), str(os.getpid()), module, "-" * PAD_BYTES]
+    processes, with this process's environment (an agent server's with OMP_NUM_THREADS=1, a
+    run's own default, `runtime.threads_per_rank`); a server of ppx's commands imports the
+    modules ``preload`` names first."""
+    names = ",".join(preload) or "-"
+    command = [sys.executable, "-m", __name__, str(path), str(os.getpid()), module, names, "-" * PAD_BYTES]
     env = dict(os.environ, **({"OMP_NUM_THREADS": "1"} if module == AGENT_MODULE else {}))
     return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -321,4 +298,4 @@ if __name__ == "__main__":
     if sys.argv[3] not in (AGENT_MODULE, CLI_MODULE):
         sys.exit(f"agent_server: serves {AGENT_MODULE} or {CLI_MODULE}, not {sys.argv[3]}")
     if follow_parent(sys.argv[2]) and os.getppid() == int(sys.argv[2]):
-        serve(sys.argv[1], sys.argv[3])
+        serve(sys.argv[1], sys.argv[3], [n for n in sys.argv[4].split(",") if n != "-"])

@@ -87,6 +87,11 @@ class ServedAgent:
         conn.settimeout(None)
         return cls(conn, int(reply["pid"]))
 
+    @property
+    def lost(self) -> bool:
+        """Whether the server went away before it reported the agent's exit."""
+        return self._lost
+
     def poll(self) -> int | None:
         if self.returncode is None:
             self._read(0.0)

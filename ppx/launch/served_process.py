@@ -15,68 +15,87 @@ import sys
 
 from ppx.launch.processes import follow_parent, stat_fields
 from ppx.launch.served_agent import AGENT_MODULE, CLI_MODULE
+from ppx.launch.served_refusals import Server, python_path
 
 
-def become(request: dict, fds: list[int], server_fds: list[int], environment: tuple) -> None:
-    """In the fork: become the process the request's command would start, run it and exit
-    (``environment``: the server's as it started, what its imports set, its PYTHONPATH's folders)."""
+def become(request: dict, fds: list[int], server_fds: list[int], server: Server) -> None:
+    """In the fork: become the process the request's command would start, run it and exit."""
     code, argv = 1, request.get("argv") or []
+    cli = argv[2:3] == [CLI_MODULE]
     try:
-        server = os.getppid()
-        os.setsid()
-        if not follow_parent(str(server)) or os.getppid() != server:  # (dies with the server)
-            os._exit(1)
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for fd in server_fds:
-            os.close(fd)
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-            os.close(fd)
-        _process_state(request)
-        env = request["env"]
-        os.chdir(request["cwd"])
-        _set_environment(env, environment[1], environment[2])
-        _setcommand_line(argv)
-        _std_streams(env)
-        code = _run(argv)
-    except SystemExit as e:  # (as Python ends on one)
-        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
-        if not isinstance(e.code, int) and e.code is not None:
-            print(e.code, file=sys.stderr)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        if argv[2:3] == [CLI_MODULE]:
+        try:
+            parent = os.getppid()
+            os.setsid()
+            if not follow_parent(str(parent)) or os.getppid() != parent:  # (dies with the server)
+                os._exit(1)
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for fd in server_fds:
+                os.close(fd)
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+                os.close(fd)
+            _process_state(request)
+            env = request["env"]
+            os.chdir(request["cwd"])
+            _set_environment(env, server.imported, server.site)
+            _set_command_line(argv)
+            _std_streams(env)
+            code = _run(argv)
+        except SystemExit as e:  # (as Python ends on one)
+            code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+            if not isinstance(e.code, int) and e.code is not None:
+                print(e.code, file=sys.stderr)
+        except KeyboardInterrupt as e:  # (Python prints it, then ends by SIGINT once it has finished)
+            _print_uncaught(e)
+            code = -signal.SIGINT
+        except BaseException as e:
+            _print_uncaught(e)
+        if cli:
             _finalize()
         for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
+            stream.flush()
+    except BaseException:  # (a stream that will not flush: its data is lost, as Python's would be)
+        pass
+    finally:
+        if code == -signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        os._exit(code & 0xFF if isinstance(code, int) else 1)
 
 
 def _run(argv: list[str]) -> int:
     """``python -m <module> <args>``'s run of ``argv`` here: torchrun's agent's exit code, or
-    ppx's command line run as ``__main__`` (its exit code comes as SystemExit)."""
+    ppx's command line run as ``-m`` runs it, in a new ``__main__`` (its exit code comes as
+    SystemExit)."""
     if argv[2] == AGENT_MODULE:
         from ppx.launch import torchrun
 
         sys.argv = [torchrun.__file__, *argv[3:]]
         return torchrun.run(argv[3:])
     import runpy
+    import types
 
+    sys.modules["__main__"] = types.ModuleType("__main__")
     sys.argv = [argv[2], *argv[3:]]  # (runpy puts the module's file first, as -m does)
-    runpy.run_module(CLI_MODULE, run_name="__main__", alter_sys=True)
+    runpy._run_module_as_main(CLI_MODULE)  # (-m's own call: __main__ and sys.argv stay as set)
     return 0
+
+
+def _print_uncaught(e: BaseException) -> None:
+    """An exception no code caught, as Python prints it (sys.excepthook): its traceback from
+    runpy's first frame, as ``-m`` shows it."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_name != "_run_module_as_main":
+        tb = tb.tb_next
+    sys.excepthook(type(e), e, tb or e.__traceback__)
 
 
 def _finalize() -> None:
     """What Python does as it ends, before its streams are flushed: it waits for the threads
-    that are not daemons, then runs the atexit functions."""
+    that are not daemons, then runs the atexit functions (the server's imports' among them, as
+    a new process's imports register them too). Not done: the interpreter's teardown (objects
+    left in modules are not collected)."""
     import atexit
     import threading
 
@@ -118,42 +137,35 @@ def _lower(a: int, b: int) -> int:
     return b if a == resource.RLIM_INFINITY else a if b == resource.RLIM_INFINITY else min(a, b)
 
 
-def _set_environment(env: dict, imported: dict, server_path: list[str]) -> None:
-    """``env`` as this process's environment, with what importing torch set there (``imported``:
-    a plain agent's import sets it too), and ``sys.path`` as a Python started with it in the
-    working folder would have it: the folder (``-m``), PYTHONPATH, then the site's (the
-    server's own PYTHONPATH, ``server_path``, left out)."""
+def _set_environment(env: dict, imported: dict, site: list[str]) -> None:
+    """``env`` as this process's environment, with what the server's imports set there
+    (``imported``: a new process's imports set it too), and ``sys.path`` as a Python started
+    with it in the working folder would have it: the folder (``-m``), PYTHONPATH, then the
+    site's (``site``: the server's, less its own PYTHONPATH)."""
     os.environ.clear()
     os.environ.update({**imported, **env})
-    own = python_path(env)
-    site = [p for p in sys.path[1:] if p not in server_path]
-    sys.path[:] = [os.getcwd(), *own, *site]
+    sys.path[:] = [os.getcwd(), *python_path(env, os.getcwd()), *site]
     sys.path_importer_cache.clear()
 
 
-def python_path(env) -> list[str]:
-    """PYTHONPATH's folders as `site` puts them on ``sys.path``: absolute."""
-    return [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-
-
 def _std_streams(env: dict) -> None:
-    """sys.stdin, sys.stdout and sys.stderr anew on fds 0, 1 and 2, buffered as a new Python's would be."""
+    """sys.stdin, sys.stdout and sys.stderr anew on fds 0, 1 and 2, as a new Python's
+    (CPython's create_stdio): buffered but for PYTHONUNBUFFERED's stdout and stderr, stderr and
+    a terminal line-buffered, no newline translation, named ``<stdin>``, ``<stdout>``, ``<stderr>``."""
     unbuffered = bool(env.get("PYTHONUNBUFFERED"))
-    raw = io.FileIO(0, "r", closefd=False)
-    old = sys.stdin
-    stdin = io.TextIOWrapper(
-        io.BufferedReader(raw), encoding=old.encoding, errors=old.errors, line_buffering=raw.isatty()
-    )
-    sys.stdin = sys.__stdin__ = stdin
-    for name, fd in (("stdout", 1), ("stderr", 2)):
+    for name, fd, mode in (("stdin", 0, "r"), ("stdout", 1, "w"), ("stderr", 2, "w")):
         old = getattr(sys, name)
-        raw = io.FileIO(fd, "w", closefd=False)
-        stream = io.TextIOWrapper(  # (CPython's create_stdio: stderr line-buffered, a tty too)
-            raw if unbuffered else io.BufferedWriter(raw),
+        raw = io.FileIO(fd, mode, closefd=False)
+        raw.name = f"<{name}>"
+        write_through = unbuffered and mode == "w"
+        buffer = raw if write_through else io.BufferedReader(raw) if mode == "r" else io.BufferedWriter(raw)
+        stream = io.TextIOWrapper(
+            buffer,  # (a buffer made and dropped would close ``raw`` as it is collected)
             encoding=old.encoding,
             errors=old.errors,
-            line_buffering=not unbuffered and (name == "stderr" or raw.isatty()),
-            write_through=unbuffered,
+            newline="\n",
+            line_buffering=not write_through and (name == "stderr" or raw.isatty()),
+            write_through=write_through,
         )
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
@@ -166,7 +178,7 @@ def argument_area() -> tuple[int, int]:
     return start, end - start
 
 
-def _setcommand_line(argv: list[str]) -> None:
+def _set_command_line(argv: list[str]) -> None:
     """Write ``argv`` over this process's argument area (the rest zeros): /proc/<pid>/cmdline
     then reads it, its forks' too."""
     start, size = argument_area()

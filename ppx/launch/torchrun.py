@@ -90,6 +90,7 @@ def import_for_the_workers(run_dir: str | None = None) -> None:
 
     if run_dir is not None:
         _import_the_model(Path(run_dir))
+        gc.collect()  # (the model built to find its modules: its cycles are garbage, not to be frozen)
     # everything imported so far, out of the collector's walks: a rank's first collection
     # (`StepCollector`) would otherwise walk torch's objects again (0.17 s a rank) and write to their pages
     gc.freeze()
@@ -159,7 +160,7 @@ def _main(argv: list[str], exits: str | None) -> int:
         # server is one): a line a rank in each job's output, where ppx promises one line per
         # failure; the forked ranks start gloo's, OpenMP's and the store's threads of their own
         warnings.filterwarnings("ignore", r"This process .* is multi-threaded, use of fork\(\)", DeprecationWarning)
-        import_for_the_workers(argv[-1])
+        import_for_the_workers(argv[-1])  # (its run directory: `ppx.launch.processes.torchrun_command`'s last)
         _report_every_failed_fork()
     if exits:
         if not follow_parent(os.environ.get("PPX_LAUNCHER_PID")):  # (ppx run is gone: end quietly, as told to)

@@ -30,11 +30,14 @@ INSTALL = (
 )
 
 
+# offline and quiet: what transformers reads as it is imported, where not set otherwise
+IMPORT_SETTINGS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+
+
 def transformers():
     """The transformers module, offline; one line when it is not installed."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for key, value in IMPORT_SETTINGS.items():
+        os.environ.setdefault(key, value)
     try:
         import transformers as tf
     except ImportError:

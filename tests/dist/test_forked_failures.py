@@ -121,8 +121,8 @@ def test_the_agent_freezes_what_it_imported_for_its_forks():
 
 def test_the_agent_imports_a_hugging_face_models_modules_for_its_forks(tmp_path):
     """A model.kind=hf run's agent imports transformers and the architecture's modules before
-    it forks its ranks (each had imported them: 4-5 s a rank); a config it cannot read is left
-    to the ranks, which say what is wrong."""
+    it hands torchrun the job that forks its ranks (each had imported them: 4-5 s a rank); a
+    config it cannot read is left to the ranks, which say what is wrong."""
     pytest.importorskip("transformers")
     from ppx import config
 
@@ -130,8 +130,11 @@ def test_the_agent_imports_a_hugging_face_models_modules_for_its_forks(tmp_path)
     (tmp_path / "hf" / "config.yaml").write_text(config.to_yaml(config.load("hf_llama_tiny_1f1b_2cpu")))
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "config.yaml").write_text("model: [")
-    modeling = "transformers.models.llama.modeling_llama"
-    code = f"import sys; from ppx.launch.torchrun import import_for_the_workers as f; f(sys.argv[1]); print({modeling!r} in sys.modules)"
+    code = (
+        "import sys, torch.distributed.run as r; from ppx.launch import torchrun, processes; "
+        "r.main = lambda argv: print('transformers.models.llama.modeling_llama' in sys.modules); "
+        "torchrun._main(processes.torchrun_command(2, sys.argv[1], fork=True)[3:], None)"
+    )
     got = {}
     for run in ("hf", "bad"):
         out = subprocess.run(

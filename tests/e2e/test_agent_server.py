@@ -123,7 +123,7 @@ def _refusals(server, monkeypatch, noted: Path) -> None:
     hashed = {**env, "PYTHONHASHSEED": "7"}  # (read as torch was imported: the server's is not)
     assert ServedAgent.request(str(server[0]), agent, hashed) is None
     lines = noted.read_text().splitlines()  # (noted before the answer)
-    assert lines[-1] == "PYTHONHASHSEED not as the server imported torch with\t" + " ".join(agent), lines
+    assert lines[-1] == "PYTHONHASHSEED not as the server's imports read\t" + " ".join(agent), lines
     monkeypatch.setattr(ppx_package, "__file__", "/elsewhere/ppx/__init__.py")  # another ppx's run
     assert ServedAgent.request(str(server[0]), agent, env) is None
 
@@ -134,7 +134,16 @@ def test_a_server_ends_with_its_starter_and_one_whose_starter_has_gone_never_lis
     gone: a server started so served on forever)."""
     gone = subprocess.Popen(["true"])
     gone.wait()
-    command = [sys.executable, "-m", "ppx.launch.agent_server", str(tmp_path / "a"), str(gone.pid), AGENT_MODULE, "-"]
+    command = [
+        sys.executable,
+        "-m",
+        "ppx.launch.agent_server",
+        str(tmp_path / "a"),
+        str(gone.pid),
+        AGENT_MODULE,
+        "-",
+        "-",
+    ]
     assert subprocess.run(command, timeout=60).returncode == 0
     assert not (tmp_path / "a").exists()
     start = f"import time; from ppx.launch.agent_server import start_server; start_server({str(tmp_path / 'b')!r}); time.sleep(60)"

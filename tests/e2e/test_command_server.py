@@ -39,11 +39,16 @@ def _late():
     _write("thread", "done")
 
 
+def _at_exit():
+    _write("atexit", sys.argv[0] + " " + sys.modules["__main__"].__file__)
+
+
 if __name__ != "__main__" and not os.path.exists(os.path.join(OUT, "started")):
     _write("started", sys.argv[0])
     threading.Thread(target=_late).start()
-    atexit.register(_write, "atexit", sys.argv[0])
+    atexit.register(_at_exit)
 """
+EXITS = "import sys\n\nsys.exit('the module ended the command')\n"
 
 
 @pytest.fixture
@@ -79,8 +84,15 @@ def test_a_served_command_is_the_new_processs_command(commands, tmp_path, monkey
     assert (plain.stdout, plain.stderr) == (served.stdout, served.stderr)
     assert "would split 2, 2" in plain.stdout.splitlines()[-1], plain.stdout
     ends = {way: {p.name: p.read_text() for p in (tmp_path / way).iterdir()} for way in env}
-    cli = str(REPO / "ppx" / "cli.py") + "\n"
-    assert ends["plain"] == ends["served"] == {"started": cli, "thread": "done\n", "atexit": cli}, ends
+    cli = str(REPO / "ppx" / "cli.py")
+    want = {"started": cli + "\n", "thread": "done\n", "atexit": f"{cli} {cli}\n"}
+    assert ends["plain"] == ends["served"] == want, ends
+    # a module that ends the command as it is imported: SystemExit's text, exit status 1
+    (tmp_path / "models" / "exits.py").write_text(EXITS)
+    own[1] = "model.module=exits:build"
+    plain, served = _both(["split", "1f1b_2cpu", *own], commands, monkeypatch, env["plain"], env["served"])
+    assert plain.returncode == served.returncode == 1 and (plain.stdout, plain.stderr) == (served.stdout, served.stderr)
+    assert "the module ended the command" in served.stderr
     # bad input: its one line and exit status 2, no traceback
     plain, served = _both(["run", "no_such_experiment"], commands, monkeypatch)
     assert plain.returncode == served.returncode == 2 and plain.stdout == served.stdout == ""
@@ -97,15 +109,31 @@ def test_a_command_whose_new_process_imports_another_module_is_not_served(comman
     command = [sys.executable, "-m", "ppx.cli", "keys"]
     monkeypatch.setenv(served_cli.SERVER_ENV, str(commands))
     try:
-        env = dict(os.environ, PYTHONPATH=str(tmp_path))
+        env = dict(os.environ, PYTHONPATH=_first_on_path(tmp_path))
         assert served_cli.served_run(command, env, REPO, timeout=60) is None
         why, _, said = noted.read_text().splitlines()[-1].partition("\t")
         assert why.startswith(f"yaml is {tmp_path / 'yaml' / '__init__.py'} there, ") and said == " ".join(command)
         hashed = dict(os.environ, PYTHONHASHSEED="7")  # (read as torch was imported: the server's is not)
         assert served_cli.served_run(command, hashed, REPO, timeout=60) is None
-        r = ppx("keys", env={"PYTHONPATH": str(tmp_path)})  # (a new process)
+        # PYTHONPATH relative to the command's working folder, not the server's
+        (tmp_path / "work" / "rel").mkdir(parents=True)
+        (tmp_path / "yaml").rename(tmp_path / "work" / "rel" / "yaml")
+        relative = dict(os.environ, PYTHONPATH=_first_on_path("rel"))
+        assert served_cli.served_run(command, relative, tmp_path / "work", timeout=60) is None
+        stand_in = tmp_path / "work" / "rel" / "yaml" / "__init__.py"
+        assert noted.read_text().splitlines()[-1].startswith(f"yaml is {stand_in} there")
+        (tmp_path / "site").mkdir()
+        (tmp_path / "site" / "sitecustomize.py").write_text("")  # (a new Python runs it as it starts)
+        custom = dict(os.environ, PYTHONPATH=_first_on_path(tmp_path / "site"))
+        assert served_cli.served_run(command, custom, REPO, timeout=60) is None
+        r = ppx("keys", env={"PYTHONPATH": _first_on_path(tmp_path / "work" / "rel")})  # (a new process)
         assert r.returncode != 0 and "the stand-in yaml" in r.stderr
         assert served_cli.served_run(command, dict(os.environ), REPO, timeout=60).returncode == 0
     finally:  # (this test's own refusals are no command's fallback: left out of the summary)
         if noted.exists():
             os.truncate(noted, before)
+
+
+def _first_on_path(folder) -> str:
+    """PYTHONPATH with ``folder`` before this process's own (a checkout's ppx, where it names one)."""
+    return os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 from datetime import timedelta
 
 import torch.multiprocessing as mp
 
-# (transformers: model.kind=hf's, where installed; a missing one is left out)
+# (transformers: model.kind=hf's, where installed, imported as ppx imports it: `_start_server`)
 PRELOAD = [
     "torch",
     "torch.distributed",
@@ -28,6 +29,7 @@ PRELOAD = [
 def spawn(fn, args: tuple, nprocs: int) -> None:
     """``fn(rank, *args)`` in ``nprocs`` processes, joined; as ``mp.spawn``, an error in any is raised here."""
     multiprocessing.set_forkserver_preload(PRELOAD)  # read when the server starts: the first job
+    _start_server()
     mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
 
 
@@ -46,3 +48,20 @@ def gloo_group(rank: int, world: int, port: int, timeout_s: float = 120):
         yield
     finally:
         dist.destroy_process_group()
+
+
+def _start_server() -> None:
+    """The fork server started (once a process) with transformers' import settings as ppx
+    imports it (`ppx.models.hf_config.IMPORT_SETTINGS`: offline, quiet), which its preload
+    reads; this process's environment as it was after."""
+    from multiprocessing import forkserver
+
+    from ppx.models.hf_config import IMPORT_SETTINGS
+
+    before = dict(os.environ)
+    os.environ.update({k: v for k, v in IMPORT_SETTINGS.items() if k not in before})
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
