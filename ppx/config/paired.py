@@ -210,7 +210,7 @@ def _with_entry(cfg, overrides: list[str]):
     return conf
 
 
-_BUILT: list = []  # (a copy of a run config, it as an OmegaConf config): the last few `_over_the_schema` built
+_BUILT: list = []  # (a run config's repr, it as an OmegaConf config): the last few `_over_the_schema` built
 
 
 def _over_the_schema(cfg):
@@ -220,9 +220,10 @@ def _over_the_schema(cfg):
     one run config's entries a few dozen times)."""
     from ppx.config.loading import _schema
 
+    key = repr(cfg)  # (every field's value and type: 1, 1.0 and True apart, which == is not)
     for seen, conf in _BUILT:
-        if seen == cfg:
+        if seen == key:
             return copy.deepcopy(conf)
     conf = OmegaConf.merge(_schema(), OmegaConf.structured(cfg))
-    _BUILT[:] = [(copy.deepcopy(cfg), conf), *_BUILT[:3]]
+    _BUILT[:] = [(key, conf), *_BUILT[:3]]
     return copy.deepcopy(conf)

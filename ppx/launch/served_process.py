@@ -20,8 +20,7 @@ from ppx.launch.served_refusals import Server, python_path
 
 def become(request: dict, fds: list[int], server_fds: list[int], server: Server) -> None:
     """In the fork: become the process the request's command would start, run it and exit."""
-    code, argv = 1, request.get("argv") or []
-    cli = argv[2:3] == [CLI_MODULE]
+    code, interrupted, argv = 1, False, request.get("argv") or []
     try:
         try:
             parent = os.getppid()
@@ -48,20 +47,32 @@ def become(request: dict, fds: list[int], server_fds: list[int], server: Server)
                 print(e.code, file=sys.stderr)
         except KeyboardInterrupt as e:  # (Python prints it, then ends by SIGINT once it has finished)
             _print_uncaught(e)
-            code = -signal.SIGINT
+            interrupted = True
         except BaseException as e:
             _print_uncaught(e)
-        if cli:
+        if argv[2:3] == [CLI_MODULE]:
             _finalize()
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-    except BaseException:  # (a stream that will not flush: its data is lost, as Python's would be)
+        code = _flush(code)
+    except BaseException:  # (never back into the server's loop)
         pass
     finally:
-        if code == -signal.SIGINT:
+        if interrupted:
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
+            code = 128 + signal.SIGINT
         os._exit(code & 0xFF if isinstance(code, int) else 1)
+
+
+def _flush(code: int) -> int:
+    """Both streams flushed, as Python flushes them at its end: a stdout that will not take its
+    last bytes (its reader gone) turns a success into exit status 120."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            if stream is sys.stdout and code == 0:
+                code = 120
+    return code
 
 
 def _run(argv: list[str]) -> int:
@@ -88,7 +99,8 @@ def _print_uncaught(e: BaseException) -> None:
     tb = e.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_name != "_run_module_as_main":
         tb = tb.tb_next
-    sys.excepthook(type(e), e, tb or e.__traceback__)
+    e = e.with_traceback(tb or e.__traceback__)  # (the hook prints the exception's own)
+    sys.excepthook(type(e), e, e.__traceback__)
 
 
 def _finalize() -> None:
@@ -146,25 +158,26 @@ def _set_environment(env: dict, imported: dict, site: list[str]) -> None:
     os.environ.update({**imported, **env})
     sys.path[:] = [os.getcwd(), *python_path(env, os.getcwd()), *site]
     sys.path_importer_cache.clear()
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
 
 
 def _std_streams(env: dict) -> None:
     """sys.stdin, sys.stdout and sys.stderr anew on fds 0, 1 and 2, as a new Python's
-    (CPython's create_stdio): buffered but for PYTHONUNBUFFERED's stdout and stderr, stderr and
-    a terminal line-buffered, no newline translation, named ``<stdin>``, ``<stdout>``, ``<stderr>``."""
+    (CPython's create_stdio): buffered (the fd's block size) but for PYTHONUNBUFFERED's stdout
+    and stderr, stderr and a terminal line-buffered, no newline translation, named ``<stdin>``,
+    ``<stdout>``, ``<stderr>``."""
     unbuffered = bool(env.get("PYTHONUNBUFFERED"))
-    for name, fd, mode in (("stdin", 0, "r"), ("stdout", 1, "w"), ("stderr", 2, "w")):
+    for name, fd, mode in (("stdin", 0, "rb"), ("stdout", 1, "wb"), ("stderr", 2, "wb")):
         old = getattr(sys, name)
-        raw = io.FileIO(fd, mode, closefd=False)
-        raw.name = f"<{name}>"
-        write_through = unbuffered and mode == "w"
-        buffer = raw if write_through else io.BufferedReader(raw) if mode == "r" else io.BufferedWriter(raw)
+        write_through = unbuffered and mode == "wb"
+        buffer = open(fd, mode, buffering=0 if write_through else -1, closefd=False)
+        (buffer if write_through else buffer.raw).name = f"<{name}>"
         stream = io.TextIOWrapper(
-            buffer,  # (a buffer made and dropped would close ``raw`` as it is collected)
+            buffer,
             encoding=old.encoding,
             errors=old.errors,
             newline="\n",
-            line_buffering=not write_through and (name == "stderr" or raw.isatty()),
+            line_buffering=not write_through and (name == "stderr" or os.isatty(fd)),
             write_through=write_through,
         )
         setattr(sys, name, stream)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import ppx
 from ppx.launch.served_agent import AGENT_MODULE, CLI_MODULE
+from ppx.models.hf_config import IMPORT_SETTINGS
 
 # what Python, the locale, torch, matplotlib and transformers read from the environment as they
 # are imported (a PYTHON* variable besides those a running ppx reads: `RUN_TIME`)
@@ -80,7 +81,8 @@ def refused(request: dict, fds: int, server: Server, pad_bytes: int, command_byt
         return "the command line is longer than the server's PAD"
     started, imported = server.started, server.imported
     names = {k for k in (*env, *started) if _read_at_import(k)}
-    differ = sorted(k for k in names if env.get(k) != started.get(k) and (k not in imported or env[k] != imported[k]))
+    set_by_imports = {k for k in imported if env.get(k) == imported[k]}  # (handed on by a process that imported torch)
+    differ = sorted(k for k in names - set_by_imports if _read(env, k) != _read(started, k))
     if differ:
         return f"{', '.join(differ)} not as the server's imports read"
     if "MPLCONFIGDIR" in imported:  # (its atexit removes it: a fork's end would take the server's away)
@@ -92,6 +94,12 @@ def refused(request: dict, fds: int, server: Server, pad_bytes: int, command_byt
     finally:
         for folder in (cwd, *own):  # (a folder made later, or changed, is looked at anew)
             sys.path_importer_cache.pop(folder, None)
+
+
+def _read(env: dict, name: str) -> str | None:
+    """The value of ``name`` an import reads in ``env``: transformers' as ppx imports it (where
+    unset, ppx's offline and quiet defaults: `ppx.models.hf_config.IMPORT_SETTINGS`)."""
+    return env.get(name, IMPORT_SETTINGS.get(name))
 
 
 def _read_at_import(name: str) -> bool:
@@ -111,8 +119,8 @@ def _shadowed(path: list[str], own: list[str]) -> str | None:
     the server imported it, are not compared.)"""
     for name in ("sitecustomize", "usercustomize"):
         found = importlib.machinery.PathFinder.find_spec(name, own) if own else None
-        if found is not None:
-            return f"{name} is {found.origin} there"
+        if found is not None and found.origin != getattr(sys.modules.get(name), "__file__", None):
+            return f"{name} is {found.origin} there"  # (the server's own ran as it started)
     for name, mod in list(sys.modules.items()):
         spec = getattr(mod, "__spec__", None)
         if "." in name or spec is None or spec.name != name or not spec.has_location:

@@ -24,6 +24,7 @@ from helpers.job import end, read_log, start_run, wait_for_step, workers
 from ppx.launch.agent_server import refused_path, wait_for
 from ppx.launch.processes import FORK
 from ppx.launch.served_agent import AGENT_MODULE, SERVER_ENV, ServedAgent, start_agent
+from ppx.models.hf_config import IMPORT_SETTINGS
 
 pytestmark = pytest.mark.plain_agent  # (a run served only where a test says so)
 
@@ -118,6 +119,9 @@ def _refusals(server, monkeypatch, noted: Path) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1")  # (a run's, as the server's)
     served = ServedAgent.request(str(server[0]), agent, env)
     assert served is not None and served.wait(timeout=60) == 0  # (torchrun's help, from the server)
+    quiet = {**env, **IMPORT_SETTINGS}  # (a model.kind=hf run's: transformers' settings as ppx sets them)
+    served = ServedAgent.request(str(server[0]), agent, quiet)
+    assert served is not None and served.wait(timeout=60) == 0
     assert isinstance(start_agent([sys.executable, "-c", "pass"], {}, str(server[0])), subprocess.Popen)
     assert ServedAgent.request(str(server[0].with_name("none")), agent, env) is None
     hashed = {**env, "PYTHONHASHSEED": "7"}  # (read as torch was imported: the server's is not)

@@ -16,6 +16,7 @@ import pytest
 
 from helpers import REPO, ppx, served_cli
 from ppx.launch.agent_server import refused_path, wait_for
+from ppx.models.hf_config import IMPORT_SETTINGS
 
 pytestmark = pytest.mark.plain_agent  # (a command served only where a test says so)
 
@@ -49,6 +50,7 @@ if __name__ != "__main__" and not os.path.exists(os.path.join(OUT, "started")):
     atexit.register(_at_exit)
 """
 EXITS = "import sys\n\nsys.exit('the module ended the command')\n"
+STOPS = "class Stop(BaseException):\n    pass\n\n\nraise Stop('no code of ppx catches it')\n"
 
 
 @pytest.fixture
@@ -93,6 +95,15 @@ def test_a_served_command_is_the_new_processs_command(commands, tmp_path, monkey
     plain, served = _both(["split", "1f1b_2cpu", *own], commands, monkeypatch, env["plain"], env["served"])
     assert plain.returncode == served.returncode == 1 and (plain.stdout, plain.stderr) == (served.stdout, served.stderr)
     assert "the module ended the command" in served.stderr
+    # one that raises what no code catches: Python's traceback from runpy's first frame, status 1
+    (tmp_path / "models" / "stops.py").write_text(STOPS)
+    own[1] = "model.module=stops:build"
+    plain, served = _both(["split", "1f1b_2cpu", *own], commands, monkeypatch, env["plain"], env["served"])
+    assert plain.returncode == served.returncode == 1 and (plain.stdout, plain.stderr) == (served.stdout, served.stderr)
+    first, frame = served.stderr.splitlines()[:2]
+    assert first == "Traceback (most recent call last):" and frame.startswith('  File "<frozen runpy>", line ')
+    assert frame.endswith(", in _run_module_as_main"), served.stderr
+    assert served.stderr.splitlines()[-1] == "stops.Stop: no code of ppx catches it"
     # bad input: its one line and exit status 2, no traceback
     plain, served = _both(["run", "no_such_experiment"], commands, monkeypatch)
     assert plain.returncode == served.returncode == 2 and plain.stdout == served.stdout == ""
@@ -126,9 +137,13 @@ def test_a_command_whose_new_process_imports_another_module_is_not_served(comman
         (tmp_path / "site" / "sitecustomize.py").write_text("")  # (a new Python runs it as it starts)
         custom = dict(os.environ, PYTHONPATH=_first_on_path(tmp_path / "site"))
         assert served_cli.served_run(command, custom, REPO, timeout=60) is None
+        assert noted.read_text().splitlines()[-1].startswith(f"sitecustomize is {tmp_path / 'site'}")
         r = ppx("keys", env={"PYTHONPATH": _first_on_path(tmp_path / "work" / "rel")})  # (a new process)
         assert r.returncode != 0 and "the stand-in yaml" in r.stderr
         assert served_cli.served_run(command, dict(os.environ), REPO, timeout=60).returncode == 0
+        # transformers' settings as ppx sets them (after a model.kind=hf config was loaded): served
+        quiet = dict(os.environ, **IMPORT_SETTINGS)
+        assert served_cli.served_run(command, quiet, REPO, timeout=60).returncode == 0
     finally:  # (this test's own refusals are no command's fallback: left out of the summary)
         if noted.exists():
             os.truncate(noted, before)

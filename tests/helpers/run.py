@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,17 +44,12 @@ def ppx(*args: str, timeout: float = 240, env: dict | None = None, cwd: Path = R
         args = quiet(args)
     full_env = dict(os.environ, **(env or {}))
     command = [sys.executable, "-m", "ppx.cli", *args]
+    start = time.monotonic()
     served = served_cli.served_run(command, full_env, cwd, timeout)
     if served is not None:
         return served
-    return subprocess.run(
-        command,
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    left = max(timeout - (time.monotonic() - start), 1.0)  # (the server's answer counted)
+    return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=left)
 
 
 def run_args(command: str) -> list[str]:

@@ -2,7 +2,9 @@
 that imported torch and ppx once (multiprocessing's forkserver), not each started afresh to
 import them again (``mp.spawn``: about 2 s of CPU a process). The server computes nothing, so
 its forks inherit no OpenMP or CUDA state. They inherit the environment the server started
-with (at a process's first job): what a job needs that a test sets later goes in its args."""
+with (at a process's first job), transformers' import settings as ppx sets them among it
+(`ppx.models.hf_config.IMPORT_SETTINGS`): what a job needs that a test sets later goes in its
+args."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from datetime import timedelta
 
 import torch.multiprocessing as mp
 
-# (transformers: model.kind=hf's, where installed, imported as ppx imports it: `_start_server`)
+# (transformers: model.kind=hf's, where installed, imported as ppx imports it: `_start_server`;
+# the fork server skips only an ImportError, so a transformers broken otherwise fails every job)
 PRELOAD = [
     "torch",
     "torch.distributed",
@@ -58,10 +61,10 @@ def _start_server() -> None:
 
     from ppx.models.hf_config import IMPORT_SETTINGS
 
-    before = dict(os.environ)
-    os.environ.update({k: v for k, v in IMPORT_SETTINGS.items() if k not in before})
+    added = [k for k in IMPORT_SETTINGS if k not in os.environ]
+    os.environ.update({k: IMPORT_SETTINGS[k] for k in added})
     try:
         forkserver.ensure_running()
     finally:
-        os.environ.clear()
-        os.environ.update(before)
+        for key in added:
+            os.environ.pop(key)
