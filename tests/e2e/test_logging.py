@@ -148,6 +148,7 @@ def test_wandb_offline_run_holds_the_logged_history(profiled_run):
     assert info["config"]["pipeline"]["schedule"] == "1f1b"
 
 
+@pytest.mark.plain_agent  # (a HOME of its own, which the servers' imports read: not theirs to serve)
 def test_wandb_online_without_a_key_warns_once_and_goes_offline(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env["HOME"] = str(tmp_path / "home")  # no ~/.netrc, no stored key
