@@ -64,9 +64,8 @@ class ServedAgent:
         """The agent forked for ``command``; None where the server is not there or refuses;
         `STOPPED` where ``stopped()`` came true first (the server ends what it forked).
         ``fds``, ``cwd``: its stdin, stdout and stderr, and working folder (default: this process's)."""
-        fds, opened = (
-            (list(fds), []) if fds is not None else _std_fds()
-        )  # (first: a closed stdio fd is not taken by the socket)
+        # (first: a closed stdio fd is not taken by the socket)
+        fds, opened = (list(fds), []) if fds is not None else _std_fds()
         try:
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
