@@ -77,13 +77,7 @@ def serve(path: str, module: str = AGENT_MODULE, preload: list[str] = ()) -> Non
         _report(agents, reported)
         if listener in ready:
             try:
-                _accept(
-                    listener,
-                    agents,
-                    [listener.fileno(), wake_r, wake_w],
-                    server,
-                    path,
-                )
+                _accept(listener, agents, [listener.fileno(), wake_r, wake_w], server, path)
                 failed = None
             except Exception as e:  # (the request is not served: its ppx run starts a plain agent)
                 if f"{e!r}" != failed:
@@ -127,9 +121,6 @@ def _closed(conn: socket.socket) -> bool:
         return True
 
 
-OPTIONAL = ("transformers.modeling_utils", "transformers.models.auto.modeling_auto")  # (model.kind=hf's)
-
-
 def _preload(module: str, preload: list[str], path: str) -> str:
     """Import what the forks would (`_imports`), their output kept out of the test's: the first
     line of what they printed, or "" (a new process prints it in its own output: a server that
@@ -137,10 +128,15 @@ def _preload(module: str, preload: list[str], path: str) -> str:
     its font cache) is not held against it: the same imports in a new Python print nothing."""
     printed = _imported(module, preload, path)
     if printed:
-        names = ["torch.distributed.run", "ppx.launch.torchrun"] if module == AGENT_MODULE else preload
-        again = subprocess.run(
-            [sys.executable, "-c", f"import {', '.join(names)}"], capture_output=True, text=True, timeout=300
-        )
+        with tempfile.TemporaryDirectory() as folder:  # (its notes, if any: not this server's)
+            code = "import sys; from ppx.launch.agent_server import _imports, _names; a = sys.argv; "
+            code += "_imports(a[1], _names(a[2]), a[3])"
+            again = subprocess.run(
+                [sys.executable, "-c", code, module, ",".join(preload) or "-", os.path.join(folder, "recheck")],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
         if again.returncode == 0 and not (again.stdout + again.stderr).strip():
             return ""
     return printed
@@ -193,12 +189,12 @@ def _import_transformers(path: str) -> None:
     `ppx.models.hf_config.transformers` sets what transformers reads as it is imported), that
     setting taken back after: the fork's ppx sets it again where it uses transformers. None where
     it is not installed; one that fails to import is noted (`_note`)."""
-    from ppx.models.hf_config import IMPORT_SETTINGS, transformers
+    from ppx.models.hf_config import IMPORT_SETTINGS, MODEL_MODULES, transformers
 
     before = {k: os.environ.get(k) for k in IMPORT_SETTINGS}
     try:
         transformers()
-        for name in OPTIONAL:
+        for name in MODEL_MODULES:
             importlib.import_module(name)
     except UserError:  # (not installed)
         pass
@@ -296,10 +292,23 @@ def start_server(path: Path, module: str = AGENT_MODULE, preload: list[str] = ()
     processes, with this process's environment (an agent server's with OMP_NUM_THREADS=1, a
     run's own default, `runtime.threads_per_rank`); a server of ppx's commands imports the
     modules ``preload`` names first."""
-    names = ",".join(preload) or "-"
-    command = [sys.executable, "-m", __name__, str(path), str(os.getpid()), module, names, "-" * PAD_BYTES]
+    command = [
+        sys.executable,
+        "-m",
+        __name__,
+        str(path),
+        str(os.getpid()),
+        module,
+        ",".join(preload) or "-",
+        "-" * PAD_BYTES,
+    ]
     env = dict(os.environ, **({"OMP_NUM_THREADS": "1"} if module == AGENT_MODULE else {}))
     return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _names(text: str) -> list[str]:
+    """The modules a server's PRELOAD argument names (comma-separated; ``-``: none)."""
+    return [n for n in text.split(",") if n not in ("", "-")]
 
 
 def wait_for(path: Path, timeout_s: float = 30.0) -> None:
@@ -315,4 +324,4 @@ if __name__ == "__main__":
     if sys.argv[3] not in (AGENT_MODULE, CLI_MODULE):
         sys.exit(f"agent_server: serves {AGENT_MODULE} or {CLI_MODULE}, not {sys.argv[3]}")
     if follow_parent(sys.argv[2]) and os.getppid() == int(sys.argv[2]):
-        serve(sys.argv[1], sys.argv[3], [n for n in sys.argv[4].split(",") if n != "-"])
+        serve(sys.argv[1], sys.argv[3], _names(sys.argv[4]))

@@ -32,6 +32,8 @@ INSTALL = (
 
 # offline and quiet: what transformers reads as it is imported, where not set otherwise
 IMPORT_SETTINGS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+# what any model.kind=hf model's build imports (4-5 s), for a process whose forks build one to import first
+MODEL_MODULES = ("transformers.modeling_utils", "transformers.models.auto.modeling_auto")
 
 
 def transformers():

@@ -15,6 +15,8 @@ from datetime import timedelta
 
 import torch.multiprocessing as mp
 
+from ppx.models.hf_config import MODEL_MODULES
+
 # (transformers: model.kind=hf's, where installed, imported as ppx imports it: `_start_server`;
 # the fork server skips only an ImportError, so a transformers broken otherwise fails every job)
 PRELOAD = [
@@ -24,8 +26,7 @@ PRELOAD = [
     "ppx.models",
     "ppx.engine.rank",
     "ppx.engine.torch_executor",
-    "transformers.modeling_utils",
-    "transformers.models.auto.modeling_auto",
+    *MODEL_MODULES,
 ]
 
 
