@@ -1,4 +1,9 @@
-"""Error types: a `UserError` is bad input, reported as one line before any work starts."""
+"""Error types: a `UserError` is bad input, reported as one line before any work starts; an
+exception in one line (`said`), with where the user's own code raised it (`said_where`)."""
+
+import os
+import site
+import sysconfig
 
 
 class UserError(Exception):
@@ -32,3 +37,50 @@ def said(e: BaseException) -> str:
 def os_words(e: OSError) -> str:
     """An OSError as the OS says it, with the file it names: ``File too large: <path>``."""
     return f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+
+
+def said_where(e: BaseException) -> str:
+    """`said`, with where the user's own code raised it (`raised_at`): ``ValueError: my model
+    broke (at mypkg/model.py:31)``."""
+    at = raised_at(e)
+    return f"{said(e)} (at {at})" if at else said(e)
+
+
+def raised_at(e: BaseException) -> str | None:
+    """``file:line`` of the innermost frame of ``e``'s traceback in the user's own code (a
+    model's module, a batch or loss function): not Python's, an installed package's (torch,
+    transformers) or ppx's; its path from the working folder where it lies under it. None
+    where no such frame raised it."""
+    found, tb = None, e.__traceback__
+    while tb is not None:
+        path = tb.tb_frame.f_code.co_filename
+        if _users(path):
+            found = (path, tb.tb_lineno)
+        tb = tb.tb_next
+    if found is None:
+        return None
+    path, line = found
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # (another drive)
+        rel = path
+    return f"{path if rel.startswith('..') else rel}:{line}"
+
+
+def _users(path: str) -> bool:
+    """Whether source file ``path`` is the user's own code (`raised_at`)."""
+    if not path or path.startswith("<"):  # (<frozen ...>, <string>)
+        return False
+    path = os.path.realpath(path)
+    return not any(path.startswith(p + os.sep) for p in _not_users())
+
+
+def _not_users() -> tuple[str, ...]:
+    """Folders whose code is not the user's: Python's library, installed packages, ppx."""
+    paths = sysconfig.get_paths()
+    folders = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    folders.update(getattr(site, "getsitepackages", list)())
+    if site.ENABLE_USER_SITE and site.USER_SITE:
+        folders.add(site.USER_SITE)
+    folders.add(os.path.dirname(os.path.abspath(__file__)))  # (ppx itself, installed or a checkout)
+    return tuple(os.path.realpath(f) for f in folders)

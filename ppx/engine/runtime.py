@@ -15,7 +15,7 @@ import torch
 
 from ppx.engine.observers import run_observed
 from ppx.engine.stage import StageRunner
-from ppx.errors import said
+from ppx.errors import said_where
 from ppx.models.action_clock import PART_OF, ActionClock
 from ppx.models.seeding import microbatch
 from ppx.schedules.comms.lowering import peer_of
@@ -29,7 +29,7 @@ class ActionFailed(RuntimeError):
     ``peer``: the process rank a failed wait was waiting for (None for any other item)."""
 
     def __init__(self, rank: int, step: int, label: str, cause: BaseException, peer: int | None = None):
-        super().__init__(f"rank {rank} failed at step {step} on {label}: {said(cause)}")
+        super().__init__(f"rank {rank} failed at step {step} on {label}: {said_where(cause)}")
         self.rank, self.step, self.label, self.peer = rank, step, label, peer
 
 

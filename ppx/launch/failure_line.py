@@ -7,8 +7,10 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
+from ppx.errors import raised_at
 from ppx.launch.heartbeat import (
     DIED_WITHIN_S,
     Beat,
@@ -33,6 +35,22 @@ def report_failure(watchdog: Watchdog | None, message: str, own: bool = False, p
     UserError), which no peer's death explains; ``peer``: the rank a failed wait was on."""
     with REPORTING:
         _report(watchdog, message, own, peer)
+
+
+def kept_traceback(watchdog: Watchdog | None, e: BaseException) -> str:
+    """``e``'s whole traceback (an `ActionFailed`'s cause's) kept in ``status/rank<r>.traceback``;
+    the note naming it for the failure's line where the user's own code raised it (a model's
+    forward, a loss function: `ppx.errors.raised_at`), else ``""`` (a peer gone, a full disk:
+    the line says it all), as where there is no status folder yet or it cannot be written."""
+    if watchdog is None:
+        return ""
+    cause = e.__cause__ if isinstance(e.__cause__, Exception) else e
+    path = watchdog.status_dir / f"rank{watchdog.rank}.traceback"
+    try:
+        path.write_text("".join(traceback.format_exception(cause)))
+    except OSError:
+        return ""
+    return f" (its traceback: {path})" if raised_at(cause) else ""
 
 
 def name_dead_peer(watchdog: Watchdog) -> bool:

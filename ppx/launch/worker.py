@@ -19,13 +19,13 @@ from ppx.config import Config, resolve_schedule
 from ppx.config.fault_spec import parse_fault
 from ppx.engine.loop import train
 from ppx.engine.runtime import ActionFailed
-from ppx.errors import UserError, said
+from ppx.errors import UserError, said_where
 from ppx.files import write_json
 from ppx.launch import claim, environment
 from ppx.launch.affinity import pin_local_rank, pin_order
 from ppx.launch.closed_stdout import survive_closed_stdout
 from ppx.launch.crash_stacks import stacks_to_file
-from ppx.launch.failure_line import report_failure
+from ppx.launch.failure_line import kept_traceback, report_failure
 from ppx.launch.faults import FaultInjector
 from ppx.launch.heartbeat import Heartbeat
 from ppx.launch.stop_signal import await_stop, follow_stop_signal
@@ -105,14 +105,16 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
         watchdog.phase("done")
         return code
     except (ActionFailed, UserError) as e:
-        report_failure(watchdog, str(e), own=not isinstance(e, ActionFailed), peer=getattr(e, "peer", None))
+        own = not isinstance(e, ActionFailed)  # (a mistake of the input's: its one line says it all)
+        message = str(e) + ("" if own else kept_traceback(watchdog, e))
+        report_failure(watchdog, message, own=own, peer=getattr(e, "peer", None))
         await_stop()
         return 2 if isinstance(e, UserError) and not isinstance(e, ActionFailed) else 1
     except Exception as e:
         if os.environ.get("PPX_TRACEBACK"):  # for ppx's developers: the whole story, not one line
             traceback.print_exc()
         where = watchdog.where() if watchdog else "start-up"
-        report_failure(watchdog, f"rank {rank} failed on {where}: {said(e)}")
+        report_failure(watchdog, f"rank {rank} failed on {where}: {said_where(e)}" + kept_traceback(watchdog, e))
         await_stop()
         return 1
     finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ppx.errors import UserError, said
+from ppx.errors import UserError, said, said_where
 
 
 class _MetaCannot(Exception):
@@ -131,7 +131,7 @@ def first_batch(cfg, samples: int) -> tuple:
     except UserError:
         raise
     except Exception as e:
-        raise UserError(f"{where}: step 0's batch failed: {said(e)}") from None
+        raise UserError(f"{where}: step 0's batch failed: {said_where(e)}") from None
     wrong = batch_problem(x, target, samples)
     if wrong:
         raise UserError(f"{where}: {wrong}")
@@ -173,7 +173,7 @@ def _chain(cfg, model: nn.Module, names: list[str], h: torch.Tensor, target) -> 
                 last = "the last " if name == names[-1] and len(names) > 1 else ""
                 raise UserError(
                     f"model.kind=module: {last}unit {name} fails on its input (shape {tuple(h.shape)}, {h.dtype}): "
-                    f"{said(e)}{hint}"
+                    f"{said_where(e)}{hint}"
                 ) from None
             if name == names[-1]:
                 break
@@ -204,7 +204,7 @@ def _loss_is_one_number(cfg, out, target) -> None:
             raise _MetaCannot from None
         raise UserError(
             f"model.loss_fn={cfg.loss_fn} fails on the last unit's output ({_said(out)}) and the targets "
-            f"({_said(target)}): {said(e)}"
+            f"({_said(target)}): {said_where(e)}"
         ) from None
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         what = f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__

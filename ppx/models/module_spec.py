@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ppx.errors import UserError, said
+from ppx.errors import UserError, said, said_where
 
 
 def load_function(path: str, key: str = "model.module") -> Callable:
@@ -86,7 +86,7 @@ def build(model):
             if isinstance(fn, type)
             else ""
         )
-        raise UserError(f"model.module={model.module} raised {said(e)}{how}") from None
+        raise UserError(f"model.module={model.module} raised {said_where(e)}{how}") from None
     if not isinstance(got, nn.Module):
         raise UserError(f"model.module={model.module} returned {type(got).__name__}, not an nn.Module")
     return got

@@ -153,3 +153,27 @@ def test_a_batch_whose_shapes_change_from_step_to_step_ends_the_run_in_one_line(
     assert r.returncode == 1 and re.fullmatch(line, r.stderr.splitlines()[0]), r.stderr[-3000:]
     steps = {json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()}
     assert steps <= {0}
+
+
+def test_an_error_in_your_models_code_is_named_where_it_raised_with_its_traceback_kept(tmp_path):
+    """A unit of the user's that raises in a step (helpers/own_module.py's, on its third call:
+    stage 1's third forward): the one line says where in their code, and the rank's whole
+    traceback is kept in the run's status folder, named by the line (it said only
+    ``ValueError: my model broke here``, nowhere a file or a line)."""
+    own = ["1f1b_2cpu", "model.kind=module", "model.module=helpers.own_module:breaks_in_a_run"]
+    own += ["model.data=regression", "model.hidden=16", "model.layers=4", "train.steps=2"]
+    r = ppx("run", *own, f"run.dir={tmp_path / 'run'}", env={"PYTHONPATH": str(REPO / "tests")})
+    assert r.returncode == 1, r.stderr[-3000:]
+    source = (REPO / "tests" / "helpers" / "own_module.py").read_text().splitlines()
+    line = source.index('            raise ValueError("my model broke here")') + 1
+    kept = tmp_path / "run" / "status" / "rank1.traceback"
+    said = (
+        f"rank 1 failed at step 0 on 1F2: ValueError: my model broke here (at tests/helpers/own_module.py:{line}) "
+        f"(its traceback: {kept})"
+    )
+    assert f"ppx: error: {said}\n" in r.stderr, r.stderr[-3000:]
+    assert (tmp_path / "run" / "incomplete.txt").read_text().splitlines()[0] == said
+    trace = kept.read_text()
+    assert trace.startswith("Traceback (most recent call last):\n")
+    assert f'own_module.py", line {line}, in forward\n' in trace and trace.endswith("ValueError: my model broke here\n")
+    assert "Traceback" not in r.stderr  # (on the terminal: the one line)

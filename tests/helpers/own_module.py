@@ -371,3 +371,24 @@ class _Keyed(nn.Module):
 def keyed(model) -> nn.Module:
     """``model.args.holder``: the ModuleDict inside an ``nn.Module()`` that has no forward."""
     return _Keyed(model.args.get("holder", False))
+
+
+class _BreaksOnCall(nn.Module):
+    """A Linear that raises from its ``at``-th call on (the checks before a run make an instance
+    of their own, and call it once: a run's rank meets the error, in a step)."""
+
+    def __init__(self, width: int, at: int):
+        super().__init__()
+        self.linear, self.at, self.calls = nn.Linear(width, width), at, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls >= self.at:
+            raise ValueError("my model broke here")
+        return self.linear(x)
+
+
+def breaks_in_a_run(model) -> nn.Module:
+    """Linear, Tanh, a Linear that raises on its ``model.args.at``-th call (3), Tanh."""
+    w = model.hidden
+    return nn.Sequential(nn.Linear(w, w), nn.Tanh(), _BreaksOnCall(w, model.args.get("at", 3)), nn.Tanh())
