@@ -71,10 +71,10 @@ def _drawn(runs: list) -> tuple[bool, bool]:
 
 
 def cmd_sweep(args) -> int:
-    from ppx.launch.closed_stdout import survive_closed_stdout
+    from ppx.launch.closed_stdout import survive_closed_output
     from ppx.launch.sweep import SweepStopped, run_sweep
 
-    survive_closed_stdout()  # (ppx sweep ... | head: the points go on, as a run's job does)
+    survive_closed_output()  # (ppx sweep ... | head: the points go on, as a run's job does)
 
     if args.sweep and len(args.sweep) > 1:  # (the last would silently replace the others)
         raise UserError(

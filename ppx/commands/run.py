@@ -15,6 +15,9 @@ def cmd_run(args) -> int:
     from ppx.config import resolve_schedule
     from ppx.launch import devices, processes, slurm
     from ppx.launch.claim import check_free, claim, write_config
+    from ppx.launch.closed_stdout import survive_closed_output
+
+    survive_closed_output()  # (ppx run ... 2>&1 | head -n 0: the run goes on, its lines to /dev/null)
 
     sweep = os.environ.pop("PPX_SWEEP_PID", None)  # (the sweep's pid, for its point alone: `ppx.launch.sweep`)
     cfg = config.load(args.experiment, args.overrides)

@@ -1,11 +1,13 @@
-"""A rank's standard output whose reader went away (``ppx run ... | head``): the run goes on.
+"""A run's output whose reader went away (``ppx run ... | head``, ``2>&1 | head -n 0``): the
+run goes on.
 
 Rank 0 prints its progress lines to the terminal or a pipe; when a pipe's reader ends, the
 next write fails with BrokenPipeError, which ended the whole job as rank 0's failure and left
-the run incomplete. A rank's output is incidental to the run (every figure is in the run
-directory), so after the reader has gone its writes go to /dev/null and training goes on;
-`ppx run` itself writes only to stderr. A standard stream closed before ppx starts (``ppx run
->&-``) is /dev/null too (`open_closed_std_streams`)."""
+the run incomplete; `ppx run`'s own first line to a closed stderr (the CPU fallback's notice)
+ended it with 141 before the job started. A run's output is incidental to it (every figure is
+in the run directory), so after the reader has gone the writes of `ppx run`, `ppx sweep` and
+every rank go to /dev/null and training goes on. A standard stream closed before ppx starts
+(``ppx run >&-``) is /dev/null too (`open_closed_std_streams`)."""
 
 from __future__ import annotations
 
@@ -47,10 +49,12 @@ def stdout_to_null(stream=None) -> None:
     os.close(null)
 
 
-def survive_closed_stdout() -> None:
-    """From now on, this process's ``print`` survives its stdout's reader going away."""
+def survive_closed_output() -> None:
+    """From now on, this process's ``print`` (to stdout or stderr) survives its reader going away."""
     if not isinstance(sys.stdout, _Survives) and sys.stdout is not None:
         sys.stdout = _Survives(sys.stdout)
+    if not isinstance(sys.stderr, _Survives) and sys.stderr is not None:
+        sys.stderr = _Survives(sys.stderr)
 
 
 def open_closed_std_streams() -> None:

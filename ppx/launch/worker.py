@@ -23,7 +23,7 @@ from ppx.errors import UserError, said_where
 from ppx.files import write_json
 from ppx.launch import claim, environment
 from ppx.launch.affinity import pin_local_rank, pin_order
-from ppx.launch.closed_stdout import survive_closed_stdout
+from ppx.launch.closed_stdout import survive_closed_output
 from ppx.launch.crash_stacks import stacks_to_file
 from ppx.launch.failure_line import kept_traceback, report_failure
 from ppx.launch.faults import FaultInjector
@@ -80,7 +80,7 @@ def _early_heartbeat(run_dir: Path | None, rank: int) -> Heartbeat | None:
 def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    survive_closed_stdout()  # (ppx run ... | head: the run goes on)
+    survive_closed_output()  # (ppx run ... | head: the run goes on)
     thread_hook = one_line_thread_errors(rank)
     if device_type != "cuda" and cfg.runtime.pin_cpus:  # before any thread starts, so all inherit it
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))

@@ -197,6 +197,24 @@ def test_a_run_whose_output_pipe_closes_goes_on_to_complete(tmp_path):
     assert len(read_jsonl(run / "metrics.jsonl")) == 12
 
 
+def test_a_run_whose_reader_is_gone_before_its_first_line_completes(tmp_path):
+    """``ppx run gpipe_4gpu 2>&1 | head -n 0``: the launcher's first line (the CPU fallback's
+    notice, to stderr) meets a pipe no one reads; the run completes, exit 0 (it ended with 141
+    before the job started, no run made)."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    read, write = os.pipe()
+    os.close(read)  # (the reader gone before the run's first write)
+    cmd = [sys.executable, "-m", "ppx.cli", "run", "gpipe_4gpu", *SMALL, "train.steps=2", f"run.dir={run}"]
+    try:
+        r = subprocess.run(cmd, cwd=REPO, stdout=write, stderr=write, timeout=240)
+    finally:
+        os.close(write)
+    assert r.returncode == 0 and (run / "summary.json").exists() and not (run / "incomplete.txt").exists()
+
+
 def test_a_sweep_whose_output_pipe_closes_runs_every_point(tmp_path):
     """``ppx sweep ... | head -1``: the sweep's later lines meet a closed pipe; every point runs
     and the comparison is written, exit 0 (it ended with SIGPIPE's 141 after the point running)."""
