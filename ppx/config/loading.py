@@ -199,7 +199,7 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
         value = getattr(cfg.run, key)
         if isinstance(value, str) and value.startswith("~"):
             setattr(cfg.run, key, os.path.expanduser(value))
-    check(cfg)
+    _checked(cfg, path)
     if cfg.run.paired:  # each entry a config of its own, checked now, before any work
         from ppx.config.paired import variants
 
@@ -210,6 +210,27 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
         except OmegaConfBaseException as e:
             raise UserError(f"runtime.cpu_fallback: {_one_line(e)}") from None
     return cfg
+
+
+def _checked(cfg: Config, path: Path | None) -> None:
+    """`check`, its line for a schedule CSV that cannot be read from a run's own config.yaml
+    (``path``: run again from another folder, the CSV's path relative to the first) naming the
+    copy that run kept (`ppx.launch.claim.write_config`)."""
+    try:
+        check(cfg)
+    except UserError as e:
+        kept = _kept_copy(cfg.pipeline.schedule, path)
+        if kept is None or not str(e).startswith("cannot read schedule CSV"):
+            raise
+        raise UserError(f"{e} (the run of {path} kept a copy: pipeline.schedule={kept})") from None
+
+
+def _kept_copy(schedule: str, path: Path | None) -> Path | None:
+    """The copy of CSV ``schedule`` in the run folder of config file ``path``, where there is one."""
+    if path is None or path.name != "config.yaml" or not schedule.endswith(".csv"):
+        return None
+    kept = path.parent / "schedules" / Path(schedule).name
+    return kept if kept.is_file() else None
 
 
 def _not_a_section(loaded) -> str | None:

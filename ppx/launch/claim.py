@@ -41,8 +41,13 @@ def refuse_long_names(key: str, path: Path) -> None:
 
 
 def _check_free(cfg: Config, own: bool, path: Path, key: str) -> None:
+    if own and path.is_file():
+        raise UserError(f"{key}: {path} is a file, not a run directory; give a new folder's path")
     if own and path.exists():
-        raise UserError(f"run directory {path} already exists; ppx never overwrites a run")
+        raise UserError(
+            f"run directory {path} already exists; ppx never overwrites a run: give another run.dir, or "
+            "run.dir=null for a new run under run.root"
+        )
     if own and path.is_symlink():  # (a link to nothing: exists() says no, mkdir says it is there)
         raise UserError(
             f"run.dir={cfg.run.dir} is a link to {path.readlink()}, which does not exist; give another run.dir"
