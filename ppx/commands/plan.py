@@ -348,7 +348,7 @@ def cmd_plan(args) -> int:
     outputs.write_md(out / "plan.md", inputs, results, skipped, best, how, notes)
     pareto.draw(results, out / "plan.png", inputs.budget_bytes, f"ppx plan: {len(results)} candidates")
     print(
-        f"ppx plan: {len(results)} candidates ({count(len(skipped), 'shape')} skipped) in {took:.1f} s, "
+        f"ppx plan: {len(results)} candidates ({count(len(skipped), 'shape')} skipped), searched in {took:.1f} s, "
         f"costs from {inputs.source}"
     )
     print(table.text(results[: args.top], inputs.microbatch_size))
