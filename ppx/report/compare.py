@@ -61,23 +61,24 @@ NOTE = (  # under both tables: pred err pt is the timeline bubble minus the pred
 
 
 def find_runs(patterns: list[str], left_out: list[Path] | None = None) -> list[RunDir]:
-    """Completed run directories (`completed`) named by paths or globs; a folder without a
-    summary.json contributes every run below it. Runs that did not complete (or have not yet:
-    incomplete.txt, or `is_run_folder`) are left out, in one line on stderr saying which, and
-    added to ``left_out``."""
+    """Completed run directories (`completed`) named by paths or globs (a folder: every run below
+    it; a path, not a glob, that is neither run nor folder of runs is refused). Runs that did not
+    complete (incomplete.txt, or `is_run_folder`) are left out, named on stderr and in ``left_out``."""
     found: list[Path] = []
     left: list[Path] = []
     for pat in patterns:
-        matches = sorted(glob.glob(pat)) or []
+        matches = sorted(glob.glob(pat))
         if not matches:
             raise UserError(f"no run matches {pat!r}")
         for m in map(Path, matches):
             if (m / "summary.json").exists():  # (beside incomplete.txt: it failed after writing it)
                 (found if completed(m) else left).append(m)
-            elif m.is_dir():
-                done, begun = _runs_below(m)
-                found += done
-                left += begun
+                continue
+            done, begun = _runs_below(m) if m.is_dir() else ([], [])
+            if not (done or begun or glob.has_magic(pat)):  # (docs, README.md: named, not passed over)
+                raise UserError(f"{pat} is neither a run (a folder with summary.json) nor a folder of runs")
+            found += done
+            left += begun
     unique, left = list(dict.fromkeys(found)), list(dict.fromkeys(left))
     names = ", ".join(map(str, left[:3])) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
     if not unique:
