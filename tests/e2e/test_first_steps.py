@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
-from helpers import ppx
+import subprocess
+import sys
+
+from helpers import REPO, ppx
 
 
 def test_compare_refuses_a_path_that_is_no_run_nor_holds_one(tmp_path):
@@ -21,3 +24,15 @@ def test_compare_refuses_a_path_that_is_no_run_nor_holds_one(tmp_path):
     # a glob's matches that are no runs are passed over, as before (a glob picks the runs of a folder)
     r = ppx("compare", "READ*", "doc[s]", "--out", "cmp", cwd=tmp_path, timeout=60)
     assert (r.returncode, r.stderr) == (2, "ppx: error: no completed run (summary.json) under READ* doc[s]\n")
+
+
+def test_python_m_ppx_is_the_ppx_command(tmp_path):
+    """`python -m ppx` said "No module named ppx.__main__"; it is the console script's command,
+    its output and exit code, where it succeeds and where it refuses."""
+    for args, code in ((["schedule", "1f1b", "-p", "2", "-m", "2"], 0), (["schedule", "zigzag"], 2)):
+        ours = subprocess.run(
+            [sys.executable, "-m", "ppx", *args], cwd=REPO, capture_output=True, text=True, timeout=60
+        )
+        cli = ppx(*args, timeout=60)
+        assert ours.returncode == code, ours.stderr
+        assert (ours.returncode, ours.stdout, ours.stderr) == (cli.returncode, cli.stdout, cli.stderr)

@@ -3,7 +3,7 @@ lower one only (imports inside functions count; those under ``if TYPE_CHECKING:`
 no import cycle joins ppx modules at import time, and no file is longer than 400 lines.
 
 Layers, lowest first: ppx/__init__.py, ppx/errors.py, ppx/files.py, ppx/paths.py and ppx/units.py < schedules < models < config <
-measure < engine < report < plan < launch < gpucheck < commands < ppx/cli.py.
+measure < engine < report < plan < launch < gpucheck < commands < ppx/cli.py and ppx/__main__.py.
 
 Inside ppx/schedules/ the same rule holds between its rooms, lowest first: ir < families <
 comms < sim < placing < auto < the package's own modules (registry, csv_io, csv_checks, grid and
@@ -32,7 +32,7 @@ LAYERS = [
     ("launch",),
     ("gpucheck",),
     ("commands",),
-    ("cli",),
+    ("cli", "__main__"),
 ]
 LAYER_OF = {part: k for k, parts in enumerate(LAYERS) for part in parts}
 LAYER_NAME = ["base (ppx, ppx.errors, ppx.files, ppx.paths, ppx.units)"] + [f"ppx.{parts[0]}" for parts in LAYERS[1:]]
