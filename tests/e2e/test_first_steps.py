@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -36,3 +37,25 @@ def test_python_m_ppx_is_the_ppx_command(tmp_path):
         cli = ppx(*args, timeout=60)
         assert ours.returncode == code, ours.stderr
         assert (ours.returncode, ours.stdout, ours.stderr) == (cli.returncode, cli.stdout, cli.stderr)
+
+
+def test_version_is_printed_without_torch(tmp_path, monkeypatch):
+    """`ppx --version` did not exist ("the following arguments are required: command")."""
+    declared = re.search(r'^version = "(.+)"$', (REPO / "pyproject.toml").read_text(), re.M).group(1)
+    r = ppx("--version", timeout=60, cwd=tmp_path)
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"ppx {declared}\n", "")
+    code = (
+        "import sys\nfrom ppx.cli import main\ntry:\n    main(['--version'])\nexcept SystemExit as e:\n"
+        "    assert 'torch' not in sys.modules, 'torch imported'\n    raise\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"ppx {declared}\n", "")
+    import importlib.metadata
+
+    from ppx import __version__, version
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)  # a checkout run without installing
+    assert version() == __version__ == declared
