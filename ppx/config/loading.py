@@ -41,14 +41,26 @@ def find_experiment(exp: str) -> Path:
             raise UserError(f"experiment file {exp} is a folder; give an experiment's YAML file")
         if p.exists():  # (/dev/null said "does not exist"; /dev/zero would be read without end)
             raise UserError(f"experiment file {exp} is not a file (a device, a pipe); give an experiment's YAML file")
-        named = [d / p.name for d in experiments_dirs() if os.sep not in exp and (d / p.name).is_file()]
-        hint = f" (did you mean the experiment {p.stem}?)" if named else ""
-        raise UserError(f"experiment file {exp} does not exist{hint}")
+        raise UserError(f"experiment file {exp} does not exist{_did_you_mean(exp)}")
     for d in experiments_dirs():
         if (d / f"{exp}.yaml").is_file():
             return d / f"{exp}.yaml"
     known = sorted({q.stem for d in experiments_dirs() if d.is_dir() for q in d.glob("*.yaml")})
     raise UserError(f"unknown experiment {exp!r}; choose from {', '.join(known) or '(none found)'}")
+
+
+def _did_you_mean(exp: str) -> str:
+    """The hint for an experiment file that does not exist: ``<exp>.yaml`` where ``exp`` has
+    no YAML suffix and that file is there, else the experiment of its name where one is known
+    (a bare file name's, or any path's without a suffix)."""
+    p, bare = Path(exp), exp.rstrip(os.sep) or exp  # (experiments/x/: a shell's completion)
+    yaml_file = p.suffix not in (".yaml", ".yml")
+    if yaml_file and Path(f"{bare}.yaml").is_file():
+        return f" (did you mean {bare}.yaml?)"
+    name = p.name + (".yaml" if yaml_file else "")
+    if (yaml_file or os.sep not in exp) and any((d / name).is_file() for d in experiments_dirs()):
+        return f" (did you mean the experiment {Path(name).stem}?)"
+    return ""
 
 
 def _read_yaml(path: Path):

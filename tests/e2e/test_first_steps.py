@@ -59,3 +59,21 @@ def test_version_is_printed_without_torch(tmp_path, monkeypatch):
 
     monkeypatch.setattr(importlib.metadata, "version", not_installed)  # a checkout run without installing
     assert version() == __version__ == declared
+
+
+def test_an_experiment_path_without_its_suffix_gets_a_hint(tmp_path):
+    """`ppx run experiments/1f1b_2cpu` said only "does not exist", where `ppx run
+    1f1b_2cpu.yaml` named the experiment it meant."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "exp.yaml").write_text("train:\n  steps: 1\n")
+    for given, hint in (
+        ("mine/exp", "did you mean mine/exp.yaml?"),
+        ("mine/exp/", "did you mean mine/exp.yaml?"),
+        ("elsewhere/1f1b_2cpu", "did you mean the experiment 1f1b_2cpu?"),  # (a shipped experiment's name)
+    ):
+        r = ppx("run", given, timeout=60, cwd=tmp_path)
+        assert (r.returncode, r.stdout) == (2, ""), r.stderr
+        assert r.stderr == f"ppx: error: experiment file {given} does not exist ({hint})\n"
+    r = ppx("run", "elsewhere/nothing_known", timeout=60, cwd=tmp_path)
+    assert r.stderr == "ppx: error: experiment file elsewhere/nothing_known does not exist\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
