@@ -87,7 +87,7 @@ def ms_list(option: str, text: str, count: int | None) -> list[float]:
         values = [float(x) for x in str(text).split(",")]
     except ValueError:
         raise UserError(f"{option} {text}: give milliseconds, one number or one per stage (e.g. 10 or 10,12)") from None
-    return [v / 1e3 for v in per_stage_ms(option, values[0] if len(values) == 1 else values, count)]
+    return [v / 1e3 for v in per_stage_ms(option, values[0] if len(values) == 1 else values, count, typed=text)]
 
 
 def measured_run(path: str, backward: bool = True):

@@ -20,11 +20,13 @@ from ppx.models.split import split_layers
 KEYS = ("fwd_ms", "bwd_ms", "wgrad_ms")
 
 
-def per_stage_ms(name: str, value, num_stages: int | None, per: str = "stage") -> list[float]:
+def per_stage_ms(name: str, value, num_stages: int | None, per: str = "stage", typed: str | None = None) -> list[float]:
     """One cost in ms per stage from one number or one number per stage; ``name`` (a config
-    key or a command-line option) names it in the error. ``num_stages`` None checks the
-    values alone (a list of any length; one number gives one value). ``per`` names what the
-    values are of in the error ("layer": one per layer)."""
+    key or a command-line option) names it in the error, which quotes ``typed`` (the option's
+    text as given) or the value. ``num_stages`` None checks the values alone (a list of any
+    length; one number gives one value). ``per`` names what the values are of in the error
+    ("layer": one per layer)."""
+    shown = value if typed is None else typed
     if isinstance(value, Real) and not isinstance(value, bool):
         values = [float(value)] * (num_stages or 1)
     elif isinstance(value, (list, tuple)) or hasattr(value, "__len__") and not isinstance(value, str):
@@ -35,16 +37,16 @@ def per_stage_ms(name: str, value, num_stages: int | None, per: str = "stage") -
             or not all(isinstance(v, Real) and not isinstance(v, bool) for v in values)
         ):
             count = f"{num_stages} numbers" if num_stages is not None else "a list of numbers"
-            raise UserError(f"{name} must be one number or {count} (one per {per}), got {values}")
+            raise UserError(f"{name} must be one number or {count} (one per {per}), got {shown}")
         values = [float(v) for v in values]
     else:
         raise UserError(f"{name} must be a number of milliseconds or a list of them, got {value!r}")
     if not all(map(math.isfinite, values)):
-        raise UserError(f"{name} must be finite milliseconds, got {value}")
+        raise UserError(f"{name} must be finite milliseconds, got {shown}")
     if any(v < 0 for v in values):
-        raise UserError(f"{name} must not be negative, got {values}")
+        raise UserError(f"{name} must not be negative, got {shown}")
     if any(v > MAX_MS for v in values):  # (1e308 is finite, but a step's sum of them is not)
-        raise UserError(f"{name} must be at most {MAX_MS:g} ms (about 30 years), got {value}")
+        raise UserError(f"{name} must be at most {MAX_MS:g} ms (about 30 years), got {shown}")
     return values
 
 

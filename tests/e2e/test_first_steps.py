@@ -77,3 +77,17 @@ def test_an_experiment_path_without_its_suffix_gets_a_hint(tmp_path):
     r = ppx("run", "elsewhere/nothing_known", timeout=60, cwd=tmp_path)
     assert r.stderr == "ppx: error: experiment file elsewhere/nothing_known does not exist\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def test_a_bad_cost_flag_is_quoted_as_typed(tmp_path):
+    """`ppx simulate --fwd-ms -1` said "got [-1.0, -1.0, -1.0, -1.0]": the value expanded to
+    every stage, not the one typed."""
+    for args, said in (
+        (["simulate", "1f1b", "--fwd-ms", "-1"], "--fwd-ms must not be negative, got -1"),
+        (["simulate", "1f1b", "-p", "2", "--bwd-ms", "1,-2.50"], "--bwd-ms must not be negative, got 1,-2.50"),
+        (["simulate", "1f1b", "--wgrad-ms", "1e13"], "--wgrad-ms must be at most 1e+12 ms (about 30 years), got 1e13"),
+        (["plan", "--fwd-ms", "-1", "--bwd-ms", "2"], "--fwd-ms must not be negative, got -1"),
+    ):
+        r = ppx(*args, timeout=60, cwd=tmp_path)
+        assert (r.returncode, r.stdout, r.stderr) == (2, "", f"ppx: error: {said}\n")
+    assert list(tmp_path.iterdir()) == []
