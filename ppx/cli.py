@@ -216,7 +216,9 @@ def _plan_parser(sub) -> None:
         "they are per stage at one p, and v stages per rank cut each stage into v equal parts (cost/v, bytes/v)",
     )
     pl.add_argument(
-        "--mem-budget", metavar="SIZE", help="memory per rank for activations + params (e.g. 40GiB); default none"
+        "--mem-budget",
+        metavar="SIZE",
+        help="memory per rank for activations + params (e.g. 40GiB; a number alone is bytes); default none",
     )
     pl.add_argument(
         "--param-bytes",

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ppx.commands.common import empty_or_new, first_step_note, noisy_run_note, not_in_a_run
-from ppx.commands.plan_inputs import calibrated, from_flags, from_run, ints
+from ppx.commands.plan_inputs import budget, calibrated, from_flags, from_run, ints
 from ppx.errors import UserError
 from ppx.plan.space import SPLIT_REASON, schedule_names
 from ppx.units import count
@@ -237,6 +237,7 @@ def _check(args) -> None:
         raise UserError(f"--top must be >= 1, got {args.top}")
     if not args.close_pct >= 0:
         raise UserError(f"--close-pct must be >= 0, got {args.close_pct:g}")
+    budget(args)  # (refused before a run is read: its model weighed on fake tensors takes seconds)
 
 
 def cmd_plan(args) -> int:

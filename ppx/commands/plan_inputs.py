@@ -12,7 +12,7 @@ from ppx.commands.run_costs import run_costs_at
 from ppx.errors import UserError, said
 from ppx.plan.calibrate import runs_whole
 from ppx.plan.inputs import PlanInputs, shared_of_run
-from ppx.plan.sizes import parse_sizes
+from ppx.plan.sizes import parse_budget, parse_sizes
 from ppx.schedules.registry import MAX_STAGE_MICROBATCHES
 
 COST_FLAGS = ("fwd_ms", "bwd_ms", "wgrad_ms", "p2p_ms", "overhead_ms", "act_bytes", "machine_from", "calibrate")
@@ -392,9 +392,4 @@ def _shares(values, stages: int) -> tuple[float, ...] | None:
 
 
 def budget(args) -> float | None:
-    if args.mem_budget is None:
-        return None
-    values = parse_sizes("--mem-budget", args.mem_budget)
-    if len(values) != 1:
-        raise UserError(f"--mem-budget {args.mem_budget}: give one size per rank (e.g. 40GiB)")
-    return values[0]
+    return parse_budget("--mem-budget", args.mem_budget)

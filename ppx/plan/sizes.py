@@ -41,3 +41,19 @@ def parse_sizes(option: str, text: str) -> list[float]:
     if any(not p.strip() for p in parts):
         raise UserError(f"{option} {text!r}: an empty entry in the list")
     return [parse_size(option, p) for p in parts]
+
+
+def parse_budget(option: str, text: str | None) -> float | None:
+    """A memory budget per rank from one size (None: none). A bare number under 1 KiB is refused:
+    a size without a unit is bytes, and ``--mem-budget 40`` is 40GiB with its unit left out."""
+    if text is None:
+        return None
+    values = parse_sizes(option, text)
+    if len(values) != 1:
+        raise UserError(f"{option} {text}: give one size per rank (e.g. 40GiB)")
+    if values[0] < 2**10 and not _SIZE.match(text).group(2):
+        raise UserError(
+            f"{option} {text}: a size without a unit is bytes, and {text.strip()} bytes holds nothing; "
+            f"give its unit, e.g. {option} {text.strip()}GiB"
+        )
+    return values[0]

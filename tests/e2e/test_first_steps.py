@@ -91,3 +91,18 @@ def test_a_bad_cost_flag_is_quoted_as_typed(tmp_path):
         r = ppx(*args, timeout=60, cwd=tmp_path)
         assert (r.returncode, r.stdout, r.stderr) == (2, "", f"ppx: error: {said}\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_budget_without_a_unit_under_1kib_is_refused(tmp_path):
+    """`ppx plan --mem-budget 40` was read as 40 bytes: the plan was made, then "nothing fits
+    --mem-budget 40 per rank" (exit 1)."""
+    costs = ["plan", "--fwd-ms", "10", "--bwd-ms", "20", "--act-bytes", "100", "--schedules", "1f1b", "-m", "8"]
+    r = ppx(*costs, "--mem-budget", "40", timeout=120, cwd=tmp_path)
+    said = "--mem-budget 40: a size without a unit is bytes, and 40 bytes holds nothing; give its unit, e.g. --mem-budget 40GiB"
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"ppx: error: {said}\n")
+    assert list(tmp_path.iterdir()) == []
+    # a bare number from 1 KiB up is bytes, as before; a unit says bytes in as few
+    for budget in ("2048", "40B"):
+        r = ppx(*costs, "--mem-budget", budget, "--out", str(tmp_path / budget), timeout=120, cwd=tmp_path)
+        assert r.returncode == (0 if budget == "2048" else 1), r.stderr
+        assert "without a unit" not in r.stderr
