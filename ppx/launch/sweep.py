@@ -142,12 +142,26 @@ def equal_work(experiment: str, axes, overrides: list[str]) -> str | None:
     return None if _sets_in_experiment(experiment, "model.cost_per") else "model.cost_per=layer"
 
 
-def _load_point(experiment: str, overrides: list[str], point: list[str]):
-    """A point's config; its error names the point (with several keys swept, which one fails)."""
+def _load(experiment: str, overrides: list[str]):
+    """The config of ``overrides`` on the experiment, or its error's message."""
     try:
-        return config.load(experiment, overrides + point)
+        return config.load(experiment, overrides)
     except UserError as e:
-        raise UserError(f"sweep point {' '.join(point)}: {e}") from None
+        return str(e)
+
+
+def _load_points(experiment: str, overrides: list[str], grid: list[list[str]]) -> list:
+    """Every point's config, checked before any runs. An error the swept values do not cause
+    (an unknown experiment, a fixed override's: every point and the fixed overrides alone give
+    it alike) is said as it is; one they cause names the first point that gives it."""
+    loaded = [_load(experiment, overrides + point) for point in grid]
+    wrong = [(point, said) for point, said in zip(grid, loaded) if isinstance(said, str)]
+    if not wrong:
+        return loaded
+    point, said = wrong[0]
+    if len(wrong) == len(grid) and {s for _, s in wrong} == {said} and _load(experiment, overrides) == said:
+        raise UserError(said)
+    raise UserError(f"sweep point {' '.join(point)}: {said}")
 
 
 def run_sweep(
@@ -178,11 +192,11 @@ def run_sweep(
     extra = equal_work(experiment, axes, overrides)
     if extra is not None:
         # only where it means something: a point on the known-cost model
-        kinds = {_load_point(experiment, [*overrides, extra], p).model.kind for p in grid}
+        kinds = {cfg.model.kind for cfg in _load_points(experiment, [*overrides, extra], grid)}
         extra = extra if "synthetic" in kinds else None
     if extra is not None:
         overrides = [*overrides, extra]
-    cfgs = [_load_point(experiment, overrides, p) for p in grid]  # every point validated before any runs
+    cfgs = _load_points(experiment, overrides, grid)  # every point validated before any runs
     if extra is not None:
         varied = " and ".join(k for k, _ in axes if k in PLACEMENT_KEYS)
         print(

@@ -106,3 +106,33 @@ def test_a_budget_without_a_unit_under_1kib_is_refused(tmp_path):
         r = ppx(*costs, "--mem-budget", budget, "--out", str(tmp_path / budget), timeout=120, cwd=tmp_path)
         assert r.returncode == (0 if budget == "2048" else 1), r.stderr
         assert "without a unit" not in r.stderr
+
+
+def test_a_sweep_names_a_point_only_for_an_error_of_its_values(tmp_path):
+    """`ppx sweep nosuch --sweep pipeline.microbatches=2,4` said "sweep point
+    pipeline.microbatches=2: unknown experiment ...": an error of every point blamed on the first."""
+    for args, said in (
+        (["nosuch", "--sweep", "pipeline.microbatches=2,4"], "unknown experiment 'nosuch'; choose from "),
+        (["nosuch", "--repeat", "2"], "unknown experiment 'nosuch'; choose from "),  # (was "sweep point : ...")
+        (
+            ["gpipe_2cpu", "--sweep", "pipeline.microbatches=2,4", "pipeline.stagse=3"],
+            "pipeline.stagse: Key 'stagse' not in 'PipelineConfig'. Did you mean: 'stages'?",
+        ),
+        (  # the experiment's batch and the fixed override's m: no point's values
+            ["gpipe_2cpu", "--sweep", "model.hidden=8,16", "pipeline.microbatches=3"],
+            "train.batch_size=32 is not divisible by pipeline.microbatches=3",
+        ),
+        # an error that a point's values cause names the point, one point of one or of several
+        (
+            ["gpipe_2cpu", "--sweep", "pipeline.microbatches=3"],
+            "sweep point pipeline.microbatches=3: train.batch_size=",
+        ),
+        (
+            ["gpipe_2cpu", "--sweep", "pipeline.microbatches=2,3 model.hidden=8,16"],
+            "sweep point pipeline.microbatches=3 model.hidden=8: train.batch_size=32 is not divisible",
+        ),
+    ):
+        r = ppx("sweep", *args, timeout=60, cwd=tmp_path)
+        assert (r.returncode, r.stdout) == (2, ""), r.stderr
+        assert r.stderr.startswith(f"ppx: error: {said}") and r.stderr.count("\n") == 1, r.stderr
+    assert list(tmp_path.iterdir()) == []
