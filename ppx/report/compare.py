@@ -75,7 +75,8 @@ def find_runs(patterns: list[str], left_out: list[Path] | None = None) -> list[R
                 (found if completed(m) else left).append(m)
                 continue
             done, begun = _runs_below(m) if m.is_dir() else ([], [])
-            if not (done or begun or glob.has_magic(pat)):  # (docs, README.md: named, not passed over)
+            # (docs, README.md: named, not passed over; runs/compare, comparisons of ppx's, a shell's runs/* names)
+            if not (done or begun or glob.has_magic(pat) or _comparisons_below(m)):
                 raise UserError(f"{pat} is neither a run (a folder with summary.json) nor a folder of runs")
             found += done
             left += begun
@@ -89,6 +90,11 @@ def find_runs(patterns: list[str], left_out: list[Path] | None = None) -> list[R
     if left_out is not None:
         left_out += left
     return [RunDir(p) for p in unique]
+
+
+def _comparisons_below(path: Path) -> bool:
+    """Whether folder ``path`` holds a comparison of ppx's (compare.json): runs/compare."""
+    return path.is_dir() and any("compare.json" in files for _, _, files in os.walk(path))
 
 
 def _runs_below(folder: Path) -> tuple[list[Path], list[Path]]:

@@ -22,6 +22,11 @@ def test_compare_refuses_a_path_that_is_no_run_nor_holds_one(tmp_path):
         assert (r.returncode, r.stdout) == (2, ""), r.stderr
         assert r.stderr == f"ppx: error: {first} is neither a run (a folder with summary.json) nor a folder of runs\n"
         assert not (tmp_path / "cmp").exists()
+    # ppx's own comparisons (runs/compare, in a shell's runs/*) are passed over, named or matched
+    (tmp_path / "runs" / "compare" / "20260101-000001").mkdir(parents=True)
+    (tmp_path / "runs" / "compare" / "20260101-000001" / "compare.json").write_text("{}")
+    r = ppx("compare", "runs/compare", "README.md", "--out", "cmp", cwd=tmp_path, timeout=60)
+    assert r.stderr == "ppx: error: README.md is neither a run (a folder with summary.json) nor a folder of runs\n"
     # a glob's matches that are no runs are passed over, as before (a glob picks the runs of a folder)
     r = ppx("compare", "READ*", "doc[s]", "--out", "cmp", cwd=tmp_path, timeout=60)
     assert (r.returncode, r.stderr) == (2, "ppx: error: no completed run (summary.json) under READ* doc[s]\n")
