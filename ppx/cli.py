@@ -11,6 +11,7 @@ import re
 import sys
 import time
 
+from ppx import __version__  # (the running code's: an editable install's metadata keeps its first)
 from ppx.errors import UserError, os_words
 from ppx.schedules.registry import names_help
 
@@ -39,7 +40,7 @@ def _command(name: str):
 
 def parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="ppx", description="pipeline-parallel experiment harness")
-    ap.add_argument("--version", action=_Version, help="print ppx's version and exit")
+    ap.add_argument("--version", action="version", version=f"ppx {__version__}", help="print ppx's version and exit")
     sub = ap.add_subparsers(dest="command", required=True)
     ap.commands = sub.choices  # name -> its parser: an error after parsing names the sub-command's usage
     run = sub.add_parser("run", help="run an experiment: ppx run <name or yaml> [key=value ...]")
@@ -307,19 +308,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} -h)\n")
-
-
-class _Version(argparse.Action):
-    """``ppx --version``: ``ppx <version>`` (`ppx.version`), read only when asked (no torch)."""
-
-    def __init__(self, option_strings, dest, help=None):
-        super().__init__(option_strings, argparse.SUPPRESS, nargs=0, default=argparse.SUPPRESS, help=help)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        from ppx import version
-
-        print(f"ppx {version()}", flush=True)
-        parser.exit()
 
 
 def run_path(text: str) -> str:

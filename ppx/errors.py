@@ -1,6 +1,7 @@
 """Error types: a `UserError` is bad input, reported as one line before any work starts; an
 exception in one line (`said`), with where the user's own code raised it (`said_where`)."""
 
+import functools
 import os
 import site
 import sysconfig
@@ -61,10 +62,10 @@ def raised_at(e: BaseException) -> str | None:
         return None
     path, line = found
     try:
-        rel = os.path.relpath(path)
-    except ValueError:  # (another drive)
-        rel = path
-    return f"{path if rel.startswith('..') else rel}:{line}"
+        rel = os.path.relpath(os.path.realpath(path), os.path.realpath(os.getcwd()))
+    except (ValueError, OSError):  # (another drive; a working folder removed)
+        rel = os.pardir
+    return f"{path if rel.startswith(os.pardir) else rel}:{line}"
 
 
 def _users(path: str) -> bool:
@@ -75,6 +76,7 @@ def _users(path: str) -> bool:
     return not any(path.startswith(p + os.sep) for p in _not_users())
 
 
+@functools.cache
 def _not_users() -> tuple[str, ...]:
     """Folders whose code is not the user's: Python's library, installed packages, ppx."""
     paths = sysconfig.get_paths()

@@ -102,6 +102,7 @@ def _notes(cfg, sched, entries: list) -> list[str]:
     """The notes a run prints before it starts (stderr, rank 0's), once each: ``sched`` is the
     run's list, ``entries`` its run.paired entries' configs."""
     lines = (
+        _other_kinds_keys(cfg),
         _changes_nothing(cfg, sched),
         _recompute_without_backward(cfg, sched),
         _forward_only_csv(cfg, sched),
@@ -163,6 +164,27 @@ def _out_of_order(cfg, sched, entries: list) -> list[str]:
         if note:
             notes.append(f"ppx: note: {label}{c.pipeline.schedule} {note}")
     return notes
+
+
+def _other_kinds_keys(cfg) -> str | None:
+    """A note naming the model keys set away from their defaults that only another model.kind
+    reads (its meaning names that kind alone: ``hf: ...``): ``model.hf_config=llama`` on an MLP
+    trained the MLP without a word, where the user had left out ``model.kind=hf``."""
+    from dataclasses import MISSING, fields
+
+    from ppx.models import KINDS
+
+    unread = {}
+    for f in fields(cfg.model):
+        kind = f.metadata.get("help", "").split(":", 1)[0]
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if kind in KINDS and kind != cfg.model.kind and getattr(cfg.model, f.name) != default:
+            unread[f.name] = kind
+    if not unread:
+        return None
+    named = ", ".join(f"model.{k}={getattr(cfg.model, k)} (model.kind={kind}'s)" for k, kind in unread.items())
+    verb = "changes" if len(unread) == 1 else "change"
+    return f"ppx: note: {named} {verb} nothing here: this run's model.kind is {cfg.model.kind}"
 
 
 def _changes_nothing(cfg, sched) -> str | None:

@@ -211,7 +211,7 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
         value = getattr(cfg.run, key)
         if isinstance(value, str) and value.startswith("~"):
             setattr(cfg.run, key, os.path.expanduser(value))
-    _checked(cfg, path)
+    _checked(cfg, path, loaded)
     if cfg.run.paired:  # each entry a config of its own, checked now, before any work
         from ppx.config.paired import variants
 
@@ -224,14 +224,15 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
     return cfg
 
 
-def _checked(cfg: Config, path: Path | None) -> None:
+def _checked(cfg: Config, path: Path | None, loaded) -> None:
     """`check`, its line for a schedule CSV that cannot be read from a run's own config.yaml
     (``path``: run again from another folder, the CSV's path relative to the first) naming the
     copy that run kept (`ppx.launch.claim.write_config`)."""
     try:
         check(cfg)
     except UserError as e:
-        kept = _kept_copy(cfg.pipeline.schedule, path)
+        own = loaded is not None and OmegaConf.select(loaded, "pipeline.schedule") == cfg.pipeline.schedule
+        kept = _kept_copy(cfg.pipeline.schedule, path) if own else None  # (not a CSV an override named)
         if kept is None or not str(e).startswith("cannot read schedule CSV"):
             raise
         raise UserError(f"{e} (the run of {path} kept a copy: pipeline.schedule={kept})") from None

@@ -37,14 +37,14 @@ def report_failure(watchdog: Watchdog | None, message: str, own: bool = False, p
         _report(watchdog, message, own, peer)
 
 
-def kept_traceback(watchdog: Watchdog | None, e: BaseException) -> str:
-    """``e``'s whole traceback (an `ActionFailed`'s cause's) kept in ``status/rank<r>.traceback``;
-    the note naming it for the failure's line where the user's own code raised it (a model's
-    forward, a loss function: `ppx.errors.raised_at`), else ``""`` (a peer gone, a full disk:
-    the line says it all), as where there is no status folder yet or it cannot be written."""
+def kept_traceback(watchdog: Watchdog | None, cause: BaseException) -> str:
+    """``cause``'s whole traceback (the exception a rank's line names: an `ActionFailed`'s cause)
+    kept in ``status/rank<r>.traceback``; the note naming it for the line where the user's own
+    code raised it (a model's forward, a loss function: `ppx.errors.raised_at`), else ``""`` (a
+    peer gone, a full disk: the line says it all), as where there is no status folder yet or it
+    cannot be written."""
     if watchdog is None:
         return ""
-    cause = e.__cause__ if isinstance(e.__cause__, Exception) else e
     path = watchdog.status_dir / f"rank{watchdog.rank}.traceback"
     try:
         path.write_text("".join(traceback.format_exception(cause)))

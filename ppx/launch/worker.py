@@ -106,7 +106,7 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
         return code
     except (ActionFailed, UserError) as e:
         own = not isinstance(e, ActionFailed)  # (a mistake of the input's: its one line says it all)
-        message = str(e) + ("" if own else kept_traceback(watchdog, e))
+        message = str(e) + ("" if own else kept_traceback(watchdog, e.__cause__ or e))
         report_failure(watchdog, message, own=own, peer=getattr(e, "peer", None))
         await_stop()
         return 2 if isinstance(e, UserError) and not isinstance(e, ActionFailed) else 1

@@ -54,6 +54,6 @@ def parse_budget(option: str, text: str | None) -> float | None:
     if values[0] < 2**10 and not _SIZE.match(text).group(2):
         raise UserError(
             f"{option} {text}: a size without a unit is bytes, and {text.strip()} bytes holds nothing; "
-            f"give its unit, e.g. {option} {text.strip()}GiB"
+            f"give a size with its unit (e.g. {option} 40GiB)"
         )
     return values[0]

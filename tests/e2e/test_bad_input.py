@@ -190,27 +190,6 @@ def test_a_run_directory_under_a_file_or_an_experiment_file_named_wrongly_is_one
     assert r.returncode == 2 and r.stderr.strip() == f"ppx: error: {tmp_path / 'afile'} is not a run directory (a file)"
 
 
-def test_existing_run_directory_is_never_overwritten(tmp_path):
-    d = tmp_path / "taken"
-    d.mkdir()
-    (d / "summary.json").write_text("precious")
-    # (gpipe_4gpu: where it would fall back to CPU, the refusal comes before the fallback's notice)
-    for experiment in ("gpipe_2cpu", "gpipe_4gpu"):
-        r = ppx("run", experiment, f"run.dir={d}", timeout=60)
-        assert r.returncode == 2
-        assert r.stderr.strip() == (
-            f"ppx: error: run directory {d} already exists; ppx never overwrites a run: give another run.dir, or "
-            "run.dir=null for a new run under run.root"
-        )
-        assert (d / "summary.json").read_text() == "precious" and len(list(d.iterdir())) == 1
-    r = ppx("run", "gpipe_2cpu", f"run.dir={d / 'summary.json'}", timeout=60)  # (a file: no run of it)
-    assert (r.returncode, r.stderr) == (
-        2,
-        f"ppx: error: run.dir={d / 'summary.json'}: {d / 'summary.json'} is a file, not a run directory; give a new "
-        "folder's path\n",
-    )
-
-
 def test_a_sweep_under_a_file_is_one_line(tmp_path):
     (tmp_path / "afile").write_text("")
     r = ppx("sweep", "gpipe_2cpu", "--sweep", "pipeline.microbatches=2,4", f"run.root={tmp_path / 'afile'}", timeout=60)
@@ -407,26 +386,3 @@ def test_simulate_from_a_run_without_a_timeline_says_why(tmp_path):
         f"ppx: error: {run} has no measured costs (run it with instrument.timers and instrument.timeline on)"
         in r.stderr
     )
-
-
-def test_a_runs_config_run_again_from_elsewhere_names_the_csv_copy_the_run_kept(tmp_path):
-    """A run's config.yaml holds its schedule CSV's path as typed, relative to the folder it ran
-    from; run again from another folder, the line names the copy the run kept (it said only that
-    the CSV could not be read), and that copy runs."""
-    first = tmp_path / "first"
-    (first / "orders").mkdir(parents=True)
-    (first / "orders" / "mine.csv").write_text((DATA / "1f1b_p2_m4.csv").read_text())
-    run = tmp_path / "run"
-    quick = ["train.steps=1", "model.hidden=16"]
-    r = ppx("run", "1f1b_2cpu", "pipeline.schedule=orders/mine.csv", *quick, f"run.dir={run}", cwd=first)
-    assert r.returncode == 0, r.stderr[-2000:]
-    kept = run / "schedules" / "mine.csv"
-    r = ppx("run", str(run / "config.yaml"), timeout=60, cwd=tmp_path)
-    assert (r.returncode, r.stderr) == (
-        2,
-        "ppx: error: cannot read schedule CSV orders/mine.csv: No such file or directory (the run of "
-        f"{run / 'config.yaml'} kept a copy: pipeline.schedule={kept})\n",
-    )
-    again = ["run.dir=null", f"run.root={tmp_path / 'again'}"]
-    r = ppx("run", str(run / "config.yaml"), f"pipeline.schedule={kept}", *again, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-2000:]

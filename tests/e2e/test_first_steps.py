@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 
-from helpers import REPO, ppx
+from helpers import DATA, REPO, ppx
 
 
 def test_compare_refuses_a_path_that_is_no_run_nor_holds_one(tmp_path):
@@ -44,7 +45,7 @@ def test_python_m_ppx_is_the_ppx_command(tmp_path):
         assert (ours.returncode, ours.stdout, ours.stderr) == (cli.returncode, cli.stdout, cli.stderr)
 
 
-def test_version_is_printed_without_torch(tmp_path, monkeypatch):
+def test_version_is_printed_without_torch(tmp_path):
     """`ppx --version` did not exist ("the following arguments are required: command")."""
     declared = re.search(r'^version = "(.+)"$', (REPO / "pyproject.toml").read_text(), re.M).group(1)
     r = ppx("--version", timeout=60, cwd=tmp_path)
@@ -55,15 +56,16 @@ def test_version_is_printed_without_torch(tmp_path, monkeypatch):
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout, r.stderr) == (0, f"ppx {declared}\n", "")
-    import importlib.metadata
-
-    from ppx import __version__, version
-
-    def not_installed(name):
-        raise importlib.metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", not_installed)  # a checkout run without installing
-    assert version() == __version__ == declared
+    # into a pipe no one reads: quietly (argparse's version action drops the failed write), where
+    # it printed a BrokenPipeError's traceback
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        version = [sys.executable, "-m", "ppx", "--version"]
+        r = subprocess.run(version, cwd=REPO, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (0, "")
 
 
 def test_an_experiment_path_without_its_suffix_gets_a_hint(tmp_path):
@@ -103,7 +105,7 @@ def test_a_budget_without_a_unit_under_1kib_is_refused(tmp_path):
     --mem-budget 40 per rank" (exit 1)."""
     costs = ["plan", "--fwd-ms", "10", "--bwd-ms", "20", "--act-bytes", "100", "--schedules", "1f1b", "-m", "8"]
     r = ppx(*costs, "--mem-budget", "40", timeout=120, cwd=tmp_path)
-    said = "--mem-budget 40: a size without a unit is bytes, and 40 bytes holds nothing; give its unit, e.g. --mem-budget 40GiB"
+    said = "--mem-budget 40: a size without a unit is bytes, and 40 bytes holds nothing; give a size with its unit (e.g. --mem-budget 40GiB)"
     assert (r.returncode, r.stdout, r.stderr) == (2, "", f"ppx: error: {said}\n")
     assert list(tmp_path.iterdir()) == []
     # a bare number from 1 KiB up is bytes, as before; a unit says bytes in as few
@@ -141,3 +143,61 @@ def test_a_sweep_names_a_point_only_for_an_error_of_its_values(tmp_path):
         assert (r.returncode, r.stdout) == (2, ""), r.stderr
         assert r.stderr.startswith(f"ppx: error: {said}") and r.stderr.count("\n") == 1, r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_runs_config_run_again_from_elsewhere_names_the_csv_copy_the_run_kept(tmp_path):
+    """A run's config.yaml holds its schedule CSV's path as typed, relative to the folder it ran
+    from; run again from another folder, the line names the copy the run kept (it said only that
+    the CSV could not be read), and that copy runs."""
+    first = tmp_path / "first"
+    (first / "orders").mkdir(parents=True)
+    (first / "orders" / "mine.csv").write_text((DATA / "1f1b_p2_m4.csv").read_text())
+    run = tmp_path / "run"
+    quick = ["train.steps=1", "model.hidden=16"]
+    r = ppx("run", "1f1b_2cpu", "pipeline.schedule=orders/mine.csv", *quick, f"run.dir={run}", cwd=first)
+    assert r.returncode == 0, r.stderr[-2000:]
+    kept = run / "schedules" / "mine.csv"
+    r = ppx("run", str(run / "config.yaml"), timeout=60, cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (
+        2,
+        "ppx: error: cannot read schedule CSV orders/mine.csv: No such file or directory (the run of "
+        f"{run / 'config.yaml'} kept a copy: pipeline.schedule={kept})\n",
+    )
+    again = ["run.dir=null", f"run.root={tmp_path / 'again'}"]
+    r = ppx("run", str(run / "config.yaml"), f"pipeline.schedule={kept}", *again, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_run_dir_that_is_a_file_is_said_so(tmp_path):
+    (tmp_path / "afile").write_text("mine")
+    r = ppx("run", "gpipe_2cpu", f"run.dir={tmp_path / 'afile'}", timeout=60)
+    assert (r.returncode, r.stderr) == (
+        2,
+        f"ppx: error: run.dir={tmp_path / 'afile'}: {tmp_path / 'afile'} is a file, not a run directory; give a new "
+        "folder's path\n",
+    )
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_existing_run_directory_is_never_overwritten(tmp_path):
+    d = tmp_path / "taken"
+    d.mkdir()
+    (d / "summary.json").write_text("precious")
+    # (gpipe_4gpu: where it would fall back to CPU, the refusal comes before the fallback's notice)
+    for experiment in ("gpipe_2cpu", "gpipe_4gpu"):
+        r = ppx("run", experiment, f"run.dir={d}", timeout=60)
+        assert r.returncode == 2
+        assert r.stderr.strip() == (
+            f"ppx: error: run directory {d} already exists; ppx never overwrites a run: give another run.dir, or "
+            "run.dir=null for a new run under run.root"
+        )
+        assert (d / "summary.json").read_text() == "precious" and len(list(d.iterdir())) == 1
+
+
+def test_a_key_only_another_model_kind_reads_is_noted(tmp_path):
+    """`ppx run 1f1b_2cpu model.hf_config=llama` trained the MLP without a word (model.kind=hf
+    left out): the run goes on, its note names the key, the kind that reads it and the run's."""
+    r = ppx("run", "1f1b_2cpu", "model.hf_config=llama", "train.steps=1", f"run.dir={tmp_path / 'run'}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    note = "ppx: note: model.hf_config=llama (model.kind=hf's) changes nothing here: this run's model.kind is mlp\n"
+    assert note in r.stderr and "changes nothing" not in r.stderr.replace(note, "")

@@ -10,6 +10,7 @@ from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 from ppx.launch import lean_rendezvous
 
 ORIGINAL = dynamic_rendezvous.get_method_name
+assert ORIGINAL.__module__ == dynamic_rendezvous.__name__, "torch's own, not one patched before this module"
 WORKER = ["--run-path", "--start-method=fork", "/x/forked_worker.py", "/runs/r"]
 
 

@@ -106,7 +106,8 @@ def test_a_missing_file_is_a_one_line_user_error(run):
 
 
 def test_compare_rows_come_from_the_run_dir(run):
-    from ppx.report.compare import find_runs, load_row
+    from ppx.report.compare import load_row
+    from ppx.report.found_runs import find_runs
 
     (found,) = find_runs([str(run.parent)])
     row = load_row(found, run.parent)
@@ -136,7 +137,7 @@ def test_pictures_draw_the_timeline_steps_bubble_beside_the_prediction():
 
 
 def test_compare_leaves_out_a_run_that_did_not_complete_and_says_so(run, capsys):
-    from ppx.report.compare import find_runs
+    from ppx.report.found_runs import find_runs
 
     failed = run.parent / "failed"
     failed.mkdir()
@@ -162,7 +163,7 @@ def test_compare_leaves_out_a_run_that_did_not_complete_and_says_so(run, capsys)
 def test_a_run_that_failed_after_its_summary_did_not_complete(run, capsys):
     """A job that failed once summary.json was written (in its report, its last barrier) leaves
     incomplete.txt beside it: compare and a sweep's tally counted it complete."""
-    from ppx.report.compare import find_runs
+    from ppx.report.found_runs import find_runs
 
     late = run.parent / "late"
     late.mkdir()
