@@ -156,6 +156,7 @@ def parser() -> argparse.ArgumentParser:
     spl.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="config overrides")
     spl.set_defaults(fn=_command("split"))
     keys = sub.add_parser("keys", help="list every config key with its default and meaning")
+    keys.add_argument("text", nargs="?", help="only the keys whose name holds this text (train., wandb, hf_)")
     keys.add_argument("--markdown", action="store_true", help="as a markdown table (docs/config.md holds it)")
     keys.set_defaults(fn=_command("keys"))
     return ap

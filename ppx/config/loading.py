@@ -139,7 +139,13 @@ def merge_overrides(conf: DictConfig, overrides) -> None:
             if isinstance(words, list) and all(isinstance(w, str) for w in words):
                 OmegaConf.update(conf, key, words, merge=False)
                 continue
-        conf.merge_with_dotlist([item])
+        try:
+            conf.merge_with_dotlist([item])
+        except OmegaConfBaseException:
+            value = text.strip()
+            if typed and isinstance(node, ListConfig) and value and not value.startswith("["):
+                raise UserError(f"{key}={value}: a list goes in brackets: {key}=[{value}]") from None
+            raise
 
 
 def _text_list(node) -> bool:

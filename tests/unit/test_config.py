@@ -259,3 +259,45 @@ def test_a_fault_to_inject_is_the_runs_not_its_paired_entries():
     cfg = config.load("1f1b_2cpu", ["run.paired=[pipeline.schedule=zbv]", "runtime.inject_fault=hang@1B2"])
     assert cfg.runtime.inject_fault == "hang@1B2"
     assert entry_config(cfg, "pipeline.schedule=zbv").runtime.inject_fault is None
+
+
+@pytest.mark.parametrize(
+    "given, said",
+    [
+        (
+            "pipeline.layers_per_stage=3,1",
+            "pipeline.layers_per_stage=3,1: a list goes in brackets: pipeline.layers_per_stage=[3,1]",
+        ),
+        (
+            "pipeline.layers_per_stage=3",
+            "pipeline.layers_per_stage=3: a list goes in brackets: pipeline.layers_per_stage=[3]",
+        ),
+        ("model.units=embed", "model.units=embed: a list goes in brackets: model.units=[embed]"),
+    ],
+)
+def test_a_list_given_without_brackets_is_told_to_bracket_it(given, said):
+    """OmegaConf said ``Invalid value assigned: str is not a ListConfig, TupleConfig, list, or tuple.``"""
+    with pytest.raises(UserError) as e:
+        config.load("1f1b_2cpu", [given])
+    assert str(e.value) == said
+
+
+def test_a_list_in_brackets_and_null_still_load():
+    assert config.load("1f1b_2cpu", ["pipeline.layers_per_stage=[3,1]"]).pipeline.layers_per_stage == [3, 1]
+    assert config.load("1f1b_2cpu", ["pipeline.layers_per_stage=null"]).pipeline.layers_per_stage is None
+
+
+def test_keys_are_found_by_their_names_text_and_wrapped_on_a_terminal(capsys):
+    """`ppx keys train` said "unrecognized arguments"; its lines ran to 700 characters."""
+    from ppx.commands.keys import lines
+
+    assert cmd_keys(argparse.Namespace(markdown=False, text="WANDB.mo")) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out] == ["logging.wandb.mode"]
+    with pytest.raises(UserError, match="no key holds 'zzz'"):
+        cmd_keys(argparse.Namespace(markdown=False, text="zzz"))
+    rows = config.describe()
+    assert lines(rows) == [f"{k:28} {d:10} {h}" for k, d, h in rows]  # (a pipe: a row a line)
+    wrapped = lines(rows, 80)
+    assert max(map(len, wrapped)) <= 80 and len(wrapped) > len(rows)
+    assert " ".join(" ".join(wrapped).split()) == " ".join(" ".join(lines(rows)).split())  # (the same words)
