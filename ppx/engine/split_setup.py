@@ -45,6 +45,10 @@ def set_up_split(cfg, runner: StageRunner, split: bool, sample: SampleMicrobatch
         return None
     store, info = choose(mode, runner.module, layers, lambda: runner.trial(*sample.of(runner)), weights.storages)
     runner.store = store
+    if not layers and info.get("why") and cfg.pipeline.split == "tracer":  # (the model's own has Linear layers)
+        info["why"] = (
+            "pipeline.split=tracer's GraphModules hold the Linear layers' weights, not the layers: nothing to store"
+        )
     if store is None and not copies:  # nothing of ppx's needed on the layers: their own forward
         for layer in layers:
             layer.unroute()

@@ -1,8 +1,10 @@
 """A new user's first commands, as a review found them: each slip answered in one line
-``ppx: error: ...`` (exit 2) that names what was given, before any work."""
+``ppx: error: ...`` (exit 2) that names what was given, before any work, and lines that say
+what happened as it is."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -201,3 +203,23 @@ def test_a_key_only_another_model_kind_reads_is_noted(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     note = "ppx: note: model.hf_config=llama (model.kind=hf's) changes nothing here: this run's model.kind is mlp\n"
     assert note in r.stderr and "changes nothing" not in r.stderr.replace(note, "")
+
+
+def test_a_tracer_split_stage_says_why_it_stores_nothing(tmp_path):
+    """Under pipeline.split=tracer a stage keeps its graph: it said "no Linear layers to store"
+    of a model made of Linear layers (the tracer's GraphModules hold their weights only)."""
+    r = ppx(
+        "run",
+        "1f1b_2cpu",
+        "pipeline.split=tracer",
+        "pipeline.schedule=zb_h1",
+        "train.steps=1",
+        f"run.dir={tmp_path / 'r'}",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    why = "pipeline.split=tracer's GraphModules hold the Linear layers' weights, not the layers: nothing to store"
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["split_backward"]["1"] == {
+        "mode": "graph",
+        "why": why,
+    }
+    assert f"stage 1 graph ({why})" in r.stdout
