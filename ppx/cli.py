@@ -132,6 +132,7 @@ def parser() -> argparse.ArgumentParser:
     cmp_ = sub.add_parser("compare", help="compare runs: table, markdown and PNG")
     cmp_.add_argument("runs", nargs="+", help="run directories, folders of runs, or globs")
     cmp_.add_argument("--out", help="a new (or empty) folder for compare.md/.json/.png (default runs/compare/<time>)")
+    cmp_.add_argument("--print-only", action="store_true", help="print the table and its notes; write no folder")
     cmp_.set_defaults(fn=_command("compare"))
     swp = sub.add_parser("sweep", help="run the product of config values, then compare")
     swp.add_argument("experiment", help="a name in experiments/ or a YAML path, as for ppx run")

@@ -27,6 +27,13 @@ def compare_into(patterns: list[str], out: Path, pages: bool = True, tensorboard
 def cmd_compare(args) -> int:
     import time
 
+    if args.print_only:  # the table and its notes, nothing written
+        if args.out:
+            raise UserError("--print-only writes nothing: leave out --out")
+        from ppx.report.compare import compare
+
+        print(compare(args.runs, None, pages=False))
+        return 0
     if args.out:
         out = Path(args.out)
         # never into a run (its report.html and tb/ would be the comparison's); a sweep's folder,

@@ -309,9 +309,10 @@ def _commit(run: RunDir) -> str | None:
         return None
 
 
-def compare(patterns: list[str], out: Path, pages: bool = True) -> str:
+def compare(patterns: list[str], out: Path | None, pages: bool = True) -> str:
     """Write compare.md, compare.json and, with ``pages``, compare.png (and bubble.png) and
-    report.html to ``out`` (which must not hold a comparison yet); return the terminal table."""
+    report.html to ``out`` (which must not hold a comparison yet; None: nothing written, as
+    ``ppx compare --print-only``); return the terminal table."""
     left: list[Path] = []
     runs = find_runs(patterns, left)
     base = Path(patterns[0]) if len(patterns) == 1 and Path(patterns[0]).is_dir() else None
@@ -319,9 +320,8 @@ def compare(patterns: list[str], out: Path, pages: bool = True) -> str:
     configs = [flat_config(r) for r in runs]
     labels = run_labels(configs, [r["name"] for r in rows])
     rows = [{"name": r["name"], "label": lab, **r} for r, lab in zip(rows, labels)]
-    if (out / "compare.md").exists():
+    if out is not None and (out / "compare.md").exists():
         raise UserError(f"{out} already holds a comparison; ppx never overwrites one (choose another --out)")
-    out.mkdir(parents=True, exist_ok=True)
     paired, names = [job_paired(r) for r in runs], note_names(rows)
     groups = pooled_groups(paired, configs)
     pooled = {k for group, _ in groups for k in group}  # (their note lists each job's ratio, pooled)
@@ -334,6 +334,15 @@ def compare(patterns: list[str], out: Path, pages: bool = True) -> str:
         (f"run.paired pooled over {listed([names[k] for k in g], most=6)}", POOLED_HEADER, pooled_table(p))
         for g, p in groups
     ]
+    if out is not None:
+        _write(out, rows, configs, notes, tables, paired, groups, names, pages)
+    pooled = [f"{t}:\n" + _aligned(h, body, {0, 1, 3, 6}) for t, h, body in tables]  # (the notes' figures, as a table)
+    return "\n".join([text_table(rows), *notes, *pooled])
+
+
+def _write(out: Path, rows, configs, notes, tables, paired, groups, names, pages: bool) -> None:
+    """A comparison's files in ``out`` (`compare`)."""
+    out.mkdir(parents=True, exist_ok=True)
     md = "".join(f"\n## {t}\n\n" + "\n".join(_md_rows(h, body)) + "\n" for t, h, body in tables)
     write_whole(out / "compare.md", markdown_table(rows) + "".join(f"\n{n}\n" for n in notes) + md)
     write_json(out / "compare.json", rows)
@@ -347,5 +356,3 @@ def compare(patterns: list[str], out: Path, pages: bool = True) -> str:
         from ppx.report.html_report import write_compare_html
 
         write_compare_html(out, rows, COLUMNS, title, bubble_series(rows), [NOTE, *notes], tables)
-    pooled = [f"{t}:\n" + _aligned(h, body, {0, 1, 3, 6}) for t, h, body in tables]  # (the notes' figures, as a table)
-    return "\n".join([text_table(rows), *notes, *pooled])

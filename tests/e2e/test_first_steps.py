@@ -223,3 +223,19 @@ def test_a_tracer_split_stage_says_why_it_stores_nothing(tmp_path):
         "why": why,
     }
     assert f"stage 1 graph ({why})" in r.stdout
+
+
+def test_compare_prints_its_table_alone_when_asked(tmp_path):
+    """`ppx compare` wrote a new folder of about 5 MB (report.html, pictures) for a table one
+    wanted to read: `--print-only` prints the table and writes nothing."""
+    r = ppx("run", "1f1b_2cpu", "train.steps=1", "model.hidden=16", f"run.dir={tmp_path / 'one'}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    written = ppx("compare", "one", "--out", "cmp", cwd=tmp_path, timeout=120)
+    assert written.returncode == 0, written.stderr[-2000:]
+    printed = ppx("compare", "one", "--print-only", cwd=tmp_path, timeout=120)
+    assert (printed.returncode, printed.stderr) == (0, "")
+    assert printed.stdout.splitlines()[:3] == written.stdout.splitlines()[:3]  # (the header, the run's row)
+    assert printed.stdout.splitlines()[2].startswith("one  ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cmp", "one"]  # (no runs/compare)
+    both = ppx("compare", "one", "--print-only", "--out", "x", cwd=tmp_path, timeout=60)
+    assert (both.returncode, both.stderr) == (2, "ppx: error: --print-only writes nothing: leave out --out\n")
