@@ -357,7 +357,17 @@ def main(argv=None) -> int:
 
     open_closed_std_streams()
     ap = parser()
-    args, extra = ap.parse_known_args(_joined_negatives(ap, sys.argv[1:] if argv is None else list(argv)))
+    try:
+        args, extra = ap.parse_known_args(_joined_negatives(ap, sys.argv[1:] if argv is None else list(argv)))
+    except SystemExit:  # (--version, --help: what they printed flushed here, a pipe no one reads quietly)
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            from ppx.launch.closed_stdout import stdout_to_null
+
+            stdout_to_null()
+            return 141
+        raise
     if extra:  # key=value overrides may come after options: ppx sweep EXP --sweep ... a=1 b=2
         if not hasattr(args, "overrides") or any(x.startswith("-") for x in extra):
             ap.commands.get(args.command, ap).error(f"unrecognized arguments: {' '.join(extra)}")
