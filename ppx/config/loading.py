@@ -22,6 +22,7 @@ from ppx.config.schema import Config
 from ppx.errors import UserError, first_line, said
 from ppx.models.llama_shapes import preset
 from ppx.paths import shipped
+from ppx.schedules.registry import is_csv
 
 
 def experiments_dirs() -> list[Path]:
@@ -246,7 +247,7 @@ def _checked(cfg: Config, path: Path | None, loaded) -> None:
 
 def _kept_copy(schedule: str, path: Path | None) -> Path | None:
     """The copy of CSV ``schedule`` in the run folder of config file ``path``, where there is one."""
-    if path is None or path.name != "config.yaml" or not schedule.endswith(".csv"):
+    if path is None or path.name != "config.yaml" or not is_csv(schedule):
         return None
     kept = path.parent / "schedules" / Path(schedule).name
     return kept if kept.is_file() else None
