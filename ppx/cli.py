@@ -351,6 +351,14 @@ def _joined_negatives(ap, argv: list[str]) -> list[str]:
     return out
 
 
+def _reader_gone() -> int:
+    """SIGPIPE's exit status, stdout pointed at /dev/null: what its buffer holds goes nowhere at exit."""
+    from ppx.launch.closed_stdout import stdout_to_null
+
+    stdout_to_null()
+    return 141
+
+
 def main(argv=None) -> int:
     from ppx.commands.common import check_start
     from ppx.launch.closed_stdout import open_closed_std_streams
@@ -363,10 +371,7 @@ def main(argv=None) -> int:
         try:
             sys.stdout.flush()
         except BrokenPipeError:
-            from ppx.launch.closed_stdout import stdout_to_null
-
-            stdout_to_null()
-            return 141
+            return _reader_gone()
         raise
     if extra:  # key=value overrides may come after options: ppx sweep EXP --sweep ... a=1 b=2
         if not hasattr(args, "overrides") or any(x.startswith("-") for x in extra):
@@ -382,10 +387,7 @@ def main(argv=None) -> int:
             time.sleep(5)
         return 2
     except BrokenPipeError:  # the reader went away (ppx keys | head): stop quietly
-        from ppx.launch.closed_stdout import stdout_to_null
-
-        stdout_to_null()
-        return 141
+        return _reader_gone()
     except OSError as e:  # a path given on the command line or in the config cannot be written or read
         print(f"ppx: error: {os_words(e)}", file=sys.stderr)
         return 2
