@@ -70,12 +70,12 @@ def _start_agent_server(config) -> None:
     this process's environment: 0.3-5 s of imports saved a command. Each listens at once and
     imports torch while the first tests run; each ends with this process."""
     from helpers import served_cli
-    from ppx.launch.agent_server import start_server
+    from ppx.launch.agent_server import TRANSFORMERS, start_server
     from ppx.launch.served_agent import SERVER_ENV
 
     folder = Path(tempfile.mkdtemp(prefix="ppx-agents-"))
     commands = served_cli.start_server(folder / "commands")
-    server = start_server(folder / "socket")
+    server = start_server(folder / "socket", preload=[TRANSFORMERS])
     os.environ[SERVER_ENV] = str(folder / "socket")
     os.environ[served_cli.SERVER_ENV] = str(folder / "commands")
     config._ppx_agent_server = (server, folder)

@@ -11,13 +11,26 @@ from ppx.errors import UserError
 
 
 def cmd_run(args) -> int:
+    from ppx.launch.closed_stdout import survive_closed_output
+    from ppx.launch.early_agent import EarlyAgent
+
+    survive_closed_output()  # (ppx run ... 2>&1 | head -n 0: the run goes on, its lines to /dev/null)
+    agent = EarlyAgent.start(
+        args.experiment, args.overrides
+    )  # (importing torch for the job's agent while the experiment is checked)
+    try:
+        return _run(args, agent)
+    finally:
+        if agent is not None:
+            agent.stop()
+
+
+def _run(args, agent) -> int:
     from ppx import config
     from ppx.config import resolve_schedule
     from ppx.launch import devices, processes, slurm
     from ppx.launch.claim import check_free, claim, write_config
-    from ppx.launch.closed_stdout import survive_closed_output
-
-    survive_closed_output()  # (ppx run ... 2>&1 | head -n 0: the run goes on, its lines to /dev/null)
+    from ppx.launch.served_agent import SERVER_ENV
 
     sweep = os.environ.pop("PPX_SWEEP_PID", None)  # (the sweep's pid, for its point alone: `ppx.launch.sweep`)
     cfg = config.load(args.experiment, args.overrides)
@@ -78,6 +91,11 @@ def cmd_run(args) -> int:
         write_config(run_dir, cfg, [e.pipeline.schedule for e in entries])
         env = processes.worker_env(device, cfg.runtime.threads_per_rank, command)
         fork = device == "cpu" and cfg.runtime.fork_ranks and sys.platform.startswith("linux")  # CUDA cannot fork
+        server = agent.listening() if agent is not None and fork else None
+        if server is not None:
+            env[SERVER_ENV] = server
+        elif agent is not None:  # (a job whose ranks are started: its imports would only take a core)
+            agent.stop()
         if world == 1 and not fork:
             # one rank that cannot be forked (a GPU's): in this process, where a torchrun job would
             # import torch and start CUDA once more (a stop signal ends it as a watched job's would)

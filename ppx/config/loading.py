@@ -231,6 +231,16 @@ def load(exp: str | None, overrides: list[str] = ()) -> Config:
     return cfg
 
 
+def model_kind(exp: str | None, overrides: list[str] = ()) -> str | None:
+    """The ``model.kind`` that `load` would give, from its first merge alone (nothing imported,
+    nothing checked: a few ms); None where that merge fails (`load` says why)."""
+    try:
+        loaded = _read_yaml(find_experiment(exp)) if exp else None
+        return _layers(None, loaded, [_one_entry(o) for o in overrides]).model.kind
+    except Exception:
+        return None
+
+
 def _checked(cfg: Config, path: Path | None, loaded) -> None:
     """`check`, its line for a schedule CSV that cannot be read from a run's own config.yaml
     (``path``: run again from another folder, the CSV's path relative to the first) naming the

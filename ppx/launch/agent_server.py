@@ -2,8 +2,9 @@
 import it again (2-5 s of CPU a run, most of a short CPU run's time); and, for the test
 suite's ``ppx`` commands, ``python -m ppx.cli`` forked from a second server that imported what
 ppx's commands import (docs/testing.md). ``ppx run`` asks for an agent where
-``PPX_AGENT_SERVER`` names the server's socket (`ppx.launch.served_agent`); the tests ask for
-their commands (tests/helpers/served_cli.py).
+``PPX_AGENT_SERVER`` names the server's socket (`ppx.launch.served_agent`), and otherwise
+starts a server of its own as it starts, which imports while the run's config is checked
+(`ppx.launch.early_agent`); the tests ask for their commands (tests/helpers/served_cli.py).
 
 The forked process is the one a new Python would be from its first line of ppx's code on
 (`ppx.launch.served_process`): the command line (in /proc, where the launcher finds its ranks;
@@ -19,7 +20,8 @@ child's) and SIGTERMs it when the asker dies first, as the agent's PR_SET_PDEATH
 dies with the server. The server is started as ``python -m ppx.launch.agent_server SOCKET
 PARENT MODULE PRELOAD PAD`` (`start_server`): it exits with the process whose pid is
 ``PARENT``, at once where that one has gone already; ``MODULE`` is what it serves;
-``PRELOAD`` what a server of ppx's commands imports (modules, comma-separated; ``-``: none);
+``PRELOAD`` what a server of ppx's commands imports (modules, comma-separated; ``-``: none),
+and, where it names ``transformers``, transformers' model classes, for either kind of server;
 ``PAD``, a long argument, makes room for the forked process's command line in the server's
 argument area, which a fork shares."""
 
@@ -44,6 +46,7 @@ from ppx.launch.served_agent import AGENT_MODULE, CLI_MODULE, MESSAGE_BYTES
 from ppx.launch.served_process import argument_area, become, command_line
 from ppx.launch.served_refusals import Server, python_path, refused
 
+TRANSFORMERS = "transformers"  # (in a server's PRELOAD: transformers' model classes, as ppx imports them)
 PAD_BYTES = 8192  # room for the agent's command line (a run directory's path and torchrun's flags)
 READ_S = 5.0  # a request's longest wait to be read (its ppx run sends it as it connects)
 
@@ -164,11 +167,14 @@ def _imported(module: str, preload: list[str], path: str) -> str:
 def _imports(module: str, preload: list[str], path: str) -> None:
     """What the agent imports before it forks its ranks (`ppx.launch.torchrun`'s
     `import_for_the_workers`), and torchrun itself; or, for a server of ppx's commands, the
-    modules its starter named (``preload``: what the commands import). Both: transformers' model
-    classes, where it is installed (a run or command of model.kind=hf imports them: 4-5 s)."""
+    modules its starter named (``preload``: what the commands import). Either: transformers' model
+    classes, where ``preload`` names `TRANSFORMERS` and it is installed (a run or command of
+    model.kind=hf imports them: 4-5 s; a server that imported them for a run of another kind
+    would make it wait for them)."""
     import gc
 
-    _import_transformers(path)
+    if TRANSFORMERS in preload:
+        _import_transformers(path)
     if module == AGENT_MODULE:
         import torch.distributed.run  # noqa: F401
 
@@ -176,7 +182,7 @@ def _imports(module: str, preload: list[str], path: str) -> None:
 
         import_for_the_workers()
         return
-    for name in preload:
+    for name in (n for n in preload if n != TRANSFORMERS):
         try:
             importlib.import_module(name)
         except Exception as e:  # (its commands import it themselves, and say what fails)
@@ -287,11 +293,15 @@ def _kill(pid: int, sig: int) -> None:
         pass
 
 
-def start_server(path: Path, module: str = AGENT_MODULE, preload: list[str] = ()) -> subprocess.Popen:
+def start_server(
+    path: Path, module: str = AGENT_MODULE, preload: list[str] = (), env: dict | None = None, quiet: bool = False
+) -> subprocess.Popen:
     """A server at ``path`` (it exits with the process that started it) of ``module``'s
-    processes, with this process's environment (an agent server's with OMP_NUM_THREADS=1, a
-    run's own default, `runtime.threads_per_rank`); a server of ppx's commands imports the
-    modules ``preload`` names first."""
+    processes, with ``env`` (default: this process's environment; an agent server's with
+    OMP_NUM_THREADS=1, a run's own default, `runtime.threads_per_rank`); a server of ppx's
+    commands imports the modules ``preload`` names first, and either imports transformers'
+    model classes where it names `TRANSFORMERS`. ``quiet``: its own output (not its forks')
+    goes nowhere."""
     command = [
         sys.executable,
         "-m",
@@ -302,8 +312,9 @@ def start_server(path: Path, module: str = AGENT_MODULE, preload: list[str] = ()
         ",".join(preload) or "-",
         "-" * PAD_BYTES,
     ]
-    env = dict(os.environ, **({"OMP_NUM_THREADS": "1"} if module == AGENT_MODULE else {}))
-    return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    env = dict(os.environ if env is None else env, **({"OMP_NUM_THREADS": "1"} if module == AGENT_MODULE else {}))
+    out = subprocess.DEVNULL if quiet else None
+    return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
 
 
 def _names(text: str) -> list[str]:

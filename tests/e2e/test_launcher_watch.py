@@ -107,7 +107,8 @@ def _signal_the_agent(run_dir, tmp_path, sig, *overrides, rank1=None) -> tuple[i
     proc, log = start_run("gpipe_2cpu", run_dir, tmp_path, *overrides)
     try:
         wait_for_step(run_dir, 2)
-        (agent,) = [pid for pid in workers(run_dir) if _parent(pid) == proc.pid]
+        job = workers(run_dir)  # (the agent: ppx run's child, or its agent server's: ppx/launch/early_agent.py)
+        (agent,) = [pid for pid in job if _parent(pid) not in job]
         os.kill(agent, sig)
         if rank1 is not None:
             os.kill(read_beat(beat_path(run_dir / "status", 1), 1).pid, rank1)

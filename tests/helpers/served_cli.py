@@ -32,7 +32,7 @@ def start_server(path: Path) -> subprocess.Popen:
     import ppx.commands
 
     commands = [m.name for m in pkgutil.iter_modules(ppx.commands.__path__, "ppx.commands.")]
-    return agent_server.start_server(path, CLI_MODULE, [*PRELOAD, *commands])
+    return agent_server.start_server(path, CLI_MODULE, [agent_server.TRANSFORMERS, *PRELOAD, *commands])
 
 
 def served_run(command: list[str], env: dict, cwd, timeout: float) -> subprocess.CompletedProcess | None:
