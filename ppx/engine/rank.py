@@ -19,7 +19,7 @@ from ppx.engine.linears import StepWeights
 from ppx.engine.precision import Precision
 from ppx.engine.recompute import Recompute
 from ppx.engine.runtime import Runtime
-from ppx.engine.split_setup import SampleMicrobatch, set_up_split
+from ppx.engine.split_setup import SampleMicrobatch, set_up_split, settle_input_copies
 from ppx.engine.stage import StageRunner
 from ppx.engine.step_batch import StepBatches
 from ppx.engine.tied import TiedGrads
@@ -292,6 +292,8 @@ def build_rank(
     runners = build_runners(cfg, modules, num_stages, m, precision, split, schedule.training, recompute)
     sample = sample_microbatch(cfg, precision, m, device, num_stages)  # (what travels: in the compute dtype)
     split_report = {s: set_up_split(cfg, r, s in split and schedule.training, sample) for s, r in runners.items()}
+    if schedule.training:
+        settle_input_copies(runners, sample)
     for s in split:  # a B among a split stage's I and W: that microbatch runs whole
         runners[s].whole_mbs = frozenset(a.mb for a in schedule.actions[rank] if a.stage == s and a.op is Op.B)
         if runners[s].whole_mbs and split_report.get(s):
