@@ -91,7 +91,7 @@ def _run(args, agent) -> int:
         write_config(run_dir, cfg, [e.pipeline.schedule for e in entries])
         env = processes.worker_env(device, cfg.runtime.threads_per_rank, command)
         fork = device == "cpu" and cfg.runtime.fork_ranks and sys.platform.startswith("linux")  # CUDA cannot fork
-        server = agent.listening() if agent is not None and fork else None
+        server = agent.listening() if agent is not None and fork and cfg.runtime.early_agent else None
         if server is not None:
             env[SERVER_ENV] = server
         elif agent is not None:  # (a job whose ranks are started: its imports would only take a core)

@@ -18,10 +18,11 @@ starter's environment. Its parent is the server, which reports its exit status t
 (reaping it only once the asker closes the connection: the pid stays held, as an unreaped
 child's) and SIGTERMs it when the asker dies first, as the agent's PR_SET_PDEATHSIG would; it
 dies with the server. The server is started as ``python -m ppx.launch.agent_server SOCKET
-PARENT MODULE PRELOAD PAD`` (`start_server`): it exits with the process whose pid is
+PARENT MODULE PRELOAD OPTIONS PAD`` (`start_server`): it exits with the process whose pid is
 ``PARENT``, at once where that one has gone already; ``MODULE`` is what it serves;
 ``PRELOAD`` what a server of ppx's commands imports (modules, comma-separated; ``-``: none),
 and, where it names ``transformers``, transformers' model classes, for either kind of server;
+``OPTIONS`` is ``early`` for a ``ppx run``'s own server (`EARLY`), else ``-``;
 ``PAD``, a long argument, makes room for the forked process's command line in the server's
 argument area, which a fork shares."""
 
@@ -32,6 +33,7 @@ import importlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,12 +49,16 @@ from ppx.launch.served_process import argument_area, become, command_line
 from ppx.launch.served_refusals import Server, python_path, refused
 
 TRANSFORMERS = "transformers"  # (in a server's PRELOAD: transformers' model classes, as ppx imports them)
+# (its OPTIONS: a ppx run's own server, `ppx.launch.early_agent`: the socket's folder is its own,
+# removed when a signal ends it, its ppx run gone; imports that printed are refused at once,
+# not imported again in a new process to look, which would hold that run back a second time)
+EARLY = "early"
 PAD_BYTES = 8192  # room for the agent's command line (a run directory's path and torchrun's flags)
 READ_S = 5.0  # a request's longest wait to be read (its ppx run sends it as it connects)
 
 
 # -- the server
-def serve(path: str, module: str = AGENT_MODULE, preload: list[str] = ()) -> None:
+def serve(path: str, module: str = AGENT_MODULE, preload: list[str] = (), recheck: bool = True) -> None:
     """Listen at ``path`` (its requests wait while torch is imported), then fork a process for
     each request to run ``python -m <module>`` (torchrun's agent, or ppx's command line) until
     the process that started the server is gone."""
@@ -62,7 +68,7 @@ def serve(path: str, module: str = AGENT_MODULE, preload: list[str] = ()) -> Non
     listener.bind(f"{path}.new")
     listener.listen(64)
     os.rename(f"{path}.new", path)  # (there once it listens)
-    printed = _preload(module, list(preload), path)
+    printed = _preload(module, list(preload), path, recheck)
     imported = {k: v for k, v in os.environ.items() if started.get(k) != v}  # (set by torch's import)
     server = Server(started, imported, site, module, printed)
     wake_r, wake_w = os.pipe()
@@ -124,13 +130,13 @@ def _closed(conn: socket.socket) -> bool:
         return True
 
 
-def _preload(module: str, preload: list[str], path: str) -> str:
+def _preload(module: str, preload: list[str], path: str, recheck: bool = True) -> str:
     """Import what the forks would (`_imports`), their output kept out of the test's: the first
     line of what they printed, or "" (a new process prints it in its own output: a server that
     printed serves none). What only a first import on this machine prints (matplotlib building
     its font cache) is not held against it: the same imports in a new Python print nothing."""
     printed = _imported(module, preload, path)
-    if printed:
+    if printed and recheck:
         with tempfile.TemporaryDirectory() as folder:  # (its notes, if any: not this server's)
             code = "import sys; from ppx.launch.agent_server import _imports, _names; a = sys.argv; "
             code += "_imports(a[1], _names(a[2]), a[3])"
@@ -294,14 +300,14 @@ def _kill(pid: int, sig: int) -> None:
 
 
 def start_server(
-    path: Path, module: str = AGENT_MODULE, preload: list[str] = (), env: dict | None = None, quiet: bool = False
+    path: Path, module: str = AGENT_MODULE, preload: list[str] = (), env: dict | None = None, early: bool = False
 ) -> subprocess.Popen:
     """A server at ``path`` (it exits with the process that started it) of ``module``'s
     processes, with ``env`` (default: this process's environment; an agent server's with
     OMP_NUM_THREADS=1, a run's own default, `runtime.threads_per_rank`); a server of ppx's
     commands imports the modules ``preload`` names first, and either imports transformers'
-    model classes where it names `TRANSFORMERS`. ``quiet``: its own output (not its forks')
-    goes nowhere."""
+    model classes where it names `TRANSFORMERS`. ``early``: a ``ppx run``'s own (`EARLY`),
+    its own output (not its forks') going nowhere."""
     command = [
         sys.executable,
         "-m",
@@ -310,11 +316,24 @@ def start_server(
         str(os.getpid()),
         module,
         ",".join(preload) or "-",
+        EARLY if early else "-",
         "-" * PAD_BYTES,
     ]
     env = dict(os.environ if env is None else env, **({"OMP_NUM_THREADS": "1"} if module == AGENT_MODULE else {}))
-    out = subprocess.DEVNULL if quiet else None
+    out = subprocess.DEVNULL if early else None
     return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+
+
+def _remove_on_signal(path: str) -> None:
+    """An early server's end by a signal (SIGTERM: its ppx run died, `follow_parent`) removes
+    its socket's folder, which no one else would (its agents die with it)."""
+
+    def end(signum, frame):
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, end)
 
 
 def _names(text: str) -> list[str]:
@@ -334,5 +353,10 @@ if __name__ == "__main__":
     # process init's child, which getppid() would then name, and it had served on forever)
     if sys.argv[3] not in (AGENT_MODULE, CLI_MODULE):
         sys.exit(f"agent_server: serves {AGENT_MODULE} or {CLI_MODULE}, not {sys.argv[3]}")
+    early = sys.argv[5] == EARLY
+    if early:
+        _remove_on_signal(sys.argv[1])
     if follow_parent(sys.argv[2]) and os.getppid() == int(sys.argv[2]):
-        serve(sys.argv[1], sys.argv[3], _names(sys.argv[4]))
+        serve(sys.argv[1], sys.argv[3], _names(sys.argv[4]), recheck=not early)
+    elif early:
+        shutil.rmtree(os.path.dirname(sys.argv[1]), ignore_errors=True)

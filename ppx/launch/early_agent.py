@@ -2,9 +2,12 @@
 server (`ppx.launch.agent_server`) started as ``ppx run`` starts imports torch,
 ``torch._dynamo``, the worker's modules (and transformers' for a Hugging Face model) on another
 core, then forks the CPU job's agent (`ppx.launch.served_agent`), so the run does not wait for
-imports that could run beside its checks. A job that starts its ranks (CUDA,
-``runtime.fork_ranks=false``), or a config that fails its checks, ends the server; a request
-it cannot serve gets a plain agent, as any does."""
+imports that could run beside its checks. None is started where the run would not use it (a
+rank started by torchrun or srun, one core, ``runtime.early_agent=false``, and, where the
+command line or the experiment's file sets them, ``runtime.device=cuda``,
+``runtime.fork_ranks=false`` or ``runtime.threads_per_rank`` above 1, which the server would
+refuse); a config refused, or a job whose ranks are started (a GPU's), ends it. The server's
+folder is its own: ``ppx run`` removes it, or the server as it ends with a ``ppx run`` killed."""
 
 from __future__ import annotations
 
@@ -16,16 +19,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from ppx.launch.processes import launched_by, process_alive
+from ppx.launch.processes import launched_by
 from ppx.launch.served_agent import SERVER_ENV
 
-PREFIX = "ppx-agent-"  # its folder in the temporary folder: ppx-agent-<ppx run's pid>-<random>
 LISTEN_S = 30.0  # the longest wait for a started server to listen (its Python starting, on a loaded machine)
+SOCKET_BYTES = 107  # a Unix socket's path's most bytes on Linux (108 with its NUL)
+# the keys whose values decide whether a server would serve the run: where none is typed (nor
+# "hf", as a Hugging Face model's model.kind is), the defaults stand and no config is merged here
+DECIDING = ("hf", "early_agent", "fork_ranks", "threads_per_rank", "device")
 
 
 class EarlyAgent:
     """The server (`start`), the socket it listens at (`listening`), ended with its folder by
-    `stop` (it also ends with this process)."""
+    `stop` (it also ends with this process, and then removes its folder itself)."""
 
     def __init__(self, proc: subprocess.Popen, folder: Path):
         self.proc, self.folder = proc, folder
@@ -33,32 +39,41 @@ class EarlyAgent:
     @classmethod
     def start(cls, experiment: str, overrides: list[str]) -> EarlyAgent | None:
         """The server for ``ppx run experiment overrides``, where it would start a torchrun job
-        that could fork its ranks (Linux, two cores or more; not a rank itself; no server of
-        the test suite's already named); None otherwise. Its environment is a CPU run's: CUDA hidden, one thread
-        a rank; it imports transformers' model classes too where the run's model.kind reads as
-        hf (its agent would import them after the checks: 3-4 s)."""
+        whose ranks it forks (above); None otherwise, and wherever it cannot be started (a
+        full disk: the run goes on with a plain agent). Its environment is a CPU run's: CUDA
+        hidden, one thread a rank."""
         if not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2:  # (imports beside the checks)
             return None
         if launched_by() is not None or os.environ.get(SERVER_ENV):
             return None
-        from ppx.config.loading import model_kind
-        from ppx.launch.agent_server import TRANSFORMERS, start_server
+        try:
+            preload = _preload(experiment, overrides)
+            if preload is None:
+                return None
+            return cls._started(preload)
+        except Exception:
+            return None
+
+    @classmethod
+    def _started(cls, preload: list[str]) -> EarlyAgent | None:
+        from ppx.launch.agent_server import start_server
         from ppx.launch.devices import CPU_ONLY
 
-        _remove_stale()
-        hf = _types_hf(experiment, overrides) and model_kind(experiment, overrides) == "hf"
-        preload = [TRANSFORMERS] if hf else []
-        folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
-        try:
-            proc = start_server(folder / "socket", preload=preload, env=dict(os.environ, **CPU_ONLY), quiet=True)
-        except OSError:
-            shutil.rmtree(folder, ignore_errors=True)
+        # (the temporary folder, or where its path is too long for a socket's, /tmp)
+        base = next((b for b in (tempfile.gettempdir(), "/tmp") if len(os.fsencode(b)) + 30 <= SOCKET_BYTES), None)
+        if base is None:
             return None
+        folder = Path(tempfile.mkdtemp(prefix="ppx-agent-", dir=base))
+        try:
+            proc = start_server(folder / "socket", preload=preload, env=dict(os.environ, **CPU_ONLY), early=True)
+        except Exception:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         return cls(proc, folder)
 
     def listening(self) -> str | None:
         """The server's socket once it listens (its requests then wait for its imports); None
-        where it ended first or did not listen within `LISTEN_S` (the job gets a plain agent)."""
+        where it ended first, or did not listen within `LISTEN_S` (the job gets a plain agent)."""
         socket = self.folder / "socket"
         deadline = time.monotonic() + LISTEN_S
         while not socket.exists() and self.proc.poll() is None and time.monotonic() < deadline:
@@ -73,24 +88,31 @@ class EarlyAgent:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _types_hf(experiment: str, overrides: list[str]) -> bool:
-    """Whether "hf" is typed in the overrides or the experiment's file, as a run of
-    model.kind=hf types it somewhere (the default kind is mlp; a preset's, llama): where it is
-    not, the run's kind is not read (a merge of its config, 10-50 ms before the server starts)."""
+def _preload(experiment: str, overrides: list[str]) -> list[str] | None:
+    """What the server imports besides torchrun's agent's own (transformers' model classes for
+    model.kind=hf), or None where the run would not use a server, read from the config's first
+    merge where the overrides or the experiment's file type one of `DECIDING`."""
+    if not _typed(experiment, overrides):
+        return []
+    from ppx.config.loading import first_merge
+
+    conf = first_merge(experiment, overrides)
+    if conf is None:  # (ppx run's own load says what is wrong)
+        return []
+    rt = conf.runtime
+    if not rt.early_agent or not rt.fork_ranks or rt.threads_per_rank != 1 or rt.device == "cuda":
+        return None
+    return ["transformers"] if conf.model.kind == "hf" else []
+
+
+def _typed(experiment: str, overrides: list[str]) -> bool:
+    """Whether one of `DECIDING` is typed in the overrides or the experiment's file."""
     from ppx.config.loading import find_experiment
 
-    if any("hf" in o for o in overrides):
+    if any(word in o for o in overrides for word in DECIDING):
         return True
     try:
-        return "hf" in find_experiment(experiment).read_text(errors="replace")
+        text = find_experiment(experiment).read_text(errors="replace")
     except Exception:  # (ppx run's own load says what is wrong with it)
         return False
-
-
-def _remove_stale() -> None:
-    """The folders of servers whose ``ppx run`` died without removing them (killed before its
-    job started: SIGKILL, or the SIGTERM whose default action ends it)."""
-    for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
-        pid = folder.name[len(PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not process_alive(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
+    return any(word in text for word in DECIDING)

@@ -29,6 +29,9 @@ def become(request: dict, fds: list[int], server_fds: list[int], server: Server)
                 os._exit(1)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for sig in (signal.SIGTERM, signal.SIGHUP):  # (a new Python's: not an early server's, `EARLY`)
+                signal.signal(sig, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             for fd in server_fds:
                 os.close(fd)
             for target, fd in enumerate(fds):

@@ -55,7 +55,7 @@ def test_a_served_run_is_the_plain_runs_run(server, tmp_path):
     args = ["run", "1f1b_2cpu", "model.kind=module", "model.module=tanh_models:tanh_mlp", "model.data=regression"]
     args += ["model.hidden=16", "train.steps=3"]
     env = {"PYTHONPATH": str(tmp_path / "models")}
-    plain = ppx(*args, f"run.dir={tmp_path / 'plain'}", env=env)
+    plain = ppx(*args, "runtime.early_agent=false", f"run.dir={tmp_path / 'plain'}", env=env)  # (a new process)
     served = ppx(*args, f"run.dir={tmp_path / 'served'}", env={**env, SERVER_ENV: str(server[0])})
     assert plain.returncode == 0 and served.returncode == 0, plain.stderr[-3000:] + served.stderr[-3000:]
     losses = [[m["loss"] for m in read_jsonl(tmp_path / d / "metrics.jsonl")] for d in ("plain", "served")]
@@ -145,8 +145,9 @@ def test_a_server_ends_with_its_starter_and_one_whose_starter_has_gone_never_lis
         str(tmp_path / "a"),
         str(gone.pid),
         AGENT_MODULE,
-        "-",
-        "-",
+        "-",  # PRELOAD
+        "-",  # OPTIONS
+        "-",  # PAD
     ]
     assert subprocess.run(command, timeout=60).returncode == 0
     assert not (tmp_path / "a").exists()

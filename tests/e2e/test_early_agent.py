@@ -1,11 +1,13 @@
 """A user's ``ppx run`` starts torchrun's agent server as it starts (ppx/launch/early_agent.py):
 the CPU job's agent is forked there, once the config is checked, from a process that imported
-torch beside the checks; a job whose ranks are started, or a config refused, ends the server;
-nothing of it is left, not even a folder of a ``ppx run`` killed before its job began."""
+torch beside the checks; a job whose ranks are started, a config refused, or a run the server
+would refuse ends it or starts none; nothing of it is left, a ``ppx run`` killed included."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -14,11 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ppx
-from helpers.job import end, start_run, workers
-from ppx.launch.early_agent import PREFIX, EarlyAgent
+from helpers import REPO, ppx
+from helpers.job import end, workers
+from ppx.launch.early_agent import EarlyAgent
 
-pytestmark = pytest.mark.plain_agent  # a user's run: no server of the test suite's (tests/conftest.py)
+pytestmark = [
+    pytest.mark.plain_agent,  # a user's run: no server of the test suite's (tests/conftest.py)
+    pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: ppx run starts no early server"),
+]
 
 
 def _stat(pid: int) -> tuple[int, str] | None:
@@ -44,59 +49,80 @@ def _agents_parent(proc: subprocess.Popen, run_dir) -> tuple[str, int] | None:
     return None
 
 
-def _folders(pid: int) -> list[Path]:
-    return list(Path(tempfile.gettempdir()).glob(f"{PREFIX}{pid}-*"))
+@pytest.fixture
+def short_tmp():
+    """A TMPDIR of a short path, where the server's folder goes: a socket's path holds at most
+    108 bytes, and under pytest's own folders (xdist's) it would go to /tmp instead."""
+    folder = Path(tempfile.mkdtemp(prefix="ppx-ea-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.mark.parametrize("fork", [True, False], ids=["forked", "started"])
-def test_the_agent_comes_from_the_server_the_run_started(run_dir, tmp_path, fork):
+def _servers(folder: Path) -> list[int]:
+    """Live agent servers whose socket lies in ``folder``."""
+    out = subprocess.run(["pgrep", "-f", f"ppx.launch.agent_server {folder}"], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+@pytest.mark.parametrize(
+    "keys,served",
+    [([], True), (["runtime.fork_ranks=false"], False), (["runtime.early_agent=false"], False)],
+    ids=["forked", "started_ranks", "turned_off"],
+)
+def test_the_agent_comes_from_the_server_the_run_started(run_dir, short_tmp, keys, served):
     """Forked ranks: the agent's parent is an agent server, whose parent is ``ppx run``.
-    Started ranks (as a GPU's are): the server has been ended, the agent is ``ppx run``'s own
-    child. Either way the run completes, and no server process nor folder is left."""
-    proc, _ = start_run("1f1b_2cpu", run_dir, tmp_path, "train.steps=4", f"runtime.fork_ranks={str(fork).lower()}")
+    Started ranks (as a GPU's are), or runtime.early_agent=false: the agent is ``ppx run``'s own
+    child. Either way the run completes, and no server nor its folder is left."""
+    env = {**os.environ, "TMPDIR": str(short_tmp)}
+    cmd = [sys.executable, "-m", "ppx.cli", "run", "1f1b_2cpu", "train.steps=4", *keys, f"run.dir={run_dir}"]
+    cmd += ["logging.wandb.mode=disabled", "logging.report=false"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         parent = _agents_parent(proc, run_dir)
         assert parent is not None, "no torchrun agent seen"
         line, grandparent = parent
-        if fork:
+        if served:
             assert "ppx.launch.agent_server" in line and grandparent == proc.pid, parent
         else:
             assert "ppx.cli run" in line, parent
-            assert [p for p in _children(proc.pid) if "agent_server" in (_stat(p) or (0, ""))[1]] == []
+            assert _servers(short_tmp) == []
         assert proc.wait(timeout=180) == 0
     finally:
         end(proc, run_dir)
     assert (run_dir / "summary.json").exists()
-    assert _folders(proc.pid) == []
+    assert list(short_tmp.glob("ppx-agent-*")) == [] and _servers(short_tmp) == []
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def test_a_refused_config_ends_its_server_and_a_dead_runs_folder_goes(tmp_path):
-    """A key the schema lacks: one line, exit 2, no server left, no folder; the folder a
-    ``ppx run`` killed before its job left (its pid dead) is removed by the next run."""
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    stale = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{dead.pid}-", dir=tmp_path))
-    (stale / "socket").touch()
-    alive = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=tmp_path))
-    r = ppx("run", "1f1b_2cpu", "model.hiden=3", env={"TMPDIR": str(tmp_path)}, timeout=60)
+def test_a_refused_config_ends_its_server_and_a_killed_run_leaves_no_folder(short_tmp, tmp_path):
+    """A key the schema lacks: one line, exit 2, no server left, no folder. A ``ppx run`` killed
+    (SIGKILL) once its server listens: the server ends and removes its folder itself."""
+    env = {"TMPDIR": str(short_tmp)}
+    r = ppx("run", "1f1b_2cpu", "model.hiden=3", env=env, timeout=60)
     assert r.returncode == 2, r.stderr
     (line,) = r.stderr.splitlines()
     assert line.startswith("ppx: error: model.hiden: Key 'hiden' not in 'ModelConfig'"), r.stderr
-    assert list(tmp_path.iterdir()) == [alive]
-    out = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
-    assert out.stdout.split() == [], "an agent server was left"
+    assert list(short_tmp.iterdir()) == [] and _servers(short_tmp) == []
+    cmd = [sys.executable, "-m", "ppx.cli", "run", "1f1b_2cpu", "train.steps=200", f"run.dir={tmp_path / 'run'}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **env}, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(short_tmp.glob("ppx-agent-*/socket")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert list(short_tmp.glob("ppx-agent-*/socket")), "no server listened"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while (list(short_tmp.glob("ppx-agent-*")) or _servers(short_tmp)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(short_tmp.glob("ppx-agent-*")) == [] and _servers(short_tmp) == []
+    finally:
+        end(proc, tmp_path / "run")
 
 
-def test_a_hugging_face_run_has_its_server_import_transformers():
+def test_a_hugging_face_run_has_its_server_import_transformers_and_a_refused_one_starts_none():
     """The server imports transformers' model classes where the run's model.kind reads as hf
-    (its agent would otherwise import them after the checks), and only there."""
+    (its agent would otherwise import them after the checks), and only there; a run the server
+    would refuse (another thread count: read as torch is imported) starts none."""
     pytest.importorskip("transformers")
     for experiment, overrides, preload in [
         ("hf_llama_tiny_1f1b_2cpu", [], "transformers"),
@@ -109,3 +135,4 @@ def test_a_hugging_face_run_has_its_server_import_transformers():
         finally:
             agent.stop()
         assert not agent.folder.exists()
+    assert EarlyAgent.start("1f1b_2cpu", ["runtime.threads_per_rank=2"]) is None
