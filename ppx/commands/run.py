@@ -22,6 +22,9 @@ def cmd_run(args) -> int:
         return _run(args, agent)
     finally:
         if agent is not None:
+            refused = agent.refused()
+            if refused:
+                print(refused, file=sys.stderr)
             agent.stop()
 
 

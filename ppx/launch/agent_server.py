@@ -328,7 +328,13 @@ def _remove_on_signal(path: str) -> None:
     """An early server's end by a signal (SIGTERM: its ppx run died, `follow_parent`) removes
     its socket's folder, which no one else would (its agents die with it)."""
 
+    server = os.getpid()
+
     def end(signum, frame):
+        if os.getpid() != server:  # (a fork before it took a new Python's handlers: as SIG_DFL)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
         os._exit(128 + signum)
 

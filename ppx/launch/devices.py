@@ -13,6 +13,11 @@ from ppx.errors import UserError
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
 
 
+def has_gpu_driver() -> bool:
+    """Whether this machine has a GPU driver (NVIDIA's, AMD's, WSL's), seen without torch."""
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg"))
+
+
 def gpu_count(usable: bool = True) -> int:
     """CUDA devices visible here. Without a GPU driver on the machine the answer is 0 at once,
     without importing torch (1.5 s on a small CPU machine, paid by every ``ppx run``).
@@ -20,7 +25,7 @@ def gpu_count(usable: bool = True) -> int:
     torch counts before CUDA starts), for a process that may yet run on CPU: once started, CUDA
     keeps the GPUs `CPU_ONLY` would hide (a rank under srun falling back to CPU); True: 0 where
     CUDA cannot start."""
-    if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")):
+    if not has_gpu_driver():
         return 0
     import torch
 

@@ -3,11 +3,13 @@ server (`ppx.launch.agent_server`) started as ``ppx run`` starts imports torch,
 ``torch._dynamo``, the worker's modules (and transformers' for a Hugging Face model) on another
 core, then forks the CPU job's agent (`ppx.launch.served_agent`), so the run does not wait for
 imports that could run beside its checks. None is started where the run would not use it (a
-rank started by torchrun or srun, one core, ``runtime.early_agent=false``, and, where the
-command line or the experiment's file sets them, ``runtime.device=cuda``,
-``runtime.fork_ranks=false`` or ``runtime.threads_per_rank`` above 1, which the server would
-refuse); a config refused, or a job whose ranks are started (a GPU's), ends it. The server's
-folder is its own: ``ppx run`` removes it, or the server as it ends with a ``ppx run`` killed."""
+rank started by torchrun or srun, one core, a machine with a GPU driver unless the run says
+``runtime.device=cpu``, ``runtime.early_agent=false``, and, where the command line or the
+experiment's file sets them, ``runtime.device=cuda``, ``runtime.fork_ranks=false`` or
+``runtime.threads_per_rank`` above 1, which the server would refuse); a config refused, or a
+job whose ranks are started (a GPU's), ends it. The server's folder is its own: ``ppx run``
+removes it, or the server as it ends with a ``ppx run`` killed. A request it refused all the
+same (`refused`) is said in one line as the run ends."""
 
 from __future__ import annotations
 
@@ -80,6 +82,17 @@ class EarlyAgent:
             time.sleep(0.01)
         return str(socket) if socket.exists() and self.proc.poll() is None else None
 
+    def refused(self) -> str | None:
+        """A line for a request the server did not serve (its reason: the job's agent was a new
+        process, which imported torch again after the server had), or None."""
+        from ppx.launch.agent_server import refused_path
+
+        try:
+            reason = refused_path(self.folder / "socket").read_text().split("\t", 1)[0].strip()
+        except OSError:
+            return None
+        return f"ppx: note: the agent imported while the config was checked did not serve this run ({reason}); runtime.early_agent=false starts none"
+
     def stop(self) -> None:
         """The server ended (and any agent it forked), its folder removed."""
         if self.proc.poll() is None:
@@ -91,18 +104,26 @@ class EarlyAgent:
 def _preload(experiment: str, overrides: list[str]) -> list[str] | None:
     """What the server imports besides torchrun's agent's own (transformers' model classes for
     model.kind=hf), or None where the run would not use a server, read from the config's first
-    merge where the overrides or the experiment's file type one of `DECIDING`."""
+    merge (with runtime.cpu_fallback's keys, as a run on CPU takes them) where the overrides or
+    the experiment's file type one of `DECIDING`."""
+    from ppx.launch.agent_server import TRANSFORMERS
+    from ppx.launch.devices import has_gpu_driver
+
     if not _typed(experiment, overrides):
-        return []
+        return None if has_gpu_driver() else []
     from ppx.config.loading import first_merge
 
     conf = first_merge(experiment, overrides)
     if conf is None:  # (ppx run's own load says what is wrong)
         return []
+    if conf.runtime.cpu_fallback and conf.runtime.device != "cpu":
+        conf = first_merge(experiment, [*conf.runtime.cpu_fallback, *overrides]) or conf
     rt = conf.runtime
     if not rt.early_agent or not rt.fork_ranks or rt.threads_per_rank != 1 or rt.device == "cuda":
         return None
-    return ["transformers"] if conf.model.kind == "hf" else []
+    if rt.device != "cpu" and has_gpu_driver():  # (a GPU's run starts its ranks: the imports would take a core)
+        return None
+    return [TRANSFORMERS] if conf.model.kind == "hf" else []
 
 
 def _typed(experiment: str, overrides: list[str]) -> bool:

@@ -18,7 +18,10 @@ import pytest
 
 from helpers import REPO, ppx
 from helpers.job import end, workers
+from ppx.launch.devices import CPU_ONLY
 from ppx.launch.early_agent import EarlyAgent
+from ppx.launch.processes import FORK
+from ppx.launch.served_agent import AGENT_MODULE, ServedAgent
 
 pytestmark = [
     pytest.mark.plain_agent,  # a user's run: no server of the test suite's (tests/conftest.py)
@@ -136,3 +139,24 @@ def test_a_hugging_face_run_has_its_server_import_transformers_and_a_refused_one
             agent.stop()
         assert not agent.folder.exists()
     assert EarlyAgent.start("1f1b_2cpu", ["runtime.threads_per_rank=2"]) is None
+
+
+def test_a_request_the_server_refuses_is_said_and_a_fallbacks_threads_start_none(tmp_path):
+    """A request the server cannot serve (a thread count other than the one it imported with)
+    gets a plain agent, and ``ppx run`` says so in one line (`EarlyAgent.refused`); an
+    experiment whose runtime.cpu_fallback sets another thread count starts no server."""
+    agent = EarlyAgent.start("1f1b_2cpu", [])
+    assert agent is not None
+    try:
+        server = agent.listening()
+        env = dict(os.environ, **CPU_ONLY, OMP_NUM_THREADS="3")
+        assert ServedAgent.request(server, [sys.executable, "-m", AGENT_MODULE, FORK, "--help"], env) is None
+        assert agent.refused() == (
+            "ppx: note: the agent imported while the config was checked did not serve this run (OMP_NUM_THREADS "
+            "not as the server's imports read); runtime.early_agent=false starts none"
+        )
+    finally:
+        agent.stop()
+    exp = tmp_path / "fallback.yaml"
+    exp.write_text("runtime:\n  device: auto\n  cpu_fallback: [runtime.threads_per_rank=2]\n")
+    assert EarlyAgent.start(str(exp), []) is None
