@@ -15,9 +15,8 @@ def cmd_run(args) -> int:
     from ppx.launch.early_agent import EarlyAgent
 
     survive_closed_output()  # (ppx run ... 2>&1 | head -n 0: the run goes on, its lines to /dev/null)
-    agent = EarlyAgent.start(
-        args.experiment, args.overrides
-    )  # (importing torch for the job's agent while the experiment is checked)
+    # torchrun's agent importing torch (in a process of its own) while the experiment is checked
+    agent = EarlyAgent.start(args.experiment, args.overrides)
     try:
         return _run(args, agent)
     finally:
