@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, ppx
-from helpers.job import end, workers
+from helpers.job import end, process_state, workers
 from ppx.launch.devices import CPU_ONLY
 from ppx.launch.early_agent import EarlyAgent
 from ppx.launch.processes import FORK
@@ -62,9 +62,13 @@ def short_tmp():
 
 
 def _servers(folder: Path) -> list[int]:
-    """Live agent servers whose socket lies in ``folder``."""
-    out = subprocess.run(["pgrep", "-f", f"ppx.launch.agent_server {folder}"], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+    """Live agent servers whose socket lies in ``folder``, from /proc."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        seen = _stat(int(proc.name)) if proc.name.isdigit() else None
+        if seen is not None and f"ppx.launch.agent_server {folder}" in seen[1] and process_state(proc.name) != "Z":
+            found.append(int(proc.name))
+    return found
 
 
 @pytest.mark.parametrize(
