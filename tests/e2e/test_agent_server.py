@@ -20,7 +20,7 @@ import torch._dynamo  # noqa: E402, F401
 
 import ppx as ppx_package
 from helpers import ppx, read_jsonl
-from helpers.job import end, read_log, start_run, wait_for_step, workers
+from helpers.job import end, parent_pid, read_log, start_run, wait_for_step, workers
 from ppx.launch.agent_server import refused_path, wait_for
 from ppx.launch.processes import FORK
 from ppx.launch.served_agent import AGENT_MODULE, SERVER_ENV, ServedAgent, start_agent
@@ -43,10 +43,6 @@ def server(request):
     proc, folder = request.config._ppx_agent_server
     wait_for(folder / "socket")
     return folder / "socket", proc
-
-
-def _parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def test_a_served_run_is_the_plain_runs_run(server, tmp_path):
@@ -73,7 +69,7 @@ def test_a_served_agents_processes_are_found_and_a_frozen_rank_named(server, tmp
     try:
         wait_for_step(run_dir, 2, step=3)
         job = workers(run_dir)
-        agents = [pid for pid in job if _parent(pid) == server[1].pid]
+        agents = [pid for pid in job if parent_pid(pid) == server[1].pid]
         assert len(agents) == 1 and len(job) == 3, (job, agents)
         assert "step 0 " in read_log(log)  # (rank 0's lines come as they are printed)
         os.kill(next(pid for pid in job if pid not in agents), signal.SIGSTOP)  # (a rank)
@@ -92,7 +88,7 @@ def test_a_killed_ppx_run_leaves_no_served_job(server, tmp_path, monkeypatch):
     proc, _ = start_run("1f1b_2cpu", run_dir, tmp_path)
     try:
         wait_for_step(run_dir, 2)
-        assert any(_parent(pid) == server[1].pid for pid in workers(run_dir))
+        assert any(parent_pid(pid) == server[1].pid for pid in workers(run_dir))
         proc.kill()
         deadline = time.monotonic() + 15
         while workers(run_dir) and time.monotonic() < deadline:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, ppx
-from helpers.job import end, process_state, workers
+from helpers.job import end, parent_pid, process_state, workers
 from ppx.launch.devices import CPU_ONLY
 from ppx.launch.early_agent import EarlyAgent
 from ppx.launch.processes import FORK
@@ -31,10 +31,12 @@ pytestmark = [
 
 def _stat(pid: int) -> tuple[int, str] | None:
     """(parent pid, command line) of ``pid``, None where it is gone."""
+    parent = parent_pid(pid)
+    if parent is None:
+        return None
     try:
-        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         return parent, Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except (OSError, IndexError, ValueError):
+    except OSError:
         return None
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from helpers import REPO, ppx, torchrun_ppx
-from helpers.job import LONG_RUN, RANK0_UNTIL_B1, end, read_log, signal_mid_run, start_run, wait_for_step
+from helpers.job import LONG_RUN, RANK0_UNTIL_B1, end, parent_pid, read_log, signal_mid_run, start_run, wait_for_step
 from ppx.launch.heartbeat import read_beat
 from ppx.launch.processes import forked_worker_path
 from ppx.launch.watchdog import read_status
@@ -256,7 +256,7 @@ def test_a_cpu_rank_is_forked_from_torchrun_and_ends_on_a_signal_as_a_started_on
 
     def term() -> None:
         pid = read_beat(run_dir / "status" / "rank1.beat", 1).pid
-        parent = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
+        parent = parent_pid(pid)
         seen["rank"] = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
         seen["parent"] = open(f"/proc/{parent}/cmdline", "rb").read().split(b"\0")
         os.kill(pid, sig)

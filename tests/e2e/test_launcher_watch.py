@@ -12,7 +12,7 @@ import time
 import pytest
 
 from helpers import REPO, free_port, ppx
-from helpers.job import end, read_log, start_run, wait_for_step, workers
+from helpers.job import end, parent_pid, read_log, start_run, wait_for_step, workers
 from ppx import config
 from ppx.launch.claim import write_config
 from ppx.launch.heartbeat import beat_path, read_beat
@@ -108,7 +108,7 @@ def _signal_the_agent(run_dir, tmp_path, sig, *overrides, rank1=None) -> tuple[i
     try:
         wait_for_step(run_dir, 2)
         job = workers(run_dir)  # (the agent: ppx run's child, or its agent server's: ppx/launch/early_agent.py)
-        (agent,) = [pid for pid in job if _parent(pid) not in job]
+        (agent,) = [pid for pid in job if parent_pid(pid) not in job]
         os.kill(agent, sig)
         if rank1 is not None:
             os.kill(read_beat(beat_path(run_dir / "status", 1), 1).pid, rank1)
@@ -117,10 +117,3 @@ def _signal_the_agent(run_dir, tmp_path, sig, *overrides, rank1=None) -> tuple[i
         return proc.returncode, read_log(log)
     finally:
         end(proc, run_dir)
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None

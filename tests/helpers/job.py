@@ -11,6 +11,7 @@ import sys
 import time
 
 from helpers import REPO
+from ppx.launch.processes import stat_fields
 from ppx.launch.watchdog import read_status
 
 LONG_RUN = (
@@ -53,6 +54,12 @@ def wait_for_step(run_dir, world: int, step: int = 1, timeout: float = 150) -> N
 def read_log(log) -> str:
     log.seek(0)
     return log.read()
+
+
+def parent_pid(pid: int | str) -> int | None:
+    """Process ``pid``'s parent's pid from /proc (`ppx.launch.processes.stat_fields`), or None if gone."""
+    fields = stat_fields(int(pid))
+    return int(fields[1]) if fields else None
 
 
 def process_state(pid: int | str) -> str:
