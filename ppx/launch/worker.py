@@ -82,6 +82,7 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     survive_closed_output()  # (ppx run ... | head: the run goes on)
     thread_hook = one_line_thread_errors(rank)
+    job_cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None  # (before pinning)
     if device_type != "cuda" and cfg.runtime.pin_cpus:  # before any thread starts, so all inherit it
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         pin_local_rank(pin_order(rank, world, local_rank, local_world, cfg.parallel.data), local_world)
@@ -101,7 +102,7 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
         stacks_to_file(run_dir / "status", rank)
         if world > 1:
             follow_stop_signal(watchdog)  # a peer killed under a torchrun of the user's is named
-        code = _train(cfg, run_dir, rank, world, device, backend, ctrl, watchdog)
+        code = _train(cfg, run_dir, rank, world, device, backend, ctrl, watchdog, job_cpus)
         watchdog.phase("done")
         return code
     except (ActionFailed, UserError) as e:
@@ -125,7 +126,10 @@ def run_rank(cfg: Config, run_dir: Path | None, device_type: str) -> int:
         threading.excepthook = thread_hook
 
 
-def _train(cfg: Config, run_dir: Path, rank: int, world: int, device, backend: str, ctrl, watchdog: Watchdog) -> int:
+def _train(
+    cfg: Config, run_dir: Path, rank: int, world: int, device, backend: str, ctrl, watchdog: Watchdog, cpus
+) -> int:
+    """``cpus``: the job's CPUs, before this rank was pinned to its own (for the report's W&B writer)."""
     schedule = resolve_schedule(cfg)
     d = cfg.parallel.data
     if schedule.num_ranks * d != world:
@@ -145,7 +149,7 @@ def _train(cfg: Config, run_dir: Path, rank: int, world: int, device, backend: s
         if rank != 0:
             return None
         write_json(run_dir / "env.json", environment.environment(cfg, backend, world, infos))
-        return RunReport(cfg, schedule, run_dir, schedule.num_ranks, backend, device.type)
+        return RunReport(cfg, schedule, run_dir, schedule.num_ranks, backend, device.type, cpus)
 
     train(cfg, schedule, run_dir, rank, world, device, backend, ctrl, watchdog, observers, start_report)
     return 0

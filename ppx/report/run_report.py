@@ -27,7 +27,10 @@ from ppx.units import byte_unit, count
 
 
 class RunReport:
-    def __init__(self, cfg, schedule: Schedule, run_dir: Path, world: int, backend: str = "gloo", device: str = "cpu"):
+    def __init__(
+        self, cfg, schedule: Schedule, run_dir: Path, world: int, backend="gloo", device="cpu", cpus: list | None = None
+    ):
+        """``cpus``: the CPUs W&B's writer may use (the job's, not rank 0's own; None: rank 0's)."""
         self.cfg, self.schedule, self.run_dir, self.world = cfg, schedule, run_dir, world
         self.backend, self.device = backend, device
         self.held_against = run_theory(cfg, schedule, backend)
@@ -47,7 +50,7 @@ class RunReport:
         if cfg.logging.wandb.mode != "disabled":
             from ppx.report.wandb_sink import WandbSink
 
-            self.sinks.append(WandbSink(cfg, run_dir, OmegaConf.to_container(OmegaConf.structured(cfg))))
+            self.sinks.append(WandbSink(cfg, run_dir, OmegaConf.to_container(OmegaConf.structured(cfg)), cpus))
 
     def add_step(self, step: int, records: list[dict]) -> None:
         loss = next((r["loss"] for r in records if r["loss"] is not None), None)
@@ -102,6 +105,8 @@ class RunReport:
 
     def finish(self) -> None:
         self.metrics.close()
+        for sink in self.sinks:  # (an offline W&B starts now, beside the report's drawing)
+            sink.start()
         cfg, sched = self.cfg, self.schedule
         summary = {
             "status": "completed",

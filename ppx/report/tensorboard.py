@@ -77,6 +77,9 @@ class TensorBoardSink:
         for tag, value in scalars.items():
             self.writer.add_scalar(tag, value, step)
 
+    def start(self) -> None:
+        """The run's steps are over: nothing to start (TensorBoard writes as it goes)."""
+
     def finish(self, summary: dict, run_dir: Path) -> None:
         last = max(int(summary.get("steps") or 1) - 1, 0)
         for tag in RUN_IMAGES:

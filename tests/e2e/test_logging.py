@@ -146,6 +146,9 @@ def test_wandb_offline_run_holds_the_logged_history(profiled_run):
     info = wandb_file.run_info(wb)
     assert info["project"] == "ppx" and info["group"] == "1f1b_2cpu"
     assert info["config"]["pipeline"]["schedule"] == "1f1b"
+    # an offline W&B starts once the steps are over (metrics.jsonl's last line written), never beside them
+    assert info["start_time_s"] >= (run / "metrics.jsonl").stat().st_mtime
+    assert wandb_file.exit_code(wb) == 0
 
 
 @pytest.mark.plain_agent  # (a HOME of its own, which the servers' imports read: not theirs to serve)

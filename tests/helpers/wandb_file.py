@@ -73,5 +73,12 @@ def run_info(path: str | Path) -> dict:
                 "group": rec.run.run_group,
                 "name": rec.run.display_name,
                 "config": {i.key: json.loads(i.value_json) for i in rec.run.config.update},
+                "start_time_s": rec.run.start_time.seconds + rec.run.start_time.nanos / 1e9,
             }
     return {}
+
+
+def exit_code(path: str | Path) -> int | None:
+    """The exit code the run ended with (its exit record), or None where it has none."""
+    ends = [rec.exit for rec in records(path) if rec.WhichOneof("record_type") == "exit"]
+    return ends[-1].exit_code if ends else None

@@ -1,0 +1,195 @@
+"""The W&B writer: a process of its own, started by rank 0's `WandbSink`, that does all of a
+run's W&B work, so that W&B's import, its service and its files cost rank 0 nothing.
+
+It reads one JSON object a line on stdin: ``{"init": {...}}`` (`wandb.init`'s arguments, mode
+included) first, then ``{"step": k, "scalars": {...}}`` per step, ``{"start": true}`` once the
+run's steps are over, and ``{"finish": {...}}`` with the run's summary once its files are
+written. An ``online`` run starts W&B at once and logs each step as it comes (its charts are
+live); an ``offline`` one, whose files nobody reads before the run ends, keeps the steps and
+starts W&B at ``start``: while rank 0 draws the report, never beside a timed step. Stdin's end
+without ``finish`` (rank 0 failed or was killed) logs what came and ends the W&B run as failed.
+
+W&B never fails a run: any failure is said once (online falls back to offline) and logging
+stops. Output: ``ppx: W&B offline run: ...`` on stdout, warnings on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import sys
+import threading
+from pathlib import Path
+
+
+def _warn(msg: str) -> None:
+    print(f"ppx: warning: {msg}", file=sys.stderr, flush=True)
+
+
+def _said(e: BaseException) -> str:
+    from ppx.errors import said
+
+    return said(e)
+
+
+class Writer:
+    def __init__(self, init: dict):
+        self.init = init
+        self.run = None
+        self.wandb = None
+        self.failed = False  # W&B failed once: nothing more is logged
+        self.kept: list[tuple[int, dict]] = []  # steps that came before W&B started
+        self.last_step: int | None = None  # the run's last step: the pictures and report log there
+
+    def start(self) -> None:
+        """`wandb.init`, once (online: falling back to offline with a warning)."""
+        if self.run is not None or self.failed:
+            return
+        # ppx prints its own W&B line; Settings(silent=True) leaves artifact uploads chatty
+        os.environ.setdefault("WANDB_SILENT", "true")
+        # W&B logs to its own <run>/wandb/.../debug.log (a FileHandler): one that cannot be written
+        # (a full disk, a file-size limit) printed Python's "--- Logging error ---" traceback for
+        # each of its lines; the write failure is ppx's own files' too, said there in one line
+        logging.raiseExceptions = False
+        try:
+            import wandb
+        except Exception as e:  # pragma: no cover - wandb is a dependency
+            _warn(f"W&B unavailable ({e}); not logging to W&B")
+            self.failed = True
+            return
+        self.wandb = wandb
+        mode = self.init["mode"]
+        kwargs = {k: v for k, v in self.init.items() if k != "mode"}
+        kwargs["settings"] = wandb.Settings(silent=True, console="off")
+        try:
+            self.run = wandb.init(mode=mode, **kwargs)
+        except Exception as e:
+            if mode == "online":
+                _warn(f"W&B online failed ({_said(e)}); logging offline instead")
+                try:
+                    self.run = wandb.init(mode="offline", **kwargs)
+                except Exception as e2:
+                    _warn(f"W&B offline failed too ({_said(e2)}); not logging to W&B")
+            else:
+                _warn(f"W&B failed ({_said(e)}); not logging to W&B")
+        if self.run is None:
+            self.failed = True
+            return
+        kept, self.kept = self.kept, []
+        for step, scalars in kept:
+            self._log(step, scalars)
+
+    def _guard(self, what: str, fn) -> None:
+        if self.run is None:
+            return
+        try:
+            fn()
+        except Exception as e:
+            _warn(f"W&B {what} failed ({_said(e)}); not logging to W&B any more")
+            self.run, self.failed = None, True
+
+    def _log(self, step: int, scalars: dict) -> None:
+        self._guard("log", lambda: self.run.log(scalars, step=step))
+
+    def step(self, step: int, scalars: dict) -> None:
+        self.last_step = step
+        if self.run is None:
+            if not self.failed:
+                self.kept.append((step, scalars))
+            return
+        self._log(step, scalars)
+
+    def finish(self, end: dict) -> None:
+        """The run's summary, its tables, pictures, report and traces, then `wandb.finish`."""
+        self.start()
+        if self.run is None:
+            return
+        wandb, run_dir = self.wandb, Path(end["run_dir"])
+        at = {} if self.last_step is None else {"step": self.last_step}  # not a step after the run's last
+
+        def final():
+            self.run.summary.update(end["summary"])
+            ranks = end["ranks"]
+            if ranks:
+                cols = sorted({k for r in ranks for k in r}, key=lambda k: (k != "rank", k))
+                self.run.log({"ranks": wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in ranks])}, **at)
+            pictures = {k: run_dir / f"{k}.png" for k in ("timeline", "breakdown")}
+            pictures = {k: wandb.Image(str(p)) for k, p in pictures.items() if p.exists()}
+            if pictures:
+                self.run.log(pictures, **at)
+            page = run_dir / "report.html"
+            if page.exists():  # the file as it is (inject=False: no W&B stylesheet link added)
+                self.run.log({"report": wandb.Html(str(page), inject=False)}, **at)
+            traces = sorted((run_dir / "tb").glob("*.pt.trace.json"))  # profile.enabled: torch.profiler's
+            extra = [p for p in (run_dir / "timeline.json",) if p.exists()]
+            if extra or traces:
+                art = wandb.Artifact(f"traces-{self.run.id}", type="profiler-traces")
+                for p in traces:
+                    art.add_file(str(p.resolve()), name=f"traces/{p.name}", policy="immutable")
+                for p in extra:
+                    art.add_file(str(p.resolve()), policy="immutable")
+                self.run.log_artifact(art)
+            # the runs table shows a run's summary: its step scalars there are the run's own
+            # (medians, `run_scalars`), not the last step's, W&B's default, which a run that did
+            # not complete keeps; set once the last step's row is committed, which sets the default
+            self.run.log({}, **at, commit=True)
+            self.run.summary.update(end["run_scalars"])
+            mode = self.run.settings.mode
+            self.run.finish()
+            self.run = None
+            if mode == "offline":
+                offline = next(iter(sorted((run_dir / "wandb").glob("offline-run-*"))), None)
+                if offline is not None:
+                    print(f"ppx: W&B offline run: {offline} (upload: wandb sync {offline})", flush=True)
+
+        self._guard("finish", final)
+
+    def abandon(self) -> None:
+        """Stdin ended without ``finish``: what came is logged, and the W&B run ends as failed."""
+        if self.kept or self.run is not None:
+            self.start()
+        self._guard("finish", lambda: self.run.finish(exit_code=1))
+
+
+def _lines(q: queue.Queue) -> None:
+    """Stdin's messages into ``q`` as they come (read apart from W&B's work, so that rank 0's
+    writes never wait on a full pipe while W&B imports), then None."""
+    try:
+        for line in sys.stdin:
+            if line.strip():
+                q.put(json.loads(line))
+    except (OSError, ValueError):
+        pass
+    q.put(None)
+
+
+def main() -> int:
+    q: queue.Queue = queue.Queue()
+    threading.Thread(target=_lines, args=(q,), daemon=True).start()
+    first = q.get()
+    if first is None:
+        return 0
+    writer = Writer(first["init"])
+    if first["init"]["mode"] == "online":
+        writer.start()
+    while True:
+        msg = q.get()
+        if msg is None:
+            writer.abandon()
+            return 0
+        if "step" in msg:
+            writer.step(msg["step"], msg["scalars"])
+        elif "start" in msg:
+            writer.start()
+        elif "finish" in msg:
+            writer.finish(msg["finish"])
+            return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # (the reader thread may still wait on stdin)
