@@ -322,7 +322,7 @@ class WandbConfig:
         "offline (default: no account, sync later with `wandb sync`; W&B starts once the steps are over, in a"
         " process of its own beside the report's drawing: about 0.3 s of a short CPU run on 2 cores, and 5 MB,"
         " report.html logged again) | online (needs `wandb login`; starts with the run, each step logged as it"
-        " comes) | disabled",
+        " comes, beside the steps) | disabled",
     )
     project: str = _f("ppx", "W&B project")
     entity: Optional[str] = _f(None, "W&B entity (team or user); default: your default entity")

@@ -1,7 +1,8 @@
 """Weights & Biases logging from rank 0: offline by default (no account needed; files land in
 ``<run>/wandb/`` and ``wandb sync`` uploads them later). All W&B work is the W&B writer's
-(`ppx.report.wandb_writer`), a process this sink starts and feeds: rank 0 never imports W&B,
-and an offline run's W&B starts only once its steps are over. Logging never kills training:
+(`ppx.report.wandb_writer`), a process this sink starts and feeds: rank 0 never imports W&B.
+An offline run's writer starts once its steps are over (its steps' scalars kept until then); an
+online one with the run, so that its charts are live. Logging never kills training:
 any W&B failure is reported once and logging goes on offline, or stops."""
 
 from __future__ import annotations
@@ -45,19 +46,32 @@ class WandbSink:
             dir=str(run_dir),
             config=config_dict,
         )
+        self.cpus, self.proc, self.started = cpus, None, False
+        self.kept = [{"init": init}]  # offline: the messages for a writer started once the steps are over
+        if w.mode == "online":  # (live: the writer, and W&B, start with the run)
+            self._start_writer()
+
+    def _start_writer(self) -> None:
+        """The writer started on the job's CPUs and sent what was kept."""
+        self.started = True
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "ppx.report.wandb_writer"], stdin=subprocess.PIPE)
         except OSError as e:
             _warn(f"the W&B writer did not start ({e}); not logging to W&B")
-            self.proc = None
-        if self.proc is not None and cpus:
+            return
+        if self.cpus:
             try:
-                os.sched_setaffinity(self.proc.pid, cpus)
+                os.sched_setaffinity(self.proc.pid, self.cpus)
             except OSError:  # (it ended at once, or the CPUs changed: it keeps rank 0's)
                 pass
-        self._send({"init": init})
+        kept, self.kept = self.kept, []
+        for msg in kept:
+            self._send(msg)
 
     def _send(self, msg: dict) -> None:
+        if not self.started:
+            self.kept.append(msg)
+            return
         if self.proc is None:
             return
         try:
@@ -70,7 +84,10 @@ class WandbSink:
         self._send({"step": step, "scalars": scalars})
 
     def start(self) -> None:
-        """The run's steps are over: an offline writer starts W&B now, while the report draws."""
+        """The run's steps are over: an offline run's writer starts now (a new process beside a
+        timed step would take its CPU), and W&B with it, while the report draws."""
+        if not self.started:
+            self._start_writer()
         self._send({"start": True})
 
     def finish(self, summary: dict, run_dir: Path) -> None:
@@ -81,6 +98,8 @@ class WandbSink:
             "ranks": summary.get("ranks", []),
             "run_scalars": run_scalars(summary),
         }
+        if not self.started:
+            self.start()
         self._send({"finish": end})
         proc, self.proc = self.proc, None
         if proc is None:

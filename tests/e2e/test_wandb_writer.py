@@ -6,13 +6,16 @@ run ends as failed."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 
 from helpers import REPO, wandb_file
 
 
-def _writer(messages: list[dict], tmp_path) -> subprocess.CompletedProcess:
+def _writer(messages: list[dict], tmp_path, file_bytes: int | None = None) -> subprocess.CompletedProcess:
+    """The writer fed ``init`` (offline, into ``tmp_path``) then ``messages``, stdin then closed;
+    ``file_bytes``: every file it writes held to that size (RLIMIT_FSIZE, SIGXFSZ ignored)."""
     init = dict(mode="offline", project="ppx", group="g", name="g/run", dir=str(tmp_path), tags=[], config={"a": 1})
     text = "".join(json.dumps(m) + "\n" for m in [{"init": init}, *messages])
     return subprocess.run(
@@ -22,7 +25,15 @@ def _writer(messages: list[dict], tmp_path) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=120,
+        preexec_fn=None if file_bytes is None else lambda: _limit(file_bytes),
     )
+
+
+def _limit(nbytes: int) -> None:
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
 
 
 def test_steps_sent_before_rank_0_ended_are_logged_and_the_run_ends_as_failed(tmp_path):
@@ -42,3 +53,16 @@ def test_a_rank_0_that_ended_before_its_first_step_leaves_no_w_and_b_run(tmp_pat
     assert r.returncode == 0, r.stderr
     assert not (tmp_path / "wandb").exists()
     assert r.stdout == "" and r.stderr == ""
+
+
+def test_a_w_and_b_that_cannot_write_its_log_prints_no_logging_errors(tmp_path):
+    """W&B's debug.log past a file-size limit: W&B's logging handler fails on each of its lines,
+    and Python printed each as a "--- Logging error ---" traceback (some 940 lines, when W&B
+    ran in rank 0); the writer ends, saying at most one line of its own."""
+    steps = [{"step": k, "scalars": {"loss": 1.0}} for k in range(3)]
+    finish = {"run_dir": str(tmp_path), "summary": {"status": "completed"}, "ranks": [], "run_scalars": {}}
+    r = _writer([*steps, {"start": True}, {"finish": finish}], tmp_path, file_bytes=2000)
+    assert r.returncode == 0, r.stderr
+    assert "Logging error" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert len(r.stderr.splitlines()) <= 1, r.stderr
+    assert (tmp_path / "wandb").is_dir()  # (W&B started: what it could not write is its own)
