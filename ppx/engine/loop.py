@@ -60,7 +60,7 @@ def train(
     """Build this rank's share and run ``train.steps`` timed steps. ``rank`` and ``world`` are
     global (pipeline ranks x ``parallel.data`` replicas). ``observers`` wrap every item (the
     watchdog first). ``start_report()``, called on every rank once the share is built,
-    returns rank 0's report (``add_step(step, records)``, ``finish()``), which receives every
+    returns rank 0's report (``add_step(step, records)``, ``finish()``, ``close()``), which receives every
     step's per-rank records (replica 0's, the others folded in: `merge_replicas`), and None
     elsewhere."""
     watchdog.phase("building the model", setup=True)
@@ -129,6 +129,9 @@ def train(
         report.finish()
     watchdog.phase("finishing")
     dist.barrier(group=ctrl)
+    if report is not None:  # (W&B's writer, the others released: a set-up phase's limit, which its wait keeps within)
+        watchdog.phase("waiting for the W&B writer", setup=True)
+        report.close()
 
 
 def make_optimizer(cfg, pipe) -> torch.optim.Optimizer:

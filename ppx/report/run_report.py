@@ -42,6 +42,7 @@ class RunReport:
         self.paired: list[list] = []  # per step, run.paired's entries' (step time, loss)
         self.paired_kept: list[dict] = []  # per entry, its actions' seconds and split ways (`add_kept`)
         self.metrics = open(run_dir / "metrics.jsonl", "a")
+        self.page: Path | None = None  # report.html, once drawn
         self.sinks = []
         if cfg.logging.tensorboard:
             from ppx.report.tensorboard import TensorBoardSink
@@ -179,11 +180,18 @@ class RunReport:
         pictures = cfg.logging.report
         if self.timeline:
             self._write_timeline(pictures)
-        report = self._draw(summary) if pictures else None
+        self.page = self._draw(summary) if pictures else None
         for sink in self.sinks:
             sink.finish(summary, self.run_dir)
-        if report is not None:
-            print(f"ppx: report: {report}", flush=True)
+
+    def close(self) -> None:
+        """The sinks' ends awaited (W&B's writer: once the other ranks are released, so that
+        none waits on it), then the run's last lines."""
+        cfg = self.cfg
+        for sink in self.sinks:
+            sink.close()
+        if self.page is not None:
+            print(f"ppx: report: {self.page}", flush=True)
         if not cfg.instrument.timers:  # say why the bubble, timeline and prediction are missing
             print("ppx: instrument.timers=false: no per-action times, so no bubble, timeline or prediction", flush=True)
         elif not cfg.instrument.timeline:

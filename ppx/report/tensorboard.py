@@ -89,6 +89,9 @@ class TensorBoardSink:
         self.writer.add_text("summary", text, last)
         self.writer.close()
 
+    def close(self) -> None:
+        """Nothing to await: `finish` wrote and closed the files."""
+
 
 def log_comparison(out_dir: Path) -> Path | None:
     """Log a comparison folder's pictures as images and compare.md as text into ``<out>/tb/``;

@@ -6,11 +6,15 @@ included) first, then ``{"step": k, "scalars": {...}}`` per step, ``{"start": tr
 run's steps are over, and ``{"finish": {...}}`` with the run's summary once its files are
 written. An ``online`` run starts W&B at once and logs each step as it comes (its charts are
 live); an ``offline`` one, whose files nobody reads before the run ends, keeps the steps and
-starts W&B at ``start``: while rank 0 draws the report, never beside a timed step. Stdin's end
-without ``finish`` (rank 0 failed or was killed) logs what came and ends the W&B run as failed.
+starts W&B at ``start``, while rank 0 draws the report (or, a long run's, once it has run
+`ppx.report.wandb_sink.KEEP_STEPS` steps). The last ``start`` names the CPUs the writer takes from
+then on (the job's; until then it keeps rank 0's). Stdin's end without ``finish``
+(rank 0 failed or was killed) ends a started W&B run as failed, within `ABANDON_S`, its output
+let go first: nothing waits on a writer that outlived its run.
 
 W&B never fails a run: any failure is said once (online falls back to offline) and logging
-stops. Output: ``ppx: W&B offline run: ...`` on stdout, warnings on stderr.
+stops. Output: ``ppx: W&B offline run: ...`` on stdout, warnings on stderr. It ends only by
+stdin's end (Ctrl-C, sent to its process group, is its parent's to act on) or a kill.
 """
 
 from __future__ import annotations
@@ -19,13 +23,27 @@ import json
 import logging
 import os
 import queue
+import signal
 import sys
 import threading
 from pathlib import Path
 
+ABANDON_S = 10.0  # at most this long to end a started W&B run whose rank 0 ended without its summary
+
+
+def _say(msg: str, stream) -> None:
+    """A line to ``stream``; one whose reader has gone (``ppx run ... | head``) is dropped, and
+    the stream sent to /dev/null from then on."""
+    try:
+        print(msg, file=stream, flush=True)
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+
 
 def _warn(msg: str) -> None:
-    print(f"ppx: warning: {msg}", file=sys.stderr, flush=True)
+    _say(f"ppx: warning: {msg}", sys.stderr)
 
 
 def _said(e: BaseException) -> str:
@@ -142,15 +160,30 @@ class Writer:
             if mode == "offline":
                 offline = next(iter(sorted((run_dir / "wandb").glob("offline-run-*"))), None)
                 if offline is not None:
-                    print(f"ppx: W&B offline run: {offline} (upload: wandb sync {offline})", flush=True)
+                    _say(f"ppx: W&B offline run: {offline} (upload: wandb sync {offline})", sys.stdout)
 
         self._guard("finish", final)
 
     def abandon(self) -> None:
-        """Stdin ended without ``finish``: what came is logged, and the W&B run ends as failed."""
-        if self.kept or self.run is not None:
-            self.start()
-        self._guard("finish", lambda: self.run.finish(exit_code=1))
+        """Stdin ended without ``finish``: a started W&B run ends as failed (exit code 1), within
+        `ABANDON_S`, silently (the run's own lines say what happened); one not started never starts."""
+        for fd in (1, 2):  # (a caller reading ppx run's output waits for no writer)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        if self.run is None:
+            return
+        end = threading.Thread(target=self._guard, args=("finish", lambda: self.run.finish(exit_code=1)), daemon=True)
+        end.start()
+        end.join(ABANDON_S)
+
+    def take_cpus(self, cpus: list | None) -> None:
+        """This process (and what it starts from now on: W&B's service) on ``cpus``."""
+        if cpus and hasattr(os, "sched_setaffinity"):
+            try:
+                os.sched_setaffinity(0, cpus)
+            except OSError:  # (the CPUs changed since: it keeps rank 0's)
+                pass
 
 
 def _lines(q: queue.Queue) -> None:
@@ -166,6 +199,7 @@ def _lines(q: queue.Queue) -> None:
 
 
 def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     q: queue.Queue = queue.Queue()
     threading.Thread(target=_lines, args=(q,), daemon=True).start()
     first = q.get()
@@ -182,6 +216,7 @@ def main() -> int:
         if "step" in msg:
             writer.step(msg["step"], msg["scalars"])
         elif "start" in msg:
+            writer.take_cpus(msg.get("cpus"))
             writer.start()
         elif "finish" in msg:
             writer.finish(msg["finish"])

@@ -1,7 +1,7 @@
 """The W&B writer (`ppx.report.wandb_writer`) as rank 0 starts it: a process of its own, fed one
 JSON message a line. What a run's rank 0 sends is in test_logging.py; here, what it does when
-rank 0 ends without its summary (failed, killed): the steps that came are logged, and the W&B
-run ends as failed."""
+rank 0 ends without its summary (failed, killed): a started W&B run keeps the steps that came
+and ends as failed, and one not started never starts."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import json
 import signal
 import subprocess
 import sys
+
+import pytest
 
 from helpers import REPO, wandb_file
 
@@ -38,7 +40,7 @@ def _limit(nbytes: int) -> None:
 
 def test_steps_sent_before_rank_0_ended_are_logged_and_the_run_ends_as_failed(tmp_path):
     steps = [{"step": k, "scalars": {"loss": 1.0 / (k + 1), "time/step_time_s": 0.01}} for k in range(3)]
-    r = _writer(steps, tmp_path)
+    r = _writer([*steps, {"start": True}], tmp_path)
     assert r.returncode == 0, r.stderr
     (wb,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
     rows = [row for row in wandb_file.history(wb) if "loss" in row]
@@ -48,8 +50,9 @@ def test_steps_sent_before_rank_0_ended_are_logged_and_the_run_ends_as_failed(tm
     assert "ppx: W&B offline run" not in r.stdout  # (the run failed: its own lines say where it is)
 
 
-def test_a_rank_0_that_ended_before_its_first_step_leaves_no_w_and_b_run(tmp_path):
-    r = _writer([], tmp_path)
+@pytest.mark.parametrize("steps", [0, 3])
+def test_an_offline_run_that_ended_before_w_and_b_started_leaves_no_w_and_b_run(tmp_path, steps):
+    r = _writer([{"step": k, "scalars": {"loss": 1.0}} for k in range(steps)], tmp_path)
     assert r.returncode == 0, r.stderr
     assert not (tmp_path / "wandb").exists()
     assert r.stdout == "" and r.stderr == ""
