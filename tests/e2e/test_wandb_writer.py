@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -69,3 +70,51 @@ def test_a_w_and_b_that_cannot_write_its_log_prints_no_logging_errors(tmp_path):
     assert "Logging error" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert len(r.stderr.splitlines()) <= 1, r.stderr
     assert (tmp_path / "wandb").is_dir()  # (W&B started: what it could not write is its own)
+
+
+def _sink(tmp_path):
+    from ppx import config
+    from ppx.report.wandb_sink import WandbSink
+
+    cfg = config.load(None, ["logging.wandb.mode=offline", "run.name=sink"])
+    return WandbSink(cfg, tmp_path, {"a": 1})
+
+
+def _end(sink, tmp_path) -> None:
+    summary = {"status": "completed", "batch_size": 8, "step_time_s": 0.01, "ranks": []}
+    sink.start()
+    sink.finish(summary, tmp_path)
+    sink.close()
+
+
+def test_an_offline_run_past_keep_steps_starts_w_and_b_then_not_at_its_end(tmp_path):
+    """Its end would log every kept step (about 0.5 ms each): a long run's W&B starts at its
+    KEEP_STEPS-th step, and what W&B holds is the same."""
+    from ppx.report.wandb_sink import KEEP_STEPS
+
+    sink = _sink(tmp_path)
+    for k in range(KEEP_STEPS - 1):
+        sink.step(k, {"loss": float(k)})
+    assert sink.proc is None  # (the steps kept in rank 0: no process beside them)
+    sink.step(KEEP_STEPS - 1, {"loss": float(KEEP_STEPS - 1)})
+    assert sink.proc is not None
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb")):  # W&B started before the end
+        assert time.monotonic() < deadline and sink.proc.poll() is None
+        time.sleep(0.1)
+    _end(sink, tmp_path)
+    (wb,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    rows = [row for row in wandb_file.history(wb) if "loss" in row]
+    assert [row["_step"] for row in rows] == list(range(KEEP_STEPS))
+    assert wandb_file.exit_code(wb) == 0
+
+
+def test_a_killed_writer_is_said_in_one_warning_and_the_run_goes_on(tmp_path, capsys):
+    sink = _sink(tmp_path)
+    sink.step(0, {"loss": 1.0})
+    sink.start()
+    sink.proc.kill()  # (the OOM killer, say)
+    sink.proc.wait()
+    _end(sink, tmp_path)
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["ppx: warning: the W&B writer ended before the run did (killed by signal 9); not logging to W&B"]
