@@ -128,7 +128,12 @@ def train(
         watchdog.phase("writing the summary and logs")  # (summary.json, TensorBoard, W&B, report.html)
         report.finish()
     watchdog.phase("finishing")
-    dist.barrier(group=ctrl)
+    try:
+        dist.barrier(group=ctrl)
+    except BaseException:
+        if report is not None:  # (a peer gone after the summary: the run failed, its writer stopped soon)
+            report.close(completed=False)
+        raise
     if report is not None:  # (W&B's writer, the others released: a set-up phase's limit, which its wait keeps within)
         watchdog.phase("waiting for the W&B writer", setup=True)
         report.close()

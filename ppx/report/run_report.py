@@ -25,6 +25,8 @@ from ppx.report.units_line import flops_shares, units_line
 from ppx.schedules.ir.schedule import Schedule
 from ppx.units import byte_unit, count
 
+FAILED_CLOSE_S = 5.0  # a run that failed after its summary: how long its sinks are awaited
+
 
 class RunReport:
     def __init__(
@@ -184,12 +186,15 @@ class RunReport:
         for sink in self.sinks:
             sink.finish(summary, self.run_dir)
 
-    def close(self) -> None:
+    def close(self, completed: bool = True) -> None:
         """The sinks' ends awaited (W&B's writer: once the other ranks are released, so that
-        none waits on it), then the run's last lines."""
+        none waits on it), then the run's last lines; a run that failed after `finish`
+        (``completed=False``): the sinks given a few seconds, and no lines (the failure's say it)."""
         cfg = self.cfg
         for sink in self.sinks:
-            sink.close()
+            sink.close(None if completed else FAILED_CLOSE_S)
+        if not completed:
+            return
         if self.page is not None:
             print(f"ppx: report: {self.page}", flush=True)
         if not cfg.instrument.timers:  # say why the bubble, timeline and prediction are missing

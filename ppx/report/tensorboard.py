@@ -89,7 +89,7 @@ class TensorBoardSink:
         self.writer.add_text("summary", text, last)
         self.writer.close()
 
-    def close(self) -> None:
+    def close(self, wait_s: float | None = None) -> None:
         """Nothing to await: `finish` wrote and closed the files."""
 
 

@@ -123,19 +123,21 @@ class WandbSink:
             except OSError:
                 pass
 
-    def close(self) -> None:
-        """The writer's end awaited (at most ``wait_s``: then it is stopped, with a warning)."""
+    def close(self, wait_s: float | None = None) -> None:
+        """The writer's end awaited, at most ``wait_s`` (default: the sink's own): then it is
+        stopped, with a warning where the run completed (``wait_s`` None)."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
         try:
-            code = proc.wait(timeout=self.wait_s)
+            code = proc.wait(timeout=self.wait_s if wait_s is None else wait_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            _warn(
-                f"the W&B writer did not end within {self.wait_s:g} s; it was stopped, and its files may be incomplete"
-            )
+            if wait_s is None:
+                _warn(
+                    f"the W&B writer did not end within {self.wait_s:g} s; it was stopped, and its files may be incomplete"
+                )
             return
         if code != 0:
             how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"

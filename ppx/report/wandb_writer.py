@@ -80,7 +80,9 @@ class Writer:
         self.wandb = wandb
         mode = self.init["mode"]
         kwargs = {k: v for k, v in self.init.items() if k != "mode"}
-        kwargs["settings"] = wandb.Settings(silent=True, console="off")
+        # (online: W&B gives up on a server out of reach in 30 s, not 90, so that its fallback to
+        # offline comes within rank 0's wait for the writer, at least 60 s)
+        kwargs["settings"] = wandb.Settings(silent=True, console="off", init_timeout=30.0)
         try:
             self.run = wandb.init(mode=mode, **kwargs)
         except Exception as e:
@@ -165,20 +167,15 @@ class Writer:
         self._guard("finish", final)
 
     def abandon(self) -> None:
-        """Stdin ended without ``finish``: a started W&B run ends as failed (exit code 1), within
-        `ABANDON_S`, silently (the run's own lines say what happened); one not started never starts."""
-        for fd in (1, 2):  # (a caller reading ppx run's output waits for no writer)
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, fd)
-            os.close(devnull)
-        if self.run is None:
-            return
-        end = threading.Thread(target=self._guard, args=("finish", lambda: self.run.finish(exit_code=1)), daemon=True)
-        end.start()
-        end.join(ABANDON_S)
+        """Stdin ended without ``finish`` (`_let_go` has begun the countdown): a started W&B run
+        ends as failed (exit code 1); one not started never starts."""
+        if self.run is not None:
+            self._guard("finish", lambda: self.run.finish(exit_code=1))
 
     def take_cpus(self, cpus: list | None) -> None:
-        """This process (and what it starts from now on: W&B's service) on ``cpus``."""
+        """This thread (and what it starts from now on: W&B's service) on ``cpus``: the job's, as
+        the steps are over. A writer whose W&B started beside the steps (online, or a long offline
+        run) keeps rank 0's for what W&B started then."""
         if cpus and hasattr(os, "sched_setaffinity"):
             try:
                 os.sched_setaffinity(0, cpus)
@@ -188,14 +185,33 @@ class Writer:
 
 def _lines(q: queue.Queue) -> None:
     """Stdin's messages into ``q`` as they come (read apart from W&B's work, so that rank 0's
-    writes never wait on a full pipe while W&B imports), then None."""
+    writes never wait on a full pipe while W&B imports), then None; at stdin's end without
+    ``finish``, the writer let go at once (`_let_go`), whatever its main thread is doing."""
+    finished = False
     try:
         for line in sys.stdin:
             if line.strip():
-                q.put(json.loads(line))
+                msg = json.loads(line)
+                finished = finished or "finish" in msg
+                q.put(msg)
     except (OSError, ValueError):
         pass
+    if not finished:
+        _let_go()
     q.put(None)
+
+
+def _let_go() -> None:
+    """Rank 0 ended without its summary: the output goes to /dev/null (a caller reading ppx run's
+    waits for no writer; the run's own lines say what happened), and the process ends within
+    `ABANDON_S` whatever W&B is doing (starting online against a server out of reach: 90 s)."""
+    for fd in (1, 2):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    timer = threading.Timer(ABANDON_S, os._exit, args=(0,))
+    timer.daemon = True
+    timer.start()
 
 
 def main() -> int:

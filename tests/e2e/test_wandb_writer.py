@@ -6,6 +6,7 @@ and ends as failed, and one not started never starts."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -118,3 +119,31 @@ def test_a_killed_writer_is_said_in_one_warning_and_the_run_goes_on(tmp_path, ca
     _end(sink, tmp_path)
     err = capsys.readouterr().err.splitlines()
     assert err == ["ppx: warning: the W&B writer ended before the run did (killed by signal 9); not logging to W&B"]
+
+
+def test_a_writer_whose_rank_0_ended_while_w_and_b_starts_lets_go_within_its_bound(tmp_path):
+    """Online against a server out of reach, W&B's start retries for 30 s (90 s by W&B's
+    default): a writer whose stdin ends meanwhile lets its output go and ends within
+    ABANDON_S, not when W&B gives up (it held ppx run's output 91.6 s)."""
+    from ppx.report.wandb_writer import ABANDON_S
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path / "home"), WANDB_API_KEY="0" * 40, WANDB_BASE_URL="http://127.0.0.1:9")
+    init = dict(mode="online", project="ppx", group="g", name="g/run", dir=str(tmp_path), tags=[], config={})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ppx.report.wandb_writer"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        env=env,
+    )
+    proc.stdin.write(
+        (json.dumps({"init": init}) + "\n" + json.dumps({"step": 0, "scalars": {"loss": 1.0}}) + "\n").encode()
+    )
+    proc.stdin.close()  # (rank 0 gone while W&B starts)
+    proc.stdin = None  # (communicate: nothing more to send)
+    t0 = time.monotonic()
+    out, err = proc.communicate(timeout=ABANDON_S + 60)
+    assert time.monotonic() - t0 < ABANDON_S + 8, (out, err)
+    assert out == b"" and err == b""  # (the run's own lines say what happened)
