@@ -352,8 +352,9 @@ def from_yaml(path: str | Path) -> Config:
 
 
 # The sinks a run read only through its files (summary.json, metrics.jsonl) goes without: W&B
-# (about 0.3 s a short run, its writer beside the drawing; 5 MB) and the pictures and report.html (about 2 s). A calibration, gpu-check's
-# runs, make bench's and the tests' (dotted key -> value).
+# (about 0.3 s a short run, its writer beside the drawing; 5 MB) and the pictures and
+# report.html (about 2 s). A calibration, gpu-check's runs, make bench's and the tests' (dotted
+# key -> value).
 SUMMARY_ONLY = {"logging.wandb.mode": "disabled", "logging.report": False}
 
 
