@@ -26,9 +26,28 @@ import queue
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 ABANDON_S = 10.0  # at most this long to end a started W&B run whose rank 0 ended without its summary
+LET_GO = threading.Event()  # rank 0 is gone (`_let_go`): nothing more starts
+PARENT_POLL_S = 0.5  # how often the writer looks whether rank 0 is still there
+
+
+def _to_devnull(fd: int) -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _private_output() -> None:
+    """The writer's own stdout and stderr on copies that no child inherits, fds 1 and 2 on
+    /dev/null: W&B's service, which the writer starts, holds none of ppx run's output."""
+    out, err = os.dup(1), os.dup(2)  # (non-inheritable)
+    _to_devnull(1)
+    _to_devnull(2)
+    sys.stdout = open(out, "w", buffering=1)
+    sys.stderr = open(err, "w", buffering=1)
 
 
 def _say(msg: str, stream) -> None:
@@ -36,10 +55,8 @@ def _say(msg: str, stream) -> None:
     the stream sent to /dev/null from then on."""
     try:
         print(msg, file=stream, flush=True)
-    except OSError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, stream.fileno())
-        os.close(devnull)
+    except (OSError, ValueError):
+        _to_devnull(stream.fileno())
 
 
 def _warn(msg: str) -> None:
@@ -81,8 +98,9 @@ class Writer:
         mode = self.init["mode"]
         kwargs = {k: v for k, v in self.init.items() if k != "mode"}
         # (online: W&B gives up on a server out of reach in 30 s, not 90, so that its fallback to
-        # offline comes within rank 0's wait for the writer, at least 60 s)
-        kwargs["settings"] = wandb.Settings(silent=True, console="off", init_timeout=30.0)
+        # offline comes within rank 0's wait for the writer, at least 60 s; unless the user set it)
+        quick = mode == "online" and "WANDB_INIT_TIMEOUT" not in os.environ
+        kwargs["settings"] = wandb.Settings(silent=True, console="off", **({"init_timeout": 30.0} if quick else {}))
         try:
             self.run = wandb.init(mode=mode, **kwargs)
         except Exception as e:
@@ -194,29 +212,42 @@ def _lines(q: queue.Queue) -> None:
                 msg = json.loads(line)
                 finished = finished or "finish" in msg
                 q.put(msg)
-    except (OSError, ValueError):
+    except Exception:  # (a line cut off by rank 0's end; anything else: the same end)
         pass
-    if not finished:
-        _let_go()
-    q.put(None)
+    finally:
+        if not finished:
+            _let_go()
+        q.put(None)
+
+
+def _follow_parent(parent: int) -> None:
+    """Rank 0 gone (killed alone, even after its summary: its wait for the writer gone with it):
+    the writer let go (`_let_go`)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    _let_go()
 
 
 def _let_go() -> None:
-    """Rank 0 ended without its summary: the output goes to /dev/null (a caller reading ppx run's
-    waits for no writer; the run's own lines say what happened), and the process ends within
-    `ABANDON_S` whatever W&B is doing (starting online against a server out of reach: 90 s)."""
-    for fd in (1, 2):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, fd)
-        os.close(devnull)
-    timer = threading.Timer(ABANDON_S, os._exit, args=(0,))
+    """Rank 0 ended without awaiting the writer: the output goes to /dev/null (a caller reading
+    ppx run's waits for no writer; the run's own lines say what happened), nothing more starts,
+    and the process ends (exit code 1) within `ABANDON_S` whatever W&B is doing (starting online
+    against a server out of reach, uploading)."""
+    if LET_GO.is_set():
+        return
+    LET_GO.set()
+    for stream in (sys.stdout, sys.stderr):
+        _to_devnull(stream.fileno())
+    timer = threading.Timer(ABANDON_S, os._exit, args=(1,))
     timer.daemon = True
     timer.start()
 
 
 def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _private_output()
     q: queue.Queue = queue.Queue()
+    threading.Thread(target=_follow_parent, args=(os.getppid(),), daemon=True).start()
     threading.Thread(target=_lines, args=(q,), daemon=True).start()
     first = q.get()
     if first is None:
@@ -231,7 +262,7 @@ def main() -> int:
             return 0
         if "step" in msg:
             writer.step(msg["step"], msg["scalars"])
-        elif "start" in msg:
+        elif "start" in msg and not LET_GO.is_set():  # (rank 0 gone: a W&B not started never starts)
             writer.take_cpus(msg.get("cpus"))
             writer.start()
         elif "finish" in msg:
