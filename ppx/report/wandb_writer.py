@@ -8,9 +8,10 @@ written. An ``online`` run starts W&B at once and logs each step as it comes (it
 live); an ``offline`` one, whose files nobody reads before the run ends, keeps the steps and
 starts W&B at ``start``, while rank 0 draws the report (or, a long run's, once it has run
 `ppx.report.wandb_sink.KEEP_STEPS` steps). The last ``start`` names the CPUs the writer takes from
-then on (the job's; until then it keeps rank 0's). Stdin's end without ``finish``
-(rank 0 failed or was killed) ends a started W&B run as failed, within `ABANDON_S`, its output
-let go first: nothing waits on a writer that outlived its run.
+then on (the job's; until then it keeps rank 0's). Stdin's end without ``finish`` (rank 0 failed
+or was killed), or rank 0 gone while it awaited the writer, lets the writer go (`_let_go`): its
+output first, then within `ABANDON_S` the process, a started W&B run ended as failed where W&B
+ends by then: nothing waits on a writer that outlived its run.
 
 W&B never fails a run: any failure is said once (online falls back to offline) and logging
 stops. Output: ``ppx: W&B offline run: ...`` on stdout, warnings on stderr. It ends only by
