@@ -42,18 +42,25 @@ def _limit(nbytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
 
 
-def test_steps_sent_before_rank_0_ended_are_logged_and_the_run_ends_as_failed(tmp_path):
-    steps = [{"step": k, "scalars": {"loss": 1.0 / (k + 1), "time/step_time_s": 0.01}} for k in range(3)]
-    init = dict(mode="offline", project="ppx", group="g", name="g/run", dir=str(tmp_path), tags=[], config={})
+def _started(messages: list[dict], env: dict | None = None) -> subprocess.Popen:
+    """A writer sent ``messages``, its stdin left open (rank 0 still there), its output piped."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "ppx.report.wandb_writer"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=REPO,
+        env=env,
     )
-    proc.stdin.write("".join(json.dumps(m) + "\n" for m in [{"init": init}, *steps, {"start": True}]).encode())
+    proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages).encode())
     proc.stdin.flush()
+    return proc
+
+
+def test_steps_sent_before_rank_0_ended_are_logged_and_the_run_ends_as_failed(tmp_path):
+    steps = [{"step": k, "scalars": {"loss": 1.0 / (k + 1), "time/step_time_s": 0.01}} for k in range(3)]
+    init = dict(mode="offline", project="ppx", group="g", name="g/run", dir=str(tmp_path), tags=[], config={})
+    proc = _started([{"init": init}, *steps, {"start": True}])
     deadline = time.monotonic() + 120
     while not list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb")):  # (W&B started)
         assert time.monotonic() < deadline and proc.poll() is None
@@ -173,18 +180,7 @@ def test_a_writer_whose_rank_0_ended_while_w_and_b_starts_lets_go_within_its_bou
     from ppx.report.wandb_writer import ABANDON_S
 
     env, init = _unreachable(tmp_path)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ppx.report.wandb_writer"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=REPO,
-        env=env,
-    )
-    proc.stdin.write(
-        (json.dumps({"init": init}) + "\n" + json.dumps({"step": 0, "scalars": {"loss": 1.0}}) + "\n").encode()
-    )
-    proc.stdin.flush()
+    proc = _started([{"init": init}, {"step": 0, "scalars": {"loss": 1.0}}], env)
     time.sleep(4)  # (W&B's service started meanwhile)
     proc.stdin.close()  # (rank 0 gone while W&B starts)
     closed_s, ended_s = _ends(proc)
