@@ -353,7 +353,7 @@ def _joined_negatives(ap, argv: list[str]) -> list[str]:
 
 def _reader_gone() -> int:
     """SIGPIPE's exit status, stdout pointed at /dev/null: what its buffer holds goes nowhere at exit."""
-    from ppx.launch.closed_stdout import stdout_to_null
+    from ppx.files import stdout_to_null
 
     stdout_to_null()
     return 141

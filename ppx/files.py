@@ -2,13 +2,14 @@
 beside its path and is renamed over it, so a write that fails (a full disk, a file-size limit)
 leaves the file before it as it was and no part of the new one, which a tool reading it back
 would take for the whole (a run's summary.json or timeline.json, a plan's best.csv), and says
-which file it was."""
+which file it was. And `stdout_to_null`: a stream whose reader went away sent to /dev/null."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,3 +57,11 @@ def _whole(path: Path, write: Callable[[Path], object]) -> None:
         if isinstance(e, OSError):  # (no errno: a library's own, "encoder error -2")
             raise OSError(f"{path}: {e}") from None
         raise
+
+
+def stdout_to_null(stream=None) -> None:
+    """Point ``stream``'s file descriptor (sys.stdout's by default) at /dev/null: its reader went
+    away, and what its buffer still holds goes there too, at exit as well."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, (stream or sys.stdout).fileno())
+    os.close(null)

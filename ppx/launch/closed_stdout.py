@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import sys
 
+from ppx.files import stdout_to_null
+
 
 class _Survives:
     """``stream`` whose write and flush, once its reader has gone, write to /dev/null instead."""
@@ -39,14 +41,6 @@ class _Survives:
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
-
-
-def stdout_to_null(stream=None) -> None:
-    """Point ``stream``'s file descriptor (sys.stdout's by default) at /dev/null: its reader went
-    away, and what its buffer still holds goes there too, at exit as well."""
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, (stream or sys.stdout).fileno())
-    os.close(null)
 
 
 def survive_closed_output() -> None:

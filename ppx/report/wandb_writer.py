@@ -30,23 +30,19 @@ import threading
 import time
 from pathlib import Path
 
+from ppx.files import stdout_to_null
+
 ABANDON_S = 10.0  # at most this long to end a started W&B run whose rank 0 ended without its summary
 LET_GO = threading.Event()  # rank 0 is gone (`_let_go`): nothing more starts
 PARENT_POLL_S = 0.5  # how often the writer looks whether rank 0 is still there
-
-
-def _to_devnull(fd: int) -> None:
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, fd)
-    os.close(devnull)
 
 
 def _private_output() -> None:
     """The writer's own stdout and stderr on copies that no child inherits, fds 1 and 2 on
     /dev/null: W&B's service, which the writer starts, holds none of ppx run's output."""
     out, err = os.dup(1), os.dup(2)  # (non-inheritable)
-    _to_devnull(1)
-    _to_devnull(2)
+    stdout_to_null(sys.stdout)
+    stdout_to_null(sys.stderr)
     sys.stdout = open(out, "w", buffering=1)
     sys.stderr = open(err, "w", buffering=1)
 
@@ -57,7 +53,7 @@ def _say(msg: str, stream) -> None:
     try:
         print(msg, file=stream, flush=True)
     except (OSError, ValueError):
-        _to_devnull(stream.fileno())
+        stdout_to_null(stream)
 
 
 def _warn(msg: str) -> None:
@@ -238,7 +234,7 @@ def _let_go() -> None:
         return
     LET_GO.set()
     for stream in (sys.stdout, sys.stderr):
-        _to_devnull(stream.fileno())
+        stdout_to_null(stream)
     timer = threading.Timer(ABANDON_S, os._exit, args=(1,))
     timer.daemon = True
     timer.start()
