@@ -134,9 +134,8 @@ def train(
         if report is not None:  # (a peer gone after the summary: the run failed, its writer stopped soon)
             report.close(completed=False)
         raise
-    if (
-        report is not None
-    ):  # (W&B's writer awaited, the others released: a set-up phase's limit, which its wait keeps within)
+    if report is not None:
+        # W&B's writer awaited, the others released: a set-up phase's limit, which its wait keeps within
         watchdog.phase("closing the logs", setup=True)
         report.close()
 

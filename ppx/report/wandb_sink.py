@@ -33,6 +33,11 @@ def _warn(msg: str) -> None:
     print(f"ppx: warning: {msg}", file=sys.stderr, flush=True)
 
 
+def _how(code: int) -> str:
+    """How the writer ended, from Popen's return code."""
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
 class WandbSink:
     def __init__(self, cfg, run_dir: Path, config_dict: dict, cpus: list | None = None):
         """``cpus``: the CPUs the writer takes once the steps are over (the job's: rank 0 is
@@ -89,8 +94,7 @@ class WandbSink:
         except subprocess.TimeoutExpired:
             proc.kill()
             code = proc.wait()
-        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        _warn(f"the W&B writer ended before the run did ({how}); not logging to W&B")
+        _warn(f"the W&B writer ended before the run did ({_how(code)}); not logging to W&B")
 
     def step(self, step: int, scalars: dict[str, float]) -> None:
         self._send({"step": step, "scalars": scalars})
@@ -140,5 +144,4 @@ class WandbSink:
                 )
             return
         if code != 0:
-            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-            _warn(f"the W&B writer failed ({how}); its files may be incomplete")
+            _warn(f"the W&B writer failed ({_how(code)}); its files may be incomplete")
